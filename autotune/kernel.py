@@ -1,0 +1,218 @@
+"""Tunable kernels: what the tuner needs to know about a kernel, and where to find one.
+
+A :class:`Kernel` bundles, for one Pallas Mosaic GPU kernel: its search space (tunables and
+constraints), how to build it for a problem and config, how to make fresh random inputs, a
+reference to check it against, a baseline to beat, and FLOP/byte counts. Bundled kernels live
+in ``search_spaces/`` (one module each, exporting ``KERNEL``); a user's kernel is named by an
+import path ``package.module:NAME`` and loaded only when the caller allows imports.
+
+Importing this module does not import jax; building and running a kernel does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
+from autotune.problem import Config, Problem, canonical_dtype
+from autotune.space import BoundSpace, Space
+
+__all__ = ["Kernel", "BuildOptions", "BUNDLED", "get_kernel", "bundled_kernels"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """How to build a kernel: on the GPU or interpreted on the CPU, and with tracing or not.
+
+    ``profile_space`` > 0 asks for in-kernel traces (``plgpu.CompilerParams(profile_space=...,
+    profile_dir=...)`` for Pallas kernels, ``ProfilerSpec`` for raw Mosaic GPU ones) written to
+    ``profile_dir``. The tracing pass binds the space with the same ``profile_space``, so the
+    profiler's shared memory counts against the limit.
+    """
+
+    interpret: bool = False
+    profile_space: int = 0
+    profile_dir: str | None = None
+    trace_scope: str = "warpgroup"
+    # SMs to launch for (persistent kernels); None asks the device. Cross-lowering on a
+    # machine without a GPU passes the target's count (132 on the H200).
+    num_sms: int | None = None
+
+
+# tolerances (rtol, atol) on ||out - ref|| / ||ref|| by input dtype: METHOD.md's bands.
+DEFAULT_TOLERANCE: dict[str, float] = {
+    "float64": 1e-9,
+    "float32": 2e-3,  # the matrix units' float32 (tf32) mode lands near 3e-4
+    "bfloat16": 2e-2,
+    "float16": 5e-3,
+    "float8_e4m3fn": 1.5e-1,
+    "float8_e5m2": 2.5e-1,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A tunable kernel and everything the tuner needs to tune it.
+
+    Attributes:
+      name: the kernel's name in job files, the CLI and the database.
+      space: tunables and constraints (a :class:`Space`, or a function of the problem's
+        :class:`~autotune.space.Env` returning one, for spaces whose shape depends on it).
+      shape_keys: the problem keys a shape must give (e.g. ``("m", "n", "k")``).
+      dtypes: input dtypes the kernel supports; others get an error naming them.
+      build: ``build(problem, config, options) -> fn``; ``fn(*inputs)`` runs the kernel and
+        is jit-able. The config uses the kernel's own parameter names.
+      make_inputs: ``make_inputs(problem, key) -> tuple`` of fresh random arrays (never zeros)
+        from a ``jax.random`` key.
+      reference: ``reference(problem) -> fn``; ``fn(*inputs)`` computes the right answer in
+        higher precision.
+      flops, bytes_moved: counts for one call (``None`` when meaningless), for TFLOP/s and GB/s.
+      baseline: ``baseline(problem) -> fn`` the thing to beat (XLA, cuDNN), timed in the same run.
+      baseline_name: what ``baseline`` is, for reports ("xla", "cudnn").
+      default_config: a known-good config (JAX's own defaults), a first trial and a fallback.
+      shape_defaults: values for optional shape keys (``{"causal": False}``).
+      interpret_ok: whether GPU interpret mode can run it (some kernels use primitives the
+        interpreter lacks); ``interpret_note`` says why not.
+      tolerance: relative error bound on ``||out - ref|| / ||ref||`` per input dtype.
+      description: one line for ``autotune spaces``.
+    """
+
+    name: str
+    space: Space | Callable[[Any], Space]
+    shape_keys: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    build: Callable[[Problem, Config, BuildOptions], Callable[..., Any]]
+    make_inputs: Callable[[Problem, Any], tuple[Any, ...]]
+    reference: Callable[[Problem], Callable[..., Any]]
+    flops: Callable[[Problem], int] | None = None
+    bytes_moved: Callable[[Problem], int] | None = None
+    baseline: Callable[[Problem], Callable[..., Any]] | None = None
+    baseline_name: str = "xla"
+    default_config: Callable[[Problem], Mapping[str, Any]] | None = None
+    shape_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    interpret_ok: bool = True
+    interpret_note: str = ""
+    tolerance: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
+    description: str = ""
+
+    # -- problems ---------------------------------------------------------------------------
+
+    def problem(self, shape: Mapping[str, Any], dtype: str) -> Problem:
+        """A checked :class:`Problem` for this kernel: keys complete, dtype supported.
+
+        Raises:
+          JobError: a shape key is missing or unknown, or the dtype is not supported; the
+            message names the key or dtype and what is allowed.
+        """
+        merged = dict(self.shape_defaults)
+        merged.update(shape)
+        allowed = set(self.shape_keys) | set(self.shape_defaults)
+        unknown = sorted(set(merged) - allowed)
+        if unknown:
+            raise JobError(
+                f"Kernel {self.name!r} has no shape key(s) {unknown}; its keys are "
+                f"{sorted(allowed)}."
+            )
+        missing = [k for k in self.shape_keys if k not in merged]
+        if missing:
+            raise JobError(
+                f"Kernel {self.name!r} needs shape key(s) {missing}; got {sorted(shape)}. "
+                f"Example: --shape {','.join(f'{k}=1024' for k in self.shape_keys)}"
+            )
+        try:
+            dtype = canonical_dtype(dtype)
+        except ValueError as e:
+            raise JobError(str(e)) from None
+        for key in self.shape_keys:
+            value = merged[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise JobError(
+                    f"Kernel {self.name!r}: shape key {key}={value!r} must be a positive integer."
+                )
+        for key, default in self.shape_defaults.items():
+            if type(merged[key]) is not type(default):
+                raise JobError(
+                    f"Kernel {self.name!r}: shape key {key}={merged[key]!r} must be a "
+                    f"{type(default).__name__} like its default {default!r}."
+                )
+        problem = Problem(self.name, merged, dtype)
+        return problem
+
+    def bind(self, problem: Problem, **env: Any) -> BoundSpace:
+        """The kernel's space bound to ``problem`` (``env``: ``profile_space`` etc.)."""
+        space = self.space
+        if not isinstance(space, Space):
+            from autotune.space import Env
+
+            space = space(Env(problem, **env))
+        return space.bind(problem, **env)
+
+    def valid_space(self, problem: Problem, **env: Any) -> BoundSpace:
+        """Like :meth:`bind`, but raises :class:`NoValidConfigError` when nothing is valid.
+
+        An unsupported dtype is reported here too, with the dtypes the kernel does support.
+        """
+        if problem.dtype not in self.dtypes:
+            raise NoValidConfigError(
+                f"No valid config for {problem}: [supported_dtype] {self.name} supports "
+                f"dtype {', '.join(self.dtypes)}, not {problem.dtype}."
+            )
+        bound = self.bind(problem, **env)
+        bound.require_nonempty()
+        return bound
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding kernels.
+
+# Bundled kernels: name -> module under search_spaces/ (imported lazily; each exports KERNEL).
+BUNDLED: dict[str, str] = {
+    "hopper_matmul": "search_spaces.hopper_matmul",
+    "hopper_attention": "search_spaces.hopper_attention",
+    "rms_norm": "search_spaces.rms_norm",
+    "mosaic_scale": "search_spaces.mosaic_scale",
+}
+
+
+def bundled_kernels() -> list[str]:
+    """Names of the bundled kernels."""
+    return list(BUNDLED)
+
+
+def get_kernel(name: str, *, allow_import: bool = False) -> Kernel:
+    """The kernel called ``name``: a bundled one, or ``package.module:NAME`` if allowed.
+
+    Raises:
+      KernelNotFoundError: unknown name, an import path without ``allow_import``, or an import
+        path that does not lead to a :class:`Kernel`.
+    """
+    if name in BUNDLED:
+        module = importlib.import_module(BUNDLED[name])
+        return module.KERNEL
+    if ":" not in name:
+        raise KernelNotFoundError(
+            f"Unknown kernel {name!r}: bundled kernels are {', '.join(BUNDLED)}; a kernel of "
+            "your own is named 'package.module:NAME' (and needs --allow-import)."
+        )
+    if not allow_import:
+        raise KernelNotFoundError(
+            f"Kernel {name!r} is an import path; importing code from a job file needs an explicit "
+            "--allow-import (CLI) or allow_import=True (API)."
+        )
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise KernelNotFoundError(f"Kernel {name!r}: cannot import module {module_name!r}: {e}") from e
+    obj = getattr(module, attr, None)
+    if not isinstance(obj, Kernel):
+        raise KernelNotFoundError(
+            f"Kernel {name!r}: {module_name}.{attr} is {type(obj).__name__}, not an "
+            "autotune.Kernel."
+        )
+    if obj.name != name:
+        obj = dataclasses.replace(obj, name=name)
+    return obj
