@@ -172,7 +172,7 @@ class Kernel:
 BUNDLED: dict[str, str] = {
     "hopper_matmul": "search_spaces.hopper_matmul",
     "hopper_attention": "search_spaces.hopper_attention",
-    "rms_norm": "search_spaces.rms_norm",
+    "softmax": "search_spaces.softmax",
     "mosaic_scale": "search_spaces.mosaic_scale",
 }
 

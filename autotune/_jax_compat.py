@@ -1,0 +1,54 @@
+"""The few places where JAX 0.10.2 (CPU machines, CI) and 0.11.2 (the H200) differ.
+
+Import only from code that already needs jax (building, lowering, evaluating kernels).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["interpret_params", "force_interpret", "reset_interpret_state", "jax_versions"]
+
+
+def _params_module() -> Any:
+    # 0.11.2 re-exports InterpretGPUParams from plgpu; 0.10.2 has it only in the private module.
+    from jax._src.pallas.mosaic_gpu.interpret import params
+
+    return params
+
+
+def interpret_params(**kwargs: Any) -> Any:
+    """A fresh ``InterpretGPUParams`` (GPU interpret mode: Mosaic GPU kernels on the CPU)."""
+    try:
+        import jax.experimental.pallas.mosaic_gpu as plgpu
+
+        cls = plgpu.InterpretGPUParams
+    except AttributeError:
+        cls = _params_module().InterpretGPUParams
+    return cls(**kwargs)
+
+
+@contextlib.contextmanager
+def force_interpret(params: Any = None) -> Iterator[None]:
+    """Runs every Pallas Mosaic GPU kernel traced inside in GPU interpret mode."""
+    with _params_module().force_gpu_interpret_mode(params or interpret_params()):
+        yield
+
+
+def reset_interpret_state() -> None:
+    """Needed after an exception inside an interpreted kernel, before interpreting again."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc
+
+    reset = getattr(ipc, "reset_gpu_interpret_mode_state", None)
+    if reset is not None:
+        reset()
+
+
+def jax_versions() -> dict[str, str]:
+    """Versions of jax and jaxlib in this process."""
+    import jax
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", "")}
