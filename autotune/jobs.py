@@ -1,0 +1,214 @@
+"""Job files: TOML data naming the problems to tune and their budgets.
+
+A job file is data, never code::
+
+    [defaults]              # optional; each problem may override any of these
+    trials = 32             # measured configs per problem (and/or `seconds`)
+    sampler = "tpe"         # tpe | random | cmaes | gp | qmc | brute
+    seed = 0
+
+    [[problem]]
+    kernel = "hopper_matmul"
+    dtype = "bfloat16"                      # or dtypes = ["bfloat16", "float16"]
+    shape = { m = 4096, n = 4096, k = 4096 } # or shapes = [{...}, {...}]
+
+Each ``[[problem]]`` expands to every shape × dtype it lists. A kernel named by import path
+(``package.module:NAME``) is loaded only when the caller allows imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
+from autotune.kernel import get_kernel
+from autotune.problem import Problem
+from autotune.sampling import SAMPLERS
+
+__all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
+
+MAX_TRIALS = 1_000_000
+_SETTINGS = {
+    "trials": "a positive whole number of configs to measure per problem",
+    "seconds": "a positive number of seconds to spend per problem",
+    "sampler": f"one of {', '.join(SAMPLERS)}",
+    "seed": "a whole number (or omit it for a random seed)",
+    "iterations": "a whole number of timed runs per config, 1 to 10000",
+    "trace_top_k": "how many of the best configs get an in-kernel trace (0 to 100)",
+}
+_PROBLEM_KEYS = {"kernel", "dtype", "dtypes", "shape", "shapes", *_SETTINGS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """When to stop tuning one problem: after ``trials`` measured configs or ``seconds``."""
+
+    trials: int | None = 32
+    seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemSpec:
+    """One problem of a job, with its budget and search settings."""
+
+    problem: Problem
+    budget: Budget
+    sampler: str = "tpe"
+    seed: int | None = 0
+    iterations: int = 20
+    trace_top_k: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    name: str
+    problems: tuple[ProblemSpec, ...]
+
+
+def load_job(path: str | Path, *, allow_import: bool = False) -> Job:
+    """Reads and checks a job file.
+
+    Raises:
+      JobError: the file is missing, not TOML, or a field is wrong; the message names the
+        file, the field, the value and what is allowed. Nothing is tuned or written.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobError(f"Job file {str(path)!r} does not exist.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise JobError(f"Job file {str(path)!r} cannot be read: {e}.") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise JobError(f"Job file {str(path)!r} is not valid TOML: {e}.") from None
+    return parse_job(data, name=path.stem, allow_import=allow_import, where=str(path))
+
+
+def parse_job(
+    data: Mapping[str, Any], *, name: str = "job", allow_import: bool = False, where: str = "job"
+) -> Job:
+    """Checks a parsed job (a dict, as from TOML) and expands it into problems."""
+    unknown = sorted(set(data) - {"defaults", "problem", "name"})
+    if unknown:
+        raise JobError(
+            f"{where}: unknown top-level key(s) {unknown}; allowed: [defaults], [[problem]], name."
+        )
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, Mapping):
+        raise JobError(f"{where}: [defaults] must be a table, got {type(defaults).__name__}.")
+    bad = sorted(set(defaults) - set(_SETTINGS))
+    if bad:
+        raise JobError(
+            f"{where}: unknown key(s) {bad} in [defaults]; allowed: {', '.join(_SETTINGS)}."
+        )
+    problems = data.get("problem")
+    if problems is None:
+        raise JobError(f"{where}: no [[problem]] entries; a job needs at least one.")
+    if not isinstance(problems, list) or not all(isinstance(p, Mapping) for p in problems):
+        raise JobError(f"{where}: 'problem' must be an array of tables ([[problem]]).")
+    if not problems:
+        raise JobError(f"{where}: no [[problem]] entries; a job needs at least one.")
+    specs: list[ProblemSpec] = []
+    seen: set[Problem] = set()
+    for i, entry in enumerate(problems):
+        for spec in _expand(entry, defaults, f"{where}: problem #{i + 1}", allow_import):
+            if spec.problem in seen:
+                raise JobError(f"{where}: {spec.problem} is listed twice.")
+            seen.add(spec.problem)
+            specs.append(spec)
+    job_name = data.get("name", name)
+    if not isinstance(job_name, str) or not job_name:
+        raise JobError(f"{where}: 'name' must be a non-empty string, got {job_name!r}.")
+    return Job(name=job_name, problems=tuple(specs))
+
+
+def _expand(
+    entry: Mapping[str, Any], defaults: Mapping[str, Any], where: str, allow_import: bool
+) -> list[ProblemSpec]:
+    unknown = sorted(set(entry) - _PROBLEM_KEYS)
+    if unknown:
+        raise JobError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(sorted(_PROBLEM_KEYS))}.")
+    kernel_name = entry.get("kernel")
+    if not isinstance(kernel_name, str) or not kernel_name:
+        raise JobError(f"{where}: 'kernel' must name a kernel, e.g. kernel = \"hopper_matmul\"; got {kernel_name!r}.")
+    try:
+        kernel = get_kernel(kernel_name, allow_import=allow_import)
+    except KernelNotFoundError as e:
+        raise JobError(f"{where}: {e}") from None
+    shapes = _one_or_many(entry, "shape", "shapes", where, Mapping)
+    dtypes = _one_or_many(entry, "dtype", "dtypes", where, str)
+    settings = {**defaults, **{k: v for k, v in entry.items() if k in _SETTINGS}}
+    _check_settings(settings, where)
+    trials = settings.get("trials")
+    seconds = settings.get("seconds")
+    if trials is None and seconds is None:
+        trials = 32
+    budget = Budget(trials=trials, seconds=float(seconds) if seconds is not None else None)
+    out = []
+    for shape in shapes:
+        for dtype in dtypes:
+            try:
+                problem = kernel.problem(shape, dtype)
+                kernel.valid_space(problem)
+            except (JobError, NoValidConfigError) as e:
+                raise JobError(f"{where}: {e}") from None
+            out.append(
+                ProblemSpec(
+                    problem=problem,
+                    budget=budget,
+                    sampler=settings.get("sampler", "tpe"),
+                    seed=settings.get("seed", 0),
+                    iterations=settings.get("iterations", 20),
+                    trace_top_k=settings.get("trace_top_k", 1),
+                )
+            )
+    return out
+
+
+def _one_or_many(entry: Mapping[str, Any], one: str, many: str, where: str, kind: type) -> list:
+    if one in entry and many in entry:
+        raise JobError(f"{where}: give either '{one}' or '{many}', not both.")
+    if one in entry:
+        values = [entry[one]]
+    elif many in entry:
+        values = entry[many]
+        if not isinstance(values, list) or not values:
+            raise JobError(f"{where}: '{many}' must be a non-empty array, got {values!r}.")
+    else:
+        raise JobError(f"{where}: '{one}' is missing (or give '{many}' as an array).")
+    for v in values:
+        if not isinstance(v, kind):
+            want = "a table like { m = 4096, n = 4096 }" if kind is Mapping else "a string like \"bfloat16\""
+            raise JobError(f"{where}: '{one}' must be {want}, got {v!r}.")
+    return values
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_settings(s: Mapping[str, Any], where: str) -> None:
+    def fail(key: str) -> None:
+        raise JobError(f"{where}: {key} = {s[key]!r} is not allowed; it must be {_SETTINGS[key]}.")
+
+    if "trials" in s and not (_is_int(s["trials"]) and 0 < s["trials"] <= MAX_TRIALS):
+        fail("trials")
+    if "seconds" in s and not (
+        isinstance(s["seconds"], int | float) and not isinstance(s["seconds"], bool)
+        and 0 < s["seconds"] < float("inf")
+    ):
+        fail("seconds")
+    if "sampler" in s and s["sampler"] not in SAMPLERS:
+        fail("sampler")
+    if "seed" in s and not _is_int(s["seed"]):
+        fail("seed")
+    if "iterations" in s and not (_is_int(s["iterations"]) and 1 <= s["iterations"] <= 10_000):
+        fail("iterations")
+    if "trace_top_k" in s and not (_is_int(s["trace_top_k"]) and 0 <= s["trace_top_k"] <= 100):
+        fail("trace_top_k")

@@ -1,0 +1,280 @@
+"""Optuna integration: any Optuna sampler, made to hand out only valid, unmeasured configs.
+
+:class:`ValidSampler` wraps a base sampler (TPE by default; random, CMA-ES, GP, QMC). It claims
+the *whole* search space as relative, asks the base sampler for a proposal (its relative
+proposal plus independent samples for the rest), and repairs the proposal to the nearest valid
+config that no trial of the study (and no stored result) has taken. So a trial's params are
+always a valid config before the trial runs: nothing is wasted on a config that cannot lower,
+and Optuna's soft constraints (which TPE ignores for FAIL trials) are not needed.
+
+Optuna's own brute-force sampler does not know the constraints, so ``"brute"`` here walks the
+valid set itself, in order. Seed configs (JAX's defaults, winners of related problems) are
+proposed first, when valid and untaken.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import JobError
+from autotune.problem import Config
+from autotune.space import BoundSpace
+
+__all__ = ["ValidSampler", "SAMPLERS", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
+
+logger = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "random", "cmaes", "gp", "qmc", "brute")
+
+# A trial's system attribute naming the measured outcome; trials without it were never measured
+# (e.g. a worker killed before its result was stored) and do not take their config.
+OUTCOME_ATTR = "autotune_outcome"
+DIGEST_ATTR = "autotune_config"
+
+
+def valid_sampler(
+    name: str,
+    space: BoundSpace,
+    *,
+    seed: int | None = None,
+    seeds: Iterable[Mapping[str, Any]] = (),
+    taken: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
+) -> ValidSampler:
+    """The :class:`ValidSampler` for sampler ``name`` over ``space``."""
+    mode = {"random": "uniform", "brute": "brute"}.get(name, "base")
+    return ValidSampler(
+        space, make_sampler(name, seed=seed), mode=mode, seed=seed, seeds=seeds, taken=taken
+    )
+
+
+class ExhaustedError(Exception):
+    """Every valid config of the space has been taken: the study is complete."""
+
+
+def distributions(space: BoundSpace) -> dict[str, BaseDistribution]:
+    """Optuna distributions for the tunables of a bound space.
+
+    Ordered integer tunables become ``IntDistribution`` (log-scaled for powers of two, stepped
+    for aligned ones) so that TPE, CMA-ES and GP see their order; everything else is
+    categorical. A proposal between domain values is snapped back by the repair step.
+    """
+    out: dict[str, BaseDistribution] = {}
+    for param, domain in zip(space.params, space.domains, strict=True):
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in domain)
+        if param.ordinal and ints and len(domain) > 1:
+            low, high = min(domain), max(domain)
+            if param.kind == "pow2":
+                out[param.name] = IntDistribution(low, high, log=True)
+            else:
+                step = math.gcd(*(b - a for a, b in zip(domain, domain[1:], strict=False)))
+                out[param.name] = IntDistribution(low, high, step=max(step, 1))
+        else:
+            out[param.name] = CategoricalDistribution(list(domain))
+    return out
+
+
+def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """The base Optuna sampler called ``name`` (one of :data:`SAMPLERS`).
+
+    ``random`` and ``brute`` return a plain RandomSampler: :class:`ValidSampler` then draws
+    or walks the valid set itself (see :func:`valid_sampler`).
+    """
+    if name == "tpe":
+        # Multivariate TPE models interactions (tile sizes with pipeline depth); group=True
+        # lets it handle the conditional spaces that repair produces.
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, n_startup_trials=6, warn_independent_sampling=False
+        )
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "cmaes":
+        _require("cmaes", "cmaes")
+        return optuna.samplers.CmaEsSampler(
+            seed=seed, warn_independent_sampling=False, n_startup_trials=6
+        )
+    if name == "gp":
+        _require("gp", "torch", "scipy")
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
+    if name == "qmc":
+        return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
+    if name == "brute":
+        return optuna.samplers.RandomSampler(seed=seed)  # unused: ValidSampler walks the set
+    raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")
+
+
+def _require(sampler: str, *modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise JobError(
+            f"sampler {sampler!r} needs {', '.join(missing)} installed "
+            f"(pip install {' '.join(missing)}); or use one of tpe, random, qmc, brute."
+        )
+
+
+class ValidSampler(optuna.samplers.BaseSampler):
+    """A sampler whose every proposal is a valid config no trial has taken yet.
+
+    Args:
+      space: the bound space (kernel + problem) the study searches.
+      base: the Optuna sampler that proposes; its proposals are repaired to the nearest valid,
+        untaken config.
+      mode: ``"base"`` repairs ``base``'s proposals; ``"brute"`` walks the valid set in order;
+        ``"uniform"`` draws uniformly from the untaken valid configs (random search done right:
+        repairing a random raw-grid point would favour configs next to invalid regions).
+      seeds: configs to propose first (in order), where valid and untaken.
+      taken: returns extra taken configs, e.g. results already in the database.
+
+    Thread safety: as Optuna's samplers; one instance per study and process.
+    """
+
+    def __init__(
+        self,
+        space: BoundSpace,
+        base: optuna.samplers.BaseSampler | None = None,
+        *,
+        mode: str = "base",
+        seed: int | None = None,
+        seeds: Iterable[Mapping[str, Any]] = (),
+        taken: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
+    ) -> None:
+        self._space = space
+        self._base = base or make_sampler("tpe")
+        if mode not in ("base", "brute", "uniform"):
+            raise ValueError(f"mode must be 'base', 'brute' or 'uniform', got {mode!r}.")
+        self._mode = mode
+        self._rng = random.Random(seed)
+        self._seeds = [Config(s) for s in seeds]
+        self._taken_extra = taken or (lambda: ())
+        self._dists = distributions(space)
+        self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
+        self.proposed = 0
+        self._brute_pos = 0
+
+    # -- Optuna's sampler interface ----------------------------------------------------------
+
+    def reseed_rng(self) -> None:
+        self._base.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return dict(self._dists)
+
+    def sample_relative(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        search_space: dict[str, BaseDistribution],
+    ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        taken = self.taken_keys(study)
+        config = self._next(study, trial, taken)
+        if config is None:
+            raise ExhaustedError(
+                f"all {self._space.count()} valid configs of {self._space.problem} are taken"
+            )
+        self.proposed += 1
+        return dict(config)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        # Only reached for a parameter outside the space (user code suggesting extra params).
+        return self._base.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._base.before_trial(study, trial)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._base.after_trial(study, trial, state, values)
+
+    # -- proposals ---------------------------------------------------------------------------
+
+    def taken_keys(self, study: optuna.Study) -> set[tuple[Any, ...]]:
+        """Value tuples of configs no longer free: measured, or being measured now."""
+        space = self._space
+        out: set[tuple[Any, ...]] = set()
+        for t in study.get_trials(deepcopy=False):
+            if t.state == TrialState.FAIL and OUTCOME_ATTR not in t.system_attrs:
+                continue  # never measured (stale or abandoned): free to propose again
+            if t.state == TrialState.WAITING:
+                continue
+            try:
+                out.add(space.key(t.params))
+            except KeyError:
+                continue
+        for config in self._taken_extra():
+            try:
+                out.add(space.key(config))
+            except KeyError:
+                continue
+        return out
+
+    def _next(
+        self, study: optuna.Study, trial: FrozenTrial, taken: set[tuple[Any, ...]]
+    ) -> Config | None:
+        space = self._space
+        is_taken = taken.__contains__
+        while self._seeds:
+            seed = self._seeds.pop(0)
+            if space.is_valid(seed) and not is_taken(space.key(seed)):
+                return seed
+        if self._mode == "uniform":
+            return self._uniform(taken)
+        if self._mode == "brute":
+            valid = space.valid_tuples()
+            while self._brute_pos < len(valid):
+                t = valid[self._brute_pos]
+                self._brute_pos += 1
+                if not is_taken(t):
+                    return space._config(t)
+            return None
+        proposal = self._base_proposal(study, trial)
+        if space.is_valid(proposal) and not is_taken(space.key(proposal)):
+            return Config(proposal)
+        self.repaired += 1
+        return space.nearest(proposal, exclude=is_taken)
+
+    def _uniform(self, taken: set[tuple[Any, ...]]) -> Config | None:
+        space = self._space
+        for _ in range(64):  # rejection: cheap while most of the space is untaken
+            (config,) = space.sample(1, seed=self._rng.randrange(2**63)) or (None,)
+            if config is None:
+                return None
+            if space.key(config) not in taken:
+                return config
+        free = [t for t in space.valid_tuples() if t not in taken]
+        return space._config(self._rng.choice(free)) if free else None
+
+    def _base_proposal(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        base = self._base
+        relative_space = base.infer_relative_search_space(study, trial)
+        relative_space = {k: v for k, v in relative_space.items() if k in self._dists}
+        proposal: dict[str, Any] = {}
+        if relative_space:
+            proposal.update(base.sample_relative(study, trial, relative_space))
+        for name, dist in self._dists.items():
+            if name not in proposal:
+                proposal[name] = base.sample_independent(study, trial, name, dist)
+        return proposal
