@@ -1,0 +1,114 @@
+"""autotune: find the fastest config of a JAX Pallas Mosaic GPU kernel, and keep it.
+
+The public API is small and loaded lazily, so that ``autotune.best_config`` (a database
+query) never imports jax or touches CUDA.
+
+Declaring a space::
+
+    from autotune import Space, Aligned, PowerOfTwo, Choice, Bool, Constraint
+
+Tuning and asking::
+
+    autotune.tune("hopper_matmul", [{"m": 4096, "n": 4096, "k": 4096}], dtype="bfloat16")
+    autotune.best_config("hopper_matmul", {"m": 4096, "n": 4096, "k": 4096}, "bfloat16")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "Problem": "autotune.problem",
+    "Config": "autotune.problem",
+    "parse_shape": "autotune.problem",
+    "Space": "autotune.space",
+    "BoundSpace": "autotune.space",
+    "Env": "autotune.space",
+    "Aligned": "autotune.space",
+    "PowerOfTwo": "autotune.space",
+    "Choice": "autotune.space",
+    "Bool": "autotune.space",
+    "Constraint": "autotune.space",
+    "Violation": "autotune.space",
+    "transfer_bytes": "autotune.space",
+    "is_aligned_transfer": "autotune.space",
+    "threads": "autotune.space",
+    "per_128_bytes": "autotune.space",
+    "elems_per_bytes": "autotune.space",
+    "profiler_smem_bytes": "autotune.space",
+    "WARP_SIZE": "autotune.space",
+    "WARPGROUP_SIZE": "autotune.space",
+    "SMEM_LIMIT_BYTES": "autotune.space",
+    "Kernel": "autotune.kernel",
+    "BuildOptions": "autotune.kernel",
+    "get_kernel": "autotune.kernel",
+    "Outcome": "autotune.trial",
+    "TrialResult": "autotune.trial",
+    "tune": "autotune.api",
+    "best_config": "autotune.queries",
+    "best_result": "autotune.queries",
+    "list_results": "autotune.queries",
+    "AutotuneError": "autotune.errors",
+    "SpaceError": "autotune.errors",
+    "NoValidConfigError": "autotune.errors",
+    "JobError": "autotune.errors",
+    "KernelNotFoundError": "autotune.errors",
+    "StorageError": "autotune.errors",
+    "NothingTunedError": "autotune.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.api import tune
+    from autotune.errors import (
+        AutotuneError,
+        JobError,
+        KernelNotFoundError,
+        NothingTunedError,
+        NoValidConfigError,
+        SpaceError,
+        StorageError,
+    )
+    from autotune.kernel import BuildOptions, Kernel, get_kernel
+    from autotune.problem import Config, Problem, parse_shape
+    from autotune.queries import best_config, best_result, list_results
+    from autotune.space import (
+        SMEM_LIMIT_BYTES,
+        WARP_SIZE,
+        WARPGROUP_SIZE,
+        Aligned,
+        Bool,
+        BoundSpace,
+        Choice,
+        Constraint,
+        Env,
+        PowerOfTwo,
+        Space,
+        Violation,
+        elems_per_bytes,
+        is_aligned_transfer,
+        per_128_bytes,
+        profiler_smem_bytes,
+        threads,
+        transfer_bytes,
+    )
+    from autotune.trial import Outcome, TrialResult

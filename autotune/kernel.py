@@ -20,7 +20,7 @@ from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.problem import Config, Problem, canonical_dtype
 from autotune.space import BoundSpace, Space
 
-__all__ = ["Kernel", "BuildOptions", "BUNDLED", "get_kernel", "bundled_kernels"]
+__all__ = ["Kernel", "BuildOptions", "BUNDLED", "get_kernel", "bundled_kernels", "register"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +177,21 @@ BUNDLED: dict[str, str] = {
 }
 
 
+# Kernels declared in the running program (autotune.tune(kernel_object, ...)); workers started
+# by the engine re-resolve kernels by name, so a registered kernel must also be importable
+# by path for GPU runs in worker processes.
+_REGISTERED: dict[str, Kernel] = {}
+
+
+def register(kernel: Kernel) -> None:
+    """Makes ``kernel`` resolvable by its name in this process."""
+    if kernel.name in BUNDLED:
+        raise KernelNotFoundError(
+            f"Kernel name {kernel.name!r} is taken by a bundled kernel; choose another name."
+        )
+    _REGISTERED[kernel.name] = kernel
+
+
 def bundled_kernels() -> list[str]:
     """Names of the bundled kernels."""
     return list(BUNDLED)
@@ -192,6 +207,8 @@ def get_kernel(name: str, *, allow_import: bool = False) -> Kernel:
     if name in BUNDLED:
         module = importlib.import_module(BUNDLED[name])
         return module.KERNEL
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if ":" not in name:
         raise KernelNotFoundError(
             f"Unknown kernel {name!r}: bundled kernels are {', '.join(BUNDLED)}; a kernel of "

@@ -1,0 +1,127 @@
+"""Tuning from Python: ``autotune.tune(...)`` for notebooks and scripts.
+
+The CLI's ``autotune tune JOB.toml`` and this function share one path: a :class:`Job` run by
+:func:`autotune.tuner.run_job` over an engine and a store.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from autotune.errors import JobError
+from autotune.jobs import Job, parse_job
+from autotune.kernel import Kernel
+
+__all__ = ["tune", "detect_device", "open_engine", "count_gpus"]
+
+
+def detect_device() -> str:
+    """``"gpu"`` if jax sees a CUDA GPU, else ``"interpret"``.
+
+    Asked in a child process so that this process never initialises CUDA (the engine's
+    workers own the GPUs).
+    """
+    code = "import jax; print(jax.default_backend())"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        ).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return "interpret"
+    return "gpu" if out and out[-1] in ("gpu", "cuda") else "interpret"
+
+
+def count_gpus() -> int:
+    """GPUs jax can see, asked in a child process (this one never initialises CUDA)."""
+    code = "import jax\ntry:\n print(len(jax.devices('gpu')))\nexcept RuntimeError:\n print(0)"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        ).stdout.strip().splitlines()
+        return int(out[-1]) if out else 0
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return 0
+
+
+def open_engine(
+    device: str = "auto",
+    *,
+    gpus: Sequence[int] | None = None,
+    allow_import: bool = False,
+    iterations: int | None = None,
+    trial_timeout_s: float | None = None,
+) -> Any:
+    """The engine for ``device`` ("auto", "gpu", "interpret")."""
+    from autotune.engine import Engine
+
+    if device not in ("auto", "gpu", "interpret"):
+        raise JobError(f"--device must be auto, gpu or interpret, got {device!r}.")
+    mode = detect_device() if device == "auto" else device
+    return Engine(
+        mode=mode,
+        gpus=gpus,
+        allow_import=allow_import,
+        iterations=iterations,
+        trial_timeout_s=trial_timeout_s,
+    )
+
+
+def tune(
+    kernel: str | Kernel,
+    problems: Sequence[Mapping[str, Any]],
+    *,
+    dtype: str | Sequence[str] = "bfloat16",
+    trials: int | None = 32,
+    seconds: float | None = None,
+    sampler: str = "tpe",
+    seed: int | None = 0,
+    db: str | None = None,
+    device: str = "auto",
+    allow_import: bool = False,
+    on_event: Callable[[Any], None] | None = None,
+) -> list[Any]:
+    """Tunes ``kernel`` for each shape in ``problems``; returns one report per problem.
+
+    Args:
+      kernel: a bundled kernel's name, ``"package.module:NAME"`` (with ``allow_import``), or a
+        :class:`Kernel` object declared in your own code.
+      problems: shapes, e.g. ``[{"m": 4096, "n": 4096, "k": 4096}]``.
+      dtype: one dtype or several.
+      trials, seconds: the budget per problem (whichever ends first).
+      db: a SQLAlchemy URL; default ``$AUTOTUNE_DB`` or ``sqlite:///results/autotune.db``.
+      device: "auto" (GPU if present, else interpret mode), "gpu" or "interpret".
+
+    Results are stored as they come; calling again resumes, measuring nothing twice.
+    """
+    from autotune.storage import Store
+    from autotune.tuner import run_job
+
+    if isinstance(kernel, Kernel):
+        from autotune import kernel as kernel_module
+
+        kernel_module.register(kernel)
+        name = kernel.name
+    else:
+        name = kernel
+    dtypes = [dtype] if isinstance(dtype, str) else list(dtype)
+    settings: dict[str, Any] = {"sampler": sampler}
+    if trials is not None:
+        settings["trials"] = trials
+    if seconds is not None:
+        settings["seconds"] = seconds
+    if seed is not None:
+        settings["seed"] = seed
+    data = {
+        "defaults": settings,
+        "problem": [{"kernel": name, "shapes": [dict(p) for p in problems], "dtypes": dtypes}],
+    }
+    job: Job = parse_job(data, name="api", allow_import=allow_import, where="tune()")
+    store = Store(db)
+    try:
+        with open_engine(device, allow_import=allow_import) as engine:
+            return run_job(job, store=store, engine=engine, on_event=on_event, allow_import=allow_import)
+    finally:
+        store.close()

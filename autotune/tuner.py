@@ -1,0 +1,477 @@
+"""The job runner: problems -> Optuna study -> engine -> store, resumable.
+
+For each problem of a job: bind the kernel's space, open (or resume) the problem's Optuna study
+in the same database as the results, measure the baseline once, then ask the
+:class:`~autotune.sampling.ValidSampler` for configs, hand them to the engine (which compiles
+in parallel while the GPU times one kernel at a time), and store every result as it arrives.
+Finally the best configs get a second, traced pass whose per-region times are stored too.
+
+Resuming is the normal case, not a special one: what the store and the study already hold is
+never measured again; a trial left RUNNING by a killed run is closed (from the store when its
+result made it there, otherwise released so its config can be proposed again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import __version__ as AUTOTUNE_VERSION
+from autotune.jobs import Job, ProblemSpec
+from autotune.kernel import Kernel, get_kernel
+from autotune.problem import Config, Problem
+from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler
+from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+__all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "Event"]
+
+logger = logging.getLogger(__name__)
+
+WORKER_ATTR = "autotune_worker"  # "host:pid" of the process that asked for the trial
+
+
+class EngineLike(Protocol):
+    def device_info(self) -> DeviceInfo: ...
+    def submit(self, kernel_name: str, problem: Problem, config: Config) -> Future[TrialResult]: ...
+    def baseline(self, kernel_name: str, problem: Problem) -> TrialResult: ...
+    def trace(
+        self, kernel_name: str, problem: Problem, config: Config, out_dir: str, profile_space: int
+    ) -> Mapping[str, tuple[float, int]]: ...
+    @property
+    def parallelism(self) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """Progress, for a CLI to draw: ``kind`` is "start", "trial", "skip" or "done"."""
+
+    kind: str
+    problem: Problem
+    done: int = 0
+    total: int | None = None
+    best_us: float | None = None
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemReport:
+    """How tuning one problem went (this run and earlier ones together)."""
+
+    problem: Problem
+    device: str
+    best_config: Config | None
+    best_us: float | None
+    baseline_name: str | None
+    baseline_us: float | None
+    flops: int | None
+    bytes_moved: int | None
+    by_status: Mapping[str, int]
+    measured_now: int
+    repaired: int
+    skipped: bool = False
+    stop_reason: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        """Baseline time over best time (>1: the tuned kernel is faster)."""
+        if self.best_us and self.baseline_us:
+            return self.baseline_us / self.best_us
+        return None
+
+    @property
+    def tflops(self) -> float | None:
+        return self.flops / self.best_us / 1e6 if self.flops and self.best_us else None
+
+    @property
+    def gbps(self) -> float | None:
+        return self.bytes_moved / self.best_us / 1e3 if self.bytes_moved and self.best_us else None
+
+    @property
+    def invalid(self) -> int:
+        return int(self.by_status.get(Outcome.INVALID.value, 0))
+
+
+def study_name(problem: Problem, device: DeviceInfo) -> str:
+    """One Optuna study per problem and device: ``autotune|<problem key>|<device>``."""
+    return f"autotune|{problem.key()}|{device.name}"
+
+
+def software_versions() -> dict[str, str]:
+    from autotune._jax_compat import jax_versions
+
+    return {**jax_versions(), "autotune": AUTOTUNE_VERSION}
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"timeout": 60}
+    else:
+        kwargs["pool_pre_ping"] = True
+    # The heartbeat lets other hosts see a dead host's trials as stale and redo them.
+    return optuna.storages.RDBStorage(
+        url, engine_kwargs=kwargs, heartbeat_interval=30, grace_period=120
+    )
+
+
+def run_job(
+    job: Job,
+    *,
+    store: Any,
+    engine: EngineLike,
+    results_dir: str | Path = "results",
+    on_event: Callable[[Event], None] | None = None,
+    allow_import: bool = False,
+) -> list[ProblemReport]:
+    """Tunes every problem of ``job``; returns one report per problem."""
+    storage = _optuna_storage(_optuna_url(store.url))
+    reports = []
+    for spec in job.problems:
+        kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
+        reports.append(
+            tune_problem(
+                kernel,
+                spec,
+                store=store,
+                engine=engine,
+                storage=storage,
+                results_dir=results_dir,
+                on_event=on_event,
+            )
+        )
+    return reports
+
+
+def _optuna_url(url: str) -> str:
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def tune_problem(
+    kernel: Kernel,
+    spec: ProblemSpec,
+    *,
+    store: Any,
+    engine: EngineLike,
+    storage: optuna.storages.BaseStorage | str,
+    results_dir: str | Path = "results",
+    on_event: Callable[[Event], None] | None = None,
+) -> ProblemReport:
+    """Tunes one problem until its budget is spent or its valid set is exhausted."""
+    emit = on_event or (lambda e: None)
+    problem = spec.problem
+    space = kernel.valid_space(problem)
+    device = engine.device_info()
+    software = software_versions()
+    budget = spec.budget
+
+    def stored_rows() -> list[Any]:
+        return store.trials(problem, device_name=device.name)
+
+    rows = stored_rows()
+    done_before = len(rows)
+    if budget.trials is not None and done_before >= budget.trials:
+        emit(Event("skip", problem, done_before, budget.trials, message="already tuned"))
+        return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
+                       stop_reason="budget already spent")
+    if done_before >= space.count():
+        emit(Event("skip", problem, done_before, budget.trials, message="space exhausted"))
+        return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
+                       stop_reason="every valid config measured")
+
+    # Seeds: JAX's known-good default first, then the winners of related problems.
+    seeds: list[Mapping[str, Any]] = []
+    if kernel.default_config is not None:
+        seeds.append(kernel.default_config(problem))
+    seeds.extend(_related_winners(store, problem, device))
+
+    sampler = valid_sampler(
+        spec.sampler,
+        space,
+        seed=spec.seed,
+        seeds=seeds,
+        taken=lambda: [r.config for r in stored_rows()],
+    )
+    study = optuna.create_study(
+        study_name=study_name(problem, device),
+        storage=storage,
+        sampler=sampler,
+        direction="minimize",
+        load_if_exists=True,
+    )
+    _close_orphans(study, store, problem, device)
+
+    if store.baseline(problem, device_name=device.name) is None and kernel.baseline is not None:
+        result = engine.baseline(problem.kernel, problem)
+        if result.ok:
+            store.record_baseline(
+                problem, kernel.baseline_name, result.samples_us, device=device, software=software
+            )
+        else:
+            logger.warning("baseline %s failed for %s: %s", kernel.baseline_name, problem, result.error)
+
+    dists = distributions(space)
+    start = time.monotonic()
+    measured_now = 0
+    in_flight: dict[Future[TrialResult], tuple[optuna.trial.Trial, Config, float]] = {}
+    total = budget.trials
+    stop_reason = ""
+    best_us = min((r.median_us for r in rows if r.median_us is not None and r.status == "ok"), default=None)
+    emit(Event("start", problem, done_before, total, best_us))
+
+    def out_of_budget() -> str:
+        done = done_before + measured_now + len(in_flight)
+        if total is not None and done >= total:
+            return f"trial budget ({total}) spent"
+        if budget.seconds is not None and time.monotonic() - start >= budget.seconds:
+            return f"time budget ({budget.seconds:g} s) spent"
+        return ""
+
+    try:
+        while True:
+            # Keep the engine fed: as many configs in flight as it can compile at once.
+            while len(in_flight) < max(1, engine.parallelism) and not (stop_reason or out_of_budget()):
+                asked = _ask(study, dists, space)
+                if asked is None:
+                    stop_reason = f"every valid config ({space.count()}) measured"
+                    break
+                trial, config = asked
+                future = engine.submit(problem.kernel, problem, config)
+                in_flight[future] = (trial, config, time.time())
+            if not in_flight:
+                stop_reason = stop_reason or out_of_budget()
+                break
+            finished, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            for future in finished:
+                trial, config, started = in_flight.pop(future)
+                result = future.result()
+                recorded = store.record_trial(
+                    problem,
+                    config,
+                    result,
+                    device=device,
+                    software=software,
+                    study_name=study.study_name,
+                    optuna_trial_number=trial.number,
+                    worker=_worker_id(),
+                    started_at=_utc(started),
+                )
+                _tell(study, trial, result, duplicate=recorded.duplicate)
+                measured_now += 0 if recorded.duplicate else 1
+                if result.ok and (best_us is None or result.median_us < best_us):
+                    best_us = result.median_us
+                emit(Event("trial", problem, done_before + measured_now, total, best_us,
+                           message=f"{result.outcome.value} {config.to_json()}"))
+    finally:
+        for future, (trial, _config, _t) in in_flight.items():
+            future.cancel()
+            _release(study, trial)
+
+    _trace_best(kernel, problem, spec, store, engine, device, results_dir)
+    emit(Event("done", problem, done_before + measured_now, total, best_us, message=stop_reason))
+    return _report(kernel, problem, device, store, measured_now=measured_now,
+                   repaired=sampler.repaired, stop_reason=stop_reason)
+
+
+def _utc(ts: float) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+
+
+def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.Trial, Config] | None:
+    """Asks for a trial whose config no other trial holds; None when the space is used up.
+
+    Two processes can be handed the same config at the same moment (each proposes before the
+    other's params are stored). After asking, a trial that sees an earlier-stored twin steps
+    back and asks again: of any two such trials, at least the one that checks last sees the
+    other, so never both measure the same config.
+    """
+    for _ in range(16):
+        try:
+            trial = study.ask(dict(dists))
+        except ExhaustedError:
+            _release_paramless(study)
+            return None
+        trial.set_user_attr(WORKER_ATTR, _worker_id())
+        config = Config(trial.params)
+        key = space.key(config)
+        twins = [
+            t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL))
+            if t.number != trial.number and t.params and space.key(t.params) == key
+            and not (t.state == TrialState.FAIL and OUTCOME_ATTR not in t.system_attrs)
+        ]
+        if not twins:
+            return trial, config
+        _release(study, trial)
+    return None
+
+
+def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> None:
+    """Closes a trial that was not measured, leaving its config free (FAIL without outcome)."""
+    try:
+        study.tell(trial, state=TrialState.FAIL)
+    except (ValueError, RuntimeError):  # already finished
+        pass
+
+
+def _release_paramless(study: optuna.Study) -> None:
+    me = _worker_id()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not t.params and t.user_attrs.get(WORKER_ATTR, me) == me:
+            _release(study, t.number)
+
+
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *, duplicate: bool) -> None:
+    study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, result.outcome.value)
+    if result.ok and not duplicate:
+        study.tell(trial, result.median_us)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo) -> None:
+    """Closes RUNNING trials a dead process of this host left behind, and stale ones elsewhere.
+
+    A trial whose result reached the store is told from the store; one whose did not is
+    released (its config was not measured, so it is free again). Other hosts' trials are left
+    to Optuna's heartbeat (``fail_stale_trials``).
+    """
+    host = socket.gethostname()
+    stored = {Config(r.config).digest(): r for r in store.trials(problem, device_name=device.name)}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.user_attrs.get(WORKER_ATTR, "")
+        owner_host, _, pid = owner.rpartition(":")
+        if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        row = stored.get(Config(t.params).digest()) if t.params else None
+        if row is None:
+            _release(study, t.number)
+        else:
+            study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, row.status)
+            if row.status == Outcome.OK.value and row.median_us is not None:
+                study.tell(t.number, row.median_us)
+            else:
+                study.tell(t.number, state=TrialState.FAIL)
+    try:
+        optuna.storages.fail_stale_trials(study)
+    except Exception:  # noqa: BLE001 - heartbeat not enabled on this storage
+        pass
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _related_winners(store: Any, problem: Problem, device: DeviceInfo, limit: int = 3) -> list[Mapping[str, Any]]:
+    """Best configs of the nearest tuned problems of the same kernel and dtype.
+
+    Distance between shapes: the sum over shape keys of |log2(a/b)|, so 4096 is as far from
+    8192 as from 2048, and a shape differing in one dimension by 2x is nearer than one
+    differing in two. Non-size keys (``causal``) must match.
+    """
+    import math
+
+    candidates = []
+    for other in store.problems(problem.kernel):
+        if other == problem or other.dtype != problem.dtype:
+            continue
+        a, b = problem.dims, other.dims
+        if set(a) != set(b):
+            continue
+        flags_match = all(a[k] == b[k] for k in a if isinstance(a[k], bool | str))
+        if not flags_match:
+            continue
+        dist = sum(abs(math.log2(a[k] / b[k])) for k in a if isinstance(a[k], int) and not isinstance(a[k], bool))
+        candidates.append((dist, other))
+    candidates.sort(key=lambda t: t[0])
+    out = []
+    for _dist, other in candidates[:limit]:
+        best = store.best(other, device_name=device.name, device_kind=device.kind, n=1)
+        if best:
+            out.append(best[0].config)
+    return out
+
+
+def _trace_best(
+    kernel: Kernel,
+    problem: Problem,
+    spec: ProblemSpec,
+    store: Any,
+    engine: EngineLike,
+    device: DeviceInfo,
+    results_dir: str | Path,
+) -> None:
+    """In-kernel traces of the ``trace_top_k`` best configs not traced yet (GPU only)."""
+    if spec.trace_top_k <= 0 or not device.is_gpu:
+        return
+    for row in store.best(problem, device_name=device.name, device_kind=device.kind, n=spec.trace_top_k):
+        if getattr(row, "traced", False):
+            continue
+        config = Config(row.config)
+        out_dir = Path(results_dir) / "traces" / problem.kernel / problem.digest() / config.digest()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            regions = engine.trace(problem.kernel, problem, config, str(out_dir), 64)
+        except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning
+            logger.warning("tracing %s %s failed: %s", problem, config.to_json(), e)
+            continue
+        if regions:
+            store.record_trace_regions(row.id, regions, str(out_dir))
+
+
+def _report(
+    kernel: Kernel,
+    problem: Problem,
+    device: DeviceInfo,
+    store: Any,
+    *,
+    measured_now: int,
+    repaired: int,
+    skipped: bool = False,
+    stop_reason: str = "",
+) -> ProblemReport:
+    rows = store.trials(problem, device_name=device.name)
+    by_status: dict[str, int] = {}
+    for r in rows:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    best = store.best(problem, device_name=device.name, device_kind=device.kind, n=1)
+    baseline = store.baseline(problem, device_name=device.name)
+    return ProblemReport(
+        problem=problem,
+        device=device.name,
+        best_config=Config(best[0].config) if best else None,
+        best_us=best[0].median_us if best else None,
+        baseline_name=baseline.name if baseline else None,
+        baseline_us=baseline.median_us if baseline else None,
+        flops=kernel.flops(problem) if kernel.flops else None,
+        bytes_moved=kernel.bytes_moved(problem) if kernel.bytes_moved else None,
+        by_status=by_status,
+        measured_now=measured_now,
+        repaired=repaired,
+        skipped=skipped,
+        stop_reason=stop_reason,
+    )
