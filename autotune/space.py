@@ -646,14 +646,24 @@ class BoundSpace:
         return tuple(domain[:3])
 
     def _nearest_fixing(self, c: Constraint, values: tuple[Value, ...]) -> tuple[Mapping, ...]:
-        """Valid configs that change only the tunables ``c`` reads, closest first (up to 2)."""
+        """Values of the tunables ``c`` reads that satisfy it, closest first (up to 2).
+
+        Other tunables keep their values; rules reading only the same tunables must hold too,
+        so an alternative never trades this rule for a sibling's.
+        """
         idx = [self._index[r] for r in c.reads]
+        reads = set(c.reads)
+        local = [
+            self._cached(other)
+            for other in self.space.constraints
+            if other.reads and set(other.reads) <= reads
+        ]
         options = []
         for combo in itertools.product(*(self.domains[i] for i in idx)):
             candidate = list(values)
             for i, v in zip(idx, combo, strict=True):
                 candidate[i] = v
-            if self._all_ok(candidate):
+            if all(chk(candidate) for chk in local):
                 dist = sum(self._distance(i, values[i], candidate[i]) for i in idx)
                 options.append((dist, {self.names[i]: candidate[i] for i in idx}))
         options.sort(key=lambda t: t[0])

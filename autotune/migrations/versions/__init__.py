@@ -1,0 +1,1 @@
+"""Revisions of the autotune schema, oldest first: ``0001_initial.py``, ..."""

@@ -1,0 +1,1110 @@
+"""The results database: every trial, baseline and trace region, in SQLite or PostgreSQL.
+
+One :class:`Store` wraps one SQLAlchemy engine. Opening it brings the schema to the newest
+version (alembic, version table ``at_alembic_version``); every table is prefixed ``at_`` so
+that Optuna's RDB storage can share the database. Callers get frozen snapshots
+(:class:`TrialRow`, :class:`BaselineRow`, ...), never ORM objects or sessions.
+
+Invariants the database itself enforces:
+
+* one trial per (problem, config, device, software): a config is never measured twice. A
+  second :meth:`Store.record_trial` for the same key keeps the first row and says so
+  (``RecordedTrial.duplicate``); it neither raises nor replaces.
+* every write is one transaction. On SQLite, writes take the write lock up front
+  (``BEGIN IMMEDIATE``) and wait up to 30 s for it, in WAL mode, so that many worker
+  processes can share one file without "database is locked".
+
+Thread safety: a Store may be shared by the threads of one process (each call uses its own
+session). After ``fork``, open a new Store in the child (or call
+``store.engine.dispose(close=False)``) rather than reuse the parent's connections.
+
+This module does not import jax: :mod:`autotune.queries` uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import logging
+import math
+import os
+import pathlib
+import socket
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from autotune.errors import StorageError
+from autotune.problem import Config, Problem
+from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+__all__ = [
+    "Store",
+    "RecordedTrial",
+    "TrialRow",
+    "BaselineRow",
+    "TraceRegionRow",
+    "ProblemSummary",
+    "resolve_url",
+    "sqlite_path",
+    "DEFAULT_URL",
+    "ENV_VAR",
+    "VERSION_TABLE",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "sqlite:///results/autotune.db"
+ENV_VAR = "AUTOTUNE_DB"
+# Optuna's RDB storage owns ``alembic_version``; ours must not collide with it.
+VERSION_TABLE = "at_alembic_version"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+# Key of the PostgreSQL advisory lock that serialises concurrent migrations ("autotune").
+_PG_MIGRATION_LOCK = 0x6175746F74756E65
+_MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent / "migrations"
+_SOFTWARE_COLUMNS = ("jax", "jaxlib", "autotune")
+_UTC = dt.UTC
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(
+        naming_convention={
+            "pk": "pk_%(table_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s",
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        }
+    )
+
+
+class _UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
+    """A timezone-aware UTC datetime, also on SQLite (which stores it naive, in UTC)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> Any:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
+
+
+class _Samples(sa.types.TypeDecorator[tuple[float, ...]]):
+    """A list of floats as JSON text (exact round trip, NaN and infinity included)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Sequence[float] | None, dialect: sa.Dialect) -> Any:
+        return json.dumps([float(v) for v in value or ()])
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> tuple[float, ...]:
+        return tuple(float(v) for v in json.loads(value or "[]"))
+
+
+class _Kernels(Base):
+    __tablename__ = "at_kernels"
+    __table_args__ = (sa.UniqueConstraint("name", name="uq_at_kernels_name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+
+
+class _Problems(Base):
+    __tablename__ = "at_problems"
+    __table_args__ = (
+        sa.UniqueConstraint("digest", name="uq_at_problems_digest"),
+        sa.Index("ix_at_problems_kernel", "kernel_id", "dtype"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel_id: Mapped[int] = mapped_column(sa.ForeignKey("at_kernels.id"))
+    shape_json: Mapped[str] = mapped_column(sa.Text)
+    dtype: Mapped[str] = mapped_column(sa.String(32))
+    digest: Mapped[str] = mapped_column(sa.String(16))
+
+
+class _Devices(Base):
+    __tablename__ = "at_devices"
+    __table_args__ = (
+        sa.UniqueConstraint(
+            "name", "kind", "compute_capability", "driver", name="uq_at_devices_identity"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    kind: Mapped[str] = mapped_column(sa.String(16))
+    compute_capability: Mapped[str] = mapped_column(sa.String(32))
+    driver: Mapped[str] = mapped_column(sa.String(64))
+
+
+class _Software(Base):
+    __tablename__ = "at_software"
+    __table_args__ = (
+        sa.UniqueConstraint("jax", "jaxlib", "autotune", "extra", name="uq_at_software_versions"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    jax: Mapped[str] = mapped_column(sa.String(64))
+    jaxlib: Mapped[str] = mapped_column(sa.String(64))
+    autotune: Mapped[str] = mapped_column(sa.String(64))
+    # Any other version keys, as canonical JSON ("{}" when none).
+    extra: Mapped[str] = mapped_column(sa.String(1000))
+
+
+class _Configs(Base):
+    __tablename__ = "at_configs"
+    __table_args__ = (sa.UniqueConstraint("kernel_id", "digest", name="uq_at_configs_kernel_digest"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel_id: Mapped[int] = mapped_column(sa.ForeignKey("at_kernels.id"))
+    config_json: Mapped[str] = mapped_column(sa.Text)
+    digest: Mapped[str] = mapped_column(sa.String(16))
+
+
+class _Trials(Base):
+    __tablename__ = "at_trials"
+    __table_args__ = (
+        # The database's own guarantee that no config is measured twice.
+        sa.UniqueConstraint(
+            "problem_id", "config_id", "device_id", "software_id", name="uq_at_trials_measurement"
+        ),
+        # best(): ok trials of one problem on some devices, fastest first.
+        sa.Index("ix_at_trials_best", "problem_id", "device_id", "status", "median_us"),
+        sa.Index("ix_at_trials_study", "study_name", "optuna_trial_number"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(sa.ForeignKey("at_problems.id"))
+    config_id: Mapped[int] = mapped_column(sa.ForeignKey("at_configs.id"))
+    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
+    software_id: Mapped[int] = mapped_column(sa.ForeignKey("at_software.id"))
+    status: Mapped[str] = mapped_column(sa.String(16))
+    median_us: Mapped[float | None] = mapped_column(sa.Double)
+    min_us: Mapped[float | None] = mapped_column(sa.Double)
+    max_us: Mapped[float | None] = mapped_column(sa.Double)
+    samples_us: Mapped[tuple[float, ...]] = mapped_column(_Samples)
+    compile_s: Mapped[float | None] = mapped_column(sa.Double)
+    rel_error: Mapped[float | None] = mapped_column(sa.Double)
+    timing: Mapped[str] = mapped_column(sa.String(32))
+    error: Mapped[str] = mapped_column(sa.Text)
+    study_name: Mapped[str | None] = mapped_column(sa.String(200))
+    optuna_trial_number: Mapped[int | None] = mapped_column(sa.Integer)
+    worker: Mapped[str] = mapped_column(sa.String(200))
+    host: Mapped[str] = mapped_column(sa.String(255))
+    started_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime)
+    finished_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
+
+
+class _Baselines(Base):
+    __tablename__ = "at_baselines"
+    __table_args__ = (
+        sa.UniqueConstraint(
+            "problem_id", "device_id", "software_id", "name", name="uq_at_baselines_measurement"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(sa.ForeignKey("at_problems.id"))
+    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
+    software_id: Mapped[int] = mapped_column(sa.ForeignKey("at_software.id"))
+    name: Mapped[str] = mapped_column(sa.String(64))
+    median_us: Mapped[float] = mapped_column(sa.Double)
+    min_us: Mapped[float] = mapped_column(sa.Double)
+    max_us: Mapped[float] = mapped_column(sa.Double)
+    samples_us: Mapped[tuple[float, ...]] = mapped_column(_Samples)
+    measured_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
+
+
+class _TraceRegions(Base):
+    __tablename__ = "at_trace_regions"
+    __table_args__ = (
+        sa.UniqueConstraint("trial_id", "region", name="uq_at_trace_regions_trial_region"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
+    region: Mapped[str] = mapped_column(sa.String(500))
+    median_us: Mapped[float] = mapped_column(sa.Double)
+    count: Mapped[int] = mapped_column(sa.Integer)
+    trace_path: Mapped[str] = mapped_column(sa.Text)
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedTrial:
+    """What :meth:`Store.record_trial` did: the row's id, and whether it already existed."""
+
+    id: int
+    duplicate: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRow:
+    """One stored trial. Times in microseconds, compile time in seconds, datetimes in UTC."""
+
+    id: int
+    problem: Problem
+    config: Config
+    device: DeviceInfo
+    software: dict[str, str] = dataclasses.field(hash=False)
+    status: Outcome
+    median_us: float | None
+    min_us: float | None
+    max_us: float | None
+    samples_us: tuple[float, ...]
+    compile_s: float | None
+    rel_error: float | None
+    timing: str
+    error: str
+    study_name: str | None
+    optuna_trial_number: int | None
+    worker: str
+    host: str
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Outcome.OK
+
+    def result(self) -> TrialResult:
+        """The :class:`TrialResult` this row was recorded from."""
+        return TrialResult(
+            outcome=self.status,
+            samples_us=self.samples_us,
+            compile_s=self.compile_s,
+            error=self.error,
+            rel_error=self.rel_error,
+            timing=self.timing,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineRow:
+    """One stored baseline measurement (e.g. ``"xla"``) of a problem on a device."""
+
+    id: int
+    problem: Problem
+    device: DeviceInfo
+    software: dict[str, str] = dataclasses.field(hash=False)
+    name: str
+    median_us: float
+    min_us: float
+    max_us: float
+    samples_us: tuple[float, ...]
+    measured_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceRegionRow:
+    """The time one named region of a traced trial took (median over ``count`` occurrences)."""
+
+    trial_id: int
+    region: str
+    median_us: float
+    count: int
+    trace_path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemSummary:
+    """What is stored for one problem on one device (name and kind)."""
+
+    problem: Problem
+    device: str
+    device_kind: str
+    trials: dict[str, int] = dataclasses.field(hash=False)  # outcome value -> count
+    best_us: float | None
+    best_config: dict[str, Any] | None = dataclasses.field(hash=False)
+    best_trial_id: int | None
+    baseline_name: str | None
+    baseline_us: float | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.trials.values())
+
+
+# ----------------------------------------------------------------------------- URLs, engines
+
+
+def resolve_url(url: str | None = None) -> URL:
+    """The database URL to use: ``url``, else ``$AUTOTUNE_DB``, else ``sqlite:///results/autotune.db``.
+
+    ``postgresql://`` (and ``postgres://``) URLs are mapped to the psycopg 3 driver; a bare
+    path (no ``://``) means an SQLite file; a relative SQLite path is made absolute against
+    the current working directory.
+
+    Raises:
+      StorageError: the text is not a database URL.
+    """
+    text = url if url is not None else (os.environ.get(ENV_VAR) or DEFAULT_URL)
+    if not isinstance(text, str) or not text.strip():
+        raise StorageError(
+            f"The database URL must be a non-empty string such as {DEFAULT_URL!r}, but got {text!r}."
+        )
+    text = text.strip()
+    if "://" not in text:
+        text = "sqlite:///" + text
+    try:
+        parsed = sa.make_url(text)
+    except sa_exc.ArgumentError as e:
+        raise StorageError(
+            f"{text!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
+            "'postgresql://user@host:5432/dbname'."
+        ) from e
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    path = sqlite_path(parsed)
+    if path is not None and not path.is_absolute():
+        parsed = parsed.set(database=str(pathlib.Path.cwd() / path))
+    return parsed
+
+
+def sqlite_path(url: URL | str) -> pathlib.Path | None:
+    """The file an SQLite URL names, or None (another backend, or an in-memory database)."""
+    url = sa.make_url(url) if isinstance(url, str) else url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    if url.query.get("uri") in ("true", "1") or url.database.startswith("file:"):
+        return None  # an sqlite URI: left to sqlite
+    return pathlib.Path(url.database).expanduser()
+
+
+def _create_engine(url: URL) -> Engine:
+    if url.get_backend_name() != "sqlite":
+        kwargs: dict[str, Any] = {}
+        if url.get_backend_name() == "postgresql":
+            kwargs["pool_pre_ping"] = True  # workers hold a Store for hours
+        return sa.create_engine(url, **kwargs)
+
+    memory = url.database in (None, "", ":memory:")
+    connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+    if memory:
+        engine = sa.create_engine(url, connect_args=connect_args, poolclass=sa.pool.StaticPool)
+    else:
+        engine = sa.create_engine(url, connect_args=connect_args)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
+        # sqlite3 must not issue BEGIN itself: _on_begin does, as BEGIN IMMEDIATE for writes.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            if not memory:
+                mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    log.warning("SQLite database %s is in %s mode, not WAL.", url.database, mode)
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: sa.Connection) -> None:
+        # Writers take the write lock up front, so two of them never deadlock on an upgrade
+        # from a read lock; readers in WAL mode never wait.
+        if connection.get_execution_options().get("autotune_read_only"):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _reason(error: BaseException) -> str:
+    orig = getattr(error, "orig", None)
+    return str(orig if orig is not None else error).strip().splitlines()[0]
+
+
+# ----------------------------------------------------------------------------- migrations
+
+
+def _alembic_config(connection: sa.Connection | None = None) -> Any:
+    from alembic.config import Config as AlembicConfig
+
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(_MIGRATIONS_DIR).replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config
+
+
+def _migrate(engine: Engine, read_engine: Engine, where: str) -> None:
+    """Brings the schema to head; refuses a schema newer than this code."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_alembic_config())
+    head = script.get_current_head()
+    known = {rev.revision for rev in script.walk_revisions()}
+
+    def current(connection: sa.Connection) -> set[str]:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        revisions = set(context.get_current_heads())
+        unknown = sorted(revisions - known)
+        if unknown:
+            raise StorageError(
+                f"The database {where} has schema version {', '.join(unknown)}, which this "
+                f"autotune does not know (it knows up to {head}): a newer autotune wrote it. "
+                "Upgrade autotune, or point AUTOTUNE_DB at another database."
+            )
+        return revisions
+
+    # Fast path: a read that takes no write lock, the common case of an up-to-date schema.
+    with read_engine.connect() as connection:
+        if current(connection) == {head}:
+            return
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+        if current(connection) != {head}:
+            log.info("Upgrading the autotune schema of %s to %s.", where, head)
+            command.upgrade(_alembic_config(connection), "head")
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(_UTC)
+
+
+def _check_aware(name: str, value: dt.datetime | None) -> None:
+    if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+        raise ValueError(
+            f"{name} must be timezone-aware, e.g. datetime.now(timezone.utc), but got {value!r}."
+        )
+
+
+def _software_key(software: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(software, Mapping):
+        raise ValueError(
+            f"software must map names to versions, e.g. {{'jax': '0.10.2'}}, but got {software!r}."
+        )
+    for key, value in software.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(
+                f"software must map names to version strings, but got {key!r}: {value!r}."
+            )
+    columns = {name: software.get(name, "") for name in _SOFTWARE_COLUMNS}
+    extra = {k: v for k, v in software.items() if k not in _SOFTWARE_COLUMNS and v}
+    columns["extra"] = json.dumps(extra, sort_keys=True, separators=(",", ":"))
+    if len(columns["extra"]) > 1000:
+        raise ValueError(f"software has too many extra keys to store: {sorted(extra)}.")
+    return columns
+
+
+def _software_dict(row: _Software) -> dict[str, str]:
+    out = {name: getattr(row, name) for name in _SOFTWARE_COLUMNS if getattr(row, name)}
+    out.update(json.loads(row.extra or "{}"))
+    return out
+
+
+def _device_info(row: _Devices) -> DeviceInfo:
+    return DeviceInfo(
+        name=row.name, kind=row.kind, compute_capability=row.compute_capability, driver=row.driver
+    )
+
+
+def _problem(kernel: _Kernels, row: _Problems) -> Problem:
+    return Problem(kernel.name, json.loads(row.shape_json), row.dtype)
+
+
+def _get_or_create(session: Session, model: type[Base], key: Mapping[str, Any], **extra: Any) -> int:
+    """The id of the row matching ``key``, inserting it (with ``extra``) if missing.
+
+    Race-safe: of two transactions inserting the same row, the second waits for the first,
+    fails on the unique constraint inside a savepoint, and reads the first one's row.
+    """
+    query = sa.select(model.id).filter_by(**key)  # type: ignore[attr-defined]
+    found = session.scalar(query)
+    if found is not None:
+        return int(found)
+    row = model(**key, **extra)
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except sa_exc.IntegrityError:
+        found = session.scalar(query)
+        if found is None:
+            raise
+        return int(found)
+    return int(row.id)  # type: ignore[attr-defined]
+
+
+def _samples(samples_us: Sequence[float], what: str) -> tuple[float, ...]:
+    values = tuple(float(s) for s in samples_us)
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{what} must be a non-empty sequence of finite times, but got {values!r}.")
+    return values
+
+
+class Store:
+    """The results database (SQLite or PostgreSQL), migrated to the newest schema on open.
+
+    Args:
+      url: any SQLAlchemy URL (``sqlite:///results/autotune.db``,
+        ``postgresql://user@host/db``), or a bare SQLite path. Default: ``$AUTOTUNE_DB``, else
+        ``sqlite:///results/autotune.db`` relative to the current directory (its folder is
+        created).
+
+    Raises:
+      StorageError: the database cannot be reached, is not a database (the file is left
+        untouched), or has a schema newer than this code.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self._url = resolve_url(url)
+        path = sqlite_path(self._url)
+        self._where = str(path) if path is not None else self._url.render_as_string()
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StorageError(f"Cannot create the folder of the database {path}: {e}.") from e
+        try:
+            self.engine: Engine = _create_engine(self._url)
+        except (sa_exc.ArgumentError, ImportError) as e:
+            raise StorageError(
+                f"Cannot use the database URL {self!r}: {_reason(e)}. For PostgreSQL, install "
+                "psycopg 3 (pip install 'autotune[postgres]')."
+            ) from e
+        self._read_engine = self.engine.execution_options(autotune_read_only=True)
+        self._writes = sessionmaker(self.engine, expire_on_commit=False)
+        self._reads = sessionmaker(self._read_engine)
+        try:
+            _migrate(self.engine, self._read_engine, self._where)
+        except StorageError:
+            self.engine.dispose()
+            raise
+        except sa_exc.DatabaseError as e:
+            self.engine.dispose()
+            if path is not None and "not a database" in _reason(e):
+                raise StorageError(
+                    f"Cannot open {path}: it is not an SQLite database ({_reason(e)}). The "
+                    "file was left untouched; move it aside or point AUTOTUNE_DB at another file."
+                ) from e
+            raise StorageError(f"Cannot open the database {self._where}: {_reason(e)}.") from e
+        except sa_exc.SQLAlchemyError as e:
+            self.engine.dispose()
+            raise StorageError(f"Cannot open the database {self._where}: {_reason(e)}.") from e
+
+    @property
+    def url(self) -> str:
+        """The full URL (password included), usable by another Store or by Optuna."""
+        return self._url.render_as_string(hide_password=False)
+
+    def __repr__(self) -> str:
+        return f"Store({self._url.render_as_string(hide_password=True)!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes every pooled connection. The store must not be used afterwards."""
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def _write(self, what: str) -> Iterator[Session]:
+        try:
+            with self._writes.begin() as session:
+                yield session
+        except sa_exc.SQLAlchemyError as e:
+            raise StorageError(f"Could not {what} in {self._where}: {_reason(e)}.") from e
+
+    @contextlib.contextmanager
+    def _read(self, what: str) -> Iterator[Session]:
+        try:
+            with self._reads() as session:
+                yield session
+        except sa_exc.SQLAlchemyError as e:
+            raise StorageError(f"Could not {what} from {self._where}: {_reason(e)}.") from e
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def _ids(
+        self,
+        session: Session,
+        problem: Problem,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+    ) -> tuple[int, int, int, int]:
+        kernel_id = _get_or_create(session, _Kernels, {"name": problem.kernel})
+        problem_id = _get_or_create(
+            session,
+            _Problems,
+            {"digest": problem.digest()},
+            kernel_id=kernel_id,
+            shape_json=problem.shape_json,
+            dtype=problem.dtype,
+        )
+        device_id = _get_or_create(session, _Devices, _device_key(device))
+        software_id = _get_or_create(session, _Software, _software_key(software))
+        return kernel_id, problem_id, device_id, software_id
+
+    def record_trial(
+        self,
+        problem: Problem,
+        config: Config,
+        result: TrialResult,
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+        study_name: str | None = None,
+        optuna_trial_number: int | None = None,
+        worker: str = "",
+        started_at: dt.datetime | None = None,
+    ) -> RecordedTrial:
+        """Stores one finished trial, in one transaction.
+
+        If a trial of the same (problem, config, device, software) is already stored, nothing
+        is written: the first result stays, and its id comes back with ``duplicate=True``.
+
+        Raises:
+          ValueError: a malformed argument (a naive ``started_at``, non-string versions).
+          StorageError: the database could not be written.
+        """
+        outcome = Outcome(result.outcome)
+        _check_aware("started_at", started_at)
+        _software_key(software)  # validates before any write
+        if not isinstance(config, Config):
+            config = Config(config)
+        with self._write("record a trial") as session:
+            kernel_id, problem_id, device_id, software_id = self._ids(
+                session, problem, device, software
+            )
+            config_id = _get_or_create(
+                session,
+                _Configs,
+                {"kernel_id": kernel_id, "digest": config.digest()},
+                config_json=config.to_json(),
+            )
+            query = sa.select(_Trials.id).filter_by(
+                problem_id=problem_id, config_id=config_id, device_id=device_id,
+                software_id=software_id,
+            )
+            existing = session.scalar(query)
+            if existing is not None:
+                log.debug("Trial of %s %s already stored as %d.", problem, config, existing)
+                return RecordedTrial(int(existing), duplicate=True)
+            row = _Trials(
+                problem_id=problem_id,
+                config_id=config_id,
+                device_id=device_id,
+                software_id=software_id,
+                status=outcome.value,
+                median_us=result.median_us,
+                min_us=result.min_us,
+                max_us=result.max_us,
+                samples_us=tuple(result.samples_us),
+                compile_s=result.compile_s,
+                rel_error=result.rel_error,
+                timing=result.timing,
+                error=result.error,
+                study_name=study_name,
+                optuna_trial_number=optuna_trial_number,
+                worker=worker,
+                host=socket.gethostname(),
+                started_at=started_at,
+                finished_at=_now(),
+            )
+            try:
+                with session.begin_nested():
+                    session.add(row)
+            except sa_exc.IntegrityError:
+                # Another worker stored the same measurement between our check and insert.
+                existing = session.scalar(query)
+                if existing is None:
+                    raise
+                return RecordedTrial(int(existing), duplicate=True)
+            return RecordedTrial(int(row.id), duplicate=False)
+
+    def record_baseline(
+        self,
+        problem: Problem,
+        name: str,
+        samples_us: Sequence[float],
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+    ) -> int:
+        """Stores a baseline's timing (e.g. ``name="xla"``) and returns its row id.
+
+        One baseline per (problem, device, software, name): a second one is not written, and
+        the first one's id comes back.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"baseline name must be a non-empty string such as 'xla', but got {name!r}.")
+        values = _samples(samples_us, "baseline samples_us")
+        _software_key(software)
+        with self._write("record a baseline") as session:
+            _, problem_id, device_id, software_id = self._ids(session, problem, device, software)
+            return _get_or_create(
+                session,
+                _Baselines,
+                {
+                    "problem_id": problem_id,
+                    "device_id": device_id,
+                    "software_id": software_id,
+                    "name": name,
+                },
+                median_us=statistics.median(values),
+                min_us=min(values),
+                max_us=max(values),
+                samples_us=values,
+                measured_at=_now(),
+            )
+
+    def record_trace_regions(
+        self, trial_id: int, regions: Mapping[str, tuple[float, int]], trace_path: str
+    ) -> None:
+        """Stores per-region times of a traced trial: region -> (median_us, count).
+
+        Regions already stored for the trial are kept as they are.
+
+        Raises:
+          StorageError: there is no trial ``trial_id``.
+        """
+        with self._write("record trace regions") as session:
+            if session.get(_Trials, trial_id) is None:
+                raise StorageError(
+                    f"Cannot record trace regions of trial {trial_id}: {self._where} has no "
+                    "trial with that id. Pass the id record_trial returned."
+                )
+            for region, (median_us, count) in regions.items():
+                _get_or_create(
+                    session,
+                    _TraceRegions,
+                    {"trial_id": trial_id, "region": region},
+                    median_us=float(median_us),
+                    count=int(count),
+                    trace_path=trace_path,
+                )
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def finished_digests(
+        self,
+        problem: Problem,
+        *,
+        device: DeviceInfo | None = None,
+        software: Mapping[str, str] | None = None,
+    ) -> set[str]:
+        """Digests of the configs of ``problem`` with a stored trial (any outcome).
+
+        ``device`` and ``software``, when given, restrict to trials on exactly that device and
+        software: the configs a worker there must not measure again.
+        """
+        query = (
+            sa.select(_Configs.digest)
+            .join(_Trials, _Trials.config_id == _Configs.id)
+            .join(_Problems, _Problems.id == _Trials.problem_id)
+            .where(_Problems.digest == problem.digest())
+        )
+        if device is not None:
+            query = query.join(_Devices, _Devices.id == _Trials.device_id).filter_by(
+                **_device_key(device)
+            )
+        if software is not None:
+            query = query.join(_Software, _Software.id == _Trials.software_id).filter_by(
+                **_software_key(software)
+            )
+        with self._read("read finished configs") as session:
+            return set(session.scalars(query))
+
+    def trials(
+        self,
+        problem: Problem | None = None,
+        *,
+        kernel: str | None = None,
+        device_name: str | None = None,
+        status: Outcome | str | None = None,
+    ) -> list[TrialRow]:
+        """Stored trials, oldest first, filtered by problem, kernel, device name and outcome."""
+        query = _trial_query()
+        if problem is not None:
+            query = query.where(_Problems.digest == problem.digest())
+        if kernel is not None:
+            query = query.where(_Kernels.name == kernel)
+        if device_name is not None:
+            query = query.where(_Devices.name == device_name)
+        if status is not None:
+            query = query.where(_Trials.status == Outcome(status).value)
+        with self._read("read trials") as session:
+            return [_trial_row(*row) for row in session.execute(query.order_by(_Trials.id))]
+
+    def trial(self, trial_id: int) -> TrialRow | None:
+        """The trial with id ``trial_id``, or None."""
+        with self._read("read a trial") as session:
+            row = session.execute(_trial_query().where(_Trials.id == trial_id)).first()
+            return None if row is None else _trial_row(*row)
+
+    def best(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = "gpu",
+        n: int = 1,
+    ) -> list[TrialRow]:
+        """The ``n`` fastest ok trials of ``problem`` (lowest median first).
+
+        Only devices of ``device_kind`` count (None: any kind), so GPU and interpret-mode
+        times never mix; ``device_name`` further restricts to one device model.
+        """
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, but got {n!r}.")
+        query = (
+            _trial_query()
+            .where(_Problems.digest == problem.digest())
+            .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+        )
+        query = _device_filter(query, device_name, device_kind)
+        query = query.order_by(_Trials.median_us, _Trials.id).limit(n)
+        with self._read("read the best trials") as session:
+            return [_trial_row(*row) for row in session.execute(query)]
+
+    def baseline(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = "gpu",
+        name: str | None = None,
+    ) -> BaselineRow | None:
+        """The fastest stored baseline of ``problem`` (of ``name``, if given), or None."""
+        rows = self.baselines(problem, device_name=device_name, device_kind=device_kind, name=name)
+        return rows[0] if rows else None
+
+    def baselines(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = "gpu",
+        name: str | None = None,
+    ) -> list[BaselineRow]:
+        """Stored baselines of ``problem``, fastest first."""
+        query = (
+            sa.select(_Baselines, _Problems, _Kernels, _Devices, _Software)
+            .join(_Problems, _Problems.id == _Baselines.problem_id)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .join(_Devices, _Devices.id == _Baselines.device_id)
+            .join(_Software, _Software.id == _Baselines.software_id)
+            .where(_Problems.digest == problem.digest())
+        )
+        if name is not None:
+            query = query.where(_Baselines.name == name)
+        query = _device_filter(query, device_name, device_kind)
+        query = query.order_by(_Baselines.median_us, _Baselines.id)
+        with self._read("read baselines") as session:
+            return [
+                BaselineRow(
+                    id=b.id,
+                    problem=_problem(k, p),
+                    device=_device_info(d),
+                    software=_software_dict(s),
+                    name=b.name,
+                    median_us=b.median_us,
+                    min_us=b.min_us,
+                    max_us=b.max_us,
+                    samples_us=b.samples_us,
+                    measured_at=b.measured_at,
+                )
+                for b, p, k, d, s in session.execute(query).tuples()
+            ]
+
+    def trace_regions(self, trial_id: int) -> list[TraceRegionRow]:
+        """The trace regions stored for a trial, by region name."""
+        query = (
+            sa.select(_TraceRegions)
+            .where(_TraceRegions.trial_id == trial_id)
+            .order_by(_TraceRegions.region)
+        )
+        with self._read("read trace regions") as session:
+            return [
+                TraceRegionRow(r.trial_id, r.region, r.median_us, r.count, r.trace_path)
+                for r in session.scalars(query)
+            ]
+
+    def problems(self, kernel: str | None = None) -> list[Problem]:
+        """The problems with anything stored, by kernel name then insertion order."""
+        query = sa.select(_Kernels, _Problems).join(_Problems, _Problems.kernel_id == _Kernels.id)
+        if kernel is not None:
+            query = query.where(_Kernels.name == kernel)
+        query = query.order_by(_Kernels.name, _Problems.id)
+        with self._read("read problems") as session:
+            return [_problem(k, p) for k, p in session.execute(query).tuples()]
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every device with anything stored."""
+        query = sa.select(_Devices).order_by(_Devices.kind, _Devices.name, _Devices.id)
+        with self._read("read devices") as session:
+            return [_device_info(d) for d in session.scalars(query)]
+
+    def summaries(
+        self,
+        *,
+        kernel: str | None = None,
+        dtype: str | None = None,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+    ) -> list[ProblemSummary]:
+        """One summary per (problem, device name, device kind) with stored trials."""
+        group = (_Trials.problem_id, _Devices.name, _Devices.kind)
+
+        def filtered(query: Any) -> Any:
+            query = (
+                query.join(_Devices, _Devices.id == _Trials.device_id)
+                .join(_Problems, _Problems.id == _Trials.problem_id)
+                .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            )
+            if kernel is not None:
+                query = query.where(_Kernels.name == kernel)
+            if dtype is not None:
+                query = query.where(_Problems.dtype == dtype)
+            return _device_filter(query, device_name, device_kind)
+
+        counts_q = filtered(sa.select(*group, _Trials.status, sa.func.count()).select_from(_Trials))
+        counts_q = counts_q.group_by(*group, _Trials.status)
+        rank = sa.func.row_number().over(partition_by=group, order_by=(_Trials.median_us, _Trials.id))
+        ranked = filtered(
+            sa.select(*group, _Trials.id, _Trials.median_us, _Configs.config_json, rank.label("rank"))
+            .select_from(_Trials)
+            .join(_Configs, _Configs.id == _Trials.config_id)
+            .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+        ).subquery()
+        best_q = sa.select(ranked).where(ranked.c.rank == 1)
+        base_rank = sa.func.row_number().over(
+            partition_by=(_Baselines.problem_id, _Devices.name, _Devices.kind),
+            order_by=(_Baselines.median_us, _Baselines.id),
+        )
+        base_sub = (
+            sa.select(
+                _Baselines.problem_id, _Devices.name, _Devices.kind, _Baselines.name.label("baseline"),
+                _Baselines.median_us, base_rank.label("rank"),
+            )
+            .join(_Devices, _Devices.id == _Baselines.device_id)
+            .subquery()
+        )
+        base_q = sa.select(base_sub).where(base_sub.c.rank == 1)
+
+        with self._read("summarise results") as session:
+            trials: dict[tuple[int, str, str], dict[str, int]] = {}
+            for problem_id, name, kind, status, count in session.execute(counts_q):
+                trials.setdefault((problem_id, name, kind), {})[status] = int(count)
+            best = {
+                (r.problem_id, r.name, r.kind): (r.id, r.median_us, json.loads(r.config_json))
+                for r in session.execute(best_q)
+            }
+            baselines = {
+                (r.problem_id, r.name, r.kind): (r.baseline, r.median_us)
+                for r in session.execute(base_q)
+            }
+            problem_ids = sorted({key[0] for key in trials})
+            problems = {
+                p.id: _problem(k, p)
+                for k, p in session.execute(
+                    sa.select(_Kernels, _Problems)
+                    .join(_Problems, _Problems.kernel_id == _Kernels.id)
+                    .where(_Problems.id.in_(problem_ids))
+                ).tuples()
+            }
+        out = []
+        for key in sorted(trials, key=lambda k: (problems[k[0]].kernel, k[0], k[2], k[1])):
+            best_id, best_us, best_config = best.get(key, (None, None, None))
+            baseline_name, baseline_us = baselines.get(key, (None, None))
+            out.append(
+                ProblemSummary(
+                    problem=problems[key[0]],
+                    device=key[1],
+                    device_kind=key[2],
+                    trials=trials[key],
+                    best_us=best_us,
+                    best_config=best_config,
+                    best_trial_id=best_id,
+                    baseline_name=baseline_name,
+                    baseline_us=baseline_us,
+                )
+            )
+        return out
+
+
+def _device_key(device: DeviceInfo) -> dict[str, str]:
+    return {
+        "name": device.name,
+        "kind": device.kind,
+        "compute_capability": device.compute_capability,
+        "driver": device.driver,
+    }
+
+
+def _device_filter(query: Any, device_name: str | None, device_kind: str | None) -> Any:
+    if device_kind is not None:
+        query = query.where(_Devices.kind == device_kind)
+    if device_name is not None:
+        query = query.where(_Devices.name == device_name)
+    return query
+
+
+def _trial_query() -> Any:
+    return (
+        sa.select(_Trials, _Problems, _Kernels, _Configs, _Devices, _Software)
+        .join(_Problems, _Problems.id == _Trials.problem_id)
+        .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+        .join(_Configs, _Configs.id == _Trials.config_id)
+        .join(_Devices, _Devices.id == _Trials.device_id)
+        .join(_Software, _Software.id == _Trials.software_id)
+    )
+
+
+def _trial_row(
+    t: _Trials, p: _Problems, k: _Kernels, c: _Configs, d: _Devices, s: _Software
+) -> TrialRow:
+    return TrialRow(
+        id=t.id,
+        problem=_problem(k, p),
+        config=Config.from_json(c.config_json),
+        device=_device_info(d),
+        software=_software_dict(s),
+        status=Outcome(t.status),
+        median_us=t.median_us,
+        min_us=t.min_us,
+        max_us=t.max_us,
+        samples_us=t.samples_us,
+        compile_s=t.compile_s,
+        rel_error=t.rel_error,
+        timing=t.timing,
+        error=t.error,
+        study_name=t.study_name,
+        optuna_trial_number=t.optuna_trial_number,
+        worker=t.worker,
+        host=t.host,
+        started_at=t.started_at,
+        finished_at=t.finished_at,
+    )

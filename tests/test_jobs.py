@@ -1,0 +1,145 @@
+"""Job files: the documented form works; every malformed input names the field and value."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotune.errors import JobError
+from autotune.jobs import load_job, parse_job
+from autotune.kernel import Kernel, register
+from tests.test_space import toy_space
+
+
+def _unused(*args, **kwargs):  # the job parser never builds or runs a kernel
+    raise AssertionError("not called")
+
+
+TOY = Kernel(
+    name="toy_kernel",
+    space=toy_space(),
+    shape_keys=("m", "n"),
+    dtypes=("bfloat16", "float16"),
+    build=_unused,
+    make_inputs=_unused,
+    reference=_unused,
+)
+register(TOY)
+
+GOOD = """
+[defaults]
+trials = 32
+sampler = "tpe"
+seed = 0
+
+[[problem]]
+kernel = "toy_kernel"
+dtype = "bfloat16"
+shape = { m = 1024, n = 768 }
+
+[[problem]]
+kernel = "toy_kernel"
+dtypes = ["bfloat16", "float16"]
+shapes = [{ m = 512, n = 768 }, { m = 256, n = 256 }]
+trials = 8
+seconds = 30
+"""
+
+
+def test_documented_form_expands_problems(tmp_path):
+    """The issue's job form parses; shapes x dtypes expand; problem settings override defaults."""
+    path = tmp_path / "job.toml"
+    path.write_text(GOOD)
+    job = load_job(path)
+    assert job.name == "job"
+    assert len(job.problems) == 5
+    first, last = job.problems[0], job.problems[-1]
+    assert first.budget.trials == 32 and first.budget.seconds is None and first.sampler == "tpe"
+    assert last.budget.trials == 8 and last.budget.seconds == 30.0
+    assert last.problem.dtype == "float16" and last.problem.dims == {"m": 256, "n": 256}
+
+
+def _job(problem: str, defaults: str = "") -> dict:
+    return tomllib.loads(f"{defaults}\n[[problem]]\n{problem}\n")
+
+
+BASE = 'kernel = "toy_kernel"\ndtype = "bfloat16"\nshape = { m = 1024, n = 768 }'
+
+BAD_JOBS = [
+    ("unknown top key", {"problem": [], "jobs": 1}, "unknown top-level key"),
+    ("no problems", {"defaults": {"trials": 3}}, "no \\[\\[problem\\]\\]"),
+    ("empty problems", {"problem": []}, "no \\[\\[problem\\]\\]"),
+    ("problem not table", {"problem": [1]}, "array of tables"),
+    ("defaults not table", {"defaults": 3, "problem": []}, "\\[defaults\\] must be a table"),
+    ("unknown default", _job(BASE, "[defaults]\ntrails = 3"), "unknown key\\(s\\) \\['trails'\\] in \\[defaults\\]"),
+    ("unknown problem key", _job(BASE + "\nshaep = 1"), "unknown key\\(s\\) \\['shaep'\\]"),
+    ("missing kernel", _job('dtype = "bf16"\nshape = { m = 1 }'), "'kernel' must name a kernel"),
+    ("unknown kernel", _job('kernel = "nope"\ndtype = "bf16"\nshape = { m = 1 }'), "Unknown kernel 'nope'"),
+    ("import path without flag", _job('kernel = "os:path"\ndtype = "bf16"\nshape = { m = 1 }'), "--allow-import"),
+    ("missing shape", _job('kernel = "toy_kernel"\ndtype = "bf16"'), "'shape' is missing"),
+    ("shape and shapes", _job(BASE + "\nshapes = [{ m = 1, n = 1 }]"), "either 'shape' or 'shapes'"),
+    ("shape not table", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = 3'), "'shape' must be a table"),
+    ("missing dtype", _job('kernel = "toy_kernel"\nshape = { m = 1024, n = 768 }'), "'dtype' is missing"),
+    ("unknown dtype", _job('kernel = "toy_kernel"\ndtype = "float12"\nshape = { m = 1024, n = 768 }'), "Unknown dtype 'float12'"),
+    ("unsupported dtype", _job('kernel = "toy_kernel"\ndtype = "float32"\nshape = { m = 1024, n = 768 }'), "supported_dtype.*not float32"),
+    ("unknown shape key", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = { m = 1024, n = 768, q = 1 }'), "no shape key\\(s\\) \\['q'\\]"),
+    ("missing shape key", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = { m = 1024 }'), "needs shape key\\(s\\) \\['n'\\]"),
+    ("zero size", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = { m = 0, n = 768 }'), "m=0 must be a positive integer"),
+    ("negative size", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = { m = -64, n = 768 }'), "m=-64 must be a positive integer"),
+    ("float size", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = { m = 10.5, n = 768 }'), "must be an int|positive integer"),
+    ("string size", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = { m = "big", n = 768 }'), "m='big' must be a positive integer"),
+    ("no valid config", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshape = { m = 100, n = 768 }'), "No valid config.*bm_domain"),
+    ("zero trials", _job(BASE + "\ntrials = 0"), "trials = 0 is not allowed"),
+    ("huge trials", _job(BASE + "\ntrials = 10000000000"), "trials = 10000000000 is not allowed"),
+    ("bool trials", _job(BASE + "\ntrials = true"), "trials = True is not allowed"),
+    ("negative seconds", _job(BASE + "\nseconds = -5"), "seconds = -5 is not allowed"),
+    ("inf seconds", _job(BASE + "\nseconds = inf"), "seconds = inf is not allowed"),
+    ("unknown sampler", _job(BASE + '\nsampler = "annealing"'), "sampler = 'annealing' is not allowed.*one of tpe"),
+    ("float seed", _job(BASE + "\nseed = 1.5"), "seed = 1.5 is not allowed"),
+    ("zero iterations", _job(BASE + "\niterations = 0"), "iterations = 0 is not allowed"),
+    ("empty shapes", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshapes = []'), "'shapes' must be a non-empty array"),
+    ("duplicate problem", {"problem": [tomllib.loads(BASE), tomllib.loads(BASE)]}, "listed twice"),
+    ("bad name", {"name": "", "problem": [tomllib.loads(BASE)]}, "'name' must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("data, match", [b[1:] for b in BAD_JOBS], ids=[b[0] for b in BAD_JOBS])
+def test_bad_job_names_field_and_value(data, match):
+    """Each malformed job raises JobError naming the field, the value and what is allowed."""
+    with pytest.raises(JobError, match=match):
+        parse_job(data)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    """A missing file and invalid TOML are reported with the path."""
+    with pytest.raises(JobError, match="does not exist"):
+        load_job(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[problem]\nkernel = ")
+    with pytest.raises(JobError, match="is not valid TOML"):
+        load_job(bad)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(JobError):
+        load_job(binary)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.sampled_from(
+        ["problem", "defaults", "kernel", "dtype", "shape", "shapes", "trials", "m", "n", "seconds", "sampler"]),
+        children, max_size=4),
+    max_leaves=12,
+))
+def test_fuzz_job_parser_never_crashes(data):
+    """Arbitrary data either parses or raises JobError: never another exception."""
+    if not isinstance(data, dict):
+        data = {"problem": data}
+    try:
+        parse_job(data)
+    except JobError:
+        pass

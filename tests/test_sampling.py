@@ -1,0 +1,99 @@
+"""The Optuna integration: only valid configs, never one twice, the study ends when exhausted."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.errors import JobError
+from autotune.kernel import get_kernel
+from autotune.problem import Problem
+from autotune.sampling import ExhaustedError, distributions, make_sampler, valid_sampler
+from tests.test_space import PROBLEM, toy_space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+BUNDLED_PROBLEMS = [
+    ("hopper_matmul", {"m": 4096, "n": 4096, "k": 4096}, "bfloat16"),
+    ("hopper_attention", {"batch": 4, "seq_q": 2048, "seq_kv": 2048, "heads_q": 16, "heads_kv": 16, "head_dim": 128}, "float16"),
+    ("softmax", {"rows": 8192, "cols": 32768}, "bfloat16"),
+    ("mosaic_scale", None, "float32"),
+]
+
+
+def _objective(config) -> float:
+    # Any deterministic function of the config: the sampler's job here is validity, not speed.
+    return float(sum(hash((k, repr(v))) % 997 for k, v in config.items()))
+
+
+def _drive(bound, sampler_name: str, n: int, seed: int = 0):
+    sampler = valid_sampler(sampler_name, bound, seed=seed)
+    study = optuna.create_study(sampler=sampler)
+    dists = distributions(bound)
+    seen = set()
+    for _ in range(n):
+        try:
+            trial = study.ask(dists)
+        except ExhaustedError:
+            break
+        config = dict(trial.params)
+        assert bound.validate(config, nearest=False) == [], config
+        key = bound.key(config)
+        assert key not in seen, f"{config} proposed twice"
+        seen.add(key)
+        study.tell(trial, _objective(config))
+    return seen, sampler
+
+
+@pytest.mark.parametrize("name", ["tpe", "random", "qmc", "brute", "cmaes"])
+def test_every_proposal_valid_and_new_until_exhausted(name):
+    """Each sampler hands out only valid, distinct configs and stops when the set is used up."""
+    pytest.importorskip("cmaes") if name == "cmaes" else None
+    bound = toy_space().bind(PROBLEM)
+    seen, _ = _drive(bound, name, bound.count() + 5)
+    assert len(seen) == bound.count()
+
+
+def test_seed_configs_come_first():
+    """Seed configs (known-good defaults) are proposed first when valid; invalid seeds are skipped."""
+    bound = toy_space().bind(PROBLEM)
+    good = {"bm": 64, "bn": 128, "width": 2, "order": "N", "flag": False}
+    bad = {"bm": 100, "bn": 128, "width": 2, "order": "N", "flag": False}
+    sampler = valid_sampler("tpe", bound, seed=0, seeds=[bad, good])
+    study = optuna.create_study(sampler=sampler)
+    trial = study.ask(distributions(bound))
+    assert dict(trial.params) == good
+
+
+def test_taken_configs_from_the_store_are_skipped():
+    """Configs the database already holds are never proposed again."""
+    bound = toy_space().bind(PROBLEM)
+    stored = [dict(c) for c in bound.sample(bound.count() - 3, seed=0)]
+    sampler = valid_sampler("tpe", bound, seed=0, taken=lambda: stored)
+    study = optuna.create_study(sampler=sampler)
+    keys = set()
+    for _ in range(3):
+        trial = study.ask(distributions(bound))
+        keys.add(bound.key(trial.params))
+        study.tell(trial, 1.0)
+    assert not keys & {bound.key(c) for c in stored}
+    with pytest.raises(ExhaustedError):
+        study.ask(distributions(bound))
+
+
+def test_unknown_sampler_is_a_clear_error():
+    """An unknown sampler name lists the known ones."""
+    with pytest.raises(JobError, match="expected one of tpe, random"):
+        make_sampler("annealing")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_name, shape, dtype", BUNDLED_PROBLEMS, ids=[p[0] for p in BUNDLED_PROBLEMS])
+def test_thousand_proposals_per_bundled_space(kernel_name, shape, dtype):
+    """1,000 TPE proposals per bundled space: zero invalid, zero repeats (until exhausted)."""
+    kernel = get_kernel(kernel_name)
+    if shape is None:
+        shape = {k: 1 << 20 if i == 0 else 1024 for i, k in enumerate(kernel.shape_keys)}
+    bound = kernel.valid_space(kernel.problem(shape, dtype))
+    seen, _ = _drive(bound, "tpe", 1000)
+    assert len(seen) == min(1000, bound.count())
