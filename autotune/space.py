@@ -396,6 +396,8 @@ class BoundSpace:
         self._valid: list[tuple[Value, ...]] | None = None
         self._valid_idx: np.ndarray | None = None
         self._count: int | None = None
+        self._memo: dict[tuple[Value, ...], int] = {}
+        self._live_cache: list[tuple[int, ...]] | None = None
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -454,21 +456,65 @@ class BoundSpace:
         return math.prod(len(d) for d in self.domains)
 
     def count(self) -> int:
-        """Number of valid configs, counted without building the raw grid."""
+        """Number of valid configs, counted without building the raw grid.
+
+        Dynamic programming over the tunable order: the number of valid completions below
+        depth ``d`` depends only on the earlier values that rules at depth ``d`` or later
+        read, so it is memoised on those (a 10^9-raw space counts in well under a second
+        when its rules read few tunables each).
+        """
         if self._count is None:
             if any(not rule.check({}, self.env) for rule in self.problem_rules):
                 self._count = 0
             else:
-                tail = math.prod(len(d) for d in self.domains[self._free_from :])
-                self._count = sum(1 for _ in self._prefixes()) * tail
+                self._count = self._completions(0, [None] * len(self.params))
         return self._count
 
+    def _live(self, d: int) -> tuple[int, ...]:
+        """Indices before ``d`` that some rule checked at depth ``d`` or later reads."""
+        if self._live_cache is None:
+            live: list[tuple[int, ...]] = []
+            for depth in range(len(self.params) + 1):
+                reads = {
+                    self._index[r]
+                    for level in self._by_level[depth:]
+                    for c in level
+                    for r in c.reads
+                }
+                live.append(tuple(sorted(i for i in reads if i < depth)))
+            self._live_cache = live
+        return self._live_cache[d]
+
+    def _completions(self, d: int, values: list[Value]) -> int:
+        """Valid completions of ``values[:d]`` (memoised on the values later rules read)."""
+        if d >= self._free_from:
+            return math.prod(len(dom) for dom in self.domains[d:])
+        key = (d, *(values[i] for i in self._live(d)))
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        total = 0
+        level_checks = self._checks[d]
+        for v in self.domains[d]:
+            values[d] = v
+            if all(chk(values) for chk in level_checks):
+                total += self._completions(d + 1, values)
+        values[d] = None
+        self._memo[key] = total
+        return total
+
     def _prefixes(self) -> Iterator[list[Value]]:
-        """Valid assignments of the constrained tunables (those before ``_free_from``)."""
+        """Valid assignments of the constrained tunables (those before ``_free_from``).
+
+        Subtrees with no valid completion (per the memoised counts) are never entered, so the
+        walk costs about as much as its output.
+        """
         depth_max = self._free_from
         values: list[Value] = [None] * len(self.params)
         if depth_max == 0:
             yield values
+            return
+        if self.count() == 0:
             return
         domains, checks = self.domains, self._checks
 
@@ -477,11 +523,12 @@ class BoundSpace:
             last = d == depth_max - 1
             for v in domains[d]:
                 values[d] = v
-                if all(chk(values) for chk in level_checks):
-                    if last:
-                        yield values
-                    else:
-                        yield from rec(d + 1)
+                if not all(chk(values) for chk in level_checks):
+                    continue
+                if last:
+                    yield values
+                elif self._completions(d + 1, values):
+                    yield from rec(d + 1)
 
         yield from rec(0)
 
@@ -550,9 +597,10 @@ class BoundSpace:
     ) -> list[Config]:
         """Up to ``n`` distinct valid configs drawn uniformly at random, none in ``exclude``.
 
-        Small spaces are enumerated; large ones (10^9 raw and more) are sampled by drawing each
-        tunable uniformly and rejecting a prefix as soon as a rule fails, which is uniform over
-        the valid set and needs no memory beyond the sample.
+        Small spaces are enumerated; large ones (10^9 raw and more) are sampled lazily: each
+        tunable's value is drawn with probability proportional to its number of valid
+        completions (the memoised counts of :meth:`count`), which is exactly uniform over the
+        valid set and never materialises it.
         """
         rng = random.Random(seed)
         banned = {self._tuple_or_none(c) for c in exclude}
@@ -563,7 +611,7 @@ class BoundSpace:
         out: list[Config] = []
         seen = set(banned)
         attempts = 0
-        max_attempts = 1_000 * max(n, 1) + 100_000
+        max_attempts = 100 * max(n, 1) + 1_000
         while len(out) < n and attempts < max_attempts:
             attempts += 1
             values = self._draw(rng)
@@ -573,11 +621,26 @@ class BoundSpace:
         return out
 
     def _draw(self, rng: random.Random) -> tuple[Value, ...] | None:
+        """One valid config, uniformly: each value weighted by its count of valid completions."""
         values: list[Value] = [None] * len(self.params)
         for d, domain in enumerate(self.domains):
-            values[d] = domain[rng.randrange(len(domain))]
-            if not all(chk(values) for chk in self._checks[d]):
+            if d >= self._free_from:
+                values[d] = domain[rng.randrange(len(domain))]
+                continue
+            weights = []
+            for v in domain:
+                values[d] = v
+                ok = all(chk(values) for chk in self._checks[d])
+                weights.append(self._completions(d + 1, values) if ok else 0)
+            total = sum(weights)
+            if total == 0:
                 return None
+            pick = rng.randrange(total)
+            for v, w in zip(domain, weights, strict=True):
+                if pick < w:
+                    values[d] = v
+                    break
+                pick -= w
         return tuple(values)
 
     def _tuple_or_none(self, config: Mapping[str, Value]) -> tuple[Value, ...] | None:

@@ -1,0 +1,65 @@
+"""Shared fixtures. ``db_url``: a fresh, empty database per test, on each storage backend."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# The PostgreSQL server the postgres-marked tests use (trust auth). Override to point elsewhere.
+PG_URL = os.environ.get(
+    "AUTOTUNE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+_pg_unreachable: list[str | None] = []  # memo: [None] reachable, [reason] not
+
+
+def _pg_connect() -> Any:
+    import psycopg
+
+    return psycopg.connect(
+        PG_URL.replace("+psycopg", "", 1), autocommit=True, connect_timeout=3
+    )
+
+
+def _pg_unreachable_reason() -> str | None:
+    if not _pg_unreachable:
+        try:
+            with _pg_connect():
+                pass
+            _pg_unreachable.append(None)
+        except Exception as e:  # any failure to connect means unreachable
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            _pg_unreachable.append(
+                f"PostgreSQL at {PG_URL} is unreachable ({first}); start it, set "
+                "AUTOTUNE_TEST_PG, or set CI=true to make this a failure"
+            )
+    return _pg_unreachable[0]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterator[str]:
+    """A URL of a fresh database: an SQLite file in tmp_path, or a new PostgreSQL schema
+    (dropped afterwards). PostgreSQL is skipped when unreachable, unless CI=true."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/autotune.db"
+        return
+    reason = _pg_unreachable_reason()
+    if reason is not None:
+        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    schema = f"at_test_{uuid.uuid4().hex[:16]}"
+    with _pg_connect() as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in PG_URL else "?"
+    try:
+        # Every connection made from this URL (Store, Optuna, worker processes) puts the
+        # schema first on its search path, so each test sees only its own tables.
+        yield f"{PG_URL}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with _pg_connect() as conn:
+            conn.execute("SET lock_timeout = '20s'")
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -1,0 +1,469 @@
+"""The results database: round trips, uniqueness, migrations, concurrency, Optuna coexistence."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import multiprocessing
+import pathlib
+import pickle
+import socket
+
+import pytest
+import sqlalchemy as sa
+
+from autotune import storage
+from autotune.errors import StorageError
+from autotune.problem import Config, Problem
+from autotune.storage import Store, resolve_url
+from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
+OTHER_GPU = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
+INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
+SOFTWARE = {"jax": "0.10.2", "jaxlib": "0.10.2", "autotune": "0.1.0"}
+PROBLEM = Problem("matmul", {"m": 256, "n": 256, "k": 128}, "bf16")
+AT_TABLES = {
+    "at_kernels",
+    "at_problems",
+    "at_devices",
+    "at_software",
+    "at_configs",
+    "at_trials",
+    "at_baselines",
+    "at_trace_regions",
+    "at_alembic_version",
+}
+
+
+def timed(*samples_us: float) -> TrialResult:
+    return TrialResult.timed(samples_us, compile_s=0.25, rel_error=1e-3, timing="fake")
+
+
+@pytest.fixture
+def store(db_url: str):
+    s = Store(db_url)
+    yield s
+    s.close()
+
+
+def record(store: Store, config: Config, result: TrialResult, device: DeviceInfo = GPU, **kw):
+    return store.record_trial(PROBLEM, config, result, device=device, software=SOFTWARE, **kw)
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_public_api_is_pinned():
+    """storage exports exactly the documented names."""
+    assert sorted(storage.__all__) == sorted(
+        [
+            "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
+            "ProblemSummary", "resolve_url", "sqlite_path", "DEFAULT_URL", "ENV_VAR",
+            "VERSION_TABLE",
+        ]
+    )
+
+
+def test_trial_round_trips_every_field(store: Store):
+    """Every field of a recorded trial reads back unchanged."""
+    problem = Problem("attention", {"batch": 2, "seq_len": 1024, "head_dim": 128, "causal": True}, "f16")
+    config = Config(block_q=64, block_kv=128, swizzle=True, order="kv_major")
+    result = TrialResult(
+        outcome=Outcome.OK,
+        samples_us=(12.5, 11.25, 13.0, 12.0),
+        compile_s=3.5,
+        error="",
+        rel_error=2.5e-4,
+        timing="cupti",
+    )
+    software = {**SOFTWARE, "jax_cuda13_plugin": "0.10.2"}
+    started = dt.datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    before = dt.datetime.now(dt.UTC)
+    recorded = store.record_trial(
+        problem, config, result, device=GPU, software=software, study_name="study-1",
+        optuna_trial_number=7, worker="w3", started_at=started,
+    )
+    after = dt.datetime.now(dt.UTC)
+    assert recorded == storage.RecordedTrial(recorded.id, duplicate=False)
+
+    [row] = store.trials(problem)
+    assert row.id == recorded.id
+    assert row.problem == problem and row.problem.dims["causal"] is True
+    assert row.config == config and row.config.digest() == config.digest()
+    assert row.device == GPU
+    assert row.software == software
+    assert row.status is Outcome.OK
+    assert (row.median_us, row.min_us, row.max_us) == (12.25, 11.25, 13.0)
+    assert row.samples_us == result.samples_us
+    assert (row.compile_s, row.rel_error, row.timing, row.error) == (3.5, 2.5e-4, "cupti", "")
+    assert (row.study_name, row.optuna_trial_number, row.worker) == ("study-1", 7, "w3")
+    assert row.host == socket.gethostname()
+    assert row.started_at == started and row.started_at.tzinfo == dt.UTC
+    assert before <= row.finished_at <= after
+    assert row.result() == result
+    assert store.trial(recorded.id) == row
+    assert store.problems() == [problem]
+
+
+def test_failed_outcomes_round_trip_and_count_as_finished(store: Store):
+    """Failed trials keep their outcome and error text and are 'finished' for dedup."""
+    record(store, Config(tile=1), TrialResult.failed(Outcome.COMPILE_ERROR, "ptxas: too many registers", compile_s=1.0))
+    record(store, Config(tile=2), TrialResult.failed(Outcome.TIMEOUT, "killed after 60 s"))
+    record(store, Config(tile=3), timed(5.0))
+    rows = {row.config["tile"]: row for row in store.trials(PROBLEM)}
+    assert rows[1].status is Outcome.COMPILE_ERROR and rows[1].error == "ptxas: too many registers"
+    assert rows[1].median_us is None and rows[1].samples_us == () and rows[1].compile_s == 1.0
+    assert rows[2].status is Outcome.TIMEOUT
+    expected = {Config(tile=i).digest() for i in (1, 2, 3)}
+    assert store.finished_digests(PROBLEM) == expected
+    assert store.finished_digests(PROBLEM, device=GPU, software=SOFTWARE) == expected
+    assert [r.config["tile"] for r in store.trials(status="timeout")] == [2]
+
+
+def test_finished_digests_filters_by_device_and_software(store: Store):
+    """finished_digests restricts to the exact device and software when given."""
+    record(store, Config(tile=1), timed(1.0))
+    store.record_trial(PROBLEM, Config(tile=2), timed(1.0), device=INTERPRET, software=SOFTWARE)
+    store.record_trial(PROBLEM, Config(tile=3), timed(1.0), device=GPU, software={"jax": "0.11.2"})
+    digest = {i: Config(tile=i).digest() for i in (1, 2, 3)}
+    assert store.finished_digests(PROBLEM) == set(digest.values())
+    assert store.finished_digests(PROBLEM, device=GPU) == {digest[1], digest[3]}
+    assert store.finished_digests(PROBLEM, device=GPU, software=SOFTWARE) == {digest[1]}
+    assert store.finished_digests(PROBLEM, software={"jax": "0.11.2"}) == {digest[3]}
+    other = Problem("matmul", {"m": 512, "n": 256, "k": 128}, "bf16")
+    assert store.finished_digests(other) == set()
+
+
+def test_duplicate_trial_keeps_the_first_and_says_so(store: Store):
+    """A second record_trial of the same measurement writes nothing and flags duplicate."""
+    first = record(store, Config(tile=1), timed(10.0), worker="a")
+    second = record(store, Config(tile=1), timed(1.0), worker="b")
+    third = record(store, Config(tile=1), TrialResult.failed(Outcome.CRASHED, "segfault"))
+    assert not first.duplicate
+    assert second.duplicate and second.id == first.id
+    assert third.duplicate and third.id == first.id
+    [row] = store.trials()
+    assert (row.median_us, row.worker, row.status) == (10.0, "a", Outcome.OK)
+
+
+def test_same_config_on_other_device_or_software_is_a_new_trial(store: Store):
+    """Uniqueness is per (problem, config, device, software), not per config alone."""
+    a = record(store, Config(tile=1), timed(1.0))
+    b = record(store, Config(tile=1), timed(2.0), device=OTHER_GPU)
+    c = store.record_trial(PROBLEM, Config(tile=1), timed(3.0), device=GPU, software={"jax": "0.11.2"})
+    assert len({a.id, b.id, c.id}) == 3 and not (a.duplicate or b.duplicate or c.duplicate)
+
+
+def test_rows_are_frozen_picklable_snapshots(store: Store):
+    """Rows are frozen dataclasses that survive pickling, not ORM objects."""
+    record(store, Config(tile=1), timed(1.0))
+    [row] = store.trials()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.median_us = 0.0  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(row)) == row
+    store.close()
+    assert row.config == Config(tile=1)  # still readable with the store closed
+
+
+def test_bad_arguments_are_rejected_before_writing(store: Store):
+    """A naive started_at or non-string versions raise ValueError and store nothing."""
+    with pytest.raises(ValueError, match="timezone-aware"):
+        record(store, Config(tile=1), timed(1.0), started_at=dt.datetime(2025, 1, 1))
+    with pytest.raises(ValueError, match="version strings"):
+        store.record_trial(PROBLEM, Config(tile=1), timed(1.0), device=GPU, software={"jax": 10})
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        store.record_baseline(PROBLEM, "xla", [], device=GPU, software=SOFTWARE)
+    assert store.trials() == []
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def test_best_ignores_failed_and_interpret_rows(store: Store):
+    """best() returns only ok trials on the asked device kind, fastest first."""
+    record(store, Config(tile=1), timed(10.0))
+    record(store, Config(tile=2), timed(5.0, 6.0, 7.0))
+    wrong = TrialResult(outcome=Outcome.WRONG_RESULT, samples_us=(1.0,), rel_error=0.5, timing="fake")
+    record(store, Config(tile=3), wrong)
+    record(store, Config(tile=4), TrialResult.failed(Outcome.INVALID, "bad"))
+    record(store, Config(tile=5), timed(0.5), device=INTERPRET)
+    record(store, Config(tile=6), timed(8.0), device=OTHER_GPU)
+
+    assert [r.config["tile"] for r in store.best(PROBLEM)] == [2]
+    assert [r.config["tile"] for r in store.best(PROBLEM, n=10)] == [2, 6, 1]
+    assert [r.config["tile"] for r in store.best(PROBLEM, device_name="NVIDIA H200", n=10)] == [2, 1]
+    assert [r.config["tile"] for r in store.best(PROBLEM, device_kind="interpret")] == [5]
+    assert store.best(PROBLEM, device_name="cpu-interpret (x86_64)") == []  # kind gpu by default
+    assert store.best(PROBLEM, device_name="NVIDIA B200") == []
+    assert store.best(Problem("matmul", {"m": 1, "n": 1, "k": 1}, "bf16")) == []
+    with pytest.raises(ValueError, match="positive integer"):
+        store.best(PROBLEM, n=0)
+
+
+def test_trials_filters(store: Store):
+    """trials() filters by problem, kernel, device name and status."""
+    other = Problem("attention", {"seq_len": 128}, "bf16")
+    record(store, Config(tile=1), timed(1.0))
+    record(store, Config(tile=2), TrialResult.failed(Outcome.CRASHED, "abort"), device=OTHER_GPU)
+    store.record_trial(other, Config(block=64), timed(2.0), device=GPU, software=SOFTWARE)
+    assert len(store.trials()) == 3
+    assert [r.problem for r in store.trials(kernel="attention")] == [other]
+    assert [r.config["tile"] for r in store.trials(PROBLEM, device_name=OTHER_GPU.name)] == [2]
+    assert [r.config["tile"] for r in store.trials(PROBLEM, status=Outcome.OK)] == [1]
+    assert store.problems(kernel="attention") == [other]
+    assert set(store.devices()) == {GPU, OTHER_GPU}
+
+
+def test_baselines_round_trip_and_keep_the_first(store: Store):
+    """record_baseline stores once per (problem, device, software, name); baseline() picks the fastest."""
+    xla = store.record_baseline(PROBLEM, "xla", [20.0, 22.0, 21.0], device=GPU, software=SOFTWARE)
+    again = store.record_baseline(PROBLEM, "xla", [1.0], device=GPU, software=SOFTWARE)
+    cudnn = store.record_baseline(PROBLEM, "cudnn", [15.0], device=GPU, software=SOFTWARE)
+    store.record_baseline(PROBLEM, "xla", [900.0], device=INTERPRET, software=SOFTWARE)
+    assert again == xla and cudnn != xla
+    best = store.baseline(PROBLEM)
+    assert best is not None and (best.name, best.median_us) == ("cudnn", 15.0)
+    row = store.baseline(PROBLEM, name="xla")
+    assert row is not None and row.id == xla and row.device == GPU and row.software == SOFTWARE
+    assert (row.median_us, row.min_us, row.max_us, row.samples_us) == (21.0, 20.0, 22.0, (20.0, 22.0, 21.0))
+    assert row.measured_at.tzinfo == dt.UTC
+    interp = store.baseline(PROBLEM, device_kind="interpret")
+    assert interp is not None and interp.median_us == 900.0
+    assert store.baseline(PROBLEM, device_name="NVIDIA H100 80GB HBM3") is None
+
+
+def test_trace_regions_round_trip(store: Store):
+    """Trace regions read back by trial; re-recording keeps the first; unknown trials fail."""
+    trial = record(store, Config(tile=1), timed(1.0))
+    store.record_trace_regions(trial.id, {"mainloop": (8.5, 32), "epilogue": (1.25, 1)}, "/tmp/t.json")
+    store.record_trace_regions(trial.id, {"mainloop": (99.0, 1), "prologue": (0.5, 1)}, "/tmp/u.json")
+    regions = {r.region: r for r in store.trace_regions(trial.id)}
+    assert regions["mainloop"] == storage.TraceRegionRow(trial.id, "mainloop", 8.5, 32, "/tmp/t.json")
+    assert regions["epilogue"].median_us == 1.25 and regions["prologue"].trace_path == "/tmp/u.json"
+    with pytest.raises(StorageError, match="no trial with that id"):
+        store.record_trace_regions(trial.id + 1000, {"x": (1.0, 1)}, "/tmp/t.json")
+
+
+def test_summaries_count_trials_per_problem_and_device(store: Store):
+    """summaries() counts trials by outcome per (problem, device) with the best time."""
+    record(store, Config(tile=1), timed(10.0))
+    record(store, Config(tile=2), timed(4.0))
+    record(store, Config(tile=3), TrialResult.failed(Outcome.COMPILE_ERROR, "x"))
+    record(store, Config(tile=4), timed(1.0), device=INTERPRET)
+    store.record_baseline(PROBLEM, "xla", [8.0], device=GPU, software=SOFTWARE)
+    gpu, interp = store.summaries()
+    assert (gpu.device, gpu.device_kind, gpu.trials) == ("NVIDIA H200", "gpu", {"ok": 2, "compile_error": 1})
+    assert (gpu.best_us, gpu.best_config, gpu.total) == (4.0, {"tile": 2}, 3)
+    assert (gpu.baseline_name, gpu.baseline_us) == ("xla", 8.0)
+    assert (interp.device_kind, interp.best_us, interp.baseline_name) == ("interpret", 1.0, None)
+    assert store.summaries(device_kind="interpret") == [interp]
+    assert store.summaries(kernel="attention") == []
+
+
+# --------------------------------------------------------------------------- URLs, files
+
+
+def test_default_url_is_results_autotune_db_under_cwd(tmp_path, monkeypatch):
+    """Without a URL or AUTOTUNE_DB the store is results/autotune.db under the cwd."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOTUNE_DB", raising=False)
+    with Store() as store:
+        assert store.url == f"sqlite:///{tmp_path}/results/autotune.db"
+    assert (tmp_path / "results" / "autotune.db").is_file()
+
+
+def test_env_var_and_argument_choose_the_database(tmp_path, monkeypatch):
+    """AUTOTUNE_DB overrides the default, and an argument overrides AUTOTUNE_DB."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOTUNE_DB", "sqlite:///from_env/a.db")
+    assert resolve_url(None).database == str(tmp_path / "from_env" / "a.db")
+    assert resolve_url("sqlite:///arg.db").database == str(tmp_path / "arg.db")
+    assert resolve_url("plain/path.db").database == str(tmp_path / "plain" / "path.db")
+
+
+def test_postgresql_urls_use_psycopg3():
+    """postgresql:// and postgres:// URLs are mapped to the psycopg 3 driver."""
+    for text in ("postgresql://u:pw@db.example:5433/at", "postgres://u:pw@db.example:5433/at"):
+        url = resolve_url(text)
+        assert url.drivername == "postgresql+psycopg"
+        assert (url.host, url.port, url.database, url.password) == ("db.example", 5433, "at", "pw")
+    assert resolve_url("postgresql+psycopg://u@h/d").drivername == "postgresql+psycopg"
+    with pytest.raises(StorageError, match="not a database URL"):
+        resolve_url("nope://")
+
+
+def test_unreachable_server_is_a_storage_error():
+    """A server that refuses connections gives a StorageError without the password."""
+    with pytest.raises(StorageError, match="Cannot open the database") as info:
+        Store("postgresql://u:secret@127.0.0.1:1/x?connect_timeout=2")
+    assert "secret" not in str(info.value)
+
+
+def test_sqlite_is_wal_with_busy_timeout_and_begin_immediate(tmp_path):
+    """SQLite connections use WAL, a 30 s busy timeout, foreign keys, and BEGIN IMMEDIATE writes."""
+    with Store(f"sqlite:///{tmp_path}/a.db") as store:
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        statements: list[str] = []
+        sa.event.listen(
+            store.engine, "before_cursor_execute", lambda c, cur, s, *a: statements.append(s)
+        )
+        record(store, Config(tile=1), timed(1.0))
+        store.trials()
+    begins = [s for s in statements if s.startswith("BEGIN")]
+    assert begins == ["BEGIN IMMEDIATE", "BEGIN"]  # the write, then the read
+
+
+def test_corrupted_sqlite_file_is_a_storage_error_and_left_untouched(tmp_path):
+    """A file that is not a database raises StorageError naming it and is not modified."""
+    path = tmp_path / "autotune.db"
+    garbage = b"this is not an sqlite database\x00\xff" * 200
+    path.write_bytes(garbage)
+    with pytest.raises(StorageError, match="not an SQLite database") as info:
+        Store(f"sqlite:///{path}")
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == garbage
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["autotune.db"]
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+def test_migrations_create_the_schema_from_empty(db_url: str):
+    """Opening an empty database creates exactly the at_ tables, at head, matching the models."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    with Store(db_url) as store:
+        with store.engine.connect() as conn:
+            assert set(sa.inspect(conn).get_table_names()) == AT_TABLES
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "version_table": storage.VERSION_TABLE,
+                    "compare_type": True,
+                    "include_name": lambda name, type_, parents: type_ != "table"
+                    or name.startswith("at_"),
+                },
+            )
+            assert context.get_current_heads() == ("0001",)
+            assert compare_metadata(context, storage.Base.metadata) == []
+    with Store(db_url) as store:  # reopening is a no-op
+        assert store.trials() == []
+
+
+def test_newer_schema_version_is_refused(db_url: str):
+    """A schema version this code does not know raises StorageError and changes nothing."""
+    with Store(db_url) as store, store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE at_alembic_version SET version_num = '9999_future'"))
+    with pytest.raises(StorageError, match="9999_future.*newer autotune"):
+        Store(db_url)
+    engine = sa.create_engine(resolve_url(db_url))
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "9999_future"
+    engine.dispose()
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def _worker(url: str, worker: int, n: int, shared: bool, barrier, queue) -> None:
+    try:
+        barrier.wait(timeout=60)
+        store = Store(url)  # all four open (and migrate) the empty database at once
+        duplicates = 0
+        for i in range(n):
+            config = Config(tile=i) if shared else Config(tile=i, worker=worker)
+            recorded = store.record_trial(
+                PROBLEM, config, timed(float(i + 1)), device=GPU, software=SOFTWARE,
+                worker=f"w{worker}",
+            )
+            duplicates += recorded.duplicate
+        store.close()
+        queue.put((worker, duplicates, ""))
+    except BaseException as e:  # reported to the parent, which fails the test
+        queue.put((worker, -1, f"{type(e).__name__}: {e}"))
+
+
+def _run_workers(url: str, n: int, shared: bool) -> list[tuple[int, int, str]]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier, queue = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(url, w, n, shared, barrier, queue)) for w in range(4)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    return sorted(results)
+
+
+def test_four_processes_writing_at_once_lose_nothing(db_url: str):
+    """4 spawned processes x 50 trials on one fresh database: all 200 stored, no lock errors."""
+    results = _run_workers(db_url, 50, shared=False)
+    assert [error for _, _, error in results] == [""] * 4
+    assert [dups for _, dups, _ in results] == [0] * 4
+    with Store(db_url) as store:
+        rows = store.trials(PROBLEM)
+    assert len(rows) == 200
+    assert {(r.config["worker"], r.config["tile"]) for r in rows} == {(w, i) for w in range(4) for i in range(50)}
+
+
+def test_racing_processes_store_each_config_once(db_url: str):
+    """4 processes recording the same 25 configs: 25 rows, 75 reported duplicates, no errors."""
+    results = _run_workers(db_url, 25, shared=True)
+    assert [error for _, _, error in results] == [""] * 4
+    assert sum(dups for _, dups, _ in results) == 75
+    with Store(db_url) as store:
+        assert sorted(r.config["tile"] for r in store.trials()) == list(range(25))
+
+
+# --------------------------------------------------------------------------- Optuna
+
+
+def test_optuna_and_store_share_a_database_store_first(db_url: str):
+    """Optuna's RDB storage works on a database the Store created, and vice versa after."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with Store(db_url) as store:
+        record(store, Config(tile=1), timed(1.0))
+    study = optuna.create_study(storage=db_url, study_name="s1")
+    study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=3)
+    with Store(db_url) as store:
+        record(store, Config(tile=2), timed(2.0), study_name="s1", optuna_trial_number=0)
+        assert len(store.trials()) == 2
+        with store.engine.connect() as conn:
+            tables = set(sa.inspect(conn).get_table_names())
+    assert AT_TABLES <= tables and {"studies", "trials", "version_info", "alembic_version"} <= tables
+    assert len(optuna.load_study(study_name="s1", storage=db_url).trials) == 3
+
+
+def test_optuna_and_store_share_a_database_optuna_first(db_url: str):
+    """The Store migrates a database Optuna created without touching Optuna's version table."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=db_url, study_name="s2")
+    study.optimize(lambda t: t.suggest_int("x", 0, 9), n_trials=2)
+    engine = sa.create_engine(resolve_url(db_url))
+    read_version = sa.text("SELECT version_num FROM alembic_version")
+    with engine.connect() as conn:
+        optuna_version = conn.execute(read_version).scalar()
+    with Store(db_url) as store:
+        record(store, Config(tile=1), timed(1.0))
+        assert len(store.trials()) == 1
+    with engine.connect() as conn:
+        assert conn.execute(read_version).scalar() == optuna_version
+    engine.dispose()
+    reloaded = optuna.load_study(study_name="s2", storage=db_url)
+    reloaded.optimize(lambda t: t.suggest_int("x", 0, 9), n_trials=1)
+    assert len(reloaded.trials) == 3
+
+
+def test_migrations_ship_inside_the_package():
+    """The alembic scripts live in the autotune package, found without an alembic.ini."""
+    migrations = pathlib.Path(storage.__file__).parent / "migrations"
+    assert (migrations / "env.py").is_file() and (migrations / "versions" / "0001_initial.py").is_file()
