@@ -369,7 +369,7 @@ def resolve_url(url: str | None = None) -> URL:
         text = "sqlite:///" + text
     try:
         parsed = sa.make_url(text)
-    except sa_exc.ArgumentError as e:
+    except (sa_exc.ArgumentError, ValueError) as e:
         raise StorageError(
             f"{text!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
             "'postgresql://user@host:5432/dbname'."
@@ -936,7 +936,7 @@ class Store:
                     samples_us=b.samples_us,
                     measured_at=b.measured_at,
                 )
-                for b, p, k, d, s in session.execute(query).tuples()
+                for b, p, k, d, s in session.execute(query)
             ]
 
     def trace_regions(self, trial_id: int) -> list[TraceRegionRow]:
@@ -959,7 +959,7 @@ class Store:
             query = query.where(_Kernels.name == kernel)
         query = query.order_by(_Kernels.name, _Problems.id)
         with self._read("read problems") as session:
-            return [_problem(k, p) for k, p in session.execute(query).tuples()]
+            return [_problem(k, p) for k, p in session.execute(query)]
 
     def devices(self) -> list[DeviceInfo]:
         """Every device with anything stored."""
@@ -1033,7 +1033,7 @@ class Store:
                     sa.select(_Kernels, _Problems)
                     .join(_Problems, _Problems.kernel_id == _Kernels.id)
                     .where(_Problems.id.in_(problem_ids))
-                ).tuples()
+                )
             }
         out = []
         for key in sorted(trials, key=lambda k: (problems[k[0]].kernel, k[0], k[2], k[1])):

@@ -290,7 +290,9 @@ def test_postgresql_urls_use_psycopg3():
         assert (url.host, url.port, url.database, url.password) == ("db.example", 5433, "at", "pw")
     assert resolve_url("postgresql+psycopg://u@h/d").drivername == "postgresql+psycopg"
     with pytest.raises(StorageError, match="not a database URL"):
-        resolve_url("nope://")
+        resolve_url("postgresql://host:port/db")
+    with pytest.raises(StorageError, match="Cannot use the database URL"):
+        Store("nope://")
 
 
 def test_unreachable_server_is_a_storage_error():
