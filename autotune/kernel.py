@@ -156,9 +156,19 @@ class Kernel:
         An unsupported dtype is reported here too, with the dtypes the kernel does support.
         """
         if problem.dtype not in self.dtypes:
+            # The space's own problem rules (reads=()) may say why the dtype is unsupported.
+            try:
+                bound = self.bind(problem, **env)
+                why = "".join(
+                    f" [{rule.name}] {rule.explain({}, bound.env)}."
+                    for rule in bound.problem_rules
+                    if not rule.check({}, bound.env)
+                )
+            except Exception:  # noqa: BLE001 - a space that cannot bind this dtype adds nothing
+                why = ""
             raise NoValidConfigError(
                 f"No valid config for {problem}: [supported_dtype] {self.name} supports "
-                f"dtype {', '.join(self.dtypes)}, not {problem.dtype}."
+                f"dtype {', '.join(self.dtypes)}, not {problem.dtype}.{why}"
             )
         bound = self.bind(problem, **env)
         bound.require_nonempty()

@@ -8,9 +8,12 @@ lowering on the CPU and raises the real alignment, divisibility and shared-memor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 import traceback
+from collections.abc import Iterator
 
 from autotune.kernel import BuildOptions, Kernel
 from autotune.problem import Config, Problem
@@ -19,6 +22,32 @@ __all__ = ["LoweringResult", "lower_for_cuda", "input_specs", "H200_NUM_SMS"]
 
 # What a config lowers for when no device can be asked (PLATFORM.md: the H200 has 132 SMs).
 H200_NUM_SMS = 132
+
+_CALLBACK_PATCH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _without_trace_dump(active: bool) -> Iterator[None]:
+    """Drops the host callback that writes a traced kernel's trace file, while lowering.
+
+    With ``profile_space`` set, Pallas lowers the kernel (profiler buffer included, so its
+    shared memory and seed 000's block-size check are real) and then a ``jax.debug.callback``
+    that dumps the buffer; without a GPU backend that callback cannot be lowered for CUDA
+    ("the platform for the specified backend cpu is different from the lowering platform
+    cuda"). Nothing runs here, so the dump is not needed.
+    """
+    if not active:
+        yield
+        return
+    import jax
+
+    with _CALLBACK_PATCH_LOCK:
+        saved = jax.debug.callback
+        jax.debug.callback = lambda *args, **kwargs: None
+        try:
+            yield
+        finally:
+            jax.debug.callback = saved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +82,9 @@ def lower_for_cuda(
     try:
         fn = kernel.build(problem, config, options)
         specs = input_specs(kernel, problem)
-        jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+        no_gpu = jax.default_backend() not in ("gpu", "cuda")
+        with _without_trace_dump(bool(options.profile_space) and no_gpu):
+            jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
     except Exception as e:  # noqa: BLE001 - the oracle reports every failure as a value
         tb = traceback.format_exception_only(type(e), e)
         return LoweringResult(

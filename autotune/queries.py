@@ -61,6 +61,25 @@ class BestResult:
         """``baseline_us / median_us``: above 1 the tuned kernel is faster."""
         return None if self.ratio is None else 1.0 / self.ratio
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``measured_at`` as ISO 8601 text)."""
+        return {
+            "kernel": self.problem.kernel,
+            "shape": self.problem.dims,
+            "dtype": self.problem.dtype,
+            "config": dict(self.config),
+            "median_us": self.median_us,
+            "device": self.device,
+            "device_kind": self.device_kind,
+            "jax_version": self.jax_version,
+            "measured_at": self.measured_at.isoformat(),
+            "trial_id": self.trial_id,
+            "baseline_name": self.baseline_name,
+            "baseline_us": self.baseline_us,
+            "ratio": self.ratio,
+            "speedup": self.speedup,
+        }
+
 
 def best_config(
     kernel: str,

@@ -283,6 +283,7 @@ class TrialRow:
     host: str
     started_at: dt.datetime | None
     finished_at: dt.datetime
+    traced: bool = False  # trace regions are stored for this trial
 
     @property
     def ok(self) -> bool:
@@ -334,16 +335,45 @@ class ProblemSummary:
     problem: Problem
     device: str
     device_kind: str
-    trials: dict[str, int] = dataclasses.field(hash=False)  # outcome value -> count
+    by_status: dict[str, int] = dataclasses.field(hash=False)  # outcome value -> trials
     best_us: float | None
     best_config: dict[str, Any] | None = dataclasses.field(hash=False)
     best_trial_id: int | None
-    baseline_name: str | None
+    baseline_name: str | None  # the fastest baseline on this device
     baseline_us: float | None
 
     @property
     def total(self) -> int:
-        return sum(self.trials.values())
+        return sum(self.by_status.values())
+
+    @property
+    def problem_text(self) -> str:
+        return str(self.problem)
+
+    @property
+    def speedup(self) -> float | None:
+        """``baseline_us / best_us``: above 1 the tuned kernel is faster."""
+        if self.best_us is None or self.baseline_us is None:
+            return None
+        return self.baseline_us / self.best_us
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "kernel": self.problem.kernel,
+            "shape": self.problem.dims,
+            "dtype": self.problem.dtype,
+            "device": self.device,
+            "device_kind": self.device_kind,
+            "by_status": dict(self.by_status),
+            "total": self.total,
+            "best_us": self.best_us,
+            "best_config": self.best_config,
+            "best_trial_id": self.best_trial_id,
+            "baseline_name": self.baseline_name,
+            "baseline_us": self.baseline_us,
+            "speedup": self.speedup,
+        }
 
 
 # ----------------------------------------------------------------------------- URLs, engines
@@ -1044,7 +1074,7 @@ class Store:
                     problem=problems[key[0]],
                     device=key[1],
                     device_kind=key[2],
-                    trials=trials[key],
+                    by_status=trials[key],
                     best_us=best_us,
                     best_config=best_config,
                     best_trial_id=best_id,
@@ -1073,8 +1103,9 @@ def _device_filter(query: Any, device_name: str | None, device_kind: str | None)
 
 
 def _trial_query() -> Any:
+    traced = sa.exists().where(_TraceRegions.trial_id == _Trials.id).label("traced")
     return (
-        sa.select(_Trials, _Problems, _Kernels, _Configs, _Devices, _Software)
+        sa.select(_Trials, _Problems, _Kernels, _Configs, _Devices, _Software, traced)
         .join(_Problems, _Problems.id == _Trials.problem_id)
         .join(_Kernels, _Kernels.id == _Problems.kernel_id)
         .join(_Configs, _Configs.id == _Trials.config_id)
@@ -1084,7 +1115,13 @@ def _trial_query() -> Any:
 
 
 def _trial_row(
-    t: _Trials, p: _Problems, k: _Kernels, c: _Configs, d: _Devices, s: _Software
+    t: _Trials,
+    p: _Problems,
+    k: _Kernels,
+    c: _Configs,
+    d: _Devices,
+    s: _Software,
+    traced: bool,
 ) -> TrialRow:
     return TrialRow(
         id=t.id,
@@ -1107,4 +1144,5 @@ def _trial_row(
         host=t.host,
         started_at=t.started_at,
         finished_at=t.finished_at,
+        traced=bool(traced),
     )

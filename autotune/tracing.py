@@ -28,7 +28,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RegionStats", "region_durations", "summarize", "read_trace_events", "parse_trace_dir"]
+__all__ = [
+    "RegionStats",
+    "region_durations",
+    "summarize",
+    "read_trace_events",
+    "parse_trace_files",
+    "parse_trace_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +147,19 @@ def summarize(
     return stats
 
 
-def parse_trace_dir(
-    out_dir: str | os.PathLike[str], *, clock_ghz: float | None = None, detailed: bool = False
+def parse_trace_files(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    clock_ghz: float | None = None,
+    detailed: bool = False,
 ) -> dict[str, Any]:
-    """Per-region ``(median_us, count)`` from every ``*.json`` trace file in ``out_dir``.
+    """Per-region ``(median_us, count)`` pooled over the given trace files.
 
-    Files of several kernels (or runs) are pooled; a traced region's name is what
-    ``jax.named_scope`` gave it. A file that is not a readable trace (truncated by a crash) is
-    skipped with a warning. ``detailed=True`` returns :class:`RegionStats` values instead.
+    A file that is not a readable trace (truncated by a crash) is skipped with a warning.
+    ``detailed=True`` returns :class:`RegionStats` values instead of tuples.
     """
     events: list[dict[str, Any]] = []
-    for i, path in enumerate(sorted(Path(out_dir).glob("*.json"))):
+    for i, path in enumerate(paths):
         try:
             file_events = read_trace_events(path)
         except (OSError, ValueError) as e:
@@ -165,3 +174,14 @@ def parse_trace_dir(
     if detailed:
         return dict(stats)
     return {name: (s.median_us, s.count) for name, s in stats.items()}
+
+
+def parse_trace_dir(
+    out_dir: str | os.PathLike[str], *, clock_ghz: float | None = None, detailed: bool = False
+) -> dict[str, Any]:
+    """:func:`parse_trace_files` over every ``*.json`` file in ``out_dir`` (kernels, runs pooled).
+
+    A region's name is what ``jax.named_scope`` gave it.
+    """
+    paths = sorted(Path(out_dir).glob("*.json"))
+    return parse_trace_files(paths, clock_ghz=clock_ghz, detailed=detailed)

@@ -184,6 +184,7 @@ def tune_problem(
         return store.trials(problem, device_name=device.name)
 
     rows = stored_rows()
+    stored_configs = [r.config for r in rows]
     done_before = len(rows)
     if budget.trials is not None and done_before >= budget.trials:
         emit(Event("skip", problem, done_before, budget.trials, message="already tuned"))
@@ -205,7 +206,9 @@ def tune_problem(
         space,
         seed=spec.seed,
         seeds=seeds,
-        taken=lambda: [r.config for r in stored_rows()],
+        # Results stored before this run (other studies, other processes); this run's own
+        # and other hosts' live trials are in the shared study, which the sampler reads.
+        taken=lambda: stored_configs,
     )
     study = optuna.create_study(
         study_name=study_name(problem, device),
@@ -216,7 +219,7 @@ def tune_problem(
     )
     _close_orphans(study, store, problem, device)
 
-    if store.baseline(problem, device_name=device.name) is None and kernel.baseline is not None:
+    if store.baseline(problem, device_name=device.name, device_kind=device.kind) is None and kernel.baseline is not None:
         result = engine.baseline(problem.kernel, problem)
         if result.ok:
             store.record_baseline(
@@ -459,7 +462,7 @@ def _report(
     for r in rows:
         by_status[r.status] = by_status.get(r.status, 0) + 1
     best = store.best(problem, device_name=device.name, device_kind=device.kind, n=1)
-    baseline = store.baseline(problem, device_name=device.name)
+    baseline = store.baseline(problem, device_name=device.name, device_kind=device.kind)
     return ProblemReport(
         problem=problem,
         device=device.name,

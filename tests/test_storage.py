@@ -234,13 +234,15 @@ def test_baselines_round_trip_and_keep_the_first(store: Store):
 
 
 def test_trace_regions_round_trip(store: Store):
-    """Trace regions read back by trial; re-recording keeps the first; unknown trials fail."""
+    """Trace regions read back by trial and mark it traced; re-recording keeps the first; unknown trials fail."""
     trial = record(store, Config(tile=1), timed(1.0))
+    assert store.trial(trial.id).traced is False
     store.record_trace_regions(trial.id, {"mainloop": (8.5, 32), "epilogue": (1.25, 1)}, "/tmp/t.json")
     store.record_trace_regions(trial.id, {"mainloop": (99.0, 1), "prologue": (0.5, 1)}, "/tmp/u.json")
     regions = {r.region: r for r in store.trace_regions(trial.id)}
     assert regions["mainloop"] == storage.TraceRegionRow(trial.id, "mainloop", 8.5, 32, "/tmp/t.json")
     assert regions["epilogue"].median_us == 1.25 and regions["prologue"].trace_path == "/tmp/u.json"
+    assert [row.traced for row in store.best(PROBLEM)] == [True]
     with pytest.raises(StorageError, match="no trial with that id"):
         store.record_trace_regions(trial.id + 1000, {"x": (1.0, 1)}, "/tmp/t.json")
 
@@ -253,7 +255,7 @@ def test_summaries_count_trials_per_problem_and_device(store: Store):
     record(store, Config(tile=4), timed(1.0), device=INTERPRET)
     store.record_baseline(PROBLEM, "xla", [8.0], device=GPU, software=SOFTWARE)
     gpu, interp = store.summaries()
-    assert (gpu.device, gpu.device_kind, gpu.trials) == ("NVIDIA H200", "gpu", {"ok": 2, "compile_error": 1})
+    assert (gpu.device, gpu.device_kind, gpu.by_status) == ("NVIDIA H200", "gpu", {"ok": 2, "compile_error": 1})
     assert (gpu.best_us, gpu.best_config, gpu.total) == (4.0, {"tile": 2}, 3)
     assert (gpu.baseline_name, gpu.baseline_us) == ("xla", 8.0)
     assert (interp.device_kind, interp.best_us, interp.baseline_name) == ("interpret", 1.0, None)

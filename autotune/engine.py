@@ -1,0 +1,1067 @@
+"""The engine: keeps every GPU busy and survives kernels that crash or hang.
+
+Kernels run in *worker processes* (one per GPU, started with the ``spawn`` method so no process
+is ever forked after importing jax). Inside a worker, a pool of compile threads compiles
+several configs at once while the main thread times the compiled ones, strictly one at a time
+on its GPU::
+
+    Engine (this process)                 worker (one per GPU, CUDA_VISIBLE_DEVICES=<gpu>)
+      submit() -> Future  ──task──▶  compile threads: build, lower, compile  ─┐ compiled
+      dispatcher thread   ◀─stage──                                           ▼
+      (timeouts, crashes) ◀─result─  measuring thread: run, check, time (one at a time)
+
+Compiling in threads, not processes. PLATFORM.md measured on the H200 host: 8 threads compiled
+16 configs in 2.2 s, 16 others took 5.6 s in sequence: XLA, Mosaic GPU's LLVM passes and ptxas
+release the GIL. Measured on this project's 2-core CPU dev machine (jax 0.10.2, 16 configs):
+cross-lowering ``hopper_matmul_mgpu`` (pure Python tracing, GIL-bound) took 2.45 s in
+sequence, 2.6-2.9 s with 2-8 threads and 2.24 s in 2 warm spawned processes (plus 4.1 s to
+start them); interpret-mode compiles (lowering plus an XLA CPU compile) took 4.0 s in
+sequence, 3.3 s with 2 threads and 3.8 s in 2 processes. Processes win nothing the threads do
+not, and cannot hand their result over: a compiled executable lives in the process that
+compiled it, and a persistent compilation cache would still make the measuring process redo
+the GIL-bound tracing and lowering to find the cache key. So: threads.
+
+Isolation. A worker that dies (segfault, abort, an illegal address that leaves the CUDA context
+unusable) or stops answering is replaced by a fresh one, and only the config that caused it is
+blamed:
+
+* one config was executing (compiling or running) when it died: it is ``CRASHED`` (exit
+  signal, last stage and the tail of the worker's stderr in ``error``);
+* several were executing: each is re-run alone in a fresh worker, so the culprit is found
+  exactly; configs sent but not yet started, or compiled and waiting, are re-run normally;
+* a stage past its time limit while the worker's heartbeat still arrives: that config is
+  ``TIMEOUT`` (its neighbours were demonstrably alive); with a silent heartbeat (a thread
+  holding the GIL), the executing configs are re-run alone as after a crash.
+
+A future resolves exactly once. Failures that are not a config's (a kernel name that does not
+resolve, a broken reference) resolve its future with an exception instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import faulthandler
+import itertools
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.problem import Config, Problem
+from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+__all__ = ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeout_s"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("gpu", "interpret", "fake")
+
+# Stages (see autotune.evaluation.Stage) in which a config's own code is executing.
+_COMPILE_STAGES = frozenset({"build", "lower", "compile"})
+_RUN_STAGES = frozenset({"run", "check", "time"})
+_ACTIVE_STAGES = _COMPILE_STAGES | _RUN_STAGES
+
+# Floors of the default time limits, by mode: (compile_s, run_s). The limit is the floor or 10x
+# the slowest stage seen so far, whichever is larger. Interpret-mode runs are slow (PLATFORM.md:
+# a 256^3 matmul takes 3.6 s per call), so its run floor is high.
+_TIMEOUT_FLOORS = {"gpu": (60.0, 30.0), "interpret": (120.0, 600.0), "fake": (30.0, 30.0)}
+_TIMEOUT_FACTOR = 10.0
+
+_HEARTBEAT_S = 0.5
+_HEARTBEAT_STALE_S = 10.0
+_STARTUP_TIMEOUT_S = 300.0
+_MAX_STARTUP_FAILURES = 3
+_RETIRE_EXIT_CODE = 3
+_STDERR_TAIL_CHARS = 1500
+
+
+class EngineError(AutotuneError, RuntimeError):
+    """The engine cannot do what was asked: workers do not start, it is closed, a trace failed."""
+
+
+def default_timeout_s(slowest_seen_s: float | None, *, floor_s: float) -> float:
+    """The time limit of a stage when none is given: ``max(floor_s, 10 x slowest seen)``."""
+    return max(floor_s, _TIMEOUT_FACTOR * (slowest_seen_s or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class StageEvent:
+    """One step of one task, as the worker saw it: ``t`` is wall-clock (``time.time()``)."""
+
+    task_id: int
+    worker: int  # index of the worker slot (one per GPU)
+    gpu: int | None
+    stage: str  # build, lower, compile, compiled, run, check, time, done
+    t: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStats:
+    """Counts since the engine started."""
+
+    submitted: int
+    resolved: int
+    by_worker: dict[int, int]  # worker slot -> tasks it resolved
+    worker_starts: int
+    crashes: int  # worker deaths not asked for
+    timeouts: int  # workers killed for a stage past its limit
+    isolated_reruns: int  # configs re-run alone to find a culprit
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process.
+
+
+@dataclasses.dataclass(frozen=True)
+class _WorkerSpec:
+    mode: str
+    iterations: int | None
+    compile_threads: int
+    allow_import: bool
+    log_level: int
+
+
+# A worker is a fresh interpreter (fork + exec, like multiprocessing's "spawn") started with
+# subprocess rather than multiprocessing: its environment (CUDA_VISIBLE_DEVICES) is set before
+# Python starts, the caller's __main__ is not re-imported (a job script without a main guard,
+# or one that touches the GPU at import, would otherwise run again in every worker), and its
+# stdout/stderr go to a log file from the first byte, so even an interpreter crash leaves a
+# tail to report.
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from autotune.engine import _worker_entry; _worker_entry(int(sys.argv[2]))"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TaskMsg:
+    id: int
+    kind: str  # "trial" | "baseline" | "trace"
+    kernel_name: str
+    problem: Problem
+    config: Config | None
+    extra: dict[str, Any]
+
+
+def _worker_entry(fd: int) -> None:
+    """Entry point of a worker process; ``fd`` is its end of the socket pair to the engine."""
+    os.set_inheritable(fd, False)  # ptxas and other children must not keep the pipe open
+    conn = multiprocessing.connection.Connection(fd)
+    spec: _WorkerSpec = conn.recv()
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    logging.basicConfig(
+        level=spec.log_level, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    _Worker(conn, spec).serve()
+
+
+class _Worker:
+    def __init__(self, conn: multiprocessing.connection.Connection, spec: _WorkerSpec) -> None:
+        self.conn = conn
+        self.spec = spec
+        self._send_lock = threading.Lock()
+        self._kernels: dict[str, Any] = {}
+        self._kernel_lock = threading.Lock()
+        self._ready: queue.Queue[tuple[_TaskMsg, Any] | None] = queue.Queue()
+
+    def send(self, msg: tuple) -> None:
+        with self._send_lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, EOFError):
+                os._exit(0)  # the engine is gone
+
+    def serve(self) -> None:
+        from autotune.evaluation import make_evaluator
+
+        try:
+            self.evaluator = make_evaluator(self.spec.mode, iterations=self.spec.iterations)
+            info = self.evaluator.device_info()
+        except Exception as e:  # noqa: BLE001 - reported to the engine, which gives up
+            self.send(("fatal", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            sys.stderr.flush()
+            os._exit(2)
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            self.spec.compile_threads, thread_name_prefix="compile"
+        )
+        self.send(("ready", info, os.getpid()))
+        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._receive, name="receive", daemon=True).start()
+        while True:
+            item = self._ready.get()
+            if item is None:
+                break
+            self._measure(*item)
+            if not self.evaluator.healthy:
+                self.send(("retire", "the device failed after a run; replacing the process"))
+                sys.stderr.flush()
+                os._exit(_RETIRE_EXIT_CODE)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def _heartbeat(self) -> None:
+        while True:
+            self.send(("hb", time.time()))
+            time.sleep(_HEARTBEAT_S)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (OSError, EOFError):
+                os._exit(0)  # the engine is gone
+            if msg[0] == "stop":
+                self._ready.put(None)
+                return
+            task: _TaskMsg = msg[1]
+            if task.kind == "trial":
+                self.pool.submit(self._compile, task)
+            else:
+                self._ready.put((task, None))
+
+    def _hook(self, task: _TaskMsg) -> Any:
+        def on_stage(stage: Any) -> None:
+            self.send(("stage", task.id, str(stage), time.time()))
+
+        return on_stage
+
+    def _kernel(self, name: str) -> Any:
+        from autotune.kernel import get_kernel
+
+        with self._kernel_lock:
+            if name not in self._kernels:
+                self._kernels[name] = get_kernel(name, allow_import=self.spec.allow_import)
+            return self._kernels[name]
+
+    def _error(self, task: _TaskMsg, e: BaseException) -> None:
+        exc: BaseException = e
+        try:
+            pickle.loads(pickle.dumps(e))
+        except Exception:  # noqa: BLE001
+            exc = EngineError(f"{type(e).__name__}: {e}")
+        self.send(("error", task.id, exc, traceback.format_exc(), time.time()))
+
+    def _compile(self, task: _TaskMsg) -> None:
+        from autotune.evaluation import Compiled
+
+        try:
+            kernel = self._kernel(task.kernel_name)
+            compiled = self.evaluator.compile(
+                kernel, task.problem, task.config, on_stage=self._hook(task)
+            )
+        except Exception as e:  # noqa: BLE001 - not the config's failure: the caller's
+            self._error(task, e)
+            return
+        if isinstance(compiled, Compiled):
+            self.send(("stage", task.id, "compiled", time.time()))
+            self._ready.put((task, compiled))
+        else:
+            self.send(("result", task.id, compiled, time.time()))
+
+    def _measure(self, task: _TaskMsg, compiled: Any) -> None:
+        try:
+            if task.kind == "trial":
+                result: Any = self.evaluator.run(compiled, on_stage=self._hook(task))
+            else:
+                kernel = self._kernel(task.kernel_name)
+                self._hook(task)("run")
+                if task.kind == "baseline":
+                    result = self.evaluator.baseline(kernel, task.problem)
+                else:
+                    result = self.evaluator.trace(
+                        kernel,
+                        task.problem,
+                        task.config,
+                        task.extra["out_dir"],
+                        profile_space=task.extra["profile_space"],
+                    )
+        except Exception as e:  # noqa: BLE001
+            self._error(task, e)
+            return
+        self.send(("result", task.id, result, time.time()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine side.
+
+
+@dataclasses.dataclass(eq=False)
+class _Task:
+    msg: _TaskMsg
+    future: concurrent.futures.Future
+    isolate: bool = False
+    done: bool = False
+    stage: str = "queued"
+    compile_t0: float | None = None  # monotonic, when building began
+    compiled_t: float | None = None
+    run_t0: float | None = None
+
+    @property
+    def id(self) -> int:
+        return self.msg.id
+
+    def reset(self) -> None:
+        self.stage = "queued"
+        self.compile_t0 = self.compiled_t = self.run_t0 = None
+
+
+@dataclasses.dataclass(eq=False)
+class _WorkerHandle:
+    slot: int
+    gpu: int | None
+    process: Any
+    conn: multiprocessing.connection.Connection
+    log_path: str
+    started: float
+    sentinel: int | None = None  # a pidfd: readable once the process has exited
+    state: str = "starting"  # starting | ready | retiring | killed
+    eof: bool = False  # its pipe closed: it is gone, or going
+    last_hb: float = 0.0
+    pid: int | None = None
+    device: DeviceInfo | None = None
+    fatal: str = ""
+    tasks: dict[int, _Task] = dataclasses.field(default_factory=dict)
+
+    @property
+    def isolating(self) -> bool:
+        return any(t.isolate for t in self.tasks.values())
+
+
+class Engine:
+    """Evaluates configs in worker processes: pipelined, isolated, over one or several GPUs.
+
+    Args:
+      mode: ``"gpu"`` (CUPTI timing), ``"interpret"`` (GPU interpret mode on the CPU,
+        wall-clock timing) or ``"fake"`` (:class:`~autotune.evaluation.FakeEvaluator`, for
+        tests).
+      gpus: GPU ids, one worker each (``CUDA_VISIBLE_DEVICES`` set in the worker before jax is
+        imported); ``None``: one worker seeing what this process sees.
+      compile_threads: compile threads per worker (default: the CPU cores shared out among
+        workers, at most 8).
+      trial_timeout_s: limit on a config's run (run, check, time); ``None`` derives it as
+        ``max(floor, 10 x the slowest run seen)``.
+      compile_timeout_s: likewise for building, lowering and compiling.
+      allow_import: let kernel names be import paths (``"package.module:NAME"``).
+      iterations: timed iterations per config (default 20 on a GPU, 3 otherwise).
+      log_dir: where workers write their stdout/stderr (default: a temporary directory removed
+        on :meth:`close`).
+
+    Thread-safe: :meth:`submit` may be called from any thread; futures are resolved (and
+    their callbacks run) on the engine's dispatcher thread, so a callback must not block.
+    """
+
+    def __init__(
+        self,
+        mode: str = "gpu",
+        *,
+        gpus: Sequence[int] | None = None,
+        compile_threads: int | None = None,
+        trial_timeout_s: float | None = None,
+        compile_timeout_s: float | None = None,
+        allow_import: bool = False,
+        iterations: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        startup_timeout_s: float = _STARTUP_TIMEOUT_S,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"Engine mode must be one of {MODES}, but got {mode!r}.")
+        if gpus is not None:
+            gpus = list(gpus)
+            if not gpus or len(set(gpus)) != len(gpus) or any(
+                not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus
+            ):
+                raise ValueError(
+                    f"gpus must be distinct non-negative GPU ids such as [0, 1], but got {gpus!r}."
+                )
+        for name, value in (
+            ("trial_timeout_s", trial_timeout_s),
+            ("compile_timeout_s", compile_timeout_s),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive (or None to derive it), but got {value}.")
+        if iterations is not None and iterations < 1:
+            raise ValueError(f"iterations must be >= 1, but got {iterations}.")
+        slots: list[int | None] = list(gpus) if gpus is not None else [None]
+        if compile_threads is None:
+            compile_threads = max(1, min(8, (os.cpu_count() or 2) // len(slots)))
+        if compile_threads < 1:
+            raise ValueError(f"compile_threads must be >= 1, but got {compile_threads}.")
+
+        self.mode = mode
+        self.gpus = None if gpus is None else tuple(gpus)
+        self.compile_threads = compile_threads
+        self.trial_timeout_s = trial_timeout_s
+        self.compile_timeout_s = compile_timeout_s
+        self.allow_import = allow_import
+        self.iterations = iterations
+        self.startup_timeout_s = startup_timeout_s
+        self._own_log_dir = log_dir is None
+        self._log_dir = Path(log_dir or tempfile.mkdtemp(prefix="autotune-engine-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Task] = collections.deque()
+        self._isolation: collections.deque[_Task] = collections.deque()
+        self._ids = itertools.count()
+        self._closing = False
+        self._cancel_pending = False
+        self._broken: str | None = None
+        self._ready_event = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+        self._slots = slots
+        self._workers: dict[int, _WorkerHandle | None] = {i: None for i in range(len(slots))}
+        self._incarnation = itertools.count()
+        self._startup_failures = 0
+        self._slowest_compile_s = 0.0
+        self._slowest_run_s = 0.0
+        self._timeline: list[StageEvent] = []
+        self._submitted = 0
+        self._resolved = 0
+        self._by_worker: collections.Counter[int] = collections.Counter()
+        self._worker_starts = 0
+        self._crashes = 0
+        self._timeouts = 0
+        self._isolated_reruns = 0
+
+        for slot in self._workers:
+            self._workers[slot] = self._spawn(slot)
+        self._thread = threading.Thread(target=self._loop, name="autotune-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def submit(
+        self, kernel_name: str, problem: Problem, config: Config
+    ) -> concurrent.futures.Future[TrialResult]:
+        """Queues one config; the future resolves to its :class:`TrialResult`.
+
+        The future fails (``exception()``) only for errors that are not the config's: an
+        unknown kernel name, a broken reference, a closed or broken engine. Cancelling a
+        future that has not started running drops the config.
+        """
+        if not isinstance(config, Config):
+            config = Config(config)
+        return self._submit("trial", kernel_name, problem, config, {})
+
+    def baseline(self, kernel_name: str, problem: Problem) -> TrialResult:
+        """Times the kernel's baseline (XLA, cuDNN) on a worker, the way configs are timed."""
+        return self._submit("baseline", kernel_name, problem, None, {}, urgent=True).result()
+
+    def trace(
+        self,
+        kernel_name: str,
+        problem: Problem,
+        config: Config,
+        out_dir: str | os.PathLike[str],
+        profile_space: int,
+    ) -> dict[str, tuple[float, int]]:
+        """Runs one config with the in-kernel profiler; per-region ``(median, count)``.
+
+        Raises:
+          EngineError: the traced run crashed, timed out or failed.
+        """
+        if not isinstance(config, Config):
+            config = Config(config)
+        extra = {"out_dir": str(out_dir), "profile_space": int(profile_space)}
+        result = self._submit("trace", kernel_name, problem, config, extra, urgent=True).result()
+        if isinstance(result, TrialResult):
+            raise EngineError(
+                f"Tracing {config} of {problem} ended {result.outcome}: {result.error}"
+            )
+        return result
+
+    def device_info(self, timeout_s: float | None = None) -> DeviceInfo:
+        """The device of the first worker to start (waits for it)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            for w in list(self._workers.values()):
+                if w is not None and w.device is not None:
+                    return w.device
+            if self._broken:
+                raise EngineError(self._broken)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise EngineError("No worker became ready in time.")
+            self._ready_event.wait(0.1 if remaining is None else min(0.1, remaining))
+
+    def device_infos(self) -> dict[int | None, DeviceInfo]:
+        """GPU id (None for a single unpinned worker) -> device, for the workers started."""
+        self.device_info()
+        return {w.gpu: w.device for w in list(self._workers.values()) if w and w.device}
+
+    def timeline(self) -> list[StageEvent]:
+        """Every stage event so far, in arrival order (for pipelining and load reports)."""
+        with self._lock:
+            return list(self._timeline)
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(
+                submitted=self._submitted,
+                resolved=self._resolved,
+                by_worker=dict(self._by_worker),
+                worker_starts=self._worker_starts,
+                crashes=self._crashes,
+                timeouts=self._timeouts,
+                isolated_reruns=self._isolated_reruns,
+            )
+
+    def close(self, *, cancel_pending: bool = False) -> None:
+        """Finishes the work submitted (or cancels what has not started), then stops workers."""
+        with self._lock:
+            self._closing = True
+            self._cancel_pending = self._cancel_pending or cancel_pending
+        self._wake()
+        self._thread.join()
+        with self._lock:
+            if self._wake_w >= 0:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_r = self._wake_w = -1
+        if self._own_log_dir:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self._thread.is_alive():
+            return
+        self.close(cancel_pending=exc_type is not None)
+
+    # -- submission ---------------------------------------------------------------------------
+
+    def _submit(
+        self,
+        kind: str,
+        kernel_name: str,
+        problem: Problem,
+        config: Config | None,
+        extra: dict[str, Any],
+        *,
+        urgent: bool = False,
+    ) -> concurrent.futures.Future:
+        if not isinstance(problem, Problem):
+            raise TypeError(f"problem must be an autotune.Problem, but got {type(problem).__name__}.")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closing:
+                raise EngineError("The engine is closed; create a new one to submit more work.")
+            if self._broken:
+                raise EngineError(self._broken)
+            task = _Task(_TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra), future)
+            future.task_id = task.id  # type: ignore[attr-defined]
+            if urgent:
+                self._pending.appendleft(task)
+            else:
+                self._pending.append(task)
+            self._submitted += 1
+        self._wake()
+        return future
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # already woken: the pipe is full
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _spawn(self, slot: int) -> _WorkerHandle:
+        gpu = self._slots[slot]
+        env = dict(os.environ)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if self.mode == "gpu":
+            # The tuner process may use the same GPU: a worker must not grab 75% of it.
+            env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        if self.mode == "interpret":
+            env.setdefault("JAX_PLATFORMS", "cpu")
+        env.setdefault("PYTHONFAULTHANDLER", "1")
+        n = next(self._incarnation)
+        log_path = str(self._log_dir / f"worker-{slot}-{n}.log")
+        spec = _WorkerSpec(
+            mode=self.mode,
+            iterations=self.iterations,
+            compile_threads=self.compile_threads,
+            allow_import=self.allow_import,
+            log_level=logging.getLogger().getEffectiveLevel(),
+        )
+        ours, theirs = socket.socketpair()
+        try:
+            with open(log_path, "ab") as log_file:
+                process = subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(theirs.fileno())],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,  # its own process group: killed with its children
+                )
+        finally:
+            theirs.close()
+        conn = multiprocessing.connection.Connection(ours.detach())
+        conn.send(spec)
+        try:
+            sentinel: int | None = os.pidfd_open(process.pid)
+        except (AttributeError, OSError):
+            sentinel = None  # polled instead
+        with self._lock:
+            self._worker_starts += 1
+        log.debug("Started worker %d (gpu %s, pid %s).", slot, gpu, process.pid)
+        return _WorkerHandle(
+            slot=slot,
+            gpu=gpu,
+            process=process,
+            conn=conn,
+            log_path=log_path,
+            started=time.monotonic(),
+            pid=process.pid,
+            sentinel=sentinel,
+        )
+
+    def _kill(self, w: _WorkerHandle) -> None:
+        w.state = "killed"
+        if w.process.poll() is not None:
+            return
+        try:
+            os.killpg(w.process.pid, signal.SIGKILL)  # the worker leads its own group
+        except OSError:
+            try:
+                w.process.kill()
+            except OSError:
+                pass
+
+    def _stderr_tail(self, w: _WorkerHandle) -> str:
+        try:
+            with open(w.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - 8 * _STDERR_TAIL_CHARS))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return text[-_STDERR_TAIL_CHARS:].strip()
+
+    # -- the dispatcher -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    closing, cancel = self._closing, self._cancel_pending
+                if cancel:
+                    self._cancel_queued()
+                if closing and not self._has_work():
+                    break
+                live = [w for w in self._workers.values() if w is not None]
+                waitables: list[Any] = [self._wake_r]
+                for w in live:
+                    waitables.append(w.conn)
+                    if w.sentinel is not None:
+                        waitables.append(w.sentinel)
+                ready = multiprocessing.connection.wait(waitables, timeout=0.1)
+                if self._wake_r in ready:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                for w in live:
+                    if w.conn in ready or (w.sentinel is not None and w.sentinel in ready):
+                        self._drain(w)
+                self._reap()
+                self._check_timeouts()
+                self._respawn()
+                self._dispatch()
+        except Exception as e:  # noqa: BLE001 - never leave futures hanging
+            log.exception("The engine's dispatcher failed.")
+            self._fail_all(EngineError(f"The engine's dispatcher failed: {e!r}"))
+        finally:
+            self._stop_workers()
+
+    def _has_work(self) -> bool:
+        with self._lock:
+            queued = bool(self._pending or self._isolation)
+        return queued or any(w is not None and w.tasks for w in self._workers.values())
+
+    def _cancel_queued(self) -> None:
+        with self._lock:
+            tasks = list(self._pending) + list(self._isolation)
+            self._pending.clear()
+            self._isolation.clear()
+        for task in tasks:
+            if not task.future.cancel():
+                self._resolve(task, exc=EngineError("The engine closed before this task ran."))
+            else:
+                task.done = True
+
+    def _drain(self, w: _WorkerHandle) -> None:
+        while True:
+            try:
+                if not w.conn.poll():
+                    return
+                msg = w.conn.recv()
+            except (EOFError, OSError):
+                w.eof = True
+                return
+            self._on_message(w, msg)
+
+    def _event(self, task: _Task, w: _WorkerHandle, stage: str, t: float) -> None:
+        with self._lock:
+            if len(self._timeline) < 1_000_000:
+                self._timeline.append(StageEvent(task.id, w.slot, w.gpu, stage, t))
+
+    def _on_message(self, w: _WorkerHandle, msg: tuple) -> None:
+        kind = msg[0]
+        now = time.monotonic()
+        if kind == "hb":
+            w.last_hb = now
+        elif kind == "ready":
+            w.state, w.device, w.pid, w.last_hb = "ready", msg[1], msg[2], now
+            self._startup_failures = 0
+            self._ready_event.set()
+        elif kind == "fatal":
+            w.fatal = msg[1]
+        elif kind == "retire":
+            w.state = "retiring"
+            log.info("Worker %d retires: %s", w.slot, msg[1])
+        elif kind == "stage":
+            task = w.tasks.get(msg[1])
+            if task is None:
+                return
+            stage = msg[2]
+            if stage == "build":
+                task.compile_t0 = now
+            elif stage == "compiled":
+                task.compiled_t = now
+                if task.compile_t0 is not None:
+                    self._slowest_compile_s = max(self._slowest_compile_s, now - task.compile_t0)
+            elif stage == "run":
+                task.run_t0 = now
+            task.stage = stage
+            self._event(task, w, stage, msg[3])
+        elif kind in ("result", "error"):
+            task = w.tasks.pop(msg[1], None)
+            if task is None:
+                return
+            self._event(task, w, "done", msg[-1])
+            if task.run_t0 is not None:
+                self._slowest_run_s = max(self._slowest_run_s, now - task.run_t0)
+            elif task.compile_t0 is not None and task.compiled_t is None:
+                self._slowest_compile_s = max(self._slowest_compile_s, now - task.compile_t0)
+            with self._lock:
+                self._by_worker[w.slot] += 1
+            if kind == "result":
+                self._resolve(task, result=msg[2])
+            else:
+                exc = msg[2]
+                if isinstance(exc, BaseException) and msg[3]:
+                    log.debug("Task %d failed in worker %d:\n%s", task.id, w.slot, msg[3])
+                self._resolve(task, exc=exc)
+
+    def _resolve(
+        self, task: _Task, *, result: Any = None, exc: BaseException | None = None
+    ) -> None:
+        """Resolves a task's future, once; a cancelled future is left as it is."""
+        if task.done:
+            return
+        task.done = True
+        with self._lock:
+            self._resolved += 1
+        future = task.future
+        if future.done():
+            return
+        try:
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+        except concurrent.futures.InvalidStateError:
+            pass  # cancelled meanwhile
+
+    def _requeue(self, tasks: list[_Task], *, isolate: bool) -> None:
+        with self._lock:
+            for task in sorted(tasks, key=lambda t: t.id, reverse=True):
+                if task.done:
+                    continue
+                task.reset()
+                if isolate or task.isolate:
+                    if not task.isolate:
+                        self._isolated_reruns += 1
+                    task.isolate = True
+                    self._isolation.appendleft(task)
+                else:
+                    self._pending.appendleft(task)
+
+    def _limit_s(self, task: _Task, stage: str) -> float:
+        floor_compile, floor_run = _TIMEOUT_FLOORS[self.mode]
+        compile_limit = self.compile_timeout_s or default_timeout_s(
+            self._slowest_compile_s, floor_s=floor_compile
+        )
+        run_limit = self.trial_timeout_s or default_timeout_s(
+            self._slowest_run_s, floor_s=floor_run
+        )
+        if stage in _COMPILE_STAGES:
+            return compile_limit
+        if task.msg.kind != "trial":
+            return compile_limit + run_limit  # a baseline or trace compiles in its run
+        return run_limit
+
+    def _overdue(self, task: _Task, now: float) -> tuple[float, float] | None:
+        """(elapsed, limit) when the task's current stage is past its limit."""
+        if task.stage in _COMPILE_STAGES and task.compile_t0 is not None:
+            elapsed, limit = now - task.compile_t0, self._limit_s(task, task.stage)
+        elif task.stage in _RUN_STAGES and task.run_t0 is not None:
+            elapsed, limit = now - task.run_t0, self._limit_s(task, task.stage)
+        else:
+            return None
+        return (elapsed, limit) if elapsed > limit else None
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for w in list(self._workers.values()):
+            if w is None:
+                continue
+            if w.state == "starting" and now - w.started > self.startup_timeout_s:
+                w.fatal = w.fatal or f"no sign of life {self.startup_timeout_s:.0f} s after start"
+                self._kill(w)
+                continue
+            if w.state != "ready":
+                continue
+            over = {t.id: o for t in w.tasks.values() if (o := self._overdue(t, now))}
+            if not over:
+                continue
+            active = [t for t in w.tasks.values() if t.stage in _ACTIVE_STAGES]
+            alive = now - w.last_hb < _HEARTBEAT_STALE_S
+            self._kill(w)
+            with self._lock:
+                self._timeouts += 1
+            tasks = list(w.tasks.values())
+            w.tasks.clear()
+            if alive or len(active) == 1:
+                blamed = [t for t in tasks if t.id in over]
+                suspects: list[_Task] = []
+            else:
+                blamed, suspects = [], active
+            tail = self._stderr_tail(w)
+            for task in blamed:
+                elapsed, limit = over[task.id]
+                self._resolve(
+                    task,
+                    result=TrialResult.failed(
+                        Outcome.TIMEOUT,
+                        f"[{task.stage}] no result {elapsed:.1f} s after the "
+                        f"{'compile' if task.stage in _COMPILE_STAGES else 'run'} began "
+                        f"(limit {limit:.1f} s); worker {w.slot} (gpu {w.gpu}, pid {w.pid}) "
+                        f"was killed and replaced.\n--- worker stderr tail ---\n{tail}",
+                        compile_s=self._compile_s(task),
+                    ),
+                )
+            self._requeue(suspects, isolate=True)
+            self._requeue([t for t in tasks if t not in blamed and t not in suspects], isolate=False)
+
+    def _compile_s(self, task: _Task) -> float | None:
+        if task.compile_t0 is not None and task.compiled_t is not None:
+            return task.compiled_t - task.compile_t0
+        return None
+
+    def _reap(self) -> None:
+        """Handles workers that exited, or whose pipe closed."""
+        for slot, w in list(self._workers.items()):
+            if w is None:
+                continue
+            if w.process.poll() is None and not w.eof:
+                continue
+            self._drain(w)  # results sent just before dying still count
+            try:
+                w.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._kill(w)
+                w.process.wait(timeout=5)
+            self._on_death(w)
+            self._close_handle(w)
+            self._workers[slot] = None
+
+    def _close_handle(self, w: _WorkerHandle) -> None:
+        for close in (w.conn.close, lambda: w.sentinel is not None and os.close(w.sentinel)):
+            try:
+                close()
+            except OSError:
+                pass
+
+    def _on_death(self, w: _WorkerHandle) -> None:
+        code = w.process.returncode
+        tasks = sorted(w.tasks.values(), key=lambda t: t.id)
+        w.tasks.clear()
+        if w.state == "killed":
+            if w.fatal:  # killed during startup
+                self._startup_failed(w, w.fatal)
+            return  # blame was decided when it was killed
+        if w.state == "starting" or w.fatal or (w.device is None and not tasks):
+            self._startup_failed(w, w.fatal or f"exit code {code}")
+            self._requeue(tasks, isolate=False)
+            return
+        if w.state == "retiring":
+            self._requeue(tasks, isolate=False)
+            return
+        with self._lock:
+            self._crashes += 1
+        active = [t for t in tasks if t.stage in _ACTIVE_STAGES]
+        how = _describe_exit(code)
+        tail = self._stderr_tail(w)
+        log.warning("Worker %d (gpu %s, pid %s) died: %s.", w.slot, w.gpu, w.pid, how)
+        if len(active) == 1:
+            (task,) = active
+            self._resolve(
+                task,
+                result=TrialResult.failed(
+                    Outcome.CRASHED,
+                    f"[{task.stage}] worker {w.slot} (gpu {w.gpu}, pid {w.pid}) {how} while "
+                    f"this config was the only one executing (last stage: {task.stage})."
+                    f"\n--- worker stderr tail ---\n{tail}",
+                    compile_s=self._compile_s(task),
+                ),
+            )
+            self._requeue([t for t in tasks if t is not task], isolate=False)
+        else:
+            self._requeue(active, isolate=True)
+            self._requeue([t for t in tasks if t not in active], isolate=False)
+
+    def _startup_failed(self, w: _WorkerHandle, why: str) -> None:
+        self._startup_failures += 1
+        tail = self._stderr_tail(w)
+        log.warning("Worker %d failed to start (%s).", w.slot, why)
+        if self._startup_failures >= _MAX_STARTUP_FAILURES:
+            message = (
+                f"Engine workers (mode {self.mode!r}) failed to start {self._startup_failures} "
+                f"times in a row; last: {why.strip()}\n--- worker stderr tail ---\n{tail}"
+            )
+            with self._lock:
+                self._broken = message
+            self._fail_all(EngineError(message))
+            self._ready_event.set()
+
+    def _respawn(self) -> None:
+        if self._broken:
+            return
+        with self._lock:
+            closing = self._closing
+        if closing and not self._has_work():
+            return
+        for slot, w in self._workers.items():
+            if w is None:
+                self._workers[slot] = self._spawn(slot)
+
+    def _dispatch(self) -> None:
+        ready = [w for w in self._workers.values() if w is not None and w.state == "ready"]
+        if not ready:
+            return
+        capacity = self.compile_threads + 1  # one compiled config waiting while one is timed
+        sends: list[tuple[_WorkerHandle, _Task]] = []
+        with self._lock:
+            # Suspects of a crash run alone, on a worker with nothing else in flight; other work
+            # waits meanwhile so that a worker drains and takes them.
+            for w in ready:
+                if not self._isolation:
+                    break
+                if not w.tasks:
+                    task = self._pop_live(self._isolation)
+                    if task is not None:
+                        task.isolate = True
+                        w.tasks[task.id] = task
+                        sends.append((w, task))
+            if not self._isolation:
+                while self._pending:
+                    open_ = [w for w in ready if not w.isolating and len(w.tasks) < capacity]
+                    if not open_:
+                        break
+                    w = min(open_, key=lambda w: len(w.tasks))
+                    task = self._pop_live(self._pending)
+                    if task is None:
+                        break
+                    w.tasks[task.id] = task
+                    sends.append((w, task))
+        for w, task in sends:
+            task.stage = "sent"
+            try:
+                w.conn.send(("task", task.msg))
+            except (OSError, EOFError, BrokenPipeError):
+                w.eof = True  # reaped on the next pass; the task is re-run
+
+    @staticmethod
+    def _pop_live(tasks: collections.deque[_Task]) -> _Task | None:
+        while tasks:
+            task = tasks.popleft()
+            if not task.done and not task.future.cancelled():
+                return task
+            task.done = True
+        return None
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            tasks = list(self._pending) + list(self._isolation)
+            self._pending.clear()
+            self._isolation.clear()
+        for w in self._workers.values():
+            if w is not None:
+                tasks += list(w.tasks.values())
+                w.tasks.clear()
+        for task in tasks:
+            self._resolve(task, exc=exc)
+
+    def _stop_workers(self) -> None:
+        workers = [w for w in self._workers.values() if w is not None]
+        for w in workers:
+            try:
+                w.conn.send(("stop",))
+            except (OSError, EOFError):
+                pass
+        deadline = time.monotonic() + 5
+        for w in workers:
+            try:
+                w.process.wait(timeout=max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._kill(w)
+                w.process.wait(timeout=5)
+            self._close_handle(w)
+        for slot in self._workers:
+            self._workers[slot] = None
+        self._fail_all(EngineError("The engine stopped before this task ran."))
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"died with {name}"
+    return f"exited with code {code}"

@@ -1,0 +1,173 @@
+"""Queries: best config and result per problem and device, listings, and no jax import."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from autotune import queries
+from autotune.errors import JobError
+from autotune.problem import Config, Problem
+from autotune.queries import best_config, best_result, list_results
+from autotune.storage import Store
+from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+H200 = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
+H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
+INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
+SOFTWARE = {"jax": "0.11.2", "jaxlib": "0.11.2", "autotune": "0.1.0"}
+SHAPE = {"m": 4096, "n": 4096, "k": 4096}
+MATMUL = Problem("matmul", SHAPE, "bfloat16")
+MATMUL_SMALL = Problem("matmul", {"m": 128, "n": 128, "k": 128}, "float16")  # interpret only
+ATTENTION = Problem("attention", {"seq_len": 2048, "head_dim": 128, "causal": True}, "bfloat16")
+
+
+def timed(*samples_us: float) -> TrialResult:
+    return TrialResult.timed(samples_us, compile_s=1.0, rel_error=1e-3, timing="fake")
+
+
+@pytest.fixture
+def db(db_url: str) -> str:
+    """A database with GPU and interpret results for a few problems."""
+    with Store(db_url) as store:
+
+        def add(problem: Problem, config: dict, result: TrialResult, device: DeviceInfo) -> None:
+            store.record_trial(problem, Config(config), result, device=device, software=SOFTWARE)
+
+        add(MATMUL, {"tile_m": 128, "tile_n": 128}, timed(900.0), H200)
+        add(MATMUL, {"tile_m": 128, "tile_n": 256}, timed(700.0, 710.0), H200)
+        add(MATMUL, {"tile_m": 64, "tile_n": 64}, TrialResult(Outcome.WRONG_RESULT, (10.0,)), H200)
+        add(MATMUL, {"tile_m": 256, "tile_n": 256}, TrialResult.failed(Outcome.COMPILE_ERROR, "smem"), H200)
+        add(MATMUL, {"tile_m": 64, "tile_n": 128}, timed(1000.0), H100)
+        add(MATMUL, {"tile_m": 16, "tile_n": 16}, timed(1.0), INTERPRET)
+        store.record_baseline(MATMUL, "xla", [1410.0], device=H200, software=SOFTWARE)
+        store.record_baseline(MATMUL, "cudnn", [1900.0], device=H200, software=SOFTWARE)
+        store.record_baseline(MATMUL, "xla", [0.5], device=INTERPRET, software=SOFTWARE)
+        add(MATMUL_SMALL, {"tile_m": 32, "tile_n": 32}, timed(50.0), INTERPRET)
+        add(ATTENTION, {"block_q": 64, "block_kv": 128}, timed(300.0), H200)
+    return db_url
+
+
+def test_public_api_is_pinned():
+    """queries exports exactly the documented names."""
+    assert sorted(queries.__all__) == sorted(
+        ["best_config", "best_result", "list_results", "BestResult", "ProblemSummary"]
+    )
+
+
+def test_importing_queries_does_not_import_jax():
+    """import autotune.queries (and a query) never imports jax."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import autotune.queries as q
+        assert q.best_config("matmul", {"m": 1}, "bf16", db="sqlite:///:memory:") is None
+        assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
+        """
+    )
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_best_config_returns_the_kernels_parameter_names(db: str):
+    """best_config returns the fastest ok GPU config as a plain dict of the kernel's parameters."""
+    config = best_config("matmul", SHAPE, "bf16", db=db)
+    assert config == {"tile_m": 128, "tile_n": 256} and type(config) is dict
+    assert best_config("matmul", "m=4096,n=4096,k=4k", "bfloat16", db=db) == config
+    assert best_config("attention", {"seq_len": 2048, "head_dim": 128, "causal": True}, "bf16", db=db) == {
+        "block_q": 64,
+        "block_kv": 128,
+    }
+
+
+def test_best_result_reports_baseline_device_and_versions(db: str):
+    """best_result carries the time, device, jax version and ratio to the fastest baseline."""
+    result = best_result("matmul", SHAPE, "bf16", db=db)
+    assert result is not None
+    assert (result.median_us, result.device, result.device_kind) == (705.0, "NVIDIA H200", "gpu")
+    assert (result.baseline_name, result.baseline_us) == ("xla", 1410.0)
+    assert result.ratio == pytest.approx(0.5) and result.speedup == pytest.approx(2.0)
+    assert result.jax_version == "0.11.2" and result.problem == MATMUL
+    assert result.measured_at.tzinfo == dt.UTC
+    as_json = json.loads(json.dumps(result.to_dict()))
+    assert as_json["config"] == {"tile_m": 128, "tile_n": 256} and as_json["shape"] == SHAPE
+    assert dt.datetime.fromisoformat(as_json["measured_at"]) == result.measured_at
+
+
+def test_nothing_stored_is_none(db: str):
+    """A problem without results, or with only failed ones, answers None."""
+    assert best_config("matmul", {"m": 1, "n": 1, "k": 1}, "bf16", db=db) is None
+    assert best_result("flash", SHAPE, "bf16", db=db) is None
+
+
+def test_default_falls_back_to_interpret_and_says_so(db: str):
+    """Without GPU results the default answer comes from interpret mode, labelled as such."""
+    result = best_result("matmul", {"m": 128, "n": 128, "k": 128}, "f16", db=db)
+    assert result is not None and result.device_kind == "interpret"
+    assert result.config == {"tile_m": 32, "tile_n": 32} and result.baseline_name is None
+
+
+def test_interpret_results_are_never_gpu_results(db: str):
+    """device='gpu' (or a GPU name) never returns an interpret-mode row."""
+    small = {"m": 128, "n": 128, "k": 128}
+    assert best_config("matmul", small, "f16", device="gpu", db=db) is None
+    assert best_config("matmul", small, "f16", device="NVIDIA H200", db=db) is None
+    interp = best_result("matmul", SHAPE, "bf16", device="interpret", db=db)
+    assert interp is not None and interp.config == {"tile_m": 16, "tile_n": 16}
+    assert (interp.baseline_name, interp.baseline_us) == ("xla", 0.5)
+    assert best_result("matmul", SHAPE, "bf16", device="gpu", db=db).median_us == 705.0
+
+
+def test_device_by_name_or_part_of_it(db: str):
+    """device= takes a full name or an unambiguous part of it; an ambiguous part is an error."""
+    assert best_config("matmul", SHAPE, "bf16", device="NVIDIA H100 80GB HBM3", db=db) == {
+        "tile_m": 64,
+        "tile_n": 128,
+    }
+    assert best_config("matmul", SHAPE, "bf16", device="h100", db=db) == {"tile_m": 64, "tile_n": 128}
+    assert best_config("matmul", SHAPE, "bf16", device="B200", db=db) is None
+    with pytest.raises(JobError, match="several stored devices"):
+        best_config("matmul", SHAPE, "bf16", device="NVIDIA", db=db)
+
+
+def test_list_results_summarises_each_problem_and_device(db: str):
+    """list_results counts trials by outcome per (problem, device) with the best time."""
+    rows = {(r.problem, r.device): r for r in list_results(db)}
+    assert len(rows) == 5
+    h200 = rows[(MATMUL, "NVIDIA H200")]
+    assert h200.by_status == {"ok": 2, "wrong_result": 1, "compile_error": 1} and h200.total == 4
+    assert (h200.best_us, h200.best_config) == (705.0, {"tile_m": 128, "tile_n": 256})
+    assert (h200.baseline_name, h200.baseline_us, h200.speedup) == ("xla", 1410.0, 2.0)
+    assert h200.problem_text == str(MATMUL)
+    assert json.loads(json.dumps(h200.to_dict()))["best_config"] == {"tile_m": 128, "tile_n": 256}
+    assert rows[(MATMUL_SMALL, INTERPRET.name)].device_kind == "interpret"
+
+    assert {r.problem for r in list_results(db, kernel="attention")} == {ATTENTION}
+    assert {r.problem for r in list_results(db, dtype="f16")} == {MATMUL_SMALL}
+    assert all(r.device_kind == "gpu" for r in list_results(db, device="gpu"))
+    assert [r.device for r in list_results(db, device="h100")] == [H100.name]
+
+
+def test_missing_sqlite_file_answers_nothing_and_is_not_created(tmp_path, monkeypatch):
+    """Queries on a database file that does not exist answer None or [] and create nothing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOTUNE_DB", raising=False)
+    assert best_config("matmul", SHAPE, "bf16") is None
+    assert list_results() == []
+    assert best_result("matmul", SHAPE, "bf16", db=str(tmp_path / "other.db")) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_queries_use_the_autotune_db_variable(db: str, monkeypatch):
+    """Without db=, queries read the database named by AUTOTUNE_DB."""
+    monkeypatch.setenv("AUTOTUNE_DB", db)
+    assert best_config("matmul", SHAPE, "bf16") == {"tile_m": 128, "tile_n": 256}
