@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -90,9 +91,12 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
     if name == "tpe":
         # Multivariate TPE models interactions (tile sizes with pipeline depth); group=True
         # lets it handle the conditional spaces that repair produces.
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, group=True, n_startup_trials=6, warn_independent_sampling=False
-        )
+        with warnings.catch_warnings():  # multivariate and group are "experimental" since 2.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, n_startup_trials=6,
+                warn_independent_sampling=False,
+            )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
@@ -104,7 +108,9 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
         _require("gp", "torch", "scipy")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
     if name == "qmc":
-        return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
     if name == "brute":
         return optuna.samplers.RandomSampler(seed=seed)  # unused: ValidSampler walks the set
     raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")

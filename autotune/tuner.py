@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
@@ -38,6 +39,9 @@ __all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "Event"]
 logger = logging.getLogger(__name__)
 
 WORKER_ATTR = "autotune_worker"  # "host:pid" of the process that asked for the trial
+# Another host treats a trial as dead (and frees its config) after GRACE_S without a heartbeat.
+HEARTBEAT_S = 30
+GRACE_S = 120
 
 
 class EngineLike(Protocol):
@@ -123,9 +127,30 @@ def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
     else:
         kwargs["pool_pre_ping"] = True
     # The heartbeat lets other hosts see a dead host's trials as stale and redo them.
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=kwargs, heartbeat_interval=30, grace_period=120
-    )
+    # Several processes opening a fresh database race to create Optuna's tables; the loser
+    # sees "already exists" and simply opens again.
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
+            )
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError,
+                sqlalchemy.exc.ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _heartbeat(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
+    """Marks in-flight trials alive, so other hosts' ``fail_stale_trials`` leaves them be."""
+    storage = study._storage
+    if not isinstance(storage, optuna.storages.RDBStorage) or not storage.is_heartbeat_enabled():
+        return
+    for trial in trials:
+        storage.record_heartbeat(trial._trial_id)
 
 
 def run_job(
@@ -254,12 +279,14 @@ def tune_problem(
                     stop_reason = f"every valid config ({space.count()}) measured"
                     break
                 trial, config = asked
+                _heartbeat(study, [trial])
                 future = engine.submit(problem.kernel, problem, config)
                 in_flight[future] = (trial, config, time.time())
             if not in_flight:
                 stop_reason = stop_reason or out_of_budget()
                 break
-            finished, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            finished, _ = wait(list(in_flight), timeout=HEARTBEAT_S / 2, return_when=FIRST_COMPLETED)
+            _heartbeat(study, [trial for trial, _c, _t in in_flight.values()])
             for future in finished:
                 trial, config, started = in_flight.pop(future)
                 result = future.result()
@@ -307,16 +334,20 @@ def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.
     """
     for _ in range(16):
         try:
-            trial = study.ask(dict(dists))
+            with warnings.catch_warnings():
+                # Heartbeats are recorded by the runner's loop, not by Study.optimize.
+                warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                trial = study.ask(dict(dists))
         except ExhaustedError:
             _release_paramless(study)
             return None
         trial.set_user_attr(WORKER_ATTR, _worker_id())
         config = Config(trial.params)
         key = space.key(config)
+        names = set(space.names)
         twins = [
             t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL))
-            if t.number != trial.number and t.params and space.key(t.params) == key
+            if t.number != trial.number and names <= set(t.params) and space.key(t.params) == key
             and not (t.state == TrialState.FAIL and OUTCOME_ATTR not in t.system_attrs)
         ]
         if not twins:
@@ -371,10 +402,9 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
                 study.tell(t.number, row.median_us)
             else:
                 study.tell(t.number, state=TrialState.FAIL)
-    try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    except Exception:  # noqa: BLE001 - heartbeat not enabled on this storage
-        pass
 
 
 def _alive(pid: int) -> bool:
