@@ -43,7 +43,7 @@ def _without_trace_dump(active: bool) -> Iterator[None]:
 
     with _CALLBACK_PATCH_LOCK:
         saved = jax.debug.callback
-        jax.debug.callback = lambda *args, **kwargs: None
+        jax.debug.callback = lambda *args, **kwargs: None  # type: ignore[assignment]
         try:
             yield
         finally:
