@@ -1,7 +1,7 @@
 """The engine: keeps every GPU busy and survives kernels that crash or hang.
 
-Kernels run in *worker processes* (one per GPU, started with the ``spawn`` method so no process
-is ever forked after importing jax). Inside a worker, a pool of compile threads compiles
+Kernels run in *worker processes*: one per GPU, each a fresh interpreter (fork + exec, as
+multiprocessing's ``spawn`` does: no process is ever forked after importing jax). Inside a worker, a pool of compile threads compiles
 several configs at once while the main thread times the compiled ones, strictly one at a time
 on its GPU::
 
@@ -12,14 +12,18 @@ on its GPU::
 
 Compiling in threads, not processes. PLATFORM.md measured on the H200 host: 8 threads compiled
 16 configs in 2.2 s, 16 others took 5.6 s in sequence: XLA, Mosaic GPU's LLVM passes and ptxas
-release the GIL. Measured on this project's 2-core CPU dev machine (jax 0.10.2, 16 configs):
-cross-lowering ``hopper_matmul_mgpu`` (pure Python tracing, GIL-bound) took 2.45 s in
-sequence, 2.6-2.9 s with 2-8 threads and 2.24 s in 2 warm spawned processes (plus 4.1 s to
-start them); interpret-mode compiles (lowering plus an XLA CPU compile) took 4.0 s in
-sequence, 3.3 s with 2 threads and 3.8 s in 2 processes. Processes win nothing the threads do
-not, and cannot hand their result over: a compiled executable lives in the process that
-compiled it, and a persistent compilation cache would still make the measuring process redo
-the GIL-bound tracing and lowering to find the cache key. So: threads.
+release the GIL (Mosaic GPU compiles its kernel in XLA's "instantiate" stage, i.e. inside
+``.compile()``, so the threads do get the expensive part). Measured on the 2-core CPU dev
+machine (jax 0.10.2, 16 configs, three runs, load average 5-6 from other jobs, so +-50% noise):
+cross-lowering ``hopper_matmul_mgpu`` (pure Python and MLIR, GIL-bound) took 2.0-4.0 s in
+sequence, 2.2-3.7 s with 2-8 threads and 2.2-4.2 s in 2 warm spawned processes (plus 3.5-4.8 s
+to start them); interpret-mode compiles of a small kernel (lowering plus an XLA CPU compile)
+took 3.0-4.0 s in sequence, 1.8-4.1 s with threads and 1.5-3.8 s in 2 processes. Neither wins
+clearly on 2 busy cores; what decides is that processes cannot hand their result over: a
+compiled executable lives in the process that compiled it, and a persistent compilation cache
+would still make the measuring process redo the GIL-bound tracing and lowering to find the
+cache key, i.e. the very part processes could speed up. So: threads (a benchmark on the GPU
+host is in benchmarks/throughput.py).
 
 Isolation. A worker that dies (segfault, abort, an illegal address that leaves the CUDA context
 unusable) or stops answering is replaced by a fresh one, and only the config that caused it is
@@ -86,11 +90,13 @@ _TIMEOUT_FLOORS = {"gpu": (60.0, 30.0), "interpret": (120.0, 600.0), "fake": (30
 _TIMEOUT_FACTOR = 10.0
 
 _HEARTBEAT_S = 0.5
-_HEARTBEAT_STALE_S = 10.0
+# A worker whose heartbeat is older than this when a stage overruns may be stuck in a thread
+# that holds the GIL; then the overrunning config is not blamed but re-run alone.
+_HEARTBEAT_STALE_S = 2.0
 _STARTUP_TIMEOUT_S = 300.0
 _MAX_STARTUP_FAILURES = 3
 _RETIRE_EXIT_CODE = 3
-_STDERR_TAIL_CHARS = 1500
+_STDERR_TAIL_CHARS = 2000
 
 
 class EngineError(AutotuneError, RuntimeError):
@@ -166,7 +172,10 @@ def _worker_entry(fd: int) -> None:
     os.set_inheritable(fd, False)  # ptxas and other children must not keep the pipe open
     conn = multiprocessing.connection.Connection(fd)
     spec: _WorkerSpec = conn.recv()
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    # On a crash, the crashing thread's Python stack (the tail the engine reports); on SIGUSR1
+    # (sent before a timed-out worker is killed) every thread's, to show where it hung.
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     logging.basicConfig(
         level=spec.log_level, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
     )
@@ -264,6 +273,7 @@ class _Worker:
     def _compile(self, task: _TaskMsg) -> None:
         from autotune.evaluation import Compiled
 
+        assert task.config is not None
         try:
             kernel = self._kernel(task.kernel_name)
             compiled = self.evaluator.compile(
@@ -288,6 +298,7 @@ class _Worker:
                 if task.kind == "baseline":
                     result = self.evaluator.baseline(kernel, task.problem)
                 else:
+                    assert task.config is not None
                     result = self.evaluator.trace(
                         kernel,
                         task.problem,
@@ -387,8 +398,10 @@ class Engine:
             raise ValueError(f"Engine mode must be one of {MODES}, but got {mode!r}.")
         if gpus is not None:
             gpus = list(gpus)
-            if not gpus or len(set(gpus)) != len(gpus) or any(
-                not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus
+            if (
+                not gpus
+                or len(set(gpus)) != len(gpus)
+                or any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus)
             ):
                 raise ValueError(
                     f"gpus must be distinct non-negative GPU ids such as [0, 1], but got {gpus!r}."
@@ -398,7 +411,9 @@ class Engine:
             ("compile_timeout_s", compile_timeout_s),
         ):
             if value is not None and not value > 0:
-                raise ValueError(f"{name} must be positive (or None to derive it), but got {value}.")
+                raise ValueError(
+                    f"{name} must be positive (or None to derive it), but got {value}."
+                )
         if iterations is not None and iterations < 1:
             raise ValueError(f"iterations must be >= 1, but got {iterations}.")
         slots: list[int | None] = list(gpus) if gpus is not None else [None]
@@ -511,6 +526,15 @@ class Engine:
         self.device_info()
         return {w.gpu: w.device for w in list(self._workers.values()) if w and w.device}
 
+    @property
+    def parallelism(self) -> int:
+        """Configs worth keeping in flight: per worker, one per compile thread plus one timing.
+
+        A job runner that keeps this many submitted keeps every GPU and compile thread busy;
+        more only waits in the engine's queue.
+        """
+        return len(self._slots) * (self.compile_threads + 1)
+
     def timeline(self) -> list[StageEvent]:
         """Every stage event so far, in arrival order (for pipelining and load reports)."""
         with self._lock:
@@ -564,14 +588,18 @@ class Engine:
         urgent: bool = False,
     ) -> concurrent.futures.Future:
         if not isinstance(problem, Problem):
-            raise TypeError(f"problem must be an autotune.Problem, but got {type(problem).__name__}.")
+            raise TypeError(
+                f"problem must be an autotune.Problem, but got {type(problem).__name__}."
+            )
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._closing:
                 raise EngineError("The engine is closed; create a new one to submit more work.")
             if self._broken:
                 raise EngineError(self._broken)
-            task = _Task(_TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra), future)
+            task = _Task(
+                _TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra), future
+            )
             future.task_id = task.id  # type: ignore[attr-defined]
             if urgent:
                 self._pending.appendleft(task)
@@ -646,10 +674,16 @@ class Engine:
             sentinel=sentinel,
         )
 
-    def _kill(self, w: _WorkerHandle) -> None:
+    def _kill(self, w: _WorkerHandle, *, dump_stacks: bool = False) -> None:
         w.state = "killed"
         if w.process.poll() is not None:
             return
+        if dump_stacks:
+            try:
+                w.process.send_signal(signal.SIGUSR1)  # faulthandler: where each thread is
+                time.sleep(0.3)
+            except OSError:
+                pass
         try:
             os.killpg(w.process.pid, signal.SIGKILL)  # the worker leads its own group
         except OSError:
@@ -701,6 +735,8 @@ class Engine:
                 self._dispatch()
         except Exception as e:  # noqa: BLE001 - never leave futures hanging
             log.exception("The engine's dispatcher failed.")
+            with self._lock:
+                self._broken = f"The engine's dispatcher failed: {e!r}"
             self._fail_all(EngineError(f"The engine's dispatcher failed: {e!r}"))
         finally:
             self._stop_workers()
@@ -859,7 +895,7 @@ class Engine:
                 continue
             active = [t for t in w.tasks.values() if t.stage in _ACTIVE_STAGES]
             alive = now - w.last_hb < _HEARTBEAT_STALE_S
-            self._kill(w)
+            self._kill(w, dump_stacks=True)
             with self._lock:
                 self._timeouts += 1
             tasks = list(w.tasks.values())
@@ -884,7 +920,9 @@ class Engine:
                     ),
                 )
             self._requeue(suspects, isolate=True)
-            self._requeue([t for t in tasks if t not in blamed and t not in suspects], isolate=False)
+            self._requeue(
+                [t for t in tasks if t not in blamed and t not in suspects], isolate=False
+            )
 
     def _compile_s(self, task: _Task) -> float | None:
         if task.compile_t0 is not None and task.compiled_t is not None:
@@ -909,11 +947,16 @@ class Engine:
             self._workers[slot] = None
 
     def _close_handle(self, w: _WorkerHandle) -> None:
-        for close in (w.conn.close, lambda: w.sentinel is not None and os.close(w.sentinel)):
+        try:
+            w.conn.close()
+        except OSError:
+            pass
+        if w.sentinel is not None:
             try:
-                close()
+                os.close(w.sentinel)
             except OSError:
                 pass
+            w.sentinel = None
 
     def _on_death(self, w: _WorkerHandle) -> None:
         code = w.process.returncode

@@ -8,6 +8,7 @@ outcome :func:`classify_error` chose from the *stage* that failed, never from an
 (PLATFORM.md: messages change between JAX versions):
 
     build, lower   -> INVALID        the kernel refused the config while tracing or lowering
+                                     (lower, in interpret mode: COMPILE_ERROR)
     compile        -> COMPILE_ERROR  XLA / Mosaic GPU / ptxas failed
     run, check, time -> COMPILE_ERROR  it compiled but launching or running failed, or
                        CRASHED        ... and the device is unusable afterwards (an illegal
@@ -34,6 +35,7 @@ import platform
 import random
 import re
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -95,15 +97,20 @@ COMPILE_STAGES = frozenset({Stage.BUILD, Stage.LOWER, Stage.COMPILE})
 StageHook = Callable[[Stage], None]
 
 
-def classify_error(error: BaseException, stage: Stage | str, *, device_ok: bool = True) -> Outcome:
+def classify_error(
+    error: BaseException, stage: Stage | str, *, device_ok: bool = True, interpret: bool = False
+) -> Outcome:
     """The outcome of a config whose evaluation raised ``error`` during ``stage``.
 
-    The one place where failures become outcomes. Decided by stage and device health, never by
-    message text:
+    The one place where failures become outcomes. Decided by stage, device health and mode,
+    never by message text:
 
     * ``build`` / ``lower``: ``INVALID`` - the kernel (its own ``ValueError`` or
       ``NotImplementedError``, Mosaic GPU's alignment and shared-memory checks) refused the
-      config before any code was generated; the space should not have proposed it.
+      config before any code was generated; the space should not have proposed it. In GPU
+      interpret mode (``interpret=True``) a ``lower`` failure is ``COMPILE_ERROR`` instead: the
+      interpreter lacks some of what valid kernels use (clusters, ``run_state``), and it is not
+      the validity oracle (lowering for CUDA is).
     * ``compile``: ``COMPILE_ERROR``.
     * ``run`` / ``check`` / ``time``: ``CRASHED`` when the device no longer works afterwards
       (``device_ok=False``: e.g. an illegal address poisons the CUDA context), else
@@ -121,7 +128,7 @@ def classify_error(error: BaseException, stage: Stage | str, *, device_ok: bool 
         ) from error
     if not device_ok:
         return Outcome.CRASHED
-    if stage in (Stage.BUILD, Stage.LOWER):
+    if stage is Stage.BUILD or (stage is Stage.LOWER and not interpret):
         return Outcome.INVALID
     return Outcome.COMPILE_ERROR
 
@@ -132,12 +139,19 @@ def _describe(error: BaseException, stage: Stage) -> str:
 
 
 def _failure(
-    error: BaseException, stage: Stage, *, compile_s: float | None, device_ok: bool = True
+    error: BaseException,
+    stage: Stage,
+    *,
+    compile_s: float | None,
+    device_ok: bool = True,
+    interpret: bool = False,
 ) -> TrialResult:
-    outcome = classify_error(error, stage, device_ok=device_ok)
+    outcome = classify_error(error, stage, device_ok=device_ok, interpret=interpret)
     message = _describe(error, stage)
     if outcome is Outcome.CRASHED:
         message += " (the device failed afterwards; the process must be replaced)"
+    elif interpret and stage is Stage.LOWER:
+        message += " (GPU interpret mode: the interpreter may lack what this config uses)"
     return TrialResult.failed(outcome, message, compile_s=compile_s)
 
 
@@ -181,7 +195,11 @@ def select_kernel_time(
     """
     if not iter_timings:
         raise ValueError("CUPTI recorded no iteration.")
-    if isinstance(iter_timings[0], tuple) and iter_timings[0] and isinstance(iter_timings[0][0], str):
+    if (
+        isinstance(iter_timings[0], tuple)
+        and iter_timings[0]
+        and isinstance(iter_timings[0][0], str)
+    ):
         iter_timings = [iter_timings]  # measure() returns one iteration's list unnested
     first = [name for name, _ in iter_timings[0]]
     own = re.compile(kernel_pattern)
@@ -322,7 +340,9 @@ def compile_config(
         on_stage(stage)
         executable = lowered.compile()
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
-        return _failure(e, stage, compile_s=time.perf_counter() - start)
+        return _failure(
+            e, stage, compile_s=time.perf_counter() - start, interpret=options.interpret
+        )
     return Compiled(kernel, problem, config, executable, time.perf_counter() - start, options)
 
 
@@ -356,7 +376,8 @@ def _time_cupti(
     """GPU time per iteration in µs via CUPTI (``measure`` runs one warm-up call itself)."""
     from jax.experimental.mosaic.gpu import profiler
 
-    out, timings = profiler.measure(fn, aggregate=aggregate, iterations=iterations)(*inputs)
+    measure: Any = profiler.measure  # its overloads want literal arguments
+    out, timings = measure(fn, aggregate=aggregate, iterations=iterations)(*inputs)
     if timings is None:
         raise RuntimeError("CUPTI recorded no kernel launch.")
     if aggregate:
@@ -500,12 +521,12 @@ def trace_config(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.json"))
-    options = BuildOptions(
-        interpret=interpret, profile_space=profile_space, profile_dir=str(out)
-    )
+    options = BuildOptions(interpret=interpret, profile_space=profile_space, profile_dir=str(out))
     compiled = compile_config(kernel, problem, config, options)
     if isinstance(compiled, TrialResult):
-        raise EvaluationError(f"Tracing {config} of {problem}: {compiled.outcome}: {compiled.error}")
+        raise EvaluationError(
+            f"Tracing {config} of {problem}: {compiled.outcome}: {compiled.error}"
+        )
     try:
         jax.block_until_ready(compiled.executable(*inputs))
         jax.effects_barrier()  # the trace is written by a host callback
@@ -650,7 +671,9 @@ class _JaxEvaluator(Evaluator):
                 try:
                     self._specs[key] = input_specs(kernel, problem)
                 except Exception as e:
-                    raise EvaluationError(f"{kernel.name}.make_inputs fails for {problem}: {e}") from e
+                    raise EvaluationError(
+                        f"{kernel.name}.make_inputs fails for {problem}: {e}"
+                    ) from e
             return self._specs[key]
 
     def _fresh_inputs(self, kernel: Kernel, problem: Problem) -> tuple[Any, ...]:
@@ -794,7 +817,7 @@ class InterpretEvaluator(_JaxEvaluator):
 # ---------------------------------------------------------------------------------------------
 # The fake evaluator: behaviour chosen per config, for testing the engine without a GPU.
 
-FAKE_MODES = ("ok", "sleep", "raise", "wrong", "segfault", "abort", "hang", "poison")
+FAKE_MODES = ("ok", "sleep", "raise", "wrong", "segfault", "abort", "hang", "wedge", "poison")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -804,8 +827,9 @@ class FakeBehaviour:
     ``mode``: ``ok`` (time ``cost_us``), ``sleep`` (sleep ``sleep_s`` at ``stage``, then ok),
     ``raise`` (raise ``ValueError`` at ``stage``, classified like a real failure there),
     ``wrong`` (a wrong result), ``segfault`` / ``abort`` (kill the process with SIGSEGV /
-    SIGABRT at ``stage``), ``hang`` (never return from ``stage``), ``poison`` (the run fails
-    and leaves the device unusable, like an illegal address). ``compile_s`` and ``run_s`` are
+    SIGABRT at ``stage``), ``hang`` (never return from ``stage``), ``wedge`` (never return and
+    never release the GIL, like a C call stuck while holding it: the process stops answering),
+    ``poison`` (the run fails and leaves the device unusable, like an illegal address). ``compile_s`` and ``run_s`` are
     the time compiling and running take.
     """
 
@@ -876,6 +900,10 @@ class FakeEvaluator(Evaluator):
         elif b.mode == "hang":
             while True:
                 time.sleep(3600)
+        elif b.mode == "wedge":
+            sys.setswitchinterval(1e6)  # no other thread gets the GIL again
+            while True:
+                pass
 
     def compile(
         self, kernel: Kernel, problem: Problem, config: Config, *, on_stage: StageHook | None = None
@@ -916,11 +944,15 @@ class FakeEvaluator(Evaluator):
         except (_FakeKernelError, RuntimeError) as e:
             return _failure(e, stage, compile_s=compiled.compile_s, device_ok=self.healthy)
         samples = [b.cost_us * (1 + 0.001 * i) for i in range(self.iterations)]
-        return TrialResult.timed(samples, compile_s=compiled.compile_s, rel_error=0.0, timing="fake")
+        return TrialResult.timed(
+            samples, compile_s=compiled.compile_s, rel_error=0.0, timing="fake"
+        )
 
     def baseline(self, kernel: Kernel, problem: Problem) -> TrialResult:
         cost = float(problem.dims.get("baseline_us", 100))
-        return TrialResult.timed([cost] * self.iterations, compile_s=0.0, rel_error=0.0, timing="fake")
+        return TrialResult.timed(
+            [cost] * self.iterations, compile_s=0.0, rel_error=0.0, timing="fake"
+        )
 
     def trace(
         self,
@@ -935,6 +967,7 @@ class FakeEvaluator(Evaluator):
         from autotune.tracing import parse_trace_files
 
         b = self.rule(config)
+        self._act(b, b.stage)  # a config that crashes or hangs does so when traced too
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         events = []

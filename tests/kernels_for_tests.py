@@ -23,7 +23,9 @@ from autotune.space import Choice, Constraint, Space
 PREFIX = "tests.kernels_for_tests:"
 
 
-def _build_scale_add(problem: Problem, config: Config, options: BuildOptions, *, bias: float = 0.0) -> Any:
+def _build_scale_add(
+    problem: Problem, config: Config, options: BuildOptions, *, bias: float = 0.0
+) -> Any:
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -35,7 +37,9 @@ def _build_scale_add(problem: Problem, config: Config, options: BuildOptions, *,
     if n % block:
         raise ValueError(f"block={block} must divide n={n}.")
 
-    def body(x_gmem: Any, y_gmem: Any, o_gmem: Any, x_smem: Any, y_smem: Any, o_smem: Any, bar: Any) -> None:
+    def body(
+        x_gmem: Any, y_gmem: Any, o_gmem: Any, x_smem: Any, y_smem: Any, o_smem: Any, bar: Any
+    ) -> None:
         i = jax.lax.axis_index("b")
         part = pl.ds(i * block, block)
         plgpu.copy_gmem_to_smem(x_gmem.at[part], x_smem, bar.at[0])
@@ -87,8 +91,12 @@ SCALE_ADD = Kernel(
     space=Space(
         params=(Choice("block", (64, 128, 256, 512), ordered=True),),
         constraints=(
-            Constraint("block_divides_n", ("block",), lambda c, env: env["n"] % c["block"] == 0,
-                       "block must divide n"),
+            Constraint(
+                "block_divides_n",
+                ("block",),
+                lambda c, env: env["n"] % c["block"] == 0,
+                "block must divide n",
+            ),
         ),
     ),
     shape_keys=("n",),
@@ -124,7 +132,10 @@ FAKE = Kernel(
     name=PREFIX + "FAKE",
     space=Space(
         params=(
-            Choice("mode", ("ok", "sleep", "raise", "wrong", "segfault", "abort", "hang", "poison")),
+            Choice(
+                "mode",
+                ("ok", "sleep", "raise", "wrong", "segfault", "abort", "hang", "wedge", "poison"),
+            ),
             Choice("stage", ("build", "lower", "compile", "run", "check", "time")),
         )
     ),

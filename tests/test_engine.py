@@ -1,0 +1,303 @@
+"""Tests for autotune.engine: pipelining, isolation of crashes and hangs, several GPUs.
+
+Real worker processes throughout; the fake evaluator crashes, hangs and sleeps on demand.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import time
+
+import pytest
+
+from autotune import engine as engine_mod
+from autotune.engine import Engine, EngineError, default_timeout_s
+from autotune.errors import KernelNotFoundError
+from autotune.problem import Config, Problem
+from autotune.trial import Outcome, TrialResult
+
+FAKE = "tests.kernels_for_tests:FAKE"
+SCALE_ADD = "tests.kernels_for_tests:SCALE_ADD"
+PROBLEM = Problem(FAKE, {"n": 1}, "float32")
+
+
+def fake_engine(**kwargs):
+    options = dict(compile_threads=3, trial_timeout_s=1.5, compile_timeout_s=1.5, allow_import=True)
+    options.update(kwargs)
+    return Engine("fake", **options)
+
+
+def cfg(mode="ok", stage="run", cost_us=10, **extra):
+    return Config(mode=mode, stage=stage, cost_us=cost_us, **extra)
+
+
+def resolve_counting(futures, timeout=60):
+    """Results of the futures, checking each resolved exactly once (one callback call)."""
+    calls = collections.Counter()
+    for i, f in enumerate(futures):
+        f.add_done_callback(lambda _, i=i: calls.update([i]))
+    results = [f.result(timeout=timeout) for f in futures]
+    time.sleep(0.2)
+    assert all(calls[i] == 1 for i in range(len(futures))), calls
+    return results
+
+
+def test_fault_injection_every_future_resolves_once_with_the_right_outcome():
+    """Segfaults, aborts, raises, hangs, wrong results and poison among ok configs."""
+    plan = [
+        (cfg(cost_us=1), Outcome.OK),
+        (cfg("segfault", "run"), Outcome.CRASHED),
+        (cfg(cost_us=2), Outcome.OK),
+        (cfg("abort", "compile"), Outcome.CRASHED),
+        (cfg(cost_us=3), Outcome.OK),
+        (cfg("raise", "lower"), Outcome.INVALID),
+        (cfg("raise", "compile"), Outcome.COMPILE_ERROR),
+        (cfg("raise", "run"), Outcome.COMPILE_ERROR),
+        (cfg(cost_us=4), Outcome.OK),
+        (cfg("hang", "run"), Outcome.TIMEOUT),
+        (cfg(cost_us=5), Outcome.OK),
+        (cfg("wrong"), Outcome.WRONG_RESULT),
+        (cfg("hang", "compile"), Outcome.TIMEOUT),
+        (cfg(cost_us=6), Outcome.OK),
+        (cfg("poison"), Outcome.CRASHED),
+        (cfg(cost_us=7), Outcome.OK),
+        (cfg("segfault", "compile"), Outcome.CRASHED),
+        (cfg("abort", "time"), Outcome.CRASHED),
+        (cfg(cost_us=8), Outcome.OK),
+    ]
+    with fake_engine() as eng:
+        futures = [eng.submit(FAKE, PROBLEM, c) for c, _ in plan]
+        results = resolve_counting(futures)
+        for (config, want), result in zip(plan, results, strict=True):
+            assert isinstance(result, TrialResult)
+            assert result.outcome is want, (config, result.error)
+            if want is Outcome.OK:
+                assert result.median_us == pytest.approx(config["cost_us"], rel=0.01)
+        # ... and it keeps going afterwards.
+        after = [eng.submit(FAKE, PROBLEM, cfg(cost_us=c)) for c in (11, 12)]
+        assert [f.result(timeout=30).outcome for f in after] == [Outcome.OK] * 2
+        stats = eng.stats()
+    assert stats.submitted == stats.resolved == len(plan) + 2
+    assert stats.crashes >= 4 and stats.timeouts >= 1  # one kill may time out two hung configs
+
+
+def test_crash_report_names_signal_stage_and_stderr():
+    """A crash result says how the worker died, in which stage, with its stderr tail."""
+    with fake_engine() as eng:
+        result = eng.submit(FAKE, PROBLEM, cfg("segfault", "check")).result(timeout=30)
+    assert result.outcome is Outcome.CRASHED
+    assert "SIGSEGV" in result.error and "last stage: check" in result.error
+    assert "Segmentation fault" in result.error  # faulthandler's line, from the stderr tail
+
+
+def test_neighbours_of_a_crash_are_rerun_not_blamed():
+    """Several configs compiling when one segfaults: each re-runs alone; only it is CRASHED."""
+    plan = [cfg(cost_us=i, compile_ms=1000) for i in range(5)]
+    plan.insert(2, cfg("segfault", "compile", compile_ms=200))  # dies while 3 others compile
+    with fake_engine(compile_threads=4, compile_timeout_s=10) as eng:
+        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+        stats = eng.stats()
+    outcomes = [r.outcome for r in results]
+    assert outcomes == [Outcome.OK] * 2 + [Outcome.CRASHED] + [Outcome.OK] * 3
+    assert "only one executing" in results[2].error
+    assert stats.isolated_reruns >= 2  # the culprit and at least one neighbour re-ran alone
+
+
+def test_timeout_blames_only_the_hung_config():
+    """A run past its limit while the worker still answers: TIMEOUT for it, OK for the rest."""
+    plan = [cfg(cost_us=1, compile_ms=200), cfg("hang", "run"), cfg(cost_us=2, compile_ms=200)]
+    with fake_engine(trial_timeout_s=1.0) as eng:
+        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.TIMEOUT, Outcome.OK]
+    assert "limit 1.0 s" in results[1].error and "[run]" in results[1].error
+
+
+def test_wedged_worker_reruns_suspects_instead_of_blaming_the_overdue_one():
+    """A compile holding the GIL stalls a neighbour's run: the neighbour is re-run, not blamed."""
+    plan = [cfg(run_ms=600, cost_us=1), cfg("wedge", "compile", compile_ms=100)]
+    with fake_engine(compile_threads=2, trial_timeout_s=2.0, compile_timeout_s=2.0) as eng:
+        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.TIMEOUT]
+
+
+def test_default_timeout_is_derived_from_what_was_seen(monkeypatch):
+    """Without a limit given, a hang times out at max(floor, 10 x the slowest stage seen)."""
+    monkeypatch.setitem(engine_mod._TIMEOUT_FLOORS, "fake", (1.0, 1.0))
+    assert default_timeout_s(None, floor_s=30) == 30
+    assert default_timeout_s(5.0, floor_s=30) == 50
+    with fake_engine(trial_timeout_s=None, compile_timeout_s=None) as eng:
+        assert eng.submit(FAKE, PROBLEM, cfg(run_ms=150)).result(timeout=30).ok
+        hung = eng.submit(FAKE, PROBLEM, cfg("hang")).result(timeout=30)
+    assert hung.outcome is Outcome.TIMEOUT
+    limit = float(re.search(r"limit ([0-9.]+) s", hung.error).group(1))
+    assert 1.4 <= limit <= 3.0, hung.error  # 10 x the ~0.15 s run seen, above the 1 s floor
+
+
+def test_poisoned_device_retires_the_worker_and_reruns_its_neighbours():
+    """After a run that leaves the device unusable, a fresh worker takes the remaining work."""
+    plan = [cfg("poison", run_ms=100)] + [cfg(cost_us=i, compile_ms=100) for i in range(1, 4)]
+    with fake_engine() as eng:
+        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+        stats = eng.stats()
+    assert [r.outcome for r in results] == [Outcome.CRASHED] + [Outcome.OK] * 3
+    assert "device failed" in results[0].error
+    assert stats.worker_starts >= 2 and stats.crashes == 0  # retired, not crashed
+
+
+def test_pipeline_overlaps_compiles_with_runs():
+    """Later configs compile while earlier ones are timed; runs never overlap; total well
+    below the sequential sum."""
+    n, compile_s, run_s = 8, 0.4, 0.15
+    plan = [cfg(cost_us=i, compile_ms=compile_s * 1000, run_ms=run_s * 1000) for i in range(n)]
+    with fake_engine(compile_threads=4) as eng:
+        eng.device_info()  # started
+        start = time.monotonic()
+        results = [f.result(timeout=60) for f in [eng.submit(FAKE, PROBLEM, c) for c in plan]]
+        wall = time.monotonic() - start
+        timeline = eng.timeline()
+    assert all(r.ok for r in results)
+    spans = collections.defaultdict(dict)
+    for e in timeline:
+        spans[e.task_id].setdefault(e.stage, e.t)
+    compiles = [(s["build"], s["compiled"]) for s in spans.values()]
+    runs = sorted((s["run"], s["done"]) for s in spans.values())
+    overlapping = sum(
+        1
+        for (c0, c1) in compiles
+        for (r0, r1) in runs
+        if c0 < r1 and r0 < c1 and (c0, c1) != (r0, r1)
+    )
+    assert overlapping >= 3, (compiles, runs)
+    assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(runs)), runs  # one at a time
+    sequential = n * (compile_s + run_s)
+    assert wall < 0.6 * sequential, (wall, sequential)
+
+
+def test_several_gpus_share_the_work():
+    """One worker per GPU, pinned with CUDA_VISIBLE_DEVICES; every GPU gets work."""
+    plan = [cfg(cost_us=i, run_ms=100) for i in range(12)]
+    with fake_engine(gpus=[0, 1, 2], compile_threads=2) as eng:
+        results = [f.result(timeout=60) for f in [eng.submit(FAKE, PROBLEM, c) for c in plan]]
+        infos = eng.device_infos()
+        stats = eng.stats()
+        timeline = eng.timeline()
+    assert all(r.ok for r in results)
+    assert {g: info.name for g, info in infos.items()} == {
+        g: f"fake-gpu (CUDA_VISIBLE_DEVICES={g})" for g in (0, 1, 2)
+    }
+    assert sorted(stats.by_worker) == [0, 1, 2] and sum(stats.by_worker.values()) == 12
+    assert min(stats.by_worker.values()) >= 2
+    assert {e.gpu for e in timeline} == {0, 1, 2}
+
+
+def test_a_crash_on_one_gpu_leaves_the_others_running():
+    """Only the crashed GPU's worker is replaced; the culprit alone is CRASHED."""
+    plan = [cfg(cost_us=i, run_ms=50) for i in range(8)]
+    plan.insert(3, cfg("segfault", "run"))
+    with fake_engine(gpus=[0, 1], compile_threads=2) as eng:
+        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+        stats = eng.stats()
+    assert [r.outcome for r in results].count(Outcome.CRASHED) == 1
+    assert results[3].outcome is Outcome.CRASHED
+    # Replaced once per death: the crash itself, and once more if it had neighbours in flight
+    # and had to be re-run alone to be identified.
+    assert stats.crashes in (1, 2) and stats.worker_starts == 2 + stats.crashes
+
+
+def test_errors_that_are_not_the_configs_fail_the_future():
+    """An unknown kernel, or an import path without allow_import, raises from the future."""
+    with fake_engine() as eng:
+        with pytest.raises(KernelNotFoundError, match="cannot import"):
+            eng.submit("no_such_module:K", PROBLEM, cfg()).result(timeout=30)
+        assert eng.submit(FAKE, PROBLEM, cfg()).result(timeout=30).ok
+    with fake_engine(allow_import=False) as eng:
+        with pytest.raises(KernelNotFoundError, match="allow-import"):
+            eng.submit(FAKE, PROBLEM, cfg()).result(timeout=30)
+
+
+def test_baseline_and_trace_run_on_a_worker(tmp_path):
+    """The baseline is timed and the trace parsed by the worker, through the engine."""
+    with fake_engine() as eng:
+        assert eng.baseline(FAKE, PROBLEM).median_us == 100.0
+        assert eng.trace(FAKE, PROBLEM, cfg(cost_us=3), tmp_path, 8) == {
+            "body": (3.0, 2),
+            "kernel": (5.0, 2),
+        }
+        with pytest.raises(EngineError, match="crashed"):
+            eng.trace(FAKE, PROBLEM, cfg("segfault", "run"), tmp_path, 8)
+        assert eng.device_info().kind == "fake"
+
+
+def test_close_with_cancel_drops_queued_work_and_refuses_more():
+    """Closing cancels what has not started; every future ends; later submits raise."""
+    eng = fake_engine(compile_threads=1)
+    futures = [eng.submit(FAKE, PROBLEM, cfg(run_ms=200)) for _ in range(10)]
+    futures[0].result(timeout=30)
+    eng.close(cancel_pending=True)
+    assert all(f.done() for f in futures)
+    assert any(f.cancelled() for f in futures)
+    assert all(f.result().ok for f in futures if not f.cancelled())
+    with pytest.raises(EngineError, match="closed"):
+        eng.submit(FAKE, PROBLEM, cfg())
+
+
+def test_cancelled_future_is_skipped():
+    """A future cancelled before it starts is never run nor resolved again."""
+    with fake_engine(compile_threads=1) as eng:
+        futures = [eng.submit(FAKE, PROBLEM, cfg(run_ms=100)) for _ in range(6)]
+        assert futures[-1].cancel()
+        assert all(f.result(timeout=30).ok for f in futures[:-1])
+    assert futures[-1].cancelled()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "tpu"}, "mode"),
+        ({"gpus": [0, 0]}, "distinct"),
+        ({"gpus": [-1]}, "non-negative"),
+        ({"trial_timeout_s": 0}, "trial_timeout_s"),
+        ({"compile_threads": 0}, "compile_threads"),
+        ({"iterations": 0}, "iterations"),
+    ],
+)
+def test_bad_arguments_are_rejected(kwargs, match):
+    """Arguments are checked before any worker starts, with the rule in the message."""
+    with pytest.raises(ValueError, match=match):
+        Engine(**{"mode": "fake", **kwargs})
+
+
+def test_workers_that_cannot_start_break_the_engine_clearly():
+    """GPU mode without a GPU: the workers' own error surfaces as an EngineError."""
+    with Engine("gpu", allow_import=True) as eng:
+        future = eng.submit(FAKE, PROBLEM, cfg())
+        with pytest.raises(EngineError, match="No GPU visible"):
+            eng.device_info(timeout_s=120)
+        with pytest.raises(EngineError, match="failed to start"):
+            future.result(timeout=120)
+        with pytest.raises(EngineError):
+            eng.submit(FAKE, PROBLEM, cfg())
+
+
+def test_interpret_engine_evaluates_a_real_kernel():
+    """Interpret mode in a worker: the real Pallas kernel is OK, its wrong twin is caught."""
+    problem = Problem(SCALE_ADD, {"n": 512}, "float32")
+    wrong = Problem(SCALE_ADD + "_WRONG", {"n": 512}, "float32")
+    with Engine("interpret", compile_threads=2, allow_import=True, iterations=2) as eng:
+        ok = eng.submit(SCALE_ADD, problem, Config(block=128))
+        bad = eng.submit(SCALE_ADD + "_WRONG", wrong, Config(block=128))
+        invalid = eng.submit(SCALE_ADD, problem, Config(block=96))
+        assert ok.result(timeout=120).outcome is Outcome.OK
+        assert ok.result().timing == "wallclock" and len(ok.result().samples_us) == 2
+        assert bad.result(timeout=120).outcome is Outcome.WRONG_RESULT
+        assert invalid.result(timeout=120).outcome is Outcome.INVALID
+        assert eng.device_info().kind == "interpret"
+
+
+def test_public_api():
+    """``__all__`` lists exactly the public names."""
+    assert sorted(engine_mod.__all__) == sorted(
+        ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeout_s"]
+    )

@@ -1,0 +1,426 @@
+"""Tests for autotune.evaluation: classification, kernel-time selection, checks, evaluators."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from autotune import evaluation as ev
+from autotune.evaluation import Stage
+from autotune.kernel import get_kernel
+from autotune.problem import Config, Problem
+from autotune.trial import Outcome, TrialResult
+
+SCALE_ADD = "tests.kernels_for_tests:SCALE_ADD"
+FAKE = "tests.kernels_for_tests:FAKE"
+
+
+# -- classify_error ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "stage", "device_ok", "outcome"),
+    [
+        (ValueError("block must divide n"), Stage.BUILD, True, Outcome.INVALID),
+        (
+            NotImplementedError("Only copies transferring ... warpgroup size"),
+            Stage.LOWER,
+            True,
+            Outcome.INVALID,
+        ),
+        (ValueError("exceeds available shared memory"), "lower", True, Outcome.INVALID),
+        (AssertionError(), Stage.LOWER, True, Outcome.INVALID),
+        (RuntimeError("ptxas fatal"), Stage.COMPILE, True, Outcome.COMPILE_ERROR),
+        (RuntimeError("launch failed"), Stage.RUN, True, Outcome.COMPILE_ERROR),
+        (RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS"), Stage.RUN, False, Outcome.CRASHED),
+        (RuntimeError("launches not divisible"), Stage.TIME, True, Outcome.COMPILE_ERROR),
+        (RuntimeError("anything"), Stage.CHECK, False, Outcome.CRASHED),
+        # The message never decides: the same text at another stage is another outcome.
+        (ValueError("exceeds available shared memory"), Stage.COMPILE, True, Outcome.COMPILE_ERROR),
+    ],
+)
+def test_classify_error_by_stage_and_device_health(error, stage, device_ok, outcome):
+    """Outcomes follow from the stage that failed and whether the device survived."""
+    assert ev.classify_error(error, stage, device_ok=device_ok) is outcome
+
+
+def test_classify_error_interpret_lowering_is_not_invalid():
+    """The interpreter is not the validity oracle: its lowering failures are COMPILE_ERROR."""
+    error = NotImplementedError("nan + cluster_barrier")
+    assert ev.classify_error(error, Stage.LOWER, interpret=True) is Outcome.COMPILE_ERROR
+    assert ev.classify_error(ValueError(), Stage.BUILD, interpret=True) is Outcome.INVALID
+
+
+def test_classify_error_import_error_is_not_the_configs():
+    """A missing module raises EvaluationError instead of marking configs invalid."""
+    with pytest.raises(ev.EvaluationError, match="absl-py") as info:
+        ev.classify_error(ModuleNotFoundError("No module named 'absl'"), Stage.LOWER)
+    assert isinstance(info.value.__cause__, ImportError)
+
+
+def test_classify_error_rejects_unknown_stage():
+    """A stage name outside the enum is a programming error."""
+    with pytest.raises(ValueError):
+        ev.classify_error(ValueError(), "linking")
+
+
+# -- select_kernel_time ------------------------------------------------------------------------
+
+MOSAIC = "scale_add_mosaic_gpu_kernel"
+
+
+def test_select_keeps_only_the_mosaic_kernel_and_converts_to_us():
+    """XLA glue around the custom call does not count; ms become µs."""
+    timings = [
+        [("input_convert_fusion", 0.010), (MOSAIC, 0.100), ("wrapped_copy", 0.005)],
+        [("input_convert_fusion", 0.011), (MOSAIC, 0.102), ("wrapped_copy", 0.004)],
+    ]
+    assert ev.select_kernel_time(timings) == pytest.approx([100.0, 102.0])
+
+
+def test_select_sums_several_mosaic_launches_per_iteration():
+    """A kernel made of two Mosaic GPU calls counts both."""
+    timings = [
+        [("a_mosaic_gpu_kernel", 0.1), ("loop_fusion", 1.0), ("b_mosaic_gpu_kernel", 0.2)]
+    ] * 3
+    assert ev.select_kernel_time(timings) == pytest.approx([300.0] * 3)
+
+
+def test_select_accepts_a_single_unnested_iteration():
+    """``measure(..., iterations=1)`` returns one iteration's list, not a list of lists."""
+    assert ev.select_kernel_time([("zero_fill", 0.5), (MOSAIC, 0.25)]) == pytest.approx([250.0])
+
+
+def test_select_without_mosaic_names_drops_xla_glue_and_named_glue():
+    """Fallback: everything but glue patterns and the glue baseline's names counts."""
+    timings = [
+        [
+            ("transpose_123", 1.0),
+            ("my_cutlass_gemm", 0.5),
+            ("loop_multiply_fusion", 2.0),
+            ("memset32", 0.1),
+            ("custom_helper", 0.25),
+        ],
+    ] * 2
+    assert ev.select_kernel_time(timings) == pytest.approx([750.0, 750.0])
+    assert ev.select_kernel_time(timings, glue_names={"custom_helper"}) == pytest.approx(
+        [500.0] * 2
+    )
+
+
+def test_select_custom_pattern():
+    """The kernel's own launch name pattern can be given."""
+    timings = [[("triton_softmax", 0.3), ("input_fusion", 0.1)]]
+    assert ev.select_kernel_time(timings, kernel_pattern="triton_") == pytest.approx([300.0])
+
+
+@pytest.mark.parametrize(
+    "timings",
+    [
+        [],
+        [[("loop_fusion", 1.0), ("copy_1", 0.1)]],  # only glue
+        [[(MOSAIC, 0.1)], [("other", 0.1)]],  # iterations disagree
+    ],
+)
+def test_select_raises_when_the_kernel_cannot_be_found(timings):
+    """No iteration, only glue, or inconsistent iterations: a ValueError, never a guess."""
+    with pytest.raises(ValueError):
+        ev.select_kernel_time(timings)
+
+
+# -- relative_error ----------------------------------------------------------------------------
+
+
+def test_relative_error_values():
+    """||out-ref||/||ref|| over all leaves together; equal arrays give 0."""
+    ref = np.array([3.0, 4.0], np.float32)
+    assert ev.relative_error(ref, ref) == 0.0
+    assert ev.relative_error(np.array([3.0, 4.5], np.float32), ref) == pytest.approx(0.1)
+    pair = (np.array([1.0, 0.0], np.float32), np.array([0.0, 1.0], np.float32))
+    assert ev.relative_error((pair[0], pair[1] * 2), pair) == pytest.approx(1 / math.sqrt(2))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_relative_error_non_finite_never_passes(bad):
+    """A single NaN or inf element gives inf, above any tolerance."""
+    out = np.array([1.0, bad, 2.0], np.float32)
+    assert ev.relative_error(out, np.ones(3, np.float32)) == math.inf
+
+
+def test_relative_error_mismatched_structure_or_shape():
+    """A missing output or a wrong shape is not comparable: inf."""
+    ones = np.ones(4, np.float32)
+    assert ev.relative_error(ones[:3], ones) == math.inf
+    assert ev.relative_error((ones,), (ones, ones)) == math.inf
+
+
+def test_relative_error_zero_reference_uses_absolute_norm():
+    """An all-zero reference falls back to ||out - ref||."""
+    assert ev.relative_error(np.full(4, 0.5, np.float32), np.zeros(4, np.float32)) == pytest.approx(
+        1.0
+    )
+
+
+def test_relative_error_low_precision_outputs():
+    """bfloat16 outputs are compared in float32, not in bfloat16."""
+    import jax.numpy as jnp
+
+    ref = np.linspace(1, 2, 1000, dtype=np.float32)
+    err = ev.relative_error(jnp.asarray(ref, jnp.bfloat16), ref)
+    assert 0 < err < 4e-3
+
+
+# -- the fake evaluator ------------------------------------------------------------------------
+
+
+def _fake_problem():
+    return Problem(FAKE, {"n": 1}, "float32")
+
+
+@pytest.fixture(scope="module")
+def fake_kernel():
+    return get_kernel(FAKE, allow_import=True)
+
+
+@pytest.mark.parametrize(
+    ("config", "outcome"),
+    [
+        ({"mode": "ok"}, Outcome.OK),
+        ({"mode": "sleep", "sleep_ms": 1}, Outcome.OK),
+        ({"mode": "raise", "stage": "build"}, Outcome.INVALID),
+        ({"mode": "raise", "stage": "lower"}, Outcome.INVALID),
+        ({"mode": "raise", "stage": "compile"}, Outcome.COMPILE_ERROR),
+        ({"mode": "raise", "stage": "run"}, Outcome.COMPILE_ERROR),
+        ({"mode": "raise", "stage": "time"}, Outcome.COMPILE_ERROR),
+        ({"mode": "wrong"}, Outcome.WRONG_RESULT),
+        ({"mode": "poison"}, Outcome.CRASHED),
+    ],
+)
+def test_fake_evaluator_outcomes(fake_kernel, config, outcome):
+    """Each in-process fake behaviour ends with the outcome a real failure there would."""
+    fake = ev.FakeEvaluator(iterations=4)
+    result = fake.evaluate(fake_kernel, _fake_problem(), Config(config, cost_us=50))
+    assert result.outcome is outcome
+    assert fake.healthy is (config["mode"] != "poison")
+    if outcome is Outcome.OK:
+        assert result.timing == "fake" and len(result.samples_us) == 4
+        assert result.median_us == pytest.approx(50, rel=0.01)
+    else:
+        assert result.error and not result.samples_us
+
+
+def test_fake_evaluator_reports_stages_in_order(fake_kernel):
+    """The stage hook sees build, lower, compile, then run, check, time."""
+    fake, seen = ev.FakeEvaluator(), []
+    compiled = fake.compile(fake_kernel, _fake_problem(), Config(mode="ok"), on_stage=seen.append)
+    fake.run(compiled, on_stage=seen.append)
+    assert seen == list(Stage)
+
+
+def test_fake_behaviour_rejects_unknown_mode():
+    """A typo in a fake mode fails loudly."""
+    with pytest.raises(ValueError, match="explode"):
+        ev.FakeBehaviour.from_config({"mode": "explode"})
+
+
+def test_fake_trace_and_baseline(fake_kernel, tmp_path):
+    """The fake trace goes through the real parser; the baseline is fake-timed."""
+    fake = ev.FakeEvaluator()
+    regions = fake.trace(fake_kernel, _fake_problem(), Config(cost_us=5), tmp_path, profile_space=8)
+    assert regions == {"body": (5.0, 2), "kernel": (7.0, 2)}
+    assert fake.baseline(fake_kernel, _fake_problem()).median_us == 100.0
+
+
+def test_make_evaluator_modes():
+    """Each engine mode maps to its evaluator and default iteration count."""
+    assert isinstance(ev.make_evaluator("fake"), ev.FakeEvaluator)
+    assert ev.make_evaluator("interpret").iterations == 3
+    assert ev.make_evaluator("gpu").iterations == 20
+    assert ev.make_evaluator("gpu", iterations=5).iterations == 5
+    with pytest.raises(ValueError, match="'tpu'"):
+        ev.make_evaluator("tpu")
+
+
+# -- interpret mode with a real Pallas Mosaic GPU kernel ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def interp():
+    return ev.InterpretEvaluator(iterations=2)
+
+
+def _scale_add(suffix=""):
+    kernel = get_kernel(SCALE_ADD + suffix, allow_import=True)
+    return kernel, Problem(kernel.name, {"n": 512}, "float32")
+
+
+def test_interpret_ok_with_wallclock_samples(interp):
+    """A real kernel runs interpreted, matches the reference and gets wall-clock samples."""
+    kernel, problem = _scale_add()
+    result = interp.evaluate(kernel, problem, Config(block=128))
+    assert result.outcome is Outcome.OK, result.error
+    assert result.timing == "wallclock" and len(result.samples_us) == 2
+    assert all(s > 0 for s in result.samples_us)
+    assert result.rel_error is not None and result.rel_error < 1e-6
+    assert result.compile_s is not None and result.compile_s > 0
+
+
+def test_interpret_wrong_variant_is_wrong_result(interp):
+    """The off-by-one variant is caught by the reference check, with its error value."""
+    kernel, problem = _scale_add("_WRONG")
+    result = interp.evaluate(kernel, problem, Config(block=256))
+    assert result.outcome is Outcome.WRONG_RESULT
+    assert result.rel_error is not None and result.rel_error > 0.1
+    assert "tolerance" in result.error and not result.samples_us
+
+
+def test_interpret_kernel_refusal_is_invalid(interp):
+    """The kernel's own ValueError while building is INVALID, with the message kept."""
+    kernel, problem = _scale_add()
+    result = interp.evaluate(kernel, problem, Config(block=100))
+    assert result.outcome is Outcome.INVALID
+    assert "block=100 must divide n=512" in result.error
+
+
+def test_interpret_not_supported_is_a_clear_error_value(interp):
+    """A kernel marked interpret_ok=False gets a result saying so, not a crash."""
+    kernel, problem = _scale_add("_NO_INTERPRET")
+    result = interp.evaluate(kernel, problem, Config(block=128))
+    assert result.outcome is Outcome.COMPILE_ERROR
+    assert "does not run in GPU interpret mode" in result.error
+    assert "primitive the interpreter lacks" in result.error
+
+
+def test_interpret_baseline_and_device(interp):
+    """The baseline is timed the same way; the device says it is the CPU interpreter."""
+    kernel, problem = _scale_add()
+    result = interp.baseline(kernel, problem)
+    assert result.outcome is Outcome.OK and result.timing == "wallclock"
+    assert result.rel_error == pytest.approx(0.0, abs=1e-6)
+    info = interp.device_info()
+    assert info.kind == "interpret" and info.name.startswith("cpu-interpret (")
+
+
+def test_interpret_inputs_are_fresh_for_each_run(interp, monkeypatch):
+    """Every run draws new random inputs (never zeros, never reused)."""
+    kernel, problem = _scale_add()
+    seen = []
+    original = interp._fresh_inputs
+
+    def spy(k, p):
+        inputs = original(k, p)
+        seen.append(np.asarray(inputs[0]))
+        return inputs
+
+    monkeypatch.setattr(interp, "_fresh_inputs", spy)
+    compiled = interp.compile(kernel, problem, Config(block=256))
+    interp.run(compiled)
+    interp.run(compiled)
+    assert len(seen) == 2 and not np.array_equal(seen[0], seen[1])
+    assert all(np.abs(x).sum() > 0 for x in seen)
+
+
+def test_run_compiled_cupti_path_selects_the_kernel(interp, monkeypatch):
+    """With CUPTI timing, measure()'s per-launch list goes through select_kernel_time."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    calls = {}
+
+    def fake_measure(f, *, aggregate, iterations):
+        calls.update(aggregate=aggregate, iterations=iterations)
+
+        def wrapper(*args):
+            out = f(*args)
+            launch = [("input_fusion", 0.5), (MOSAIC, 0.020)]
+            return out, launch if iterations == 1 else [launch] * iterations
+
+        return wrapper
+
+    monkeypatch.setattr(profiler, "measure", fake_measure)
+    monkeypatch.setattr(ev, "_device_ok", lambda: True)
+    kernel, problem = _scale_add()
+    compiled = interp.compile(kernel, problem, Config(block=128))
+    inputs = interp._fresh_inputs(kernel, problem)
+    for iterations in (1, 3):
+        result = ev.run_compiled(
+            compiled,
+            inputs,
+            expected=inputs[0] * 2 + inputs[1],
+            tolerance=1e-5,
+            iterations=iterations,
+            timing="cupti",
+        )
+        assert result.outcome is Outcome.OK, result.error
+        assert result.samples_us == pytest.approx((20.0,) * iterations)
+        assert calls == {"aggregate": False, "iterations": iterations}
+
+
+def test_run_compiled_wrong_expected_and_nan(interp):
+    """A reference that disagrees, or is NaN, fails the check with the error recorded."""
+    kernel, problem = _scale_add()
+    compiled = interp.compile(kernel, problem, Config(block=128))
+    inputs = interp._fresh_inputs(kernel, problem)
+    expected = inputs[0] * 2 + inputs[1]
+    kwargs = dict(tolerance=1e-3, iterations=1, timing="wallclock")
+    off = ev.run_compiled(compiled, inputs, expected=expected * 1.1, **kwargs)
+    assert off.outcome is Outcome.WRONG_RESULT and off.rel_error == pytest.approx(1 / 11, rel=1e-3)
+    shaped = ev.run_compiled(compiled, inputs, expected=expected[:10], **kwargs)
+    assert shaped.outcome is Outcome.WRONG_RESULT and shaped.rel_error == math.inf
+
+
+def test_trace_in_interpret_mode_writes_nothing(interp, tmp_path):
+    """The interpreter has no in-kernel profiler: tracing returns no regions, not an error."""
+    kernel, problem = _scale_add()
+    assert interp.trace(kernel, problem, Config(block=128), tmp_path, profile_space=16) == {}
+
+
+# -- the module --------------------------------------------------------------------------------
+
+
+def test_gpu_device_info_without_a_gpu_says_so():
+    """On a CPU-only machine asking for the GPU is an EvaluationError naming interpret mode."""
+    import jax
+
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("a GPU is present")
+    with pytest.raises(ev.EvaluationError, match="interpret"):
+        ev.gpu_device_info()
+
+
+def test_importing_evaluation_does_not_import_jax():
+    """jax is imported lazily, inside the functions that need it."""
+    code = "import autotune.evaluation, sys; sys.exit('jax' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_public_api():
+    """``__all__`` lists exactly the public names."""
+    assert sorted(ev.__all__) == sorted(
+        [
+            "Stage",
+            "EvaluationError",
+            "classify_error",
+            "Compiled",
+            "StageHook",
+            "select_kernel_time",
+            "relative_error",
+            "compile_config",
+            "run_compiled",
+            "measure_baseline",
+            "trace_config",
+            "gpu_device_info",
+            "interpret_device_info",
+            "Evaluator",
+            "GpuEvaluator",
+            "InterpretEvaluator",
+            "FakeBehaviour",
+            "FakeEvaluator",
+            "make_evaluator",
+        ]
+    )
+    assert all(hasattr(ev, name) for name in ev.__all__)
+    assert isinstance(TrialResult.failed(Outcome.INVALID, "x"), TrialResult)
