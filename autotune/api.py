@@ -53,8 +53,9 @@ def open_engine(
     allow_import: bool = False,
     iterations: int | None = None,
     trial_timeout_s: float | None = None,
+    log_dir: str | None = None,
 ) -> Any:
-    """The engine for ``device`` ("auto", "gpu", "interpret")."""
+    """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``."""
     from autotune.engine import Engine
 
     if device not in ("auto", "gpu", "interpret"):
@@ -66,6 +67,7 @@ def open_engine(
         allow_import=allow_import,
         iterations=iterations,
         trial_timeout_s=trial_timeout_s,
+        log_dir=log_dir,
     )
 
 

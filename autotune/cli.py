@@ -16,7 +16,9 @@ import dataclasses
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError, NothingTunedError, StorageError
@@ -86,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
     handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check}
     try:
         return handler[args.command](args)
@@ -175,7 +180,8 @@ def _tune(args: argparse.Namespace) -> int:
     store = Store(args.db)
     progress = _Progress()
     try:
-        with open_engine(args.device, gpus=gpus, allow_import=args.allow_import) as engine:
+        log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
+        with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir) as engine:
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)
     finally:

@@ -95,14 +95,14 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True, n_startup_trials=6,
-                warn_independent_sampling=False,
+                
             )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
         _require("cmaes", "cmaes")
         return optuna.samplers.CmaEsSampler(
-            seed=seed, warn_independent_sampling=False, n_startup_trials=6
+            seed=seed, n_startup_trials=6
         )
     if name == "gp":
         _require("gp", "torch", "scipy")
@@ -110,7 +110,7 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
     if name == "qmc":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
+            return optuna.samplers.QMCSampler(seed=seed)
     if name == "brute":
         return optuna.samplers.RandomSampler(seed=seed)  # unused: ValidSampler walks the set
     raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")

@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 WORKER_ATTR = "autotune_worker"  # "host:pid" of the process that asked for the trial
 # Another host treats a trial as dead (and frees its config) after GRACE_S without a heartbeat.
 HEARTBEAT_S = 30
+# Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
+TRACE_PROFILE_SPACE = 64
 GRACE_S = 120
 
 
@@ -133,9 +135,11 @@ def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
 
     for attempt in range(5):
         try:
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
-            )
+            with warnings.catch_warnings():  # heartbeat_interval is "experimental" since 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
+                )
         except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError,
                 sqlalchemy.exc.ProgrammingError):
             if attempt == 4:
@@ -461,14 +465,20 @@ def _trace_best(
     """In-kernel traces of the ``trace_top_k`` best configs not traced yet (GPU only)."""
     if spec.trace_top_k <= 0 or not device.is_gpu:
         return
-    for row in store.best(problem, device_name=device.name, device_kind=device.kind, n=spec.trace_top_k):
+    # The profiler's buffer takes shared memory: trace the best configs that still fit with it.
+    traced_space = kernel.bind(problem, profile_space=TRACE_PROFILE_SPACE)
+    fits = [
+        row for row in store.best(problem, device_name=device.name, device_kind=device.kind, n=4 * spec.trace_top_k)
+        if traced_space.is_valid(row.config)
+    ][: spec.trace_top_k]
+    for row in fits:
         if getattr(row, "traced", False):
             continue
         config = Config(row.config)
         out_dir = Path(results_dir) / "traces" / problem.kernel / problem.digest() / config.digest()
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
-            regions = engine.trace(problem.kernel, problem, config, str(out_dir), 64)
+            regions = engine.trace(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)
         except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning
             logger.warning("tracing %s %s failed: %s", problem, config.to_json(), e)
             continue

@@ -1,6 +1,41 @@
 """Hopper attention: JAX's FlashAttention-3 style Pallas Mosaic GPU forward kernel.
 
-DRAFT
+``softmax(q k^T) v`` per head (no softmax scale, as upstream), q: ``(batch, seq_q, heads_q,
+head_dim)``, k and v: ``(batch, seq_kv, heads_kv, head_dim)`` with ``heads_q`` a multiple of
+``heads_kv`` (grouped-query attention), optionally causal (query i sees keys 0..i). Wraps
+``attention_mgpu._attention_forward``: each block runs two compute warpgroups on
+``block_q`` query rows each and one producer warpgroup streaming ``block_kv``-row K and V tiles
+through ``max_concurrent_steps`` shared-memory slots.
+
+Tunables are the forward fields of upstream's ``TuningConfig``, under the same names.
+
+Rule kinds (``RULE_KINDS``):
+  lowering     a config breaking it fails to lower (the kernel's own check or Mosaic GPU's).
+  policy       a config breaking it lowers, but compiles to the same kernel as a config the
+               space keeps (upstream clamps or ignores the value).
+  problem      the problem itself is unsupported (dtype, head_dim, heads); no config can help.
+  correctness  the problem lowers but the kernel would compute something else.
+
+Oracle sweep (``autotune.lowering.lower_for_cuda``, jax 0.10.2 on CPU), recorded to justify
+the rules:
+  1,160 configs over 18 problems (batch 1..4, seq 64..8192, heads_q 4..16 with heads_kv 4..16,
+  head_dim 32..512, causal or not; block_q and block_kv 64..512, 2..8 stages, schedule barrier
+  on/off; float16, bfloat16, float32). 97 lowered, 1,063 failed:
+     561 "kv_seq_len=... must be a multiple of block_kv" (kernel)  -> kv_divisible
+     344 "exceeds available shared memory: smem_bytes=..."         -> smem_within_limit
+     140 "q_seq_len=... must be a multiple of block_q * 2" (kernel) -> q_divisible
+      12 "Mixed input dtypes ... lhs=bfloat16, rhs=float16"        -> float16_inputs
+       2 "N must be a multiple of 8 and <= 256" (block_kv 320, 384) -> qk_wgmma_n
+       2 "head_dim=... must be divisible by 64" (kernel)           -> head_dim_multiple_of_64
+       1 "num_q_heads=... must be divisible by num_kv_heads" (kernel) -> heads_grouped
+       1 "Only f16 and bf16 are supported" (float32)               -> float16_inputs
+  Every failed config breaks a rule; all 89 configs the rules accept lowered; the 850 rejected
+  only by lowering/problem rules all failed. Rejected but lowering: the 7 with
+  use_schedule_barrier=False (policy: the same kernel as True, as are clamped stage counts;
+  the tests compare the lowered modules), and causal with seq_q > seq_kv (correctness). block_q up to 512 lowers (kept). ``smem_bytes`` equals Mosaic
+  GPU's count on all 441 configs measured, e.g. 64/128, 2 stages, head_dim 128 = 165,976 B;
+  64/256, 3 stages, head_dim 128 = 428,152 B (too much: PLATFORM.md's 3-stage winner had
+  head_dim 64).
 """
 
 from __future__ import annotations
@@ -12,26 +47,249 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem
-from autotune.space import Aligned, Bool, Constraint, Env, Space, threads
+from autotune.problem import Config, Problem, dtype_bits
+from autotune.space import (
+    Aligned,
+    Bool,
+    Constraint,
+    Env,
+    Space,
+    is_aligned_transfer,
+    threads,
+)
 
-__all__ = ["KERNEL", "SPACE", "smem_bytes"]
+__all__ = [
+    "KERNEL",
+    "SPACE",
+    "RULE_KINDS",
+    "KNOWN_GOOD",
+    "BLOCK_THREADS",
+    "default_config",
+    "smem_bytes",
+]
 
+# Two compute warpgroups and one producer warpgroup.
 BLOCK_THREADS = threads(warpgroups=3)
+COMPUTE_WGS = 2
+SMEM_ALIGNMENT = 1024
+MBARRIER_BYTES = 8
+# Pallas reserves this much shared memory for the softmax's cross-warp reductions
+# (``CompilerParams.reduction_scratch_bytes``' default).
+REDUCTION_SCRATCH_BYTES = 128 * 4 * 4
+# The kernel stages Q, K, V and O in float16 shared memory whatever the input dtype.
+SMEM_ITEMSIZE = 2
+# WGMMA's largest N (q @ k^T has N = block_kv).
+WGMMA_MAX_N = 256
+# Upstream's TuningConfig refuses fewer stages.
+MIN_STEPS = 2
 
 
-def smem_bytes(c: Mapping[str, Any], head_dim: int) -> int:
-    return 0
+def _align(n: int, to: int = SMEM_ALIGNMENT) -> int:
+    return -(-n // to) * to
 
 
-# -- building -------------------------------------------------------------------------------
+def smem_bytes(c: Mapping[str, Any], head_dim: int, *, seq_kv: int | None = None) -> int:
+    """Shared memory one block allocates, as Pallas Mosaic GPU counts it.
+
+    Q/O scratch ``2 x block_q x head_dim``, K and V ring buffers ``steps x block_kv x head_dim``
+    each (float16, each rounded up to 1024 bytes), the reductions' scratch, and the mbarriers:
+    K and V loaded and consumed per slot, one per compute warpgroup for Q, one schedule
+    barrier. Matches the ``smem_bytes=`` of Mosaic GPU's errors on every config of the sweep.
+    Given ``seq_kv``, upstream's clamp of the slots to ``seq_kv // block_kv`` is applied.
+    """
+    steps = c["max_concurrent_steps"]
+    if seq_kv is not None:
+        steps = min(steps, seq_kv // c["block_kv"])
+    qo = _align(COMPUTE_WGS * c["block_q"] * head_dim * SMEM_ITEMSIZE)
+    kv = 2 * _align(steps * c["block_kv"] * head_dim * SMEM_ITEMSIZE)
+    barriers = (4 * steps + COMPUTE_WGS + 1) * MBARRIER_BYTES
+    return qo + kv + REDUCTION_SCRATCH_BYTES + barriers
+
+
+# ---------------------------------------------------------------------------------------------
+# The space.
+
+PARAMS = (
+    Aligned("block_q", unit=64, low=64, high=512),
+    Aligned("block_kv", unit=64, low=64, high=512),
+    Aligned("max_concurrent_steps", unit=1, low=MIN_STEPS, high=8),
+    Bool("use_schedule_barrier"),
+)
+
+
+class _Values(dict):  # type: ignore[type-arg]
+    """Format values; one a partial config cannot give shows as ``?`` instead of raising."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
+    """The config, the problem, and the sizes the rules speak of (those computable from ``c``)."""
+    values: dict[str, Any] = dict(env.problem.dims)
+    values.update(c, dtype=env.dtype)
+    values["budget"] = env.smem_budget(block_threads=BLOCK_THREADS)
+    if "block_kv" in c:
+        values["kv_steps"] = env["seq_kv"] // c["block_kv"]
+    if "block_q" in c:
+        values["q_rows"] = COMPUTE_WGS * c["block_q"]
+    if all(k in c for k in ("block_q", "block_kv", "max_concurrent_steps")):
+        values["smem"] = smem_bytes(c, env["head_dim"], seq_kv=env["seq_kv"])
+    return values
+
+
+class _Reason(str):
+    """A rule's reason: a template ``autotune spaces`` shows as is, and that a violation's
+    message fills in with the config's values and the sizes derived from them."""
+
+    def __call__(self, c: Mapping[str, Any], env: Env) -> str:
+        return self.format_map(_Values(_derived(c, env)))
+
+
+def _says(text: str) -> _Reason:
+    return _Reason(text)
+
+
+CONSTRAINTS = (
+    Constraint(
+        "float16_inputs",
+        (),
+        lambda c, env: env.dtype == "float16",
+        _says(
+            "attention_mgpu's forward kernel stages Q, K, V and O in float16 shared memory "
+            "whatever the input dtype, so {dtype} inputs fail to lower ('Mixed input dtypes', "
+            "JAX 0.10.2 and 0.11.2); pass float16 (cast bfloat16 inputs)"
+        ),
+    ),
+    Constraint(
+        "head_dim_multiple_of_64",
+        (),
+        lambda c, env: env["head_dim"] % 64 == 0,
+        _says("head_dim={head_dim} must be a multiple of 64; the kernel checks it"),
+    ),
+    Constraint(
+        "heads_grouped",
+        (),
+        lambda c, env: env["heads_q"] % env["heads_kv"] == 0,
+        _says(
+            "heads_q={heads_q} must be a multiple of heads_kv={heads_kv} (grouped-query "
+            "attention); the kernel checks it"
+        ),
+    ),
+    Constraint(
+        "causal_seq_q_within_seq_kv",
+        (),
+        lambda c, env: not env.get("causal", False) or env["seq_q"] <= env["seq_kv"],
+        _says(
+            "causal attention needs seq_q={seq_q} <= seq_kv={seq_kv}: the kernel aligns query i "
+            "with key i, so later query blocks would read K/V past seq_kv"
+        ),
+    ),
+    Constraint(
+        "q_divisible",
+        ("block_q",),
+        lambda c, env: env["seq_q"] % (COMPUTE_WGS * c["block_q"]) == 0,
+        _says(
+            "seq_q={seq_q} must be divisible by 2 x block_q={q_rows} (two compute warpgroups "
+            "of block_q={block_q} rows per block); the kernel checks it"
+        ),
+    ),
+    Constraint(
+        "kv_divisible",
+        ("block_kv",),
+        lambda c, env: env["seq_kv"] % c["block_kv"] == 0,
+        _says("seq_kv={seq_kv} must be divisible by block_kv={block_kv}; the kernel checks it"),
+    ),
+    Constraint(
+        "qk_wgmma_n",
+        ("block_kv",),
+        lambda c, env: c["block_kv"] <= WGMMA_MAX_N,
+        _says(
+            "block_kv={block_kv} must be at most 256: it is the N dimension of the q @ k^T "
+            "WGMMA ('N must be a multiple of 8 and <= 256')"
+        ),
+    ),
+    Constraint(
+        "q_transfer_128b",
+        ("block_q",),
+        lambda c, env: is_aligned_transfer((c["block_q"], env["head_dim"]), "float16"),
+        _says(
+            "the Q and O copies (block_q={block_q} x head_dim={head_dim} x 2 B) must move a "
+            "multiple of 128 bytes (transfers split over a 128-thread warpgroup)"
+        ),
+    ),
+    Constraint(
+        "kv_transfer_128b",
+        ("block_kv",),
+        lambda c, env: is_aligned_transfer((c["block_kv"], env["head_dim"]), "float16"),
+        _says(
+            "the K and V copies (block_kv={block_kv} x head_dim={head_dim} x 2 B) must move a "
+            "multiple of 128 bytes (transfers split over a 128-thread warpgroup)"
+        ),
+    ),
+    Constraint(
+        "no_clamped_steps",
+        ("block_kv", "max_concurrent_steps"),
+        lambda c, env: c["max_concurrent_steps"] <= max(MIN_STEPS, env["seq_kv"] // c["block_kv"]),
+        _says(
+            "max_concurrent_steps={max_concurrent_steps} must not exceed the KV steps "
+            "seq_kv/block_kv={kv_steps} (or be 2, the least upstream accepts): upstream silently "
+            "clamps it to the KV steps, so the config would compile to the same kernel as a "
+            "smaller one"
+        ),
+    ),
+    Constraint(
+        "smem_within_limit",
+        ("block_q", "block_kv", "max_concurrent_steps"),
+        lambda c, env: (
+            smem_bytes(c, env["head_dim"], seq_kv=env["seq_kv"])
+            <= env.smem_budget(block_threads=BLOCK_THREADS)
+        ),
+        _says(
+            "shared memory {smem} B (2 x block_q x head_dim + 2 x steps x block_kv x head_dim "
+            "float16, plus reduction scratch and barriers) must fit the {budget} B a block may "
+            "use (after the profiler's share when tracing)"
+        ),
+    ),
+    Constraint(
+        "schedule_barrier_always_on",
+        ("use_schedule_barrier",),
+        lambda c, env: bool(c["use_schedule_barrier"]),
+        _says(
+            "use_schedule_barrier=False compiles to the same kernel as True: "
+            "_attention_forward always runs its schedule barrier (only the pipeline-emitter "
+            "variant reads the flag)"
+        ),
+    ),
+)
+
+RULE_KINDS: dict[str, str] = {
+    "float16_inputs": "problem",
+    "head_dim_multiple_of_64": "problem",
+    "heads_grouped": "problem",
+    "causal_seq_q_within_seq_kv": "correctness",
+    "q_divisible": "lowering",
+    "qk_wgmma_n": "lowering",
+    "kv_divisible": "lowering",
+    "q_transfer_128b": "lowering",
+    "kv_transfer_128b": "lowering",
+    "no_clamped_steps": "policy",
+    "smem_within_limit": "lowering",
+    "schedule_barrier_always_on": "policy",
+}
+
+SPACE = Space(PARAMS, CONSTRAINTS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building.
 
 
 class _CudaRuntimeStandIn:
-    """What ``attention_mgpu`` asks of ``jax._src.lib.cuda_versions`` when there is no CUDA.
+    """What ``attention_mgpu`` asks of ``jax._src.lib.cuda_versions``, on a machine without CUDA.
 
-    Only used to cross-lower on a machine without a GPU: the kernel reads the CUDA runtime
-    version to refuse causal masking on 12.8.0-12.9.0 (a ptxas bug); the H200 runs CUDA 13.
+    The kernel reads the CUDA runtime version only to refuse causal masking on 12.8.0-12.9.0
+    (a ptxas bug); cross-lowering targets the H200's CUDA 13.
     """
 
     @staticmethod
@@ -39,17 +297,17 @@ class _CudaRuntimeStandIn:
         return 13000
 
 
-# Extra CompilerParams fields (profiling) for the kernel traced in this context.
+# CompilerParams fields (profiling) to add to the kernels traced in this context.
 _EXTRA_PARAMS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "hopper_attention_extra_params", default=None
 )
 
 
 class _PlgpuWithExtraParams:
-    """``plgpu`` as ``attention_mgpu`` sees it: ``kernel`` adds this context's extra params.
+    """``plgpu`` as ``attention_mgpu`` sees it: ``kernel`` merges this context's extra params.
 
-    ``_attention_forward`` builds its own ``CompilerParams(approx_math=True)``; tracing needs
-    ``profile_space``/``profile_dir`` added, and nothing else changes.
+    ``_attention_forward`` builds its own ``CompilerParams(approx_math=True)``; the tracing pass
+    needs ``profile_space``/``profile_dir`` added to it. Outside such a context nothing changes.
     """
 
     def __init__(self, plgpu: Any) -> None:
@@ -67,13 +325,18 @@ class _PlgpuWithExtraParams:
 
 
 def _attention_module() -> Any:
-    """``attention_mgpu``, made ready to cross-lower (idempotent, thread-safe)."""
+    """``attention_mgpu``, made ready to cross-lower and trace (idempotent).
+
+    Both patches are installed once and never removed, so concurrent builds never see them
+    half-applied: the CUDA stand-in only where the module found no CUDA at all, and the
+    ``plgpu`` proxy, which changes nothing unless a build asked for profiling.
+    """
     from jax.experimental.pallas.ops.gpu import attention_mgpu as am
 
     if am.cuda_versions is None:
-        am.cuda_versions = _CudaRuntimeStandIn()
+        am.cuda_versions = _CudaRuntimeStandIn()  # type: ignore[assignment]
     if not isinstance(am.plgpu, _PlgpuWithExtraParams):
-        am.plgpu = _PlgpuWithExtraParams(am.plgpu)
+        am.plgpu = _PlgpuWithExtraParams(am.plgpu)  # type: ignore[assignment]
     return am
 
 
@@ -87,6 +350,11 @@ def _extra_params(extra: dict[str, Any] | None) -> Iterator[None]:
 
 
 def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
+    """``fn(q, k, v) -> out`` running ``_attention_forward`` with ``config``.
+
+    Calls the unjitted ``_attention_forward`` (not the jitted ``attention``), so that a
+    profiled and an unprofiled build of one config never share a trace cache entry.
+    """
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     from autotune import _jax_compat
@@ -105,46 +373,59 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
             "profile_space": options.profile_space,
             "profile_dir": options.profile_dir or "",
             "profile_trace_scope": (
-                plgpu.TraceScope.WARP if options.trace_scope == "warp" else plgpu.TraceScope.WARPGROUP
+                plgpu.TraceScope.WARP
+                if options.trace_scope == "warp"
+                else plgpu.TraceScope.WARPGROUP
             ),
         }
 
-    def attention(q: Any, k: Any, v: Any) -> Any:
+    def hopper_attention(q: Any, k: Any, v: Any) -> Any:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_extra_params(extra))
             if options.interpret:
+                # Fails on JAX 0.10.2 ("Higher-order primitive run_state"): see interpret_note.
                 stack.enter_context(_jax_compat.force_interpret())
             return am._attention_forward(q, k, v, tuning)
 
-    return attention
+    return hopper_attention
+
+
+SHAPE_KEYS = ("batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim")
+
+
+def _sizes(problem: Problem) -> tuple[int, ...]:
+    """``batch, seq_q, seq_kv, heads_q, heads_kv, head_dim``."""
+    return tuple(int(problem[key]) for key in SHAPE_KEYS)
 
 
 def make_inputs(problem: Problem, key: Any) -> tuple[Any, Any, Any]:
+    """q, k, v ~ N(0, 1) (upstream's benchmark inputs): outputs are O(1) averages of v rows."""
     import jax
     import jax.numpy as jnp
 
-    b, sq, skv = problem["batch"], problem["seq_q"], problem["seq_kv"]
-    hq, hkv, d = problem["heads_q"], problem["heads_kv"], problem["head_dim"]
+    b, sq, skv, hq, hkv, d = _sizes(problem)
     dtype = jnp.dtype(problem.dtype)
-    kq, kk, kv = jax.random.split(key, 3)
-    q = jax.random.normal(kq, (b, sq, hq, d), jnp.float32).astype(dtype)
-    k = jax.random.normal(kk, (b, skv, hkv, d), jnp.float32).astype(dtype)
-    v = jax.random.normal(kv, (b, skv, hkv, d), jnp.float32).astype(dtype)
+    key_q, key_k, key_v = jax.random.split(key, 3)
+    q = jax.random.normal(key_q, (b, sq, hq, d), jnp.float32).astype(dtype)
+    k = jax.random.normal(key_k, (b, skv, hkv, d), jnp.float32).astype(dtype)
+    v = jax.random.normal(key_v, (b, skv, hkv, d), jnp.float32).astype(dtype)
     return q, k, v
 
 
 def reference(problem: Problem) -> Callable[..., Any]:
-    from jax.experimental.pallas.ops.gpu import attention_mgpu as am
-
+    """Upstream's ``attention_reference``: the same attention in float32."""
     causal = bool(problem["causal"])
 
-    def ref(q: Any, k: Any, v: Any) -> Any:
+    def attention_f32(q: Any, k: Any, v: Any) -> Any:
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+
         return am.attention_reference(q, k, v, causal=causal)
 
-    return ref
+    return attention_f32
 
 
 def baseline(problem: Problem) -> Callable[..., Any]:
+    """cuDNN's fused attention through ``jax.nn.dot_product_attention`` (scale 1, as the kernel)."""
     causal = bool(problem["causal"])
 
     def cudnn_attention(q: Any, k: Any, v: Any) -> Any:
@@ -157,25 +438,55 @@ def baseline(problem: Problem) -> Callable[..., Any]:
     return cudnn_attention
 
 
-PARAMS = (
-    Aligned("block_q", unit=64, low=64, high=512),
-    Aligned("block_kv", unit=64, low=64, high=512),
-    Aligned("max_concurrent_steps", unit=1, low=2, high=8),
-    Bool("use_schedule_barrier"),
-)
+def flops(problem: Problem) -> int:
+    """Two matmuls of ``seq_q x seq_kv x head_dim`` per head; causal does about half."""
+    b, sq, skv, hq, _, d = _sizes(problem)
+    total = 4 * b * hq * sq * skv * d
+    return total // 2 if problem["causal"] else total
 
-SPACE = Space(PARAMS, ())
+
+def bytes_moved(problem: Problem) -> int:
+    """q, k, v read once, out written once."""
+    itemsize = dtype_bits(problem.dtype) // 8
+    b, sq, skv, hq, hkv, d = _sizes(problem)
+    q, kv = b * sq * hq * d, b * skv * hkv * d
+    return (2 * q + 2 * kv) * itemsize
+
+
+# Upstream's benchmark default, and fast on the H200 (PLATFORM.md: 64/128, 2 steps).
+KNOWN_GOOD = Config(block_q=64, block_kv=128, max_concurrent_steps=2, use_schedule_barrier=True)
+
+
+def default_config(problem: Problem) -> Config:
+    """``KNOWN_GOOD`` where it is valid, else the valid config nearest to it."""
+    bound = SPACE.bind(problem)
+    if bound.is_valid(KNOWN_GOOD):
+        return KNOWN_GOOD
+    nearest = bound.nearest(KNOWN_GOOD)
+    return nearest if nearest is not None else KNOWN_GOOD
+
 
 KERNEL = Kernel(
     name="hopper_attention",
     space=SPACE,
-    shape_keys=("batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim"),
+    shape_keys=SHAPE_KEYS,
     dtypes=("float16",),
     build=build,
     make_inputs=make_inputs,
     reference=reference,
+    flops=flops,
+    bytes_moved=bytes_moved,
     baseline=baseline,
     baseline_name="cudnn",
+    default_config=default_config,
     shape_defaults={"causal": False},
     interpret_ok=False,
+    interpret_note=(
+        "attention_mgpu does not run in GPU interpret mode on JAX 0.10.2: the interpreter lacks "
+        "the higher-order primitive run_state its PV matmul uses; tune it on the GPU"
+    ),
+    description=(
+        "JAX's FlashAttention-3 style Hopper forward attention (attention_mgpu), float16, "
+        "optional causal masking and grouped-query heads"
+    ),
 )

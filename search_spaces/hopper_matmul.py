@@ -21,7 +21,31 @@ Rule kinds (``RULE_KINDS``):
 
 Oracle sweep (``autotune.lowering.lower_for_cuda``, jax 0.10.2 on CPU, num_sms=132), recorded
 to justify the rules:
-SWEEP_RECORD
+  5,308 configs over 12 problems (m, n, k in 128..12288, bf16 and f16): a structured grid
+  (tile shapes x wg x cluster x tile_k; epilogue tiles 8..128 incl. None; stages 1..8), random
+  raw configs, random valid ones, and probes past the domains. 2,270 lowered, 3,038 failed:
+     851 "exceeds available shared memory: smem_bytes=..."         -> smem_within_limit
+     542 / 500 / 2 "n= / m= / k= must be divisible by ..." (kernel) -> n_/m_/k_divisible
+     524 AssertionError, 211 "slice ... divisible by the tile size" -> b_tile_swizzle
+                                        (tile_n not a multiple of B's swizzle width)
+     261 "Failed to infer a possible set of layouts"              -> epi_tile_m_rows (8/16/32-row
+                                        pieces; out of the epi_tile_m domain), epi_tile_n_divides
+     145 "Swizzle 16 is not supported" (16-byte rows)              -> operand_swizzle, epi_swizzle
+       2 "N must be a multiple of 8 and <= 256" (tile_n > 256)     -> the tile_n domain
+  Every failed config breaks a rule; all 1,612 configs the rules accept lowered; the 1,255
+  rejected only by lowering rules all failed (each lowering rule alone: m_divisible 65/65,
+  n_divisible 87/87, b_tile_swizzle 157/157, smem_within_limit 433/433 failed). The 402
+  rejected only by policy rules all lowered. ``smem_bytes`` equals Mosaic GPU's count on all
+  3,121 configs measured (``artificial_shared_memory_limit(0)``), incl. 128x256x64 wg N
+  4 stages = 360,512 B. Lowering but excluded: an epilogue piece larger than the tile (the
+  epilogue loop runs zero times: correctness rules). Lowering but outside the domains (policy
+  caps): tile_m up to 512 is in; stages 9..16, grid_tile_width > 16, non-power-of-two tile_k
+  (48, 96, 192) and epilogue pieces of 96 or 192 lower too. float32, float8_e4m3fn,
+  float8_e5m2 and int8 inputs fail for every config tried (24): "Only f16 WGMMA supports
+  transposes" / an integer-signedness TypeError on the float32 accumulator.
+  PLATFORM.md's tune-jax grid (648 configs at 4096^3 bf16): these rules reject exactly the 312
+  that failed on the H200, all by smem_within_limit; register-hungry tiles (128x256 per
+  warpgroup) lower and compiled there, so no register rule is imposed.
 """
 
 from __future__ import annotations
@@ -31,6 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.kernel import BuildOptions, Kernel
+from autotune.lowering import H200_NUM_SMS
 from autotune.problem import Config, Problem, dtype_bits
 from autotune.space import (
     Aligned,
@@ -43,7 +68,18 @@ from autotune.space import (
     threads,
 )
 
-__all__ = ["KERNEL", "SPACE", "RULE_KINDS", "smem_bytes", "SUPPORTED_DTYPES"]
+__all__ = [
+    "KERNEL",
+    "SPACE",
+    "RULE_KINDS",
+    "KNOWN_GOOD",
+    "BLOCK_THREADS",
+    "SUPPORTED_DTYPES",
+    "default_config",
+    "smem_bytes",
+    "cta_tile",
+    "cluster_tile",
+]
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
 BLOCK_THREADS = threads(warpgroups=3)
@@ -108,18 +144,21 @@ def operand_swizzle_elems(tile_k: int, dtype: str) -> int:
     return swizzle_bytes(tile_k * _itemsize(dtype)) // _itemsize(dtype)
 
 
-def smem_bytes(c: Mapping[str, Any], dtype: str) -> int:
+def smem_bytes(c: Mapping[str, Any], dtype: str, *, k: int | None = None) -> int:
     """Shared memory one block allocates, as Pallas Mosaic GPU counts it.
 
     Pipeline buffers ``steps x (cta_tile_m x tile_k + tile_k x cta_tile_n)``, the output staging
     buffer ``2 warpgroups x slots x epi_tile_m x epi_tile_n`` (two slots unless one epilogue
     piece covers the tile), each rounded up to 1024 bytes, and two mbarriers per stage (loaded,
     consumed). Matches the ``smem_bytes=`` of Mosaic GPU's errors exactly on every config of the
-    sweep (module docstring). The profiler's share is added by ``Env.smem_budget``.
+    sweep (module docstring). The profiler's share is added by ``Env.smem_budget``. Given
+    ``k``, the pipeline's own clamp of the stages to ``k // tile_k`` is applied.
     """
     itemsize = _itemsize(dtype)
     cta_m, cta_n = cta_tiles(c)
     steps, tile_k = c["max_concurrent_steps"], c["tile_k"]
+    if k is not None:
+        steps = min(steps, k // tile_k)
     a_bytes = steps * cta_m * tile_k * itemsize
     b_bytes = steps * tile_k * cta_n * itemsize
     epi_m, epi_n = epilogue_tiles(c)
@@ -145,18 +184,36 @@ def _min_swizzle_elems(env: Env) -> int:
 
 
 PARAMS = (
-    Aligned("tile_m", unit=WGMMA_ROWS, low=WGMMA_ROWS, high=256),
+    Aligned("tile_m", unit=WGMMA_ROWS, low=WGMMA_ROWS, high=512),
     Aligned("tile_n", unit=_min_swizzle_elems, low=_min_swizzle_elems, high=256),
     Choice("wg_dimension", ("M", "N")),
     Choice("cluster_dimension", (None, "M", "N")),
+    Choice("grid_minor_dim", ("M", "N")),
+    Aligned("grid_tile_width", unit=1, low=1, high=16),
     PowerOfTwo("tile_k", low=_min_swizzle_elems, high=512),
     Aligned("max_concurrent_steps", unit=1, low=1, high=8),
     Choice("epi_tile_m", (None, 64, 128)),
     Choice("epi_tile_n", (None, 16, 32, 64, 128)),
-    Choice("grid_minor_dim", ("M", "N")),
-    Aligned("grid_tile_width", unit=1, low=1, high=16),
 )
 PARAM_NAMES = tuple(p.name for p in PARAMS)
+# What the shared-memory and the grid-order rules read (narrow reads keep counting fast).
+SMEM_READS = (
+    "tile_m",
+    "tile_n",
+    "wg_dimension",
+    "tile_k",
+    "max_concurrent_steps",
+    "epi_tile_m",
+    "epi_tile_n",
+)
+GRID_READS = (
+    "tile_m",
+    "tile_n",
+    "wg_dimension",
+    "cluster_dimension",
+    "grid_minor_dim",
+    "grid_tile_width",
+)
 
 
 def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
@@ -186,9 +243,9 @@ def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
         ),
         (("tile_m", "epi_tile_m"), lambda: {"epi_m": c["epi_tile_m"] or c["tile_m"]}),
         (("tile_n", "epi_tile_n"), lambda: {"epi_n": c["epi_tile_n"] or c["tile_n"]}),
-        (PARAM_NAMES[:8], lambda: {"smem": smem_bytes(c, env.dtype)}),
+        (SMEM_READS, lambda: {"smem": smem_bytes(c, env.dtype, k=env["k"])}),
         (
-            PARAM_NAMES,
+            GRID_READS,
             lambda: dict(zip(("m_iters", "n_iters"), _grid_iters(c, env), strict=True)),
         ),
     )
@@ -198,13 +255,23 @@ def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
     return values
 
 
-def _says(text: str) -> Callable[[Mapping[str, Any], Env], str]:
-    """A reason: ``text`` formatted with the config, the problem and the derived sizes."""
+class _Values(dict):  # type: ignore[type-arg]
+    """Format values; one a partial config cannot give shows as ``?`` instead of raising."""
 
-    def explain(c: Mapping[str, Any], env: Env) -> str:
-        return text.format(**_derived(c, env))
+    def __missing__(self, key: str) -> str:
+        return "?"
 
-    return explain
+
+class _Reason(str):
+    """A rule's reason: a template ``autotune spaces`` shows as is, and that a violation's
+    message fills in with the config's values and the sizes derived from them."""
+
+    def __call__(self, c: Mapping[str, Any], env: Env) -> str:
+        return self.format_map(_Values(_derived(c, env)))
+
+
+def _says(text: str) -> _Reason:
+    return _Reason(text)
 
 
 def _epi_n(c: Mapping[str, Any]) -> int:
@@ -310,11 +377,20 @@ CONSTRAINTS = (
     Constraint(
         "epi_tile_m_rows",
         ("tile_m", "epi_tile_m"),
-        lambda c, env: _epi_m(c) % WGMMA_ROWS == 0 and c["tile_m"] % _epi_m(c) == 0,
+        lambda c, env: _epi_m(c) % WGMMA_ROWS == 0,
         _says(
-            "epi_tile_m={epi_tile_m} must be a multiple of 64 (the accumulator's WGMMA row "
-            "slab; smaller pieces fail layout inference) that divides tile_m={tile_m} (the "
-            "epilogue loop covers tile_m // epi_tile_m pieces)"
+            "epi_tile_m={epi_tile_m} must be a multiple of 64, the accumulator's WGMMA row "
+            "slab (epilogue pieces of 8, 16 or 32 rows fail layout inference)"
+        ),
+    ),
+    Constraint(
+        "epi_tile_m_divides",
+        ("tile_m", "epi_tile_m"),
+        lambda c, env: c["tile_m"] % _epi_m(c) == 0,
+        _says(
+            "epi_tile_m={epi_tile_m} must divide tile_m={tile_m}: the epilogue stores "
+            "tile_m // epi_tile_m row pieces, so a larger piece lowers but never writes the "
+            "output, and a non-dividing one leaves rows unwritten"
         ),
     ),
     Constraint(
@@ -323,7 +399,8 @@ CONSTRAINTS = (
         lambda c, env: c["tile_n"] % _epi_n(c) == 0,
         _says(
             "epi_tile_n={epi_tile_n} must divide tile_n={tile_n}: the epilogue stores "
-            "tile_n // epi_tile_n pieces, so a larger piece lowers but never writes the output"
+            "tile_n // epi_tile_n column pieces, so a larger piece lowers but never writes the "
+            "output (a smaller non-dividing one fails layout inference)"
         ),
     ),
     Constraint(
@@ -357,8 +434,10 @@ CONSTRAINTS = (
     ),
     Constraint(
         "smem_within_limit",
-        PARAM_NAMES[:8],
-        lambda c, env: smem_bytes(c, env.dtype) <= env.smem_budget(block_threads=BLOCK_THREADS),
+        SMEM_READS,
+        lambda c, env: (
+            smem_bytes(c, env.dtype, k=env["k"]) <= env.smem_budget(block_threads=BLOCK_THREADS)
+        ),
         _says(
             "shared memory {smem} B (steps x (cta_tile_m x tile_k + tile_k x cta_tile_n) x "
             "{itemsize} B, plus the output staging buffer and barriers) must fit the "
@@ -367,7 +446,7 @@ CONSTRAINTS = (
     ),
     Constraint(
         "grid_tile_width_in_range",
-        PARAM_NAMES,
+        GRID_READS,
         lambda c, env: c["grid_tile_width"] <= _minor_iters(c, env),
         _says(
             "grid_tile_width={grid_tile_width} must not exceed the output tiles along "
@@ -388,6 +467,7 @@ RULE_KINDS: dict[str, str] = {
     "b_transfer_128b": "lowering",
     "no_clamped_steps": "policy",
     "epi_tile_m_rows": "lowering",
+    "epi_tile_m_divides": "correctness",
     "epi_tile_n_divides": "correctness",
     "epi_swizzle": "lowering",
     "out_transfer_128b": "lowering",
@@ -401,6 +481,7 @@ SPACE = Space(PARAMS, CONSTRAINTS)
 
 # ---------------------------------------------------------------------------------------------
 # Building and running.
+
 
 def _tuning_config(config: Mapping[str, Any]) -> Any:
     """Upstream's ``TuningConfig`` for a config (enums from their names)."""
@@ -424,12 +505,28 @@ def _tuning_config(config: Mapping[str, Any]) -> Any:
     )
 
 
+def _size(problem: Problem, key: str) -> int:
+    return int(problem[key])
+
+
+def _device_num_sms() -> int:
+    """SMs of the default device; the H200's 132 where there is no GPU to ask (interpret mode
+    and cross-lowering emulate the H200)."""
+    import jax
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
+
+    if jax.default_backend() == "gpu":
+        return int(hm.get_num_sms())
+    return H200_NUM_SMS
+
+
 def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
     """``fn(a, b) -> a @ b`` running the kernel with ``config``.
 
     Upstream's ``matmul()`` asks the default device for its SM count, which a machine without
-    a GPU cannot answer; this is the same launch with the count taken from ``options.num_sms``
-    when given (the lowering oracle passes 132, the H200's).
+    a GPU cannot answer; this is the same launch (one persistent block, or 2-block cluster, per
+    SM) with the count taken from ``options.num_sms`` when given (the lowering oracle passes
+    132), else from the GPU, else the H200's 132.
     """
     import jax
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -439,15 +536,26 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     from autotune import _jax_compat
 
     tuning = _tuning_config(config)
-    num_sms = options.num_sms if options.num_sms is not None else hm.get_num_sms()
     cluster_size = 1 + (tuning.cluster_dimension is not None)
+    num_sms = options.num_sms if options.num_sms is not None else _device_num_sms()
+    clusters = num_sms // cluster_size
+    if options.interpret:
+        # Each interpreted block costs seconds even when idle; blocks past the number of
+        # output tiles would idle, and fewer blocks compute the same result.
+        m_iters, n_iters = (
+            _size(problem, "m") // cluster_tile(config, "m"),
+            _size(problem, "n") // cluster_tile(config, "n"),
+        )
+        clusters = max(1, min(clusters, m_iters * n_iters))
     params: dict[str, Any] = {"lowering_semantics": plgpu.LoweringSemantics.Warpgroup}
     if options.profile_space:
         params.update(
             profile_space=options.profile_space,
             profile_dir=options.profile_dir or "",
             profile_trace_scope=(
-                plgpu.TraceScope.WARP if options.trace_scope == "warp" else plgpu.TraceScope.WARPGROUP
+                plgpu.TraceScope.WARP
+                if options.trace_scope == "warp"
+                else plgpu.TraceScope.WARPGROUP
             ),
         )
     launch: dict[str, Any] = {}
@@ -455,8 +563,10 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
         launch["interpret"] = _jax_compat.interpret_params()
     call = plgpu.kernel(
         functools.partial(hm.kernel, config=tuning),
-        out_type=jax.ShapeDtypeStruct((problem["m"], problem["n"]), jnp.dtype(problem.dtype)),
-        grid=(num_sms // cluster_size,),
+        out_type=jax.ShapeDtypeStruct(
+            (_size(problem, "m"), _size(problem, "n")), jnp.dtype(problem.dtype)
+        ),
+        grid=(clusters,),
         grid_names=("cluster_grid",),
         cluster=(cluster_size,),
         cluster_names=("cluster",),
@@ -477,7 +587,7 @@ def make_inputs(problem: Problem, key: Any) -> tuple[Any, Any]:
     import jax
     import jax.numpy as jnp
 
-    m, n, k = problem["m"], problem["n"], problem["k"]
+    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
     key_a, key_b = jax.random.split(key)
     dtype = jnp.dtype(problem.dtype)
     a = jax.random.normal(key_a, (m, k), jnp.float32).astype(dtype)
@@ -497,6 +607,17 @@ def reference(problem: Problem) -> Callable[..., Any]:
         )
 
     return matmul_f32
+
+
+def flops(problem: Problem) -> int:
+    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
+    return 2 * m * n * k
+
+
+def bytes_moved(problem: Problem) -> int:
+    """A and B read once, C written once."""
+    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
+    return (m * k + k * n + m * n) * problem.dtype_bytes
 
 
 def baseline(problem: Problem) -> Callable[..., Any]:
@@ -540,8 +661,8 @@ KERNEL = Kernel(
     build=build,
     make_inputs=make_inputs,
     reference=reference,
-    flops=lambda p: 2 * p["m"] * p["n"] * p["k"],
-    bytes_moved=lambda p: (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"]) * p.dtype_bytes,
+    flops=flops,
+    bytes_moved=bytes_moved,
     baseline=baseline,
     baseline_name="xla",
     default_config=default_config,

@@ -15,6 +15,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.kernel import bundled_kernels
+from autotune.problem import Config
 from autotune.storage import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,7 +112,7 @@ def test_interpret_job_end_to_end(tmp_path):
     best = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db, "--json")
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
-    assert payload["config"] in [r.config for r in rows]
+    assert payload["config"] in [dict(r.config) for r in rows]
     assert payload["device_kind"] == "interpret"
 
     listing = run_cli("results", "--db", db)
@@ -157,16 +158,14 @@ def test_sigkill_mid_job_then_rerun_loses_nothing(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     with Store(db) as store:
-        before = {r.config_digest if hasattr(r, "config_digest") else json.dumps(r.config, sort_keys=True): r.median_us
-                  for r in store.trials()}
+        before = {Config(r.config).digest(): r.median_us for r in store.trials()}
     assert len(before) >= 2
 
     rerun = run_cli("tune", str(job), "--db", db, "--device", "interpret")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     with Store(db) as store:
         rows = store.trials()
-    after = {r.config_digest if hasattr(r, "config_digest") else json.dumps(r.config, sort_keys=True): r.median_us
-             for r in rows}
+    after = {Config(r.config).digest(): r.median_us for r in rows}
     assert len(rows) == 6 == len(after), "a config was measured twice or a trial lost"
     assert all(after[k] == v for k, v in before.items()), "a finished trial was replaced"
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage=db)[0], storage=db)

@@ -1,0 +1,366 @@
+"""The bundled Hopper matmul: its space proposes only configs that lower, and no fewer.
+
+The oracle is ``lower_for_cuda`` (the whole Mosaic GPU lowering, on the CPU); numerics run in
+GPU interpret mode. The module docstring of ``search_spaces.hopper_matmul`` records the
+raw-grid sweep the rules come from.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autotune.errors import NoValidConfigError
+from autotune.kernel import BuildOptions
+from autotune.lowering import H200_NUM_SMS, input_specs, lower_for_cuda
+from autotune.problem import Config
+from autotune.space import profiler_smem_bytes
+from search_spaces.hopper_matmul import (
+    BLOCK_THREADS,
+    KERNEL,
+    KNOWN_GOOD,
+    RULE_KINDS,
+    SPACE,
+    default_config,
+    smem_bytes,
+)
+
+OPTIONS = BuildOptions(num_sms=H200_NUM_SMS)
+
+# (shape, dtype, configs to sample): square, rectangular, skinny, both dtypes; 100 in all,
+# lowered in chunks of CHUNK so that xdist spreads them evenly.
+ORACLE_PROBLEMS = [
+    ({"m": 4096, "n": 4096, "k": 4096}, "bfloat16", 30),
+    ({"m": 8192, "n": 3584, "k": 4096}, "bfloat16", 20),
+    ({"m": 128, "n": 8192, "k": 4096}, "bfloat16", 20),
+    ({"m": 4096, "n": 4096, "k": 4096}, "float16", 15),
+    ({"m": 3072, "n": 1536, "k": 768}, "float16", 15),
+]
+CHUNK = 5
+ORACLE_CASES = [
+    (shape, dtype, n, chunk, n // CHUNK)
+    for shape, dtype, n in ORACLE_PROBLEMS
+    for chunk in range(n // CHUNK)
+]
+
+BASE = {
+    "tile_m": 128,
+    "tile_n": 128,
+    "tile_k": 64,
+    "max_concurrent_steps": 2,
+    "epi_tile_m": 64,
+    "epi_tile_n": 64,
+    "grid_minor_dim": "N",
+    "grid_tile_width": 1,
+    "wg_dimension": "N",
+    "cluster_dimension": None,
+}
+
+
+def _problem(shape, dtype="bfloat16"):
+    return KERNEL.problem(shape, dtype)
+
+
+def _lower(problem, config, options=OPTIONS):
+    return lower_for_cuda(KERNEL, problem, Config(config), options)
+
+
+def _lowered_text(problem, config):
+    import jax
+
+    fn = KERNEL.build(problem, Config(config), OPTIONS)
+    specs = input_specs(KERNEL, problem)
+    return jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "n", "chunk", "chunks"), ORACLE_CASES, ids=lambda v: str(v)
+)
+def test_sampled_configs_lower(shape, dtype, n, chunk, chunks):
+    """A random sample of each problem's valid configs cross-lowers for CUDA."""
+    problem = _problem(shape, dtype)
+    configs = KERNEL.valid_space(problem).sample(n, seed=11)
+    assert len(configs) == n
+    mine = configs[chunk::chunks]
+    failures = [(dict(c), r.error[-300:]) for c in mine if not (r := _lower(problem, c)).ok]
+    assert not failures, failures
+
+
+def test_known_fast_configs_are_valid():
+    """The fastest configs seen on the H200 (PLATFORM.md) are in the 4096^3 bf16 space."""
+    bound = KERNEL.valid_space(_problem({"m": 4096, "n": 4096, "k": 4096}))
+    tune_jax_best = dict(
+        BASE,
+        tile_m=64,
+        tile_n=256,
+        tile_k=128,
+        max_concurrent_steps=2,
+        epi_tile_m=None,
+        grid_minor_dim="N",
+        grid_tile_width=4,
+        wg_dimension="M",
+    )
+    random_best = dict(
+        BASE,
+        tile_m=256,
+        tile_n=64,
+        tile_k=64,
+        max_concurrent_steps=3,
+        epi_tile_n=None,
+        grid_minor_dim="N",
+        grid_tile_width=8,
+        wg_dimension="N",
+    )
+    for config in (tune_jax_best, random_best, KNOWN_GOOD):
+        assert bound.validate(config) == [], config
+
+
+def test_space_spans_the_tune_jax_grid():
+    """Every value of tune-jax's 648-config grid is a value of this space's tunables."""
+    bound = SPACE.bind(_problem({"m": 4096, "n": 4096, "k": 4096}))
+    domains = dict(zip(bound.names, bound.domains, strict=True))
+    grid = {
+        "tile_m": (64, 128, 256),
+        "tile_n": (64, 128, 256),
+        "tile_k": (64, 128),
+        "max_concurrent_steps": (2, 3, 4),
+        "grid_minor_dim": ("M", "N"),
+        "grid_tile_width": (1, 4, 8),
+        "wg_dimension": ("M", "N"),
+    }
+    for name, values in grid.items():
+        assert set(values) <= set(domains[name]), name
+    assert set(domains["cluster_dimension"]) == {None, "M", "N"}
+    assert {32, 256} <= set(domains["tile_k"])
+    assert max(domains["max_concurrent_steps"]) > 4 and max(domains["grid_tile_width"]) == 16
+
+
+def test_tune_jax_grid_failures_are_exactly_its_smem_failures():
+    """The rules reject exactly the 312 of tune-jax's 648 configs that failed on the H200."""
+    bound = SPACE.bind(_problem({"m": 4096, "n": 4096, "k": 4096}))
+    rejected = 0
+    for tm in (64, 128, 256):
+        for tn in (64, 128, 256):
+            for tk in (64, 128):
+                for steps in (2, 3, 4):
+                    for minor in ("M", "N"):
+                        for width in (1, 4, 8):
+                            for wg in ("M", "N"):
+                                config = dict(
+                                    BASE,
+                                    tile_m=tm,
+                                    tile_n=tn,
+                                    tile_k=tk,
+                                    max_concurrent_steps=steps,
+                                    grid_minor_dim=minor,
+                                    grid_tile_width=width,
+                                    wg_dimension=wg,
+                                    epi_tile_m=None if tm == 64 else 64,
+                                    epi_tile_n=None if tn == 64 else 64,
+                                )
+                                rules = {v.rule for v in bound.validate(config, nearest=False)}
+                                assert rules <= {"smem_within_limit"}, (config, rules)
+                                rejected += bool(rules)
+    assert rejected == 312
+
+
+def _excluded_by_lowering_rules(bound, rng, count):
+    """Raw configs broken only by lowering rules (one mutation away from a valid config)."""
+    valid = bound.sample(60, seed=rng.randrange(1 << 30))
+    found: dict[str, list[dict]] = {}
+    for _ in range(4000):
+        config = dict(rng.choice(valid))
+        for _ in range(rng.choice((1, 1, 2))):
+            i = rng.randrange(len(bound.names))
+            config[bound.names[i]] = rng.choice(bound.domains[i])
+        rules = {v.rule for v in bound.validate(config, nearest=False)}
+        if rules and all(RULE_KINDS[r] == "lowering" for r in rules):
+            key = ",".join(sorted(rules))
+            if len(found.setdefault(key, [])) < count:
+                found[key].append(config)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [
+        ({"m": 4096, "n": 4096, "k": 4096}, "bfloat16"),
+        ({"m": 3072, "n": 1536, "k": 768}, "float16"),
+        ({"m": 128, "n": 8192, "k": 4096}, "bfloat16"),
+    ],
+    ids=str,
+)
+def test_lowering_rules_exclude_only_configs_that_fail(shape, dtype):
+    """Configs broken only by 'lowering' rules really fail to lower: no rule is too strict."""
+    problem = _problem(shape, dtype)
+    bound = SPACE.bind(problem)
+    found = _excluded_by_lowering_rules(bound, random.Random(5), count=2)
+    seen = {r for key in found for r in key.split(",")}
+    assert {"m_divisible", "smem_within_limit", "b_tile_swizzle"} <= seen, seen
+    lowered = [(key, c) for key, configs in found.items() for c in configs if _lower(problem, c).ok]
+    assert not lowered, lowered
+
+
+def test_epilogue_larger_than_tile_lowers_but_writes_nothing():
+    """'correctness' rules guard configs that lower: an epilogue piece wider than the tile."""
+    problem = _problem({"m": 4096, "n": 4096, "k": 4096})
+    config = dict(BASE, tile_n=64, epi_tile_n=128)
+    rules = {v.rule for v in SPACE.bind(problem).validate(config, nearest=False)}
+    assert rules == {"epi_tile_n_divides"} and RULE_KINDS["epi_tile_n_divides"] == "correctness"
+    assert _lower(problem, config).ok
+
+
+def test_policy_rules_exclude_duplicate_kernels():
+    """'policy' exclusions compile to the very kernel of the canonical config they alias."""
+    problem = _problem({"m": 4096, "n": 4096, "k": 256})
+    bound = SPACE.bind(problem)
+    canonical = dict(BASE, tile_m=64, epi_tile_m=None, max_concurrent_steps=4)
+    assert bound.validate(canonical) == []
+    spelled_out = dict(canonical, epi_tile_m=64)
+    clamped = dict(canonical, max_concurrent_steps=5)
+    assert [v.rule for v in bound.validate(spelled_out)] == ["epi_canonical"]
+    assert [v.rule for v in bound.validate(clamped)] == ["no_clamped_steps"]
+    text = _lowered_text(problem, canonical)
+    assert _lowered_text(problem, spelled_out) == text
+    assert _lowered_text(problem, clamped) == text
+    assert _lowered_text(problem, dict(canonical, max_concurrent_steps=3)) != text
+
+
+@pytest.mark.parametrize("minor", ["M", "N"])
+def test_grid_tile_width_past_the_grid_walks_the_same_order(minor):
+    """A snake strip wider than the grid visits tiles exactly as one as wide as the grid."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+    import jax.numpy as jnp
+    import numpy as np
+
+    shape = (6, 5)  # m_iters, n_iters
+    minor_dim = 0 if minor == "M" else 1
+    widest = shape[minor_dim]
+    lin = jnp.arange(shape[0] * shape[1], dtype=jnp.int32)
+
+    def order(width):
+        return np.stack([np.asarray(i) for i in plgpu.planar_snake(lin, shape, minor_dim, width)])
+
+    np.testing.assert_array_equal(order(widest + 3), order(widest))
+    assert not np.array_equal(order(widest - 1), order(widest))
+
+
+def test_smem_formula_matches_the_lowering():
+    """``smem_bytes`` equals Mosaic GPU's own count (seen by lowering with a zero limit)."""
+    import re
+
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    assert smem_bytes(dict(BASE, tile_n=256, max_concurrent_steps=4), "bfloat16") == 360_512
+    problem = _problem({"m": 8192, "n": 3584, "k": 4096})
+    configs = KERNEL.valid_space(problem).sample(6, seed=3)
+    configs.append(Config(dict(BASE, tile_k=1024, max_concurrent_steps=6)))  # clamped to 4
+    for config in configs:
+        with mgpu_core.artificial_shared_memory_limit(0):
+            error = _lower(problem, config).error
+        measured = int(re.search(r"smem_bytes=(\d+)", error).group(1))
+        assert measured == smem_bytes(config, "bfloat16", k=4096), dict(config)
+
+
+def test_tracing_pass_counts_the_profiler_buffer(tmp_path):
+    """Bound with profile_space, the space drops configs the profiler's buffer pushes over."""
+    problem = _problem({"m": 4096, "n": 4096, "k": 4096})
+    profile_space = 1024
+    share = profiler_smem_bytes(profile_space=profile_space, block_threads=BLOCK_THREADS)
+    traced = KERNEL.valid_space(problem, profile_space=profile_space)
+    plain = SPACE.bind(problem)
+    # 128 x 256 (wg N) x 32, 4 steps: 160 KiB of pipeline buffers + 32 KiB of output staging.
+    tight = dict(BASE, tile_n=256, tile_k=32, max_concurrent_steps=4)
+    assert plain.validate(tight) == []
+    assert smem_bytes(tight, "bfloat16") + share > traced.env.smem_limit_bytes
+    assert [v.rule for v in traced.validate(tight)] == ["smem_within_limit"]
+    options = BuildOptions(
+        num_sms=H200_NUM_SMS, profile_space=profile_space, profile_dir=str(tmp_path)
+    )
+    assert "exceeds available shared memory" in _lower(problem, tight, options).error
+    roomy = traced.sample(1, seed=1)[0]
+    assert _lower(problem, roomy, options).ok
+
+
+def test_unsupported_dtype_names_the_rule():
+    """float32 and fp8 inputs are refused with the WGMMA rule, and really fail to lower."""
+    for dtype in ("float32", "float8_e4m3fn"):
+        problem = _problem({"m": 4096, "n": 4096, "k": 4096}, dtype)
+        with pytest.raises(NoValidConfigError, match=r"\[wgmma_16bit_inputs\].*transposes"):
+            KERNEL.valid_space(problem)
+    problem = _problem({"m": 4096, "n": 4096, "k": 4096}, "float32")
+    config = dict(BASE, tile_n=64, tile_k=32, epi_tile_n=None)
+    assert "Only f16 WGMMA supports transposes" in _lower(problem, config).error
+
+
+@pytest.mark.parametrize(
+    ("shape", "rule"),
+    [
+        ({"m": 100, "n": 4096, "k": 4096}, "m_divisible"),
+        ({"m": 4096, "n": 4040, "k": 4096}, "n_divisible"),
+        ({"m": 4096, "n": 4096, "k": 1000}, "k_divisible"),
+    ],
+    ids=str,
+)
+def test_shape_without_valid_config_names_the_binding_rule(shape, rule):
+    """A shape no config can tile is refused naming the rule that binds."""
+    with pytest.raises(NoValidConfigError, match=rf"\[{rule}\]"):
+        KERNEL.valid_space(_problem(shape))
+
+
+def test_rule_messages_name_values_and_rule():
+    """A rule's message states the rule and the values, e.g. the CTA tile it computed."""
+    bound = SPACE.bind(_problem({"m": 4160, "n": 4096, "k": 4096}))
+    (violation,) = bound.validate(dict(BASE, wg_dimension="M"), nearest=False)
+    assert violation.rule == "m_divisible"
+    assert "m=4160" in violation.message and "256" in violation.message
+    assert "wg_dimension=M" in violation.message
+    assert set(RULE_KINDS) == {c.name for c in SPACE.constraints}
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"m": 4096, "n": 4096, "k": 4096},
+        {"m": 128, "n": 8192, "k": 4096},
+        {"m": 256, "n": 256, "k": 256},
+        {"m": 192, "n": 1536, "k": 96},
+    ],
+    ids=str,
+)
+def test_default_config_is_valid(shape):
+    """The default config is a valid config of every problem that has one."""
+    problem = _problem(shape)
+    assert KERNEL.valid_space(problem).validate(default_config(problem)) == []
+
+
+def test_counts_are_not_jax():
+    """Binding, counting and sampling the space stay pure Python: no jax, no device."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from search_spaces.hopper_matmul import KERNEL; "
+        "p = KERNEL.problem({'m': 4096, 'n': 4096, 'k': 4096}, 'bf16'); "
+        "b = KERNEL.valid_space(p); b.sample(3, seed=0); "
+        "assert 'jax' not in sys.modules, 'jax imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_interpret_mode_matches_reference():
+    """A small problem runs in GPU interpret mode on the CPU and matches the float32 reference."""
+    import jax
+    import numpy as np
+
+    problem = _problem({"m": 256, "n": 256, "k": 256})
+    config = dict(BASE, tile_k=128)
+    assert KERNEL.valid_space(problem).validate(config) == []
+    a, b = KERNEL.make_inputs(problem, jax.random.key(0))
+    fn = jax.jit(KERNEL.build(problem, Config(config), BuildOptions(interpret=True)))
+    out = np.asarray(fn(a, b).astype(np.float32))
+    ref = np.asarray(KERNEL.reference(problem)(a, b))
+    rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert rel < KERNEL.tolerance["bfloat16"], rel
+    assert 0.5 < np.abs(ref).std() < 2  # inputs scaled so the output is O(1)
