@@ -162,6 +162,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self._seeds = [Config(s) for s in seeds]
         self._taken_extra = taken or (lambda: ())
         self._dists = distributions(space)
+        self.exhausted_trial_id: int | None = None
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
         self.proposed = 0
         self._brute_pos = 0
@@ -187,6 +188,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
         taken = self.taken_keys(study)
         config = self._next(study, trial, taken)
         if config is None:
+            self.exhausted_trial_id = trial._trial_id  # the runner closes this empty trial
             raise ExhaustedError(
                 f"all {self._space.count()} valid configs of {self._space.problem} are taken"
             )

@@ -343,7 +343,9 @@ def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 trial = study.ask(dict(dists))
         except ExhaustedError:
-            _release_paramless(study)
+            trial_id = study.sampler.exhausted_trial_id
+            if trial_id is not None:
+                _release(study, study._storage.get_trial_number_from_id(trial_id))
             return None
         trial.set_user_attr(WORKER_ATTR, _worker_id())
         config = Config(trial.params)
@@ -364,23 +366,21 @@ def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> None:
     """Closes a trial that was not measured, leaving its config free (FAIL without outcome)."""
     try:
         study.tell(trial, state=TrialState.FAIL)
-    except (ValueError, RuntimeError):  # already finished
-        pass
-
-
-def _release_paramless(study: optuna.Study) -> None:
-    me = _worker_id()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not t.params and t.user_attrs.get(WORKER_ATTR, me) == me:
-            _release(study, t.number)
+    except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        pass  # already finished (by us, or as stale by another host)
 
 
 def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *, duplicate: bool) -> None:
-    study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, result.outcome.value)
-    if result.ok and not duplicate:
-        study.tell(trial, result.median_us)
-    else:
-        study.tell(trial, state=TrialState.FAIL)
+    """Reports a stored result to the study. The store is the record: if another host already
+    closed the trial (its heartbeat looked stale), the result stays stored all the same."""
+    try:
+        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, result.outcome.value)
+        if result.ok and not duplicate:
+            study.tell(trial, result.median_us)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        logger.warning("trial %d was closed by another process; its result is stored", trial.number)
 
 
 def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo) -> None:
