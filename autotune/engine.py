@@ -1,41 +1,49 @@
 """The engine: keeps every GPU busy and survives kernels that crash or hang.
 
-Kernels run in *worker processes*: one per GPU, each a fresh interpreter (fork + exec, as
-multiprocessing's ``spawn`` does: no process is ever forked after importing jax). Inside a worker, a pool of compile threads compiles
-several configs at once while the main thread times the compiled ones, strictly one at a time
-on its GPU::
+Kernels run in *worker processes*, ``workers_per_gpu`` of them per GPU, each a fresh interpreter
+(fork + exec, as multiprocessing's ``spawn`` does: no process is ever forked after importing
+jax). A worker compiles its own configs in its compile threads, in parallel with the other
+workers, and times them on its main thread; the workers of one GPU take turns on it through a
+per-GPU lock, so exactly one config per GPU is checked and timed at a time::
 
-    Engine (this process)                 worker (one per GPU, CUDA_VISIBLE_DEVICES=<gpu>)
-      submit() -> Future  ──task──▶  compile threads: build, lower, compile  ─┐ compiled
+    Engine (this process)                 worker k of GPU g (CUDA_VISIBLE_DEVICES=<g>)
+      submit() -> Future  ──task──▶  compile thread(s): build, lower, compile ─┐ compiled
       dispatcher thread   ◀─stage──                                           ▼
-      (timeouts, crashes) ◀─result─  measuring thread: run, check, time (one at a time)
+      (timeouts, crashes) ◀─result─  main thread: flock(gpu-g.lock); inputs, reference, run,
+                                     check, time; unlock        (one worker of GPU g at a time)
 
-Compiling in threads, not processes. PLATFORM.md measured on the H200 host: 8 threads compiled
-16 configs in 2.2 s, 16 others took 5.6 s in sequence: XLA, Mosaic GPU's LLVM passes and ptxas
-release the GIL (Mosaic GPU compiles its kernel in XLA's "instantiate" stage, i.e. inside
-``.compile()``, so the threads do get the expensive part). Measured on the 2-core CPU dev
-machine (jax 0.10.2, 16 configs, three runs, load average 5-6 from other jobs, so +-50% noise):
-cross-lowering ``hopper_matmul_mgpu`` (pure Python and MLIR, GIL-bound) took 2.0-4.0 s in
-sequence, 2.2-3.7 s with 2-8 threads and 2.2-4.2 s in 2 warm spawned processes (plus 3.5-4.8 s
-to start them); interpret-mode compiles of a small kernel (lowering plus an XLA CPU compile)
-took 3.0-4.0 s in sequence, 1.8-4.1 s with threads and 1.5-3.8 s in 2 processes. Neither wins
-clearly on 2 busy cores; what decides is that processes cannot hand their result over: a
-compiled executable lives in the process that compiled it, and a persistent compilation cache
-would still make the measuring process redo the GIL-bound tracing and lowering to find the
-cache key, i.e. the very part processes could speed up. So: threads (a benchmark on the GPU
-host is in benchmarks/throughput.py).
+Processes, not only threads. On the H200 host (hopper_matmul 4096^3 bf16, 32 random valid
+configs) sequential evaluation ran 60.9 configs/min; one worker with 8 compile threads ran
+143.4 configs/min (2.36x), and each compile took 2-4.7 s instead of 0.6-2 s alone: Mosaic GPU's
+lowering is Python and holds the GIL, so threads in one process serialize on it. Worker
+processes have a GIL each. A compiled executable cannot leave the process that compiled it (and
+a persistent compilation cache would make the timing process redo the GIL-bound tracing and
+lowering to find the cache key), so each worker times what it compiled itself, and the workers
+of one GPU serialize their device work with ``fcntl.flock`` on a lock file per GPU in the
+engine's log directory: the kernel releases the lock when a worker dies, however it dies, so a
+crashed or killed worker never leaves its GPU locked. Everything a worker does on the device
+happens under the lock: fresh inputs, the reference, the check run and the CUPTI-timed
+iterations (and baselines and traces), so no other worker's launches overlap a timing. The
+cost is a CUDA context per worker (hundreds of MB of GPU memory each; workers start with
+``XLA_PYTHON_CLIENT_PREALLOCATE=false``) and, for a worker's first config of a problem, the
+reference's compile under the lock (the throughput benchmark warms every worker up first).
+``workers_per_gpu=1`` is the earlier engine: one worker per GPU, its compile threads pipelined
+with its timing. The default is in :func:`default_layout`.
 
 Isolation. A worker that dies (segfault, abort, an illegal address that leaves the CUDA context
 unusable) or stops answering is replaced by a fresh one, and only the config that caused it is
-blamed:
+blamed; the other workers, of its GPU or others, carry on:
 
-* one config was executing (compiling or running) when it died: it is ``CRASHED`` (exit
+* one config was executing (compiling or running) in it when it died: it is ``CRASHED`` (exit
   signal, last stage and the tail of the worker's stderr in ``error``);
 * several were executing: each is re-run alone in a fresh worker, so the culprit is found
   exactly; configs sent but not yet started, or compiled and waiting, are re-run normally;
 * a stage past its time limit while the worker's heartbeat still arrives: that config is
   ``TIMEOUT`` (its neighbours were demonstrably alive); with a silent heartbeat (a thread
   holding the GIL), the executing configs are re-run alone as after a crash.
+
+A config's run limit counts from when its worker got the GPU (the ``device`` stage), never
+from when it began waiting for the lock: queueing behind other workers is not hanging.
 
 A future resolves exactly once. Failures that are not a config's (a kernel name that does not
 resolve, a broken reference) resolve its future with an exception instead.

@@ -245,9 +245,15 @@ class ValidSampler(optuna.samplers.BaseSampler):
         space = self._space
         is_taken = taken.__contains__
         while self._seeds:
+            # A seed (a known-good config, a related problem's winner) that this problem's
+            # rules exclude, or that is taken, is repaired like any proposal: its nearest
+            # valid, untaken neighbour keeps most of what made it good.
             seed = self._seeds.pop(0)
             if space.is_valid(seed) and not is_taken(space.key(seed)):
                 return seed
+            repaired = space.nearest(seed, exclude=is_taken)
+            if repaired is not None:
+                return repaired
         if self._mode == "uniform":
             return self._uniform(taken)
         if self._mode == "brute":

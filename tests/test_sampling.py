@@ -55,14 +55,19 @@ def test_every_proposal_valid_and_new_until_exhausted(name):
 
 
 def test_seed_configs_come_first():
-    """Seed configs (known-good defaults) are proposed first when valid; invalid seeds are skipped."""
+    """Seed configs are proposed first, in order; an invalid seed becomes its nearest valid config."""
     bound = toy_space().bind(PROBLEM)
     good = {"bm": 64, "bn": 128, "width": 2, "order": "N", "flag": False}
     bad = {"bm": 100, "bn": 128, "width": 2, "order": "N", "flag": False}
-    sampler = valid_sampler("tpe", bound, seed=0, seeds=[bad, good])
+    sampler = valid_sampler("tpe", bound, seed=0, seeds=[good, bad])
     study = optuna.create_study(sampler=sampler)
-    trial = study.ask(distributions(bound))
-    assert dict(trial.params) == good
+    first = study.ask(distributions(bound))
+    assert dict(first.params) == good
+    study.tell(first, 1.0)
+    second = study.ask(distributions(bound))
+    assert bound.is_valid(second.params) and dict(second.params) != good
+    changed = {k for k in bad if second.params[k] != bad[k]}
+    assert changed <= {"bm", "bn"}, second.params  # the repair stays next to the seed
 
 
 def test_taken_configs_from_the_store_are_skipped():
