@@ -28,7 +28,7 @@ cost is a CUDA context per worker (hundreds of MB of GPU memory each; workers st
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) and, for a worker's first config of a problem, the
 reference's compile under the lock (the throughput benchmark warms every worker up first).
 ``workers_per_gpu=1`` is the earlier engine: one worker per GPU, its compile threads pipelined
-with its timing. The default is in :func:`default_layout`.
+with its timing. The default is in :func:`_default_layout`.
 
 Isolation. A worker that dies (segfault, abort, an illegal address that leaves the CUDA context
 unusable) or stops answering is replaced by a fresh one, and only the config that caused it is
@@ -53,8 +53,10 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import faulthandler
+import fcntl
 import itertools
 import json
 import logging
@@ -86,9 +88,10 @@ log = logging.getLogger(__name__)
 
 MODES = ("gpu", "interpret", "fake")
 
-# Stages (see autotune.evaluation.Stage) in which a config's own code is executing.
+# Stages (see autotune.evaluation.Stage) in which a config's own code is executing. "device" is
+# the engine's own: the worker holds its GPU's lock and makes the inputs and the reference.
 _COMPILE_STAGES = frozenset({"build", "lower", "compile"})
-_RUN_STAGES = frozenset({"run", "check", "time"})
+_RUN_STAGES = frozenset({"device", "run", "check", "time"})
 _ACTIVE_STAGES = _COMPILE_STAGES | _RUN_STAGES
 
 # Floors of the default time limits, by mode: (compile_s, run_s). The limit is the floor or 10x
@@ -116,14 +119,67 @@ def default_timeout_s(slowest_seen_s: float | None, *, floor_s: float) -> float:
     return max(floor_s, _TIMEOUT_FACTOR * (slowest_seen_s or 0.0))
 
 
+def _cpu_count() -> int:
+    """CPU cores this process may use (its affinity mask, e.g. a container's share)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 2
+
+
+# At most this many worker processes per GPU by default, and this many compile threads each.
+_MAX_WORKERS_PER_GPU = 8
+_MAX_COMPILE_THREADS = 8
+
+
+def _default_layout(
+    mode: str,
+    n_gpus: int,
+    cores: int,
+    workers_per_gpu: int | None = None,
+    compile_threads: int | None = None,
+) -> tuple[int, int]:
+    """``(workers_per_gpu, compile_threads)``: what is given, the rest by default.
+
+    Workers per GPU: ``min(8, cores // (2 x GPUs))``, at least 1 (fake mode: 1, the engine's
+    tests). On the H200 host (16 cores, 1 GPU) that is 8 workers. Why: the GIL-bound lowering
+    was the bottleneck there (8 threads in one process: 2.36x over sequential, each compile
+    2-4.7 s instead of 0.6-2 s alone), and in separate processes a compile costs about what it
+    costs alone, so N processes compile about N times as fast until the cores run out; a compile
+    uses more than one core at times (XLA's thread pools, ptxas as a child process) and the
+    timing threads, the engine and the tuner need some too, hence half the cores. Past that the
+    serialized device work (inputs, reference, check, 20 timed runs: a fraction of a second per
+    config) is the bound, which 8 parallel compiles of ~1 s already keep fed. The benchmark
+    (``benchmarks/throughput.py --workers-per-gpu 4,8``) re-measures this on the GPU host.
+
+    Compile threads per worker: with one worker per GPU, the cores shared out among the GPUs, at
+    most 8 (threads are all a lone worker has); with several, ``cores // (2 x workers)``
+    clamped to 1..2: one thread already overlaps a worker's next compile with its timing, and
+    every extra thread is another config in flight that an adaptive sampler chose blind.
+    """
+    if workers_per_gpu is None:
+        if mode == "fake":
+            workers_per_gpu = 1
+        else:
+            workers_per_gpu = max(1, min(_MAX_WORKERS_PER_GPU, cores // (2 * n_gpus)))
+    if compile_threads is None:
+        if workers_per_gpu == 1:
+            compile_threads = max(1, min(_MAX_COMPILE_THREADS, cores // n_gpus))
+        else:
+            compile_threads = max(1, min(2, cores // (2 * n_gpus * workers_per_gpu)))
+    return workers_per_gpu, compile_threads
+
+
 @dataclasses.dataclass(frozen=True)
 class StageEvent:
     """One step of one task, as the worker saw it: ``t`` is wall-clock (``time.time()``)."""
 
     task_id: int
-    worker: int  # index of the worker slot (one per GPU)
+    worker: int  # index of the worker slot (workers_per_gpu of them per GPU)
     gpu: int | None
-    stage: str  # build, lower, compile, compiled, run, check, time, done
+    # build, lower, compile, compiled (waiting for the GPU), device (the GPU's lock acquired:
+    # inputs and reference), run, check, time, done (sent before the lock is released)
+    stage: str
     t: float
 
 
@@ -151,6 +207,7 @@ class _WorkerSpec:
     compile_threads: int
     allow_import: bool
     log_level: int
+    lock_path: str | None = None  # the GPU's lock file, shared by the workers of that GPU
 
 
 # A worker is a fresh interpreter (fork + exec, like multiprocessing's "spawn") started with
@@ -198,6 +255,7 @@ class _Worker:
         self._kernels: dict[str, Any] = {}
         self._kernel_lock = threading.Lock()
         self._ready: queue.Queue[tuple[_TaskMsg, Any] | None] = queue.Queue()
+        self._lock_fd: int | None = None
 
     def send(self, msg: tuple) -> None:
         with self._send_lock:
@@ -210,6 +268,12 @@ class _Worker:
         from autotune.evaluation import make_evaluator
 
         try:
+            if self.spec.lock_path is not None:
+                # Its own open file description (flock locks belong to those), not inherited by
+                # ptxas or other children, so it dies with this process.
+                self._lock_fd = os.open(
+                    self.spec.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
             self.evaluator = make_evaluator(self.spec.mode, iterations=self.spec.iterations)
             info = self.evaluator.device_info()
         except Exception as e:  # noqa: BLE001 - reported to the engine, which gives up
@@ -296,7 +360,30 @@ class _Worker:
         else:
             self.send(("result", task.id, compiled, time.time()))
 
+    @contextlib.contextmanager
+    def _device(self) -> Any:
+        """Holds the GPU's lock: no other worker of this GPU uses it meanwhile.
+
+        ``flock`` blocks without the GIL (the heartbeat keeps going) and is released by the
+        kernel when this process dies, however it dies.
+        """
+        if self._lock_fd is None:
+            yield
+            return
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
     def _measure(self, task: _TaskMsg, compiled: Any) -> None:
+        # The result (and its "done" time) is sent before the lock is released, so the device
+        # spans of a GPU's configs in the timeline never overlap.
+        with self._device():
+            self.send(("stage", task.id, "device", time.time()))
+            self._measure_locked(task, compiled)
+
+    def _measure_locked(self, task: _TaskMsg, compiled: Any) -> None:
         try:
             if task.kind == "trial":
                 result: Any = self.evaluator.run(compiled, on_stage=self._hook(task))
