@@ -416,11 +416,12 @@ class _Task:
     msg: _TaskMsg
     future: concurrent.futures.Future
     isolate: bool = False
+    slot: int | None = None  # only this worker slot may take it (warm-ups)
     done: bool = False
     stage: str = "queued"
     compile_t0: float | None = None  # monotonic, when building began
     compiled_t: float | None = None
-    run_t0: float | None = None
+    run_t0: float | None = None  # when its worker got the GPU (not when it began waiting)
 
     @property
     def id(self) -> int:
@@ -460,10 +461,14 @@ class Engine:
       mode: ``"gpu"`` (CUPTI timing), ``"interpret"`` (GPU interpret mode on the CPU,
         wall-clock timing) or ``"fake"`` (:class:`~autotune.evaluation.FakeEvaluator`, for
         tests).
-      gpus: GPU ids, one worker each (``CUDA_VISIBLE_DEVICES`` set in the worker before jax is
-        imported); ``None``: one worker seeing what this process sees.
-      compile_threads: compile threads per worker (default: the CPU cores shared out among
-        workers, at most 8).
+      gpus: GPU ids (``CUDA_VISIBLE_DEVICES`` set in their workers before jax is imported);
+        ``None``: the workers see what this process sees, and share it as one GPU.
+      workers_per_gpu: worker processes per GPU. They compile in parallel (a GIL each) and take
+        turns on the GPU, one config checked and timed at a time. Default: ``min(8, cores //
+        (2 x GPUs))``, at least 1 (1 in fake mode); ``1`` is one worker whose compile threads
+        are pipelined with its timing. See :func:`_default_layout`.
+      compile_threads: compile threads per worker (default: with one worker per GPU, the cores
+        shared out among the GPUs, at most 8; with several, 1 or 2).
       trial_timeout_s: limit on a config's run (run, check, time); ``None`` derives it as
         ``max(floor, 10 x the slowest run seen)``.
       compile_timeout_s: likewise for building, lowering and compiling.
@@ -481,6 +486,7 @@ class Engine:
         mode: str = "gpu",
         *,
         gpus: Sequence[int] | None = None,
+        workers_per_gpu: int | None = None,
         compile_threads: int | None = None,
         trial_timeout_s: float | None = None,
         compile_timeout_s: float | None = None,
@@ -511,14 +517,24 @@ class Engine:
                 )
         if iterations is not None and iterations < 1:
             raise ValueError(f"iterations must be >= 1, but got {iterations}.")
-        slots: list[int | None] = list(gpus) if gpus is not None else [None]
-        if compile_threads is None:
-            compile_threads = max(1, min(8, (os.cpu_count() or 2) // len(slots)))
-        if compile_threads < 1:
+        if workers_per_gpu is not None and (
+            not isinstance(workers_per_gpu, int)
+            or isinstance(workers_per_gpu, bool)
+            or workers_per_gpu < 1
+        ):
+            raise ValueError(f"workers_per_gpu must be >= 1, but got {workers_per_gpu!r}.")
+        if compile_threads is not None and compile_threads < 1:
             raise ValueError(f"compile_threads must be >= 1, but got {compile_threads}.")
+        devices: list[int | None] = list(gpus) if gpus is not None else [None]
+        workers_per_gpu, compile_threads = _default_layout(
+            mode, len(devices), _cpu_count(), workers_per_gpu, compile_threads
+        )
+        # Worker slots, GPU-major: slot i runs on devices[i // workers_per_gpu].
+        slots = [gpu for gpu in devices for _ in range(workers_per_gpu)]
 
         self.mode = mode
         self.gpus = None if gpus is None else tuple(gpus)
+        self.workers_per_gpu = workers_per_gpu
         self.compile_threads = compile_threads
         self.trial_timeout_s = trial_timeout_s
         self.compile_timeout_s = compile_timeout_s
@@ -541,6 +557,10 @@ class Engine:
         os.set_blocking(self._wake_w, False)
 
         self._slots = slots
+        self._lock_paths = {
+            gpu: str(self._log_dir / f"gpu-{'visible' if gpu is None else gpu}.lock")
+            for gpu in devices
+        }
         self._workers: dict[int, _WorkerHandle | None] = {i: None for i in range(len(slots))}
         self._incarnation = itertools.count()
         self._startup_failures = 0
@@ -622,13 +642,35 @@ class Engine:
         return {w.gpu: w.device for w in list(self._workers.values()) if w and w.device}
 
     @property
+    def workers(self) -> int:
+        """Worker processes (slots): ``workers_per_gpu`` per GPU."""
+        return len(self._slots)
+
+    @property
     def parallelism(self) -> int:
-        """Configs worth keeping in flight: per worker, one per compile thread plus one timing.
+        """Configs worth keeping in flight: per worker, one per compile thread plus one
+        compiled and waiting for (or using) the GPU; over all workers of all GPUs.
 
         A job runner that keeps this many submitted keeps every GPU and compile thread busy;
         more only waits in the engine's queue.
         """
         return len(self._slots) * (self.compile_threads + 1)
+
+    def warm_up(self, kernel_name: str, problem: Problem, config: Config) -> list[TrialResult]:
+        """Evaluates ``config`` once on every worker; their results, by worker slot.
+
+        Each worker pays its first-use costs (jax's and Mosaic GPU's first compile, the
+        reference's compile, CUPTI's start) here rather than in a measured config; the reference
+        compiles under the GPU's lock, so unwarmed workers would take turns for it. A warm-up
+        that has to be re-run alone after a crash may run on another worker.
+        """
+        if not isinstance(config, Config):
+            config = Config(config)
+        futures = [
+            self._submit("trial", kernel_name, problem, config, {}, slot=slot)
+            for slot in range(len(self._slots))
+        ]
+        return [f.result() for f in futures]
 
     def timeline(self) -> list[StageEvent]:
         """Every stage event so far, in arrival order (for pipelining and load reports)."""
@@ -661,6 +703,10 @@ class Engine:
                 self._wake_r = self._wake_w = -1
         if self._own_log_dir:
             shutil.rmtree(self._log_dir, ignore_errors=True)
+        else:
+            for path in set(self._lock_paths.values()):  # the workers are gone
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def __enter__(self) -> Engine:
         return self
@@ -681,6 +727,7 @@ class Engine:
         extra: dict[str, Any],
         *,
         urgent: bool = False,
+        slot: int | None = None,
     ) -> concurrent.futures.Future:
         if not isinstance(problem, Problem):
             raise TypeError(
@@ -693,7 +740,9 @@ class Engine:
             if self._broken:
                 raise EngineError(self._broken)
             task = _Task(
-                _TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra), future
+                _TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra),
+                future,
+                slot=slot,
             )
             future.task_id = task.id  # type: ignore[attr-defined]
             if urgent:
@@ -734,6 +783,7 @@ class Engine:
             compile_threads=self.compile_threads,
             allow_import=self.allow_import,
             log_level=logging.getLogger().getEffectiveLevel(),
+            lock_path=self._lock_paths[gpu],
         )
         ours, theirs = socket.socketpair()
         try:
@@ -893,8 +943,8 @@ class Engine:
                 task.compiled_t = now
                 if task.compile_t0 is not None:
                     self._slowest_compile_s = max(self._slowest_compile_s, now - task.compile_t0)
-            elif stage == "run":
-                task.run_t0 = now
+            elif stage == "device" or (stage == "run" and task.run_t0 is None):
+                task.run_t0 = now  # the run limit counts from here: lock waits are not hangs
             task.stage = stage
             self._event(task, w, stage, msg[3])
         elif kind in ("result", "error"):
@@ -1008,7 +1058,7 @@ class Engine:
                     result=TrialResult.failed(
                         Outcome.TIMEOUT,
                         f"[{task.stage}] no result {elapsed:.1f} s after the "
-                        f"{'compile' if task.stage in _COMPILE_STAGES else 'run'} began "
+                        f"{'compile began' if task.stage in _COMPILE_STAGES else 'run got the GPU'} "
                         f"(limit {limit:.1f} s); worker {w.slot} (gpu {w.gpu}, pid {w.pid}) "
                         f"was killed and replaced.\n--- worker stderr tail ---\n{tail}",
                         compile_s=self._compile_s(task),
@@ -1135,16 +1185,30 @@ class Engine:
                         w.tasks[task.id] = task
                         sends.append((w, task))
             if not self._isolation:
+                # The least loaded worker first (then the least loaded GPU), so no worker idles
+                # while work waits. A worker is full with a config per compile thread plus one
+                # compiled and waiting for (or using) its GPU.
+                gpu_load: collections.Counter[int | None] = collections.Counter()
+                for w in ready:
+                    gpu_load[w.gpu] += len(w.tasks)
+                skipped: list[_Task] = []  # pinned to a worker that is full or not ready
                 while self._pending:
                     open_ = [w for w in ready if not w.isolating and len(w.tasks) < capacity]
                     if not open_:
                         break
-                    w = min(open_, key=lambda w: len(w.tasks))
                     task = self._pop_live(self._pending)
                     if task is None:
                         break
+                    if task.slot is not None:
+                        open_ = [w for w in open_ if w.slot == task.slot]
+                        if not open_:
+                            skipped.append(task)
+                            continue
+                    w = min(open_, key=lambda w: (len(w.tasks), gpu_load[w.gpu], w.slot))
+                    gpu_load[w.gpu] += 1
                     w.tasks[task.id] = task
                     sends.append((w, task))
+                self._pending.extendleft(reversed(skipped))
         for w, task in sends:
             task.stage = "sent"
             try:

@@ -237,3 +237,30 @@ def test_several_runners_share_one_job(db_url, workers):
     with Store(db_url) as store:
         rows = store.trials(kernel.problem({"m": 1024, "n": 1024}, "bf16"))
     assert len(rows) == len(flat) and len(rows) >= 24
+
+
+def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, monkeypatch):
+    """A RUNNING trial whose host stopped sending heartbeats is failed; its config is measured anew."""
+    import autotune.tuner as tuner
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    monkeypatch.setattr(tuner, "GRACE_S", 1)
+    device = DeviceInfo(name="fake-gpu", kind="fake")
+    storage = tuner._optuna_storage(url)
+    study = optuna.create_study(study_name=study_name(PROBLEM, device), storage=storage)
+    stale_config = {"bm": 256, "bn": 128, "stages": 2, "order": "M"}  # the optimum
+    dists = tuner.distributions(TOY.valid_space(PROBLEM))
+    study.enqueue_trial(stale_config)
+    other = study.ask(dists)
+    other.set_user_attr(WORKER_ATTR, "another-host:1234")
+    storage.record_heartbeat(other._trial_id)
+    time.sleep(2.5)  # past the grace period: the other host is dead
+    engine = FakeEngine()
+    count = TOY.valid_space(PROBLEM).count()
+    with Store(url) as store:
+        (report,) = run_job(_job(count, sampler="random"), store=store, engine=engine)
+    study = optuna.load_study(study_name=study_name(PROBLEM, device), storage=url)
+    assert study.trials[other.number].state == TrialState.FAIL
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+    assert engine.measured.count(Config(stale_config)) == 1  # freed, then measured once
+    assert report.best_config == Config(stale_config) and report.measured_now == count
