@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, NothingTunedError, StorageError
+from autotune.errors import AutotuneError, NothingTunedError
 
 __all__ = ["main"]
 

@@ -94,16 +94,13 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
         with warnings.catch_warnings():  # multivariate and group are "experimental" since 2.2
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=True, n_startup_trials=6,
-                
+                seed=seed, multivariate=True, group=True, n_startup_trials=6
             )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
         _require("cmaes", "cmaes")
-        return optuna.samplers.CmaEsSampler(
-            seed=seed, n_startup_trials=6
-        )
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=6)
     if name == "gp":
         _require("gp", "torch", "scipy")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)

@@ -145,7 +145,7 @@ def run(files: Sequence[str], *, seeds: int, budget: int, samplers: Sequence[str
 
 def print_table(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
     random_median = {(r["problem"], th): r[f"{th:g}"][0] for r in rows if r["sampler"] == "random" for th in THRESHOLDS}
-    head = f"| problem | configs | sampler | " + " | ".join(f"within {th * 100:g}% (median / p90 / vs random)" for th in THRESHOLDS) + " | 1st within 2% |"
+    head = "| problem | configs | sampler | " + " | ".join(f"within {th * 100:g}% (median / p90 / vs random)" for th in THRESHOLDS) + " | 1st within 2% |"
     print(head)
     print("|" + "---|" * (4 + len(THRESHOLDS)))
     for r in rows:

@@ -7,7 +7,6 @@ import pytest
 
 from autotune.errors import JobError
 from autotune.kernel import get_kernel
-from autotune.problem import Problem
 from autotune.sampling import ExhaustedError, distributions, make_sampler, valid_sampler
 from tests.test_space import PROBLEM, toy_space
 

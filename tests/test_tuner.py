@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from autotune.jobs import Budget, Job, ProblemSpec
 from autotune.kernel import Kernel, get_kernel, register
-from autotune.problem import Config, Problem
+from autotune.problem import Config
 from autotune.space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage import Store
 from autotune.trial import DeviceInfo, Outcome, TrialResult
