@@ -1,0 +1,48 @@
+"""The public API: pinned names, lazy loading, and no jax on the query path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import autotune
+
+PUBLIC = [
+    "Aligned", "AutotuneError", "Bool", "BoundSpace", "BuildOptions", "Choice", "Config",
+    "Constraint", "Env", "JobError", "Kernel", "KernelNotFoundError", "NoValidConfigError",
+    "NothingTunedError", "Outcome", "PowerOfTwo", "Problem", "SMEM_LIMIT_BYTES", "Space",
+    "SpaceError", "StorageError", "TrialResult", "Violation", "WARPGROUP_SIZE", "WARP_SIZE",
+    "__version__", "best_config", "best_result", "elems_per_bytes", "get_kernel",
+    "is_aligned_transfer", "list_results", "parse_shape", "per_128_bytes", "profiler_smem_bytes",
+    "threads", "transfer_bytes", "tune",
+]
+
+
+def test_public_api_is_pinned():
+    """An accidental export or removal changes __all__ and fails here."""
+    assert sorted(autotune.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert getattr(autotune, name) is not None, name
+
+
+def test_importing_and_querying_never_imports_jax(tmp_path):
+    """`import autotune` and a best_config query load neither jax nor optuna's samplers' deps."""
+    code = (
+        "import sys, autotune\n"
+        f"r = autotune.best_config('hopper_matmul', {{'m': 64, 'n': 64, 'k': 64}}, 'bf16', db='sqlite:///{tmp_path}/x.db')\n"
+        "assert r is None\n"
+        "assert 'jax' not in sys.modules, 'jax imported'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    """A misspelt name raises AttributeError naming it."""
+    try:
+        autotune.best_cofig  # noqa: B018
+    except AttributeError as e:
+        assert "best_cofig" in str(e)
+    else:
+        raise AssertionError("no error")
