@@ -118,6 +118,9 @@ class Env:
     smem_limit_bytes: int = SMEM_LIMIT_BYTES
     profile_space: int = 0
     trace_scope: str = "warpgroup"
+    # True when configs run in GPU interpret mode on a CPU, whose interpreter lacks some
+    # primitives (cluster barriers): rules may exclude what only the interpreter cannot run.
+    interpret: bool = False
 
     def __getitem__(self, key: str) -> Any:
         return self.problem[key]
@@ -805,6 +808,17 @@ class BoundSpace:
 
         found = rec(0)
         return None if found is None else self._config(found)
+
+    def closest_valid(self, proposal: Mapping[str, Value]) -> Config:
+        """``proposal`` if it is valid here, else the valid config nearest to it.
+
+        What a kernel's ``default_config`` returns: a known-good config, adapted to a problem
+        whose rules exclude it. Returns the proposal unchanged when nothing is valid.
+        """
+        if self.is_valid(proposal):
+            return Config(proposal)
+        found = self.nearest(proposal)
+        return found if found is not None else Config(proposal)
 
     def key(self, config: Mapping[str, Value]) -> tuple[Value, ...]:
         """The value tuple of a config, in tunable order (hashable)."""

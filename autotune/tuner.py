@@ -204,8 +204,8 @@ def tune_problem(
     """Tunes one problem until its budget is spent or its valid set is exhausted."""
     emit = on_event or (lambda e: None)
     problem = spec.problem
-    space = kernel.valid_space(problem)
     device = engine.device_info()
+    space = kernel.valid_space(problem, interpret=device.kind == "interpret")
     software = software_versions()
     budget = spec.budget
 

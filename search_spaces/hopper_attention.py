@@ -459,11 +459,7 @@ KNOWN_GOOD = Config(block_q=64, block_kv=128, max_concurrent_steps=2, use_schedu
 
 def default_config(problem: Problem) -> Config:
     """``KNOWN_GOOD`` where it is valid, else the valid config nearest to it."""
-    bound = SPACE.bind(problem)
-    if bound.is_valid(KNOWN_GOOD):
-        return KNOWN_GOOD
-    nearest = bound.nearest(KNOWN_GOOD)
-    return nearest if nearest is not None else KNOWN_GOOD
+    return SPACE.bind(problem).closest_valid(KNOWN_GOOD)
 
 
 KERNEL = Kernel(

@@ -18,6 +18,7 @@ Rule kinds (``RULE_KINDS``):
   policy       a config breaking it lowers and is correct, but compiles to the same kernel as
                a config the space keeps (canonical forms, so no kernel is measured twice).
   problem      the problem itself is unsupported (dtype); no config can help.
+  interpret    only GPU interpret mode (tuning on a CPU) cannot run it; binds only there.
 
 Oracle sweep (``autotune.lowering.lower_for_cuda``, jax 0.10.2 on CPU, num_sms=132), recorded
 to justify the rules:
@@ -445,6 +446,13 @@ CONSTRAINTS = (
         ),
     ),
     Constraint(
+        "interpret_no_cluster",
+        ("cluster_dimension",),
+        lambda c, env: not env.interpret or c["cluster_dimension"] is None,
+        "GPU interpret mode cannot run 2-block clusters (no cluster barrier in the interpreter): "
+        "cluster_dimension must be None when tuning in interpret mode",
+    ),
+    Constraint(
         "grid_tile_width_in_range",
         GRID_READS,
         lambda c, env: c["grid_tile_width"] <= _minor_iters(c, env),
@@ -474,6 +482,7 @@ RULE_KINDS: dict[str, str] = {
     "epi_canonical": "policy",
     "smem_within_limit": "lowering",
     "grid_tile_width_in_range": "policy",
+    "interpret_no_cluster": "interpret",
 }
 
 SPACE = Space(PARAMS, CONSTRAINTS)
@@ -650,11 +659,7 @@ KNOWN_GOOD = Config(
 
 def default_config(problem: Problem) -> Config:
     """``KNOWN_GOOD`` where it is valid, else the valid config nearest to it."""
-    bound = SPACE.bind(problem)
-    if bound.is_valid(KNOWN_GOOD):
-        return KNOWN_GOOD
-    nearest = bound.nearest(KNOWN_GOOD)
-    return nearest if nearest is not None else KNOWN_GOOD
+    return SPACE.bind(problem).closest_valid(KNOWN_GOOD)
 
 
 KERNEL = Kernel(

@@ -564,8 +564,7 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
         "vector_bytes": 16,
         "blocks_per_sm": 2,
     }
-    found = KERNEL.bind(problem).nearest(proposal)
-    return found if found is not None else proposal
+    return KERNEL.bind(problem).closest_valid(proposal)
 
 
 KERNEL = Kernel(

@@ -616,8 +616,7 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
         "refill_lag": 1,
         "approx_math": True,
     }
-    found = KERNEL.bind(problem).nearest(proposal)
-    return found if found is not None else proposal
+    return KERNEL.bind(problem).closest_valid(proposal)
 
 
 KERNEL = Kernel(

@@ -364,3 +364,13 @@ def test_interpret_mode_matches_reference():
     rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
     assert rel < KERNEL.tolerance["bfloat16"], rel
     assert 0.5 < np.abs(ref).std() < 2  # inputs scaled so the output is O(1)
+
+
+def test_interpret_mode_excludes_clusters_only_there():
+    """Bound for interpret mode, no config uses a cluster; bound for the GPU, some do."""
+    problem = KERNEL.problem({"m": 512, "n": 512, "k": 256}, "bfloat16")
+    gpu = KERNEL.valid_space(problem)
+    interp = KERNEL.valid_space(problem, interpret=True)
+    assert interp.count() < gpu.count()
+    assert all(c["cluster_dimension"] is None for c in interp.sample(200, seed=0))
+    assert any(c["cluster_dimension"] is not None for c in gpu.sample(200, seed=0))
