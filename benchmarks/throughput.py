@@ -1,20 +1,26 @@
-"""Configs evaluated per minute on one GPU: sequential vs the pipelined engine, same configs.
+"""Configs evaluated per minute on one GPU: sequential vs the engine, same configs.
 
     python benchmarks/throughput.py --out $OUT/throughput.json            # H200: hopper_matmul 4096^3 bf16
     python benchmarks/throughput.py --device interpret --shape m=128,n=128,k=128 --configs 3 \\
         --iterations 1 --out /tmp/throughput.json                       # CPU smoke test
 
-One run measures both modes over the SAME configs (``valid_space(problem).sample(N, seed)``):
+One run measures every mode over the SAME configs (``valid_space(problem).sample(N, seed)``):
 
 * sequential: one process (a child of this script), one config at a time: compile, then check
   and time;
-* pipelined: :class:`autotune.engine.Engine` with one worker: compile threads compile later
-  configs while earlier ones are timed.
+* threads: :class:`autotune.engine.Engine` with one worker (``workers_per_gpu=1``): its compile
+  threads (``--compile-threads``, default the engine's) compile later configs while earlier
+  ones are timed;
+* processes: the engine as it comes by default: ``workers_per_gpu`` worker processes
+  (``--workers-per-gpu``; a list such as ``4,8`` adds one row each) compile in parallel and take
+  turns on the GPU through its lock, one config timed at a time.
 
-Both are warmed up first on a config outside the measured set (first-compile costs of jax and
-Mosaic GPU are not counted, and Mosaic GPU's in-process kernel cache cannot serve a measured
-config), the persistent compilation cache is off, and the clock starts after the engine's worker
-is up. Prints a table (mode, configs, seconds, configs/min, speedup) and writes JSON to --out.
+Every mode is warmed up first on a config outside the measured set, on every engine worker
+(first-compile costs of jax and Mosaic GPU, the reference's compile and CUPTI's start are not
+counted, and Mosaic GPU's in-process kernel cache cannot serve a measured config); the
+persistent compilation cache is off; the clock starts after the warm-up. Prints a table (mode,
+configs, seconds, configs/min, speedup, mean compile time per config, how busy the GPU was) and
+writes JSON to --out.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+# This checkout's autotune (and its tests' kernels), not another one installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from autotune.kernel import get_kernel  # noqa: E402
 from autotune.problem import Config, parse_shape  # noqa: E402
 from autotune.trial import TrialResult  # noqa: E402
@@ -53,14 +62,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--configs", type=int, default=32, help="configs drawn from the valid space")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("gpu", "interpret"), default="gpu")
-    p.add_argument("--compile-threads", type=int, default=None, help="engine compile threads")
+    p.add_argument(
+        "--modes",
+        default="sequential,threads,processes",
+        help="comma-separated subset of sequential,threads,processes",
+    )
+    p.add_argument(
+        "--compile-threads",
+        type=int,
+        default=None,
+        help="compile threads of the threads mode's single worker (default: the engine's)",
+    )
+    p.add_argument(
+        "--workers-per-gpu",
+        default=None,
+        help="worker processes of the processes mode, e.g. 8 or 4,8 for a row each "
+        "(default: the engine's)",
+    )
+    p.add_argument(
+        "--worker-compile-threads",
+        type=int,
+        default=None,
+        help="compile threads per worker in the processes mode (default: the engine's)",
+    )
     p.add_argument("--iterations", type=int, default=None, help="timed iterations per config")
     p.add_argument(
-        "--order", choices=("sequential-first", "pipelined-first"), default="sequential-first"
+        "--order",
+        choices=("sequential-first", "pipelined-first"),
+        default="sequential-first",
+        help="pipelined-first: the engine modes before the sequential one",
     )
     p.add_argument("--allow-import", action="store_true", help="allow package.module:NAME kernels")
     p.add_argument("--out", default="throughput.json", help="JSON results file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(args.modes) - {"sequential", "threads", "processes"})
+    if unknown or not args.modes:
+        p.error(f"--modes: unknown {unknown}; choose from sequential,threads,processes")
+    try:
+        args.workers_per_gpu = (
+            [None]
+            if args.workers_per_gpu is None
+            else [int(w) for w in str(args.workers_per_gpu).split(",") if w.strip()]
+        )
+    except ValueError:
+        p.error(f"--workers-per-gpu must be whole numbers like 8 or 4,8: {args.workers_per_gpu!r}")
+    if any(w is not None and w < 1 for w in args.workers_per_gpu):
+        p.error("--workers-per-gpu must be >= 1")
+    return args
 
 
 def _row(config: Config, result: TrialResult) -> dict[str, Any]:
@@ -158,30 +207,64 @@ def sequential_child(job_path: str, out_path: str) -> int:
     return 0
 
 
-def run_pipelined(
-    kernel_name: str, problem: Any, configs: list[Config], warmup: Config, args: argparse.Namespace
+def _device_busy_s(timeline: list[Any], measured: set[int]) -> float:
+    """Seconds the GPU's lock was held for the measured configs (got the GPU -> done)."""
+    got: dict[int, float] = {}
+    busy = 0.0
+    for e in timeline:
+        if e.task_id not in measured:
+            continue
+        if e.stage == "device":
+            got[e.task_id] = e.t
+        elif e.stage == "done" and e.task_id in got:
+            busy += e.t - got.pop(e.task_id)
+    return busy
+
+
+def run_engine(
+    kernel_name: str,
+    problem: Any,
+    configs: list[Config],
+    warmup: Config,
+    args: argparse.Namespace,
+    *,
+    workers_per_gpu: int | None,
+    compile_threads: int | None,
 ) -> dict[str, Any]:
+    """The engine over the configs, every worker warmed up first; the clock starts after."""
     from autotune.engine import Engine
 
+    started = time.perf_counter()
     with Engine(
         args.device,
-        compile_threads=args.compile_threads,
+        workers_per_gpu=workers_per_gpu,
+        compile_threads=compile_threads,
         iterations=args.iterations,
         allow_import=args.allow_import,
     ) as engine:
         device = engine.device_info()
-        engine.submit(kernel_name, problem, warmup).result()
+        warm = engine.warm_up(kernel_name, problem, warmup)
+        ready_s = time.perf_counter() - started
         start = time.perf_counter()
         futures = [engine.submit(kernel_name, problem, c) for c in configs]
         results = [f.result() for f in futures]
         seconds = time.perf_counter() - start
         stats = engine.stats()
-        threads = engine.compile_threads
+        measured = {f.task_id for f in futures}  # type: ignore[attr-defined]
+        busy = _device_busy_s(engine.timeline(), measured)
+        layout = (engine.workers_per_gpu, engine.compile_threads, engine.parallelism)
     return {
         "seconds": seconds,
         "device": dataclasses.asdict(device),
-        "compile_threads": threads,
+        "workers_per_gpu": layout[0],
+        "compile_threads": layout[1],
+        "parallelism": layout[2],
+        "startup_and_warmup_s": ready_s,
+        "warmup_outcomes": [str(r.outcome) for r in warm],
+        "gpu_busy_s": busy,
         "worker_starts": stats.worker_starts,
+        "crashes": stats.crashes,
+        "timeouts": stats.timeouts,
         "trials": [_row(c, r) for c, r in zip(configs, results, strict=True)],
     }
 
@@ -201,43 +284,111 @@ def main(argv: list[str] | None = None) -> int:
         f"{problem}: {len(configs)} configs (seed {args.seed}) on {args.device}; warm-up {warmup}"
     )
 
-    modes: dict[str, dict[str, Any]] = {}
-    order = ["sequential", "pipelined"]
-    if args.order == "pipelined-first":
-        order.reverse()
-    for mode in order:
+    plan: list[tuple[str, dict[str, Any] | None]] = []  # (row name, engine options)
+    for mode in args.modes:
         if mode == "sequential":
-            modes[mode] = run_sequential(configs, warmup, args)
+            plan.append(("sequential", None))
+        elif mode == "threads":
+            plan.append(
+                ("threads", {"workers_per_gpu": 1, "compile_threads": args.compile_threads})
+            )
         else:
-            modes[mode] = run_pipelined(kernel.name, problem, configs, warmup, args)
-        print(f"  {mode}: {modes[mode]['seconds']:.1f} s")
+            for w in args.workers_per_gpu:
+                name = "processes" if len(args.workers_per_gpu) == 1 else f"processes({w})"
+                options = {"workers_per_gpu": w, "compile_threads": args.worker_compile_threads}
+                plan.append((name, options))
+    if args.order == "pipelined-first":
+        plan.sort(key=lambda item: item[1] is None)  # stable: engine rows first, then sequential
+    else:
+        plan.sort(key=lambda item: item[1] is not None)
 
-    base = modes["sequential"]["seconds"]
-    print(f"\n{'mode':<11} {'configs':>7} {'seconds':>9} {'configs/min':>12} {'speedup':>8}")
-    for mode in ("sequential", "pipelined"):
-        m = modes[mode]
+    modes: dict[str, dict[str, Any]] = {}
+    for name, options in plan:
+        if options is None:
+            modes[name] = run_sequential(configs, warmup, args)
+            print(f"  {name}: {modes[name]['seconds']:.1f} s")
+        else:
+            modes[name] = run_engine(kernel.name, problem, configs, warmup, args, **options)
+            m = modes[name]
+            print(
+                f"  {name}: {m['seconds']:.1f} s ({m['workers_per_gpu']} worker(s) x "
+                f"{m['compile_threads']} compile thread(s), {m['parallelism']} in flight; "
+                f"start + warm-up {m['startup_and_warmup_s']:.1f} s)"
+            )
+
+    names = [name for name, _ in plan]
+    names.sort(
+        key=lambda n: ("sequential", "threads").index(n) if n in ("sequential", "threads") else 2
+    )
+    base = modes["sequential"]["seconds"] if "sequential" in modes else None
+    header = (
+        f"\n{'mode':<14} {'layout':>8} {'configs':>7} {'seconds':>8} {'configs/min':>12} "
+        f"{'speedup':>8} {'compile s':>10} {'gpu busy':>9}"
+    )
+    print(header)
+    for name in names:
+        m = modes[name]
         m["configs_per_min"] = len(configs) / m["seconds"] * 60
-        m["speedup"] = base / m["seconds"]
+        m["speedup"] = base / m["seconds"] if base else None
         m["outcomes"] = dict(collections.Counter(t["outcome"] for t in m["trials"]))
-        print(
-            f"{mode:<11} {len(configs):>7} {m['seconds']:>9.1f} {m['configs_per_min']:>12.1f} {m['speedup']:>7.2f}x"
+        compiles = [t["compile_s"] for t in m["trials"] if t["compile_s"] is not None]
+        m["mean_compile_s"] = sum(compiles) / len(compiles) if compiles else None
+        layout = (
+            f"{m['workers_per_gpu']}x{m['compile_threads']}" if "workers_per_gpu" in m else "1x1"
         )
-    for mode in ("sequential", "pipelined"):
-        print(f"  {mode} outcomes: {modes[mode]['outcomes']}")
-    disagree = [
-        (s["config"], s["outcome"], p["outcome"])
-        for s, p in zip(modes["sequential"]["trials"], modes["pipelined"]["trials"], strict=True)
-        if s["outcome"] != p["outcome"]
-    ]
-    if disagree:
-        print(f"  outcomes differ between modes for {len(disagree)} configs: {disagree[:3]}")
-    for mode in ("sequential", "pipelined"):
+        speedup = f"{m['speedup']:.2f}x" if m["speedup"] else "-"
+        mean_compile = f"{m['mean_compile_s']:.2f}" if m["mean_compile_s"] is not None else "-"
+        busy = f"{m['gpu_busy_s'] / m['seconds']:.0%}" if "gpu_busy_s" in m else "-"
+        print(
+            f"{name:<14} {layout:>8} {len(configs):>7} {m['seconds']:>8.1f} "
+            f"{m['configs_per_min']:>12.1f} {speedup:>8} {mean_compile:>10} {busy:>9}"
+        )
+    print(
+        "  (layout: worker processes x compile threads each; gpu busy: share of the wall time "
+        "some worker held the GPU)"
+    )
+    for name in names:
+        print(f"  {name} outcomes: {modes[name]['outcomes']}")
+    disagree: dict[str, list[Any]] = {}
+    reference = "sequential" if "sequential" in modes else names[0]
+    for name in names:
+        if name == reference:
+            continue
+        differ = [
+            (s["config"], s["outcome"], p["outcome"])
+            for s, p in zip(modes[reference]["trials"], modes[name]["trials"], strict=True)
+            if s["outcome"] != p["outcome"]
+        ]
+        if differ:
+            disagree[name] = differ
+            print(
+                f"  outcomes differ between {reference} and {name} for {len(differ)} "
+                f"configs: {differ[:3]}"
+            )
+        # Timings must not depend on the mode: the same config's median against the reference
+        # mode's (other workers' compiles must not disturb a timing).
+        ratios = sorted(
+            p["median_us"] / s["median_us"]
+            for s, p in zip(modes[reference]["trials"], modes[name]["trials"], strict=True)
+            if s["outcome"] == p["outcome"] == "ok" and s["median_us"] and p["median_us"]
+        )
+        if ratios:
+            modes[name]["median_us_ratio_vs_" + reference] = {
+                "median": ratios[len(ratios) // 2],
+                "min": ratios[0],
+                "max": ratios[-1],
+            }
+            print(
+                f"  {name} / {reference} kernel time per config: median {ratios[len(ratios) // 2]:.3f}, "
+                f"range {ratios[0]:.3f}-{ratios[-1]:.3f} over {len(ratios)} configs"
+            )
+    for name in names:
         ok = [
-            t for t in modes[mode]["trials"] if t["median_us"] is not None and t["outcome"] == "ok"
+            t for t in modes[name]["trials"] if t["median_us"] is not None and t["outcome"] == "ok"
         ]
         if ok:
             best = min(ok, key=lambda t: t["median_us"])
-            print(f"  {mode} best: {best['median_us']:.1f} us {best['config']}")
+            print(f"  {name} best: {best['median_us']:.1f} us {best['config']}")
 
     from autotune._jax_compat import jax_versions
 
@@ -246,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         "problem": problem.key(),
         "device_mode": args.device,
         "seed": args.seed,
+        "cpu_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
         "configs": [dict(c) for c in configs],
         "warmup": dict(warmup),
         "versions": jax_versions(),

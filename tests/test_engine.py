@@ -206,6 +206,136 @@ def test_a_crash_on_one_gpu_leaves_the_others_running():
     assert stats.crashes in (1, 2) and stats.worker_starts == 2 + stats.crashes
 
 
+def device_spans(timeline):
+    """Per task, (worker, got the GPU, done) from its last device event on."""
+    spans = {}
+    for e in timeline:
+        if e.stage == "device":
+            spans[e.task_id] = [e.worker, e.t, None]
+        elif e.stage == "done" and e.task_id in spans:
+            spans[e.task_id][2] = e.t
+    return {t: tuple(s) for t, s in spans.items() if s[2] is not None}
+
+
+def assert_one_at_a_time(spans):
+    ordered = sorted((t0, t1) for _, t0, t1 in spans)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered)), ordered
+
+
+def test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time():
+    """workers_per_gpu=3: compiles overlap across worker processes; device stages never do."""
+    n, compile_s, run_s = 9, 0.5, 0.1
+    plan = [cfg(cost_us=i, compile_ms=compile_s * 1000, run_ms=run_s * 1000) for i in range(n)]
+    with fake_engine(workers_per_gpu=3, compile_threads=1) as eng:
+        assert eng.workers == 3 and eng.parallelism == 6
+        assert [r.outcome for r in eng.warm_up(FAKE, PROBLEM, cfg())] == [Outcome.OK] * 3
+        start = time.monotonic()
+        results = [f.result(timeout=60) for f in [eng.submit(FAKE, PROBLEM, c) for c in plan]]
+        wall = time.monotonic() - start
+        timeline = eng.timeline()
+        pids = {w.pid for w in eng._workers.values() if w is not None}
+    assert [r.median_us for r in results] == pytest.approx(list(range(n)), rel=0.01)
+    assert len(pids) == 3
+    warm_ups = {e.task_id: e.worker for e in timeline if e.stage == "done" and e.task_id < 3}
+    assert sorted(warm_ups.values()) == [0, 1, 2]  # one warm-up on each worker
+    spans = {e: s for e, s in device_spans(timeline).items() if e >= 3}
+    assert_one_at_a_time(spans.values())
+    compiles = collections.defaultdict(dict)
+    for e in timeline:
+        if e.task_id >= 3 and e.stage in ("build", "compiled"):
+            compiles[e.task_id][e.stage] = (e.worker, e.t)
+    pairs = [
+        (a, b)
+        for a, b in itertools.combinations(compiles.values(), 2)
+        if a["build"][0] != b["build"][0]
+        and a["build"][1] < b["compiled"][1]
+        and b["build"][1] < a["compiled"][1]
+    ]
+    assert len(pairs) >= 3, compiles  # compiling in different processes at the same time
+    assert {w for w, _, _ in spans.values()} == {0, 1, 2}
+    assert wall < 0.6 * n * (compile_s + run_s), wall
+
+
+def test_a_worker_dying_while_it_holds_the_gpu_does_not_block_the_others():
+    """A segfault and a hang while holding the GPU's lock: the OS releases it; the rest is OK."""
+    plan = [cfg(cost_us=i, compile_ms=100, run_ms=100) for i in range(10)]
+    plan.insert(2, cfg("segfault", "time", run_ms=100))
+    plan.insert(6, cfg("hang", "time", run_ms=100))
+    with fake_engine(workers_per_gpu=3, compile_threads=1, trial_timeout_s=1.5) as eng:
+        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+        stats = eng.stats()
+        timeline = eng.timeline()
+    outcomes = [r.outcome for r in results]
+    assert outcomes[2] is Outcome.CRASHED and outcomes[6] is Outcome.TIMEOUT
+    assert outcomes[:2] + outcomes[3:6] + outcomes[7:] == [Outcome.OK] * 10
+    assert "SIGSEGV" in results[2].error and "last stage: time" in results[2].error
+    assert "got the GPU" in results[6].error
+    assert stats.crashes >= 1 and stats.timeouts == 1
+    # Configs were timed after each death, one at a time.
+    deaths = [e.t for e in timeline if e.stage == "time" and e.task_id in (2, 6)]
+    assert any(e.stage == "device" and e.t > max(deaths) for e in timeline)
+    assert_one_at_a_time(device_spans(timeline).values())
+
+
+def test_waiting_for_the_gpu_is_not_a_timeout():
+    """Configs queueing for the GPU longer than the run limit still end OK: the limit counts
+    from when the lock is held."""
+    limit_s, run_ms = 1.0, 250
+    plan = [cfg(cost_us=i, run_ms=run_ms) for i in range(16)]
+    with fake_engine(workers_per_gpu=4, compile_threads=1, trial_timeout_s=limit_s) as eng:
+        eng.warm_up(FAKE, PROBLEM, cfg())
+        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+        timeline = eng.timeline()
+        stats = eng.stats()
+    assert [r.outcome for r in results] == [Outcome.OK] * len(plan), [r.error for r in results]
+    assert stats.timeouts == 0 and stats.worker_starts == 4
+    compiled = {e.task_id: e.t for e in timeline if e.stage == "compiled"}
+    waits = [e.t - compiled[e.task_id] for e in timeline if e.stage == "device"]
+    assert max(waits) > 1.5 * limit_s, waits  # some waited well past the limit for the GPU
+    assert_one_at_a_time(device_spans(timeline).values())
+
+
+def test_default_layout_processes_on_a_gpu_host_threads_on_a_small_one():
+    """8 workers x 1 thread on a 16-core 1-GPU host, 1 worker x threads on 2 cores; a lock per GPU."""
+    layout = engine_mod._default_layout
+    assert layout("gpu", 1, 16) == (8, 1)
+    assert layout("gpu", 1, 64) == (8, 2)
+    assert layout("gpu", 8, 128) == (8, 1)
+    assert layout("gpu", 1, 2) == (1, 2)  # today's engine: one worker, threads
+    assert layout("gpu", 4, 16) == (2, 1)
+    assert layout("interpret", 1, 16) == (8, 1)
+    assert layout("fake", 1, 16) == (1, 8)
+    assert layout("gpu", 1, 16, workers_per_gpu=1) == (1, 8)
+    assert layout("gpu", 1, 16, compile_threads=3) == (8, 3)
+    with fake_engine(gpus=[0, 1], workers_per_gpu=2, compile_threads=1) as eng:
+        assert (eng.workers, eng.parallelism) == (4, 8)
+        results = [
+            f.result(timeout=60)
+            for f in [eng.submit(FAKE, PROBLEM, cfg(run_ms=50)) for _ in range(8)]
+        ]
+        timeline = eng.timeline()
+    assert all(r.ok for r in results)
+    assert {(e.worker, e.gpu) for e in timeline} <= {(0, 0), (1, 0), (2, 1), (3, 1)}
+    for gpu in (0, 1):
+        on_gpu = {e.task_id for e in timeline if e.gpu == gpu}
+        assert_one_at_a_time(s for t, s in device_spans(timeline).items() if t in on_gpu)
+
+
+def test_interpret_workers_share_the_cpu_device():
+    """Two interpret-mode worker processes: real kernels compile in both, run one at a time."""
+    problem = Problem(SCALE_ADD, {"n": 512}, "float32")
+    with Engine(
+        "interpret", workers_per_gpu=2, compile_threads=1, allow_import=True, iterations=2
+    ) as eng:
+        warm = eng.warm_up(SCALE_ADD, problem, Config(block=512))
+        futures = [eng.submit(SCALE_ADD, problem, Config(block=b)) for b in (64, 128, 256)]
+        results = [f.result(timeout=120) for f in futures]
+        timeline = eng.timeline()
+    assert [r.outcome for r in warm + results] == [Outcome.OK] * 5
+    assert {e.worker for e in timeline if e.stage == "device"} == {0, 1}
+    assert_one_at_a_time(device_spans(timeline).values())
+
+
 def test_errors_that_are_not_the_configs_fail_the_future():
     """An unknown kernel, or an import path without allow_import, raises from the future."""
     with fake_engine() as eng:
@@ -260,6 +390,7 @@ def test_cancelled_future_is_skipped():
         ({"gpus": [-1]}, "non-negative"),
         ({"trial_timeout_s": 0}, "trial_timeout_s"),
         ({"compile_threads": 0}, "compile_threads"),
+        ({"workers_per_gpu": 0}, "workers_per_gpu"),
         ({"iterations": 0}, "iterations"),
     ],
 )
