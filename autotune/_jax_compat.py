@@ -9,7 +9,13 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["interpret_params", "force_interpret", "reset_interpret_state", "jax_versions"]
+__all__ = [
+    "interpret_params",
+    "force_interpret",
+    "reset_interpret_state",
+    "jax_versions",
+    "profile_params",
+]
 
 
 def _params_module() -> Any:
@@ -52,3 +58,18 @@ def jax_versions() -> dict[str, str]:
     import jaxlib
 
     return {"jax": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", "")}
+
+
+def profile_params(options: Any) -> dict[str, Any]:
+    """``plgpu.CompilerParams`` keywords for in-kernel tracing as ``options`` asks (a
+    :class:`~autotune.kernel.BuildOptions`); empty when it does not ask for a trace."""
+    if not options.profile_space:
+        return {}
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    scope = plgpu.TraceScope.WARP if options.trace_scope == "warp" else plgpu.TraceScope.WARPGROUP
+    return {
+        "profile_space": options.profile_space,
+        "profile_dir": options.profile_dir or "",
+        "profile_trace_scope": scope,
+    }

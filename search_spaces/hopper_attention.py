@@ -355,8 +355,6 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     Calls the unjitted ``_attention_forward`` (not the jitted ``attention``), so that a
     profiled and an unprofiled build of one config never share a trace cache entry.
     """
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
     from autotune import _jax_compat
 
     am = _attention_module()
@@ -367,17 +365,7 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
         use_schedule_barrier=config["use_schedule_barrier"],
         causal=bool(problem["causal"]),
     )
-    extra: dict[str, Any] | None = None
-    if options.profile_space:
-        extra = {
-            "profile_space": options.profile_space,
-            "profile_dir": options.profile_dir or "",
-            "profile_trace_scope": (
-                plgpu.TraceScope.WARP
-                if options.trace_scope == "warp"
-                else plgpu.TraceScope.WARPGROUP
-            ),
-        }
+    extra: dict[str, Any] | None = _jax_compat.profile_params(options) or None
 
     def hopper_attention(q: Any, k: Any, v: Any) -> Any:
         with contextlib.ExitStack() as stack:

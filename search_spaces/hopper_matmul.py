@@ -557,16 +557,7 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
         )
         clusters = max(1, min(clusters, m_iters * n_iters))
     params: dict[str, Any] = {"lowering_semantics": plgpu.LoweringSemantics.Warpgroup}
-    if options.profile_space:
-        params.update(
-            profile_space=options.profile_space,
-            profile_dir=options.profile_dir or "",
-            profile_trace_scope=(
-                plgpu.TraceScope.WARP
-                if options.trace_scope == "warp"
-                else plgpu.TraceScope.WARPGROUP
-            ),
-        )
+    params.update(_jax_compat.profile_params(options))
     launch: dict[str, Any] = {}
     if options.interpret:
         launch["interpret"] = _jax_compat.interpret_params()

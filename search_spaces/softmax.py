@@ -531,16 +531,7 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     params: dict[str, Any] = {"approx_math": plan.approx_math}
     if "reduction_scratch_bytes" in inspect.signature(plgpu.CompilerParams).parameters:
         params["reduction_scratch_bytes"] = REDUCTION_SCRATCH_BYTES
-    if options.profile_space:
-        params.update(
-            profile_space=options.profile_space,
-            profile_dir=options.profile_dir or "",
-            profile_trace_scope=(
-                plgpu.TraceScope.WARP
-                if options.trace_scope == "warp"
-                else plgpu.TraceScope.WARPGROUP
-            ),
-        )
+    params.update(_jax_compat.profile_params(options))
     extra: dict[str, Any] = {}
     if nwg > 1:
         extra.update(num_threads=nwg, thread_name="wg")
