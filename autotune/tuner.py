@@ -209,10 +209,7 @@ def tune_problem(
     software = software_versions()
     budget = spec.budget
 
-    def stored_rows() -> list[Any]:
-        return store.trials(problem, device_name=device.name)
-
-    rows = stored_rows()
+    rows = store.trials(problem, device_name=device.name)
     stored_configs = [r.config for r in rows]
     done_before = len(rows)
     if budget.trials is not None and done_before >= budget.trials:
