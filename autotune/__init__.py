@@ -52,6 +52,8 @@ _EXPORTS = {
     "best_config": "autotune.queries",
     "best_result": "autotune.queries",
     "list_results": "autotune.queries",
+    "tuned": "autotune.lookup",
+    "lookup_config": "autotune.lookup",
     "AutotuneError": "autotune.errors",
     "SpaceError": "autotune.errors",
     "NoValidConfigError": "autotune.errors",
@@ -89,6 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover
         StorageError,
     )
     from autotune.kernel import BuildOptions, Kernel, get_kernel
+    from autotune.lookup import lookup_config, tuned
     from autotune.problem import Config, Problem, parse_shape
     from autotune.queries import best_config, best_result, list_results
     from autotune.space import (

@@ -5,6 +5,8 @@
     autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--db URL] [--json]
     autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json]
     autotune check KERNEL --shape k=v,... --dtype D [--sample N] [--allow-import]
+    autotune export [--format json|python|csv] [--kernel K] [--device D] [--db URL] [--out FILE]
+    autotune import FILE [--db URL]
 
 Exit codes: 0 success; 1 nothing tuned (``best``) or configs failed (``check``); 2 bad input.
 """
@@ -82,6 +84,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--sample", type=int, default=32, metavar="N")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--allow-import", action="store_true")
+
+    e = sub.add_parser("export", help="write the best config per problem (json, python or csv)")
+    e.add_argument("--format", default="json", choices=("json", "python", "csv"))
+    e.add_argument("--kernel")
+    e.add_argument("--device", help="a device name, or gpu / interpret")
+    e.add_argument("--db")
+    e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+
+    i = sub.add_parser("import", help="load a json export into a database (keeps existing results)")
+    i.add_argument("file")
+    i.add_argument("--db")
     return p
 
 
@@ -91,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
-    handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check}
+    handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check,
+               "export": _export, "import": _import}
     try:
         return handler[args.command](args)
     except NothingTunedError as e:
@@ -317,6 +331,29 @@ def _results(args: argparse.Namespace) -> int:
     table = [[r.problem_text, r.device, ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
               _num(r.best_us, ".1f")] for r in rows]
     _table(header, table)
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from autotune.errors import JobError
+    from autotune.exchange import export_records, render
+
+    text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
+    if args.out is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        Path(args.out).write_text(text)
+    except OSError as e:
+        raise JobError(f"cannot write {args.out}: {e.strerror or e}") from None
+    return EXIT_OK
+
+
+def _import(args: argparse.Namespace) -> int:
+    from autotune.exchange import import_json
+
+    added, kept = import_json(args.file, args.db)
+    print(f"imported {added} trial(s); {kept} already stored (kept unchanged)")
     return EXIT_OK
 
 

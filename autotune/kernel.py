@@ -78,6 +78,9 @@ class Kernel:
         interpreter lacks); ``interpret_note`` says why not.
       tolerance: relative error bound on ``||out - ref|| / ||ref||`` per input dtype.
       description: one line for ``autotune spaces``.
+      shape_of: ``shape_of(*inputs) -> shape`` mapping the call's input arrays to the
+        problem's shape keys (``{"m": a.shape[0], ...}``), for run-time lookup
+        (:func:`autotune.tuned`); None when the kernel does not declare one.
     """
 
     name: str
@@ -97,6 +100,7 @@ class Kernel:
     interpret_note: str = ""
     tolerance: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
     description: str = ""
+    shape_of: Callable[..., Mapping[str, Any]] | None = None
 
     # -- problems ---------------------------------------------------------------------------
 

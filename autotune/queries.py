@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,7 +30,10 @@ from autotune.errors import JobError
 from autotune.problem import Problem, ShapeValue, canonical_dtype, parse_shape
 from autotune.storage import ProblemSummary, Store, resolve_url, sqlite_path
 
-__all__ = ["best_config", "best_result", "list_results", "BestResult", "ProblemSummary"]
+__all__ = [
+    "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
+    "BestResult", "ProblemSummary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +126,11 @@ def best_result(
             rows = store.best(problem, device_name=name, device_kind=kind)
         if not rows:
             return None
-        best = rows[0]
-        baseline = store.baseline(
-            problem, device_name=best.device.name, device_kind=best.device.kind
-        )
+        return _best_result(store, problem, rows[0])
+
+
+def _best_result(store: Store, problem: Problem, best: Any) -> BestResult:
+    baseline = store.baseline(problem, device_name=best.device.name, device_kind=best.device.kind)
     assert best.median_us is not None  # best() returns timed ok trials only
     return BestResult(
         problem=problem,
@@ -140,6 +145,70 @@ def best_result(
         baseline_us=None if baseline is None else baseline.median_us,
         ratio=None if baseline is None else best.median_us / baseline.median_us,
     )
+
+
+def shape_distance(a: Mapping[str, ShapeValue], b: Mapping[str, ShapeValue]) -> float:
+    """How far apart two shapes are: ``sum_k |log2(a_k / b_k)|`` over the size keys.
+
+    Size keys are those with integer (not bool) values; every other key (``causal``) must be
+    equal, and both shapes must have the same keys, else the distance is infinite.
+    """
+    if set(a) != set(b):
+        return math.inf
+    total = 0.0
+    for key, x in a.items():
+        y = b[key]
+        sized = all(isinstance(v, int) and not isinstance(v, bool) for v in (x, y))
+        if sized:
+            total += abs(math.log2(x / y))
+        elif x != y:
+            return math.inf
+    return total
+
+
+def nearest_results(
+    kernel: str,
+    shape: Mapping[str, ShapeValue] | str,
+    dtype: str,
+    *,
+    device: str | None = None,
+    db: str | None = None,
+    limit: int = 5,
+) -> list[BestResult]:
+    """The best results of the tuned problems nearest to ``shape`` (same kernel and dtype,
+    the problem itself excluded), nearest first by :func:`shape_distance`.
+
+    With ``device=None``, problems with GPU results come first (up to ``limit``), then
+    problems with interpret-mode results only (up to ``limit``); ties in distance keep the
+    order problems were stored in.
+    """
+    problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
+    with _open(db) as store:
+        if store is None:
+            return []
+        candidates = [
+            (d, p)
+            for p in store.problems(kernel)
+            if p.dtype == problem.dtype and p != problem
+            and math.isfinite(d := shape_distance(p.dims, problem.dims))
+        ]
+        candidates.sort(key=lambda item: item[0])
+        filters = (
+            [(None, "gpu"), (None, "interpret")]
+            if device is None
+            else [_device_filter(store, device)]
+        )
+        out: list[BestResult] = []
+        for name, kind in filters:
+            found = 0
+            for _, other in candidates:
+                if found >= limit:
+                    break
+                rows = store.best(other, device_name=name, device_kind=kind)
+                if rows:
+                    out.append(_best_result(store, other, rows[0]))
+                    found += 1
+        return out
 
 
 def list_results(

@@ -653,6 +653,11 @@ def default_config(problem: Problem) -> Config:
     return SPACE.bind(problem).closest_valid(KNOWN_GOOD)
 
 
+def shape_of(a: Any, b: Any, *rest: Any) -> dict[str, int]:
+    """The problem shape of a call: ``a`` is (m, k), ``b`` is (k, n)."""
+    return {"m": int(a.shape[0]), "k": int(a.shape[1]), "n": int(b.shape[1])}
+
+
 KERNEL = Kernel(
     name="hopper_matmul",
     space=SPACE,
@@ -668,6 +673,7 @@ KERNEL = Kernel(
     default_config=default_config,
     interpret_ok=True,
     interpret_note="Runs in GPU interpret mode (256^3 bf16 takes a few seconds on a CPU).",
+    shape_of=shape_of,
     description=(
         "JAX's warp-specialized Hopper matmul (hopper_matmul_mgpu): two consumer warpgroups, "
         "TMA pipeline, optional 2-block clusters, tiled epilogue"

@@ -610,6 +610,11 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
     return KERNEL.bind(problem).closest_valid(proposal)
 
 
+def shape_of(x: Any, *rest: Any) -> dict[str, int]:
+    """The problem shape of a call: ``x`` is (rows, cols)."""
+    return {"rows": int(x.shape[0]), "cols": int(x.shape[1])}
+
+
 KERNEL = Kernel(
     name="softmax",
     space=SPACE,
@@ -625,6 +630,7 @@ KERNEL = Kernel(
     baseline_name="xla",
     default_config=default_config,
     interpret_ok=True,
+    shape_of=shape_of,
     description=(
         "row softmax (Pallas Mosaic GPU): persistent in-place TMA pipeline of whole rows in "
         "shared memory, f32 in registers; tunes rows per copy, chunk, warpgroups, steps"

@@ -13,8 +13,8 @@ PUBLIC = [
     "NothingTunedError", "Outcome", "PowerOfTwo", "Problem", "SMEM_LIMIT_BYTES", "Space",
     "SpaceError", "StorageError", "TrialResult", "Violation", "WARPGROUP_SIZE", "WARP_SIZE",
     "__version__", "best_config", "best_result", "elems_per_bytes", "get_kernel",
-    "is_aligned_transfer", "list_results", "parse_shape", "per_128_bytes", "profiler_smem_bytes",
-    "threads", "transfer_bytes", "tune",
+    "is_aligned_transfer", "list_results", "lookup_config", "parse_shape", "per_128_bytes", "profiler_smem_bytes",
+    "threads", "transfer_bytes", "tune", "tuned",
 ]
 
 

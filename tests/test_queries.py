@@ -58,7 +58,10 @@ def db(db_url: str) -> str:
 def test_public_api_is_pinned():
     """queries exports exactly the documented names."""
     assert sorted(queries.__all__) == sorted(
-        ["best_config", "best_result", "list_results", "BestResult", "ProblemSummary"]
+        [
+            "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
+            "BestResult", "ProblemSummary",
+        ]
     )
 
 

@@ -1,0 +1,182 @@
+"""Export the best config per problem (JSON, CSV, or a plain Python module) and import it back.
+
+* ``json``: ``{"format": "autotune-export", "version": 1, "records": [...]}``, one record per
+  (problem, device) with kernel, shape, dtype, device, device_kind, compute_capability,
+  driver, median_us, jax_version, software and config. :func:`import_json` reads it back.
+* ``csv``: the same records, one row each (shape as ``m=..,n=..``, config as JSON).
+* ``python``: a module needing nothing but Python: ``TUNED = {(kernel, ((key, value), ...),
+  dtype): {config}}`` (one config per problem: GPU results preferred, then the fastest) and
+  ``lookup(kernel, shape, dtype)``.
+
+Importing never replaces stored results: each record becomes an ok trial on its device
+through :meth:`Store.record_trial`, which keeps the first trial of a (problem, config,
+device, software). No jax here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autotune.errors import JobError
+from autotune.problem import Config, Problem, canonical_dtype
+from autotune.queries import _device_filter, _open
+from autotune.storage import Store
+from autotune.trial import DeviceInfo, TrialResult
+
+__all__ = ["FORMATS", "export_records", "render", "import_json", "import_records"]
+
+FORMATS = ("json", "python", "csv")
+_MAGIC = "autotune-export"
+_VERSION = 1
+
+
+def export_records(
+    db: str | None = None, *, kernel: str | None = None, device: str | None = None
+) -> list[dict[str, Any]]:
+    """The best stored config of every (problem, device), as JSON-ready dicts."""
+    records: list[dict[str, Any]] = []
+    with _open(db) as store:
+        if store is None:
+            return records
+        name, kind = (None, None) if device is None else _device_filter(store, device)
+        for summary in store.summaries(kernel=kernel, device_name=name, device_kind=kind):
+            if summary.best_config is None or summary.best_trial_id is None:
+                continue
+            trial = store.trial(summary.best_trial_id)
+            if trial is None:  # deleted between the two reads
+                continue
+            info = trial.device
+            records.append({
+                "kernel": summary.problem.kernel,
+                "shape": summary.problem.dims,
+                "dtype": summary.problem.dtype,
+                "device": summary.device,
+                "device_kind": summary.device_kind,
+                "compute_capability": info.compute_capability,
+                "driver": info.driver,
+                "median_us": summary.best_us,
+                "jax_version": trial.software.get("jax", ""),
+                "software": dict(trial.software),
+                "config": dict(summary.best_config),
+            })
+    return records
+
+
+def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
+    """``records`` (from :func:`export_records`) as text in ``fmt`` (json, python or csv)."""
+    if fmt == "json":
+        doc = {"format": _MAGIC, "version": _VERSION, "records": list(records)}
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    if fmt == "csv":
+        out = io.StringIO()
+        fields = ["kernel", "shape", "dtype", "device", "device_kind", "median_us",
+                  "jax_version", "config"]
+        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for r in records:
+            writer.writerow({
+                **{k: r[k] for k in fields if k not in ("shape", "config")},
+                "shape": Problem(r["kernel"], r["shape"], r["dtype"]).shape_text,
+                "config": json.dumps(r["config"], sort_keys=True),
+            })
+        return out.getvalue()
+    if fmt == "python":
+        return _python_module(records)
+    raise JobError(f"Unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}.")
+
+
+def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
+    chosen: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    for r in records:
+        key = (r["kernel"], tuple(sorted(r["shape"].items())), r["dtype"])
+        old = chosen.get(key)
+        rank = (r["device_kind"] != "gpu", r["median_us"])
+        if old is None or rank < (old["device_kind"] != "gpu", old["median_us"]):
+            chosen[key] = r
+    lines = [
+        '"""Tuned configs exported by autotune. Plain Python: needs nothing else installed.',
+        "",
+        "TUNED maps (kernel, ((shape key, value), ...) sorted, dtype) to the best config;",
+        "DETAILS maps the same keys to where and how fast it was measured.",
+        '"""',
+        "",
+        "TUNED = {",
+    ]
+    for key in sorted(chosen, key=repr):
+        lines.append(f"    {key!r}: {dict(sorted(chosen[key]['config'].items()))!r},")
+    lines += ["}", "", "DETAILS = {"]
+    for key in sorted(chosen, key=repr):
+        r = chosen[key]
+        details = {"device": r["device"], "device_kind": r["device_kind"],
+                   "median_us": r["median_us"], "jax_version": r["jax_version"]}
+        lines.append(f"    {key!r}: {details!r},")
+    lines += [
+        "}",
+        "",
+        '_ALIASES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64"}',
+        "",
+        "",
+        "def lookup(kernel, shape, dtype):",
+        '    """The tuned config of (kernel, shape mapping, dtype) as a new dict, or None."""',
+        "    dtype = _ALIASES.get(dtype, dtype)",
+        "    config = TUNED.get((kernel, tuple(sorted(dict(shape).items())), dtype))",
+        "    return None if config is None else dict(config)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def import_json(path: str | pathlib.Path, db: str | None = None) -> tuple[int, int]:
+    """Loads a JSON export into ``db``; returns (trials added, already stored).
+
+    Raises:
+      JobError: the file is missing, not JSON, or not an autotune export.
+    """
+    path = pathlib.Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise JobError(f"cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise JobError(f"{path} is not JSON ({e}); `autotune import` reads a --format json export.") from None
+    if not isinstance(doc, dict) or doc.get("format") != _MAGIC or not isinstance(doc.get("records"), list):
+        raise JobError(f"{path} is not an autotune JSON export (made by `autotune export --format json`).")
+    if doc.get("version") != _VERSION:
+        raise JobError(f"{path}: export version {doc.get('version')!r} is not supported (expected {_VERSION}).")
+    return import_records(doc["records"], db, where=str(path))
+
+
+def import_records(
+    records: Sequence[Mapping[str, Any]], db: str | None = None, *, where: str = "records"
+) -> tuple[int, int]:
+    """Stores exported records as ok trials; returns (added, already stored). Checks every
+    record before writing any."""
+    parsed = []
+    for i, r in enumerate(records):
+        try:
+            problem = Problem(r["kernel"], r["shape"], canonical_dtype(r["dtype"]))
+            config = Config(r["config"])
+            median = float(r["median_us"])
+            if not median > 0:
+                raise ValueError(f"median_us must be positive, got {median}")
+            device = DeviceInfo(str(r["device"]), str(r.get("device_kind") or "gpu"),
+                                str(r.get("compute_capability") or ""), str(r.get("driver") or ""))
+            software = {str(k): str(v) for k, v in dict(r.get("software") or {}).items()}
+            software.setdefault("jax", str(r.get("jax_version") or ""))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise JobError(f"{where}: record {i} is malformed: {e!r}") from None
+        parsed.append((problem, config, median, device, software))
+    added = duplicates = 0
+    with Store(db) as store:
+        for problem, config, median, device, software in parsed:
+            result = TrialResult.timed([median], compile_s=None, rel_error=None, timing="imported")
+            recorded = store.record_trial(problem, config, result, device=device,
+                                          software=software, worker="import")
+            duplicates += recorded.duplicate
+            added += not recorded.duplicate
+    return added, duplicates
