@@ -19,23 +19,13 @@ __all__ = ["tune", "detect_device", "open_engine", "count_gpus"]
 
 
 def detect_device() -> str:
-    """``"gpu"`` if jax sees a CUDA GPU, else ``"interpret"``.
-
-    Asked in a child process so that this process never initialises CUDA (the engine's
-    workers own the GPUs).
-    """
-    code = "import jax; print(jax.default_backend())"
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-        ).stdout.strip().splitlines()
-    except (OSError, subprocess.TimeoutExpired):
-        return "interpret"
-    return "gpu" if out and out[-1] in ("gpu", "cuda") else "interpret"
+    """``"gpu"`` if jax sees a CUDA GPU (:func:`count_gpus`), else ``"interpret"``."""
+    return "gpu" if count_gpus() > 0 else "interpret"
 
 
 def count_gpus() -> int:
-    """GPUs jax can see, asked in a child process (this one never initialises CUDA)."""
+    """GPUs jax can see, asked in a child process so that this process never initialises
+    CUDA (the engine's workers own the GPUs)."""
     code = "import jax\ntry:\n print(len(jax.devices('gpu')))\nexcept RuntimeError:\n print(0)"
     try:
         out = subprocess.run(

@@ -423,24 +423,18 @@ def _alive(pid: int) -> bool:
 def _related_winners(store: Any, problem: Problem, device: DeviceInfo, limit: int = 3) -> list[Mapping[str, Any]]:
     """Best configs of the nearest tuned problems of the same kernel and dtype.
 
-    Distance between shapes: the sum over shape keys of |log2(a/b)|, so 4096 is as far from
-    8192 as from 2048, and a shape differing in one dimension by 2x is nearer than one
-    differing in two. Non-size keys (``causal``) must match.
+    Distance between shapes: :func:`autotune.queries.shape_distance` (the sum over size keys
+    of |log2(a/b)|; non-size keys such as ``causal`` must match).
     """
-    import math
+    from autotune.queries import shape_distance
 
     candidates = []
     for other in store.problems(problem.kernel):
         if other == problem or other.dtype != problem.dtype:
             continue
-        a, b = problem.dims, other.dims
-        if set(a) != set(b):
-            continue
-        flags_match = all(a[k] == b[k] for k in a if isinstance(a[k], bool | str))
-        if not flags_match:
-            continue
-        dist = sum(abs(math.log2(a[k] / b[k])) for k in a if isinstance(a[k], int) and not isinstance(a[k], bool))
-        candidates.append((dist, other))
+        dist = shape_distance(problem.dims, other.dims)
+        if dist != float("inf"):
+            candidates.append((dist, other))
     candidates.sort(key=lambda t: t[0])
     out = []
     for _dist, other in candidates[:limit]:

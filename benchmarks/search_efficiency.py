@@ -31,6 +31,7 @@ from optuna.trial import TrialState  # noqa: E402
 
 from autotune.kernel import get_kernel  # noqa: E402
 from autotune.problem import Config  # noqa: E402
+from autotune.queries import shape_distance  # noqa: E402
 from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 from autotune.space import Constraint, Space  # noqa: E402
 
@@ -57,13 +58,6 @@ def recorded_space(data: Mapping[str, Any]) -> tuple[Any, dict[str, float | None
     )
     space = Space(base.space.params, base.space.constraints + (rule,))
     return space.bind(problem), times, kernel, problem
-
-
-def shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    """Sum over size keys of |log2(a/b)| (the tuner's documented distance); inf if keys differ."""
-    if set(a) != set(b) or any(a[k] != b[k] for k in a if isinstance(a[k], bool | str)):
-        return math.inf
-    return sum(abs(math.log2(a[k] / b[k])) for k in a if isinstance(a[k], int) and not isinstance(a[k], bool))
 
 
 def warm_seeds(data: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
