@@ -167,7 +167,7 @@ def run_job(
     allow_import: bool = False,
 ) -> list[ProblemReport]:
     """Tunes every problem of ``job``; returns one report per problem."""
-    storage = _optuna_storage(_optuna_url(store.url))
+    storage = _optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
     reports = []
     for spec in job.problems:
         kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
@@ -183,12 +183,6 @@ def run_job(
             )
         )
     return reports
-
-
-def _optuna_url(url: str) -> str:
-    if url.startswith("postgresql://"):
-        return "postgresql+psycopg://" + url[len("postgresql://") :]
-    return url
 
 
 def tune_problem(
