@@ -809,6 +809,29 @@ class BoundSpace:
         found = rec(0)
         return None if found is None else self._config(found)
 
+    def neighbours(self, config: Mapping[str, Value], *, radius: int | None = None) -> list[Config]:
+        """Valid configs that differ from ``config`` in exactly one tunable, nearest first.
+
+        ``radius`` keeps, for ordered tunables, only values at most that many domain steps
+        away (choices always count as one step). The one-tunable moves of a local search.
+        """
+        base = self._tuple_or_none(config)
+        if base is None:
+            base = self.snap(config)
+        found: list[tuple[float, int, tuple[Value, ...]]] = []
+        for i, domain in enumerate(self.domains):
+            here = self._value_index[i].get(repr(base[i]))
+            for j, value in enumerate(domain):
+                if value == base[i]:
+                    continue
+                if radius is not None and self.params[i].ordinal and here is not None and abs(j - here) > radius:
+                    continue
+                values = base[:i] + (value,) + base[i + 1:]
+                if self._all_ok(values):
+                    found.append((self._distance(i, base[i], value), len(found), values))
+        found.sort()
+        return [self._config(values) for _, _, values in found]
+
     def closest_valid(self, proposal: Mapping[str, Value]) -> Config:
         """``proposal`` if it is valid here, else the valid config nearest to it.
 
