@@ -7,6 +7,11 @@ Declaring a space::
 
     from autotune import Space, Aligned, PowerOfTwo, Choice, Bool, Constraint
 
+A kernel of your own (``docs/user_kernels.md``)::
+
+    KERNEL = autotune.Kernel(name="bias_gelu", space=..., build=..., make_inputs=..., ...)
+    autotune.tune(KERNEL, [{"rows": 64, "cols": 512}], dtype="float32", trials=8)
+
 Tuning and asking::
 
     autotune.tune("hopper_matmul", [{"m": 4096, "n": 4096, "k": 4096}], dtype="bfloat16")
@@ -46,12 +51,16 @@ _EXPORTS = {
     "Kernel": "autotune.kernel",
     "BuildOptions": "autotune.kernel",
     "get_kernel": "autotune.kernel",
+    "interpret_params": "autotune._jax_compat",
+    "profile_params": "autotune._jax_compat",
+    "check_space": "autotune.checking",
     "Outcome": "autotune.trial",
     "TrialResult": "autotune.trial",
     "tune": "autotune.api",
     "best_config": "autotune.queries",
     "best_result": "autotune.queries",
     "list_results": "autotune.queries",
+    "results_frame": "autotune.queries",
     "tuned": "autotune.lookup",
     "lookup_config": "autotune.lookup",
     "AutotuneError": "autotune.errors",
@@ -80,7 +89,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from autotune._jax_compat import interpret_params, profile_params
     from autotune.api import tune
+    from autotune.checking import check_space
     from autotune.errors import (
         AutotuneError,
         JobError,
@@ -93,7 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.kernel import BuildOptions, Kernel, get_kernel
     from autotune.lookup import lookup_config, tuned
     from autotune.problem import Config, Problem, parse_shape
-    from autotune.queries import best_config, best_result, list_results
+    from autotune.queries import best_config, best_result, list_results, results_frame
     from autotune.space import (
         SMEM_LIMIT_BYTES,
         WARP_SIZE,

@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.errors import JobError
 from autotune.jobs import Job, parse_job
-from autotune.kernel import Kernel
+from autotune.kernel import BUNDLED, Kernel, resolve_kernel
 
 __all__ = ["tune", "detect_device", "open_engine", "count_gpus"]
 
@@ -68,7 +68,8 @@ def tune(
     dtype: str | Sequence[str] = "bfloat16",
     trials: int | None = 32,
     seconds: float | None = None,
-    sampler: str = "tpe",
+    patience: int | None = None,
+    sampler: str = "auto",
     seed: int | None = 0,
     db: str | None = None,
     device: str = "auto",
@@ -79,31 +80,65 @@ def tune(
 
     Args:
       kernel: a bundled kernel's name, ``"package.module:NAME"`` (with ``allow_import``), or a
-        :class:`Kernel` object declared in your own code.
+        :class:`Kernel` object declared as a global of your own module; its results are
+        stored under ``"module:NAME"`` (what ``autotune best`` and job files name it by),
+        and the worker processes import it from there.
       problems: shapes, e.g. ``[{"m": 4096, "n": 4096, "k": 4096}]``.
       dtype: one dtype or several.
       trials, seconds: the budget per problem (whichever ends first).
+      patience: stop a problem early after this many measured configs in a row without a
+        better one (0: never; None: the default, 24).
       db: a SQLAlchemy URL; default ``$AUTOTUNE_DB`` or ``sqlite:///results/autotune.db``.
       device: "auto" (GPU if present, else interpret mode), "gpu" or "interpret".
 
+    Returns:
+      One :class:`~autotune.tuner.ProblemReport` per problem: ``best_config``, ``best_us``,
+      ``baseline_us``, ``speedup``, ``tflops``, ``gbps``, ``by_status`` (trials per outcome).
+
     Results are stored as they come; calling again resumes, measuring nothing twice.
+
+    Raises:
+      JobError: a bad problem or setting, or a kernel object the worker processes cannot
+        import (one that is not a global of an importable module).
     """
     from autotune.storage import Store
-    from autotune.tuner import run_job
+    from autotune.tuner import require_persistent, run_job
 
     if isinstance(kernel, Kernel):
-        from autotune import kernel as kernel_module
-
-        kernel_module.register(kernel)
-        name = kernel.name
+        # Worker processes import the kernel by its path; passing the object is the consent.
+        resolved = resolve_kernel(kernel)
+        if resolved.name not in BUNDLED and ":" not in resolved.name:
+            raise JobError(
+                f"Kernel {kernel.name!r} cannot be imported by the worker processes that "
+                "measure it: declare it as a global of a module (my_kernels.py, "
+                "KERNEL = autotune.Kernel(...)) and import it from there, not in a script or "
+                "a notebook cell. It is then stored as 'my_kernels:KERNEL'."
+            )
+        name = resolved.name
+        allow_import = allow_import or ":" in name
     else:
         name = kernel
-    dtypes = [dtype] if isinstance(dtype, str) else list(dtype)
+    # Checked before anything is opened or written (tune() is the API's job file).
+    if (
+        isinstance(problems, str | Mapping)
+        or not isinstance(problems, Sequence)
+        or not problems
+        or not all(isinstance(p, Mapping) for p in problems)
+    ):
+        raise JobError(
+            "tune(): problems must be a non-empty list of shapes such as "
+            f"[{{'m': 4096, 'n': 4096, 'k': 4096}}], but got {problems!r}."
+        )
+    if device not in ("auto", "gpu", "interpret"):
+        raise JobError(f"tune(): device must be auto, gpu or interpret, but got {device!r}.")
+    dtypes = [dtype] if isinstance(dtype, str) or not isinstance(dtype, Sequence) else list(dtype)
     settings: dict[str, Any] = {"sampler": sampler}
     if trials is not None:
         settings["trials"] = trials
     if seconds is not None:
         settings["seconds"] = seconds
+    if patience is not None:
+        settings["patience"] = patience
     if seed is not None:
         settings["seed"] = seed
     data = {
@@ -113,6 +148,7 @@ def tune(
     job: Job = parse_job(data, name="api", allow_import=allow_import, where="tune()")
     store = Store(db)
     try:
+        require_persistent(store)  # before any worker process starts
         with open_engine(device, allow_import=allow_import) as engine:
             return run_job(job, store=store, engine=engine, on_event=on_event, allow_import=allow_import)
     finally:

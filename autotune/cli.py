@@ -1,12 +1,15 @@
 """The ``autotune`` command line. Library code does not print; this module does.
 
     autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N] [--json]]
-    autotune tune JOB.toml [--db URL] [--trials N] [--sampler NAME] [--device auto|gpu|interpret]
+    autotune tune JOB.toml [--db URL] [--trials N] [--time-budget S] [--patience N] [--sampler NAME]
+                           [--device auto|gpu|interpret]
     autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--db URL] [--json]
     autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json]
     autotune check KERNEL --shape k=v,... --dtype D [--sample N] [--allow-import]
     autotune export [--format json|python|csv] [--kernel K] [--device D] [--db URL] [--out FILE]
     autotune import FILE [--db URL]
+    autotune revalidate [--kernel K] [--db URL] [--device auto|gpu|interpret] [--top N]
+    autotune report [--kernel K] [--db URL] [--out DIR]
 
 Exit codes: 0 success; 1 nothing tuned (``best``) or configs failed (``check``); 2 bad input.
 """
@@ -56,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--db", help="SQLAlchemy URL (default $AUTOTUNE_DB or sqlite:///results/autotune.db)")
     t.add_argument("--trials", type=int, help="override every problem's trial budget")
     t.add_argument("--time-budget", type=float, metavar="SECONDS", help="override the time budget per problem")
+    t.add_argument("--patience", type=int, metavar="N",
+                   help="stop a problem early after N measured configs in a row without a better one "
+                        "(0: never; default: the job's, else 24)")
     t.add_argument("--sampler", help="override the sampler (tpe, random, cmaes, gp, qmc, brute)")
     t.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
     t.add_argument("--gpus", help="'all' or a list like 0,1 (one measuring worker per GPU)")
@@ -95,6 +101,19 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("import", help="load a json export into a database (keeps existing results)")
     i.add_argument("file")
     i.add_argument("--db")
+
+    v = sub.add_parser("revalidate", help="re-measure stored winners of other jax/jaxlib versions")
+    v.add_argument("--kernel")
+    v.add_argument("--db")
+    v.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
+    v.add_argument("--top", type=int, default=3, metavar="N", help="stale configs per problem")
+    v.add_argument("--allow-import", action="store_true")
+
+    o = sub.add_parser("report", help="plots per problem and an index.html (needs matplotlib)")
+    o.add_argument("--kernel")
+    o.add_argument("--db")
+    o.add_argument("--out", default="results/report", metavar="DIR")
+    o.add_argument("--allow-import", action="store_true", help="FLOP counts of import-path kernels")
     return p
 
 
@@ -105,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
     handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check,
-               "export": _export, "import": _import}
+               "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
     try:
         return handler[args.command](args)
     except NothingTunedError as e:
@@ -166,15 +185,18 @@ def _spaces(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from autotune.api import open_engine
     from autotune.errors import JobError
-    from autotune.jobs import Budget, load_job
+    from autotune.jobs import MAX_TRIALS, Budget, load_job
     from autotune.storage import Store
-    from autotune.tuner import run_job
+    from autotune.tuner import require_persistent, run_job
 
     job = load_job(args.job, allow_import=args.allow_import)
-    if args.trials is not None and args.trials <= 0:
-        raise JobError(f"--trials must be a positive whole number, got {args.trials}.")
-    if args.time_budget is not None and not args.time_budget > 0:
-        raise JobError(f"--time-budget must be a positive number of seconds, got {args.time_budget}.")
+    if args.trials is not None and not 0 < args.trials <= MAX_TRIALS:
+        raise JobError(f"--trials must be a positive whole number up to {MAX_TRIALS}, got {args.trials}.")
+    if args.time_budget is not None and not 0 < args.time_budget < float("inf"):
+        raise JobError(f"--time-budget must be a positive, finite number of seconds, got {args.time_budget}.")
+    if args.patience is not None and args.patience < 0:
+        raise JobError(f"--patience must be a whole number of trials, 0 or more (0: never stop early), "
+                       f"got {args.patience}.")
     if args.sampler is not None:
         from autotune.sampling import SAMPLERS
 
@@ -187,13 +209,17 @@ def _tune(args: argparse.Namespace) -> int:
             budget = Budget(
                 trials=args.trials if args.trials is not None else (budget.trials if args.time_budget is None else None),
                 seconds=args.time_budget if args.time_budget is not None else budget.seconds,
+                patience=budget.patience,
             )
+        if args.patience is not None:
+            budget = dataclasses.replace(budget, patience=args.patience or None)
         specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
     job = dataclasses.replace(job, problems=tuple(specs))
     gpus = _parse_gpus(args.gpus)
     store = Store(args.db)
     progress = _Progress()
     try:
+        require_persistent(store)  # before the engine writes its logs under --results-dir
         log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
         with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir) as engine:
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
@@ -202,6 +228,14 @@ def _tune(args: argparse.Namespace) -> int:
         progress.close()
         store.close()
     _print_reports(reports)
+    for r in reports:
+        if r.invalid:
+            shape = ",".join(f"{k}={v}" for k, v in r.problem.dims.items())
+            flag = " --allow-import" if ":" in r.problem.kernel else ""
+            print(f"{r.problem}: {r.invalid} config(s) did not lower (stored as invalid, never "
+                  f"proposed again): its space is missing a rule. Each stored error names it; "
+                  f"`autotune check {r.problem.kernel} --shape {shape} --dtype {r.problem.dtype}"
+                  f"{flag}` finds it before spending GPU time.")
     return EXIT_OK
 
 
@@ -311,6 +345,9 @@ def _best(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), default=str))
     else:
         print(f"{problem} on {result.device}: {result.median_us:.1f} us")
+        if result.stale:
+            print(f"  measured with jax {result.jax_version}, jaxlib {result.jaxlib_version}, not the "
+                  "running versions: `autotune revalidate` re-measures it")
         if result.baseline_us:
             print(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {result.baseline_us / result.median_us:.3f})")
         print("  config: " + json.dumps(result.config))
@@ -345,7 +382,10 @@ def _export(args: argparse.Namespace) -> int:
     try:
         Path(args.out).write_text(text)
     except OSError as e:
-        raise JobError(f"cannot write {args.out}: {e.strerror or e}") from None
+        raise JobError(
+            f"--out {args.out!r} cannot be written ({e.strerror or e}); give a file in an existing, "
+            "writable folder."
+        ) from None
     return EXIT_OK
 
 
@@ -357,6 +397,46 @@ def _import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _revalidate(args: argparse.Namespace) -> int:
+    from autotune.api import open_engine
+    from autotune.revalidate import revalidate
+    from autotune.storage import Store
+
+    if args.top < 1:
+        raise ValueError(f"--top must be 1 or more, got {args.top}.")
+    with Store(args.db) as store, open_engine(args.device, allow_import=args.allow_import) as engine:
+        reports = revalidate(store, engine, kernel=args.kernel, top=args.top)
+    if not reports:
+        print("nothing to revalidate: every stored winner on this device was measured with the "
+              "running jax/jaxlib")
+        return EXIT_OK
+    header = ["problem", "device", "old us", "old jax", "new us", "ratio", "winner", "changed"]
+    rows = []
+    for r in reports:
+        old = r.old_winner
+        holds = "holds" if r.holds else (
+            "-" if r.winner is None else f"now {json.dumps(dict(r.winner))} {_num(r.winner_us, '.1f')} us")
+        rows.append([str(r.problem), r.device, f"{old.old_us:.1f}", old.old_software.get("jax", "?"),
+                     _num(old.new_us, ".1f") if old.result.ok else old.result.outcome.value,
+                     _num(old.ratio, ".3f"), holds, "yes" if r.changed else "no"])
+    _table(header, rows)
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from autotune.report import write_report
+
+    try:
+        report = write_report(args.db, out_dir=args.out, kernel=args.kernel,
+                              allow_import=args.allow_import)
+    except ImportError as e:  # matplotlib missing: the message names the extra to install
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    images = sum(len(p.images) for p in report.pages)
+    print(f"wrote {images} plot(s) of {len(report.pages)} problem(s); open {report.index}")
+    return EXIT_OK
+
+
 def _check(args: argparse.Namespace) -> int:
     from autotune.checking import check_space
 
@@ -365,9 +445,18 @@ def _check(args: argparse.Namespace) -> int:
     print(f"{problem}: cross-lowered {report.checked} of {report.valid} valid configs for CUDA: "
           f"{report.ok} ok, {len(report.failures)} failed")
     for f in report.failures:
-        print(f"  FAIL {json.dumps(dict(f.config))}\n    {f.error_type}: {f.error.splitlines()[-1] if f.error else ''}")
+        last = f.error.splitlines()[-1] if f.error else ""
+        print(f"  FAIL {json.dumps(dict(f.config))}\n    {last if last.startswith(f.error_type) else f'{f.error_type}: {last}'}")
         if f.suggestion:
             print(f"    missing rule? {f.suggestion}")
+        if f.rule:
+            print(f"    excluded by: {f.rule}")
+    rules = list(dict.fromkeys(f.rule for f in report.failures if f.rule))
+    if rules:
+        print(f"The space is missing {len(rules)} rule(s); each excludes its failures and no config "
+              "that lowered. Add to the space's constraints (autotune exports the names):")
+        for rule in rules:
+            print(f"  {rule}")
     return EXIT_OK if not report.failures else EXIT_NOTHING
 
 

@@ -8,7 +8,9 @@ outcome :func:`classify_error` chose from the *stage* that failed, never from an
 (PLATFORM.md: messages change between JAX versions):
 
     build, lower   -> INVALID        the kernel refused the config while tracing or lowering
-                                     (lower, in interpret mode: COMPILE_ERROR)
+                                     (lower, in interpret mode: COMPILE_ERROR; but interpret
+                                     mode first lowers each config for CUDA, as on the GPU,
+                                     and a failure there is INVALID)
     compile        -> COMPILE_ERROR  XLA / Mosaic GPU / ptxas failed
     run, check, time -> COMPILE_ERROR  it compiled but launching or running failed, or
                        CRASHED        ... and the device is unusable afterwards (an illegal
@@ -17,6 +19,9 @@ outcome :func:`classify_error` chose from the *stage* that failed, never from an
 
 Failures that are not the config's (a module missing, the reference or the input maker broken)
 raise :class:`EvaluationError` instead, so they are not stored as a property of the config.
+
+An ``invalid`` trial means the kernel's space is missing a rule: its error ends with the rule
+that would exclude the config (:func:`autotune.checking.suggest_rule`), as advice.
 
 Evaluators (:class:`GpuEvaluator`, :class:`InterpretEvaluator`, :class:`FakeEvaluator`) bind
 these steps to one device. jax is imported only inside functions.
@@ -57,6 +62,7 @@ __all__ = [
     "select_kernel_time",
     "relative_error",
     "compile_config",
+    "lower_config_for_cuda",
     "run_compiled",
     "measure_baseline",
     "trace_config",
@@ -153,6 +159,25 @@ def _failure(
     elif interpret and stage is Stage.LOWER:
         message += " (GPU interpret mode: the interpreter may lack what this config uses)"
     return TrialResult.failed(outcome, message, compile_s=compile_s)
+
+
+def _with_rule_hint(
+    result: TrialResult, kernel: Kernel, problem: Problem, config: Config
+) -> TrialResult:
+    """An ``invalid`` trial's error plus the rule the space is missing (advice only: the
+    outcome never depends on it)."""
+    if result.outcome is not Outcome.INVALID:
+        return result
+    try:
+        from autotune.checking import suggest_rule
+
+        hint = suggest_rule(result.error, config, kernel.bind(problem))
+    except Exception:  # noqa: BLE001 - advice must never fail a trial
+        log.debug("no rule hint for %s", config, exc_info=True)
+        hint = ""
+    if not hint:
+        hint = "`autotune check` on this problem names the rule the space is missing"
+    return dataclasses.replace(result, error=f"{result.error}\nmissing rule? {hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,10 +365,48 @@ def compile_config(
         on_stage(stage)
         executable = lowered.compile()
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
-        return _failure(
+        failed = _failure(
             e, stage, compile_s=time.perf_counter() - start, interpret=options.interpret
         )
+        return _with_rule_hint(failed, kernel, problem, config)
     return Compiled(kernel, problem, config, executable, time.perf_counter() - start, options)
+
+
+def lower_config_for_cuda(
+    kernel: Kernel,
+    problem: Problem,
+    config: Config,
+    *,
+    specs: Sequence[Any] | None = None,
+    on_stage: StageHook | None = None,
+) -> TrialResult | None:
+    """Builds and lowers one config for CUDA, as on the GPU, without one; None if it lowers.
+
+    Interpret mode runs this before interpreting a config: the interpreter is not the validity
+    oracle (it runs copies Mosaic GPU refuses, and lacks what some valid configs use), CUDA
+    lowering is. A failure is ``invalid`` with JAX's error and the missing rule.
+    """
+    import jax
+
+    from autotune.lowering import H200_NUM_SMS, input_specs
+
+    on_stage = on_stage or _noop
+    stage = Stage.BUILD
+    start = time.perf_counter()
+    try:
+        on_stage(stage)
+        fn = kernel.build(problem, config, BuildOptions(num_sms=H200_NUM_SMS))
+        stage = Stage.LOWER
+        if specs is None:
+            specs = input_specs(kernel, problem)
+        jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+    except Exception as e:  # noqa: BLE001 - every config failure becomes a value
+        failed = _failure(e, stage, compile_s=time.perf_counter() - start)
+        failed = dataclasses.replace(
+            failed, error=f"{failed.error} (lowering for CUDA, as on the GPU)"
+        )
+        return _with_rule_hint(failed, kernel, problem, config)
+    return None
 
 
 def _device_ok() -> bool:
@@ -843,7 +906,11 @@ def sm_clock_ghz() -> float | None:
 
 
 class InterpretEvaluator(_JaxEvaluator):
-    """Runs kernels in GPU interpret mode on the CPU; wall-clock timing (not GPU-comparable)."""
+    """Runs kernels in GPU interpret mode on the CPU; wall-clock timing (not GPU-comparable).
+
+    Each config is first lowered for CUDA (:func:`lower_config_for_cuda`), so a config the GPU
+    would refuse is ``invalid`` here too, never measured as if it were fine.
+    """
 
     timing = "wallclock"
     interpret = True
@@ -858,6 +925,18 @@ class InterpretEvaluator(_JaxEvaluator):
         import jax
 
         return jax.default_device(jax.devices("cpu")[0])
+
+    def compile(
+        self, kernel: Kernel, problem: Problem, config: Config, *, on_stage: StageHook | None = None
+    ) -> Compiled | TrialResult:
+        if self._refuse(kernel) is None:
+            invalid = lower_config_for_cuda(
+                kernel, problem, config, specs=self._input_specs(kernel, problem),
+                on_stage=on_stage,
+            )
+            if invalid is not None:
+                return invalid
+        return super().compile(kernel, problem, config, on_stage=on_stage)
 
     def _refuse(self, kernel: Kernel) -> TrialResult | None:
         if kernel.interpret_ok:

@@ -33,6 +33,7 @@ __all__ = ["FORMATS", "export_records", "render", "import_json", "import_records
 FORMATS = ("json", "python", "csv")
 _MAGIC = "autotune-export"
 _VERSION = 1
+_RECORD_KEYS = "kernel, shape, dtype, device, median_us and config"
 
 
 def export_records(
@@ -141,7 +142,10 @@ def import_json(path: str | pathlib.Path, db: str | None = None) -> tuple[int, i
     try:
         doc = json.loads(path.read_text())
     except OSError as e:
-        raise JobError(f"cannot read {path}: {e.strerror or e}") from None
+        raise JobError(
+            f"cannot read {path}: {e.strerror or e}; `autotune import` reads a JSON export made "
+            "by `autotune export --format json`."
+        ) from None
     except json.JSONDecodeError as e:
         raise JobError(f"{path} is not JSON ({e}); `autotune import` reads a --format json export.") from None
     if not isinstance(doc, dict) or doc.get("format") != _MAGIC or not isinstance(doc.get("records"), list):
@@ -168,8 +172,16 @@ def import_records(
                                 str(r.get("compute_capability") or ""), str(r.get("driver") or ""))
             software = {str(k): str(v) for k, v in dict(r.get("software") or {}).items()}
             software.setdefault("jax", str(r.get("jax_version") or ""))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise JobError(f"{where}: record {i} is malformed: {e!r}") from None
+        except KeyError as e:
+            raise JobError(
+                f"{where}: record {i} has no {e.args[0]!r}; each record needs {_RECORD_KEYS} "
+                "(as `autotune export --format json` writes them). Nothing was imported."
+            ) from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise JobError(
+                f"{where}: record {i} is malformed: {e}; each record needs {_RECORD_KEYS} "
+                "(as `autotune export --format json` writes them). Nothing was imported."
+            ) from None
         parsed.append((problem, config, median, device, software))
     added = duplicates = 0
     with Store(db) as store:

@@ -4,7 +4,8 @@ A job file is data, never code::
 
     [defaults]              # optional; each problem may override any of these
     trials = 32             # measured configs per problem (and/or `seconds`)
-    sampler = "tpe"         # tpe | random | cmaes | gp | qmc | brute
+    patience = 24           # stop after this many configs in a row without a better one
+    sampler = "auto"        # auto | tpe | random | cmaes | gp | qmc | brute
     seed = 0
 
     [[problem]]
@@ -24,17 +25,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune._paths import check_file_name
 from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
-from autotune.kernel import get_kernel
+from autotune.kernel import bundled_kernels, get_kernel
 from autotune.problem import Problem
 from autotune.sampling import SAMPLERS
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 
 MAX_TRIALS = 1_000_000
+# Stop after this many measured configs in a row without a new best; chosen by the replay over
+# recorded ground truth (benchmarks/search_efficiency.py --patience, RESULTS.md section 3).
+DEFAULT_PATIENCE = 24
 _SETTINGS = {
     "trials": "a positive whole number of configs to measure per problem",
     "seconds": "a positive number of seconds to spend per problem",
+    "patience": "a whole number of measured configs without a better one after which tuning stops "
+                "(0: never stop early)",
     "sampler": f"one of {', '.join(SAMPLERS)}",
     "seed": "a whole number (or omit it for a random seed)",
     "iterations": "a whole number of timed runs per config, 1 to 10000",
@@ -45,10 +52,12 @@ _PROBLEM_KEYS = {"kernel", "dtype", "dtypes", "shape", "shapes", *_SETTINGS}
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """When to stop tuning one problem: after ``trials`` measured configs or ``seconds``."""
+    """When to stop tuning one problem: after ``trials`` measured configs or ``seconds``, or
+    early, once ``patience`` configs in a row have not beaten the best (``None``: never)."""
 
     trials: int | None = 32
     seconds: float | None = None
+    patience: int | None = None  # job files and tune() default to DEFAULT_PATIENCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +66,7 @@ class ProblemSpec:
 
     problem: Problem
     budget: Budget
-    sampler: str = "tpe"
+    sampler: str = "auto"
     seed: int | None = 0
     iterations: int = 20
     trace_top_k: int = 1
@@ -80,9 +89,22 @@ def load_job(path: str | Path, *, allow_import: bool = False) -> Job:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise JobError(f"Job file {str(path)!r} does not exist.") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise JobError(f"Job file {str(path)!r} cannot be read: {e}.") from None
+        raise JobError(
+            f"Job file {str(path)!r} does not exist; give the path of a TOML job file such as "
+            "examples/quickstart.toml."
+        ) from None
+    except IsADirectoryError:
+        raise JobError(
+            f"Job file {str(path)!r} is a directory; give the path of a TOML job file such as "
+            "examples/quickstart.toml."
+        ) from None
+    except UnicodeDecodeError as e:
+        raise JobError(
+            f"Job file {str(path)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+            f"{e.start}); a job file is TOML, which is UTF-8 text."
+        ) from None
+    except OSError as e:
+        raise JobError(f"Job file {str(path)!r} cannot be read: {e.strerror or e}.") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -101,7 +123,10 @@ def parse_job(
         )
     defaults = data.get("defaults", {})
     if not isinstance(defaults, Mapping):
-        raise JobError(f"{where}: [defaults] must be a table, got {type(defaults).__name__}.")
+        raise JobError(
+            f"{where}: [defaults] must be a table of settings, got {type(defaults).__name__} "
+            f"{defaults!r}; allowed settings: {', '.join(_SETTINGS)}."
+        )
     bad = sorted(set(defaults) - set(_SETTINGS))
     if bad:
         raise JobError(
@@ -111,20 +136,28 @@ def parse_job(
     if problems is None:
         raise JobError(f"{where}: no [[problem]] entries; a job needs at least one.")
     if not isinstance(problems, list) or not all(isinstance(p, Mapping) for p in problems):
-        raise JobError(f"{where}: 'problem' must be an array of tables ([[problem]]).")
+        raise JobError(
+            f"{where}: 'problem' must be an array of tables ([[problem]] sections), got "
+            f"{problems!r}."
+        )
     if not problems:
         raise JobError(f"{where}: no [[problem]] entries; a job needs at least one.")
     specs: list[ProblemSpec] = []
-    seen: set[Problem] = set()
+    seen: dict[Problem, int] = {}
     for i, entry in enumerate(problems):
         for spec in _expand(entry, defaults, f"{where}: problem #{i + 1}", allow_import):
             if spec.problem in seen:
-                raise JobError(f"{where}: {spec.problem} is listed twice.")
-            seen.add(spec.problem)
+                raise JobError(
+                    f"{where}: problem #{i + 1}: {spec.problem} is listed twice (also by problem "
+                    f"#{seen[spec.problem]}); list each kernel, shape and dtype once."
+                )
+            seen[spec.problem] = i + 1
             specs.append(spec)
     job_name = data.get("name", name)
     if not isinstance(job_name, str) or not job_name:
         raise JobError(f"{where}: 'name' must be a non-empty string, got {job_name!r}.")
+    if "name" in data:  # it may name result files: one file name, never a path
+        check_file_name(f"{where}: name", job_name)
     return Job(name=job_name, problems=tuple(specs))
 
 
@@ -136,7 +169,10 @@ def _expand(
         raise JobError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(sorted(_PROBLEM_KEYS))}.")
     kernel_name = entry.get("kernel")
     if not isinstance(kernel_name, str) or not kernel_name:
-        raise JobError(f"{where}: 'kernel' must name a kernel, e.g. kernel = \"hopper_matmul\"; got {kernel_name!r}.")
+        raise JobError(
+            f"{where}: 'kernel' must name a kernel: one of {', '.join(bundled_kernels())}, or "
+            f"'package.module:NAME' (with --allow-import); got {kernel_name!r}."
+        )
     try:
         kernel = get_kernel(kernel_name, allow_import=allow_import)
     except KernelNotFoundError as e:
@@ -149,7 +185,15 @@ def _expand(
     seconds = settings.get("seconds")
     if trials is None and seconds is None:
         trials = 32
-    budget = Budget(trials=trials, seconds=float(seconds) if seconds is not None else None)
+    patience = settings.get("patience", DEFAULT_PATIENCE)
+    budget = Budget(trials=trials, seconds=float(seconds) if seconds is not None else None,
+                    patience=patience or None)
+    top_k = settings.get("trace_top_k", 1)
+    if trials is not None and top_k > trials:
+        raise JobError(
+            f"{where}: trace_top_k = {top_k} is more than trials = {trials}: only measured "
+            f"configs can be traced, so it must be 0 to {trials}."
+        )
     out = []
     for shape in shapes:
         for dtype in dtypes:
@@ -162,7 +206,7 @@ def _expand(
                 ProblemSpec(
                     problem=problem,
                     budget=budget,
-                    sampler=settings.get("sampler", "tpe"),
+                    sampler=settings.get("sampler", "auto"),
                     seed=settings.get("seed", 0),
                     iterations=settings.get("iterations", 20),
                     trace_top_k=settings.get("trace_top_k", 1),
@@ -199,6 +243,8 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
 
     if "trials" in s and not (_is_int(s["trials"]) and 0 < s["trials"] <= MAX_TRIALS):
         fail("trials")
+    if "patience" in s and not (_is_int(s["patience"]) and 0 <= s["patience"] <= MAX_TRIALS):
+        fail("patience")
     if "seconds" in s and not (
         isinstance(s["seconds"], int | float) and not isinstance(s["seconds"], bool)
         and 0 < s["seconds"] < float("inf")

@@ -4,7 +4,8 @@ A :class:`Kernel` bundles, for one Pallas Mosaic GPU kernel: its search space (t
 constraints), how to build it for a problem and config, how to make fresh random inputs, a
 reference to check it against, a baseline to beat, and FLOP/byte counts. Bundled kernels live
 in ``search_spaces/`` (one module each, exporting ``KERNEL``); a user's kernel is named by an
-import path ``package.module:NAME`` and loaded only when the caller allows imports.
+import path ``package.module:NAME`` and loaded only when the caller allows imports
+(``docs/user_kernels.md``).
 
 Importing this module does not import jax; building and running a kernel does.
 """
@@ -13,14 +14,25 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
-from autotune.problem import Config, Problem, canonical_dtype
+from autotune.problem import MAX_SIZE, Config, Problem, canonical_dtype
 from autotune.space import BoundSpace, Space
 
-__all__ = ["Kernel", "BuildOptions", "BUNDLED", "get_kernel", "bundled_kernels", "register"]
+__all__ = [
+    "Kernel",
+    "BuildOptions",
+    "BUNDLED",
+    "get_kernel",
+    "bundled_kernels",
+    "register",
+    "import_path",
+    "resolve_kernel",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +70,9 @@ class Kernel:
     """A tunable kernel and everything the tuner needs to tune it.
 
     Attributes:
-      name: the kernel's name in job files, the CLI and the database.
+      name: the kernel's name in job files, the CLI and the database. A kernel of your own
+        is stored under its import path (``"package.module:NAME"``, see
+        :func:`resolve_kernel`); this name is then only a label.
       space: tunables and constraints (a :class:`Space`, or a function of the problem's
         :class:`~autotune.space.Env` returning one, for spaces whose shape depends on it).
       shape_keys: the problem keys a shape must give (e.g. ``("m", "n", "k")``).
@@ -132,9 +146,10 @@ class Kernel:
             raise JobError(str(e)) from None
         for key in self.shape_keys:
             value = merged[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
                 raise JobError(
-                    f"Kernel {self.name!r}: shape key {key}={value!r} must be a positive integer."
+                    f"Kernel {self.name!r}: shape key {key}={value!r} must be a positive integer "
+                    f"of at most {MAX_SIZE} (2**31 - 1)."
                 )
         for key, default in self.shape_defaults.items():
             if type(merged[key]) is not type(default):
@@ -234,10 +249,19 @@ def get_kernel(name: str, *, allow_import: bool = False) -> Kernel:
             "--allow-import (CLI) or allow_import=True (API)."
         )
     module_name, _, attr = name.partition(":")
+    if not all(part.isidentifier() for part in module_name.split(".")) or not attr.isidentifier():
+        raise KernelNotFoundError(
+            f"Kernel {name!r} is not an import path: it must be 'package.module:NAME', a dotted "
+            "module path and a name made of Python identifiers (no '/', '..' or spaces)."
+        )
+    _cwd_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise KernelNotFoundError(f"Kernel {name!r}: cannot import module {module_name!r}: {e}") from e
+        raise KernelNotFoundError(
+            f"Kernel {name!r}: cannot import module {module_name!r}: {e}. The module must be "
+            f"importable from the current directory ({os.getcwd()}) or PYTHONPATH."
+        ) from e
     obj = getattr(module, attr, None)
     if not isinstance(obj, Kernel):
         raise KernelNotFoundError(
@@ -247,3 +271,64 @@ def get_kernel(name: str, *, allow_import: bool = False) -> Kernel:
     if obj.name != name:
         obj = dataclasses.replace(obj, name=name)
     return obj
+
+
+def _cwd_importable() -> None:
+    """Lets ``package.module`` paths resolve from the current directory, as ``python -m`` does.
+
+    The ``autotune`` console script starts with its own directory on ``sys.path``, not the
+    current one; a job run from a project's root names the project's modules from there.
+    Appended, so it never shadows an installed package. Worker processes start with this
+    process's ``sys.path``.
+    """
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.append(cwd)
+
+
+def import_path(kernel: Kernel) -> str | None:
+    """``"package.module:NAME"`` under which ``kernel`` can be imported, or None.
+
+    A kernel loaded by :func:`get_kernel` from a path carries it as its name. Otherwise the
+    modules of its ``build``, ``make_inputs`` and ``reference`` are searched for a global
+    holding this very object. A kernel defined in a script run as ``python script.py`` (its
+    ``__main__``) has no import path; one run with ``python -m package.module`` does.
+    """
+    if ":" in kernel.name:
+        return kernel.name
+    seen: set[str] = set()
+    for fn in (kernel.build, kernel.make_inputs, kernel.reference):
+        module_name = getattr(fn, "__module__", None)
+        if not module_name or module_name in seen:
+            continue
+        seen.add(module_name)
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        if module_name == "__main__":
+            spec = getattr(module, "__spec__", None)
+            if spec is None or not spec.name or spec.name == "__main__":
+                continue
+            module_name = spec.name
+        for attr, value in list(vars(module).items()):
+            if value is kernel:
+                return f"{module_name}:{attr}"
+    return None
+
+
+def resolve_kernel(kernel: str | Kernel, *, allow_import: bool = False) -> Kernel:
+    """The kernel ``kernel`` names, or a :class:`Kernel` object under its stored name.
+
+    Results are stored under a kernel's name: a bundled kernel's own, a user's kernel's
+    import path (``"package.module:NAME"``, the name a job file and ``autotune best`` use).
+    A kernel object found in its module gets that path as its name, so tuning, ``best``
+    and the run-time lookup all meet on one name; one without an import path keeps its own.
+    """
+    if not isinstance(kernel, Kernel):
+        return get_kernel(kernel, allow_import=allow_import)
+    if kernel.name in BUNDLED:
+        return kernel
+    path = import_path(kernel)
+    if path is None or path == kernel.name:
+        return kernel
+    return dataclasses.replace(kernel, name=path)

@@ -17,9 +17,14 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["Config", "Problem", "DTYPES", "dtype_bits", "parse_shape", "canonical_dtype"]
+__all__ = [
+    "Config", "Problem", "DTYPES", "MAX_SIZE", "dtype_bits", "parse_shape", "canonical_dtype",
+]
 
 ShapeValue = int | bool | str
+# The largest size a shape may give: kernels index with 32-bit integers, and CUDA grids stop
+# at 2**31 - 1 blocks. A larger size is a typo, and would only fail after a long compile.
+MAX_SIZE = 2**31 - 1
 
 # Bits per element of the dtypes this project knows. Names are numpy/JAX canonical names.
 DTYPES: dict[str, int] = {
@@ -156,8 +161,11 @@ class Problem:
             raise ValueError(f"kernel must be a non-empty string, but got {kernel!r}.")
         frozen = _freeze(dict(shape), "shape")
         for key, value in frozen:
-            if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
-                raise ValueError(f"shape[{key!r}] must be a positive integer, but got {value}.")
+            if isinstance(value, int) and not isinstance(value, bool) and not 0 < value <= MAX_SIZE:
+                raise ValueError(
+                    f"shape[{key!r}] must be a positive integer, but got {value}; sizes go up to "
+                    f"{MAX_SIZE} (2**31 - 1)."
+                )
         object.__setattr__(self, "kernel", kernel)
         object.__setattr__(self, "shape", frozen)
         object.__setattr__(self, "dtype", canonical_dtype(dtype))
@@ -225,7 +233,7 @@ def parse_shape(text: str) -> dict[str, ShapeValue]:
             )
         key, raw = match.groups()
         if key in out:
-            raise ValueError(f"--shape names {key!r} twice.")
+            raise ValueError(f"--shape names {key!r} twice ({text.strip()!r}); give each key once.")
         out[key] = _parse_value(key, raw)
     return out
 
@@ -237,18 +245,27 @@ def _parse_value(key: str, raw: str) -> ShapeValue:
     try:
         if "**" in raw:
             base, _, exp = raw.partition("**")
-            if not (base.isdigit() and exp.isdigit()) or int(exp) > 64:
+            if not (base.isdigit() and exp.isdigit()):
                 raise ValueError
+            if int(exp) > 64 and int(base) > 1:  # far past MAX_SIZE: not worth computing
+                raise ValueError(
+                    f"--shape value {key}={raw} must be at most {MAX_SIZE} (2**31 - 1)."
+                )
             value = int(base) ** int(exp)
         elif low.endswith("k") and low[:-1].isdigit():
             value = int(low[:-1]) * 1024
         else:
             value = int(raw.replace("_", ""), 10)
-    except ValueError:
+    except ValueError as e:
+        if "at most" in str(e):
+            raise
         raise ValueError(
             f"--shape value {key}={raw!r} is not a whole number (or true/false); "
             "expected e.g. 4096, 4k or 2**12."
         ) from None
-    if value <= 0:
-        raise ValueError(f"--shape value {key}={raw} must be a positive integer.")
+    if not 0 < value <= MAX_SIZE:
+        raise ValueError(
+            f"--shape value {key}={raw} must be a positive integer of at most {MAX_SIZE} "
+            "(2**31 - 1)."
+        )
     return value

@@ -3,14 +3,25 @@
     >>> best_config("matmul", {"m": 4096, "n": 4096, "k": 4096}, "bf16")
     {'tile_m': 128, 'tile_n': 256, ...}
 
-Every function opens the database (``db``, else ``$AUTOTUNE_DB``, else
-``sqlite:///results/autotune.db``), answers, and closes it. A missing SQLite file answers
-"nothing tuned" (None, or an empty list) and is not created.
+Every function answers from the database ``db``, else ``$AUTOTUNE_DB``, else
+``sqlite:///results/autotune.db``. The few databases used last stay open in this process (a
+run-time lookup must not pay for opening and checking the schema each time); a database file
+that was replaced is opened afresh. A missing SQLite file answers "nothing tuned" (None, or an
+empty list) and is not created.
 
 Devices: ``device`` names a device kind (``"gpu"``, ``"interpret"``, ``"fake"``) or a device
 (``"NVIDIA H200"``, or any unambiguous part of the name, such as ``"h200"``). By default GPU
 results are used when the problem has any, else interpret-mode ones; the answer says which.
 Interpret-mode times are never returned for ``device="gpu"`` or a GPU's name.
+
+Software versions: a stored time holds for the jax and jaxlib it was measured with. Among the
+results of the device (or device kind) chosen as above, :func:`best_result` (and so
+:func:`best_config`, :func:`nearest_results` and the run-time lookup) answers with the fastest
+measured with the running jax and jaxlib (:func:`running_versions`), even when a result of
+other versions was faster, and falls back to the fastest of other versions only when there is
+none; ``BestResult.stale`` says which, and the fallback is logged. GPU results of other
+versions still come before interpret-mode ones. ``autotune revalidate`` re-measures such stale
+winners.
 
 This module must not import jax, directly or indirectly: asking for a config must not
 initialise CUDA.
@@ -18,21 +29,29 @@ initialise CUDA.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import math
+import os
+import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import JobError
 from autotune.problem import Problem, ShapeValue, canonical_dtype, parse_shape
-from autotune.storage import ProblemSummary, Store, resolve_url, sqlite_path
+from autotune.storage import ProblemSummary, Store, TrialRow, resolve_url, sqlite_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas
 
 __all__ = [
     "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
-    "BestResult", "ProblemSummary",
+    "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
+    "FRAME_COLUMNS",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,6 +78,9 @@ class BestResult:
     baseline_name: str | None
     baseline_us: float | None
     ratio: float | None
+    jaxlib_version: str = ""
+    # Measured with other jax/jaxlib versions than the running ones (none of those stored).
+    stale: bool = False
 
     @property
     def speedup(self) -> float | None:
@@ -76,6 +98,8 @@ class BestResult:
             "device": self.device,
             "device_kind": self.device_kind,
             "jax_version": self.jax_version,
+            "jaxlib_version": self.jaxlib_version,
+            "stale": self.stale,
             "measured_at": self.measured_at.isoformat(),
             "trial_id": self.trial_id,
             "baseline_name": self.baseline_name,
@@ -116,20 +140,65 @@ def best_result(
         if store is None:
             return None
         if device is None:
-            rows = store.best(problem, device_kind="gpu")
-            if not rows:
-                rows = store.best(problem, device_kind="interpret")
-                if rows:
+            found = _best_row(store, problem, None, "gpu")
+            if found is None:
+                found = _best_row(store, problem, None, "interpret")
+                if found is not None:
                     log.info("%s has no GPU results; answering from interpret mode.", problem)
         else:
             name, kind = _device_filter(store, device)
-            rows = store.best(problem, device_name=name, device_kind=kind)
-        if not rows:
+            found = _best_row(store, problem, name, kind)
+        if found is None:
             return None
-        return _best_result(store, problem, rows[0])
+        return _best_result(store, problem, *found)
 
 
-def _best_result(store: Store, problem: Problem, best: Any) -> BestResult:
+def running_versions() -> dict[str, str]:
+    """The installed jax and jaxlib versions (from package metadata: jax is not imported);
+    a package that is not installed is left out."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
+    out = []
+    for name in ("jax", "jaxlib"):
+        try:
+            out.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            pass
+    return tuple(out)
+
+
+def _best_row(
+    store: Store, problem: Problem, name: str | None, kind: str | None
+) -> tuple[TrialRow, bool] | None:
+    """The fastest ok trial measured with the running jax/jaxlib, else the fastest of other
+    versions, and whether it is stale (of other versions)."""
+    versions = running_versions()
+    if versions:
+        rows = store.best(problem, device_name=name, device_kind=kind, versions=versions)
+        if rows:
+            return rows[0], False
+    rows = store.best(problem, device_name=name, device_kind=kind)
+    if not rows:
+        return None
+    best = rows[0]
+    log.info(
+        "%s on %s: no result measured with the running %s; using one measured with %s "
+        "(`autotune revalidate` re-measures it).",
+        problem, best.device.name, _versions_text(versions), _versions_text(best.software),
+    )
+    return best, True
+
+
+def _versions_text(versions: Mapping[str, str]) -> str:
+    return ", ".join(f"{k} {versions.get(k) or '?'}" for k in ("jax", "jaxlib"))
+
+
+def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
     baseline = store.baseline(problem, device_name=best.device.name, device_kind=best.device.kind)
     assert best.median_us is not None  # best() returns timed ok trials only
     return BestResult(
@@ -144,6 +213,8 @@ def _best_result(store: Store, problem: Problem, best: Any) -> BestResult:
         baseline_name=None if baseline is None else baseline.name,
         baseline_us=None if baseline is None else baseline.median_us,
         ratio=None if baseline is None else best.median_us / baseline.median_us,
+        jaxlib_version=best.software.get("jaxlib", ""),
+        stale=stale,
     )
 
 
@@ -204,9 +275,9 @@ def nearest_results(
             for _, other in candidates:
                 if found >= limit:
                     break
-                rows = store.best(other, device_name=name, device_kind=kind)
-                if rows:
-                    out.append(_best_result(store, other, rows[0]))
+                best = _best_row(store, other, name, kind)
+                if best is not None:
+                    out.append(_best_result(store, other, *best))
                     found += 1
         return out
 
@@ -229,18 +300,129 @@ def list_results(
         return store.summaries(kernel=kernel, dtype=dtype, device_name=name, device_kind=kind)
 
 
+FRAME_COLUMNS = (
+    "trial_id", "kernel", "dtype", "problem", "status", "median_us", "min_us", "max_us",
+    "compile_s", "rel_error", "timing", "device", "device_kind", "compute_capability",
+    "driver", "jax", "jaxlib", "autotune", "study_name", "optuna_trial_number", "worker", "host",
+    "started_at", "finished_at", "traced", "error",
+)
+
+
+def results_frame(
+    db: str | None = None,
+    *,
+    kernel: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    status: str | None = None,
+) -> pandas.DataFrame:
+    """Every stored trial as a pandas DataFrame, one row per trial, oldest first.
+
+    Columns: :data:`FRAME_COLUMNS` (times in microseconds, compile time in seconds, datetimes
+    in UTC; ``jax``/``jaxlib``/``autotune`` are the versions it was measured with), then one
+    ``shape.<key>`` column per problem shape key and one ``config.<name>`` column per config
+    parameter (missing where a trial's kernel has no such key). Filters: ``kernel``,
+    ``dtype`` (aliases allowed), ``device`` (a kind or a device name, as for
+    :func:`best_result`) and ``status`` (an outcome such as ``"ok"``).
+
+    Raises:
+      ImportError: pandas is not installed (``pip install 'autotune[report]'``).
+    """
+    try:
+        import pandas as pd
+    except ImportError as e:
+        raise ImportError(
+            "results_frame needs pandas, which is not installed: pip install 'autotune[report]' "
+            "(or pip install pandas)."
+        ) from e
+    from autotune.trial import Outcome
+
+    dtype = None if dtype is None else canonical_dtype(dtype)
+    status = None if status is None else Outcome(status).value
+    with _open(db) as store:
+        rows = [] if store is None else _frame_rows(store, kernel, dtype, device, status)
+    records = []
+    shape_keys: dict[str, None] = {}
+    config_keys: dict[str, None] = {}
+    for r in rows:
+        record: dict[str, Any] = {
+            "trial_id": r.id, "kernel": r.problem.kernel, "dtype": r.problem.dtype,
+            "problem": str(r.problem), "status": r.status.value, "median_us": r.median_us,
+            "min_us": r.min_us, "max_us": r.max_us, "compile_s": r.compile_s,
+            "rel_error": r.rel_error, "timing": r.timing, "device": r.device.name,
+            "device_kind": r.device.kind, "compute_capability": r.device.compute_capability,
+            "driver": r.device.driver, "jax": r.software.get("jax", ""),
+            "jaxlib": r.software.get("jaxlib", ""), "autotune": r.software.get("autotune", ""),
+            "study_name": r.study_name, "optuna_trial_number": r.optuna_trial_number,
+            "worker": r.worker, "host": r.host, "started_at": r.started_at,
+            "finished_at": r.finished_at, "traced": r.traced, "error": r.error,
+        }
+        for key, value in r.problem.dims.items():
+            record[f"shape.{key}"] = value
+            shape_keys[f"shape.{key}"] = None
+        for key, value in r.config.items():
+            record[f"config.{key}"] = value
+            config_keys[f"config.{key}"] = None
+        records.append(record)
+    columns = [*FRAME_COLUMNS, *shape_keys, *config_keys]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def _frame_rows(
+    store: Store, kernel: str | None, dtype: str | None, device: str | None, status: str | None
+) -> list[TrialRow]:
+    name, kind = (None, None) if device is None else _device_filter(store, device)
+    return store.trials(
+        kernel=kernel, dtype=dtype, device_name=name, device_kind=kind, status=status
+    )
+
+
+# Open stores by (url, pid, SQLite file identity), most recently used last. Opening a Store
+# (engine, first connection, schema check) takes ~10 ms; a query on an open one well under 1.
+_STORES: collections.OrderedDict[tuple[Any, ...], Store] = collections.OrderedDict()
+_STORES_LOCK = threading.Lock()
+_MAX_OPEN_STORES = 4
+
+
 @contextlib.contextmanager
 def _open(db: str | None) -> Iterator[Store | None]:
-    path = sqlite_path(resolve_url(db))
-    if path is not None and not path.exists():
-        log.info("No results database at %s: nothing has been tuned there.", path)
-        yield None
-        return
-    store = Store(db)
-    try:
-        yield store
-    finally:
+    url = resolve_url(db)
+    path = sqlite_path(url)
+    identity: tuple[Any, ...] = ()
+    if path is not None:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            log.info("No results database at %s: nothing has been tuned there.", path)
+            yield None
+            return
+        identity = (stat.st_dev, stat.st_ino)
+    key = (url.render_as_string(hide_password=False), os.getpid(), *identity)
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is not None:
+            _STORES.move_to_end(key)
+    if store is None:
+        store = Store(db)
+        with _STORES_LOCK:
+            _STORES[key] = store
+            while len(_STORES) > _MAX_OPEN_STORES:
+                _close(*_STORES.popitem(last=False))
+    yield store
+
+
+def _close(key: tuple[Any, ...], store: Store) -> None:
+    if key[1] == os.getpid():
         store.close()
+    else:  # inherited through fork: the connections are the parent's to close
+        store.engine.dispose(close=False)
+
+
+def close_stores() -> None:
+    """Closes the databases that queries keep open in this process."""
+    with _STORES_LOCK:
+        while _STORES:
+            _close(*_STORES.popitem())
 
 
 def _device_filter(store: Store, device: str) -> tuple[str | None, str | None]:

@@ -29,11 +29,15 @@ from autotune.errors import JobError
 from autotune.problem import Config
 from autotune.space import BoundSpace
 
-__all__ = ["ValidSampler", "SAMPLERS", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
+__all__ = ["ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("tpe", "random", "cmaes", "gp", "qmc", "brute")
+SAMPLERS = ("auto", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+# The share of local moves (around the best so far) in the "auto" sampler's proposals; chosen
+# by the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
+# section 3).
+DEFAULT_LOCAL_SHARE = 0.5
 
 # A trial's system attribute naming the measured outcome; trials without it were never measured
 # (e.g. a worker killed before its result was stored) and do not take their config.
@@ -48,11 +52,20 @@ def valid_sampler(
     seed: int | None = None,
     seeds: Iterable[Mapping[str, Any]] = (),
     taken: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
+    local: float | None = None,
 ) -> ValidSampler:
-    """The :class:`ValidSampler` for sampler ``name`` over ``space``."""
+    """The :class:`ValidSampler` for sampler ``name`` over ``space``.
+
+    ``"auto"`` (the default) is multivariate TPE with :data:`DEFAULT_LOCAL_SHARE` of its
+    proposals replaced by local moves around the best measured config; ``local`` overrides
+    that share (for any sampler but ``random`` and ``brute``).
+    """
+    if local is None:
+        local = DEFAULT_LOCAL_SHARE if name == "auto" else 0.0
     mode = {"random": "uniform", "brute": "brute"}.get(name, "base")
     return ValidSampler(
-        space, make_sampler(name, seed=seed), mode=mode, seed=seed, seeds=seeds, taken=taken
+        space, make_sampler(name, seed=seed), mode=mode, seed=seed, seeds=seeds, taken=taken,
+        local=local,
     )
 
 
@@ -88,7 +101,7 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
     ``random`` and ``brute`` return a plain RandomSampler: :class:`ValidSampler` then draws
     or walks the valid set itself (see :func:`valid_sampler`).
     """
-    if name == "tpe":
+    if name in ("tpe", "auto"):
         # Multivariate TPE models interactions (tile sizes with pipeline depth); group=True
         # lets it handle the conditional spaces that repair produces.
         with warnings.catch_warnings():  # multivariate and group are "experimental" since 2.2
@@ -100,7 +113,7 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
         _require("cmaes", "cmaes")
-        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=6)
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=6, warn_independent_sampling=False)
     if name == "gp":
         _require("gp", "torch", "scipy")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
@@ -136,6 +149,9 @@ class ValidSampler(optuna.samplers.BaseSampler):
         repairing a random raw-grid point would favour configs next to invalid regions).
       seeds: configs to propose first (in order), where valid and untaken.
       taken: returns extra taken configs, e.g. results already in the database.
+      local: the share of proposals (after the seeds) that are local moves: the untaken
+        one-tunable neighbour of the best measured config, nearest first
+        (:meth:`BoundSpace.neighbours`). The rest come from ``base``.
 
     Thread safety: as Optuna's samplers; one instance per study and process.
     """
@@ -149,7 +165,12 @@ class ValidSampler(optuna.samplers.BaseSampler):
         seed: int | None = None,
         seeds: Iterable[Mapping[str, Any]] = (),
         taken: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
+        local: float = 0.0,
     ) -> None:
+        if not 0.0 <= local <= 1.0:
+            raise ValueError(f"local must be a share between 0 and 1, got {local!r}.")
+        self._local = local
+        self._local_credit = 0.0
         self._space = space
         self._base = base or make_sampler("tpe")
         if mode not in ("base", "brute", "uniform"):
@@ -261,11 +282,36 @@ class ValidSampler(optuna.samplers.BaseSampler):
                 if not is_taken(t):
                     return space._config(t)
             return None
+        if self._local:
+            # Deterministic interleaving: `local` of the proposals, spread evenly.
+            self._local_credit += self._local
+            if self._local_credit >= 1.0:
+                self._local_credit -= 1.0
+                move = self._local_move(study, is_taken)
+                if move is not None:
+                    return move
         proposal = self._base_proposal(study, trial)
         if space.is_valid(proposal) and not is_taken(space.key(proposal)):
             return Config(proposal)
         self.repaired += 1
         return space.nearest(proposal, exclude=is_taken)
+
+    def _local_move(
+        self, study: optuna.Study, is_taken: Callable[[tuple[Any, ...]], bool]
+    ) -> Config | None:
+        """The nearest untaken neighbour of the best measured config (None before any)."""
+        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.value is not None]
+        # From the best down: when the best's neighbourhood is exhausted, climb from the next.
+        for t in sorted(done, key=lambda t: t.value)[:8]:
+            try:
+                centre = self._space.key(t.params)
+            except KeyError:
+                continue
+            for neighbour in self._space.neighbours(self._space._config(centre)):
+                if not is_taken(self._space.key(neighbour)):
+                    return neighbour
+        return None
 
     def _uniform(self, taken: set[tuple[Any, ...]]) -> Config | None:
         space = self._space

@@ -189,6 +189,9 @@ class _Trials(Base):
         ),
         # best(): ok trials of one problem on some devices, fastest first.
         sa.Index("ix_at_trials_best", "problem_id", "device_id", "status", "median_us"),
+        # best() of a device kind or software version (revision 0002): walks one problem's ok
+        # trials fastest first, stopping at the first that matches, with no sort.
+        sa.Index("ix_at_trials_rank", "problem_id", "status", "median_us"),
         sa.Index("ix_at_trials_study", "study_name", "optuna_trial_number"),
     )
 
@@ -464,8 +467,29 @@ def _create_engine(url: URL) -> Engine:
 
 
 def _reason(error: BaseException) -> str:
+    # SQLite rolls the whole transaction back on some errors (a full disk, an I/O error): the
+    # savepoint around the failed statement is gone, and "no such savepoint" would hide what
+    # happened. The error being handled when that one was raised says it.
+    while "no such savepoint" in str(error) and error.__context__ is not None:
+        error = error.__context__
     orig = getattr(error, "orig", None)
     return str(orig if orig is not None else error).strip().splitlines()[0]
+
+
+def _open_hint(path: pathlib.Path | None, reason: str) -> str:
+    """What to do when an SQLite file cannot be opened, or nothing for other backends."""
+    if path is None:
+        return ""
+    if "malformed" in reason or "not a database" in reason:
+        return (
+            " The file is damaged and was left untouched: restore it from a backup, or move it "
+            "aside and point AUTOTUNE_DB at another file."
+        )
+    return (
+        f" SQLite must read and write {path.name} and create {path.name}-wal and "
+        f"{path.name}-shm beside it: check that the file and its folder are writable and the "
+        "disk has room, then re-run."
+    )
 
 
 # ----------------------------------------------------------------------------- migrations
@@ -618,8 +642,9 @@ class Store:
             self.engine: Engine = _create_engine(self._url)
         except (sa_exc.ArgumentError, ImportError) as e:
             raise StorageError(
-                f"Cannot use the database URL {self!r}: {_reason(e)}. For PostgreSQL, install "
-                "psycopg 3 (pip install 'autotune[postgres]')."
+                f"Cannot use the database URL {self!r}: {_reason(e)}. Expected sqlite:///PATH "
+                "or postgresql://user@host:5432/dbname; for PostgreSQL, install psycopg 3 "
+                "(pip install 'autotune[postgres]')."
             ) from e
         self._read_engine = self.engine.execution_options(autotune_read_only=True)
         self._writes = sessionmaker(self.engine, expire_on_commit=False)
@@ -636,10 +661,14 @@ class Store:
                     f"Cannot open {path}: it is not an SQLite database ({_reason(e)}). The "
                     "file was left untouched; move it aside or point AUTOTUNE_DB at another file."
                 ) from e
-            raise StorageError(f"Cannot open the database {self._where}: {_reason(e)}.") from e
+            raise StorageError(
+                f"Cannot open the database {self._where}: {_reason(e)}.{_open_hint(path, _reason(e))}"
+            ) from e
         except sa_exc.SQLAlchemyError as e:
             self.engine.dispose()
-            raise StorageError(f"Cannot open the database {self._where}: {_reason(e)}.") from e
+            raise StorageError(
+                f"Cannot open the database {self._where}: {_reason(e)}.{_open_hint(path, _reason(e))}"
+            ) from e
 
     @property
     def url(self) -> str:
@@ -874,15 +903,19 @@ class Store:
         kernel: str | None = None,
         device_name: str | None = None,
         status: Outcome | str | None = None,
+        device_kind: str | None = None,
+        dtype: str | None = None,
     ) -> list[TrialRow]:
-        """Stored trials, oldest first, filtered by problem, kernel, device name and outcome."""
+        """Stored trials, oldest first, filtered by problem, kernel, device name and kind,
+        outcome and dtype."""
         query = _trial_query()
         if problem is not None:
             query = query.where(_Problems.digest == problem.digest())
         if kernel is not None:
             query = query.where(_Kernels.name == kernel)
-        if device_name is not None:
-            query = query.where(_Devices.name == device_name)
+        if dtype is not None:
+            query = query.where(_Problems.dtype == dtype)
+        query = _device_filter(query, device_name, device_kind)
         if status is not None:
             query = query.where(_Trials.status == Outcome(status).value)
         with self._read("read trials") as session:
@@ -901,11 +934,14 @@ class Store:
         device_name: str | None = None,
         device_kind: str | None = "gpu",
         n: int = 1,
+        versions: Mapping[str, str] | None = None,
     ) -> list[TrialRow]:
         """The ``n`` fastest ok trials of ``problem`` (lowest median first).
 
         Only devices of ``device_kind`` count (None: any kind), so GPU and interpret-mode
-        times never mix; ``device_name`` further restricts to one device model.
+        times never mix; ``device_name`` further restricts to one device model. ``versions``
+        (``{"jax": ..., "jaxlib": ...}``) restricts to trials measured with exactly those
+        versions of the keys it gives.
         """
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, but got {n!r}.")
@@ -915,6 +951,12 @@ class Store:
             .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
         )
         query = _device_filter(query, device_name, device_kind)
+        for key, value in (versions or {}).items():
+            if key not in _SOFTWARE_COLUMNS:
+                raise ValueError(
+                    f"versions may name {', '.join(_SOFTWARE_COLUMNS)}, but got {key!r}."
+                )
+            query = query.where(getattr(_Software, key) == value)
         query = query.order_by(_Trials.median_us, _Trials.id).limit(n)
         with self._read("read the best trials") as session:
             return [_trial_row(*row) for row in session.execute(query)]

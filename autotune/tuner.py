@@ -25,9 +25,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
+import sqlalchemy.exc
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
+from autotune import storage as storage_module
+from autotune._paths import safe_path
+from autotune.errors import JobError, StorageError
 from autotune.jobs import Job, ProblemSpec
 from autotune.kernel import Kernel, get_kernel
 from autotune.problem import Config, Problem
@@ -125,7 +130,7 @@ def _worker_id() -> str:
 def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"timeout": 60}
+        kwargs["connect_args"] = {"timeout": 2 * storage_module.SQLITE_BUSY_TIMEOUT_S}
     else:
         kwargs["pool_pre_ping"] = True
     # The heartbeat lets other hosts see a dead host's trials as stale and redo them.
@@ -150,11 +155,31 @@ def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
 
 def _heartbeat(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
     """Marks in-flight trials alive, so other hosts' ``fail_stale_trials`` leaves them be."""
-    storage = study._storage
-    if not isinstance(storage, optuna.storages.RDBStorage) or not storage.is_heartbeat_enabled():
+    storage = _heartbeat_storage(study)
+    if storage is None:
         return
+    now = time.monotonic()
+    if len(_last_beat) > 10_000:  # forget finished trials
+        for key in [k for k, t in _last_beat.items() if now - t > GRACE_S]:
+            del _last_beat[key]
     for trial in trials:
-        storage.record_heartbeat(trial._trial_id)
+        # One write per trial every HEARTBEAT_S / 3 at most, however often the loop wakes.
+        key = (id(storage), trial._trial_id)
+        if now - _last_beat.get(key, -HEARTBEAT_S) >= HEARTBEAT_S / 3:
+            storage.record_heartbeat(trial._trial_id)
+            _last_beat[key] = now
+
+
+_last_beat: dict[tuple[int, int], float] = {}  # (storage, trial id) -> last heartbeat written
+
+
+def _heartbeat_storage(study: optuna.Study) -> BaseHeartbeat | None:
+    """The study's storage if it keeps heartbeats (Optuna's cache around the RDBStorage is a
+    BaseHeartbeat too, though not an RDBStorage)."""
+    storage = study._storage
+    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval():
+        return storage
+    return None
 
 
 def run_job(
@@ -166,23 +191,70 @@ def run_job(
     on_event: Callable[[Event], None] | None = None,
     allow_import: bool = False,
 ) -> list[ProblemReport]:
-    """Tunes every problem of ``job``; returns one report per problem."""
-    storage = _optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
-    reports = []
-    for spec in job.problems:
-        kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
-        reports.append(
-            tune_problem(
-                kernel,
-                spec,
-                store=store,
-                engine=engine,
-                storage=storage,
-                results_dir=results_dir,
-                on_event=on_event,
+    """Tunes every problem of ``job``; returns one report per problem.
+
+    Raises:
+      JobError: the store is an in-memory database, which would keep nothing.
+      StorageError: the database could not be read or written (locked for longer than the
+        wait, read-only, full, damaged); the trials stored until then stay stored, and running
+        the job again resumes it.
+    """
+    require_persistent(store)
+    try:
+        storage = _optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
+        reports = []
+        for spec in job.problems:
+            kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
+            reports.append(
+                tune_problem(
+                    kernel,
+                    spec,
+                    store=store,
+                    engine=engine,
+                    storage=storage,
+                    results_dir=results_dir,
+                    on_event=on_event,
+                )
             )
+        return reports
+    except StorageError as e:
+        raise StorageError(f"{e} {_what_now(str(e))}") from e
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        reason = _db_reason(e)
+        raise StorageError(
+            f"Could not use the Optuna study in {store!r}: {reason}. {_what_now(reason)}"
+        ) from e
+
+
+def require_persistent(store: Any) -> None:
+    """Refuses a store that keeps nothing (an in-memory SQLite database) before tuning into it.
+
+    Raises:
+      JobError: naming the URL and what to give instead.
+    """
+    url = sqlalchemy.make_url(store.url)
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise JobError(
+            f"The database {store!r} is in memory: every result would be lost when the job "
+            "ends. Give a file (e.g. --db sqlite:///results/autotune.db) or a server URL."
         )
-    return reports
+
+
+def _what_now(reason: str) -> str:
+    """The way out of a database failure that stopped a job."""
+    if "malformed" in reason or "not a database" in reason:
+        return ("The database file is damaged; nothing more was written to it. Restore it from "
+                "a backup, or move it aside and point AUTOTUNE_DB at another file.")
+    return "The trials stored until then are kept; run the job again to resume (re-run)."
+
+
+def _db_reason(error: BaseException) -> str:
+    """The database's own words for a failure (Optuna wraps them in a generic message)."""
+    if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__ is not None:
+        error = error.__cause__
+    orig = getattr(error, "orig", None)
+    text = str(orig if orig is not None else error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def tune_problem(
@@ -202,6 +274,13 @@ def tune_problem(
     space = kernel.valid_space(problem, interpret=device.kind == "interpret")
     software = software_versions()
     budget = spec.budget
+    safe_path(results_dir, "traces", problem.kernel)  # before anything is measured
+    if device.kind == "interpret" and not kernel.interpret_ok:
+        # Every config would only fail the same way; say so once instead of storing that.
+        why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
+        emit(Event("skip", problem, 0, budget.trials, message=why))
+        return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
+                       stop_reason=why)
 
     rows = store.trials(problem, device_name=device.name)
     stored_configs = [r.config for r in rows]
@@ -300,17 +379,34 @@ def tune_problem(
                 measured_now += 0 if recorded.duplicate else 1
                 if result.ok and (best_us is None or result.median_us < best_us):
                     best_us = result.median_us
+                if budget.patience and not stop_reason and _stagnated(study, budget.patience):
+                    stop_reason = f"no better config in the last {budget.patience} trials (patience)"
                 emit(Event("trial", problem, done_before + measured_now, total, best_us,
                            message=f"{result.outcome.value} {config.to_json()}"))
     finally:
+        releasing = True
         for future, (trial, _config, _t) in in_flight.items():
             future.cancel()
-            _release(study, trial)
+            releasing = releasing and _release(study, trial)
 
     _trace_best(kernel, problem, spec, store, engine, device, results_dir)
     emit(Event("done", problem, done_before + measured_now, total, best_us, message=stop_reason))
     return _report(kernel, problem, device, store, measured_now=measured_now,
                    repaired=sampler.repaired, stop_reason=stop_reason)
+
+
+def _stagnated(study: optuna.Study, patience: int) -> bool:
+    """Whether the last ``patience`` measured configs have all failed to beat the best.
+
+    The rule of Optuna's ``BestValueStagnationEvaluator`` (its ``optuna.terminator`` module is
+    deprecated since Optuna 4.9), counted over measured trials only.
+    """
+    values = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if t.value is not None]
+    if len(values) <= patience:
+        return False
+    best_at = min(range(len(values)), key=values.__getitem__)
+    return len(values) - 1 - best_at >= patience
 
 
 def _utc(ts: float) -> Any:
@@ -329,16 +425,12 @@ def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.
     """
     for _ in range(16):
         try:
-            with warnings.catch_warnings():
-                # Heartbeats are recorded by the runner's loop, not by Study.optimize.
-                warnings.filterwarnings("ignore", message="Heartbeat of storage")
-                trial = study.ask(dict(dists))
+            trial = _new_trial(study, dists)
         except ExhaustedError:
             trial_id = study.sampler.exhausted_trial_id
             if trial_id is not None:
                 _release(study, study._storage.get_trial_number_from_id(trial_id))
             return None
-        trial.set_user_attr(WORKER_ATTR, _worker_id())
         config = Config(trial.params)
         key = space.key(config)
         names = set(space.names)
@@ -353,12 +445,42 @@ def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.
     return None
 
 
-def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> None:
-    """Closes a trial that was not measured, leaving its config free (FAIL without outcome)."""
+def _new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
+    """``study.ask(dists)``, with the trial created already tagged with its owner (one
+    transaction): a process killed anywhere in between leaves no RUNNING trial of unknown
+    owner, which no later run could safely close."""
+    import datetime as dt
+
+    template = optuna.trial.FrozenTrial(
+        number=-1, state=TrialState.RUNNING, value=None, datetime_start=dt.datetime.now(),
+        datetime_complete=None, params={}, distributions={},
+        user_attrs={WORKER_ATTR: _worker_id()}, system_attrs={}, intermediate_values={},
+        trial_id=-1,
+    )
+    study._thread_local.cached_all_trials = None  # as study.ask does: sample from fresh trials
+    trial = optuna.trial.Trial(
+        study, study._storage.create_new_trial(study._study_id, template_trial=template)
+    )
+    for name, distribution in dists.items():
+        trial._suggest(name, distribution)
+    return trial
+
+
+def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> bool:
+    """Closes a trial that was not measured, leaving its config free (FAIL without outcome).
+
+    Returns False when the database cannot be written: the trial stays RUNNING until a later
+    run closes it as an orphan, and the error that stopped this run is the one reported.
+    """
     try:
         study.tell(trial, state=TrialState.FAIL)
     except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
         pass  # already finished (by us, or as stale by another host)
+    except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as e:
+        logger.warning("could not release trial %s: %s", getattr(trial, "number", trial),
+                       _db_reason(e))
+        return False
+    return True
 
 
 def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *, duplicate: bool) -> None:
@@ -375,18 +497,25 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *
 
 
 def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo) -> None:
-    """Closes RUNNING trials a dead process of this host left behind, and stale ones elsewhere.
+    """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
+    of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
+    owner (it died inside ``study.ask``) that started GRACE_S ago.
 
     A trial whose result reached the store is told from the store; one whose did not is
-    released (its config was not measured, so it is free again). Other hosts' trials are left
-    to Optuna's heartbeat (``fail_stale_trials``).
+    released (its config was not measured, so it is free again).
     """
     host = socket.gethostname()
     stored = {Config(r.config).digest(): r for r in store.trials(problem, device_name=device.name)}
+    stale = set(_stale_trial_ids(study))
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get(WORKER_ATTR, "")
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+        if t._trial_id in stale:
+            pass
+        elif not owner:
+            if _age_s(t.datetime_start) < GRACE_S:
+                continue  # its owner may still be inside study.ask
+        elif owner_host != host or not pid.isdigit() or _alive(int(pid)):
             continue
         row = stored.get(Config(t.params).digest()) if t.params else None
         if row is None:
@@ -400,6 +529,22 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+def _stale_trial_ids(study: optuna.Study) -> list[int]:
+    """RUNNING trials whose heartbeat stopped more than GRACE_S ago (Optuna's rule)."""
+    storage = _heartbeat_storage(study)
+    return [] if storage is None else list(storage._get_stale_trial_ids(study._study_id))
+
+
+def _age_s(start: Any) -> float:
+    """Seconds since ``start`` (Optuna's datetimes are naive local time)."""
+    import datetime as dt
+
+    if start is None:
+        return float("inf")
+    now = dt.datetime.now(start.tzinfo) if start.tzinfo else dt.datetime.now()
+    return (now - start).total_seconds()
 
 
 def _alive(pid: int) -> bool:
@@ -460,7 +605,7 @@ def _trace_best(
         if getattr(row, "traced", False):
             continue
         config = Config(row.config)
-        out_dir = Path(results_dir) / "traces" / problem.kernel / problem.digest() / config.digest()
+        out_dir = safe_path(results_dir, "traces", problem.kernel, problem.digest(), config.digest())
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
             regions = engine.trace(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)

@@ -7,8 +7,10 @@ real :class:`~autotune.sampling.ValidSampler` over the recorded configs (the spa
 them: a sample stays a sample) for many seeds, looking times up instead of measuring, and prints
 the trials needed to reach within 0.5%, 1%, 2% and 5% of the best recorded time: median and
 90th percentile over seeds, and the median's ratio to random search. ``default`` is what
-``autotune tune`` does (TPE, JAX's default config first); ``warm`` adds the winners of the other
-recorded problems of the same kernel and dtype, nearest shape first, as a tuned database would.
+``autotune tune`` does (the ``auto`` sampler: JAX's default config first, then multivariate TPE
+with half of the proposals local moves around the best so far); ``warm`` adds the winners of the
+other recorded problems of the same kernel and dtype after it, nearest shape first, as a tuned
+database would. ``NAME+local=SHARE`` sets the share of local moves.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from optuna.trial import TrialState  # noqa: E402
 from autotune.kernel import get_kernel  # noqa: E402
 from autotune.problem import Config  # noqa: E402
 from autotune.queries import shape_distance  # noqa: E402
-from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
+from autotune.sampling import (  # noqa: E402
+    OUTCOME_ATTR,
+    ExhaustedError,
+    distributions,
+    valid_sampler,
+)
 from autotune.space import Constraint, Space  # noqa: E402
 
 THRESHOLDS = (0.005, 0.01, 0.02, 0.05)
@@ -74,11 +81,25 @@ def warm_seeds(data: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> 
     return seeds
 
 
+def parse_sampler(spec: str) -> tuple[str, float | None]:
+    """``"tpe"``, ``"tpe+local=0.3"``, ``"default"`` (the tuner's sampler: ``auto`` with the
+    kernel's default config first), ``"warm+local=0"``: the sampler's name and the share of
+    local moves (None: the sampler's own)."""
+    name, _, rest = spec.partition("+")
+    local = None
+    if rest:
+        key, _, value = rest.partition("=")
+        if key != "local":
+            raise SystemExit(f"sampler {spec!r}: expected NAME or NAME+local=SHARE")
+        local = float(value)
+    return ("auto" if name in ("default", "warm") else name), local
+
+
 def replay_once(bound: Any, times: Mapping[str, float | None], sampler: str, seed: int, budget: int,
                 seeds: Sequence[Mapping[str, Any]]) -> list[float]:
     """Best-so-far time after each trial of one replayed study."""
-    name = "tpe" if sampler in ("default", "warm") else sampler
-    vs = valid_sampler(name, bound, seed=seed, seeds=seeds)
+    name, local = parse_sampler(sampler)
+    vs = valid_sampler(name, bound, seed=seed, seeds=seeds, local=local)
     study = optuna.create_study(sampler=vs)
     dists = distributions(bound)
     best, curve = math.inf, []
@@ -105,12 +126,25 @@ def trials_to(curve: Sequence[float], target: float, budget: int) -> int:
     return budget + 1  # not reached within the budget
 
 
+def stop_at(curve: Sequence[float], patience: int) -> int:
+    """Trials run when tuning stops after ``patience`` trials in a row without a new best (the
+    tuner's rule), or all of them."""
+    last_best = 0
+    for i in range(1, len(curve)):
+        if curve[i] < curve[i - 1]:
+            last_best = i
+        if i - last_best >= patience:
+            return i + 1
+    return len(curve)
+
+
 def pct(values: Sequence[int], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-def run(files: Sequence[str], *, seeds: int, budget: int, samplers: Sequence[str]) -> list[dict[str, Any]]:
+def run(files: Sequence[str], *, seeds: int, budget: int, samplers: Sequence[str],
+        patience: Sequence[int] = ()) -> list[dict[str, Any]]:
     datasets = load(files)
     rows = []
     for data in datasets:
@@ -118,13 +152,15 @@ def run(files: Sequence[str], *, seeds: int, budget: int, samplers: Sequence[str
         best = min(t for t in times.values() if t is not None)
         default_seeds = [kernel.default_config(problem)] if kernel.default_config else []
         for sampler in samplers:
-            if sampler == "cmaes":
+            kind = sampler.partition("+")[0]
+            if kind == "cmaes":
                 try:
                     import cmaes  # noqa: F401
                 except ImportError:
                     continue
-            seed_configs = {"default": default_seeds, "warm": warm_seeds(data, datasets) + default_seeds}.get(sampler, [])
-            if sampler == "warm" and len(seed_configs) == len(default_seeds):
+            # The tuner's order: the kernel's default, then the related problems' winners.
+            seed_configs = {"default": default_seeds, "warm": default_seeds + warm_seeds(data, datasets)}.get(kind, [])
+            if kind == "warm" and len(seed_configs) == len(default_seeds):
                 continue  # no related problem recorded
             curves = [replay_once(bound, times, sampler, s, budget, seed_configs) for s in range(seeds)]
             row = {"problem": f"{data['kernel']} {problem.shape_text} {problem.dtype}", "sampler": sampler,
@@ -133,6 +169,11 @@ def run(files: Sequence[str], *, seeds: int, budget: int, samplers: Sequence[str
                 needed = [trials_to(c, best * (1 + th), budget) for c in curves]
                 row[f"{th:g}"] = (statistics.median(needed), pct(needed, 0.9))
             row["first_within_2pct"] = sum(c[0] <= best * 1.02 for c in curves if c) / len(curves)
+            row["patience"] = {}
+            for p in patience:
+                stops = [stop_at(c, p) for c in curves if c]
+                gaps = [c[s - 1] / best - 1 for c, s in zip([c for c in curves if c], stops, strict=True)]
+                row["patience"][p] = (statistics.median(stops), statistics.median(gaps), pct(gaps, 0.9))
             rows.append(row)
     return rows
 
@@ -151,6 +192,17 @@ def print_table(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
             fmt = lambda v: f">{budget}" if v > budget else f"{v:g}"  # noqa: E731
             cells.append(f"{fmt(med)} / {fmt(p90)} / {ratio}")
         print(f"| {r['problem']} | {r['configs']} | {r['sampler']} | " + " | ".join(cells) + f" | {r['first_within_2pct']:.0%} |")
+    if any(r["patience"] for r in rows):
+        ps = sorted({p for r in rows for p in r["patience"]})
+        print()
+        print("Early stop after P trials without a new best: trials run (median) / gap to the best "
+              "at the stop (median, p90)")
+        print()
+        print("| problem | sampler | " + " | ".join(f"P={p}" for p in ps) + " |")
+        print("|" + "---|" * (2 + len(ps)))
+        for r in rows:
+            cells = [f"{r['patience'][p][0]:g} / {r['patience'][p][1]:.1%}, {r['patience'][p][2]:.1%}" for p in ps]
+            print(f"| {r['problem']} | {r['sampler']} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -159,17 +211,40 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--budget", type=int, default=200)
     ap.add_argument("--samplers", default=",".join(SAMPLERS))
+    ap.add_argument("--patience", default="", help="comma-separated P: also report stopping after "
+                    "P trials without a new best (trials run, gap to the best)")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--save-reference", metavar="PATH",
+                    help="write the settings and median trials per problem, sampler and threshold: "
+                         "the committed reference of the CI regression test")
     args = ap.parse_args()
     files = args.files or sorted(glob.glob(str(Path(__file__).parent / "data" / "*.json")))
     if not files:
         raise SystemExit("no ground-truth files: run benchmarks/ground_truth.py on a GPU first")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")
-    rows = run(files, seeds=args.seeds, budget=args.budget, samplers=args.samplers.split(","))
+    patience = [int(p) for p in args.patience.split(",") if p]
+    rows = run(files, seeds=args.seeds, budget=args.budget, samplers=args.samplers.split(","),
+               patience=patience)
     print_table(rows, args.budget)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.save_reference:
+        Path(args.save_reference).write_text(json.dumps(reference(rows, files, args), indent=1) + "\n")
+
+
+def reference(rows: Sequence[Mapping[str, Any]], files: Sequence[str], args: Any) -> dict[str, Any]:
+    """Median trials to each threshold, keyed by problem and sampler, with the settings."""
+    return {
+        "files": [Path(f).name for f in files],
+        "seeds": args.seeds,
+        "budget": args.budget,
+        "samplers": args.samplers.split(","),
+        "median_trials": {
+            f"{r['problem']} | {r['sampler']}": {f"{th:g}": r[f"{th:g}"][0] for th in THRESHOLDS}
+            for r in rows
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -450,6 +450,20 @@ def default_config(problem: Problem) -> Config:
     return SPACE.bind(problem).closest_valid(KNOWN_GOOD)
 
 
+def shape_of(q: Any, k: Any, v: Any, *rest: Any) -> dict[str, Any]:
+    """The problem shape of a call: q is (batch, seq_q, heads_q, head_dim), k and v are
+    (batch, seq_kv, heads_kv, head_dim). Causality is not in the arrays: a bool passed after
+    them is ``causal`` (``attention(q, k, v, True)``), otherwise it is False."""
+    batch, seq_q, heads_q, head_dim = (int(d) for d in q.shape)
+    shape: dict[str, Any] = {
+        "batch": batch, "seq_q": seq_q, "seq_kv": int(k.shape[1]), "heads_q": heads_q,
+        "heads_kv": int(k.shape[2]), "head_dim": head_dim,
+    }
+    if rest and isinstance(rest[0], bool):
+        shape["causal"] = rest[0]
+    return shape
+
+
 KERNEL = Kernel(
     name="hopper_attention",
     space=SPACE,
@@ -464,6 +478,7 @@ KERNEL = Kernel(
     baseline_name="cudnn",
     default_config=default_config,
     shape_defaults={"causal": False},
+    shape_of=shape_of,
     interpret_ok=False,
     interpret_note=(
         "attention_mgpu does not run in GPU interpret mode on JAX 0.10.2: the interpreter lacks "

@@ -567,6 +567,11 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
     return KERNEL.bind(problem).closest_valid(proposal)
 
 
+def shape_of(x: Any, *rest: Any) -> dict[str, int]:
+    """The problem shape of a call: ``x`` is (n,); ``params`` (scale, bias) does not count."""
+    return {"n": int(x.shape[0])}
+
+
 KERNEL = Kernel(
     name="mosaic_scale",
     space=SPACE,
@@ -580,6 +585,7 @@ KERNEL = Kernel(
     baseline=baseline,
     baseline_name="xla",
     default_config=default_config,
+    shape_of=shape_of,
     interpret_ok=False,
     interpret_note=(
         "raw Mosaic GPU kernel (MLIR built directly): GPU interpret mode runs only Pallas "

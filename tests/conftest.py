@@ -90,3 +90,56 @@ def db_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterat
         with _pg_connect() as conn:
             conn.execute("SET lock_timeout = '20s'")
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+# --------------------------------------------------------------------------- reliability campaign
+# tests/test_bad_input.py and tests/test_faults.py count what they try through the `campaign`
+# fixture; the session prints the totals (summed over pytest-xdist workers) and fails if a
+# finished trial was lost or stored twice.
+
+_CAMPAIGN = ("bad_inputs", "faults", "completed", "lost", "duplicates")
+_campaign_counts: dict[str, int] = dict.fromkeys(_CAMPAIGN, 0)
+
+
+class Campaign:
+    """Counters of the reliability campaign: bad inputs tried, faults injected, jobs completed
+    after a re-run, finished trials lost, and trials stored (or measured) twice."""
+
+    def add(self, **counts: int) -> None:
+        for key, n in counts.items():
+            if key not in _campaign_counts:
+                raise KeyError(f"unknown campaign counter {key!r}; known: {_CAMPAIGN}")
+            _campaign_counts[key] += int(n)
+
+
+@pytest.fixture
+def campaign() -> Campaign:
+    return Campaign()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: add up a worker's counts as it finishes."""
+    for key, n in getattr(node, "workeroutput", {}).get("reliability_campaign", {}).items():
+        _campaign_counts[key] += n
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller prints the totals
+        workeroutput["reliability_campaign"] = dict(_campaign_counts)
+    elif _campaign_counts["lost"] or _campaign_counts["duplicates"]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    c = _campaign_counts
+    if hasattr(config, "workeroutput") or not any(c.values()):
+        return
+    bad = bool(c["lost"] or c["duplicates"])
+    terminalreporter.write_line(
+        f"reliability campaign: {c['bad_inputs']} bad inputs tried, {c['faults']} faults "
+        f"injected, {c['completed']} jobs completed after re-run, {c['lost']} trials lost, "
+        f"{c['duplicates']} duplicates" + (" (must be 0: FAILED)" if bad else ""),
+        red=bad, green=not bad, bold=True,
+    )

@@ -2,7 +2,9 @@
 
 * ``SCALE_ADD``: a tiny real Pallas Mosaic GPU kernel (``out = 2x + y`` over 1-D float32,
   one block per program, copied through shared memory) with one tunable, ``block``. It runs in
-  GPU interpret mode on the CPU and lowers for CUDA.
+  GPU interpret mode on the CPU; blocks 128 and 256 lower for CUDA, while 64 (fewer elements
+  than a warpgroup's 128 threads) and 512 (over a TMA copy's 256) do not, so interpret mode,
+  which lowers each config for CUDA first, records those two ``invalid`` as the GPU would.
 * ``SCALE_ADD_WRONG``: the same kernel off by one: always a wrong result.
 * ``SCALE_ADD_NO_INTERPRET``: declares that it cannot run interpreted.
 * ``FAKE``: a kernel that is never built: its config tells the fake evaluator what to do

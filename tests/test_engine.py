@@ -327,8 +327,9 @@ def test_interpret_workers_share_the_cpu_device():
     with Engine(
         "interpret", workers_per_gpu=2, compile_threads=1, allow_import=True, iterations=2
     ) as eng:
-        warm = eng.warm_up(SCALE_ADD, problem, Config(block=512))
-        futures = [eng.submit(SCALE_ADD, problem, Config(block=b)) for b in (64, 128, 256)]
+        # Blocks 128 and 256 are the ones that lower for CUDA (interpret mode checks that first).
+        warm = eng.warm_up(SCALE_ADD, problem, Config(block=256))
+        futures = [eng.submit(SCALE_ADD, problem, Config(block=b)) for b in (128, 256, 128)]
         results = [f.result(timeout=120) for f in futures]
         timeline = eng.timeline()
     assert [r.outcome for r in warm + results] == [Outcome.OK] * 5

@@ -409,6 +409,7 @@ def test_public_api():
             "select_kernel_time",
             "relative_error",
             "compile_config",
+            "lower_config_for_cuda",
             "run_compiled",
             "measure_baseline",
             "trace_config",

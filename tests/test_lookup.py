@@ -143,3 +143,65 @@ def test_shape_of_declared_for_matmul_and_softmax():
     """hopper_matmul and softmax map their inputs to shape keys."""
     assert KERNEL.shape_of(_Array((8, 16)), _Array((16, 32))) == {"m": 8, "k": 16, "n": 32}
     assert get_kernel("softmax").shape_of(_Array((4, 1024))) == {"rows": 4, "cols": 1024}
+
+
+def test_shape_of_declared_for_attention_and_mosaic_scale():
+    """hopper_attention reads q/k shapes (causal from a bool after the arrays); mosaic_scale x."""
+    attention = get_kernel("hopper_attention")
+    q, k = _Array((2, 256, 8, 64), "float16"), _Array((2, 512, 4, 64), "float16")
+    shape = attention.shape_of(q, k, k)
+    assert shape == {"batch": 2, "seq_q": 256, "seq_kv": 512, "heads_q": 8, "heads_kv": 4,
+                     "head_dim": 64}
+    assert attention.problem(shape, "float16")["causal"] is False
+    assert attention.shape_of(q, k, k, True)["causal"] is True
+    scale = get_kernel("mosaic_scale")
+    assert scale.shape_of(_Array((4096,), "float32"), _Array((2,), "float32")) == {"n": 4096}
+    assert scale.problem(scale.shape_of(_Array((4096,)), _Array((2,))), "bf16").dims == {"n": 4096}
+
+
+def test_decorated_attention_finds_its_causal_problem(tmp_path):
+    """tuned('hopper_attention') looks up the causal problem when causal=True is passed."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    attention = get_kernel("hopper_attention")
+    dims = {"batch": 1, "seq_q": 256, "seq_kv": 256, "heads_q": 4, "heads_kv": 4, "head_dim": 64}
+    causal = attention.problem({**dims, "causal": True}, "float16")
+    config = attention.default_config(causal)
+    with Store(url) as store:
+        store.record_trial(causal, config, timed(9.0), device=GPU, software=SOFTWARE)
+
+    @autotune.tuned("hopper_attention", db=url)
+    def attend(q, k, v, causal=False, *, config=None):
+        return config
+
+    q = _Array((1, 256, 4, 64), "float16")
+    assert attend(q, q, q, True) == config
+
+
+def _running():
+    return {**queries.running_versions(), "autotune": "0.1.0"}
+
+
+def test_lookup_prefers_the_running_versions_and_logs_them(tmp_path, configs, caplog):
+    """A slower config measured with the running jax/jaxlib wins over a faster older one."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    ok, other = configs
+    old = {"jax": "0.0.1", "jaxlib": "0.0.1", "autotune": "0.1.0"}
+    with Store(url) as store:
+        store.record_trial(_problem(BIG), Config(other), timed(10.0), device=GPU, software=old)
+        store.record_trial(_problem(BIG), Config(ok), timed(90.0), device=GPU, software=_running())
+    with caplog.at_level(logging.INFO, logger="autotune.lookup"):
+        assert lookup.lookup_config("hopper_matmul", BIG, "bf16", db=url) == (ok, "exact")
+    assert f"measured with the running jax {queries.running_versions()['jax']}" in caplog.text
+
+
+def test_lookup_falls_back_to_other_versions_and_says_stale(tmp_path, configs, caplog):
+    """With only results of other versions, lookup still uses them and logs them as stale."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    ok, _ = configs
+    old = {"jax": "0.0.1", "jaxlib": "0.0.2", "autotune": "0.1.0"}
+    with Store(url) as store:
+        store.record_trial(_problem(BIG), Config(ok), timed(10.0), device=GPU, software=old)
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        assert lookup.lookup_config("hopper_matmul", BIG, "bf16", db=url) == (ok, "exact")
+    assert "jax 0.0.1, jaxlib 0.0.2" in caplog.text and "stale" in caplog.text
+    assert "autotune revalidate" in caplog.text

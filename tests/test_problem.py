@@ -62,7 +62,7 @@ def test_parse_shape_forms():
         ("m=abc", "not a whole number"),
         ("m=1.5", "not a whole number"),
         ("1m=3", "not key=value"),
-        ("m=2**99", "not a whole number"),
+        ("m=2**99", "at most 2147483647"),
     ],
 )
 def test_parse_shape_errors(text, match):

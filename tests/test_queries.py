@@ -60,7 +60,8 @@ def test_public_api_is_pinned():
     assert sorted(queries.__all__) == sorted(
         [
             "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
-            "BestResult", "ProblemSummary",
+            "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
+            "FRAME_COLUMNS",
         ]
     )
 
@@ -174,3 +175,83 @@ def test_queries_use_the_autotune_db_variable(db: str, monkeypatch):
     """Without db=, queries read the database named by AUTOTUNE_DB."""
     monkeypatch.setenv("AUTOTUNE_DB", db)
     assert best_config("matmul", SHAPE, "bf16") == {"tile_m": 128, "tile_n": 256}
+
+
+# --------------------------------------------------------------------------- software versions
+
+OLD = {"jax": "0.0.1", "jaxlib": "0.0.1", "autotune": "0.1.0"}
+
+
+def _running() -> dict[str, str]:
+    return {**queries.running_versions(), "autotune": "0.1.0"}
+
+
+def test_running_versions_come_from_package_metadata():
+    """running_versions names the installed jax and jaxlib (a copy, safe to change)."""
+    from importlib import metadata
+
+    versions = queries.running_versions()
+    assert versions == {"jax": metadata.version("jax"), "jaxlib": metadata.version("jaxlib")}
+    versions["jax"] = "changed"
+    assert queries.running_versions()["jax"] == metadata.version("jax")
+
+
+def test_running_versions_win_even_when_slower(db_url: str):
+    """Of two versions' results, the running one's answers, even though the old one was faster."""
+    with Store(db_url) as store:
+        store.record_trial(MATMUL, Config(tile_m=64), timed(100.0), device=H200, software=OLD)
+        store.record_trial(MATMUL, Config(tile_m=128), timed(300.0), device=H200, software=_running())
+    result = best_result("matmul", SHAPE, "bf16", db=db_url)
+    assert result is not None and result.config == {"tile_m": 128} and not result.stale
+    assert result.jax_version == queries.running_versions()["jax"]
+    assert result.jaxlib_version == queries.running_versions()["jaxlib"]
+    assert best_config("matmul", SHAPE, "bf16", device="h200", db=db_url) == {"tile_m": 128}
+
+
+def test_other_versions_are_the_fallback_and_marked_stale(db_url: str, caplog):
+    """With only another version's results, they answer, marked stale, and the fallback is logged."""
+    with Store(db_url) as store:
+        store.record_trial(MATMUL, Config(tile_m=64), timed(100.0), device=H200, software=OLD)
+        store.record_trial(MATMUL, Config(tile_m=32), timed(1.0), device=INTERPRET, software=_running())
+    with caplog.at_level("INFO", logger="autotune.queries"):
+        result = best_result("matmul", SHAPE, "bf16", db=db_url)
+    assert result is not None and result.config == {"tile_m": 64} and result.stale  # GPU first
+    assert (result.jax_version, result.to_dict()["stale"]) == ("0.0.1", True)
+    assert "no result measured with the running" in caplog.text
+    interp = best_result("matmul", SHAPE, "bf16", device="interpret", db=db_url)
+    assert interp is not None and not interp.stale
+
+
+# --------------------------------------------------------------------------- results_frame
+
+
+def test_results_frame_has_one_row_per_trial_with_shape_and_config_columns(db: str):
+    """Every trial is a row with its status, time, device, versions, shape and config."""
+    frame = queries.results_frame(db)
+    assert len(frame) == 8
+    assert list(frame.columns[: len(queries.FRAME_COLUMNS)]) == list(queries.FRAME_COLUMNS)
+    assert {"shape.m", "shape.n", "shape.k", "shape.causal", "config.tile_m", "config.block_q"} <= set(frame.columns)
+    best = frame[(frame.device == "NVIDIA H200") & (frame.status == "ok") & (frame.kernel == "matmul")]
+    assert sorted(best["median_us"]) == [705.0, 900.0]
+    row = best.sort_values("median_us").iloc[0]
+    assert (row["shape.m"], row["config.tile_n"], row["jax"], row["jaxlib"]) == (4096, 256, "0.11.2", "0.11.2")
+    assert row["finished_at"].tzinfo is not None
+
+
+def test_results_frame_filters(db: str):
+    """kernel, dtype (aliases too), device (kind or name) and status narrow the rows."""
+    assert set(queries.results_frame(db, kernel="attention")["kernel"]) == {"attention"}
+    assert len(queries.results_frame(db, dtype="f16")) == 1
+    assert set(queries.results_frame(db, device="interpret")["device_kind"]) == {"interpret"}
+    assert set(queries.results_frame(db, device="h100")["device"]) == {H100.name}
+    failed = queries.results_frame(db, status="compile_error")
+    assert list(failed["status"]) == ["compile_error"] and failed["median_us"].isna().all()
+    empty = queries.results_frame(db, kernel="nothing")
+    assert len(empty) == 0 and list(empty.columns) == list(queries.FRAME_COLUMNS)
+
+
+def test_results_frame_without_pandas_names_the_extra(db: str, monkeypatch):
+    """Without pandas, results_frame raises ImportError saying what to install."""
+    monkeypatch.setitem(sys.modules, "pandas", None)  # makes `import pandas` fail
+    with pytest.raises(ImportError, match=r"pip install 'autotune\[report\]'"):
+        queries.results_frame(db)

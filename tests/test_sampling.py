@@ -7,7 +7,14 @@ import pytest
 
 from autotune.errors import JobError
 from autotune.kernel import get_kernel
-from autotune.sampling import ExhaustedError, distributions, make_sampler, valid_sampler
+from autotune.sampling import (
+    DEFAULT_LOCAL_SHARE,
+    ExhaustedError,
+    ValidSampler,
+    distributions,
+    make_sampler,
+    valid_sampler,
+)
 from tests.test_space import PROBLEM, toy_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -44,7 +51,7 @@ def _drive(bound, sampler_name: str, n: int, seed: int = 0):
     return seen, sampler
 
 
-@pytest.mark.parametrize("name", ["tpe", "random", "qmc", "brute", "cmaes"])
+@pytest.mark.parametrize("name", ["auto", "tpe", "random", "qmc", "brute", "cmaes"])
 def test_every_proposal_valid_and_new_until_exhausted(name):
     """Each sampler hands out only valid, distinct configs and stops when the set is used up."""
     pytest.importorskip("cmaes") if name == "cmaes" else None
@@ -87,15 +94,51 @@ def test_taken_configs_from_the_store_are_skipped():
 
 def test_unknown_sampler_is_a_clear_error():
     """An unknown sampler name lists the known ones."""
-    with pytest.raises(JobError, match="expected one of tpe, random"):
+    with pytest.raises(JobError, match="expected one of auto, tpe, random"):
         make_sampler("annealing")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel_name, shape, dtype", BUNDLED_PROBLEMS, ids=[p[0] for p in BUNDLED_PROBLEMS])
 def test_thousand_proposals_per_bundled_space(kernel_name, shape, dtype):
-    """1,000 TPE proposals per bundled space: zero invalid, zero repeats (until exhausted)."""
+    """1,000 proposals of the default sampler (TPE and local moves) per bundled space: zero
+    invalid, zero repeats (until exhausted)."""
     kernel = get_kernel(kernel_name)
     bound = kernel.valid_space(kernel.problem(shape, dtype))
-    seen, _ = _drive(bound, "tpe", 1000)
+    seen, _ = _drive(bound, "auto", 1000)
     assert len(seen) == min(1000, bound.count())
+
+
+def test_local_moves_climb_from_the_best_measured_config():
+    """With local=1, every proposal after the seed is an untaken one-tunable neighbour of the
+    best config measured so far, nearest first."""
+    bound = toy_space().bind(PROBLEM)
+    start = {"bm": 64, "bn": 128, "width": 2, "order": "N", "flag": False}
+    sampler = valid_sampler("tpe", bound, seed=0, seeds=[start], local=1.0)
+    study = optuna.create_study(sampler=sampler)
+    dists = distributions(bound)
+    best, taken = None, set()
+    for i in range(12):
+        trial = study.ask(dists)
+        config = dict(trial.params)
+        if i:
+            free = [n for n in bound.neighbours(best) if bound.key(n) not in taken]
+            assert free and config == dict(free[0]), (i, config)
+        taken.add(bound.key(config))
+        value = _objective(config)
+        study.tell(trial, value)
+        if best is None or value < _objective(best):
+            best = config
+
+
+def test_auto_is_tpe_with_local_moves():
+    """'auto' (the default) mixes DEFAULT_LOCAL_SHARE local moves into multivariate TPE; a
+    share outside [0, 1] is refused."""
+    bound = toy_space().bind(PROBLEM)
+    auto = valid_sampler("auto", bound, seed=0)
+    assert auto._local == DEFAULT_LOCAL_SHARE > 0
+    assert isinstance(auto._base, optuna.samplers.TPESampler)
+    assert valid_sampler("tpe", bound, seed=0)._local == 0
+    assert valid_sampler("auto", bound, seed=0, local=0.0)._local == 0
+    with pytest.raises(ValueError, match="local must be a share between 0 and 1, got 1.5"):
+        ValidSampler(bound, local=1.5)

@@ -264,3 +264,25 @@ def test_lazy_sampling_is_uniform_over_the_valid_set():
     expected = 200
     # Every config within 5 sigma of its binomial mean; a prefix-uniform sampler would fail.
     assert all(abs(c - expected) < 5 * expected**0.5 for c in draws.values()), draws.most_common(3)
+
+
+def test_neighbours_differ_in_one_tunable_and_are_valid():
+    """neighbours(): every valid config one tunable away, nearest first; radius limits the
+    steps of ordered tunables."""
+    bound = toy_space().bind(PROBLEM)
+    for config in bound.sample(20, seed=3):
+        near = bound.neighbours(config)
+        expected = [
+            c for c in bound
+            if sum(c[k] != config[k] for k in bound.names) == 1
+        ]
+        assert {bound.key(c) for c in near} == {bound.key(c) for c in expected}
+        assert len(near) == len({bound.key(c) for c in near})
+        dist = [sum(bound._distance(i, config[n], c[n]) for i, n in enumerate(bound.names)) for c in near]
+        assert dist == sorted(dist)
+        for c in bound.neighbours(config, radius=1):
+            (name,) = [k for k in bound.names if c[k] != config[k]]
+            i = bound.names.index(name)
+            if bound.params[i].ordinal:
+                domain = list(bound.domains[i])
+                assert abs(domain.index(c[name]) - domain.index(config[name])) == 1

@@ -353,10 +353,30 @@ def test_migrations_create_the_schema_from_empty(db_url: str):
                     or name.startswith("at_"),
                 },
             )
-            assert context.get_current_heads() == ("0001",)
+            assert context.get_current_heads() == ("0002",)
             assert compare_metadata(context, storage.Base.metadata) == []
     with Store(db_url) as store:  # reopening is a no-op
         assert store.trials() == []
+
+
+def test_migration_0001_to_0002_adds_the_lookup_index(db_url: str):
+    """A database at revision 0001 gets ix_at_trials_rank when opened, keeping its trials."""
+    from alembic import command
+
+    def indexes(store: Store) -> dict[str, list[str]]:
+        with store.engine.connect() as conn:
+            return {i["name"]: i["column_names"] for i in sa.inspect(conn).get_indexes("at_trials")}
+
+    with Store(db_url) as store:
+        record(store, Config(tile=1), timed(5.0))
+        with store.engine.begin() as conn:
+            command.downgrade(storage._alembic_config(conn), "0001")
+        assert "ix_at_trials_rank" not in indexes(store)
+    with Store(db_url) as store:  # opening migrates 0001 -> 0002
+        assert indexes(store)["ix_at_trials_rank"] == ["problem_id", "status", "median_us"]
+        with store.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0002"
+        assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
 
 
 def test_newer_schema_version_is_refused(db_url: str):

@@ -264,3 +264,22 @@ def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, mo
     assert not [t for t in study.trials if t.state == TrialState.RUNNING]
     assert engine.measured.count(Config(stale_config)) == 1  # freed, then measured once
     assert report.best_config == Config(stale_config) and report.measured_now == count
+
+
+def test_patience_stops_early_with_the_reason(tmp_path):
+    """Once `patience` measured configs in a row miss the best, the problem stops, saying why;
+    without patience the same job spends its whole budget."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    job = Job("t", (ProblemSpec(PROBLEM, Budget(trials=60, patience=5), sampler="tpe", seed=0),))
+    with Store(url) as store:
+        (report,) = run_job(job, store=store, engine=FakeEngine())
+        rows = store.trials(PROBLEM)
+    times = [r.median_us for r in sorted(rows, key=lambda r: r.id)]
+    best_at = times.index(min(times))
+    assert report.stop_reason == "no better config in the last 5 trials (patience)"
+    # Stopped within the configs already in flight (parallelism 3) of the fifth miss.
+    assert 5 <= len(times) - 1 - best_at <= 5 + FakeEngine.parallelism
+    with Store(f"sqlite:///{tmp_path}/u.db") as store:
+        (full,) = run_job(_job(60), store=store, engine=FakeEngine())
+    assert full.measured_now == TOY.valid_space(PROBLEM).count() == 40  # the whole space
+    assert len(times) < 40

@@ -1,0 +1,241 @@
+"""Run-time lookup latency on a large results database (CPU only, no jax).
+
+    python3 benchmarks/lookup_latency.py                       # 10^6 trials, a temporary SQLite file
+    python3 benchmarks/lookup_latency.py --trials 100000 --db sqlite:////tmp/lookup.db
+
+Builds a database of ``--trials`` trials (bulk-inserted through SQLAlchemy core: ``--problems``
+hopper_matmul problems, two devices (an H200 and an interpret-mode CPU), two jax/jaxlib
+versions (an old one and the running one), 5% failed trials) and times
+:func:`autotune.lookup_config` for problems that are stored:
+
+* ``cached``: a repeated lookup, answered from the in-memory cache (goal < 50 us);
+* ``cold``: the cache cleared before each lookup; the database is already open in the process
+  (goal < 5 ms). Each sample asks for another stored problem;
+* ``cold, first in process``: also the database closed before each lookup, so the time includes
+  opening it and checking its schema (what the first lookup of a process pays);
+* ``nearest``: a problem that is not stored, answered from its nearest tuned neighbours.
+
+Prints median and 90th percentile per kind, and the query plan of the best-trial query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from autotune import lookup, queries, storage
+from autotune.problem import Config, Problem
+from autotune.storage import Store
+
+KERNEL = "hopper_matmul"
+DTYPE = "bfloat16"
+SIZES = (256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+OLD = {"jax": "0.9.0", "jaxlib": "0.9.0", "autotune": "0.1.0"}
+GOALS_US = {"cached": 50.0, "cold": 5000.0}
+
+
+def _shapes(count: int, rng: random.Random) -> list[dict[str, int]]:
+    grid = [{"m": m, "n": n, "k": k} for m in SIZES for n in SIZES for k in SIZES]
+    if count > len(grid):
+        raise SystemExit(f"--problems must be at most {len(grid)}.")
+    return rng.sample(grid, count)
+
+
+def _configs(count: int) -> list[Config]:
+    """Distinct configs of the hopper_matmul space (not all valid for every shape)."""
+    out = []
+    for tile_m in (64, 128, 192, 256):
+        for tile_n in (64, 128, 192, 256):
+            for tile_k in (32, 64, 128):
+                for steps in (2, 3, 4, 5, 6):
+                    for width in (1, 2, 4, 8, 16):
+                        for minor in ("M", "N"):
+                            out.append(Config(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
+                                              max_concurrent_steps=steps, epi_tile_m=None,
+                                              epi_tile_n=64, grid_minor_dim=minor,
+                                              grid_tile_width=width, wg_dimension="M",
+                                              cluster_dimension=None))
+    if count > len(out):
+        raise SystemExit(f"at most {len(out)} distinct configs; lower --trials or raise --problems.")
+    return out[:count]
+
+
+def build(url: str, *, trials: int, problems: int, seed: int) -> list[dict[str, int]]:
+    """Fills an empty database; returns the stored shapes."""
+    rng = random.Random(seed)
+    shapes = _shapes(problems, rng)
+    per_problem = -(-trials // problems)
+    configs = _configs(per_problem)
+    running = {**queries.running_versions(), "autotune": "0.1.0"}
+    gpu = {"name": "NVIDIA H200", "kind": "gpu", "compute_capability": "9.0", "driver": "570.86"}
+    cpu = {"name": "cpu-interpret (bench)", "kind": "interpret", "compute_capability": "", "driver": ""}
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    with Store(url) as store, store.engine.begin() as conn:
+        t = storage.Base.metadata.tables
+        conn.execute(sa.insert(t["at_kernels"]), [{"id": 1, "name": KERNEL}])
+        conn.execute(sa.insert(t["at_devices"]), [{"id": 1, **gpu}, {"id": 2, **cpu}])
+        conn.execute(sa.insert(t["at_software"]), [
+            {"id": i, **{k: v.get(k, "") for k in ("jax", "jaxlib", "autotune")}, "extra": "{}"}
+            for i, v in ((1, OLD), (2, running))
+        ])
+        conn.execute(sa.insert(t["at_problems"]), [
+            {"id": i + 1, "kernel_id": 1, "shape_json": (p := Problem(KERNEL, s, DTYPE)).shape_json,
+             "dtype": DTYPE, "digest": p.digest()}
+            for i, s in enumerate(shapes)
+        ])
+        conn.execute(sa.insert(t["at_configs"]), [
+            {"id": i + 1, "kernel_id": 1, "config_json": c.to_json(), "digest": c.digest()}
+            for i, c in enumerate(configs)
+        ])
+        rows: list[dict] = []
+        trial_id = 0
+        for problem_id in range(1, problems + 1):
+            scale = rng.uniform(10, 5000)
+            for config_id in range(1, per_problem + 1):
+                if trial_id >= trials:
+                    break
+                trial_id += 1
+                ok = rng.random() > 0.05
+                median = scale * rng.lognormvariate(0.3, 0.3) if ok else None
+                rows.append({
+                    "id": trial_id, "problem_id": problem_id, "config_id": config_id,
+                    "device_id": 1 if rng.random() < 0.9 else 2,
+                    "software_id": 1 if rng.random() < 0.5 else 2,
+                    "status": "ok" if ok else "compile_error",
+                    "median_us": median, "min_us": median, "max_us": median,
+                    "samples_us": (median,) if ok else (), "compile_s": 1.0,
+                    "rel_error": 1e-3 if ok else None, "timing": "cupti",
+                    "error": "" if ok else "smem", "study_name": None, "optuna_trial_number": None,
+                    "worker": "bench", "host": "bench", "started_at": now, "finished_at": now,
+                })
+                if len(rows) == 50_000:
+                    conn.execute(sa.insert(t["at_trials"]), rows)
+                    rows.clear()
+        if rows:
+            conn.execute(sa.insert(t["at_trials"]), rows)
+    return shapes
+
+
+def _time_us(fn: Callable[[], object]) -> float:
+    start = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - start) / 1000
+
+
+def _summary(label: str, samples: list[float]) -> tuple[str, int, float, float]:
+    ordered = sorted(samples)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return label, len(samples), statistics.median(ordered), p90
+
+
+def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int) -> list[tuple]:
+    rng = random.Random(seed + 1)
+    stored = {tuple(sorted(s.items())) for s in shapes}
+    missing = [s for s in _shapes(len(SIZES) ** 3, random.Random(seed))
+               if tuple(sorted(s.items())) not in stored]
+
+    def ask(shape: dict[str, int]) -> Callable[[], object]:
+        return lambda: lookup.lookup_config(KERNEL, shape, DTYPE, db=url)
+
+    lookup.clear_cache()
+    queries.close_stores()
+    ask(shapes[0])()  # imports, the kernel module, the first open
+    out = []
+
+    cached = [_time_us(ask(shapes[0])) for _ in range(samples)]
+    out.append(_summary("cached", cached))
+
+    cold = []
+    for _ in range(samples):
+        lookup.clear_cache()
+        cold.append(_time_us(ask(rng.choice(shapes))))
+    out.append(_summary("cold (database open)", cold))
+
+    first = []
+    for _ in range(max(5, samples // 10)):
+        lookup.clear_cache()
+        queries.close_stores()
+        first.append(_time_us(ask(rng.choice(shapes))))
+    out.append(_summary("cold, first in process (opens the database)", first))
+
+    near = []
+    sources: dict[str, int] = {}
+    while missing and len(near) < max(5, samples // 10):
+        lookup.clear_cache()
+        shape = missing.pop(rng.randrange(len(missing)))
+        start = time.perf_counter_ns()
+        _, source = lookup.lookup_config(KERNEL, shape, DTYPE, db=url)
+        elapsed = (time.perf_counter_ns() - start) / 1000
+        sources[source] = sources.get(source, 0) + 1
+        if source == "nearest":
+            near.append(elapsed)
+    if near:
+        out.append(_summary(f"nearest (shape not stored; {dict(sorted(sources.items()))})", near))
+    return out
+
+
+def query_plan(url: str, shape: dict[str, int]) -> list[str]:
+    """SQLite's plan for the best-trial query with the version filter."""
+    problem = Problem(KERNEL, shape, DTYPE)
+    with Store(url) as store:
+        if store.engine.dialect.name != "sqlite":
+            return []
+        query = (
+            storage._trial_query()
+            .where(storage._Problems.digest == problem.digest())
+            .where(storage._Trials.status == "ok", storage._Trials.median_us.is_not(None))
+            .where(storage._Devices.kind == "gpu", storage._Software.jax == "0.10.2")
+            .order_by(storage._Trials.median_us, storage._Trials.id)
+            .limit(1)
+        )
+        sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))
+        with store.engine.connect() as conn:
+            return [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=1_000_000)
+    p.add_argument("--problems", type=int, default=1000)
+    p.add_argument("--samples", type=int, default=1000, help="timed lookups per kind")
+    p.add_argument("--db", help="an empty database (default: a temporary SQLite file)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    tmp = None
+    url = args.db
+    if url is None:
+        tmp = tempfile.mkdtemp(prefix="lookup-latency-")
+        url = f"sqlite:///{tmp}/autotune.db"
+    start = time.perf_counter()
+    shapes = build(url, trials=args.trials, problems=args.problems, seed=args.seed)
+    build_s = time.perf_counter() - start
+    size = ""
+    path = storage.sqlite_path(storage.resolve_url(url))
+    if path is not None:
+        size = f", {path.stat().st_size / 2**20:.0f} MiB"
+    print(f"database: {args.trials:,} trials, {args.problems:,} problems, built in {build_s:.1f} s{size}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
+          f"{platform.python_version()}, SQLAlchemy {sa.__version__}, {url.split(':')[0]}")
+    print("\n| lookup | samples | median (us) | p90 (us) | goal |")
+    print("|---|---|---|---|---|")
+    for label, n, median, p90 in measure(url, shapes, samples=args.samples, seed=args.seed):
+        goal = GOALS_US.get(label.split(" ")[0], None) if label.startswith(("cached", "cold (")) else None
+        verdict = "-" if goal is None else f"< {goal:g} us: {'met' if p90 < goal else 'MISSED'} (p90)"
+        print(f"| {label} | {n} | {median:.1f} | {p90:.1f} | {verdict} |")
+    print("\nquery plan of the best-trial query (gpu, running jax):")
+    for line in query_plan(url, shapes[0]):
+        print("  " + line)
+    queries.close_stores()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""`autotune report`: the plots per problem and index.html, on a fake-GPU job and a real
+interpret-mode job; safe file names; clear errors."""
+
+from __future__ import annotations
+
+import html.parser
+import os
+import subprocess
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import cli, report
+from autotune.errors import NothingTunedError
+from autotune.jobs import Budget, Job, ProblemSpec
+from autotune.kernel import Kernel, register
+from autotune.problem import Problem
+from autotune.space import Aligned, Choice, PowerOfTwo, Space
+from autotune.storage import Store
+from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.tuner import run_job
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _unused(*args, **kwargs):
+    raise AssertionError("the fake engine never builds kernels")
+
+
+TOY = Kernel(
+    name="report_toy",
+    space=Space(params=(
+        Aligned("bm", unit=64, low=64, high=256, divides="m"),
+        Aligned("bn", unit=64, low=64, high=256, divides="n"),
+        PowerOfTwo("stages", low=1, high=4),
+        Choice("order", ("M", "N")),
+    )),
+    shape_keys=("m", "n"),
+    dtypes=("bfloat16",),
+    build=_unused,
+    make_inputs=_unused,
+    reference=_unused,
+    flops=lambda p: 2 * p["m"] * p["n"] * 4096,
+    bytes_moved=lambda p: 2 * (p["m"] + p["n"]) * 4096 + 2 * p["m"] * p["n"],
+    baseline=lambda p: _unused,
+)
+register(TOY)
+PROBLEM = TOY.problem({"m": 4096, "n": 4096}, "bf16")
+
+
+class FakeH200:
+    """Times configs from a smooth landscape; one config in five fails; traces the best."""
+
+    parallelism = 2
+
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
+
+    def submit(self, kernel_name, problem, config) -> Future:
+        future: Future = Future()
+        us = 170 + abs(config["bm"] - 128) / 2 + abs(config["bn"] - 256) / 4 + 9 * config["stages"]
+        if config["order"] == "N" and config["stages"] == 4:
+            future.set_result(TrialResult.failed(Outcome.COMPILE_ERROR, "smem"))
+        else:
+            future.set_result(TrialResult.timed([us, us + 1], compile_s=0.1, rel_error=0.0, timing="fake"))
+        return future
+
+    def baseline(self, kernel_name, problem) -> TrialResult:
+        return TrialResult.timed([180.0], compile_s=0.0, rel_error=None, timing="fake")
+
+    def trace(self, kernel_name, problem, config, out_dir, profile_space):
+        return {"load": (40.0, 64), "mma": (110.0, 64), "epilogue": (12.0, 8)}
+
+
+def _fake_job(url: str) -> None:
+    job = Job("r", (ProblemSpec(PROBLEM, Budget(trials=24), sampler="tpe", seed=0, trace_top_k=2),))
+    with Store(url) as store:
+        run_job(job, store=store, engine=FakeH200())
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.links |= {v for k, v in attrs if k in ("href", "src") and v}
+
+
+def _check_pngs(out: Path, written: report.Report) -> set[str]:
+    """Every image exists, is a PNG, and index.html links it; returns the image kinds."""
+    parser = _Links()
+    parser.feed(written.index.read_text())
+    kinds = set()
+    for page in written.pages:
+        for kind, rel in page.images.items():
+            path = out / rel
+            assert path.read_bytes()[:8] == PNG_MAGIC, path
+            assert path.resolve().is_relative_to(out.resolve())
+            assert rel in parser.links
+            kinds.add(kind)
+    return kinds
+
+
+def test_report_of_a_gpu_job_draws_every_plot(tmp_path):
+    """A traced fake-H200 job gets all five plots, with H200 ceilings, and an index linking them."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    _fake_job(url)
+    out = tmp_path / "report"
+    written = report.write_report(url, out_dir=out)
+    assert _check_pngs(out, written) == {"convergence", "importance", "distribution", "roofline",
+                                         "regions"}
+    [page] = written.pages
+    assert page.notes == () and page.tflops is not None and page.gbps is not None
+    text = written.index.read_text()
+    assert "report_toy" in text and "NVIDIA H200" in text and "180.0 µs" in text
+    assert written.index == out / "index.html"
+
+
+def test_report_cli_and_notes_without_study_or_ceilings(tmp_path, capsys):
+    """Imported interpret results: no study (importance noted), no ceilings (noted), exit 0."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    device = DeviceInfo("cpu-interpret (test)", "interpret")
+    with Store(url) as store:
+        for i, bm in enumerate((64, 128, 256)):
+            config = {"bm": bm, "bn": 64, "stages": 1, "order": "M"}
+            store.record_trial(PROBLEM, config, TrialResult.timed([1000.0 + 100 * i], compile_s=1.0,
+                               rel_error=0.0, timing="wallclock"), device=device, software={"jax": "x"})
+    out = tmp_path / "out"
+    assert cli.main(["report", "--db", url, "--out", str(out)]) == 0
+    assert "wrote 3 plot(s) of 1 problem(s)" in capsys.readouterr().out
+    text = (out / "index.html").read_text()
+    assert "no Optuna studies" in text and "peaks of cpu-interpret (test) are not known" in text
+
+
+def test_file_names_from_the_database_stay_inside_the_report(tmp_path):
+    """Kernel and device names with path characters become plain folder names under --out."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    evil = Problem("../../etc/x", {"n": 1}, "float32")
+    with Store(url) as store:
+        store.record_trial(evil, {"b": 1}, TrialResult.timed([5.0], compile_s=None, rel_error=None,
+                           timing="fake"), device=DeviceInfo("/../../dev", "fake"), software={})
+    out = tmp_path / "deep" / "out"
+    written = report.write_report(url, out_dir=out)
+    [page] = written.pages
+    assert "/" not in page.folder and not page.folder.startswith(".")
+    assert (out / page.folder).is_dir() and list((tmp_path / "deep").iterdir()) == [out]
+    assert {p.name for p in tmp_path.iterdir() if not p.name.startswith("r.db")} == {"deep"}
+    assert "FLOP and byte counts are not known" in " ".join(page.notes)
+
+
+def test_nothing_stored_and_missing_matplotlib_are_clear_errors(tmp_path, monkeypatch, capsys):
+    """An empty database raises NothingTunedError; without matplotlib the extra is named."""
+    with pytest.raises(NothingTunedError, match="nothing stored"):
+        report.write_report(f"sqlite:///{tmp_path}/none.db", out_dir=tmp_path / "o")
+    assert not (tmp_path / "none.db").exists() and not (tmp_path / "o").exists()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"pip install 'autotune\[report\]'"):
+        report.write_report(f"sqlite:///{tmp_path}/none.db", out_dir=tmp_path / "o")
+    assert cli.main(["report", "--db", f"sqlite:///{tmp_path}/none.db"]) == 2
+    assert "autotune[report]" in capsys.readouterr().err
+
+
+def test_device_peaks_table():
+    """H200 and H100 have peaks (PCIe told apart); interpret mode and unknown GPUs none."""
+    assert report.device_peaks("NVIDIA H200", "gpu").hbm_tbps == 4.8
+    assert report.device_peaks("NVIDIA H200", "gpu").tflops["bfloat16"] == 989.0
+    assert report.device_peaks("NVIDIA H100 PCIe", "gpu").hbm_tbps == 2.0
+    assert report.device_peaks("NVIDIA H100 80GB HBM3", "gpu").hbm_tbps == 3.35
+    assert report.device_peaks("cpu-interpret (NVIDIA H200)", "interpret") is None
+    assert report.device_peaks("NVIDIA B200", "gpu") is None
+
+
+@pytest.mark.slow
+def test_report_of_an_interpret_mode_job(tmp_path):
+    """A real interpret-mode job (a tiny Pallas kernel), then `autotune report`: the plots and
+    index.html are written, and the roofline says it has no ceilings."""
+    db = f"sqlite:///{tmp_path}/i.db"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[defaults]\ntrials = 4\nseed = 0\niterations = 2\n'
+        '[[problem]]\nkernel = "tests.kernels_for_tests:SCALE_ADD"\ndtype = "float32"\n'
+        'shape = { n = 1024 }\n'
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                              text=True, timeout=600, cwd=REPO, env=env, check=False)
+
+    tuned = run("tune", str(job), "--db", db, "--device", "interpret", "--allow-import",
+                "--results-dir", str(tmp_path / "results"))
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    out = tmp_path / "report"
+    done = run("report", "--db", db, "--out", str(out), "--allow-import")
+    assert done.returncode == 0, done.stderr[-3000:]
+    [folder] = [p for p in out.iterdir() if p.is_dir()]
+    names = {p.name for p in folder.iterdir()}
+    assert {"convergence.png", "distribution.png", "roofline.png"} <= names
+    assert names <= {"convergence.png", "distribution.png", "roofline.png", "importance.png"}
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in folder.iterdir())
+    text = (out / "index.html").read_text()
+    for name in names:
+        assert f'{folder.name}/{name}' in text
+    assert "cpu-interpret" in text and "are not known" in text
+    # Two of SCALE_ADD's four blocks do not lower here: too few complete trials is a note.
+    assert "importance.png" in names or "Parameter importances: only" in text
