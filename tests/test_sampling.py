@@ -110,25 +110,38 @@ def test_thousand_proposals_per_bundled_space(kernel_name, shape, dtype):
 
 
 def test_local_moves_climb_from_the_best_measured_config():
-    """With local=1, every proposal after the seed is an untaken one-tunable neighbour of the
-    best config measured so far, nearest first."""
+    """With local=1, every proposal after the seed is the nearest untaken one-tunable neighbour
+    of the best config measured so far (of the next best, once its neighbours are all taken;
+    TPE's, once the 8 best have none left)."""
     bound = toy_space().bind(PROBLEM)
     start = {"bm": 64, "bn": 128, "width": 2, "order": "N", "flag": False}
     sampler = valid_sampler("tpe", bound, seed=0, seeds=[start], local=1.0)
     study = optuna.create_study(sampler=sampler)
     dists = distributions(bound)
-    best, taken = None, set()
-    for i in range(12):
+
+    def value(c) -> float:  # deterministic (str hashes are not), with ties broken by order
+        return abs(c["bm"] - 128) + abs(c["bn"] - 64) + 7 * c["width"] + (c["order"] == "M") + 3 * c["flag"]
+
+    measured: list[tuple[float, int, dict]] = []
+    taken = set()
+    for i in range(min(30, bound.count())):
         trial = study.ask(dists)
         config = dict(trial.params)
         if i:
-            free = [n for n in bound.neighbours(best) if bound.key(n) not in taken]
-            assert free and config == dict(free[0]), (i, config)
+            expected = None
+            for _v, _n, centre in sorted(measured)[:8]:
+                free = [n for n in bound.neighbours(centre) if bound.key(n) not in taken]
+                if free:
+                    expected = dict(free[0])
+                    break
+            if expected is None:  # the 8 best configs' neighbourhoods are all taken: TPE
+                assert bound.key(config) not in taken and bound.is_valid(config)
+            else:
+                assert config == expected, (i, config, expected)
         taken.add(bound.key(config))
-        value = _objective(config)
-        study.tell(trial, value)
-        if best is None or value < _objective(best):
-            best = config
+        measured.append((value(config), i, config))
+        study.tell(trial, value(config))
+    assert min(measured)[0] < value(start)  # it climbed
 
 
 def test_auto_is_tpe_with_local_moves():
