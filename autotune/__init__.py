@@ -48,6 +48,9 @@ _EXPORTS = {
     "WARP_SIZE": "autotune.space",
     "WARPGROUP_SIZE": "autotune.space",
     "SMEM_LIMIT_BYTES": "autotune.space",
+    "SMEM_ALIGNMENT_BYTES": "autotune.space",
+    "MBARRIER_BYTES": "autotune.space",
+    "smem_aligned": "autotune.space",
     "Kernel": "autotune.kernel",
     "BuildOptions": "autotune.kernel",
     "get_kernel": "autotune.kernel",
@@ -106,6 +109,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.problem import Config, Problem, parse_shape
     from autotune.queries import best_config, best_result, list_results, results_frame
     from autotune.space import (
+        MBARRIER_BYTES,
+        SMEM_ALIGNMENT_BYTES,
         SMEM_LIMIT_BYTES,
         WARP_SIZE,
         WARPGROUP_SIZE,
@@ -122,6 +127,7 @@ if TYPE_CHECKING:  # pragma: no cover
         is_aligned_transfer,
         per_128_bytes,
         profiler_smem_bytes,
+        smem_aligned,
         threads,
         transfer_bytes,
     )

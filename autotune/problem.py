@@ -18,7 +18,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
-    "Config", "Problem", "DTYPES", "MAX_SIZE", "dtype_bits", "parse_shape", "canonical_dtype",
+    "Config", "Problem", "DTYPES", "MAX_SIZE", "dtype_bits", "dtype_bytes", "parse_shape",
+    "canonical_dtype",
 ]
 
 ShapeValue = int | bool | str
@@ -64,6 +65,11 @@ def canonical_dtype(name: str) -> str:
 def dtype_bits(dtype: str) -> int:
     """Bits per element of ``dtype`` (a canonical name or an alias)."""
     return DTYPES[canonical_dtype(dtype)]
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (a canonical name or an alias)."""
+    return dtype_bits(dtype) // 8
 
 
 def _freeze(mapping: Mapping[str, Any], what: str) -> tuple[tuple[str, Any], ...]:
@@ -183,7 +189,7 @@ class Problem:
 
     @property
     def dtype_bytes(self) -> int:
-        return dtype_bits(self.dtype) // 8
+        return dtype_bytes(self.dtype)
 
     @property
     def shape_json(self) -> str:

@@ -34,6 +34,8 @@ __all__ = [
     "WARPGROUP_SIZE",
     "TRANSFER_ALIGN_BYTES",
     "SMEM_LIMIT_BYTES",
+    "SMEM_ALIGNMENT_BYTES",
+    "MBARRIER_BYTES",
     "Aligned",
     "PowerOfTwo",
     "Choice",
@@ -49,6 +51,7 @@ __all__ = [
     "is_aligned_transfer",
     "per_128_bytes",
     "profiler_smem_bytes",
+    "smem_aligned",
 ]
 
 WARP_SIZE = 32
@@ -57,6 +60,10 @@ WARPGROUP_SIZE = 128
 TRANSFER_ALIGN_BYTES = 128
 # Shared memory Mosaic GPU lets one block use on H100/H200 (PLATFORM.md, seen in its errors).
 SMEM_LIMIT_BYTES = 232_448
+# Pallas Mosaic GPU starts every scoped shared-memory allocation on this boundary
+# (``gpu_core.SMEM_ALIGNMENT``), and every mbarrier takes 8 bytes.
+SMEM_ALIGNMENT_BYTES = 1024
+MBARRIER_BYTES = 8
 
 Value = Any  # int | bool | str | None
 IntSpec = int | Callable[["Env"], int]
@@ -77,6 +84,12 @@ def elems_per_bytes(nbytes: int, dtype: str) -> int:
 def transfer_bytes(shape: Iterable[int], dtype: str) -> int:
     """Bytes one copy of a ``shape`` block of ``dtype`` moves."""
     return math.prod(shape) * dtype_bits(dtype) // 8
+
+
+def smem_aligned(nbytes: int) -> int:
+    """Shared memory an allocation of ``nbytes`` takes: rounded up to
+    :data:`SMEM_ALIGNMENT_BYTES`, as Pallas allocates it."""
+    return -(-nbytes // SMEM_ALIGNMENT_BYTES) * SMEM_ALIGNMENT_BYTES
 
 
 def is_aligned_transfer(shape: Iterable[int], dtype: str) -> bool:

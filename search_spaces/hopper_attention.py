@@ -47,14 +47,16 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem, dtype_bits
+from autotune.problem import Config, Problem
 from autotune.space import (
+    MBARRIER_BYTES,
     Aligned,
     Bool,
     Constraint,
     Env,
     Space,
     is_aligned_transfer,
+    smem_aligned,
     threads,
 )
 
@@ -71,8 +73,6 @@ __all__ = [
 # Two compute warpgroups and one producer warpgroup.
 BLOCK_THREADS = threads(warpgroups=3)
 COMPUTE_WGS = 2
-SMEM_ALIGNMENT = 1024
-MBARRIER_BYTES = 8
 # Pallas reserves this much shared memory for the softmax's cross-warp reductions
 # (``CompilerParams.reduction_scratch_bytes``' default).
 REDUCTION_SCRATCH_BYTES = 128 * 4 * 4
@@ -82,10 +82,6 @@ SMEM_ITEMSIZE = 2
 WGMMA_MAX_N = 256
 # Upstream's TuningConfig refuses fewer stages.
 MIN_STEPS = 2
-
-
-def _align(n: int, to: int = SMEM_ALIGNMENT) -> int:
-    return -(-n // to) * to
 
 
 def smem_bytes(c: Mapping[str, Any], head_dim: int, *, seq_kv: int | None = None) -> int:
@@ -100,8 +96,8 @@ def smem_bytes(c: Mapping[str, Any], head_dim: int, *, seq_kv: int | None = None
     steps = c["max_concurrent_steps"]
     if seq_kv is not None:
         steps = min(steps, seq_kv // c["block_kv"])
-    qo = _align(COMPUTE_WGS * c["block_q"] * head_dim * SMEM_ITEMSIZE)
-    kv = 2 * _align(steps * c["block_kv"] * head_dim * SMEM_ITEMSIZE)
+    qo = smem_aligned(COMPUTE_WGS * c["block_q"] * head_dim * SMEM_ITEMSIZE)
+    kv = 2 * smem_aligned(steps * c["block_kv"] * head_dim * SMEM_ITEMSIZE)
     barriers = (4 * steps + COMPUTE_WGS + 1) * MBARRIER_BYTES
     return qo + kv + REDUCTION_SCRATCH_BYTES + barriers
 
@@ -435,7 +431,7 @@ def flops(problem: Problem) -> int:
 
 def bytes_moved(problem: Problem) -> int:
     """q, k, v read once, out written once."""
-    itemsize = dtype_bits(problem.dtype) // 8
+    itemsize = problem.dtype_bytes
     b, sq, skv, hq, hkv, d = _sizes(problem)
     q, kv = b * sq * hq * d, b * skv * hkv * d
     return (2 * q + 2 * kv) * itemsize

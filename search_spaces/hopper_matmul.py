@@ -57,8 +57,9 @@ from typing import Any
 
 from autotune.kernel import BuildOptions, Kernel
 from autotune.lowering import H200_NUM_SMS
-from autotune.problem import Config, Problem, dtype_bits
+from autotune.problem import Config, Problem, dtype_bytes
 from autotune.space import (
+    MBARRIER_BYTES,
     Aligned,
     Choice,
     Constraint,
@@ -66,6 +67,7 @@ from autotune.space import (
     PowerOfTwo,
     Space,
     is_aligned_transfer,
+    smem_aligned,
     threads,
 )
 
@@ -84,10 +86,6 @@ __all__ = [
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
 BLOCK_THREADS = threads(warpgroups=3)
-# Shared-memory accounting of Pallas Mosaic GPU: every scoped allocation is rounded up to
-# 1024 bytes (``gpu_core.SMEM_ALIGNMENT``), every mbarrier takes 8 bytes.
-SMEM_ALIGNMENT = 1024
-MBARRIER_BYTES = 8
 # WGMMA accumulators are laid out in 64-row slabs, one per warpgroup instruction.
 WGMMA_ROWS = 64
 # Mosaic GPU swizzles shared-memory tiles by 32, 64 or 128 bytes ("Swizzle 16 is not supported").
@@ -97,14 +95,6 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 
 # ---------------------------------------------------------------------------------------------
 # Derived sizes, as the kernel computes them.
-
-
-def _itemsize(dtype: str) -> int:
-    return dtype_bits(dtype) // 8
-
-
-def _align(n: int, to: int = SMEM_ALIGNMENT) -> int:
-    return -(-n // to) * to
 
 
 def cta_tile(c: Mapping[str, Any], axis: str) -> int:
@@ -142,7 +132,7 @@ def swizzle_bytes(row_bytes: int) -> int:
 def operand_swizzle_elems(tile_k: int, dtype: str) -> int:
     """Columns of one swizzled tile of A and B in shared memory (the kernel derives it from
     ``tile_k``); B's ``tile_n`` columns are cut into such tiles."""
-    return swizzle_bytes(tile_k * _itemsize(dtype)) // _itemsize(dtype)
+    return swizzle_bytes(tile_k * dtype_bytes(dtype)) // dtype_bytes(dtype)
 
 
 def smem_bytes(c: Mapping[str, Any], dtype: str, *, k: int | None = None) -> int:
@@ -155,7 +145,7 @@ def smem_bytes(c: Mapping[str, Any], dtype: str, *, k: int | None = None) -> int
     sweep (module docstring). The profiler's share is added by ``Env.smem_budget``. Given
     ``k``, the pipeline's own clamp of the stages to ``k // tile_k`` is applied.
     """
-    itemsize = _itemsize(dtype)
+    itemsize = dtype_bytes(dtype)
     cta_m, cta_n = cta_tiles(c)
     steps, tile_k = c["max_concurrent_steps"], c["tile_k"]
     if k is not None:
@@ -166,7 +156,7 @@ def smem_bytes(c: Mapping[str, Any], dtype: str, *, k: int | None = None) -> int
     slots = min(2, (c["tile_m"] * c["tile_n"]) // (epi_m * epi_n))
     out_bytes = 2 * slots * epi_m * epi_n * itemsize
     barrier_bytes = 2 * steps * MBARRIER_BYTES
-    return _align(a_bytes) + _align(b_bytes) + _align(out_bytes) + barrier_bytes
+    return smem_aligned(a_bytes) + smem_aligned(b_bytes) + smem_aligned(out_bytes) + barrier_bytes
 
 
 def _grid_iters(c: Mapping[str, Any], env: Env) -> tuple[int, int]:
@@ -181,7 +171,7 @@ def _grid_iters(c: Mapping[str, Any], env: Env) -> tuple[int, int]:
 
 def _min_swizzle_elems(env: Env) -> int:
     """Elements in 32 bytes of the problem's dtype: the finest tile_k / tile_n step."""
-    return max(1, MIN_SWIZZLE_BYTES // _itemsize(env.dtype))
+    return max(1, MIN_SWIZZLE_BYTES // dtype_bytes(env.dtype))
 
 
 PARAMS = (
@@ -220,7 +210,7 @@ GRID_READS = (
 def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
     """The config, the problem, and the sizes the rules speak of (those computable from ``c``)."""
     values: dict[str, Any] = dict(env.problem.dims)
-    values.update(c, dtype=env.dtype, itemsize=_itemsize(env.dtype))
+    values.update(c, dtype=env.dtype, itemsize=dtype_bytes(env.dtype))
     values["budget"] = env.smem_budget(block_threads=BLOCK_THREADS)
     derivations: tuple[tuple[tuple[str, ...], Callable[[], dict[str, Any]]], ...] = (
         (("tile_m", "wg_dimension"), lambda: {"cta_tile_m": cta_tile(c, "m")}),
@@ -237,8 +227,8 @@ def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
             ("tile_k",),
             lambda: {
                 "k_iters": env["k"] // c["tile_k"],
-                "row_bytes": c["tile_k"] * _itemsize(env.dtype),
-                "swizzle": swizzle_bytes(c["tile_k"] * _itemsize(env.dtype)),
+                "row_bytes": c["tile_k"] * dtype_bytes(env.dtype),
+                "swizzle": swizzle_bytes(c["tile_k"] * dtype_bytes(env.dtype)),
                 "swizzle_elems": operand_swizzle_elems(c["tile_k"], env.dtype),
             },
         ),
@@ -329,7 +319,7 @@ CONSTRAINTS = (
     Constraint(
         "operand_swizzle",
         ("tile_k",),
-        lambda c, env: c["tile_k"] * _itemsize(env.dtype) % MIN_SWIZZLE_BYTES == 0,
+        lambda c, env: c["tile_k"] * dtype_bytes(env.dtype) % MIN_SWIZZLE_BYTES == 0,
         _says(
             "a tile_k row of A and B ({tile_k} x {itemsize} B = {row_bytes} B) must be a "
             "multiple of 32 bytes: Mosaic GPU swizzles shared memory by 32, 64 or 128 bytes "
@@ -407,7 +397,7 @@ CONSTRAINTS = (
     Constraint(
         "epi_swizzle",
         ("tile_n", "epi_tile_n"),
-        lambda c, env: _epi_n(c) * _itemsize(env.dtype) % MIN_SWIZZLE_BYTES == 0,
+        lambda c, env: _epi_n(c) * dtype_bytes(env.dtype) % MIN_SWIZZLE_BYTES == 0,
         _says(
             "an output row of epi_tile_n={epi_n} x {itemsize} B must be a multiple of 32 bytes: "
             "the output staging buffer is swizzled by 32, 64 or 128 bytes ('Swizzle 16 is not "

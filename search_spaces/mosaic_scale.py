@@ -78,8 +78,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem, dtype_bits
+from autotune.problem import Config, Problem, dtype_bytes
 from autotune.space import (
+    MBARRIER_BYTES,
     SMEM_LIMIT_BYTES,
     TRANSFER_ALIGN_BYTES,
     WARP_SIZE,
@@ -99,7 +100,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 MAX_BLOCK_THREADS = 1024  # CUDA
 MAX_TILE_BYTES = 64 * 1024
-MBARRIER_BYTES = 8
 SM_SMEM_BYTES = 228 * 1024  # shared memory of one H100/H200 SM ...
 SMEM_RESERVED_PER_BLOCK = 1024  # ... of which CUDA reserves 1 KiB per resident block
 SM_MAX_THREADS = 2048
@@ -131,12 +131,8 @@ def _dim(problem: Problem, key: str) -> int:
     return int(problem[key])
 
 
-def _itemsize(dtype: str) -> int:
-    return dtype_bits(dtype) // 8
-
-
 def _vector_elems(config: Mapping[str, Any], dtype: str) -> int:
-    return config["vector_bytes"] // _itemsize(dtype)
+    return config["vector_bytes"] // dtype_bytes(dtype)
 
 
 def copy_shapes(config: Mapping[str, Any], problem: Problem) -> list[tuple[int, ...]]:
@@ -157,8 +153,8 @@ PARAMS = (
     Aligned("block_threads", unit=WARP_SIZE, low=WARP_SIZE, high=MAX_BLOCK_THREADS),
     PowerOfTwo(
         "tile_elems",
-        low=lambda env: TRANSFER_ALIGN_BYTES // _itemsize(env.dtype),
-        high=lambda env: min(env["n"], MAX_TILE_BYTES // _itemsize(env.dtype)),
+        low=lambda env: TRANSFER_ALIGN_BYTES // dtype_bytes(env.dtype),
+        high=lambda env: min(env["n"], MAX_TILE_BYTES // dtype_bytes(env.dtype)),
     ),
     Aligned("slots", unit=1, low=1, high=8),
     Choice("refill_lag", (0, 1), ordered=True),
@@ -370,7 +366,7 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
         )
     plan = _Plan(
         n=_dim(problem, "n"),
-        itemsize=_itemsize(problem.dtype),
+        itemsize=dtype_bytes(problem.dtype),
         block_threads=config["block_threads"],
         tile_elems=config["tile_elems"],
         slots=config["slots"],
@@ -558,7 +554,7 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
     """Whole warpgroups, 16 KiB tiles, 4 slots, 16-byte vectors, 2 blocks per SM."""
     proposal = {
         "block_threads": 256,
-        "tile_elems": 16 * 1024 // _itemsize(problem.dtype),
+        "tile_elems": 16 * 1024 // dtype_bytes(problem.dtype),
         "slots": 4,
         "refill_lag": 1,
         "vector_bytes": 16,

@@ -82,8 +82,9 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem, dtype_bits
+from autotune.problem import Config, Problem, dtype_bits, dtype_bytes
 from autotune.space import (
+    MBARRIER_BYTES,
     WARPGROUP_SIZE,
     Aligned,
     Bool,
@@ -93,6 +94,7 @@ from autotune.space import (
     PowerOfTwo,
     Space,
     is_aligned_transfer,
+    smem_aligned,
     threads,
     transfer_bytes,
 )
@@ -113,8 +115,6 @@ WARPS = WARPGROUP_SIZE // 32  # warps per warpgroup
 LANES = 32
 LANE_VECTOR_BYTES = 16  # one 128-bit shared-memory access per lane
 MAX_VALUES_PER_THREAD = 64  # float32 values one chunk puts in a thread's registers (policy)
-MBARRIER_BYTES = 8
-SMEM_ALIGNMENT = 1024  # Pallas starts each shared-memory allocation on this boundary
 # Pallas reserves ``CompilerParams.reduction_scratch_bytes`` for cross-warp reductions
 # whenever a kernel reduces; ours never cross warps, so the kernel asks for none.
 REDUCTION_SCRATCH_BYTES = 0
@@ -146,17 +146,9 @@ def _dim(problem: Problem, key: str) -> int:
     return int(problem[key])
 
 
-def _align(nbytes: int) -> int:
-    return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
-
-
-def _itemsize(dtype: str) -> int:
-    return dtype_bits(dtype) // 8
-
-
 def lane_unit(dtype: str) -> int:
     """Columns of one warp-wide step, 32 lanes x 16 bytes: 256 for bf16, 128 for f32."""
-    return LANES * LANE_VECTOR_BYTES // _itemsize(dtype)
+    return LANES * LANE_VECTOR_BYTES // dtype_bytes(dtype)
 
 
 def copy_shapes(config: Mapping[str, Any], problem: Problem) -> list[tuple[int, ...]]:
@@ -171,9 +163,9 @@ def smem_bytes(config: Mapping[str, Any], problem: Problem) -> int:
     buffers = slots * transfer_bytes((config["block_rows"], _dim(problem, "cols")), problem.dtype)
     exchange = config["warpgroups"] * EXCHANGE_BYTES if config["warps_per_row"] > 1 else 0
     return (
-        _align(buffers)
-        + _align(exchange)
-        + _align(REDUCTION_SCRATCH_BYTES)
+        smem_aligned(buffers)
+        + smem_aligned(exchange)
+        + smem_aligned(REDUCTION_SCRATCH_BYTES)
         + slots * MBARRIER_BYTES
     )
 

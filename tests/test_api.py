@@ -9,12 +9,13 @@ import autotune
 
 PUBLIC = [
     "Aligned", "AutotuneError", "Bool", "BoundSpace", "BuildOptions", "Choice", "Config",
-    "Constraint", "Env", "JobError", "Kernel", "KernelNotFoundError", "NoValidConfigError",
-    "NothingTunedError", "Outcome", "PowerOfTwo", "Problem", "SMEM_LIMIT_BYTES", "Space",
+    "Constraint", "Env", "JobError", "Kernel", "KernelNotFoundError", "MBARRIER_BYTES",
+    "NoValidConfigError",
+    "NothingTunedError", "Outcome", "PowerOfTwo", "Problem", "SMEM_ALIGNMENT_BYTES", "SMEM_LIMIT_BYTES", "Space",
     "SpaceError", "StorageError", "TrialResult", "Violation", "WARPGROUP_SIZE", "WARP_SIZE",
     "__version__", "best_config", "best_result", "check_space", "elems_per_bytes", "get_kernel",
     "interpret_params", "is_aligned_transfer", "list_results", "lookup_config", "parse_shape", "per_128_bytes", "profile_params", "profiler_smem_bytes",
-    "results_frame", "threads", "transfer_bytes", "tune", "tuned",
+    "results_frame", "smem_aligned", "threads", "transfer_bytes", "tune", "tuned",
 ]
 
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import autotune
 from autotune import (
+    MBARRIER_BYTES,
     WARPGROUP_SIZE,
     Aligned,
     BuildOptions,
@@ -60,6 +61,7 @@ from autotune import (
     Problem,
     Space,
     is_aligned_transfer,
+    smem_aligned,
     threads,
     transfer_bytes,
 )
@@ -67,18 +69,12 @@ from autotune import (
 __all__ = ["KERNEL", "SPACE", "smem_bytes", "bias_gelu"]
 
 TMA_BOX_ELEMS = 256  # a TMA copy moves at most this many elements along each dimension
-BARRIER_BYTES = 8
-SMEM_ALIGNMENT = 1024  # Pallas starts each shared-memory allocation on this boundary
 BLOCK_THREADS = threads(warpgroups=1)
 
 
 def _tile_rows(c: Mapping[str, Any], env: Env) -> int:
     """Tiles in one block's band of rows."""
     return env["rows"] // (c["block_rows"] * c["row_splits"])
-
-
-def _align(nbytes: int) -> int:
-    return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
 def smem_bytes(c: Mapping[str, Any], env: Env) -> int:
@@ -88,8 +84,8 @@ def smem_bytes(c: Mapping[str, Any], env: Env) -> int:
     bias = transfer_bytes((1, c["block_cols"]), env.dtype)
     steps = c["max_concurrent_steps"]
     return (
-        _align(steps * tile) + _align(steps * bias) + _align(c["store_slots"] * tile)
-        + steps * BARRIER_BYTES
+        smem_aligned(steps * tile) + smem_aligned(steps * bias)
+        + smem_aligned(c["store_slots"] * tile) + steps * MBARRIER_BYTES
     )
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from autotune import (
+    MBARRIER_BYTES,
     Aligned,
     BuildOptions,
     Choice,
@@ -63,7 +64,6 @@ from autotune import (
 __all__ = ["KERNEL", "SPACE", "smem_bytes"]
 
 MAX_TILE_BYTES = 128 * 1024
-BARRIER_BYTES = 8
 TRACE_REGIONS = 4  # Mosaic GPU's own "Init", then load, compute, store
 
 
@@ -73,7 +73,7 @@ def _vector_elems(c: Mapping[str, Any], env: Env) -> int:
 
 def smem_bytes(c: Mapping[str, Any], env: Env) -> int:
     """Shared memory of one block: the x and y tiles and their two barriers."""
-    return 2 * transfer_bytes((c["tile_elems"],), env.dtype) + 2 * BARRIER_BYTES
+    return 2 * transfer_bytes((c["tile_elems"],), env.dtype) + 2 * MBARRIER_BYTES
 
 
 SPACE = Space(
