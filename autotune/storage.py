@@ -55,6 +55,8 @@ __all__ = [
     "ProblemSummary",
     "resolve_url",
     "sqlite_path",
+    "failure_reason",
+    "damaged_hint",
     "DEFAULT_URL",
     "ENV_VAR",
     "VERSION_TABLE",
@@ -466,25 +468,34 @@ def _create_engine(url: URL) -> Engine:
     return engine
 
 
-def _reason(error: BaseException) -> str:
+def failure_reason(error: BaseException) -> str:
+    """The database's own words for a failure, under SQLAlchemy's (and Optuna's) wrapping."""
+    if getattr(error, "orig", None) is None and isinstance(error.__cause__, sa_exc.SQLAlchemyError):
+        error = error.__cause__  # Optuna raises its StorageInternalError from SQLAlchemy's
     # SQLite rolls the whole transaction back on some errors (a full disk, an I/O error): the
     # savepoint around the failed statement is gone, and "no such savepoint" would hide what
     # happened. The error being handled when that one was raised says it.
     while "no such savepoint" in str(error) and error.__context__ is not None:
         error = error.__context__
     orig = getattr(error, "orig", None)
-    return str(orig if orig is not None else error).strip().splitlines()[0]
+    text = str(orig if orig is not None else error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def damaged_hint(reason: str) -> str:
+    """What to do when ``reason`` (:func:`failure_reason`) says the file is damaged, else ""."""
+    if "malformed" in reason or "not a database" in reason:
+        return ("The database file is damaged and was left as it is: restore it from a backup, "
+                "or move it aside and point AUTOTUNE_DB at another file.")
+    return ""
 
 
 def _open_hint(path: pathlib.Path | None, reason: str) -> str:
     """What to do when an SQLite file cannot be opened, or nothing for other backends."""
     if path is None:
         return ""
-    if "malformed" in reason or "not a database" in reason:
-        return (
-            " The file is damaged and was left untouched: restore it from a backup, or move it "
-            "aside and point AUTOTUNE_DB at another file."
-        )
+    if damaged_hint(reason):
+        return " " + damaged_hint(reason)
     return (
         f" SQLite must read and write {path.name} and create {path.name}-wal and "
         f"{path.name}-shm beside it: check that the file and its folder are writable and the "
@@ -642,7 +653,7 @@ class Store:
             self.engine: Engine = _create_engine(self._url)
         except (sa_exc.ArgumentError, ImportError) as e:
             raise StorageError(
-                f"Cannot use the database URL {self!r}: {_reason(e)}. Expected sqlite:///PATH "
+                f"Cannot use the database URL {self!r}: {failure_reason(e)}. Expected sqlite:///PATH "
                 "or postgresql://user@host:5432/dbname; for PostgreSQL, install psycopg 3 "
                 "(pip install 'autotune[postgres]')."
             ) from e
@@ -656,18 +667,18 @@ class Store:
             raise
         except sa_exc.DatabaseError as e:
             self.engine.dispose()
-            if path is not None and "not a database" in _reason(e):
+            if path is not None and "not a database" in failure_reason(e):
                 raise StorageError(
-                    f"Cannot open {path}: it is not an SQLite database ({_reason(e)}). The "
+                    f"Cannot open {path}: it is not an SQLite database ({failure_reason(e)}). The "
                     "file was left untouched; move it aside or point AUTOTUNE_DB at another file."
                 ) from e
             raise StorageError(
-                f"Cannot open the database {self._where}: {_reason(e)}.{_open_hint(path, _reason(e))}"
+                f"Cannot open the database {self._where}: {failure_reason(e)}.{_open_hint(path, failure_reason(e))}"
             ) from e
         except sa_exc.SQLAlchemyError as e:
             self.engine.dispose()
             raise StorageError(
-                f"Cannot open the database {self._where}: {_reason(e)}.{_open_hint(path, _reason(e))}"
+                f"Cannot open the database {self._where}: {failure_reason(e)}.{_open_hint(path, failure_reason(e))}"
             ) from e
 
     @property
@@ -694,7 +705,7 @@ class Store:
             with self._writes.begin() as session:
                 yield session
         except sa_exc.SQLAlchemyError as e:
-            raise StorageError(f"Could not {what} in {self._where}: {_reason(e)}.") from e
+            raise StorageError(f"Could not {what} in {self._where}: {failure_reason(e)}.") from e
 
     @contextlib.contextmanager
     def _read(self, what: str) -> Iterator[Session]:
@@ -702,7 +713,7 @@ class Store:
             with self._reads() as session:
                 yield session
         except sa_exc.SQLAlchemyError as e:
-            raise StorageError(f"Could not {what} from {self._where}: {_reason(e)}.") from e
+            raise StorageError(f"Could not {what} from {self._where}: {failure_reason(e)}.") from e
 
     # --- writes ---------------------------------------------------------------------------
 

@@ -220,7 +220,7 @@ def run_job(
     except StorageError as e:
         raise StorageError(f"{e} {_what_now(str(e))}") from e
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
-        reason = _db_reason(e)
+        reason = storage_module.failure_reason(e)
         raise StorageError(
             f"Could not use the Optuna study in {store!r}: {reason}. {_what_now(reason)}"
         ) from e
@@ -242,19 +242,8 @@ def require_persistent(store: Any) -> None:
 
 def _what_now(reason: str) -> str:
     """The way out of a database failure that stopped a job."""
-    if "malformed" in reason or "not a database" in reason:
-        return ("The database file is damaged; nothing more was written to it. Restore it from "
-                "a backup, or move it aside and point AUTOTUNE_DB at another file.")
-    return "The trials stored until then are kept; run the job again to resume (re-run)."
-
-
-def _db_reason(error: BaseException) -> str:
-    """The database's own words for a failure (Optuna wraps them in a generic message)."""
-    if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__ is not None:
-        error = error.__cause__
-    orig = getattr(error, "orig", None)
-    text = str(orig if orig is not None else error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return (storage_module.damaged_hint(reason)
+            or "The trials stored until then are kept; run the job again to resume (re-run).")
 
 
 def tune_problem(
@@ -478,7 +467,7 @@ def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> bool:
         pass  # already finished (by us, or as stale by another host)
     except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as e:
         logger.warning("could not release trial %s: %s", getattr(trial, "number", trial),
-                       _db_reason(e))
+                       storage_module.failure_reason(e))
         return False
     return True
 

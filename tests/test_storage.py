@@ -59,7 +59,8 @@ def test_public_api_is_pinned():
     assert sorted(storage.__all__) == sorted(
         [
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
-            "ProblemSummary", "resolve_url", "sqlite_path", "DEFAULT_URL", "ENV_VAR",
+            "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
+            "DEFAULT_URL", "ENV_VAR",
             "VERSION_TABLE",
         ]
     )
