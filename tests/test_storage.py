@@ -61,7 +61,7 @@ def test_public_api_is_pinned():
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
             "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
-            "VERSION_TABLE",
+            "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s",
         ]
     )
 
