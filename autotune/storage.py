@@ -553,6 +553,9 @@ def _open_hint(path: pathlib.Path | None, reason: str) -> str:
         return ""
     if damaged_hint(reason):
         return " " + damaged_hint(reason)
+    if "locked" in reason:
+        return (f" Another process holds a lock on {path.name} for longer than the wait: re-run "
+                "once it is done.")
     return (
         f" SQLite must read and write {path.name} and create {path.name}-wal and "
         f"{path.name}-shm beside it: check that the file and its folder are writable and the "
