@@ -444,17 +444,17 @@ def read_timeout_s(value: float | None = None) -> float:
         text = os.environ.get(READ_TIMEOUT_ENV, "").strip()
         if not text:
             return READ_TIMEOUT_S
+        where, shown = f"${READ_TIMEOUT_ENV}", text
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        where = f"${READ_TIMEOUT_ENV}"
     else:
-        where = "timeout_s"
+        where, shown = "timeout_s", value
     if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
         raise StorageError(
             f"{where} must be a positive, finite number of seconds (default {READ_TIMEOUT_S:g}), "
-            f"but got {value!r}."
+            f"but got {shown!r}."
         )
     return float(value)
 

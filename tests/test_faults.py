@@ -31,6 +31,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -674,3 +675,58 @@ def test_the_campaign_summary_adds_up_over_workers_and_fails_on_a_lost_trial(tmp
     assert ("reliability campaign: 4 bad inputs tried, 8 faults injected, 4 jobs completed "
             "after re-run, 1 trials lost, 0 duplicates (must be 0: FAILED)") in run.stdout
     assert run.returncode == 1, run.stdout
+
+
+# --------------------------------------------------------------------------- read commands
+
+
+def _read_commands(url: str, tmp_path: Path) -> dict[str, Any]:
+    """Every read-only way into the database: the CLI's read commands and the run-time lookup."""
+    from autotune import lookup
+    from autotune.cli import main as cli_main
+
+    def run_lookup() -> int:
+        lookup.clear_cache()
+        lookup.lookup_config(STEADY, {"n": 1}, "float32", db=url, default={"cost_us": 10},
+                             timeout_s=2)
+        return 0
+
+    return {
+        "results": lambda: cli_main(["results", "--db", url]),
+        "best": lambda: cli_main(["best", STEADY.name, "--shape", "n=1", "--dtype", "float32",
+                                  "--db", url]),
+        "export": lambda: cli_main(["export", "--db", url, "--format", "json"]),
+        "report": lambda: cli_main(["report", "--db", url, "--out", str(tmp_path / "report")]),
+        "lookup": run_lookup,
+    }
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+@pytest.mark.parametrize(
+    "corrupt", [_garbage_header, _garbage_pages, _garbage_data_pages, _truncated],
+    ids=["header", "all pages", "three data pages", "truncated"],
+)
+def test_read_commands_never_write_a_damaged_database(corrupt, journal, tmp_path, seeded_db,
+                                                      campaign, capsys):
+    """results, best, export, report and the lookup on a damaged database, in rollback-journal
+    and WAL mode: each answers or stops with a one-line message, and the file stays byte for byte
+    as it was (they used to switch its journal mode, rewriting the header)."""
+    from autotune.queries import close_stores
+
+    job = seeded_job(tmp_path, seeded_db)
+    path = sqlite_file(job.url)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute(f"PRAGMA journal_mode = {journal}").fetchone()[0] == journal
+    corrupt(path)
+    damaged = sha256(path)
+    for name, command in _read_commands(job.url, tmp_path).items():
+        try:
+            code = command()
+        finally:
+            close_stores()
+        campaign.add(faults=1)
+        err = capsys.readouterr().err
+        assert code in (0, 1, 2), (name, code, err)  # 1: `best` read no row of the problem
+        assert code == 0 or err.strip().splitlines()[-1].startswith("autotune: "), (name, err)
+        assert "Traceback" not in err, (name, err)
+        assert sha256(path) == damaged, f"`{name}` wrote to the damaged database"
