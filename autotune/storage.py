@@ -444,17 +444,17 @@ def read_timeout_s(value: float | None = None) -> float:
         text = os.environ.get(READ_TIMEOUT_ENV, "").strip()
         if not text:
             return READ_TIMEOUT_S
-        where, shown = f"${READ_TIMEOUT_ENV}", text
+        where, shown = f"${READ_TIMEOUT_ENV}", repr(text)
         try:
             value = float(text)
         except ValueError:
             value = math.nan
     else:
-        where, shown = "timeout_s", value
+        where, shown = "timeout_s", repr(value)
     if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
         raise StorageError(
             f"{where} must be a positive, finite number of seconds (default {READ_TIMEOUT_S:g}), "
-            f"but got {shown!r}."
+            f"but got {shown}."
         )
     return float(value)
 
