@@ -11,7 +11,9 @@
     autotune revalidate [--kernel K] [--db URL] [--device auto|gpu|interpret] [--top N]
     autotune report [--kernel K] [--db URL] [--out DIR]
 
-Exit codes: 0 success; 1 nothing tuned (``best``) or configs failed (``check``); 2 bad input.
+Exit codes: 0 success; 1 nothing tuned (``best``) or configs failed (``check``); 2 bad input
+or a database that cannot be used; 130 Ctrl-C (SIGINT); 143 SIGTERM (128 + the signal's number:
+see :mod:`autotune.interrupts`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from autotune.errors import AutotuneError, NothingTunedError
 __all__ = ["main"]
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE = 0, 1, 2
+EXIT_SIGINT = 130  # 128 + SIGINT; SIGTERM exits 143 (autotune.interrupts)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,17 +128,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
     handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check,
                "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
-    try:
-        return handler[args.command](args)
-    except NothingTunedError as e:
-        print(f"autotune: {e}", file=sys.stderr)
-        return EXIT_NOTHING
-    except (AutotuneError, ValueError) as e:
-        print(f"autotune: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("autotune: interrupted; finished trials are stored, re-run to resume.", file=sys.stderr)
-        return 130
+    from autotune.interrupts import Interrupted, handling
+
+    with handling() as signals:
+        args.signals = signals
+        try:
+            return handler[args.command](args)
+        except NothingTunedError as e:
+            print(f"autotune: {e}", file=sys.stderr)
+            return EXIT_NOTHING
+        except (AutotuneError, ValueError) as e:
+            print(f"autotune: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt as e:
+            print("autotune: interrupted; finished trials are stored, re-run to resume.", file=sys.stderr)
+            return e.exit_code if isinstance(e, Interrupted) else EXIT_SIGINT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,9 +229,11 @@ def _tune(args: argparse.Namespace) -> int:
         require_persistent(store)  # before the engine writes its logs under --results-dir
         log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
         with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir) as engine:
+            _on_interrupt(args.signals, engine, log_dir)
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)
     finally:
+        args.signals.status = args.signals.abort = None
         progress.close()
         store.close()
     _print_reports(reports)
@@ -237,6 +246,19 @@ def _tune(args: argparse.Namespace) -> int:
                   f"`autotune check {r.problem.kernel} --shape {shape} --dtype {r.problem.dtype}"
                   f"{flag}` finds it before spending GPU time.")
     return EXIT_OK
+
+
+def _on_interrupt(signals: Any, engine: Any, log_dir: str) -> None:
+    """What the first Ctrl-C or SIGTERM says it waits for; the second kills the workers."""
+
+    def status() -> str:
+        count = getattr(engine, "in_flight", None)
+        what = "the configs in flight" if count is None else f"{count} config(s) in flight"
+        return (f"closing {what} for a later run, finished trials are stored "
+                f"(worker logs: {getattr(engine, 'log_dir', log_dir)})")
+
+    signals.status = status
+    signals.abort = getattr(engine, "kill_workers", None)
 
 
 def _parse_gpus(text: str | None) -> list[int] | None:

@@ -235,6 +235,11 @@ class _TaskMsg:
 def _worker_entry(fd: int) -> None:
     """Entry point of a worker process; ``fd`` is its end of the socket pair to the engine."""
     os.set_inheritable(fd, False)  # ptxas and other children must not keep the pipe open
+    # The engine owns a worker's life: a Ctrl-C or a scheduler's SIGTERM sent to every process
+    # of the job must not kill a worker mid-config (its config would be stored as crashed);
+    # the engine kills it when the tuner stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = multiprocessing.connection.Connection(fd)
     spec: _WorkerSpec = conn.recv()
     # On a crash, the crashing thread's Python stack (the tail the engine reports); on SIGUSR1
@@ -551,6 +556,7 @@ class Engine:
         self._ids = itertools.count()
         self._closing = False
         self._cancel_pending = False
+        self._kill_running = False
         self._broken: str | None = None
         self._ready_event = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -689,11 +695,34 @@ class Engine:
                 isolated_reruns=self._isolated_reruns,
             )
 
-    def close(self, *, cancel_pending: bool = False) -> None:
-        """Finishes the work submitted (or cancels what has not started), then stops workers."""
+    @property
+    def in_flight(self) -> int:
+        """Tasks submitted and not finished (queued, compiling or running). Takes no lock: a
+        signal handler may read it."""
+        queued = len(self._pending) + len(self._isolation)
+        return queued + sum(len(w.tasks) for w in list(self._workers.values()) if w is not None)
+
+    @property
+    def log_dir(self) -> Path:
+        """Where the workers write their stdout and stderr."""
+        return self._log_dir
+
+    def kill_workers(self) -> None:
+        """SIGKILLs every worker's process group at once, for a process about to end (a second
+        Ctrl-C). Takes no lock: a signal handler may call it."""
+        for w in list(self._workers.values()):
+            if w is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(w.process.pid, signal.SIGKILL)
+
+    def close(self, *, cancel_pending: bool = False, kill_running: bool = False) -> None:
+        """Finishes the work submitted (or cancels what has not started), then stops workers.
+        ``kill_running``: kills the workers at once instead, failing what they were doing (an
+        interrupted job: its runner re-runs those configs later)."""
         with self._lock:
             self._closing = True
-            self._cancel_pending = self._cancel_pending or cancel_pending
+            self._cancel_pending = self._cancel_pending or cancel_pending or kill_running
+            self._kill_running = self._kill_running or kill_running
         self._wake()
         self._thread.join()
         with self._lock:
@@ -714,7 +743,8 @@ class Engine:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self._thread.is_alive():
             return
-        self.close(cancel_pending=exc_type is not None)
+        interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+        self.close(cancel_pending=exc_type is not None, kill_running=interrupted)
 
     # -- submission ---------------------------------------------------------------------------
 
@@ -854,10 +884,10 @@ class Engine:
         try:
             while True:
                 with self._lock:
-                    closing, cancel = self._closing, self._cancel_pending
+                    closing, cancel, kill = self._closing, self._cancel_pending, self._kill_running
                 if cancel:
                     self._cancel_queued()
-                if closing and not self._has_work():
+                if closing and (kill or not self._has_work()):
                     break
                 live = [w for w in self._workers.values() if w is not None]
                 waitables: list[Any] = [self._wake_r]
@@ -1239,7 +1269,12 @@ class Engine:
 
     def _stop_workers(self) -> None:
         workers = [w for w in self._workers.values() if w is not None]
+        with self._lock:
+            kill = self._kill_running
         for w in workers:
+            if kill:
+                self._kill(w)
+                continue
             try:
                 w.conn.send(("stop",))
             except (OSError, EOFError):

@@ -4,7 +4,10 @@
     {'tile_m': 128, 'tile_n': 256, ...}
 
 Every function answers from the database ``db``, else ``$AUTOTUNE_DB``, else
-``sqlite:///results/autotune.db``. The few databases used last stay open in this process (a
+``sqlite:///results/autotune.db``, opened read-only: a query never writes to the database (not
+its header, not a row; an older schema is upgraded first, only once the file proved sound), and
+waits at most ``$AUTOTUNE_READ_TIMEOUT_S`` (default 5 s) to connect, for a lock or for one
+statement. The few databases used last stay open in this process (a
 run-time lookup must not pay for opening and checking the schema each time); a database file
 that was replaced is opened afresh. A missing SQLite file answers "nothing tuned" (None, or an
 empty list) and is not created.
@@ -43,7 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import JobError
 from autotune.problem import Problem, ShapeValue, canonical_dtype, parse_shape
-from autotune.storage import ProblemSummary, Store, TrialRow, resolve_url, sqlite_path
+from autotune.storage import (
+    ProblemSummary,
+    Store,
+    TrialRow,
+    read_timeout_s,
+    resolve_url,
+    sqlite_path,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -133,10 +143,12 @@ def best_result(
     *,
     device: str | None = None,
     db: str | None = None,
+    timeout_s: float | None = None,
 ) -> BestResult | None:
-    """The fastest stored trial of a problem with its baseline comparison, or None."""
+    """The fastest stored trial of a problem with its baseline comparison, or None.
+    ``timeout_s`` bounds each wait on the database (default: :func:`storage.read_timeout_s`)."""
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
-    with _open(db) as store:
+    with _open(db, timeout_s=timeout_s) as store:
         if store is None:
             return None
         if device is None:
@@ -245,6 +257,7 @@ def nearest_results(
     device: str | None = None,
     db: str | None = None,
     limit: int = 5,
+    timeout_s: float | None = None,
 ) -> list[BestResult]:
     """The best results of the tuned problems nearest to ``shape`` (same kernel and dtype,
     the problem itself excluded), nearest first by :func:`shape_distance`.
@@ -254,7 +267,7 @@ def nearest_results(
     order problems were stored in.
     """
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
-    with _open(db) as store:
+    with _open(db, timeout_s=timeout_s) as store:
         if store is None:
             return []
         candidates = [
@@ -385,7 +398,10 @@ _MAX_OPEN_STORES = 4
 
 
 @contextlib.contextmanager
-def _open(db: str | None) -> Iterator[Store | None]:
+def _open(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store | None]:
+    """The database ``db``, opened read-only (never written to, every wait bounded by
+    ``timeout_s``, see :class:`Store`), or None when its SQLite file does not exist."""
+    timeout_s = read_timeout_s(timeout_s)
     url = resolve_url(db)
     path = sqlite_path(url)
     identity: tuple[Any, ...] = ()
@@ -397,13 +413,13 @@ def _open(db: str | None) -> Iterator[Store | None]:
             yield None
             return
         identity = (stat.st_dev, stat.st_ino)
-    key = (url.render_as_string(hide_password=False), os.getpid(), *identity)
+    key = (url.render_as_string(hide_password=False), os.getpid(), timeout_s, *identity)
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is not None:
             _STORES.move_to_end(key)
     if store is None:
-        store = Store(db)
+        store = Store(db, read_only=True, timeout_s=timeout_s)
         with _STORES_LOCK:
             _STORES[key] = store
             while len(_STORES) > _MAX_OPEN_STORES:

@@ -257,18 +257,23 @@ class _StudyReader:
         if not self._present:
             return "the database holds no Optuna studies (results imported, or stored otherwise)."
         import optuna
+        import sqlalchemy.exc
 
+        from autotune.storage import failure_reason
         from autotune.trial import DeviceInfo
         from autotune.tuner import study_name
 
-        if self._storage is None:
-            self._storage = optuna.storages.RDBStorage(self._url, skip_table_creation=True)
         name = study_name(problem, DeviceInfo(device, ""))
         try:
+            if self._storage is None:
+                self._storage = optuna.storages.RDBStorage(self._url, skip_table_creation=True)
             study = optuna.load_study(study_name=name, storage=self._storage)
+            complete = study.get_trials(deepcopy=False,
+                                        states=(optuna.trial.TrialState.COMPLETE,))
         except KeyError:
             return f"no Optuna study named {name!r}."
-        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as e:
+            return f"its Optuna study could not be read ({failure_reason(e)})."
         if len(complete) < self.MIN_TRIALS:
             return (f"only {len(complete)} complete trial(s) in the study; importances need at "
                     f"least {self.MIN_TRIALS}.")

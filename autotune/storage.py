@@ -33,6 +33,7 @@ import os
 import pathlib
 import socket
 import statistics
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +61,8 @@ __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
     "VERSION_TABLE",
+    "READ_TIMEOUT_ENV",
+    "read_timeout_s",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,10 @@ ENV_VAR = "AUTOTUNE_DB"
 # Optuna's RDB storage owns ``alembic_version``; ours must not collide with it.
 VERSION_TABLE = "at_alembic_version"
 SQLITE_BUSY_TIMEOUT_S = 30.0
+# Read-only stores (queries, read commands, the run-time lookup) wait this long at most to
+# connect, for a lock, or for one statement; ``$AUTOTUNE_READ_TIMEOUT_S`` overrides it.
+READ_TIMEOUT_S = 5.0
+READ_TIMEOUT_ENV = "AUTOTUNE_READ_TIMEOUT_S"
 # Key of the PostgreSQL advisory lock that serialises concurrent migrations ("autotune").
 _PG_MIGRATION_LOCK = 0x6175746F74756E65
 _MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent / "migrations"
@@ -427,7 +434,54 @@ def sqlite_path(url: URL | str) -> pathlib.Path | None:
     return pathlib.Path(url.database).expanduser()
 
 
-def _create_engine(url: URL) -> Engine:
+def read_timeout_s(value: float | None = None) -> float:
+    """The timeout of read-only stores: ``value``, else ``$AUTOTUNE_READ_TIMEOUT_S``, else 5 s.
+
+    Raises:
+      StorageError: the value is not a positive, finite number of seconds.
+    """
+    if value is None:
+        text = os.environ.get(READ_TIMEOUT_ENV, "").strip()
+        if not text:
+            return READ_TIMEOUT_S
+        where, shown = f"${READ_TIMEOUT_ENV}", repr(text)
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+    else:
+        where, shown = "timeout_s", repr(value)
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
+        raise StorageError(
+            f"{where} must be a positive, finite number of seconds (default {READ_TIMEOUT_S:g}), "
+            f"but got {shown}."
+        )
+    return float(value)
+
+
+def _read_only_url(url: URL, timeout_s: float) -> URL:
+    """``url`` opened so that nothing can be written through it, with bounded waits.
+
+    SQLite: the file as a ``mode=ro`` URI (no journal or header is ever written) with a busy
+    timeout. PostgreSQL: ``connect_timeout``, ``statement_timeout`` and read-only transactions.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        return sa.make_url(
+            f"sqlite:///file:{urllib.parse.quote(str(path))}?mode=ro&uri=true&timeout={timeout_s:g}"
+        )
+    if url.get_backend_name() == "postgresql":
+        options = str(url.query.get("options") or "")
+        extra = (f"-c statement_timeout={max(1, int(timeout_s * 1000))} "
+                 "-c default_transaction_read_only=on")
+        return url.update_query_dict({
+            "connect_timeout": str(max(1, math.ceil(timeout_s))),
+            "options": f"{options} {extra}".strip(),
+        })
+    return url
+
+
+def _create_engine(url: URL, *, read_only: bool = False) -> Engine:
     if url.get_backend_name() != "sqlite":
         kwargs: dict[str, Any] = {}
         if url.get_backend_name() == "postgresql":
@@ -435,7 +489,9 @@ def _create_engine(url: URL) -> Engine:
         return sa.create_engine(url, **kwargs)
 
     memory = url.database in (None, "", ":memory:")
-    connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+    connect_args: dict[str, Any] = {"check_same_thread": False}
+    if not read_only:
+        connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
     if memory:
         engine = sa.create_engine(url, connect_args=connect_args, poolclass=sa.pool.StaticPool)
     else:
@@ -447,9 +503,10 @@ def _create_engine(url: URL) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+            if not read_only:  # a read-only URI carries its own timeout
+                cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
             cursor.execute("PRAGMA foreign_keys = ON")
-            if not memory:
+            if not memory and not read_only:  # switching the journal mode writes the header
                 mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     log.warning("SQLite database %s is in %s mode, not WAL.", url.database, mode)
@@ -460,7 +517,7 @@ def _create_engine(url: URL) -> Engine:
     def _on_begin(connection: sa.Connection) -> None:
         # Writers take the write lock up front, so two of them never deadlock on an upgrade
         # from a read lock; readers in WAL mode never wait.
-        if connection.get_execution_options().get("autotune_read_only"):
+        if read_only or connection.get_execution_options().get("autotune_read_only"):
             connection.exec_driver_sql("BEGIN")
         else:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
@@ -496,6 +553,9 @@ def _open_hint(path: pathlib.Path | None, reason: str) -> str:
         return ""
     if damaged_hint(reason):
         return " " + damaged_hint(reason)
+    if "locked" in reason:
+        return (f" Another process holds a lock on {path.name} for longer than the wait: re-run "
+                "once it is done.")
     return (
         f" SQLite must read and write {path.name} and create {path.name}-wal and "
         f"{path.name}-shm beside it: check that the file and its folder are writable and the "
@@ -515,8 +575,13 @@ def _alembic_config(connection: sa.Connection | None = None) -> Any:
     return config
 
 
-def _migrate(engine: Engine, read_engine: Engine, where: str) -> None:
-    """Brings the schema to head; refuses a schema newer than this code."""
+class _SchemaBehind(StorageError):
+    """A read-only store found a schema older than head (it migrates through a writer)."""
+
+
+def _migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool = False) -> None:
+    """Brings the schema to head; refuses a schema newer than this code. ``read_only``: only
+    checks, raising :class:`_SchemaBehind` when the schema is older than head."""
     from alembic import command
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
@@ -541,6 +606,8 @@ def _migrate(engine: Engine, read_engine: Engine, where: str) -> None:
     with read_engine.connect() as connection:
         if current(connection) == {head}:
             return
+    if read_only:
+        raise _SchemaBehind(f"The database {where} has an older autotune schema than {head}.")
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
@@ -634,23 +701,39 @@ class Store:
         ``postgresql://user@host/db``), or a bare SQLite path. Default: ``$AUTOTUNE_DB``, else
         ``sqlite:///results/autotune.db`` relative to the current directory (its folder is
         created).
+      read_only: open it for reading only (what queries and read commands do): nothing is
+        ever written through it, no folder is created, and every wait (connecting, a lock, a
+        statement) is bounded by ``timeout_s``. An older schema is upgraded first through a
+        writer, and only once SQLite's ``quick_check`` finds the file sound.
+      timeout_s: the bound on those waits (read-only stores; default :func:`read_timeout_s`).
 
     Raises:
       StorageError: the database cannot be reached, is not a database (the file is left
         untouched), or has a schema newer than this code.
     """
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(
+        self, url: str | None = None, *, read_only: bool = False, timeout_s: float | None = None
+    ) -> None:
         self._url = resolve_url(url)
         path = sqlite_path(self._url)
         self._where = str(path) if path is not None else self._url.render_as_string()
-        if path is not None:
+        # Read-only applies to SQLite files and PostgreSQL; an in-memory database is private
+        # to its store, so it is opened (and created) as usual.
+        read_only = read_only and (path is not None or self._url.get_backend_name() == "postgresql")
+        self.read_only = read_only
+        if read_only:
+            # Opened read-only, the database is never written: not its header (no journal
+            # mode switch), not its schema (an older one is upgraded by a writer, and only
+            # once SQLite's quick_check found the file sound), not a row.
+            self._url = _read_only_url(self._url, read_timeout_s(timeout_s))
+        elif path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise StorageError(f"Cannot create the folder of the database {path}: {e}.") from e
         try:
-            self.engine: Engine = _create_engine(self._url)
+            self.engine: Engine = _create_engine(self._url, read_only=read_only)
         except (sa_exc.ArgumentError, ImportError) as e:
             raise StorageError(
                 f"Cannot use the database URL {self!r}: {failure_reason(e)}. Expected sqlite:///PATH "
@@ -661,7 +744,10 @@ class Store:
         self._writes = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(self._read_engine)
         try:
-            _migrate(self.engine, self._read_engine, self._where)
+            try:
+                _migrate(self.engine, self._read_engine, self._where, read_only=read_only)
+            except _SchemaBehind:
+                self._upgrade(url, path)
         except StorageError:
             self.engine.dispose()
             raise
@@ -681,9 +767,23 @@ class Store:
                 f"Cannot open the database {self._where}: {failure_reason(e)}.{_open_hint(path, failure_reason(e))}"
             ) from e
 
+    def _upgrade(self, url: str | None, path: pathlib.Path | None) -> None:
+        """Upgrades an older schema found by a read-only store, through a writer, once the
+        file has proven sound (a damaged file is never written to)."""
+        if path is not None:
+            with self._read_engine.connect() as connection:
+                verdict = str(connection.exec_driver_sql("PRAGMA quick_check").scalar())
+            if verdict != "ok":
+                raise StorageError(
+                    f"Cannot open the database {self._where}: database disk image is malformed "
+                    f"(quick_check: {verdict[:200]}). {damaged_hint('malformed')}"
+                )
+        Store(url).close()
+
     @property
     def url(self) -> str:
-        """The full URL (password included), usable by another Store or by Optuna."""
+        """The full URL (password included), usable by another Store or by Optuna; that of a
+        read-only store opens the database read-only."""
         return self._url.render_as_string(hide_password=False)
 
     def __repr__(self) -> str:
@@ -713,7 +813,11 @@ class Store:
             with self._reads() as session:
                 yield session
         except sa_exc.SQLAlchemyError as e:
-            raise StorageError(f"Could not {what} from {self._where}: {failure_reason(e)}.") from e
+            reason = failure_reason(e)
+            hint = damaged_hint(reason)
+            raise StorageError(
+                f"Could not {what} from {self._where}: {reason}." + (f" {hint}" if hint else "")
+            ) from e
 
     # --- writes ---------------------------------------------------------------------------
 

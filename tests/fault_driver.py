@@ -31,8 +31,9 @@ Every committed trial is appended to ``--journal`` (JSON lines, fsynced) before 
 happens, so a test knows exactly which finished trials must survive.
 
 Kernels for the job files (named ``tests.fault_driver:NAME``, so jobs need ``--allow-import``):
-``STEADY`` (64 configs that time fine, ``run_ms`` each) and ``FLAKY`` (configs that crash the
-worker, hang it, or time fine).
+``STEADY`` (64 configs that time fine, ``run_ms`` each), ``FLAKY`` (configs that crash the
+worker, hang it, or time fine) and ``SLOW`` (half its configs compile for a minute: give
+``--trial-timeout-s`` above that for them to finish).
 """
 
 from __future__ import annotations
@@ -90,6 +91,25 @@ FLAKY = Kernel(
     make_inputs=_never,
     reference=_never,
     description="fake configs that crash or hang their worker (fault tests)",
+)
+
+
+SLOW = Kernel(
+    name="tests.fault_driver:SLOW",
+    space=Space(
+        params=(
+            Choice("cost_us", tuple(range(10, 34)), ordered=True),
+            Choice("mode", ("sleep",)),
+            Choice("stage", ("compile",)),
+            Choice("sleep_ms", (0, 60_000)),  # half the configs compile for a minute
+        )
+    ),
+    shape_keys=("n",),
+    dtypes=("float32",),
+    build=_never,
+    make_inputs=_never,
+    reference=_never,
+    description="fake configs of which half take a minute to compile (interrupt tests)",
 )
 
 

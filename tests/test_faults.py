@@ -29,10 +29,13 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +48,7 @@ from optuna.trial import TrialState
 from autotune import jobs as jobs_module
 from autotune.problem import Config
 from autotune.storage import resolve_url
-from tests.fault_driver import KILL_EXIT, STEADY, db_files, set_read_only, sqlite_file
+from tests.fault_driver import KILL_EXIT, SLOW, STEADY, db_files, set_read_only, sqlite_file
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -674,3 +677,196 @@ def test_the_campaign_summary_adds_up_over_workers_and_fails_on_a_lost_trial(tmp
     assert ("reliability campaign: 4 bad inputs tried, 8 faults injected, 4 jobs completed "
             "after re-run, 1 trials lost, 0 duplicates (must be 0: FAILED)") in run.stdout
     assert run.returncode == 1, run.stdout
+
+
+# --------------------------------------------------------------------------- read commands
+
+
+def _read_commands(url: str, tmp_path: Path) -> dict[str, Any]:
+    """Every read-only way into the database: the CLI's read commands and the run-time lookup."""
+    from autotune import lookup
+    from autotune.cli import main as cli_main
+
+    def run_lookup() -> int:
+        lookup.clear_cache()
+        lookup.lookup_config(STEADY, {"n": 1}, "float32", db=url, default={"cost_us": 10},
+                             timeout_s=2)
+        return 0
+
+    return {
+        "results": lambda: cli_main(["results", "--db", url]),
+        "best": lambda: cli_main(["best", STEADY.name, "--shape", "n=1", "--dtype", "float32",
+                                  "--db", url]),
+        "export": lambda: cli_main(["export", "--db", url, "--format", "json"]),
+        "report": lambda: cli_main(["report", "--db", url, "--out", str(tmp_path / "report")]),
+        "lookup": run_lookup,
+    }
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+@pytest.mark.parametrize(
+    "corrupt", [_garbage_header, _garbage_pages, _garbage_data_pages, _truncated],
+    ids=["header", "all pages", "three data pages", "truncated"],
+)
+def test_read_commands_never_write_a_damaged_database(corrupt, journal, tmp_path, seeded_db,
+                                                      campaign, capsys):
+    """results, best, export, report and the lookup on a damaged database, in rollback-journal
+    and WAL mode: each answers or stops with a one-line message, and the file stays byte for byte
+    as it was (they used to switch its journal mode, rewriting the header)."""
+    from autotune.queries import close_stores
+
+    job = seeded_job(tmp_path, seeded_db)
+    path = sqlite_file(job.url)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute(f"PRAGMA journal_mode = {journal}").fetchone()[0] == journal
+    corrupt(path)
+    damaged = sha256(path)
+    for name, command in _read_commands(job.url, tmp_path).items():
+        try:
+            code = command()
+        finally:
+            close_stores()
+        campaign.add(faults=1)
+        err = capsys.readouterr().err
+        assert code in (0, 1, 2), (name, code, err)  # 1: `best` read no row of the problem
+        assert code == 0 or err.strip().splitlines()[-1].startswith("autotune: "), (name, err)
+        assert "Traceback" not in err, (name, err)
+        assert sha256(path) == damaged, f"`{name}` wrote to the damaged database"
+
+
+# --------------------------------------------------------------------------- interrupts
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (the engine's workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _still_running(pids: list[int], grace_s: float) -> list[int]:
+    """Those of ``pids`` still running (not gone, not a zombie) after ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        running = []
+        for pid in pids:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                running.append(pid)
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
+class _Lines:
+    """A process's stderr lines, read as they come, with the time each arrived."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append((time.monotonic(), line))
+
+    def first(self, text: str, timeout: float) -> tuple[float, str] | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for when, line in list(self.lines):
+                if text in line:
+                    return when, line
+            time.sleep(0.02)
+        return None
+
+    def text(self) -> str:
+        self._thread.join(10)
+        return "".join(line for _, line in self.lines)
+
+
+def _interrupted_mid_job(tmp_path: Path, signals: tuple[int, ...]) -> tuple[Job, dict[str, Any]]:
+    """Starts a job of SLOW configs, and once some are stored and minute-long compiles are in
+    flight sends ``signals`` (the next one once the first was answered)."""
+    job = Job(tmp_path, f"sqlite:///{tmp_path}/autotune.db", kernel=SLOW.name, trials=8,
+              sampler="random")
+    proc = job.start("--trial-timeout-s", "300")
+    lines = _Lines(proc.stderr)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not job.entries():
+            time.sleep(0.05)
+        time.sleep(2.0)  # the compile threads are now held by minute-long configs
+        assert proc.poll() is None, "the job ended before it could be interrupted"
+        workers = _children(proc.pid)
+        stored_before = len(job.entries())
+        sent = time.monotonic()
+        os.kill(proc.pid, signals[0])
+        said = lines.first("stops at once", timeout=10)
+        for signum in signals[1:]:
+            os.kill(proc.pid, signum)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        ended = time.monotonic()
+        alive_workers = _still_running(workers, grace_s=1.0)
+    finally:
+        stop_group(proc)
+    return job, {
+        "code": proc.returncode, "said": said, "sent": sent, "ended": ended,
+        "stderr": lines.text(), "stored_before": stored_before, "workers": workers,
+        "alive_workers": alive_workers,
+    }
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["Ctrl-C", "SIGTERM"])
+def test_interrupt_says_what_it_waits_for_and_ends_within_5_s(signum, code, tmp_path, campaign):
+    """The first Ctrl-C (or SIGTERM) says at once how many configs are in flight and where the
+    worker logs are, and the tuner ends within 5 s (not when the minute-long compiles in flight
+    finish) with 130 (143); a re-run completes the job: none lost, none measured twice."""
+    job, run = _interrupted_mid_job(tmp_path, (signum,))
+    campaign.add(faults=1)
+    assert run["said"] is not None, run["stderr"]
+    when, line = run["said"]
+    assert when - run["sent"] < 1.0, line
+    in_flight = re.search(r"closing (\d+) config\(s\) in flight", line)
+    assert in_flight and int(in_flight.group(1)) >= 1, line
+    assert f"worker logs: {job.results / 'logs'}" in line, line
+    assert run["code"] == code, run
+    assert run["ended"] - run["sent"] < 5.0, run
+    assert "finished trials are stored" in run["stderr"] and "Traceback" not in run["stderr"]
+    assert not run["alive_workers"], run
+    before = snapshot(job.url)
+    assert len(before) >= run["stored_before"] >= 1
+    rerun = job.run()
+    assert rerun.returncode == 0, rerun
+    settle(job, campaign, before)
+
+
+def test_a_second_ctrl_c_ends_at_once(tmp_path, campaign):
+    """A second Ctrl-C ends the process at once (exit 130), its workers killed; the next run
+    closes the trials left open and completes the job with none lost or doubled."""
+    job, run = _interrupted_mid_job(tmp_path, (signal.SIGINT, signal.SIGINT))
+    campaign.add(faults=1)
+    assert run["said"] is not None, run["stderr"]
+    assert run["code"] == 130, run
+    assert run["ended"] - run["sent"] < 2.0, run
+    assert "again: stopping at once" in run["stderr"], run
+    assert run["workers"] and not run["alive_workers"], run
+    before = snapshot(job.url)
+    rerun = job.run()
+    assert rerun.returncode == 0, rerun
+    settle(job, campaign, before)

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import socket
+import sqlite3
+import threading
+import time
+import types
 
 import pytest
 
 import autotune
 from autotune import lookup, queries
+from autotune.errors import StorageError
 from autotune.kernel import get_kernel
 from autotune.problem import Config
 from autotune.storage import Store
@@ -205,3 +212,276 @@ def test_lookup_falls_back_to_other_versions_and_says_stale(tmp_path, configs, c
         assert lookup.lookup_config("hopper_matmul", BIG, "bf16", db=url) == (ok, "exact")
     assert "jax 0.0.1, jaxlib 0.0.2" in caplog.text and "stale" in caplog.text
     assert "autotune revalidate" in caplog.text
+
+
+# --------------------------------------------------------------------------- a database that cannot answer
+# The run-time lookup runs inside the user's program: whatever happens to its database, it
+# answers (the exported table, else the default) within a bounded time, warns once and does
+# not ask the broken database again on every call; strict=True raises instead.
+
+FALLBACK = {"fallback": 1}  # a cheap default: the times below are the database's alone
+TIMEOUT_S = 1.0
+BOUND_S = 2 * TIMEOUT_S + 2.0  # the lookup's own bound, plus room for a busy machine
+
+
+def _garbage(tmp_path):
+    path = tmp_path / "garbage.db"
+    path.write_bytes(bytes(range(256)) * 64)
+    return f"sqlite:///{path}"
+
+
+def _text_file(tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 100)
+    return f"sqlite:///{path}"
+
+
+def _folder(tmp_path):
+    (tmp_path / "folder.db").mkdir()
+    return f"sqlite:///{tmp_path}/folder.db"
+
+
+def _bad_url(tmp_path):
+    return "nosuchdriver://u:s3cret@host/db"
+
+
+def _refused(tmp_path):
+    return "postgresql://u:s3cret@127.0.0.1:1/x"
+
+
+UNUSABLE = {"garbage bytes": _garbage, "a text file": _text_file, "a folder": _folder,
+            "an unknown URL scheme": _bad_url, "a refused connection": _refused}
+
+
+def _warnings(caplog):
+    return [r for r in caplog.records if r.name == "autotune.lookup" and r.levelno == logging.WARNING]
+
+
+def _timed_lookup(shape, db, **kwargs):
+    start = time.monotonic()
+    answer = lookup.lookup_config("hopper_matmul", shape, "bfloat16", db=db, default=FALLBACK,
+                                  timeout_s=TIMEOUT_S, **kwargs)
+    return answer, time.monotonic() - start
+
+
+@pytest.mark.parametrize("make", list(UNUSABLE), ids=list(UNUSABLE))
+def test_unusable_database_answers_the_default_and_warns_once(make, tmp_path, caplog, campaign):
+    """A damaged file, a text file, a folder, a bad URL or a refused connection: the lookup
+    answers the default in bounded time, with one WARNING naming the reason, password hidden."""
+    url = UNUSABLE[make](tmp_path)
+    before = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*"))
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        answer, elapsed = _timed_lookup(BIG, url)
+        for shape in (MID, SMALL, BIG):
+            assert _timed_lookup(shape, url)[0] == (Config(FALLBACK), "default")
+    campaign.add(faults=1)
+    assert answer == (Config(FALLBACK), "default")
+    assert elapsed < BOUND_S
+    (warning,) = _warnings(caplog)
+    assert "cannot answer the run-time lookup" in warning.getMessage()
+    assert "s3cret" not in caplog.text
+    assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*")) == before
+
+
+def test_damaged_pages_answer_the_default_and_leave_the_file_as_it_was(tmp_path, configs,
+                                                                      caplog, campaign):
+    """A database whose data pages are garbage (its schema intact, rollback-journal mode):
+    the lookup answers the default and does not write a byte to the file."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    ok, _ = configs
+    _fill(url, [(BIG, ok, 50.0, GPU)] + [({"m": 64 * i, "n": 64, "k": 64}, ok, 1.0, GPU)
+                                         for i in range(2, 60)])
+    path = tmp_path / "a.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    for i in range(2, len(data) // page):  # every page but the schema's
+        data[i * page:(i + 1) * page] = bytes([i % 251]) * page
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        answer, elapsed = _timed_lookup(BIG, url)
+    campaign.add(faults=1)
+    assert answer == (Config(FALLBACK), "default")
+    assert elapsed < BOUND_S
+    assert len(_warnings(caplog)) == 1
+    assert path.read_bytes() == bytes(data)
+
+
+def test_locked_database_answers_within_the_timeout(tmp_path, configs, caplog, campaign):
+    """Another process holds an exclusive lock (rollback-journal mode): the lookup waits
+    timeout_s, not SQLite's 30 s, then answers the default."""
+    from tests.fault_driver import hold_lock
+
+    url = f"sqlite:///{tmp_path}/a.db"
+    ok, _ = configs
+    _fill(url, [(BIG, ok, 50.0, GPU)])
+    with sqlite3.connect(tmp_path / "a.db") as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    holder = hold_lock(tmp_path / "a.db", 30)
+    try:
+        with caplog.at_level(logging.WARNING, logger="autotune"):
+            answer, elapsed = _timed_lookup(BIG, url)
+    finally:
+        holder.kill()
+        holder.wait()
+    campaign.add(faults=1)
+    assert answer == (Config(FALLBACK), "default")
+    assert elapsed < BOUND_S
+    assert "locked" in _warnings(caplog)[0].getMessage()
+
+
+def test_read_only_folder_answers_without_raising(tmp_path, configs, caplog, campaign):
+    """A WAL database in a folder nothing may be created in (really: ``chattr +i`` as root):
+    no SQLite shared-memory file can be made, so the lookup answers the default."""
+    from tests.fault_driver import set_read_only
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    url = f"sqlite:///{folder}/a.db"
+    ok, _ = configs
+    _fill(url, [(BIG, ok, 50.0, GPU)])
+    assert sorted(p.name for p in folder.iterdir()) == ["a.db"]
+    set_read_only(folder / "a.db", True)
+    try:
+        if os.access(folder, os.W_OK) and os.geteuid() != 0:
+            pytest.skip("the folder cannot be made read-only here")
+        with caplog.at_level(logging.WARNING, logger="autotune"):
+            answer, elapsed = _timed_lookup(BIG, url)
+    finally:
+        set_read_only(folder / "a.db", False)
+    campaign.add(faults=1)
+    assert answer == (Config(FALLBACK), "default")
+    assert elapsed < BOUND_S
+    assert len(_warnings(caplog)) == 1
+
+
+@pytest.fixture
+def silent_server():
+    """A TCP server on 127.0.0.1 that accepts connections and never says a word (a hung
+    PostgreSQL server, as far as a client can tell)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+def test_hung_postgresql_server_answers_within_the_bound(silent_server, caplog, campaign):
+    """A server that accepts and never answers: the lookup answers the default within
+    2 x timeout_s (it used to wait forever), and never shows the password."""
+    url = f"postgresql://autotune:s3cret@127.0.0.1:{silent_server}/test"
+    result: list = []
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        worker = threading.Thread(target=lambda: result.append(_timed_lookup(BIG, url)),
+                                  daemon=True)
+        worker.start()
+        worker.join(60)
+    campaign.add(faults=1)
+    assert result, "the lookup did not return within 60 s"
+    answer, elapsed = result[0]
+    assert answer == (Config(FALLBACK), "default")
+    assert elapsed < BOUND_S
+    (warning,) = _warnings(caplog)
+    assert "***" in warning.getMessage() and "s3cret" not in caplog.text
+
+
+def test_strict_raises_storage_error_naming_the_reason(tmp_path):
+    """strict=True: a database that cannot answer raises StorageError with the reason."""
+    url = _garbage(tmp_path)
+    with pytest.raises(StorageError, match="not an SQLite database.*strict=True"):
+        _timed_lookup(BIG, url, strict=True)
+    with pytest.raises(StorageError, match="strict=True"):  # remembered: not asked again
+        _timed_lookup(MID, url, strict=True)
+
+
+def test_a_failed_database_is_not_asked_again_until_the_retry_interval(tmp_path, configs,
+                                                                        monkeypatch, caplog):
+    """After a failure, lookups answer at once without touching the database; once the retry
+    interval has passed it is asked again, and answers again once repaired."""
+    ok, _ = configs
+    path = tmp_path / "a.db"
+    path.write_bytes(b"\x00" * 4096 + b"not a database" * 100)
+    url = f"sqlite:///{path}"
+    asked = []
+    real = queries.best_result
+    monkeypatch.setattr(queries, "best_result", lambda *a, **k: asked.append(1) or real(*a, **k))
+    monkeypatch.setenv(lookup.RETRY_ENV, "1.5")
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert _timed_lookup(BIG, url)[0][1] == "default"
+        for shape in (MID, SMALL, BIG, {"m": 512, "n": 512, "k": 512}):
+            assert _timed_lookup(shape, url)[0][1] == "default"
+        assert len(asked) == 1
+        path.unlink()
+        _fill(url, [(BIG, ok, 50.0, GPU)])
+        assert _timed_lookup(BIG, url)[0][1] == "default"  # still within the interval
+        time.sleep(1.6)
+        assert _timed_lookup(BIG, url)[0] == (ok, "exact")
+    assert len(asked) == 2
+    assert len(_warnings(caplog)) == 1
+
+
+def test_exported_table_is_the_fallback_when_valid(tmp_path, configs, caplog):
+    """With the database unusable, a valid config of the exported table (``TUNED`` of
+    ``autotune export --format python``) is answered; an invalid one is not."""
+    from autotune.exchange import render
+
+    ok, not_small = configs
+    records = [
+        {"kernel": "hopper_matmul", "shape": dict(_problem(s).dims), "dtype": "bfloat16",
+         "device": "NVIDIA H200", "device_kind": "gpu", "median_us": 1.0, "jax_version": "",
+         "config": dict(c)}
+        for s, c in ((BIG, ok), (SMALL, not_small))
+    ]
+    namespace: dict = {}
+    exec(render(records, "python"), namespace)  # noqa: S102 - the exported module itself
+    url = _garbage(tmp_path)
+    module = types.SimpleNamespace(TUNED=namespace["TUNED"])
+    assert _timed_lookup(BIG, url, table=module)[0] == (ok, "table")
+    assert _timed_lookup(BIG, url, table=namespace["TUNED"])[0] == (ok, "table")
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert _timed_lookup(SMALL, url, table=module)[0] == (Config(FALLBACK), "default")
+    assert "not valid" in caplog.text
+
+
+def test_decorator_passes_strict_table_and_timeout(tmp_path, configs):
+    """tuned(..., table=, strict=, timeout_s=) reaches the lookup."""
+    ok, _ = configs
+    url = _garbage(tmp_path)
+
+    @autotune.tuned("hopper_matmul", db=url, table={("hopper_matmul", tuple(sorted(
+        _problem(BIG).dims.items())), "bfloat16"): dict(ok)}, timeout_s=TIMEOUT_S)
+    def matmul(a, b, *, config=None):
+        return config
+
+    assert matmul(_Array((256, 256)), _Array((256, 256))) == ok
+
+    @autotune.tuned("hopper_matmul", db=url, strict=True, timeout_s=TIMEOUT_S)
+    def strict(a, b, *, config=None):
+        return config
+
+    with pytest.raises(StorageError):
+        strict(_Array((256, 256)), _Array((256, 256)))
+
+
+def test_healthy_database_on_both_backends_is_read_read_only(db_url, configs, campaign):
+    """On SQLite and PostgreSQL, a healthy database answers as before through the read-only,
+    time-bounded connection (PostgreSQL: the URL's own options kept)."""
+    ok, other = configs
+    _fill(db_url, [(BIG, ok, 50.0, GPU), (MID, other, 40.0, GPU)])
+    assert lookup.lookup_config("hopper_matmul", BIG, "bf16", db=db_url,
+                                timeout_s=TIMEOUT_S) == (ok, "exact")
+    assert lookup.lookup_config("hopper_matmul", {"m": 128, "n": 128, "k": 256}, "bf16",
+                                db=db_url)[1] == "nearest"

@@ -61,7 +61,7 @@ def test_public_api_is_pinned():
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
             "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
-            "VERSION_TABLE",
+            "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s",
         ]
     )
 
@@ -390,6 +390,66 @@ def test_newer_schema_version_is_refused(db_url: str):
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "9999_future"
     engine.dispose()
+
+
+def test_read_only_store_reads_and_never_writes(db_url: str):
+    """A read-only store (what queries and read commands open) reads what a writer stored and
+    refuses every write: SQLite's mode=ro, PostgreSQL's read-only transactions."""
+    with Store(db_url) as writer:
+        record(writer, Config(tile=1), timed(5.0))
+    with Store(db_url, read_only=True, timeout_s=2) as reader:
+        assert reader.read_only
+        assert [r.median_us for r in reader.best(PROBLEM)] == [5.0]
+        with pytest.raises(StorageError, match="read-only|readonly"):
+            record(reader, Config(tile=2), timed(4.0))
+    with Store(db_url) as writer:
+        assert len(writer.trials()) == 1
+
+
+def test_read_only_store_upgrades_an_older_schema_only_when_sound(tmp_path):
+    """A read command on an older schema upgrades it as before; on a damaged older file it
+    refuses, and the file is left byte for byte as it was."""
+    from alembic import command
+
+    url = f"sqlite:///{tmp_path}/a.db"
+    with Store(url) as store:
+        for i in range(300):
+            record(store, Config(tile=i), timed(5.0 + i))
+        with store.engine.begin() as conn:
+            command.downgrade(storage._alembic_config(conn), "0001")
+    path = tmp_path / "a.db"
+    healthy = path.read_bytes()
+    with Store(url, read_only=True) as reader:
+        assert [r.median_us for r in reader.best(PROBLEM)][:1] == [5.0]
+        with reader.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0002"
+    path.write_bytes(healthy)
+    for sidecar in tmp_path.glob("a.db-*"):
+        sidecar.unlink()
+    data = bytearray(healthy)
+    page = int.from_bytes(data[16:18], "big")
+    for i in range(len(data) // page - 4, len(data) // page):  # the last pages: trial rows
+        data[i * page:(i + 1) * page] = b"\xa5" * page
+    path.write_bytes(bytes(data))
+    with pytest.raises(StorageError, match="malformed|damaged"):
+        Store(url, read_only=True)
+    assert path.read_bytes() == bytes(data)
+
+
+def test_read_timeout_comes_from_the_argument_or_the_environment(monkeypatch):
+    """read_timeout_s: the argument, else $AUTOTUNE_READ_TIMEOUT_S, else 5 s; nonsense is a
+    StorageError naming the value."""
+    monkeypatch.delenv(storage.READ_TIMEOUT_ENV, raising=False)
+    assert storage.read_timeout_s() == 5.0
+    monkeypatch.setenv(storage.READ_TIMEOUT_ENV, "2.5")
+    assert storage.read_timeout_s() == 2.5
+    assert storage.read_timeout_s(1) == 1.0
+    for bad in (0, -1, float("inf"), float("nan"), True):
+        with pytest.raises(StorageError, match="positive, finite"):
+            storage.read_timeout_s(bad)
+    monkeypatch.setenv(storage.READ_TIMEOUT_ENV, "soon")
+    with pytest.raises(StorageError, match="AUTOTUNE_READ_TIMEOUT_S.*'soon'"):
+        storage.read_timeout_s()
 
 
 # --------------------------------------------------------------------------- concurrency
