@@ -25,7 +25,8 @@ _HEAD_BYTES = 4096
 
 
 def check_output_dir(path: str | os.PathLike[str], *, flag: str) -> pathlib.Path:
-    """``path`` if it is (or can be created as) a writable folder; creates nothing.
+    """``path`` if it is (or can be created as) a writable folder; leaves nothing behind
+    (a probe file is created and removed in the nearest existing folder).
 
     Raises:
       JobError: ``path`` (or the nearest existing folder above it) is a file, or is not
@@ -46,12 +47,16 @@ def check_output_dir(path: str | os.PathLike[str], *, flag: str) -> pathlib.Path
             f"{flag} {str(path)!r} {what} a file, not a folder; give a folder (it is created if "
             "missing)."
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:  # a real probe: permissions, read-only file systems and root all answer truly
+        fd, probe = tempfile.mkstemp(prefix=".autotune-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
         where = "" if existing == target else f" (the nearest existing folder, {existing}, is not)"
         raise JobError(
-            f"{flag} {str(path)!r} is not writable{where}: permission denied; give a folder you "
+            f"{flag} {str(path)!r} is not writable{where}: {e.strerror or e}; give a folder you "
             "can write to."
-        )
+        ) from None
     return target
 
 
@@ -106,21 +111,33 @@ def write_export_file(
                 f"{flag} {str(path)!r} exists and is not an autotune export; it is left as it is. "
                 "Give another file name, or pass --force to replace it."
             )
+    check_output_dir(target.parent, flag=f"the folder of {flag} {str(path)!r},")
     real = target.resolve()  # through symbolic links: the file they lead to is replaced
-    check_output_dir(real.parent, flag=flag)
+    if real.parent != target.parent.resolve():
+        check_output_dir(real.parent, flag=f"the folder {str(path)!r} leads to,")
     atomic_write_text(real, text)
     return real
 
 
 def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Writes ``text`` to a temporary file beside ``path``, then renames it over ``path``."""
+    """Writes ``text`` to a temporary file beside ``path``, then renames it over ``path``
+    (creating missing folders above it).
+
+    Raises:
+      JobError: the file cannot be written (the message names it and why); ``path`` is as it
+        was and no temporary file is left.
+    """
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise JobError(f"cannot write {path}: {e.strerror or e}.") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

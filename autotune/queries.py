@@ -198,13 +198,15 @@ def _first_servable(
     store: Store, problem: Problem, name: str | None, kind: str | None,
     versions: Mapping[str, str] | None,
 ) -> TrialRow | None:
-    """The fastest ok trial whose config is valid under today's rules (the one check:
-    :func:`autotune.validity.servable`); rows that break them are skipped with a warning."""
+    """The fastest ok trial with a finite time whose config is valid under today's rules (the
+    one check: :func:`autotune.validity.servable`); rows that break them are skipped with a
+    warning."""
     n = 4
     while True:
         rows = store.best(problem, device_name=name, device_kind=kind, n=n, versions=versions)
         for row in rows:
-            if servable(problem, row.config):
+            # A non-finite time (written by another tool) is never served either.
+            if math.isfinite(row.median_us or math.nan) and servable(problem, row.config):
                 return row
         if len(rows) < n:
             return None
@@ -216,7 +218,9 @@ def served_summaries(store: Store, summaries: list[ProblemSummary]) -> list[Prob
     today's rules is replaced by the fastest valid trial of its (problem, device), or by none."""
     out = []
     for s in summaries:
-        if s.best_config is not None and not servable(s.problem, s.best_config):
+        if s.best_config is not None and not (
+            math.isfinite(s.best_us or math.nan) and servable(s.problem, s.best_config)
+        ):
             row = _first_servable(store, s.problem, s.device, s.device_kind, None)
             s = dataclasses.replace(
                 s,
