@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.problem import Config, Problem, canonical_dtype
+from autotune.problem import Config, Problem
 from autotune.queries import _device_filter, _open, served_summaries
 from autotune.storage import Store
 from autotune.trial import DeviceInfo, TrialResult

@@ -92,7 +92,7 @@ def load_job(path: str | Path, *, allow_import: bool = False) -> Job:
         if path.is_file() and path.stat().st_size > MAX_JOB_BYTES:
             raise JobError(
                 f"Job file {str(path)!r} is {path.stat().st_size:,} bytes, more than the "
-                f"{MAX_JOB_BYTES // 2**20} MiB a job file may be; split it into several jobs."
+                f"{MAX_JOB_BYTES:,} bytes a job file may be; split it into several jobs."
             )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

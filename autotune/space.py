@@ -17,7 +17,6 @@ Pure Python and numpy; never imports jax.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
 import random

@@ -43,9 +43,9 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from autotune.errors import StorageError
-from autotune.urls import display_url
 from autotune.problem import Config, Problem
 from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.urls import display_url
 
 __all__ = [
     "Store",
@@ -405,7 +405,7 @@ def resolve_url(url: str | None = None) -> URL:
         text = "sqlite:///" + text
     try:
         parsed = sa.make_url(text)
-    except (sa_exc.ArgumentError, ValueError) as e:
+    except (sa_exc.ArgumentError, ValueError):
         raise StorageError(
             f"{display_url(text)!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
             "'postgresql://user@host:5432/dbname'."
