@@ -1,17 +1,19 @@
 """The ``autotune`` command line. Library code does not print; this module does.
 
-    autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N] [--json]]
+    autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N (<= 10000)] [--json]]
     autotune tune JOB.toml [--db URL] [--trials N] [--time-budget S] [--patience N] [--sampler NAME]
                            [--device auto|gpu|interpret]
     autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--db URL] [--json]
-    autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json]
-    autotune check KERNEL --shape k=v,... --dtype D [--sample N] [--allow-import]
-    autotune export [--format json|python|csv] [--kernel K] [--device D] [--db URL] [--out FILE]
-    autotune import FILE [--db URL]
+    autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json] [--invalid]
+    autotune check KERNEL --shape k=v,... --dtype D [--sample N (<= 1000)] [--allow-import]
+    autotune export [--format json|python|csv] [--kernel K] [--device D] [--db URL] [--out FILE [--force]]
+    autotune import FILE [--db URL] [--allow-import]
     autotune revalidate [--kernel K] [--db URL] [--device auto|gpu|interpret] [--top N]
     autotune report [--kernel K] [--db URL] [--out DIR]
 
 Exit codes: 0 success; 1 nothing tuned (``best``) or configs failed (``check``); 2 bad input.
+Output never shows a database password (:func:`autotune.urls.display_url`) nor raw control
+characters from the database; docs/guarantees.md lists what is checked where.
 """
 
 from __future__ import annotations
