@@ -53,6 +53,9 @@ def _say(text: str, *, file: Any = None) -> None:
     print("\n".join(_printable(line) for line in lines), file=file or sys.stdout)
 
 
+_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
 class _MaskingFormatter(logging.Formatter):
     """Log lines never show a database password."""
 
@@ -156,9 +159,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for h in logging.getLogger().handlers:
-        h.setFormatter(_MaskingFormatter(h.formatter._fmt if h.formatter else None))  # noqa: SLF001
+    root = logging.getLogger()
+    ours = not root.handlers  # else logging is the embedding program's (or pytest's) to format
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=_LOG_FORMAT)
+    if ours:
+        for h in root.handlers:
+            h.setFormatter(_MaskingFormatter(_LOG_FORMAT))
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)

@@ -208,7 +208,7 @@ def import_json(
             f"{path} is nested too deeply to be an export (at most {MAX_IMPORT_DEPTH} levels); {hint}"
         ) from None
     except (json.JSONDecodeError, ValueError) as e:
-        raise JobError(f"{path} is not strict JSON ({e}); {hint}") from None
+        raise JobError(f"{path} is not JSON ({e}); {hint}") from None
     depth = _depth(doc, MAX_IMPORT_DEPTH)
     if depth > MAX_IMPORT_DEPTH:
         raise JobError(
@@ -294,7 +294,7 @@ def check_records(
         missing = [k for k in ("kernel", "shape", "dtype", "device", "median_us", "config") if k not in r]
         unknown = sorted(str(k) for k in set(r) - _KNOWN_KEYS)
         if missing:
-            errors.append(("record", f"missing {', '.join(missing)}; each record needs {_RECORD_KEYS}"))
+            errors.append(("record", f"no {', '.join(map(repr, missing))}; each record needs {_RECORD_KEYS}"))
         if unknown:
             errors.append(("record", f"unknown key(s) {_short(unknown)}; known: {', '.join(sorted(_KNOWN_KEYS))}"))
         if missing:
@@ -319,7 +319,7 @@ def check_records(
         if isinstance(median, bool) or not isinstance(median, int | float):
             errors.append(("median_us", f"median_us must be a number, got {_short(median)}"))
         elif not (math.isfinite(median) and median > 0):
-            errors.append(("median_us", f"median_us = {median!r} must be finite and positive"))
+            errors.append(("median_us", f"median_us must be positive and finite, got {median!r}"))
         for field in ("device", "device_kind", "compute_capability", "driver", "jax_version"):
             if field in r and r[field] is not None:
                 why = _text_problem(field, r[field], empty_ok=field != "device")

@@ -111,6 +111,12 @@ def write_export_file(
                 f"{flag} {str(path)!r} exists and is not an autotune export; it is left as it is. "
                 "Give another file name, or pass --force to replace it."
             )
+    if not target.parent.is_dir():
+        check_output_dir(target.parent, flag=f"the folder of {flag} {str(path)!r},")  # a file?
+        raise JobError(
+            f"{flag} {str(path)!r} cannot be written: its folder {str(target.parent)!r} does not "
+            "exist; give a file in an existing, writable folder."
+        )
     check_output_dir(target.parent, flag=f"the folder of {flag} {str(path)!r},")
     real = target.resolve()  # through symbolic links: the file they lead to is replaced
     if real.parent != target.parent.resolve():
@@ -120,8 +126,7 @@ def write_export_file(
 
 
 def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Writes ``text`` to a temporary file beside ``path``, then renames it over ``path``
-    (creating missing folders above it).
+    """Writes ``text`` to a temporary file beside ``path``, then renames it over ``path``.
 
     Raises:
       JobError: the file cannot be written (the message names it and why); ``path`` is as it
@@ -134,7 +139,6 @@ def atomic_write_text(path: pathlib.Path, text: str) -> None:
         os.umask(umask)
         mode = 0o666 & ~umask
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise JobError(f"cannot write {path}: {e.strerror or e}.") from None

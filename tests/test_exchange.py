@@ -262,7 +262,7 @@ def test_absurd_json_is_refused_with_a_clear_message(shape, tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "Traceback" not in err and "RecursionError" not in err
     expected = {"deep_list": "nested", "deep_object": "nested", "too_big": "larger than",
-                "nan_literal": "[median_us] median_us = nan must be finite"}[shape]
+                "nan_literal": "[median_us] median_us must be positive and finite, got nan"}[shape]
     assert expected in err, err
     assert not db.exists()
 
