@@ -1,19 +1,21 @@
 """The ``autotune`` command line. Library code does not print; this module does.
 
-    autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N] [--json]]
+    autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N (<= 10000)] [--json]]
     autotune tune JOB.toml [--db URL] [--trials N] [--time-budget S] [--patience N] [--sampler NAME]
                            [--device auto|gpu|interpret]
     autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--db URL] [--json]
-    autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json]
-    autotune check KERNEL --shape k=v,... --dtype D [--sample N] [--allow-import]
-    autotune export [--format json|python|csv] [--kernel K] [--device D] [--db URL] [--out FILE]
-    autotune import FILE [--db URL]
+    autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json] [--invalid]
+    autotune check KERNEL --shape k=v,... --dtype D [--sample N (<= 1000)] [--allow-import]
+    autotune export [--format json|python|csv] [--kernel K] [--device D] [--db URL] [--out FILE [--force]]
+    autotune import FILE [--db URL] [--allow-import]
     autotune revalidate [--kernel K] [--db URL] [--device auto|gpu|interpret] [--top N]
     autotune report [--kernel K] [--db URL] [--out DIR]
 
 Exit codes: 0 success; 1 nothing tuned (``best``) or configs failed (``check``); 2 bad input
 or a database that cannot be used; 130 Ctrl-C (SIGINT); 143 SIGTERM (128 + the signal's number:
-see :mod:`autotune.interrupts`).
+see :mod:`autotune.interrupts`). Output never shows a database password
+(:func:`autotune.urls.display_url`) nor raw control characters from the database;
+docs/guarantees.md lists what is checked where.
 """
 
 from __future__ import annotations
@@ -34,6 +36,36 @@ __all__ = ["main"]
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE = 0, 1, 2
 EXIT_SIGINT = 130  # 128 + SIGINT; SIGTERM exits 143 (autotune.interrupts)
+MAX_SAMPLE = 10_000  # `spaces --sample`: configs printed
+MAX_CHECK_SAMPLE = 1_000  # `check --sample`: configs cross-lowered (about a second each)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``), so stored strings cannot drive the
+    terminal; newlines and tabs are escaped too inside one table cell or line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _say(text: str, *, file: Any = None) -> None:
+    """Prints a message: URL passwords masked, control characters escaped (line by line)."""
+    from autotune.urls import mask_text
+
+    lines = mask_text(text).split("\n")
+    print("\n".join(_printable(line) for line in lines), file=file or sys.stdout)
+
+
+_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class _MaskingFormatter(logging.Formatter):
+    """Log lines never show a database password."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from autotune.urls import mask_text
+
+        return mask_text(super().format(record))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("kernel", nargs="?")
     s.add_argument("--shape", help="k=v,k=v (e.g. m=4096,n=4096,k=4096)")
     s.add_argument("--dtype", default="bfloat16")
-    s.add_argument("--sample", type=int, default=5, metavar="N", help="valid configs to show")
+    s.add_argument("--sample", type=int, default=5, metavar="N",
+                   help=f"valid configs to show (at most {MAX_SAMPLE})")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true")
     s.add_argument("--allow-import", action="store_true", help="allow KERNEL as package.module:NAME")
@@ -85,12 +118,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--device")
     r.add_argument("--db")
     r.add_argument("--json", action="store_true")
+    r.add_argument("--invalid", action="store_true",
+                   help="list stored ok results whose config breaks today's rules (never served)")
 
     c = sub.add_parser("check", help="cross-lower a sample of a space for CUDA, on this CPU")
     c.add_argument("kernel")
     c.add_argument("--shape", required=True)
     c.add_argument("--dtype", default="bfloat16")
-    c.add_argument("--sample", type=int, default=32, metavar="N")
+    c.add_argument("--sample", type=int, default=32, metavar="N",
+                   help=f"valid configs to cross-lower (at most {MAX_CHECK_SAMPLE})")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--allow-import", action="store_true")
 
@@ -100,10 +136,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--device", help="a device name, or gpu / interpret")
     e.add_argument("--db")
     e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    e.add_argument("--force", action="store_true",
+                   help="replace --out even if it is not an autotune export (never the database)")
 
     i = sub.add_parser("import", help="load a json export into a database (keeps existing results)")
     i.add_argument("file")
     i.add_argument("--db")
+    i.add_argument("--allow-import", action="store_true",
+                   help="accept records of kernels named package.module:NAME (imports them to check)")
 
     v = sub.add_parser("revalidate", help="re-measure stored winners of other jax/jaxlib versions")
     v.add_argument("--kernel")
@@ -122,7 +162,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    ours = not root.handlers  # else logging is the embedding program's (or pytest's) to format
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=_LOG_FORMAT)
+    if ours:
+        for h in root.handlers:
+            h.setFormatter(_MaskingFormatter(_LOG_FORMAT))
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
@@ -135,10 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return handler[args.command](args)
         except NothingTunedError as e:
-            print(f"autotune: {e}", file=sys.stderr)
+            _say(f"autotune: {e}", file=sys.stderr)
             return EXIT_NOTHING
         except (AutotuneError, ValueError) as e:
-            print(f"autotune: error: {e}", file=sys.stderr)
+            _say(f"autotune: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt as e:
             print("autotune: interrupted; finished trials are stored, re-run to resume.", file=sys.stderr)
@@ -167,8 +212,8 @@ def _spaces(args: argparse.Namespace) -> int:
             kernel = get_kernel(name)
             print(f"{name}\t{', '.join(kernel.shape_keys)}\t{', '.join(kernel.dtypes)}\t{kernel.description}")
         return EXIT_OK
-    if args.sample < 0:
-        raise ValueError(f"--sample must be 0 or more, got {args.sample}.")
+    if not 0 <= args.sample <= MAX_SAMPLE:
+        raise ValueError(f"--sample must be 0 to {MAX_SAMPLE} (configs to show), got {args.sample}.")
     kernel, problem = _problem(args)
     space = kernel.valid_space(problem)
     configs = space.sample(args.sample, seed=args.seed)
@@ -223,6 +268,9 @@ def _tune(args: argparse.Namespace) -> int:
         specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
     job = dataclasses.replace(job, problems=tuple(specs))
     gpus = _parse_gpus(args.gpus)
+    from autotune.outputs import check_output_dir
+
+    check_output_dir(args.results_dir, flag="--results-dir")
     store = Store(args.db)
     progress = _Progress()
     try:
@@ -344,6 +392,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    rows = [[_printable(c) for c in r] for r in rows]  # stored text never drives the terminal
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     for r in rows:
@@ -358,27 +407,44 @@ def _best(args: argparse.Namespace) -> int:
     problem = Problem(args.kernel, shape, args.dtype)  # validates the dtype; never imports jax
     result = best_result(args.kernel, shape, problem.dtype, device=args.device, db=args.db)
     if result is None:
+        from autotune.storage import resolve_url
+        from autotune.urls import display_url
+
         raise NothingTunedError(
             f"nothing tuned for {problem}"
             + (f" on {args.device}" if args.device else "")
-            + f"; run `autotune tune` with a job listing it (db: {args.db or 'default'})."
+            + f"; run `autotune tune` with a job listing it (db: {display_url(resolve_url(args.db))})."
         )
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
     else:
-        print(f"{problem} on {result.device}: {result.median_us:.1f} us")
+        _say(f"{problem} on {result.device}: {result.median_us:.1f} us")
         if result.stale:
-            print(f"  measured with jax {result.jax_version}, jaxlib {result.jaxlib_version}, not the "
-                  "running versions: `autotune revalidate` re-measures it")
+            _say(f"  measured with jax {result.jax_version}, jaxlib {result.jaxlib_version}, not the "
+                 "running versions: `autotune revalidate` re-measures it")
         if result.baseline_us:
-            print(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {result.baseline_us / result.median_us:.3f})")
+            _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {result.baseline_us / result.median_us:.3f})")
         print("  config: " + json.dumps(result.config))
     return EXIT_OK
 
 
 def _results(args: argparse.Namespace) -> int:
-    from autotune.queries import list_results
+    from autotune.queries import list_results, unservable_results
 
+    if args.invalid:
+        bad = unservable_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
+        if args.json:
+            print(json.dumps([b.to_dict() for b in bad], default=str))
+            return EXIT_OK
+        if not bad:
+            print("every stored ok result is valid under today's rules")
+            return EXIT_OK
+        _table(["trial", "problem", "device", "us", "config", "broken rules"],
+               [[str(b.trial.id), str(b.trial.problem), b.trial.device.name, _num(b.trial.median_us, ".1f"),
+                 json.dumps(dict(b.trial.config)), "; ".join(b.broken)] for b in bad])
+        print(f"{len(bad)} stored result(s) break today's rules: they are kept but never served "
+              "(best, lookup, export).")
+        return EXIT_OK
     rows = list_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], default=str))
@@ -390,31 +456,29 @@ def _results(args: argparse.Namespace) -> int:
     table = [[r.problem_text, r.device, ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
               _num(r.best_us, ".1f")] for r in rows]
     _table(header, table)
+    bad = unservable_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
+    if bad:
+        print(f"{len(bad)} stored ok result(s) break today's rules and are never served: "
+              "`autotune results --invalid` lists them.")
     return EXIT_OK
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autotune.errors import JobError
     from autotune.exchange import export_records, render
+    from autotune.outputs import write_export_file
 
     text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
     if args.out is None:
         sys.stdout.write(text)
         return EXIT_OK
-    try:
-        Path(args.out).write_text(text)
-    except OSError as e:
-        raise JobError(
-            f"--out {args.out!r} cannot be written ({e.strerror or e}); give a file in an existing, "
-            "writable folder."
-        ) from None
+    write_export_file(args.out, text, db=args.db, force=args.force)
     return EXIT_OK
 
 
 def _import(args: argparse.Namespace) -> int:
     from autotune.exchange import import_json
 
-    added, kept = import_json(args.file, args.db)
+    added, kept = import_json(args.file, args.db, allow_import=args.allow_import)
     print(f"imported {added} trial(s); {kept} already stored (kept unchanged)")
     return EXIT_OK
 
@@ -446,8 +510,10 @@ def _revalidate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from autotune.outputs import check_output_dir
     from autotune.report import write_report
 
+    check_output_dir(args.out, flag="--out")
     try:
         report = write_report(args.db, out_dir=args.out, kernel=args.kernel,
                               allow_import=args.allow_import)
@@ -462,6 +528,9 @@ def _report(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from autotune.checking import check_space
 
+    if not 0 <= args.sample <= MAX_CHECK_SAMPLE:
+        raise ValueError(f"--sample must be 0 to {MAX_CHECK_SAMPLE} (configs to cross-lower, about a "
+                         f"second each), got {args.sample}.")
     kernel, problem = _problem(args)
     report = check_space(kernel, problem, sample=args.sample, seed=args.seed)
     print(f"{problem}: cross-lowered {report.checked} of {report.valid} valid configs for CUDA: "

@@ -16,23 +16,34 @@ device, software). No jax here.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import logging
+import math
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.problem import Config, Problem, canonical_dtype
-from autotune.queries import _device_filter, _open
+from autotune.problem import Config, Problem
+from autotune.queries import _device_filter, _open, served_summaries
 from autotune.storage import Store
 from autotune.trial import DeviceInfo, TrialResult
 
-__all__ = ["FORMATS", "export_records", "render", "import_json", "import_records"]
+__all__ = [
+    "FORMATS", "export_records", "render", "import_json", "import_records", "check_records",
+    "is_export", "BadRecord", "MAX_IMPORT_BYTES", "MAX_IMPORT_DEPTH", "MAX_IMPORT_RECORDS",
+]
 
 FORMATS = ("json", "python", "csv")
 _MAGIC = "autotune-export"
 _VERSION = 1
+# How `export --out` recognises a file it may replace: one of its own exports.
+PYTHON_MARKER = f"# {_MAGIC} version {_VERSION} (python): written by `autotune export`"
+CSV_HEADER = "kernel,shape,dtype,device,device_kind,median_us,jax_version,config"
+
+log = logging.getLogger(__name__)
 _RECORD_KEYS = "kernel, shape, dtype, device, median_us and config"
 
 
@@ -45,8 +56,13 @@ def export_records(
         if store is None:
             return records
         name, kind = (None, None) if device is None else _device_filter(store, device)
-        for summary in store.summaries(kernel=kernel, device_name=name, device_kind=kind):
+        summaries = store.summaries(kernel=kernel, device_name=name, device_kind=kind)
+        for summary in served_summaries(store, summaries):  # configs valid under today's rules
             if summary.best_config is None or summary.best_trial_id is None:
+                continue
+            if summary.best_us is None or not math.isfinite(summary.best_us):
+                log.warning("%s on %s: skipping a non-finite stored time %r; it is never "
+                            "exported.", summary.problem, summary.device, summary.best_us)
                 continue
             trial = store.trial(summary.best_trial_id)
             if trial is None:  # deleted between the two reads
@@ -72,7 +88,7 @@ def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
     """``records`` (from :func:`export_records`) as text in ``fmt`` (json, python or csv)."""
     if fmt == "json":
         doc = {"format": _MAGIC, "version": _VERSION, "records": list(records)}
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
     if fmt == "csv":
         out = io.StringIO()
         fields = ["kernel", "shape", "dtype", "device", "device_kind", "median_us",
@@ -91,6 +107,16 @@ def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
     raise JobError(f"Unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}.")
 
 
+def is_export(head: str) -> bool:
+    """Whether text starting with ``head`` (the first few KiB of a file) is one of our exports
+    (json, python or csv), which ``export --out`` may replace."""
+    first = head.lstrip("\ufeff").split("\n", 2)
+    if first[0] in (PYTHON_MARKER, CSV_HEADER):
+        return True
+    # json: sort_keys puts "format" first.
+    return head.startswith("{") and len(first) > 1 and first[1].strip() == f'"format": "{_MAGIC}",'
+
+
 def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
     chosen: dict[tuple[Any, ...], Mapping[str, Any]] = {}
     for r in records:
@@ -100,6 +126,7 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         if old is None or rank < (old["device_kind"] != "gpu", old["median_us"]):
             chosen[key] = r
     lines = [
+        PYTHON_MARKER,
         '"""Tuned configs exported by autotune. Plain Python: needs nothing else installed.',
         "",
         "TUNED maps (kernel, ((shape key, value), ...) sorted, dtype) to the best config;",
@@ -132,63 +159,264 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def import_json(path: str | pathlib.Path, db: str | None = None) -> tuple[int, int]:
+# Bounds on what `autotune import` reads: an export of every problem of a large campaign is a
+# few MB and 4 levels deep; anything far past that is refused before it is parsed.
+MAX_IMPORT_BYTES = 64 * 1024 * 1024
+MAX_IMPORT_DEPTH = 32
+MAX_IMPORT_RECORDS = 100_000
+MAX_TEXT_CHARS = 256  # device names, drivers, versions, string config values
+MAX_KERNEL_NAME_CHARS = 255
+_ERRORS_SHOWN = 20  # bad records named in the message; the count says how many in all
+
+_KNOWN_KEYS = frozenset({
+    "kernel", "shape", "dtype", "device", "device_kind", "compute_capability", "driver",
+    "median_us", "jax_version", "software", "config",
+})
+_DEVICE_KINDS = ("gpu", "interpret", "fake")
+
+
+def import_json(
+    path: str | pathlib.Path, db: str | None = None, *, allow_import: bool = False
+) -> tuple[int, int]:
     """Loads a JSON export into ``db``; returns (trials added, already stored).
 
+    Every record is checked (:func:`check_records`) before anything is written, and all are
+    written in one transaction: a file with any bad record is refused as a whole.
+
     Raises:
-      JobError: the file is missing, not JSON, or not an autotune export.
+      JobError: the file is missing, too large, not JSON, nested too deeply, not an autotune
+        export, or holds bad records (each named with its index, the rule and the value).
     """
     path = pathlib.Path(path)
+    hint = "`autotune import` reads a JSON export made by `autotune export --format json`."
     try:
-        doc = json.loads(path.read_text())
+        with path.open("rb") as f:
+            data = f.read(MAX_IMPORT_BYTES + 1)
     except OSError as e:
+        raise JobError(f"cannot read {path}: {e.strerror or e}; {hint}") from None
+    if len(data) > MAX_IMPORT_BYTES:
         raise JobError(
-            f"cannot read {path}: {e.strerror or e}; `autotune import` reads a JSON export made "
-            "by `autotune export --format json`."
+            f"{path} is larger than {MAX_IMPORT_BYTES // 2**20} MiB (the import limit); {hint} "
+            "Split a larger export by kernel (`autotune export --kernel K`)."
+        )
+    try:
+        doc = json.loads(data.decode("utf-8"))  # NaN/Infinity parse; the record checks name them
+    except UnicodeDecodeError as e:
+        raise JobError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
+    except RecursionError:
+        raise JobError(
+            f"{path} is nested too deeply to be an export (at most {MAX_IMPORT_DEPTH} levels); {hint}"
         ) from None
-    except json.JSONDecodeError as e:
-        raise JobError(f"{path} is not JSON ({e}); `autotune import` reads a --format json export.") from None
+    except (json.JSONDecodeError, ValueError) as e:
+        raise JobError(f"{path} is not JSON ({e}); {hint}") from None
+    depth = _depth(doc, MAX_IMPORT_DEPTH)
+    if depth > MAX_IMPORT_DEPTH:
+        raise JobError(
+            f"{path} is nested more than {MAX_IMPORT_DEPTH} levels deep; an export is 4. {hint}"
+        )
     if not isinstance(doc, dict) or doc.get("format") != _MAGIC or not isinstance(doc.get("records"), list):
         raise JobError(f"{path} is not an autotune JSON export (made by `autotune export --format json`).")
     if doc.get("version") != _VERSION:
         raise JobError(f"{path}: export version {doc.get('version')!r} is not supported (expected {_VERSION}).")
-    return import_records(doc["records"], db, where=str(path))
+    return import_records(doc["records"], db, where=str(path), allow_import=allow_import)
+
+
+def _depth(doc: Any, limit: int) -> int:
+    """How deeply ``doc`` nests lists and objects (iteratively; stops counting past ``limit``)."""
+    deepest = 0
+    stack = [(doc, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, level)
+            if level > limit:
+                return level
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRecord:
+    """One rule a record of an import breaks: its index, the rule, and the value."""
+
+    index: int
+    rule: str
+    value: str  # repr of the offending value, shortened
+
+    def __str__(self) -> str:
+        return f"record {self.index}: [{self.rule}] {self.value}"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text_problem(field: str, value: Any, *, limit: int = MAX_TEXT_CHARS, empty_ok: bool = True) -> str | None:
+    """Why ``value`` is not a sane string for ``field``, or None."""
+    if not isinstance(value, str):
+        return f"{field} must be a string, got {type(value).__name__} {_short(value)}"
+    if not value and not empty_ok:
+        return f"{field} must not be empty"
+    if len(value) > limit:
+        return f"{field} is {len(value)} characters long; at most {limit} are allowed"
+    if not value.isprintable():
+        return f"{field} = {_short(value)} holds control or non-printable characters"
+    return None
+
+
+def check_records(
+    records: Sequence[Any], *, allow_import: bool = False
+) -> tuple[list[tuple[Problem, Config, float, DeviceInfo, dict[str, str]]], list[BadRecord]]:
+    """Checks every record of an export: (the records parsed, the rules they break).
+
+    Rules: ``record`` (an object with the known keys), ``kernel_known``, ``shape`` (the
+    kernel's keys, positive sizes), ``dtype`` (one the kernel supports), ``config`` (valid for
+    the kernel's space bound to the problem: :func:`autotune.validity.violations`),
+    ``median_us`` (a finite, positive number), ``text`` (device, driver and version strings of
+    at most 256 printable characters), ``device_kind`` (gpu, interpret or fake).
+    """
+    from autotune.kernel import get_kernel
+    from autotune.validity import violations
+
+    parsed = []
+    bad: list[BadRecord] = []
+    if len(records) > MAX_IMPORT_RECORDS:
+        return [], [BadRecord(-1, "records", f"{len(records)} records; at most "
+                              f"{MAX_IMPORT_RECORDS} per import")]
+    kernels: dict[str, Any] = {}
+    for i, r in enumerate(records):
+        errors: list[tuple[str, str]] = []
+        if not isinstance(r, dict):
+            bad.append(BadRecord(i, "record", f"a record must be an object, got {_short(r)}"))
+            continue
+        missing = [k for k in ("kernel", "shape", "dtype", "device", "median_us", "config") if k not in r]
+        unknown = sorted(str(k) for k in set(r) - _KNOWN_KEYS)
+        if missing:
+            errors.append(("record", f"no {', '.join(map(repr, missing))}; each record needs {_RECORD_KEYS}"))
+        if unknown:
+            errors.append(("record", f"unknown key(s) {_short(unknown)}; known: {', '.join(sorted(_KNOWN_KEYS))}"))
+        if missing:
+            bad.extend(BadRecord(i, rule, text) for rule, text in errors)
+            continue
+        name = r["kernel"]
+        kernel = None
+        why = _text_problem("kernel", name, limit=MAX_KERNEL_NAME_CHARS, empty_ok=False)
+        if why:
+            errors.append(("kernel_known", why))
+        else:
+            if name not in kernels:
+                try:
+                    kernels[name] = get_kernel(name, allow_import=allow_import)
+                except (JobError, LookupError) as e:
+                    kernels[name] = e
+            kernel = kernels[name]
+            if isinstance(kernel, Exception):
+                errors.append(("kernel_known", f"kernel {_short(name)}: {kernel}"))
+                kernel = None
+        median = r["median_us"]
+        if isinstance(median, bool) or not isinstance(median, int | float):
+            errors.append(("median_us", f"median_us must be a number, got {_short(median)}"))
+        elif not (math.isfinite(median) and median > 0):
+            errors.append(("median_us", f"median_us must be positive and finite, got {median!r}"))
+        for field in ("device", "device_kind", "compute_capability", "driver", "jax_version"):
+            if field in r and r[field] is not None:
+                why = _text_problem(field, r[field], empty_ok=field != "device")
+                if why:
+                    errors.append(("text", why))
+        kind = r.get("device_kind") or "gpu"
+        if isinstance(kind, str) and kind not in _DEVICE_KINDS:
+            errors.append(("device_kind", f"device_kind = {_short(kind)}; expected one of {', '.join(_DEVICE_KINDS)}"))
+        software = r.get("software") or {}
+        if not isinstance(software, dict):
+            errors.append(("text", f"software must be an object of versions, got {_short(software)}"))
+            software = {}
+        for key, value in software.items():
+            for why in (_text_problem("software key", key, limit=64, empty_ok=False),
+                        _text_problem(f"software[{key!r}]", value)):
+                if why:
+                    errors.append(("text", why))
+        config_value = r["config"]
+        config = None
+        if not isinstance(config_value, dict):
+            errors.append(("config", f"config must be an object, got {_short(config_value)}"))
+        else:
+            for key, value in config_value.items():
+                if isinstance(value, str):
+                    why = _text_problem(f"config[{key!r}]", value)
+                    if why:
+                        errors.append(("config", why))
+                elif isinstance(value, float) and not math.isfinite(value):
+                    errors.append(("config", f"config[{key!r}] = {value!r} is not finite"))
+            try:
+                config = Config(config_value)
+            except (TypeError, ValueError) as e:
+                errors.append(("config", str(e)))
+        problem = None
+        if kernel is not None:
+            shape, dtype = r["shape"], r["dtype"]
+            if not isinstance(shape, dict):
+                errors.append(("shape", f"shape must be an object of {', '.join(kernel.shape_keys)}, got {_short(shape)}"))
+            elif not isinstance(dtype, str):
+                errors.append(("dtype", f"dtype must be a string, got {_short(dtype)}"))
+            else:
+                try:
+                    problem = kernel.problem(shape, dtype)
+                except (JobError, ValueError, TypeError) as e:
+                    errors.append(("dtype" if "dtype" in str(e) else "shape", str(e)))
+                if problem is not None and problem.dtype not in kernel.dtypes:
+                    errors.append(("dtype", f"{kernel.name} supports dtype {', '.join(kernel.dtypes)}, "
+                                            f"not {problem.dtype}"))
+                    problem = None
+        if problem is not None and config is not None:
+            broken = violations(problem, config, kernel=kernel)
+            if broken:
+                errors.append(("config_valid", f"config {_short(dict(config), 200)} breaks "
+                                               f"{'; '.join(broken)}"))
+        if errors or problem is None or config is None:
+            bad.extend(BadRecord(i, rule, text) for rule, text in errors)
+            continue
+        device = DeviceInfo(r["device"], kind, r.get("compute_capability") or "", r.get("driver") or "")
+        versions = {str(k): str(v) for k, v in software.items()}
+        versions.setdefault("jax", str(r.get("jax_version") or ""))
+        parsed.append((problem, config, float(median), device, versions))
+    return parsed, bad
 
 
 def import_records(
-    records: Sequence[Mapping[str, Any]], db: str | None = None, *, where: str = "records"
+    records: Sequence[Mapping[str, Any]],
+    db: str | None = None,
+    *,
+    where: str = "records",
+    allow_import: bool = False,
 ) -> tuple[int, int]:
-    """Stores exported records as ok trials; returns (added, already stored). Checks every
-    record before writing any."""
-    parsed = []
-    for i, r in enumerate(records):
-        try:
-            problem = Problem(r["kernel"], r["shape"], canonical_dtype(r["dtype"]))
-            config = Config(r["config"])
-            median = float(r["median_us"])
-            if not median > 0:
-                raise ValueError(f"median_us must be positive, got {median}")
-            device = DeviceInfo(str(r["device"]), str(r.get("device_kind") or "gpu"),
-                                str(r.get("compute_capability") or ""), str(r.get("driver") or ""))
-            software = {str(k): str(v) for k, v in dict(r.get("software") or {}).items()}
-            software.setdefault("jax", str(r.get("jax_version") or ""))
-        except KeyError as e:
-            raise JobError(
-                f"{where}: record {i} has no {e.args[0]!r}; each record needs {_RECORD_KEYS} "
-                "(as `autotune export --format json` writes them). Nothing was imported."
-            ) from None
-        except (TypeError, ValueError, AttributeError) as e:
-            raise JobError(
-                f"{where}: record {i} is malformed: {e}; each record needs {_RECORD_KEYS} "
-                "(as `autotune export --format json` writes them). Nothing was imported."
-            ) from None
-        parsed.append((problem, config, median, device, software))
-    added = duplicates = 0
+    """Stores exported records as ok trials; returns (added, already stored).
+
+    Checks every record first (:func:`check_records`), then writes all of them in one
+    transaction: on any bad record or database error, nothing is written.
+
+    Raises:
+      JobError: a record breaks a rule; the message names each (index, rule, value).
+      StorageError: the database could not be written; nothing was.
+    """
+    parsed, bad = check_records(records, allow_import=allow_import)
+    if bad:
+        shown = "\n".join(f"  {b}" for b in bad[:_ERRORS_SHOWN])
+        more = f"\n  ... and {len(bad) - _ERRORS_SHOWN} more" if len(bad) > _ERRORS_SHOWN else ""
+        count = len({b.index for b in bad})
+        raise JobError(
+            f"{where}: {count} of {len(records)} record(s) break the import rules, so nothing was "
+            f"imported:\n{shown}{more}\nFix or remove those records (an export made by this version "
+            "of `autotune export --format json` passes)."
+        )
+    trials = [
+        (problem, config,
+         TrialResult.timed([median], compile_s=None, rel_error=None, timing="imported"),
+         device, software)
+        for problem, config, median, device, software in parsed
+    ]
     with Store(db) as store:
-        for problem, config, median, device, software in parsed:
-            result = TrialResult.timed([median], compile_s=None, rel_error=None, timing="imported")
-            recorded = store.record_trial(problem, config, result, device=device,
-                                          software=software, worker="import")
-            duplicates += recorded.duplicate
-            added += not recorded.duplicate
-    return added, duplicates
+        recorded = store.record_trials(trials, worker="import")
+    duplicates = sum(r.duplicate for r in recorded)
+    return len(recorded) - duplicates, duplicates

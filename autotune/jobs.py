@@ -34,6 +34,8 @@ from autotune.sampling import SAMPLERS
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 
 MAX_TRIALS = 1_000_000
+MAX_PROBLEMS = 100_000  # problems one job may expand to (checked in about a minute)
+MAX_JOB_BYTES = 16 * 1024 * 1024  # a 100,000-problem job file is about 8 MB
 # Stop after this many measured configs in a row without a new best; chosen by the replay over
 # recorded ground truth (benchmarks/search_efficiency.py --patience, RESULTS.md section 3).
 DEFAULT_PATIENCE = 24
@@ -87,6 +89,11 @@ def load_job(path: str | Path, *, allow_import: bool = False) -> Job:
     """
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_JOB_BYTES:
+            raise JobError(
+                f"Job file {str(path)!r} is {path.stat().st_size:,} bytes, more than the "
+                f"{MAX_JOB_BYTES:,} bytes a job file may be; split it into several jobs."
+            )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise JobError(
@@ -145,7 +152,8 @@ def parse_job(
     specs: list[ProblemSpec] = []
     seen: dict[Problem, int] = {}
     for i, entry in enumerate(problems):
-        for spec in _expand(entry, defaults, f"{where}: problem #{i + 1}", allow_import):
+        room = MAX_PROBLEMS - len(specs)
+        for spec in _expand(entry, defaults, f"{where}: problem #{i + 1}", allow_import, room):
             if spec.problem in seen:
                 raise JobError(
                     f"{where}: problem #{i + 1}: {spec.problem} is listed twice (also by problem "
@@ -162,7 +170,8 @@ def parse_job(
 
 
 def _expand(
-    entry: Mapping[str, Any], defaults: Mapping[str, Any], where: str, allow_import: bool
+    entry: Mapping[str, Any], defaults: Mapping[str, Any], where: str, allow_import: bool,
+    room: int = MAX_PROBLEMS,
 ) -> list[ProblemSpec]:
     unknown = sorted(set(entry) - _PROBLEM_KEYS)
     if unknown:
@@ -179,6 +188,11 @@ def _expand(
         raise JobError(f"{where}: {e}") from None
     shapes = _one_or_many(entry, "shape", "shapes", where, Mapping)
     dtypes = _one_or_many(entry, "dtype", "dtypes", where, str)
+    if len(shapes) * len(dtypes) > room:
+        raise JobError(
+            f"{where}: {len(shapes)} shape(s) x {len(dtypes)} dtype(s) would take the job past "
+            f"{MAX_PROBLEMS:,} problems, the most one job may hold; split it into several jobs."
+        )
     settings = {**defaults, **{k: v for k, v in entry.items() if k in _SETTINGS}}
     _check_settings(settings, where)
     trials = settings.get("trials")

@@ -54,6 +54,7 @@ from autotune.storage import (
     resolve_url,
     sqlite_path,
 )
+from autotune.validity import servable, violations
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -61,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
     "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
-    "FRAME_COLUMNS",
+    "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
 ]
 
 log = logging.getLogger(__name__)
@@ -191,19 +192,56 @@ def _best_row(
     versions, and whether it is stale (of other versions)."""
     versions = running_versions()
     if versions:
-        rows = store.best(problem, device_name=name, device_kind=kind, versions=versions)
-        if rows:
-            return rows[0], False
-    rows = store.best(problem, device_name=name, device_kind=kind)
-    if not rows:
+        found = _first_servable(store, problem, name, kind, versions)
+        if found is not None:
+            return found, False
+    best = _first_servable(store, problem, name, kind, None)
+    if best is None:
         return None
-    best = rows[0]
     log.info(
         "%s on %s: no result measured with the running %s; using one measured with %s "
         "(`autotune revalidate` re-measures it).",
         problem, best.device.name, _versions_text(versions), _versions_text(best.software),
     )
     return best, True
+
+
+def _first_servable(
+    store: Store, problem: Problem, name: str | None, kind: str | None,
+    versions: Mapping[str, str] | None,
+) -> TrialRow | None:
+    """The fastest ok trial with a finite time whose config is valid under today's rules (the
+    one check: :func:`autotune.validity.servable`); rows that break them are skipped with a
+    warning."""
+    n = 4
+    while True:
+        rows = store.best(problem, device_name=name, device_kind=kind, n=n, versions=versions)
+        for row in rows:
+            # A non-finite time (written by another tool) is never served either.
+            if math.isfinite(row.median_us or math.nan) and servable(problem, row.config):
+                return row
+        if len(rows) < n:
+            return None
+        n *= 4
+
+
+def served_summaries(store: Store, summaries: list[ProblemSummary]) -> list[ProblemSummary]:
+    """``summaries`` whose best config is the fastest *servable* one: a stored best that breaks
+    today's rules is replaced by the fastest valid trial of its (problem, device), or by none."""
+    out = []
+    for s in summaries:
+        if s.best_config is not None and not (
+            math.isfinite(s.best_us or math.nan) and servable(s.problem, s.best_config)
+        ):
+            row = _first_servable(store, s.problem, s.device, s.device_kind, None)
+            s = dataclasses.replace(
+                s,
+                best_us=None if row is None else row.median_us,
+                best_config=None if row is None else dict(row.config),
+                best_trial_id=None if row is None else row.id,
+            )
+        out.append(s)
+    return out
 
 
 def _versions_text(versions: Mapping[str, str]) -> str:
@@ -310,7 +348,48 @@ def list_results(
         if store is None:
             return []
         name, kind = (None, None) if device is None else _device_filter(store, device)
-        return store.summaries(kernel=kernel, dtype=dtype, device_name=name, device_kind=kind)
+        return served_summaries(
+            store, store.summaries(kernel=kernel, dtype=dtype, device_name=name, device_kind=kind)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class UnservableResult:
+    """A stored ok trial whose config breaks today's rules: kept, never served."""
+
+    trial: TrialRow
+    broken: tuple[str, ...]  # "[rule] explanation", one per broken rule
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        t = self.trial
+        return {
+            "trial_id": t.id, "kernel": t.problem.kernel, "shape": t.problem.dims,
+            "dtype": t.problem.dtype, "device": t.device.name, "device_kind": t.device.kind,
+            "median_us": t.median_us, "config": dict(t.config), "broken": list(self.broken),
+        }
+
+
+def unservable_results(
+    db: str | None = None,
+    *,
+    kernel: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+) -> list[UnservableResult]:
+    """The stored ok trials that are never served because their config breaks today's rules
+    (a rule tightened, or a tunable renamed, after they were measured), oldest first."""
+    dtype = None if dtype is None else canonical_dtype(dtype)
+    with _open(db) as store:
+        if store is None:
+            return []
+        rows = _frame_rows(store, kernel, dtype, device, "ok")
+    out = []
+    for row in rows:
+        broken = violations(row.problem, row.config)
+        if broken:
+            out.append(UnservableResult(row, tuple(broken)))
+    return out
 
 
 FRAME_COLUMNS = (

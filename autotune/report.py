@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune._paths import safe_path
-from autotune.errors import NothingTunedError
+from autotune.errors import JobError, NothingTunedError
 from autotune.storage import ProblemSummary, Store, TrialRow
 
 __all__ = ["DEVICE_PEAKS", "DevicePeaks", "ProblemPage", "Report", "device_peaks", "write_report"]
@@ -135,17 +135,24 @@ def write_report(
       ImportError: matplotlib is not installed.
     """
     _require_matplotlib()
-    from autotune.queries import _open
+    from autotune.outputs import check_output_dir
+    from autotune.queries import _open, served_summaries
+    from autotune.storage import resolve_url
+    from autotune.urls import display_url
 
-    out = Path(out_dir)
+    out = check_output_dir(out_dir, flag="the report folder (--out)")
     with _open(db) as store:
-        summaries = [] if store is None else store.summaries(kernel=kernel)
+        summaries = [] if store is None else served_summaries(store, store.summaries(kernel=kernel))
         if store is None or not summaries:
             raise NothingTunedError(
                 "nothing stored" + (f" for kernel {kernel}" if kernel else "")
-                + f" in {db or 'the default database'}; run `autotune tune` first."
+                + f" in {display_url(resolve_url(db))}; run `autotune tune` first."
             )
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise JobError(f"the report folder (--out) {str(out)!r} cannot be created: "
+                           f"{e.strerror or e}.") from None
         studies = _StudyReader(store)
         pages = [_problem_page(store, s, out, studies, allow_import) for s in summaries]
     index = out / "index.html"
@@ -608,8 +615,9 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
             + (f"<ul>{notes}</ul>" if notes else "") + f'<div class="plots">{images}</div></section>'
         )
     from autotune.storage import resolve_url
+    from autotune.urls import display_url
 
-    source = html.escape(resolve_url(db).render_as_string(hide_password=True))
+    source = html.escape(display_url(resolve_url(db)))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>autotune report</title>
 <style>

@@ -46,6 +46,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from autotune.errors import StorageError
 from autotune.problem import Config, Problem
 from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.urls import display_url
 
 __all__ = [
     "Store",
@@ -411,11 +412,11 @@ def resolve_url(url: str | None = None) -> URL:
         text = "sqlite:///" + text
     try:
         parsed = sa.make_url(text)
-    except (sa_exc.ArgumentError, ValueError) as e:
+    except (sa_exc.ArgumentError, ValueError):
         raise StorageError(
-            f"{text!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
+            f"{display_url(text)!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
             "'postgresql://user@host:5432/dbname'."
-        ) from e
+        ) from None  # SQLAlchemy's message repeats the text, password included
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     path = sqlite_path(parsed)
@@ -693,6 +694,14 @@ def _samples(samples_us: Sequence[float], what: str) -> tuple[float, ...]:
     return values
 
 
+def _check_times(result: TrialResult) -> None:
+    """Non-finite times are never stored (they would break strict JSON and exports)."""
+    if not all(math.isfinite(float(v)) for v in result.samples_us):
+        raise ValueError(
+            f"a trial's times must be finite numbers of microseconds, but got {result.samples_us!r}."
+        )
+
+
 class Store:
     """The results database (SQLite or PostgreSQL), migrated to the newest schema on open.
 
@@ -717,7 +726,7 @@ class Store:
     ) -> None:
         self._url = resolve_url(url)
         path = sqlite_path(self._url)
-        self._where = str(path) if path is not None else self._url.render_as_string()
+        self._where = str(path) if path is not None else display_url(self._url)
         # Read-only applies to SQLite files and PostgreSQL; an in-memory database is private
         # to its store, so it is opened (and created) as usual.
         read_only = read_only and (path is not None or self._url.get_backend_name() == "postgresql")
@@ -787,7 +796,7 @@ class Store:
         return self._url.render_as_string(hide_password=False)
 
     def __repr__(self) -> str:
-        return f"Store({self._url.render_as_string(hide_password=True)!r})"
+        return f"Store({display_url(self._url)!r})"
 
     def __enter__(self) -> Store:
         return self
@@ -863,60 +872,103 @@ class Store:
           ValueError: a malformed argument (a naive ``started_at``, non-string versions).
           StorageError: the database could not be written.
         """
-        outcome = Outcome(result.outcome)
         _check_aware("started_at", started_at)
         _software_key(software)  # validates before any write
+        _check_times(result)
+        with self._write("record a trial") as session:
+            return self._record_trial_in(
+                session, problem, config, result, device=device, software=software,
+                study_name=study_name, optuna_trial_number=optuna_trial_number, worker=worker,
+                started_at=started_at,
+            )
+
+    def record_trials(
+        self, trials: Sequence[tuple[Problem, Config, TrialResult, DeviceInfo, Mapping[str, str]]],
+        *, worker: str = "",
+    ) -> list[RecordedTrial]:
+        """Stores many finished trials ``(problem, config, result, device, software)`` in ONE
+        transaction: all of them, or (on any error) none. Duplicates are kept as for
+        :meth:`record_trial`.
+
+        Raises:
+          ValueError: a malformed argument (checked before anything is written).
+          StorageError: the database could not be written; nothing was.
+        """
+        for _, _, result, _, software in trials:
+            _software_key(software)
+            _check_times(result)
+        with self._write(f"record {len(trials)} trials") as session:
+            return [
+                self._record_trial_in(session, problem, config, result, device=device,
+                                      software=software, worker=worker)
+                for problem, config, result, device, software in trials
+            ]
+
+    def _record_trial_in(
+        self,
+        session: Session,
+        problem: Problem,
+        config: Config,
+        result: TrialResult,
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+        study_name: str | None = None,
+        optuna_trial_number: int | None = None,
+        worker: str = "",
+        started_at: dt.datetime | None = None,
+    ) -> RecordedTrial:
+        outcome = Outcome(result.outcome)
         if not isinstance(config, Config):
             config = Config(config)
-        with self._write("record a trial") as session:
-            kernel_id, problem_id, device_id, software_id = self._ids(
-                session, problem, device, software
-            )
-            config_id = _get_or_create(
-                session,
-                _Configs,
-                {"kernel_id": kernel_id, "digest": config.digest()},
-                config_json=config.to_json(),
-            )
-            query = sa.select(_Trials.id).filter_by(
-                problem_id=problem_id, config_id=config_id, device_id=device_id,
-                software_id=software_id,
-            )
+        kernel_id, problem_id, device_id, software_id = self._ids(
+            session, problem, device, software
+        )
+        config_id = _get_or_create(
+            session,
+            _Configs,
+            {"kernel_id": kernel_id, "digest": config.digest()},
+            config_json=config.to_json(),
+        )
+        query = sa.select(_Trials.id).filter_by(
+            problem_id=problem_id, config_id=config_id, device_id=device_id,
+            software_id=software_id,
+        )
+        existing = session.scalar(query)
+        if existing is not None:
+            log.debug("Trial of %s %s already stored as %d.", problem, config, existing)
+            return RecordedTrial(int(existing), duplicate=True)
+        row = _Trials(
+            problem_id=problem_id,
+            config_id=config_id,
+            device_id=device_id,
+            software_id=software_id,
+            status=outcome.value,
+            median_us=result.median_us,
+            min_us=result.min_us,
+            max_us=result.max_us,
+            samples_us=tuple(result.samples_us),
+            compile_s=result.compile_s,
+            rel_error=result.rel_error,
+            timing=result.timing,
+            error=result.error,
+            study_name=study_name,
+            optuna_trial_number=optuna_trial_number,
+            worker=worker,
+            host=socket.gethostname(),
+            started_at=started_at,
+            finished_at=_now(),
+        )
+        try:
+            with session.begin_nested():
+                session.add(row)
+        except sa_exc.IntegrityError:
+            # Another worker stored the same measurement between our check and insert.
             existing = session.scalar(query)
-            if existing is not None:
-                log.debug("Trial of %s %s already stored as %d.", problem, config, existing)
-                return RecordedTrial(int(existing), duplicate=True)
-            row = _Trials(
-                problem_id=problem_id,
-                config_id=config_id,
-                device_id=device_id,
-                software_id=software_id,
-                status=outcome.value,
-                median_us=result.median_us,
-                min_us=result.min_us,
-                max_us=result.max_us,
-                samples_us=tuple(result.samples_us),
-                compile_s=result.compile_s,
-                rel_error=result.rel_error,
-                timing=result.timing,
-                error=result.error,
-                study_name=study_name,
-                optuna_trial_number=optuna_trial_number,
-                worker=worker,
-                host=socket.gethostname(),
-                started_at=started_at,
-                finished_at=_now(),
-            )
-            try:
-                with session.begin_nested():
-                    session.add(row)
-            except sa_exc.IntegrityError:
-                # Another worker stored the same measurement between our check and insert.
-                existing = session.scalar(query)
-                if existing is None:
-                    raise
-                return RecordedTrial(int(existing), duplicate=True)
-            return RecordedTrial(int(row.id), duplicate=False)
+            if existing is None:
+                raise
+            return RecordedTrial(int(existing), duplicate=True)
+        return RecordedTrial(int(row.id), duplicate=False)
 
     def record_baseline(
         self,

@@ -155,7 +155,9 @@ CLI = [
     Bad("--dtype unknown", ["spaces", "softmax", "--shape", "rows=64,cols=512", "--dtype",
                             "float12"], "dtype", "'float12'", "expected one of float64"),
     Bad("--sample negative", ["spaces", "softmax", "--shape", "rows=64,cols=512", "--sample", "-1"],
-        "--sample", "-1", "0 or more"),
+        "--sample", "-1", "0 to 10000"),
+    Bad("--sample huge", ["spaces", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--sample",
+                          "300000"], "--sample", "300000", "0 to 10000"),
     Bad("kernel path escape", ["spaces", "../../etc:passwd", "--shape", "rows=1",
                                "--allow-import"], "Kernel", "'../../etc:passwd'",
         "'package.module:NAME'"),
@@ -255,9 +257,12 @@ API: list[Bad] = [
 
 
 def _message(err: str) -> str:
+    """The CLI's error message: from its "autotune: error:" line to the end (a message may
+    list several bad records, one per line)."""
     lines = err.strip().splitlines()
     assert lines, "no error message at all"
-    return lines[-1]
+    starts = [i for i, line in enumerate(lines) if line.startswith("autotune: error: ")]
+    return "\n".join(lines[starts[-1]:]) if starts else lines[-1]
 
 
 def assert_names(message: str, case: Bad) -> None:

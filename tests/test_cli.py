@@ -170,3 +170,33 @@ def test_sigkill_mid_job_then_rerun_loses_nothing(tmp_path):
     assert all(after[k] == v for k, v in before.items()), "a finished trial was replaced"
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage=db)[0], storage=db)
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+@pytest.mark.parametrize("argv", [
+    ["spaces", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--sample", "300000"],
+    ["spaces", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--sample", "10001"],
+    ["spaces", "softmax", "--shape", "rows=64,cols=1024", "--sample", "-1"],
+    ["check", "softmax", "--shape", "rows=64,cols=1024", "--sample", "1001"],
+])
+def test_sample_sizes_past_the_maximum_exit_2_at_once(argv, capsys, campaign):
+    """`spaces --sample N` and `check --sample N` above their documented maximum (10,000 and
+    1,000) exit 2 with the limit named, instead of running for minutes."""
+    campaign.add(bad_inputs=1)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--sample must be 0 to" in err and argv[-1] in err
+
+
+def test_spaces_sample_at_the_maximum_returns_distinct_valid_configs(capsys):
+    """`spaces --sample 10000` on a space of 10^5 valid configs returns 10,000 distinct valid
+    ones (benchmarks time it; here only correctness)."""
+    from autotune.kernel import get_kernel
+
+    assert main(["spaces", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--sample", "10000",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    configs = doc["configs"]
+    assert len(configs) == 10_000 and len({json.dumps(c, sort_keys=True) for c in configs}) == 10_000
+    kernel = get_kernel("hopper_matmul")
+    bound = kernel.bind(kernel.problem(doc["shape"], doc["dtype"]))
+    assert all(bound.is_valid(c) for c in configs[::97])

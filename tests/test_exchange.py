@@ -10,6 +10,7 @@ import pytest
 
 from autotune import cli
 from autotune.exchange import export_records, import_json, render
+from autotune.kernel import get_kernel
 from autotune.problem import Config, Problem
 from autotune.storage import Store
 from autotune.trial import DeviceInfo, TrialResult
@@ -19,6 +20,16 @@ INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
 SOFTWARE = {"jax": "0.11.2", "jaxlib": "0.11.2", "autotune": "0.1.0"}
 MATMUL = Problem("hopper_matmul", {"m": 256, "n": 256, "k": 256}, "bfloat16")
 SOFTMAX = Problem("softmax", {"rows": 64, "cols": 1024}, "float16")
+
+
+def _valid(problem: Problem, n: int) -> list[dict]:
+    """``n`` distinct configs valid for ``problem`` under today's rules (no jax)."""
+    space = get_kernel(problem.kernel).valid_space(problem)
+    return [dict(c) for c in space.sample(n, seed=1)]
+
+
+M1, M2, M3 = _valid(MATMUL, 3)
+(S1,) = _valid(SOFTMAX, 1)
 
 
 def timed(us: float) -> TrialResult:
@@ -31,10 +42,10 @@ def source(tmp_path) -> str:
     url = f"sqlite:///{tmp_path}/src.db"
     with Store(url) as store:
         for problem, config, us, device in [
-            (MATMUL, {"tile_m": 128, "tile_n": 128}, 90.0, GPU),
-            (MATMUL, {"tile_m": 128, "tile_n": 256}, 70.0, GPU),
-            (MATMUL, {"tile_m": 64, "tile_n": 64}, 5.0, INTERPRET),
-            (SOFTMAX, {"block_rows": 2, "approx_math": True}, 12.0, GPU),
+            (MATMUL, M1, 90.0, GPU),
+            (MATMUL, M2, 70.0, GPU),
+            (MATMUL, M3, 5.0, INTERPRET),
+            (SOFTMAX, S1, 12.0, GPU),
         ]:
             store.record_trial(problem, Config(config), timed(us), device=device, software=SOFTWARE)
     return url
@@ -85,9 +96,7 @@ def test_python_module_imports_in_isolation(source, tmp_path):
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                           cwd=module.parent.parent, check=False)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [
-        {"tile_m": 128, "tile_n": 256}, {"block_rows": 2, "approx_math": True}, None,
-    ]
+    assert json.loads(done.stdout) == [M2, S1, None]
 
 
 def test_csv_export_has_a_row_per_best(source, capsys):
@@ -112,3 +121,174 @@ def test_bad_import_files_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["export", "--format", "yaml"])
     assert e.value.code == 2
+
+
+# --------------------------------------------------------------------------- import checks
+
+
+def _record(**changes) -> dict:
+    """A good export record of MATMUL on the GPU, with ``changes``."""
+    record = {"kernel": "hopper_matmul", "shape": dict(MATMUL.dims), "dtype": "bfloat16",
+              "device": "NVIDIA H200", "device_kind": "gpu", "compute_capability": "9.0",
+              "driver": "570.86", "median_us": 70.0, "jax_version": "0.11.2",
+              "software": dict(SOFTWARE), "config": dict(M1)}
+    record.update(changes)
+    return {k: v for k, v in record.items() if v is not _DROP}
+
+
+_DROP = object()
+
+# (record, the rule the message must name, a piece of the offending value it must show)
+BAD_RECORDS = [
+    (_record(kernel="no_such_kernel"), "kernel_known", "no_such_kernel"),
+    (_record(kernel="evil.module:KERNEL"), "kernel_known", "--allow-import"),
+    (_record(shape={"m": 256, "n": 256}), "shape", "'k'"),
+    (_record(shape={"m": 256, "n": 256, "k": 256, "q": 1}), "shape", "'q'"),
+    (_record(shape={"m": -256, "n": 256, "k": 256}), "shape", "-256"),
+    (_record(dtype="float64"), "dtype", "float64"),
+    (_record(dtype="int4"), "dtype", "int4"),
+    (_record(config={**M1, "tile_m": 192}), "config_valid", "m_divisible"),
+    (_record(config={**M1, "bogus": 1}), "config_valid", "bogus"),
+    (_record(config={"tile_m": 128}), "config_valid", "missing"),
+    (_record(config=[1, 2]), "config", "[1, 2]"),
+    (_record(median_us=float("inf")), "median_us", "inf"),
+    (_record(median_us=float("nan")), "median_us", "nan"),
+    (_record(median_us=-1.0), "median_us", "-1.0"),
+    (_record(median_us=0), "median_us", "0"),
+    (_record(median_us="fast"), "median_us", "fast"),
+    (_record(device="x" * 10_000), "text", "10000 characters"),
+    (_record(device="GPU\x1b[2J"), "text", "control"),
+    (_record(driver="\x00"), "text", "control"),
+    (_record(software={"jax": "0.11\n2"}), "text", "control"),
+    (_record(device_kind="quantum"), "device_kind", "quantum"),
+    (_record(median_us=_DROP), "record", "median_us"),
+    (_record(extra_key=1), "record", "extra_key"),
+    ("not a record", "record", "not a record"),
+]
+
+
+def _export_file(tmp_path, records: list, name: str = "in.json") -> str:
+    path = tmp_path / name
+    # allow_nan: the file a careless tool (or an attacker) writes, not one of ours
+    path.write_text(json.dumps({"format": "autotune-export", "version": 1, "records": records}))
+    return str(path)
+
+
+def _trial_count(url: str) -> int:
+    with Store(url) as store:
+        return len(store.trials())
+
+
+def test_import_refuses_the_whole_file_naming_each_bad_record(db_url, tmp_path, capsys, campaign):
+    """One file holding good records and every kind of bad one: exit 2, each bad record named
+    by index, rule and value, and nothing at all written (SQLite and PostgreSQL)."""
+    campaign.add(bad_inputs=len(BAD_RECORDS))
+    good = [_record(), _record(config=dict(M2), median_us=80.0)]
+    records = [good[0], *(r for r, _, _ in BAD_RECORDS), good[1]]
+    path = _export_file(tmp_path, records)
+    assert cli.main(["import", path, "--db", db_url]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "nothing was imported" in err
+    assert f"{len(BAD_RECORDS)} of {len(records)} record(s)" in err
+    for i, (_, rule, value) in enumerate(BAD_RECORDS[:20], start=1):
+        lines = [line for line in err.splitlines() if line.strip().startswith(f"record {i}: ")]
+        assert any(f"[{rule}]" in line and value in line for line in lines), (i, rule, value, lines)
+    assert "... and" in err  # more bad records than the message lists
+    assert _trial_count(db_url) == 0
+    for i, (record, rule, _) in enumerate(BAD_RECORDS):  # alone, each is refused too
+        assert cli.main(["import", _export_file(tmp_path, [good[0], record], f"{i}.json"),
+                         "--db", db_url]) == 2, rule
+        assert _trial_count(db_url) == 0
+    capsys.readouterr()
+    assert cli.main(["import", _export_file(tmp_path, good, "good.json"), "--db", db_url]) == 0
+    assert _trial_count(db_url) == 2
+
+
+def test_import_is_one_transaction(db_url, tmp_path, monkeypatch, campaign):
+    """A database error on the third record of an import keeps none of the first two
+    (SQLite and PostgreSQL): the import is all or nothing."""
+    import sqlalchemy.exc
+
+    from autotune import storage
+    from autotune.errors import StorageError
+
+    path = _export_file(tmp_path, [_record(config=c, median_us=50.0 + i)
+                                   for i, c in enumerate((M1, M2, M3))])
+    with Store(db_url):
+        pass  # the schema exists: only the import's own writes are counted
+    real = storage._get_or_create
+    calls = {"trials": 0}
+
+    def failing(session, model, key, **extra):
+        if model is storage._Configs:
+            calls["trials"] += 1
+            if calls["trials"] == 3:
+                raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("disk I/O error"))
+        return real(session, model, key, **extra)
+
+    monkeypatch.setattr(storage, "_get_or_create", failing)
+    campaign.add(faults=1)
+    with pytest.raises(StorageError):
+        import_json(path, db_url)
+    assert calls["trials"] == 3
+    monkeypatch.setattr(storage, "_get_or_create", real)
+    assert _trial_count(db_url) == 0
+    assert import_json(path, db_url) == (3, 0)
+
+
+@pytest.mark.parametrize("shape", ["deep_list", "deep_object", "too_big", "nan_literal"])
+def test_absurd_json_is_refused_with_a_clear_message(shape, tmp_path, monkeypatch, capsys, campaign):
+    """Absurdly nested JSON (no RecursionError traceback), files over the size limit and
+    non-finite literals are refused with exit 2 and a message saying why; nothing is written."""
+    from autotune import exchange
+
+    campaign.add(bad_inputs=1)
+    path = tmp_path / "absurd.json"
+    if shape == "deep_list":
+        path.write_text('{"format": "autotune-export", "version": 1, "records": '
+                        + "[" * 200_000 + "]" * 200_000 + "}")
+    elif shape == "deep_object":
+        path.write_text('{"format": "autotune-export", "version": 1, "records": [' + '{"a":' * 60
+                        + "1" + "}" * 60 + "]}")
+    elif shape == "too_big":
+        monkeypatch.setattr(exchange, "MAX_IMPORT_BYTES", 1000)
+        path.write_text(json.dumps({"format": "autotune-export", "version": 1,
+                                    "records": [_record()] * 20}))
+    else:
+        path.write_text(json.dumps({"format": "autotune-export", "version": 1, "records": [
+            _record()]}).replace('"median_us": 70.0', '"median_us": NaN'))
+    db = tmp_path / "db.sqlite"
+    assert cli.main(["import", str(path), "--db", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "RecursionError" not in err
+    expected = {"deep_list": "nested", "deep_object": "nested", "too_big": "larger than",
+                "nan_literal": "[median_us] median_us must be positive and finite, got nan"}[shape]
+    assert expected in err, err
+    assert not db.exists()
+
+
+def test_non_finite_times_are_never_stored_or_exported(db_url, tmp_path, campaign):
+    """The store refuses a non-finite time; a row already holding one (written by another
+    tool) is left out of exports, which are strict JSON and a python table that loads."""
+    import math
+
+    import sqlalchemy as sa
+
+    campaign.add(bad_inputs=2)
+    with Store(db_url) as store:
+        with pytest.raises(ValueError, match="finite"):
+            store.record_trial(MATMUL, Config(M1), timed(float("inf")), device=GPU, software=SOFTWARE)
+        row = store.record_trial(MATMUL, Config(M1), timed(70.0), device=GPU, software=SOFTWARE)
+        store.record_trial(SOFTMAX, Config(S1), timed(12.0), device=GPU, software=SOFTWARE)
+        with store.engine.begin() as conn:  # another tool writes Infinity behind our back
+            conn.execute(sa.text("UPDATE at_trials SET median_us = :v WHERE id = :id"),
+                         {"v": math.inf, "id": row.id})
+    records = export_records(db_url)
+    assert [r["kernel"] for r in records] == ["softmax"]
+    doc = json.loads(render(records, "json"), parse_constant=lambda name: pytest.fail(name))
+    assert doc["records"][0]["median_us"] == 12.0
+    namespace: dict = {}
+    exec(compile(render(records, "python"), "tuned.py", "exec"), namespace)  # noqa: S102
+    assert namespace["lookup"]("softmax", SOFTMAX.dims, "float16") == S1
+    with pytest.raises(ValueError):  # strict JSON even if a caller hands render a bad record
+        render([{**records[0], "median_us": math.inf}], "json")

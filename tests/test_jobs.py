@@ -145,3 +145,42 @@ def test_fuzz_job_parser_never_crashes(data):
         parse_job(data)
     except JobError:
         pass
+
+
+def test_a_job_past_the_problem_limit_is_refused(monkeypatch, campaign):
+    """A job expanding to more problems than MAX_PROBLEMS is refused with a clear error
+    before any space is checked, naming the limit."""
+    from autotune import jobs
+
+    campaign.add(bad_inputs=1)
+    monkeypatch.setattr(jobs, "MAX_PROBLEMS", 10)
+    shapes = [{"rows": 64 * i, "cols": 1024} for i in range(1, 7)]
+    data = {"problem": [{"kernel": "softmax", "dtypes": ["float32", "float16"], "shapes": shapes}]}
+    with pytest.raises(JobError, match="past 10 problems"):
+        parse_job(data)
+    assert len(parse_job({"problem": [{**data["problem"][0], "dtypes": ["float32"]}]}).problems) == 6
+
+
+def test_an_oversized_job_file_is_refused(tmp_path, monkeypatch, campaign):
+    """A job file larger than MAX_JOB_BYTES is refused before it is parsed."""
+    from autotune import jobs
+
+    campaign.add(bad_inputs=1)
+    monkeypatch.setattr(jobs, "MAX_JOB_BYTES", 100)
+    path = tmp_path / "big.toml"
+    path.write_text("# " + "x" * 200 + '\n[[problem]]\nkernel = "softmax"\n')
+    with pytest.raises(JobError, match="more than the 100 bytes a job file may be"):
+        load_job(path)
+
+
+def test_a_large_job_is_checked_and_every_problem_kept():
+    """A 2,000-problem job (every bundled kernel's kind of space) loads with each problem
+    checked; benchmarks/job_check.py measures how fast (10,000 problems)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from job_check import job_text
+
+    job = parse_job(tomllib.loads(job_text(2000)))
+    assert len(job.problems) == 2000 and len(set(s.problem for s in job.problems)) == 2000

@@ -61,7 +61,7 @@ def test_public_api_is_pinned():
         [
             "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
             "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
-            "FRAME_COLUMNS",
+            "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
         ]
     )
 

@@ -286,3 +286,34 @@ def test_neighbours_differ_in_one_tunable_and_are_valid():
             if bound.params[i].ordinal:
                 domain = list(bound.domains[i])
                 assert abs(domain.index(c[name]) - domain.index(config[name])) == 1
+
+
+@pytest.mark.parametrize("kernel_name", ["hopper_matmul", "hopper_attention", "softmax", "mosaic_scale"])
+def test_has_valid_agrees_with_the_count(kernel_name):
+    """The early-exit check used when a job is checked (has_valid) answers exactly
+    count() > 0, on bundled spaces with and without valid configs."""
+    from autotune.kernel import get_kernel
+
+    kernel = get_kernel(kernel_name)
+    sizes = [1, 256, 1000, 4096, 65536]
+    seen = set()
+    combos = list(itertools.product(sizes, repeat=len(kernel.shape_keys)))
+    for combo in combos[:: max(1, len(combos) // 40)]:
+        for dtype in kernel.dtypes:
+            problem = kernel.problem(dict(zip(kernel.shape_keys, combo, strict=True)), dtype)
+            lazy = kernel.bind(problem).has_valid()
+            assert lazy == (kernel.bind(problem).count() > 0), problem
+            seen.add(lazy)
+    assert seen  # answers both ways across the kernels: matmul has valid and empty cases
+
+
+def test_has_valid_finds_an_empty_space():
+    """has_valid answers False where every config breaks a rule (shared memory), True where
+    some config fits."""
+    from autotune.kernel import get_kernel
+
+    attention = get_kernel("hopper_attention")
+    huge = dict.fromkeys(attention.shape_keys, 1024)
+    assert not attention.bind(attention.problem(huge, "float16")).has_valid()
+    matmul = get_kernel("hopper_matmul")
+    assert matmul.bind(matmul.problem({"m": 4096, "n": 4096, "k": 4096}, "bfloat16")).has_valid()

@@ -1,0 +1,139 @@
+"""Output paths: `export --out` never replaces the database in use or a file that is not one of
+our exports (without --force), writes atomically, and output folders that are files or cannot
+be written give exit 2 naming the path and why, never a traceback."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pathlib
+
+import pytest
+
+from autotune import cli, outputs, queries
+from autotune.kernel import get_kernel
+from autotune.problem import Config, Problem
+from autotune.storage import Store
+from autotune.trial import DeviceInfo, TrialResult
+
+GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
+SOFTWARE = {"jax": "0.11.2", "jaxlib": "0.11.2", "autotune": "0.1.0"}
+SOFTMAX = Problem("softmax", {"rows": 64, "cols": 1024}, "float16")
+# A folder nobody can create files in, root included (tests run as root in CI).
+UNWRITABLE = "/proc/self/autotune-out"
+
+
+@pytest.fixture
+def db(tmp_path) -> pathlib.Path:
+    """An SQLite database with one tuned problem."""
+    path = tmp_path / "tuned.db"
+    config = get_kernel("softmax").valid_space(SOFTMAX).sample(1, seed=0)[0]
+    with Store(f"sqlite:///{path}") as store:
+        store.record_trial(SOFTMAX, Config(config), TrialResult.timed([9.0], compile_s=1.0,
+                           rel_error=0.0, timing="fake"), device=GPU, software=SOFTWARE)
+    queries.close_stores()
+    return path
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, err
+
+
+def _db_intact(path: pathlib.Path) -> None:
+    with path.open("rb") as f:
+        assert f.read(16) == b"SQLite format 3\x00"
+    with Store(f"sqlite:///{path}") as store:
+        assert len(store.trials()) == 1
+
+
+@pytest.mark.parametrize("fmt", ["json", "python", "csv"])
+def test_export_never_replaces_the_database_in_use(db, tmp_path, capsys, fmt, campaign, monkeypatch):
+    """`export --out` naming the database in use (directly, through a symbolic link, a
+    relative path, or its -wal file) exits 2 and leaves it intact, even with --force."""
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    monkeypatch.chdir(tmp_path)
+    targets = [str(db), str(link), "tuned.db", f"./sub/../{db.name}", str(db) + "-wal"]
+    (tmp_path / "sub").mkdir()
+    campaign.add(bad_inputs=2 * len(targets))
+    for target in targets:
+        for force in ([], ["--force"]):
+            code, err = _run(["export", "--format", fmt, "--db", str(db), "--out", target, *force],
+                             capsys)
+            assert code == 2 and "database in use" in err, (target, force, err)
+            _db_intact(db)
+
+
+def test_export_refuses_a_file_that_is_not_an_export_unless_forced(db, tmp_path, capsys, campaign):
+    """An existing file that is not one of our exports is left as it is (exit 2) unless
+    --force; one of our own exports (any format) is replaced without --force."""
+    campaign.add(bad_inputs=2)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my precious notes\n")
+    code, err = _run(["export", "--db", str(db), "--out", str(notes)], capsys)
+    assert code == 2 and "not an autotune export" in err and "--force" in err
+    assert notes.read_text() == "my precious notes\n"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    code, err = _run(["export", "--db", str(db), "--out", str(folder)], capsys)
+    assert code == 2 and "is a folder" in err
+    assert _run(["export", "--db", str(db), "--out", str(notes), "--force"], capsys)[0] == 0
+    assert json.loads(notes.read_text())["format"] == "autotune-export"
+    for fmt in ("json", "python", "csv"):
+        out = tmp_path / f"tuned.{fmt}"
+        assert _run(["export", "--format", fmt, "--db", str(db), "--out", str(out)], capsys)[0] == 0
+        for again in ("json", "python", "csv"):  # our exports replace each other
+            assert _run(["export", "--format", again, "--db", str(db), "--out", str(out)],
+                        capsys)[0] == 0
+
+
+def test_export_writes_atomically(db, tmp_path, monkeypatch, capsys, campaign):
+    """A write that fails half-way (disk full) leaves the previous export as it was and no
+    temporary file behind; exit 2 naming the path."""
+    out = tmp_path / "tuned.json"
+    assert _run(["export", "--db", str(db), "--out", str(out)], capsys)[0] == 0
+    before = out.read_text()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    campaign.add(faults=1)
+    code, err = _run(["export", "--format", "csv", "--db", str(db), "--out", str(out)], capsys)
+    assert code == 2 and "No space left" in err and str(out) in err
+    assert out.read_text() == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "unwritable"])
+def test_output_folders_that_cannot_be_used_exit_2(db, tmp_path, capsys, where, campaign):
+    """`report --out`, `tune --results-dir` and `export --out`'s folder naming a file, a path
+    under a file, or a folder that cannot be written: exit 2 naming the path and why."""
+    campaign.add(bad_inputs=3)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    folder = {"file": str(a_file), "under_file": str(a_file / "sub"), "unwritable": UNWRITABLE}[where]
+    why = {"file": "a file, not a folder", "under_file": "a file, not a folder",
+           "unwritable": "not writable"}[where]
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float16"\nshape = { rows = 64, cols = 1024 }\n')
+    for argv in (
+        ["report", "--db", str(db), "--out", folder],
+        ["tune", str(job), "--db", f"sqlite:///{tmp_path}/new.db", "--results-dir", folder],
+        ["export", "--db", str(db), "--out", os.path.join(folder, "tuned.json")],
+    ):
+        code, err = _run(argv, capsys)
+        assert code == 2, (argv, err)
+        assert folder in err and why in err, (argv, err)
+    assert not (tmp_path / "new.db").exists()
+
+
+def test_check_output_dir_accepts_a_new_folder_and_creates_nothing(tmp_path):
+    """A folder that does not exist yet under a writable one is accepted and not created."""
+    target = tmp_path / "a" / "b"
+    assert outputs.check_output_dir(target, flag="--out") == target
+    assert not (tmp_path / "a").exists()

@@ -1,0 +1,123 @@
+"""Secrets: a database password appears in no output, log line, report, exception or stored
+row. One function renders URLs for people (autotune.urls.display_url)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from autotune.errors import StorageError
+from autotune.kernel import get_kernel
+from autotune.problem import Problem
+from autotune.storage import Store, resolve_url
+from autotune.urls import display_url, mask_text
+
+PASSWORD = "S3cretPlant"
+REPO = Path(__file__).resolve().parents[1]
+SOFTMAX = Problem("softmax", {"rows": 64, "cols": 1024}, "float16")
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:5432/test",
+    f"postgresql://postgres:{PASSWORD}@db.example:5432/test?options=-csearch_path%3Dx",
+    f"postgresql://postgres@127.0.0.1/test?password={PASSWORD}",
+    f"postgresql://postgres:{PASSWORD}@127.0.0.1:notaport/test",  # not parseable
+    f"mysql://u:{PASSWORD}@h/db",
+])
+def test_display_url_masks_the_password(url):
+    """The password (in the user part or a password= parameter) becomes ***, whatever the URL."""
+    shown = display_url(url)
+    assert PASSWORD not in shown and "***" in shown
+    assert PASSWORD not in mask_text(f"could not open {url}: refused")
+
+
+def test_store_errors_and_repr_never_show_the_password():
+    """A URL that is not a URL, and Store's repr, mask the password (also in chained causes)."""
+    with pytest.raises(StorageError) as e:
+        resolve_url(f"postgresql://postgres:{PASSWORD}@127.0.0.1:notaport/test")
+    text = str(e.value) + str(e.value.__cause__ or "") + str(e.value.__context__ or "")
+    assert PASSWORD not in text
+
+
+def _planted(db_url: str) -> str:
+    """``db_url`` (a fresh PostgreSQL schema) with a password planted in it: the real server
+    trusts local connections, so it still connects."""
+    return sa.make_url(db_url).set(password=PASSWORD).render_as_string(hide_password=False)
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_DB": ""}
+    return subprocess.run([sys.executable, "-m", "autotune", "-v", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.postgres
+def test_no_cli_command_shows_a_planted_password(db_url, tmp_path, campaign):
+    """Every CLI command (successes and error paths, with -v logging) run against a PostgreSQL
+    URL holding a password never prints it, and no report file or stored row holds it."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("the planted password needs the PostgreSQL server")
+    url = _planted(db_url)
+    assert Store(url).url == url  # it connects, password and all
+    wrong = sa.make_url(url).set(database="no_such_database").render_as_string(hide_password=False)
+    config = dict(get_kernel("softmax").valid_space(SOFTMAX).sample(1, seed=0)[0])
+    (tmp_path / "job.toml").write_text(
+        '[[problem]]\nkernel = "softmax"\ndtype = "float16"\nshape = { rows = 64, cols = 1024 }\n')
+    export = tmp_path / "in.json"
+    export.write_text(json.dumps({"format": "autotune-export", "version": 1, "records": [
+        {"kernel": "softmax", "shape": SOFTMAX.dims, "dtype": "float16", "device": "NVIDIA H200",
+         "median_us": 9.0, "config": config}]}))
+    bad_export = tmp_path / "bad.json"
+    bad_export.write_text(json.dumps({"format": "autotune-export", "version": 1, "records": [
+        {"kernel": "softmax", "shape": SOFTMAX.dims, "dtype": "float16", "device": "x",
+         "median_us": -1, "config": {}}]}))
+    best = ["best", "softmax", "--shape", "rows=64,cols=1024", "--dtype", "float16"]
+    commands = [
+        [*best, "--db", url],  # nothing tuned yet
+        ["results", "--db", url],
+        ["report", "--db", url, "--out", str(tmp_path / "empty_report")],  # nothing stored
+        ["import", str(export), "--db", url],
+        ["import", str(bad_export), "--db", url],
+        [*best, "--db", url],
+        [*best, "--json", "--db", url],
+        ["results", "--db", url],
+        ["results", "--json", "--db", url],
+        ["results", "--invalid", "--db", url],
+        ["export", "--db", url],
+        ["export", "--format", "python", "--db", url, "--out", str(tmp_path / "t.py")],
+        ["export", "--format", "csv", "--db", url, "--device", "nope"],
+        ["report", "--db", url, "--out", str(tmp_path / "report")],
+        ["tune", str(tmp_path / "job.toml"), "--db", url, "--trials", "0"],
+        ["tune", str(tmp_path / "job.toml"), "--db", wrong, "--results-dir", str(tmp_path / "r")],
+        ["revalidate", "--db", wrong],
+        [*best, "--db", wrong],
+        ["results", "--db", wrong],
+        ["export", "--db", wrong],
+        ["import", str(export), "--db", wrong],
+        ["report", "--db", wrong, "--out", str(tmp_path / "report2")],
+        ["best", "softmax", "--shape", "rows=64,cols=1024", "--db",
+         url.replace("@127.0.0.1:5432", "@127.0.0.1:notaport")],  # not a URL
+    ]
+    campaign.add(bad_inputs=len(commands))
+    codes = []
+    for argv in commands:
+        done = _cli(argv, tmp_path)
+        assert PASSWORD not in done.stdout + done.stderr, (argv, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr, (argv, done.stderr)
+        codes.append(done.returncode)
+    assert codes[0] == 1 and codes[3] == 0 and codes[5] == 0, codes  # the commands really ran
+    assert all(code in (0, 1, 2) for code in codes), codes
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "index.html" for p in written)
+    for path in written:
+        assert PASSWORD.encode() not in path.read_bytes(), path
+    with Store(url) as store, store.engine.connect() as conn:
+        for table in sa.inspect(conn).get_table_names():
+            for row in conn.execute(sa.text(f'SELECT * FROM "{table}"')):
+                assert PASSWORD not in repr(tuple(row)), table
