@@ -64,7 +64,10 @@ class EngineLike(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """Progress, for a CLI to draw: ``kind`` is "start", "trial", "skip" or "done"."""
+    """Progress, for an observer (``autotune.progress``) to draw: ``kind`` is "start",
+    "trial", "skip" or "done". A "trial" event also says how the trial ended (``status``, an
+    :class:`Outcome` value), its median time, its Optuna trial number, its config, and for a
+    crash the worker's log."""
 
     kind: str
     problem: Problem
@@ -72,6 +75,11 @@ class Event:
     total: int | None = None
     best_us: float | None = None
     message: str = ""
+    status: str = ""
+    time_us: float | None = None
+    number: int | None = None
+    config: Mapping[str, Any] | None = None
+    log_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +99,7 @@ class ProblemReport:
     repaired: int
     skipped: bool = False
     stop_reason: str = ""
+    device_kind: str = ""  # "gpu" | "interpret" | "fake": interpret-mode times are not GPU timings
 
     @property
     def speedup(self) -> float | None:
@@ -371,7 +380,9 @@ def tune_problem(
                 if budget.patience and not stop_reason and _stagnated(study, budget.patience):
                     stop_reason = f"no better config in the last {budget.patience} trials (patience)"
                 emit(Event("trial", problem, done_before + measured_now, total, best_us,
-                           message=f"{result.outcome.value} {config.to_json()}"))
+                           message=f"{result.outcome.value} {config.to_json()}",
+                           status=result.outcome.value, time_us=result.median_us,
+                           number=trial.number, config=dict(config), log_path=result.log_path))
     finally:
         releasing = True
         for future, (trial, _config, _t) in in_flight.items():
@@ -636,4 +647,5 @@ def _report(
         repaired=repaired,
         skipped=skipped,
         stop_reason=stop_reason,
+        device_kind=device.kind,
     )

@@ -152,7 +152,7 @@ def test_list_results_summarises_each_problem_and_device(db: str):
     assert (h200.best_us, h200.best_config) == (705.0, {"tile_m": 128, "tile_n": 256})
     assert (h200.baseline_name, h200.baseline_us, h200.speedup) == ("xla", 1410.0, 2.0)
     assert h200.problem_text == str(MATMUL)
-    assert json.loads(json.dumps(h200.to_dict()))["best_config"] == {"tile_m": 128, "tile_n": 256}
+    assert json.loads(json.dumps(h200.to_dict()))["config"] == {"tile_m": 128, "tile_n": 256}
     assert rows[(MATMUL_SMALL, INTERPRET.name)].device_kind == "interpret"
 
     assert {r.problem for r in list_results(db, kernel="attention")} == {ATTENTION}
