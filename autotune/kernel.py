@@ -125,6 +125,10 @@ class Kernel:
           JobError: a shape key is missing or unknown, or the dtype is not supported; the
             message names the key or dtype and what is allowed.
         """
+        try:
+            dtype = canonical_dtype(dtype)
+        except ValueError as e:
+            raise JobError(str(e)) from None
         merged = dict(self.shape_defaults)
         merged.update(shape)
         allowed = set(self.shape_keys) | set(self.shape_defaults)
@@ -142,10 +146,6 @@ class Kernel:
                 f"Its keys are {self.shape_keys_text()}. "
                 f"Example: --shape {','.join(f'{k}=1024' for k in self.shape_keys)}"
             )
-        try:
-            dtype = canonical_dtype(dtype)
-        except ValueError as e:
-            raise JobError(str(e)) from None
         for key in self.shape_keys:
             value = merged[key]
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
