@@ -439,8 +439,24 @@ def _warn_missing(path: Any, db: str | None) -> None:
         "to the database with db=... or the AUTOTUNE_DB environment variable (a SQLAlchemy URL "
         "or a file path).",
         MissingDatabaseWarning,
-        stacklevel=4,
+        stacklevel=_caller_level(),
     )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package (and contextlib), so that a
+    warning points at the caller's line."""
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and (
+        os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep)
+        or frame.f_code.co_filename == contextlib.__file__
+    ):
+        level += 1
+        frame = frame.f_back
+    return level
 
 
 def stored_kernels(db: str | None = None) -> list[str]:
