@@ -51,16 +51,22 @@ INTERPRET_NOTE = (
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits 2 too; keep its message short
+        import re
+
+        choice = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)", message)
+        if choice:  # an unknown command or choice: name the closest one too
+            allowed = re.findall(r"'?([^,' ]+)'?", choice.group(2))
+            message += did_you_mean(choice.group(1), allowed)
         self.print_usage(sys.stderr)
         print(f"autotune: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
 def _version() -> str:
+    from importlib import metadata
+
     from autotune import __version__
     from autotune.queries import running_versions
-
-    from importlib import metadata
 
     parts = [f"{k} {v}" for k, v in running_versions().items()]
     try:
@@ -96,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                        "2 bad input, 3 trials crashed, 130 interrupted, 141 broken pipe.")
     p.add_argument("--version", action="version", version=_version())
     _globals(p, db=True, top=True)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("spaces", help="list bundled kernels, or count and sample a space")
     s.add_argument("kernel", nargs="?")

@@ -28,7 +28,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import IO, Any
 
-__all__ = ["Progress", "BarProgress", "LineProgress", "JsonlProgress", "make_progress", "MODES"]
+__all__ = ["Progress", "BarProgress", "LineProgress", "JsonlProgress", "make_progress", "MODES",
+           "format_us"]
 
 MODES = ("auto", "bar", "lines", "jsonl", "quiet")
 
@@ -66,8 +67,19 @@ class Progress:
         """Ends the display (bars are closed, lines flushed)."""
 
 
+def format_us(us: float | None) -> str:
+    """A time in the unit that reads best: ``812.3 us``, ``2.36 ms``, ``12.7 s``."""
+    if us is None:
+        return "-"
+    if us < 1e3:
+        return f"{us:.1f} us"
+    if us < 1e6:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us / 1e6:.2f} s"
+
+
 def _best(event: Any) -> str:
-    return "-" if event.best_us is None else f"{event.best_us:.1f} us"
+    return format_us(event.best_us)
 
 
 def _n_of(event: Any) -> str:
@@ -88,7 +100,7 @@ class LineProgress(Progress):
 
     def handle(self, event: Any) -> None:
         if event.kind == "trial":
-            took = "-" if event.time_us is None else f"{event.time_us:.1f} us"
+            took = format_us(event.time_us)
             line = (f"{event.problem}: trial {_n_of(event)} {event.status or '?'} {took}; "
                     f"best {_best(event)}")
             if event.status == "crashed" and event.log_path:

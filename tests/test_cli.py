@@ -1,22 +1,30 @@
-"""The command line: spaces, tune (interpret mode, end to end), best, results, and exit codes."""
+"""The command line: spaces, tune (interpret mode, end to end; a fake engine for the rest),
+best, results, exit codes, and the first-contact conventions of issue 14 (did-you-mean errors,
+broken pipes, global flags, one result schema, progress, dry runs, interpret honesty, Optuna)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 import pytest
 
+from autotune import cli
 from autotune.cli import main
-from autotune.kernel import bundled_kernels
+from autotune.kernel import Kernel, bundled_kernels, register
 from autotune.problem import Config
+from autotune.space import Aligned, PowerOfTwo, Space
 from autotune.storage import Store
+from autotune.trial import DeviceInfo, Outcome, TrialResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,7 +117,9 @@ def test_interpret_job_end_to_end(tmp_path):
     assert len(rows) == 3 and all(r.status == "ok" for r in rows), [(r.status, r.error[-300:]) for r in rows]
     assert {r.device.kind for r in rows} == {"interpret"}
 
-    best = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db, "--json")
+    assert run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db).returncode == 1
+    best = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db, "--json",
+                   "--device", "interpret")
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
     assert payload["config"] in [dict(r.config) for r in rows]
@@ -174,13 +184,6 @@ def test_sigkill_mid_job_then_rerun_loses_nothing(tmp_path):
 
 # -- issue 14: first contact and daily use ------------------------------------------------------
 
-from concurrent.futures import Future  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-
-from autotune import cli  # noqa: E402
-from autotune.kernel import Kernel, register  # noqa: E402
-from autotune.space import Aligned, PowerOfTwo, Space  # noqa: E402
-from autotune.trial import DeviceInfo, Outcome, TrialResult  # noqa: E402
 
 
 def _never(*args, **kwargs):
@@ -221,7 +224,7 @@ class _FakeEngine:
         future: Future = Future()
         if self.crash and config["stages"] == 8:
             result = TrialResult.failed(Outcome.CRASHED, "died with SIGFPE")
-            result = dataclasses_replace(result, log_path="/tmp/logs/worker-0-1.log")
+            result = dataclasses.replace(result, log_path="/tmp/logs/worker-0-1.log")
         else:
             t = 100.0 + abs(config["bm"] - 256) / 8 + config["stages"]
             result = TrialResult.timed([t, t], compile_s=0.01, rel_error=0.0, timing="fake")
@@ -233,12 +236,6 @@ class _FakeEngine:
 
     def trace(self, *args, **kwargs):
         return {}
-
-
-def dataclasses_replace(obj, **changes):
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
 
 
 @pytest.fixture

@@ -12,7 +12,14 @@ import pytest
 
 from autotune import api
 from autotune.problem import Problem
-from autotune.progress import BarProgress, JsonlProgress, LineProgress, Progress, make_progress
+from autotune.progress import (
+    BarProgress,
+    JsonlProgress,
+    LineProgress,
+    Progress,
+    format_us,
+    make_progress,
+)
 from autotune.tuner import Event
 
 P = Problem("softmax", {"rows": 64, "cols": 512}, "float32")
@@ -43,6 +50,7 @@ def test_lines_one_per_finished_trial_with_n_of_total_status_time_and_best():
     assert trials[0] == "softmax[cols=512,rows=64; float32]: trial 1/3 ok 12.5 us; best 12.5 us"
     assert trials[1].endswith("crashed -; best 12.5 us; worker log /x/worker-0-1.log")
     assert "trial budget (3) spent" in lines[-1]
+    assert [format_us(x) for x in (812.34, 2361.7, 12722161.4)] == ["812.3 us", "2.36 ms", "12.72 s"]
     assert progress.counts == {"ok": 2, "crashed": 1} and progress.crash_logs == ["/x/worker-0-1.log"]
 
 
