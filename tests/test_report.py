@@ -226,3 +226,16 @@ def test_no_importance_plot_below_ten_trials(tmp_path):
     _fake_job(url)
     [page] = report.write_report(url, out_dir=tmp_path / "more").pages
     assert "importance" in page.images
+
+
+def test_convergence_numbers_trials_as_optuna_does(tmp_path):
+    """The convergence plot's x axis is Optuna's trial number (what optuna-dashboard shows)."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    _fake_job(url, trials=6)
+    with Store(url) as store:
+        rows = store.trials(PROBLEM)
+    fig = report._convergence(rows, None, "t")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "Optuna trial number"
+    xs = sorted(int(x) for x, _y in ax.collections[0].get_offsets())
+    assert xs == sorted(r.optuna_trial_number for r in rows if r.ok)
