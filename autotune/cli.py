@@ -542,15 +542,26 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 
 def _best(args: argparse.Namespace) -> int:
-    from autotune.kernel import get_kernel
+    from autotune.errors import KernelNotFoundError
+    from autotune.kernel import BUNDLED, get_kernel
     from autotune.problem import Problem, parse_shape
-    from autotune.queries import best_result, list_results
+    from autotune.queries import best_result, list_results, stored_kernels
 
     shape = parse_shape(args.shape)
     if ":" in args.kernel:  # a user's kernel: not imported here; its stored problems tell
         problem = Problem(args.kernel, shape, args.dtype)
     else:  # unknown kernel, shape key or dtype: exit 2 naming what is allowed (no jax import)
-        problem = get_kernel(args.kernel).problem(shape, args.dtype)
+        try:
+            problem = get_kernel(args.kernel).problem(shape, args.dtype)
+        except KernelNotFoundError:
+            stored = stored_kernels(args.db)
+            if args.kernel not in stored:  # neither bundled nor in the database
+                known = [*BUNDLED, *(k for k in stored if k not in BUNDLED)]
+                raise KernelNotFoundError(
+                    f"Unknown kernel {args.kernel!r}: the kernels are {', '.join(known)} "
+                    "(bundled, or stored in the database)." + did_you_mean(args.kernel, known)
+                ) from None
+            problem = Problem(args.kernel, shape, args.dtype)
     _say_db(args)
     result = best_result(problem.kernel, problem.dims, problem.dtype, device=args.device, db=args.db)
     if result is None:

@@ -285,7 +285,7 @@ def test_global_flags_accepted_before_and_after_the_command(argv):
 
 
 @pytest.mark.parametrize("argv, allowed, suggestion", [
-    (["best", "hoper_matmul", "--shape", "m=1,n=1,k=1"], "bundled kernels are", "'hopper_matmul'"),
+    (["best", "hoper_matmul", "--shape", "m=1,n=1,k=1"], "the kernels are", "'hopper_matmul'"),
     (["best", "hopper_matmul", "--shape", "m=1,n=1,kk=1"], "its keys are m, n, k", "'k'"),
     (["best", "hopper_matmul", "--shape", "m=1,n=1,k=1", "--dtype", "bfloat61"], "expected one of", "'bfloat16'"),
     (["spaces", "softmaxx", "--shape", "rows=1"], "bundled kernels are", "'softmax'"),
