@@ -530,3 +530,18 @@ def test_python_export_is_keyed_by_device_with_a_default(fake_tune, capsys, tmp_
     assert namespace["lookup"]("cli_toy", {"m": 512}, "f32", "9.0") == config
     assert namespace["lookup"]("cli_toy", {"m": 512}, "float32", "NVIDIA B200") == config
     assert namespace["lookup"]("cli_toy", {"m": 1024}, "float32") is None
+
+
+def test_shell_completion_is_optional(monkeypatch, capsys):
+    """Without argcomplete the CLI runs as usual; with it, the parser is handed to
+    argcomplete.autocomplete (the `[completion]` extra)."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "argcomplete", None)  # not installed
+    assert main(["spaces"]) == 0
+    seen = []
+    fake = types.SimpleNamespace(autocomplete=lambda parser: seen.append(parser.prog))
+    monkeypatch.setitem(sys.modules, "argcomplete", fake)
+    assert main(["spaces"]) == 0
+    assert seen == ["autotune"]
+    assert 'completion = ["argcomplete' in (REPO / "pyproject.toml").read_text()
