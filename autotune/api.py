@@ -75,6 +75,7 @@ def tune(
     device: str = "auto",
     allow_import: bool = False,
     on_event: Callable[[Any], None] | None = None,
+    progress: bool = True,
 ) -> list[Any]:
     """Tunes ``kernel`` for each shape in ``problems``; returns one report per problem.
 
@@ -90,6 +91,10 @@ def tune(
         better one (0: never; None: the default, 24).
       db: a SQLAlchemy URL; default ``$AUTOTUNE_DB`` or ``sqlite:///results/autotune.db``.
       device: "auto" (GPU if present, else interpret mode), "gpu" or "interpret".
+      on_event: called with each :class:`~autotune.tuner.Event` (an observer, as in
+        :mod:`autotune.progress`).
+      progress: show a live progress bar per problem where a person is watching (stderr is a
+        terminal, or a Jupyter kernel runs this); ``False`` shows nothing.
 
     Returns:
       One :class:`~autotune.tuner.ProblemReport` per problem: ``best_config``, ``best_us``,
@@ -146,10 +151,29 @@ def tune(
         "problem": [{"kernel": name, "shapes": [dict(p) for p in problems], "dtypes": dtypes}],
     }
     job: Job = parse_job(data, name="api", allow_import=allow_import, where="tune()")
+    from autotune.progress import BarProgress, Progress
+
+    observer = BarProgress() if progress and _watched() else Progress()
+
+    def events(event: Any) -> None:
+        observer(event)
+        if on_event is not None:
+            on_event(event)
+
     store = Store(db)
     try:
         require_persistent(store)  # before any worker process starts
-        with open_engine(device, allow_import=allow_import) as engine:
-            return run_job(job, store=store, engine=engine, on_event=on_event, allow_import=allow_import)
+        with observer.active(), open_engine(device, allow_import=allow_import) as engine:
+            return run_job(job, store=store, engine=engine, on_event=events, allow_import=allow_import)
     finally:
         store.close()
+
+
+def _watched() -> bool:
+    """Whether a person is likely watching: stderr is a terminal, or a Jupyter kernel runs."""
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):
+        pass
+    return "ipykernel" in sys.modules

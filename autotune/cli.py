@@ -1,21 +1,26 @@
+# PYTHON_ARGCOMPLETE_OK
 """The ``autotune`` command line. Library code does not print; this module does.
 
-    autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N (<= 10000)] [--json]]
-    autotune tune JOB.toml [--db URL] [--trials N] [--time-budget S] [--patience N] [--sampler NAME]
-                           [--device auto|gpu|interpret]
-    autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--db URL] [--json]
-    autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json] [--invalid]
-    autotune check KERNEL --shape k=v,... --dtype D [--sample N (<= 1000)] [--allow-import]
-    autotune export [--format json|python|csv] [--kernel K] [--device D] [--db URL] [--out FILE [--force]]
-    autotune import FILE [--db URL] [--allow-import]
-    autotune revalidate [--kernel K] [--db URL] [--device auto|gpu|interpret] [--top N]
-    autotune report [--kernel K] [--db URL] [--out DIR]
+    autotune [-v] [-q] [--db URL] COMMAND ...     (-v, -q and --db are accepted after COMMAND too)
+    autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N]] [--json]
+    autotune tune JOB.toml [--trials N] [--time-budget S] [--patience N] [--effort quick|full]
+                           [--sampler NAME] [--device auto|gpu|interpret] [--dry-run] [--jsonl]
+    autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--json]
+    autotune results [--kernel K] [--dtype D] [--device NAME] [--json]
+    autotune check KERNEL --shape k=v,... --dtype D [--sample N] [--allow-import] [--json]
+    autotune export [--format json|python|csv] [--kernel K] [--device D] [--out FILE]
+    autotune import FILE
+    autotune revalidate [--kernel K] [--device auto|gpu|interpret] [--top N] [--json]
+    autotune report [--kernel K] [--out DIR]
 
-Exit codes: 0 success; 1 nothing tuned (``best``) or configs failed (``check``); 2 bad input
-or a database that cannot be used; 130 Ctrl-C (SIGINT); 143 SIGTERM (128 + the signal's number:
-see :mod:`autotune.interrupts`). Output never shows a database password
-(:func:`autotune.urls.display_url`) nor raw control characters from the database;
-docs/guarantees.md lists what is checked where.
+Exit codes: 0 success; 1 nothing tuned (``best``, ``report``) or configs failed (``check``);
+2 bad input or a database that cannot be used; 3 a ``tune`` job ran to its end but some trials crashed (stored as crashed; the
+last line says how many and where the worker logs are); 130 Ctrl-C (SIGINT); 143 SIGTERM
+(see :mod:`autotune.interrupts`); 141 the reader of the
+output went away (``autotune spaces | head -1``): like a Unix tool killed by SIGPIPE, quietly.
+
+Output never shows a database password (:func:`autotune.urls.display_url`) nor raw control
+characters from the database; docs/guarantees.md lists what is checked where.
 """
 
 from __future__ import annotations
@@ -24,18 +29,29 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, NothingTunedError
+from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
 
-__all__ = ["main"]
+__all__ = ["main", "EXIT_OK", "EXIT_NOTHING", "EXIT_USAGE", "EXIT_CRASHED", "EXIT_PIPE", "EFFORTS"]
 
-EXIT_OK, EXIT_NOTHING, EXIT_USAGE = 0, 1, 2
-EXIT_SIGINT = 130  # 128 + SIGINT; SIGTERM exits 143 (autotune.interrupts)
+EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_CRASHED = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # 128 + SIGINT, 128 + SIGPIPE, as a shell reports them
+
+# --effort presets, as Helion's autotune_effort: (trials per problem, patience).
+EFFORTS: dict[str, tuple[int, int]] = {"quick": (16, 8), "full": (256, 48)}
+INTERPRET_NOTE = (
+    "interpret: functional runs in GPU interpret mode on a CPU; their wall-clock times are not "
+    "GPU timings (no TFLOP/s, GB/s or speedup), and best/export/the lookup leave them out "
+    "unless asked for with --device interpret."
+)
+EXIT_SIGINT = EXIT_INTERRUPTED  # SIGTERM exits 143 (autotune.interrupts)
 MAX_SAMPLE = 10_000  # `spaces --sample`: configs printed
 MAX_CHECK_SAMPLE = 1_000  # `check --sample`: configs cross-lowered (about a second each)
 
@@ -70,98 +86,178 @@ class _MaskingFormatter(logging.Formatter):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits 2 too; keep its message short
+        import re
+
+        choice = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)", message)
+        if choice:  # an unknown command or choice: name the closest one too
+            allowed = re.findall(r"'?([^,' ]+)'?", choice.group(2))
+            message += did_you_mean(choice.group(1), allowed)
         self.print_usage(sys.stderr)
         print(f"autotune: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    from autotune import __version__
+    from autotune.queries import running_versions
+
+    parts = [f"{k} {v}" for k, v in running_versions().items()]
+    try:
+        parts.append(f"optuna {metadata.version('optuna')}")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a dependency
+        pass
+    parts.append(f"python {sys.version.split()[0]}")
+    return f"autotune {__version__} ({', '.join(parts)})"
+
+
+DB_HELP = ("SQLAlchemy URL or SQLite file (default: $AUTOTUNE_DB, else sqlite:///results/autotune.db "
+           "relative to the working directory)")
+
+
+def _globals(parser: argparse.ArgumentParser, *, db: bool, top: bool = False) -> None:
+    """The options accepted before and after the command. After it they default to SUPPRESS,
+    so an option given before the command is not reset by the command's parser."""
+    default: Callable[[Any], Any] = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    g = parser.add_argument_group("global options")
+    g.add_argument("-v", "--verbose", action="store_true", default=default(False), help="log what happens")
+    g.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                   help="print results only: no progress, no database line")
+    if db:
+        g.add_argument("--db", metavar="URL", default=default(None), help=DB_HELP)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="autotune", description="Autotuner for JAX Pallas Mosaic GPU kernels.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    from autotune.sampling import SAMPLERS
+
+    p = _Parser(prog="autotune", description="Autotuner for JAX Pallas Mosaic GPU kernels.",
+                epilog="The database: --db, else $AUTOTUNE_DB, else results/autotune.db under the "
+                       "working directory. Exit codes: 0 ok, 1 nothing tuned / check failed, "
+                       "2 bad input, 3 trials crashed, 130 interrupted, 141 broken pipe.")
+    p.add_argument("--version", action="version", version=_version())
+    _globals(p, db=True, top=True)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("spaces", help="list bundled kernels, or count and sample a space")
     s.add_argument("kernel", nargs="?")
     s.add_argument("--shape", help="k=v,k=v (e.g. m=4096,n=4096,k=4096)")
-    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--dtype", default="bfloat16", help="input dtype (default: bfloat16)")
     s.add_argument("--sample", type=int, default=5, metavar="N",
-                   help=f"valid configs to show (at most {MAX_SAMPLE})")
+                   help=f"valid configs to show (default: 5, at most {MAX_SAMPLE})")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--allow-import", action="store_true", help="allow KERNEL as package.module:NAME")
+    _globals(s, db=False)
 
     t = sub.add_parser("tune", help="run a job file (resumable)")
     t.add_argument("job")
-    t.add_argument("--db", help="SQLAlchemy URL (default $AUTOTUNE_DB or sqlite:///results/autotune.db)")
     t.add_argument("--trials", type=int, help="override every problem's trial budget")
     t.add_argument("--time-budget", type=float, metavar="SECONDS", help="override the time budget per problem")
     t.add_argument("--patience", type=int, metavar="N",
                    help="stop a problem early after N measured configs in a row without a better one "
                         "(0: never; default: the job's, else 24)")
-    t.add_argument("--sampler", help="override the sampler (tpe, random, cmaes, gp, qmc, brute)")
-    t.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
+    t.add_argument("--effort", choices=tuple(EFFORTS),
+                   help="a preset of --trials and --patience: " + "; ".join(
+                       f"{k}: {v[0]} trials, patience {v[1]}" for k, v in EFFORTS.items())
+                   + " (--trials/--patience override it)")
+    t.add_argument("--sampler", metavar="NAME",
+                   help=f"override the sampler: {', '.join(SAMPLERS)} (default: the job's, else auto)")
+    t.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"),
+                   help="auto (default): the GPU if there is one, else GPU interpret mode on the CPU")
     t.add_argument("--gpus", help="'all' or a list like 0,1 (one measuring worker per GPU)")
-    t.add_argument("--results-dir", default="results", help="where traces and reports go")
+    t.add_argument("--results-dir", default="results", help="where traces and worker logs go (default: results)")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
+    t.add_argument("--dry-run", action="store_true",
+                   help="print per problem the valid configs, budget, device, database and an "
+                        "estimated time; measure nothing")
+    t.add_argument("--jsonl", action="store_true", help="progress as JSON lines on stdout, for machines")
+    _globals(t, db=True)
 
     b = sub.add_parser("best", help="the best stored config of a problem")
     b.add_argument("kernel")
-    b.add_argument("--shape", required=True)
-    b.add_argument("--dtype", default="bfloat16")
-    b.add_argument("--device", help="a device name, or gpu / interpret")
-    b.add_argument("--db")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--shape", required=True, help="k=v,k=v")
+    b.add_argument("--dtype", default="bfloat16", help="input dtype (default: bfloat16)")
+    b.add_argument("--device", help="a device name, or gpu / interpret (default: GPU results only)")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    _globals(b, db=True)
 
     r = sub.add_parser("results", help="what the database holds, per problem")
     r.add_argument("--kernel")
     r.add_argument("--dtype")
-    r.add_argument("--device")
-    r.add_argument("--db")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--device", help="a device name, or gpu / interpret (default: all)")
+    r.add_argument("--json", action="store_true", help="print JSON")
     r.add_argument("--invalid", action="store_true",
                    help="list stored ok results whose config breaks today's rules (never served)")
+    _globals(r, db=True)
 
     c = sub.add_parser("check", help="cross-lower a sample of a space for CUDA, on this CPU")
     c.add_argument("kernel")
-    c.add_argument("--shape", required=True)
-    c.add_argument("--dtype", default="bfloat16")
+    c.add_argument("--shape", required=True, help="k=v,k=v")
+    c.add_argument("--dtype", default="bfloat16", help="input dtype (default: bfloat16)")
     c.add_argument("--sample", type=int, default=32, metavar="N",
-                   help=f"valid configs to cross-lower (at most {MAX_CHECK_SAMPLE})")
+                   help=f"configs to lower (default: 32, at most {MAX_CHECK_SAMPLE})")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--allow-import", action="store_true")
+    c.add_argument("--allow-import", action="store_true", help="allow KERNEL as package.module:NAME")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    _globals(c, db=False)
 
     e = sub.add_parser("export", help="write the best config per problem (json, python or csv)")
     e.add_argument("--format", default="json", choices=("json", "python", "csv"))
     e.add_argument("--kernel")
-    e.add_argument("--device", help="a device name, or gpu / interpret")
-    e.add_argument("--db")
+    e.add_argument("--device", help="a device name, or gpu / interpret (default: GPU results only)")
     e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     e.add_argument("--force", action="store_true",
                    help="replace --out even if it is not an autotune export (never the database)")
+    _globals(e, db=True)
 
     i = sub.add_parser("import", help="load a json export into a database (keeps existing results)")
     i.add_argument("file")
-    i.add_argument("--db")
     i.add_argument("--allow-import", action="store_true",
                    help="accept records of kernels named package.module:NAME (imports them to check)")
+    _globals(i, db=True)
 
     v = sub.add_parser("revalidate", help="re-measure stored winners of other jax/jaxlib versions")
     v.add_argument("--kernel")
-    v.add_argument("--db")
     v.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
-    v.add_argument("--top", type=int, default=3, metavar="N", help="stale configs per problem")
-    v.add_argument("--allow-import", action="store_true")
+    v.add_argument("--top", type=int, default=3, metavar="N", help="stale configs per problem (default: 3)")
+    v.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
+    v.add_argument("--json", action="store_true", help="print JSON")
+    _globals(v, db=True)
 
-    o = sub.add_parser("report", help="plots per problem and an index.html (needs matplotlib)")
+    o = sub.add_parser("report", help="plots per problem and an index.html")
     o.add_argument("--kernel")
-    o.add_argument("--db")
-    o.add_argument("--out", default="results/report", metavar="DIR")
+    o.add_argument("--out", default="results/report", metavar="DIR", help="(default: results/report)")
     o.add_argument("--allow-import", action="store_true", help="FLOP counts of import-path kernels")
+    _globals(o, db=True)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Runs the command line; returns the exit code (see the module's docstring)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`autotune spaces | head -1`): end quietly, as Unix tools do.
+        # Python's recipe: point stdout at devnull so the interpreter's final flush does not
+        # raise again, and exit 141 (128 + SIGPIPE, what a shell shows for a tool killed so).
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+            pass
+        return EXIT_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = _parser()
+    try:
+        import argcomplete  # optional: pip install 'autotune[completion]'
+    except ImportError:
+        pass
+    else:
+        argcomplete.autocomplete(parser)
+    args = parser.parse_args(argv)
     root = logging.getLogger()
     ours = not root.handlers  # else logging is the embedding program's (or pytest's) to format
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=_LOG_FORMAT)
@@ -170,7 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             h.setFormatter(_MaskingFormatter(_LOG_FORMAT))
     import optuna
 
+    from autotune.errors import MissingDatabaseWarning
+
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
+    # The CLI names the database itself (_say_db); the API's warning would say it twice.
+    warnings.simplefilter("ignore", MissingDatabaseWarning)
     handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check,
                "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
     from autotune.interrupts import Interrupted, handling
@@ -193,14 +293,48 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def _db_text(db: str | None) -> str:
+    """The database ``db`` resolves to, password masked, and whether a SQLite file exists."""
+    from autotune.storage import resolve_url, sqlite_path
+
+    url = resolve_url(db)
+    text = url.render_as_string(hide_password=True)
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        text += " (no such file yet"
+        text += "; from $AUTOTUNE_DB)" if db is None and os.environ.get("AUTOTUNE_DB") else (
+            "; set --db or $AUTOTUNE_DB to use another)" if db is None else ")")
+    return text
+
+
+def _say_db(args: argparse.Namespace) -> None:
+    """Prints the resolved database to stderr (unless --quiet), so results can be found."""
+    if not args.quiet:
+        print(f"autotune: database {_db_text(args.db)}", file=sys.stderr)
+
+
+def _kernel_filter(name: str | None, db: str | None) -> None:
+    """Checks a --kernel filter: a bundled kernel, an import path, or a kernel stored in the
+    database; else exit 2 naming the known ones, with a "did you mean"."""
+    if name is None or ":" in name:
+        return
+    from autotune.kernel import BUNDLED
+    from autotune.queries import stored_kernels
+
+    known = [*BUNDLED, *(k for k in stored_kernels(db) if k not in BUNDLED)]
+    if name not in known:
+        raise JobError(f"--kernel {name!r} is unknown: the kernels are {', '.join(known)}."
+                       + did_you_mean(name, known))
+
+
 def _problem(args: argparse.Namespace) -> tuple[Any, Any]:
-    from autotune.errors import JobError
     from autotune.kernel import get_kernel
     from autotune.problem import parse_shape
 
     kernel = get_kernel(args.kernel, allow_import=getattr(args, "allow_import", False))
     if not args.shape:
-        raise JobError(f"--shape is required with a kernel; {kernel.name} takes keys {', '.join(kernel.shape_keys)}.")
+        raise JobError(f"--shape is required with a kernel; {kernel.name} takes keys "
+                       f"{kernel.shape_keys_text()}.")
     return kernel, kernel.problem(parse_shape(args.shape), args.dtype)
 
 
@@ -208,9 +342,19 @@ def _spaces(args: argparse.Namespace) -> int:
     from autotune.kernel import bundled_kernels, get_kernel
 
     if args.kernel is None:
-        for name in bundled_kernels():
-            kernel = get_kernel(name)
-            print(f"{name}\t{', '.join(kernel.shape_keys)}\t{', '.join(kernel.dtypes)}\t{kernel.description}")
+        kernels = [get_kernel(name) for name in bundled_kernels()]
+        if args.json:
+            print(json.dumps([{
+                "kernel": k.name, "shape_keys": list(k.shape_keys),
+                "optional_shape_keys": {key: v for key, v in k.shape_defaults.items()
+                                        if key not in k.shape_keys},
+                "dtypes": list(k.dtypes), "interpret_ok": k.interpret_ok,
+                "description": k.description,
+            } for k in kernels]))
+            return EXIT_OK
+        for kernel in kernels:
+            print(f"{kernel.name}\t{kernel.shape_keys_text()}\t{', '.join(kernel.dtypes)}\t"
+                  f"{kernel.description}")
         return EXIT_OK
     if not 0 <= args.sample <= MAX_SAMPLE:
         raise ValueError(f"--sample must be 0 to {MAX_SAMPLE} (configs to show), got {args.sample}.")
@@ -228,20 +372,19 @@ def _spaces(args: argparse.Namespace) -> int:
         }))
         return EXIT_OK
     print(f"{problem}: {space.count()} valid of {space.raw_count} raw configs")
-    print("\n".join(space.describe()))
+    example = configs[0] if configs else None
+    print("\n".join(space.describe(example)))
+    if example is not None:
+        print("  (rules shown with the values of the first config below)")
     for c in configs:
         print("  " + json.dumps(dict(c)))
     return EXIT_OK
 
 
-def _tune(args: argparse.Namespace) -> int:
-    from autotune.api import open_engine
-    from autotune.errors import JobError
-    from autotune.jobs import MAX_TRIALS, Budget, load_job
-    from autotune.storage import Store
-    from autotune.tuner import require_persistent, run_job
+def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
+    """The job with the command line's budget and sampler overrides applied."""
+    from autotune.jobs import MAX_TRIALS, Budget
 
-    job = load_job(args.job, allow_import=args.allow_import)
     if args.trials is not None and not 0 < args.trials <= MAX_TRIALS:
         raise JobError(f"--trials must be a positive whole number up to {MAX_TRIALS}, got {args.trials}.")
     if args.time_budget is not None and not 0 < args.time_budget < float("inf"):
@@ -253,46 +396,81 @@ def _tune(args: argparse.Namespace) -> int:
         from autotune.sampling import SAMPLERS
 
         if args.sampler not in SAMPLERS:
-            raise JobError(f"--sampler {args.sampler!r} is unknown; expected one of {', '.join(SAMPLERS)}.")
+            raise JobError(f"--sampler {args.sampler!r} is unknown; expected one of {', '.join(SAMPLERS)}."
+                           + did_you_mean(args.sampler, SAMPLERS))
+    trials, patience = args.trials, args.patience
+    if args.effort is not None:
+        effort_trials, effort_patience = EFFORTS[args.effort]
+        trials = effort_trials if trials is None else trials
+        patience = effort_patience if patience is None else patience
     specs = []
     for spec in job.problems:
         budget = spec.budget
-        if args.trials is not None or args.time_budget is not None:
+        if trials is not None or args.time_budget is not None:
             budget = Budget(
-                trials=args.trials if args.trials is not None else (budget.trials if args.time_budget is None else None),
+                trials=trials if trials is not None else (budget.trials if args.time_budget is None else None),
                 seconds=args.time_budget if args.time_budget is not None else budget.seconds,
                 patience=budget.patience,
             )
-        if args.patience is not None:
-            budget = dataclasses.replace(budget, patience=args.patience or None)
+        if patience is not None:
+            budget = dataclasses.replace(budget, patience=patience or None)
         specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
-    job = dataclasses.replace(job, problems=tuple(specs))
+    return dataclasses.replace(job, problems=tuple(specs))
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from autotune.api import open_engine
+    from autotune.jobs import load_job
+    from autotune.progress import make_progress
+    from autotune.storage import Store
+    from autotune.tuner import require_persistent, run_job
+
+    job = _job_overrides(args, load_job(args.job, allow_import=args.allow_import))
     gpus = _parse_gpus(args.gpus)
     from autotune.outputs import check_output_dir
 
     check_output_dir(args.results_dir, flag="--results-dir")
+    if args.dry_run:
+        return _dry_run(args, job, gpus)
     store = Store(args.db)
-    progress = _Progress()
+    if not args.quiet and not args.jsonl:
+        print(f"autotune: database {_db_text(args.db)}", file=sys.stderr)
+    progress = make_progress("quiet" if args.quiet else "jsonl" if args.jsonl else "auto")
     try:
         require_persistent(store)  # before the engine writes its logs under --results-dir
         log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
-        with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir) as engine:
+        with progress.active(), open_engine(args.device, gpus=gpus, allow_import=args.allow_import,
+                                            log_dir=log_dir) as engine:
             _on_interrupt(args.signals, engine, log_dir)
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)
     finally:
         args.signals.status = args.signals.abort = None
-        progress.close()
         store.close()
-    _print_reports(reports)
-    for r in reports:
-        if r.invalid:
-            shape = ",".join(f"{k}={v}" for k, v in r.problem.dims.items())
-            flag = " --allow-import" if ":" in r.problem.kernel else ""
-            print(f"{r.problem}: {r.invalid} config(s) did not lower (stored as invalid, never "
-                  f"proposed again): its space is missing a rule. Each stored error names it; "
-                  f"`autotune check {r.problem.kernel} --shape {shape} --dtype {r.problem.dtype}"
-                  f"{flag}` finds it before spending GPU time.")
+    if args.jsonl:
+        for r in reports:
+            print(json.dumps({"event": "summary", **_report_dict(r)}, default=str))
+    else:
+        _print_reports(reports)
+        for r in reports:
+            if r.invalid:
+                shape = ",".join(f"{k}={v}" for k, v in r.problem.dims.items())
+                flag = " --allow-import" if ":" in r.problem.kernel else ""
+                print(f"{r.problem}: {r.invalid} config(s) did not lower (stored as invalid, never "
+                      f"proposed again): its space is missing a rule. Each stored error names it; "
+                      f"`autotune check {r.problem.kernel} --shape {shape} --dtype {r.problem.dtype}"
+                      f"{flag}` finds it before spending GPU time.")
+    measured = sum(progress.counts.values())
+    crashed = progress.counts.get("crashed", 0)
+    if crashed:
+        logs = sorted(set(progress.crash_logs))
+        print(f"autotune: {crashed} of {measured} trial(s) crashed in this run (stored as crashed, "
+              f"never proposed again)" + (f"; worker logs: {', '.join(logs)}" if logs else "")
+              + f"; exit code {EXIT_CRASHED}.", file=sys.stderr)
+        return EXIT_CRASHED
+    if not args.quiet:
+        print(f"autotune: done: {len(reports)} problem(s), {measured} trial(s) measured in this run, "
+              "none crashed.", file=sys.stderr)
     return EXIT_OK
 
 
@@ -307,6 +485,72 @@ def _on_interrupt(signals: Any, engine: Any, log_dir: str) -> None:
 
     signals.status = status
     signals.abort = getattr(engine, "kill_workers", None)
+
+
+def _report_dict(r: Any) -> dict[str, Any]:
+    """A tuning report in the result schema (``RESULT_FIELDS``), plus this run's counts."""
+    interpret = r.device_kind == "interpret"
+    return {
+        "kernel": r.problem.kernel, "shape": r.problem.dims, "dtype": r.problem.dtype,
+        "device": r.device, "device_kind": r.device_kind,
+        "config": None if r.best_config is None else dict(r.best_config),
+        "median_us": r.best_us, "by_status": dict(r.by_status),
+        "baseline_name": r.baseline_name, "baseline_us": r.baseline_us,
+        "speedup": None if interpret else r.speedup,
+        "tflops": None if interpret else r.tflops, "gbps": None if interpret else r.gbps,
+        "measured_now": r.measured_now, "stop_reason": r.stop_reason,
+    }
+
+
+def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
+    """Per problem: the valid space, budget, device, database and an estimated time; measures
+    and writes nothing (a missing database is not created)."""
+    from autotune.api import detect_device
+    from autotune.kernel import get_kernel
+    from autotune.queries import stored_trial_seconds
+
+    device = detect_device() if args.device == "auto" else args.device
+    where = f"gpus {','.join(map(str, gpus))}" if gpus else ("the GPU" if device == "gpu" else "the CPU")
+    print(f"dry run: device {device} ({where}); database {_db_text(args.db)}")
+    header = ["problem", "valid configs", "budget", "stored", "estimate"]
+    rows = []
+    for spec in job.problems:
+        problem = spec.problem
+        kernel = get_kernel(problem.kernel, allow_import=args.allow_import)
+        if device == "interpret" and not kernel.interpret_ok:
+            rows.append([str(problem), "-", "-", "-", "skipped: does not run in GPU interpret mode"])
+            continue
+        space = kernel.valid_space(problem, interpret=device == "interpret")
+        budget = spec.budget
+        parts = []
+        if budget.trials is not None:
+            parts.append(f"{budget.trials} trials")
+        if budget.seconds is not None:
+            parts.append(f"{budget.seconds:g} s")
+        if budget.patience:
+            parts.append(f"patience {budget.patience}")
+        per_trial, known, stored = stored_trial_seconds(problem, device_kind=device, db=args.db)
+        trials = min(x for x in (budget.trials, space.count()) if x is not None)
+        trials = max(0, trials - stored)
+        if per_trial is None:
+            estimate = "unknown (no stored trials of this kernel on this device kind)"
+        else:
+            seconds = trials * per_trial
+            if budget.seconds is not None:
+                seconds = min(seconds, budget.seconds)
+            estimate = f"~{_duration(seconds)} ({trials} to go x {per_trial:.1f} s, median of {known} stored)"
+        rows.append([str(problem), f"{space.count()} of {space.raw_count}", ", ".join(parts) or "-",
+                     str(stored), estimate])
+    _table(header, rows)
+    return EXIT_OK
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _parse_gpus(text: str | None) -> list[int] | None:
@@ -332,59 +576,28 @@ def _parse_gpus(text: str | None) -> list[int] | None:
     return ids
 
 
-class _Progress:
-    """One line per problem, redrawn in place on a terminal."""
-
-    def __init__(self) -> None:
-        self._tty = sys.stderr.isatty()
-        self._open = False
-
-    def __call__(self, event: Any) -> None:
-        total = event.total if event.total is not None else "?"
-        best = f"{event.best_us:.1f} us" if event.best_us is not None else "-"
-        bar = ""
-        if isinstance(event.total, int) and event.total > 0:
-            filled = min(20, int(20 * event.done / event.total))
-            bar = "[" + "#" * filled + "." * (20 - filled) + "] "
-        line = f"{event.problem}: {bar}{event.done}/{total} best {best}"
-        if event.kind in ("skip", "done"):
-            line += f" ({event.message})" if event.message else ""
-            self._write(line, end=True)
-        elif self._tty:
-            self._write(line, end=False)
-
-    def _write(self, line: str, *, end: bool) -> None:
-        if self._tty:
-            sys.stderr.write("\r\033[K" + line + ("\n" if end else ""))
-        elif end:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        self._open = not end
-
-    def close(self) -> None:
-        if self._open:
-            sys.stderr.write("\n")
-            self._open = False
-
-
 def _print_reports(reports: Sequence[Any]) -> None:
-    header = ["problem", "device", "best us", "TFLOP/s", "GB/s", "baseline us", "speedup", "trials", "invalid", "stop"]
+    gpu = any(r.device_kind != "interpret" for r in reports)
+    if gpu:
+        header = ["problem", "device", "best us", "TFLOP/s", "GB/s", "baseline us", "speedup",
+                  "trials", "invalid", "stop"]
+    else:  # interpret mode: functional runs, no throughput or speedup to show
+        header = ["problem", "device", "wall us (interpret)", "trials", "invalid", "stop"]
     rows = []
     for r in reports:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items()))
-        rows.append([
-            str(r.problem),
-            r.device,
-            _num(r.best_us, ".1f"),
-            _num(r.tflops, ".0f"),
-            _num(r.gbps, ".0f"),
-            _num(r.baseline_us, ".1f") + (f" ({r.baseline_name})" if r.baseline_name else ""),
-            _num(r.speedup, ".3f"),
-            statuses or "-",
-            str(r.invalid),
-            r.stop_reason or "-",
-        ])
+        interpret = r.device_kind == "interpret"
+        row = [str(r.problem), r.device, _num(r.best_us, ".1f")]
+        if gpu:
+            row += ["-", "-", "-", "-"] if interpret else [
+                _num(r.tflops, ".0f"), _num(r.gbps, ".0f"),
+                _num(r.baseline_us, ".1f") + (f" ({r.baseline_name})" if r.baseline_name else ""),
+                _num(r.speedup, ".3f"),
+            ]
+        rows.append([*row, statuses or "-", str(r.invalid), r.stop_reason or "-"])
     _table(header, rows)
+    if any(r.device_kind == "interpret" for r in reports):
+        print(INTERPRET_NOTE)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -394,43 +607,71 @@ def _num(value: float | None, fmt: str) -> str:
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     rows = [[_printable(c) for c in r] for r in rows]  # stored text never drives the terminal
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 def _best(args: argparse.Namespace) -> int:
+    from autotune.errors import KernelNotFoundError
+    from autotune.kernel import BUNDLED, get_kernel
     from autotune.problem import Problem, parse_shape
-    from autotune.queries import best_result
+    from autotune.queries import best_result, list_results, stored_kernels
 
     shape = parse_shape(args.shape)
-    problem = Problem(args.kernel, shape, args.dtype)  # validates the dtype; never imports jax
-    result = best_result(args.kernel, shape, problem.dtype, device=args.device, db=args.db)
+    if ":" in args.kernel:  # a user's kernel: not imported here; its stored problems tell
+        problem = Problem(args.kernel, shape, args.dtype)
+    else:  # unknown kernel, shape key or dtype: exit 2 naming what is allowed (no jax import)
+        try:
+            problem = get_kernel(args.kernel).problem(shape, args.dtype)
+        except KernelNotFoundError:
+            stored = stored_kernels(args.db)
+            if args.kernel not in stored:  # neither bundled nor in the database
+                known = [*BUNDLED, *(k for k in stored if k not in BUNDLED)]
+                raise KernelNotFoundError(
+                    f"Unknown kernel {args.kernel!r}: the kernels are {', '.join(known)} "
+                    "(bundled, or stored in the database)." + did_you_mean(args.kernel, known)
+                ) from None
+            problem = Problem(args.kernel, shape, args.dtype)
+    _say_db(args)
+    result = best_result(problem.kernel, problem.dims, problem.dtype, device=args.device, db=args.db)
     if result is None:
-        from autotune.storage import resolve_url
-        from autotune.urls import display_url
-
+        others = [] if args.device else [
+            s for s in list_results(args.db, kernel=problem.kernel, dtype=problem.dtype)
+            if s.problem == problem and s.best_us is not None]
+        hint = ""
+        if others:
+            kinds = sorted({s.device_kind for s in others})
+            hint = (f"; it has results on {', '.join(kinds)} only (functional runs, not GPU "
+                    f"timings, for interpret): add --device {kinds[0]} to see them")
         raise NothingTunedError(
             f"nothing tuned for {problem}"
-            + (f" on {args.device}" if args.device else "")
-            + f"; run `autotune tune` with a job listing it (db: {display_url(resolve_url(args.db))})."
+            + (f" on {args.device}" if args.device else " on a GPU")
+            + (hint or f"; run `autotune tune` with a job listing it (database {_db_text(args.db)}).")
         )
+    interpret = result.device_kind == "interpret"
     if args.json:
-        print(json.dumps(result.to_dict(), default=str))
-    else:
-        _say(f"{problem} on {result.device}: {result.median_us:.1f} us")
-        if result.stale:
-            _say(f"  measured with jax {result.jax_version}, jaxlib {result.jaxlib_version}, not the "
-                 "running versions: `autotune revalidate` re-measures it")
-        if result.baseline_us:
-            _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {result.baseline_us / result.median_us:.3f})")
-        print("  config: " + json.dumps(result.config))
+        payload = result.to_dict()
+        if interpret:
+            payload.update(baseline_us=None, ratio=None, speedup=None)
+        print(json.dumps(payload, default=str))
+        return EXIT_OK
+    kind = " (interpret mode: a functional run on the CPU, not a GPU timing)" if interpret else ""
+    _say(f"{problem} on {result.device}: {result.median_us:.1f} us{kind}")
+    if result.stale:
+        _say(f"  measured with jax {result.jax_version}, jaxlib {result.jaxlib_version}, not the "
+             "running versions: `autotune revalidate` re-measures it")
+    if result.baseline_us and not interpret:
+        _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {result.baseline_us / result.median_us:.3f})")
+    print("  config: " + json.dumps(result.config))
     return EXIT_OK
 
 
 def _results(args: argparse.Namespace) -> int:
     from autotune.queries import list_results, unservable_results
 
+    _kernel_filter(args.kernel, args.db)
+    _say_db(args)
     if args.invalid:
         bad = unservable_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
         if args.json:
@@ -447,29 +688,46 @@ def _results(args: argparse.Namespace) -> int:
         return EXIT_OK
     rows = list_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
     if args.json:
-        print(json.dumps([r.to_dict() for r in rows], default=str))
+        out = []
+        for r in rows:
+            record = r.to_dict()
+            if r.device_kind == "interpret":
+                record["speedup"] = None
+            out.append(record)
+        print(json.dumps(out, default=str))
         return EXIT_OK
     if not rows:
-        print("no results stored" + (f" for kernel {args.kernel}" if args.kernel else ""))
+        print("no results stored" + (f" for kernel {args.kernel}" if args.kernel else "")
+              + f" in {_db_text(args.db)}")
         return EXIT_OK
     header = ["problem", "device", "trials", "best us"]
-    table = [[r.problem_text, r.device, ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
+    table = [[r.problem_text, r.device + (" [interpret]" if r.device_kind == "interpret" else ""),
+              ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
               _num(r.best_us, ".1f")] for r in rows]
     _table(header, table)
     bad = unservable_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
     if bad:
         print(f"{len(bad)} stored ok result(s) break today's rules and are never served: "
               "`autotune results --invalid` lists them.")
+    if any(r.device_kind == "interpret" for r in rows):
+        print(INTERPRET_NOTE)
     return EXIT_OK
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autotune.exchange import export_records, render
+    from autotune.exchange import export_records, render, skipped_interpret
     from autotune.outputs import write_export_file
 
+    _kernel_filter(args.kernel, args.db)
     text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
+    if args.device is None and not args.quiet:
+        left = skipped_interpret(args.db, kernel=args.kernel)
+        if left:
+            print(f"autotune: left out {left} interpret-mode result(s) (functional runs, not GPU "
+                  "timings); --device interpret exports them.", file=sys.stderr)
     if args.out is None:
         sys.stdout.write(text)
+        sys.stdout.flush()
         return EXIT_OK
     write_export_file(args.out, text, db=args.db, force=args.force)
     return EXIT_OK
@@ -490,8 +748,21 @@ def _revalidate(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}.")
+    _kernel_filter(args.kernel, args.db)
+    _say_db(args)
     with Store(args.db) as store, open_engine(args.device, allow_import=args.allow_import) as engine:
         reports = revalidate(store, engine, kernel=args.kernel, top=args.top)
+    if args.json:
+        print(json.dumps([{
+            "kernel": r.problem.kernel, "shape": r.problem.dims, "dtype": r.problem.dtype,
+            "device": r.device, "old_us": r.old_winner.old_us,
+            "old_software": dict(r.old_winner.old_software),
+            "new_us": r.old_winner.new_us if r.old_winner.result.ok else None,
+            "status": r.old_winner.result.outcome.value, "ratio": r.old_winner.ratio,
+            "holds": r.holds, "changed": r.changed,
+            "config": None if r.winner is None else dict(r.winner), "median_us": r.winner_us,
+        } for r in reports], default=str))
+        return EXIT_OK
     if not reports:
         print("nothing to revalidate: every stored winner on this device was measured with the "
               "running jax/jaxlib")
@@ -514,6 +785,8 @@ def _report(args: argparse.Namespace) -> int:
     from autotune.report import write_report
 
     check_output_dir(args.out, flag="--out")
+    _kernel_filter(args.kernel, args.db)
+    _say_db(args)
     try:
         report = write_report(args.db, out_dir=args.out, kernel=args.kernel,
                               allow_import=args.allow_import)
@@ -533,6 +806,15 @@ def _check(args: argparse.Namespace) -> int:
                          f"second each), got {args.sample}.")
     kernel, problem = _problem(args)
     report = check_space(kernel, problem, sample=args.sample, seed=args.seed)
+    if args.json:
+        print(json.dumps({
+            "kernel": kernel.name, "shape": problem.dims, "dtype": problem.dtype,
+            "valid": report.valid, "checked": report.checked, "ok": report.ok,
+            "failures": [{"config": dict(f.config), "error_type": f.error_type, "error": f.error,
+                          "suggestion": f.suggestion or None, "rule": f.rule or None}
+                         for f in report.failures],
+        }, default=str))
+        return EXIT_OK if not report.failures else EXIT_NOTHING
     print(f"{problem}: cross-lowered {report.checked} of {report.valid} valid configs for CUDA: "
           f"{report.ok} ok, {len(report.failures)} failed")
     for f in report.failures:

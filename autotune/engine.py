@@ -1153,18 +1153,20 @@ class Engine:
         active = [t for t in tasks if t.stage in _ACTIVE_STAGES]
         how = _describe_exit(code)
         tail = self._stderr_tail(w)
-        log.warning("Worker %d (gpu %s, pid %s) died: %s.", w.slot, w.gpu, w.pid, how)
+        log.warning("Worker %d (gpu %s, pid %s) died: %s; its log: %s", w.slot, w.gpu, w.pid,
+                    how, w.log_path)
         if len(active) == 1:
             (task,) = active
             self._resolve(
                 task,
-                result=TrialResult.failed(
+                result=dataclasses.replace(TrialResult.failed(
                     Outcome.CRASHED,
                     f"[{task.stage}] worker {w.slot} (gpu {w.gpu}, pid {w.pid}) {how} while "
-                    f"this config was the only one executing (last stage: {task.stage})."
+                    f"this config was the only one executing (last stage: {task.stage}; "
+                    f"worker log {w.log_path})."
                     f"\n--- worker stderr tail ---\n{tail}",
                     compile_s=self._compile_s(task),
-                ),
+                ), log_path=w.log_path),
             )
             self._requeue([t for t in tasks if t is not task], isolate=False)
         else:

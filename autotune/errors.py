@@ -8,11 +8,16 @@
     ├── StorageError                     the database cannot be opened, migrated or written
     └── NothingTunedError (LookupError)  a query found no stored result
 
+    MissingDatabaseWarning (UserWarning)  a query's database file does not exist
+
 Trial outcomes (a config that fails to compile, times out or crashes) are *values*
 (:class:`autotune.evaluation.Outcome`), never exceptions.
 """
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 __all__ = [
     "AutotuneError",
@@ -22,6 +27,8 @@ __all__ = [
     "KernelNotFoundError",
     "StorageError",
     "NothingTunedError",
+    "did_you_mean",
+    "MissingDatabaseWarning",
 ]
 
 
@@ -51,3 +58,23 @@ class StorageError(AutotuneError):
 
 class NothingTunedError(AutotuneError, LookupError):
     """A query found no stored result for the problem asked about."""
+
+
+class MissingDatabaseWarning(UserWarning):
+    """A query was pointed at a SQLite database file that does not exist (warned once per
+    file and process); it answers "nothing tuned" and creates nothing."""
+
+
+def did_you_mean(value: object, allowed: Iterable[str]) -> str:
+    """``" Did you mean 'x'?"`` naming the allowed values closest to ``value`` (difflib), or
+    ``""`` when none is close. Appended to an error message that already lists the allowed."""
+    if not isinstance(value, str):
+        return ""
+    choices = list(dict.fromkeys(allowed))
+    close = difflib.get_close_matches(value, choices, n=2, cutoff=0.6)
+    if not close:
+        folded = {c.casefold(): c for c in choices}
+        close = [folded[m] for m in difflib.get_close_matches(value.casefold(), folded, n=2, cutoff=0.6)]
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"

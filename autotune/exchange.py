@@ -4,9 +4,16 @@
   (problem, device) with kernel, shape, dtype, device, device_kind, compute_capability,
   driver, median_us, jax_version, software and config. :func:`import_json` reads it back.
 * ``csv``: the same records, one row each (shape as ``m=..,n=..``, config as JSON).
-* ``python``: a module needing nothing but Python: ``TUNED = {(kernel, ((key, value), ...),
-  dtype): {config}}`` (one config per problem: GPU results preferred, then the fastest) and
-  ``lookup(kernel, shape, dtype)``.
+* ``python``: a module needing nothing but Python, keyed by device as JAX's tuned block-size
+  tables are: ``TUNED = {device: {(kernel, ((key, value), ...), dtype): {config}}}`` where
+  ``device`` is the device name (what ``jax.devices()[0].device_kind`` says, e.g.
+  ``"NVIDIA H200"``), plus a ``"default"`` table (per problem, the fastest of the devices);
+  ``COMPUTE_CAPABILITY`` maps device names to their compute capability, and
+  ``lookup(kernel, shape, dtype, device=None)`` takes a device name or a compute capability
+  (``"9.0"``) and falls back to ``"default"``.
+
+Interpret-mode results (functional runs on a CPU, not GPU timings) are left out unless asked
+for by device (``device="interpret"`` or the interpret device's name).
 
 Importing never replaces stored results: each record becomes an ok trial on its device
 through :meth:`Store.record_trial`, which keeps the first trial of a (problem, config,
@@ -34,6 +41,7 @@ from autotune.trial import DeviceInfo, TrialResult
 __all__ = [
     "FORMATS", "export_records", "render", "import_json", "import_records", "check_records",
     "is_export", "BadRecord", "MAX_IMPORT_BYTES", "MAX_IMPORT_DEPTH", "MAX_IMPORT_RECORDS",
+    "skipped_interpret",
 ]
 
 FORMATS = ("json", "python", "csv")
@@ -64,6 +72,8 @@ def export_records(
                 log.warning("%s on %s: skipping a non-finite stored time %r; it is never "
                             "exported.", summary.problem, summary.device, summary.best_us)
                 continue
+            if device is None and summary.device_kind == "interpret":
+                continue  # functional runs, not GPU timings: only when asked for
             trial = store.trial(summary.best_trial_id)
             if trial is None:  # deleted between the two reads
                 continue
@@ -77,11 +87,22 @@ def export_records(
                 "compute_capability": info.compute_capability,
                 "driver": info.driver,
                 "median_us": summary.best_us,
+                "trial_id": summary.best_trial_id,
                 "jax_version": trial.software.get("jax", ""),
                 "software": dict(trial.software),
                 "config": dict(summary.best_config),
             })
     return records
+
+
+def skipped_interpret(db: str | None = None, *, kernel: str | None = None) -> int:
+    """How many (problem, interpret device) results :func:`export_records` leaves out when
+    no device is asked for."""
+    with _open(db) as store:
+        if store is None:
+            return 0
+        return sum(1 for s in store.summaries(kernel=kernel, device_kind="interpret")
+                   if s.best_config is not None)
 
 
 def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
@@ -118,42 +139,71 @@ def is_export(head: str) -> bool:
 
 
 def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
-    chosen: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    tables: dict[str, dict[tuple[Any, ...], Mapping[str, Any]]] = {}
+    default: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    capability: dict[str, str] = {}
     for r in records:
         key = (r["kernel"], tuple(sorted(r["shape"].items())), r["dtype"])
-        old = chosen.get(key)
+        table = tables.setdefault(r["device"], {})
+        if key not in table or r["median_us"] < table[key]["median_us"]:
+            table[key] = r
         rank = (r["device_kind"] != "gpu", r["median_us"])
+        old = default.get(key)
         if old is None or rank < (old["device_kind"] != "gpu", old["median_us"]):
-            chosen[key] = r
+            default[key] = r
+        if r.get("compute_capability"):
+            capability[r["device"]] = str(r["compute_capability"])
     lines = [
         PYTHON_MARKER,
         '"""Tuned configs exported by autotune. Plain Python: needs nothing else installed.',
         "",
-        "TUNED maps (kernel, ((shape key, value), ...) sorted, dtype) to the best config;",
-        "DETAILS maps the same keys to where and how fast it was measured.",
+        "TUNED maps a device name (jax.devices()[0].device_kind, e.g. 'NVIDIA H200') and",
+        '"default" to tables of (kernel, ((shape key, value), ...) sorted, dtype) -> the best',
+        "config; DETAILS maps the same keys to where and how fast it was measured.",
         '"""',
         "",
         "TUNED = {",
     ]
-    for key in sorted(chosen, key=repr):
-        lines.append(f"    {key!r}: {dict(sorted(chosen[key]['config'].items()))!r},")
+    named = sorted(tables) + ["default"]
+    for device in named:
+        table = default if device == "default" else tables[device]
+        lines.append(f"    {device!r}: {{")
+        for key in sorted(table, key=repr):
+            lines.append(f"        {key!r}: {dict(sorted(table[key]['config'].items()))!r},")
+        lines.append("    },")
     lines += ["}", "", "DETAILS = {"]
-    for key in sorted(chosen, key=repr):
-        r = chosen[key]
-        details = {"device": r["device"], "device_kind": r["device_kind"],
-                   "median_us": r["median_us"], "jax_version": r["jax_version"]}
-        lines.append(f"    {key!r}: {details!r},")
+    for device in named:
+        table = default if device == "default" else tables[device]
+        lines.append(f"    {device!r}: {{")
+        for key in sorted(table, key=repr):
+            r = table[key]
+            details = {"device": r["device"], "device_kind": r["device_kind"],
+                       "median_us": r["median_us"], "jax_version": r["jax_version"]}
+            lines.append(f"        {key!r}: {details!r},")
+        lines.append("    },")
     lines += [
         "}",
+        "",
+        f"COMPUTE_CAPABILITY = {dict(sorted(capability.items()))!r}",
         "",
         '_ALIASES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64"}',
         "",
         "",
-        "def lookup(kernel, shape, dtype):",
-        '    """The tuned config of (kernel, shape mapping, dtype) as a new dict, or None."""',
+        "def lookup(kernel, shape, dtype, device=None):",
+        '    """The tuned config of (kernel, shape mapping, dtype) as a new dict, or None.',
+        "",
+        "    device: a device name (jax.devices()[0].device_kind) or a compute capability such",
+        '    as "9.0"; its table is tried first, then "default".',
+        '    """',
         "    dtype = _ALIASES.get(dtype, dtype)",
-        "    config = TUNED.get((kernel, tuple(sorted(dict(shape).items())), dtype))",
-        "    return None if config is None else dict(config)",
+        "    key = (kernel, tuple(sorted(dict(shape).items())), dtype)",
+        "    names = [device] if device in TUNED else sorted(",
+        "        name for name, cc in COMPUTE_CAPABILITY.items() if device is not None and cc == device)",
+        '    for name in [*names, "default"]:',
+        "        config = TUNED.get(name, {}).get(key)",
+        "        if config is not None:",
+        "            return dict(config)",
+        "    return None",
         "",
     ]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
+from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError, did_you_mean
 from autotune.problem import MAX_SIZE, Config, Problem, canonical_dtype
 from autotune.space import BoundSpace, Space
 
@@ -125,25 +125,27 @@ class Kernel:
           JobError: a shape key is missing or unknown, or the dtype is not supported; the
             message names the key or dtype and what is allowed.
         """
+        try:
+            dtype = canonical_dtype(dtype)
+        except ValueError as e:
+            raise JobError(str(e)) from None
         merged = dict(self.shape_defaults)
         merged.update(shape)
         allowed = set(self.shape_keys) | set(self.shape_defaults)
-        unknown = sorted(set(merged) - allowed)
+        unknown = [k for k in merged if k not in allowed]
         if unknown:
+            hints = "".join(did_you_mean(k, allowed) for k in unknown)
             raise JobError(
                 f"Kernel {self.name!r} has no shape key(s) {unknown}; its keys are "
-                f"{sorted(allowed)}."
+                f"{self.shape_keys_text()}.{hints}"
             )
         missing = [k for k in self.shape_keys if k not in merged]
         if missing:
             raise JobError(
                 f"Kernel {self.name!r} needs shape key(s) {missing}; got {sorted(shape)}. "
+                f"Its keys are {self.shape_keys_text()}. "
                 f"Example: --shape {','.join(f'{k}=1024' for k in self.shape_keys)}"
             )
-        try:
-            dtype = canonical_dtype(dtype)
-        except ValueError as e:
-            raise JobError(str(e)) from None
         for key in self.shape_keys:
             value = merged[key]
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
@@ -159,6 +161,16 @@ class Kernel:
                 )
         problem = Problem(self.name, merged, dtype)
         return problem
+
+    def shape_keys_text(self) -> str:
+        """The shape keys in words: required ones, then optional ones with their defaults
+        (``batch, seq_q, ..., and optionally causal (default false)``)."""
+        text = ", ".join(self.shape_keys)
+        optional = [
+            f"{k} (default {str(v).lower() if isinstance(v, bool) else v})"
+            for k, v in self.shape_defaults.items() if k not in self.shape_keys
+        ]
+        return text + (", and optionally " + ", ".join(optional) if optional else "")
 
     def bind(self, problem: Problem, **env: Any) -> BoundSpace:
         """The kernel's space bound to ``problem`` (``env``: ``profile_space`` etc.)."""
@@ -239,9 +251,11 @@ def get_kernel(name: str, *, allow_import: bool = False) -> Kernel:
     if name in _REGISTERED:
         return _REGISTERED[name]
     if ":" not in name:
+        known = [*BUNDLED, *_REGISTERED]
         raise KernelNotFoundError(
             f"Unknown kernel {name!r}: bundled kernels are {', '.join(BUNDLED)}; a kernel of "
             "your own is named 'package.module:NAME' (and needs --allow-import)."
+            + did_you_mean(name, known)
         )
     if not allow_import:
         raise KernelNotFoundError(

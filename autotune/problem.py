@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from autotune.errors import did_you_mean
+
 __all__ = [
     "Config", "Problem", "DTYPES", "MAX_SIZE", "dtype_bits", "dtype_bytes", "parse_shape",
     "canonical_dtype",
@@ -58,7 +60,10 @@ def canonical_dtype(name: str) -> str:
     key = _DTYPE_ALIASES.get(key, key)
     if key not in DTYPES:
         known = ", ".join(DTYPES)
-        raise ValueError(f"Unknown dtype {name!r}: expected one of {known} (or bf16, f16, f32, fp8).")
+        raise ValueError(
+            f"Unknown dtype {name!r}: expected one of {known} (or bf16, f16, f32, fp8)."
+            + did_you_mean(key, [*DTYPES, *_DTYPE_ALIASES])
+        )
     return key
 
 

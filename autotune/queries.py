@@ -13,9 +13,14 @@ that was replaced is opened afresh. A missing SQLite file answers "nothing tuned
 empty list) and is not created.
 
 Devices: ``device`` names a device kind (``"gpu"``, ``"interpret"``, ``"fake"``) or a device
-(``"NVIDIA H200"``, or any unambiguous part of the name, such as ``"h200"``). By default GPU
-results are used when the problem has any, else interpret-mode ones; the answer says which.
-Interpret-mode times are never returned for ``device="gpu"`` or a GPU's name.
+(``"NVIDIA H200"``, or any unambiguous part of the name, such as ``"h200"``). By default only
+GPU results are used: interpret-mode rows are functional runs on a CPU, not GPU timings, and
+are returned only when asked for (``device="interpret"`` or the interpret device's name).
+
+The database: ``db``, else ``$AUTOTUNE_DB``, else ``results/autotune.db`` relative to the
+current working directory (made absolute when first used). When that SQLite file does not
+exist, the first query warns once (:class:`~autotune.errors.MissingDatabaseWarning`, naming
+the resolved path and ``AUTOTUNE_DB``) and every query answers "nothing tuned".
 
 Software versions: a stored time holds for the jax and jaxlib it was measured with. Among the
 results of the device (or device kind) chosen as above, :func:`best_result` (and so
@@ -44,7 +49,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import JobError
+from autotune.errors import JobError, did_you_mean
 from autotune.problem import Problem, ShapeValue, canonical_dtype, parse_shape
 from autotune.storage import (
     ProblemSummary,
@@ -63,6 +68,7 @@ __all__ = [
     "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
     "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
     "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
+    "stored_kernels", "stored_trial_seconds",
 ]
 
 log = logging.getLogger(__name__)
@@ -154,10 +160,6 @@ def best_result(
             return None
         if device is None:
             found = _best_row(store, problem, None, "gpu")
-            if found is None:
-                found = _best_row(store, problem, None, "interpret")
-                if found is not None:
-                    log.info("%s has no GPU results; answering from interpret mode.", problem)
         else:
             name, kind = _device_filter(store, device)
             found = _best_row(store, problem, name, kind)
@@ -300,9 +302,8 @@ def nearest_results(
     """The best results of the tuned problems nearest to ``shape`` (same kernel and dtype,
     the problem itself excluded), nearest first by :func:`shape_distance`.
 
-    With ``device=None``, problems with GPU results come first (up to ``limit``), then
-    problems with interpret-mode results only (up to ``limit``); ties in distance keep the
-    order problems were stored in.
+    With ``device=None``, only GPU results are used (interpret-mode ones only when asked for
+    by device); ties in distance keep the order problems were stored in.
     """
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
     with _open(db, timeout_s=timeout_s) as store:
@@ -315,11 +316,7 @@ def nearest_results(
             and math.isfinite(d := shape_distance(p.dims, problem.dims))
         ]
         candidates.sort(key=lambda item: item[0])
-        filters = (
-            [(None, "gpu"), (None, "interpret")]
-            if device is None
-            else [_device_filter(store, device)]
-        )
+        filters = [(None, "gpu")] if device is None else [_device_filter(store, device)]
         out: list[BestResult] = []
         for name, kind in filters:
             found = 0
@@ -430,7 +427,12 @@ def results_frame(
     from autotune.trial import Outcome
 
     dtype = None if dtype is None else canonical_dtype(dtype)
-    status = None if status is None else Outcome(status).value
+    if status is not None and status not in {o.value for o in Outcome}:
+        allowed = [o.value for o in Outcome]
+        raise JobError(
+            f"results_frame(status={status!r}) is not an outcome; expected one of "
+            f"{', '.join(allowed)}.{did_you_mean(status, allowed)}"
+        )
     with _open(db) as store:
         rows = [] if store is None else _frame_rows(store, kernel, dtype, device, status)
     records = []
@@ -488,7 +490,7 @@ def _open(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store |
         try:
             stat = path.stat()
         except FileNotFoundError:
-            log.info("No results database at %s: nothing has been tuned there.", path)
+            _warn_missing(path, db)
             yield None
             return
         identity = (stat.st_dev, stat.st_ino)
@@ -504,6 +506,86 @@ def _open(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store |
             while len(_STORES) > _MAX_OPEN_STORES:
                 _close(*_STORES.popitem(last=False))
     yield store
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_missing(path: Any, db: str | None) -> None:
+    """Warns once per file and process that the database does not exist (the lookup would
+    otherwise quietly fall back to default configs)."""
+    import warnings
+
+    from autotune.errors import MissingDatabaseWarning
+
+    key = str(path)
+    log.info("No results database at %s: nothing has been tuned there.", path)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    if db is not None:
+        origin = f"db={db!r}"
+    elif os.environ.get("AUTOTUNE_DB"):
+        origin = "$AUTOTUNE_DB"
+    else:
+        origin = (f"the default results/autotune.db, relative to the working directory "
+                  f"{os.getcwd()}")
+    warnings.warn(
+        f"No results database at {path} (from {origin}): nothing tuned is found there. Point "
+        "to the database with db=... or the AUTOTUNE_DB environment variable (a SQLAlchemy URL "
+        "or a file path).",
+        MissingDatabaseWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package (and contextlib), so that a
+    warning points at the caller's line."""
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and (
+        os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep)
+        or frame.f_code.co_filename == contextlib.__file__
+    ):
+        level += 1
+        frame = frame.f_back
+    return level
+
+
+def stored_kernels(db: str | None = None) -> list[str]:
+    """Names of the kernels with stored problems (empty when the database does not exist)."""
+    with _open(db) as store:
+        if store is None:
+            return []
+        return sorted({p.kernel for p in store.problems()})
+
+
+def stored_trial_seconds(
+    problem: Problem, *, device_kind: str, db: str | None = None
+) -> tuple[float | None, int, int]:
+    """What tuning ``problem`` costs per trial, from what is stored: (the median seconds a
+    trial of the kernel took on ``device_kind``, from start to finish, or its compile time
+    where no start is stored; None when nothing is stored), the trials it is drawn from, and
+    the trials of ``problem`` itself stored on that kind already."""
+    import statistics
+
+    with _open(db) as store:
+        if store is None:
+            return None, 0, 0
+        rows = store.trials(kernel=problem.kernel, device_kind=device_kind)
+    seconds = []
+    for r in rows:
+        if r.started_at is not None and r.finished_at is not None:
+            seconds.append((r.finished_at - r.started_at).total_seconds())
+        elif r.compile_s is not None:
+            seconds.append(r.compile_s)
+    mine = sum(1 for r in rows if r.problem == problem)
+    if not seconds:
+        return None, 0, mine
+    return statistics.median(seconds), len(seconds), mine
 
 
 def _close(key: tuple[Any, ...], store: Store) -> None:

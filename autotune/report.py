@@ -199,8 +199,16 @@ def _problem_page(
         fig.savefig(path, dpi=_DPI)
         images[kind] = f"{folder}/{kind}.png"
 
+    interpret = summary.device_kind == "interpret"
+    if interpret:
+        notes.append(
+            "Interpret mode: these are functional runs of the kernel in GPU interpret mode on a "
+            "CPU. Their wall-clock times say whether a config runs and is correct, not how fast "
+            "it is on a GPU: no throughput, roofline or speedup is drawn from them."
+        )
     save("convergence", _convergence(rows, baseline, title))
-    importance = studies.importances(problem, summary.device)
+    names = [r.study_name for r in rows if r.study_name]
+    importance = studies.importances(problem, summary.device, names[-1] if names else None)
     if isinstance(importance, str):
         notes.append(f"Parameter importances: {importance}")
     else:
@@ -208,9 +216,11 @@ def _problem_page(
     ok = [r for r in rows if r.ok and r.median_us is not None]
     if ok:
         save("distribution", _distribution(rows, baseline, title))
-    counts = _counts(problem, allow_import)
+    counts = None if interpret else _counts(problem, allow_import)
     tflops = gbps = None
-    if counts is None:
+    if interpret:
+        pass
+    elif counts is None:
         notes.append("Roofline: the kernel's FLOP and byte counts are not known here.")
     elif ok:
         peaks = device_peaks(summary.device, summary.device_kind)
@@ -248,7 +258,8 @@ def _counts(problem: Any, allow_import: bool) -> tuple[int, int] | None:
 class _StudyReader:
     """Parameter importances from the Optuna studies stored in the same database."""
 
-    MIN_TRIALS = 3
+    # Importances from fewer complete trials are noise, not a finding.
+    MIN_TRIALS = 10
 
     def __init__(self, store: Store) -> None:
         import sqlalchemy as sa
@@ -258,9 +269,11 @@ class _StudyReader:
         self._url = store.url
         self._storage: Any = None
 
-    def importances(self, problem: Any, device: str) -> tuple[dict[str, float], str, int] | str:
+    def importances(
+        self, problem: Any, device: str, name: str | None = None
+    ) -> tuple[dict[str, float], str, int] | str:
         """Importances by parameter, the method's name and the trials used, or why there are
-        none."""
+        none. ``name``: the study the trials were stored under (else today's naming)."""
         if not self._present:
             return "the database holds no Optuna studies (results imported, or stored otherwise)."
         import optuna
@@ -270,7 +283,7 @@ class _StudyReader:
         from autotune.trial import DeviceInfo
         from autotune.tuner import study_name
 
-        name = study_name(problem, DeviceInfo(device, ""))
+        name = name or study_name(problem, DeviceInfo(device, ""))
         try:
             if self._storage is None:
                 self._storage = optuna.storages.RDBStorage(self._url, skip_table_creation=True)
@@ -383,7 +396,11 @@ def _convergence(rows: Sequence[TrialRow], baseline: Any, title: str) -> Any:
     fig, ax = _figure(title, "Best time so far, by trial")
     xs, ys, best_x, best_y = [], [], [], []
     best = math.inf
-    for i, r in enumerate(rows, start=1):
+    # x: Optuna's trial number where the trial has one (the number optuna-dashboard shows),
+    # else the position in the order measured.
+    numbered = all(r.optuna_trial_number is not None for r in rows)
+    where = [r.optuna_trial_number if numbered else i for i, r in enumerate(rows, start=1)]
+    for i, r in zip(where, rows, strict=True):
         if r.ok and r.median_us is not None:
             xs.append(i)
             ys.append(r.median_us)
@@ -399,7 +416,7 @@ def _convergence(rows: Sequence[TrialRow], baseline: Any, title: str) -> Any:
         ax.axhline(baseline.median_us, color="tab:red", ls="--", lw=1.5,
                    label=f"baseline {baseline.name}: {_fmt_us(baseline.median_us)}")
     failed: dict[str, list[int]] = {}
-    for i, r in enumerate(rows, start=1):
+    for i, r in zip(where, rows, strict=True):
         if not r.ok:
             failed.setdefault(r.status.value, []).append(i)
     for status, where in sorted(failed.items()):
@@ -410,9 +427,9 @@ def _convergence(rows: Sequence[TrialRow], baseline: Any, title: str) -> Any:
         ax.set_yscale("log")
     ax.margins(y=0.08)
     _time_ticks(ax, "y", log_scale)
-    ax.set_xlabel("trial, in the order measured")
+    ax.set_xlabel("Optuna trial number" if numbered else "trial, in the order measured")
     ax.set_ylabel("kernel time (µs)" + (", log scale" if log_scale else ""))
-    ax.set_xlim(0.5, max(len(rows), 1) + 0.5)
+    ax.set_xlim(min(where, default=1) - 0.5, max(where, default=1) + 0.5)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -594,7 +611,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
             + _cell(s.problem.shape_text) + _cell(s.problem.dtype)
             + _cell(s.device) + _cell(trials)
             + _cell("-" if s.best_us is None else _fmt_us(s.best_us)) + _cell(baseline)
-            + _cell("-" if s.speedup is None else f"{s.speedup:.3g}x")
+            + _cell("-" if s.speedup is None or s.device_kind == "interpret" else f"{s.speedup:.3g}x")
             + _cell("-" if page.tflops is None else _rate(page.tflops, "FLOP/s"))
             + _cell("-" if page.gbps is None else _rate(page.gbps / 1e3, "B/s"))
             + _cell(page.versions)

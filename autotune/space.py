@@ -903,13 +903,25 @@ class BoundSpace:
         """The value tuple of a config, in tunable order (hashable)."""
         return self._tuple(config)
 
-    def describe(self) -> list[str]:
-        """One line per tunable and rule, for ``autotune spaces``."""
+    def describe(self, example: Mapping[str, Value] | None = None) -> list[str]:
+        """One line per tunable and rule, for ``autotune spaces``.
+
+        A rule is shown in words with its values filled in: the problem's, and the tunables'
+        of ``example`` (by default the first valid config), never as a template.
+        """
         lines = []
         for param, domain in zip(self.params, self.domains, strict=True):
             shown = ", ".join(map(repr, domain[:8])) + (", ..." if len(domain) > 8 else "")
             lines.append(f"  {param.name}: {param.describe()} -> [{shown}] ({len(domain)})")
+        if example is None:
+            example = next(iter(self.sample(1, seed=0)), None) if self.space.constraints else None
         for c in self.space.constraints:
-            reason = c.reason if isinstance(c.reason, str) else "(explains itself)"
+            if callable(c.reason):
+                try:
+                    reason = c.reason(example or {}, self.env)
+                except Exception:  # noqa: BLE001 - a reason that needs more than it has
+                    reason = getattr(c.reason, "__doc__", None) or "(explains itself)"
+            else:
+                reason = c.reason
             lines.append(f"  rule {c.name}({', '.join(c.reads)}): {reason}")
         return lines

@@ -55,6 +55,7 @@ __all__ = [
     "BaselineRow",
     "TraceRegionRow",
     "ProblemSummary",
+    "RESULT_FIELDS",
     "resolve_url",
     "sqlite_path",
     "failure_reason",
@@ -341,6 +342,12 @@ class TraceRegionRow:
     trace_path: str
 
 
+# The fields every result carries, under these names, in ``autotune best --json``,
+# ``autotune results --json`` and ``autotune export --format json`` alike.
+RESULT_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "config", "median_us",
+                 "trial_id")
+
+
 @dataclasses.dataclass(frozen=True)
 class ProblemSummary:
     """What is stored for one problem on one device (name and kind)."""
@@ -371,7 +378,9 @@ class ProblemSummary:
         return self.baseline_us / self.best_us
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
+        """A JSON-ready dict. The best trial's fields carry the names every result uses
+        (:data:`RESULT_FIELDS`: ``config``, ``median_us``, ``trial_id``, as in ``autotune best``
+        and ``autotune export``), plus ``by_status`` and ``total``."""
         return {
             "kernel": self.problem.kernel,
             "shape": self.problem.dims,
@@ -380,9 +389,9 @@ class ProblemSummary:
             "device_kind": self.device_kind,
             "by_status": dict(self.by_status),
             "total": self.total,
-            "best_us": self.best_us,
-            "best_config": self.best_config,
-            "best_trial_id": self.best_trial_id,
+            "median_us": self.best_us,
+            "config": self.best_config,
+            "trial_id": self.best_trial_id,
             "baseline_name": self.baseline_name,
             "baseline_us": self.baseline_us,
             "speedup": self.speedup,

@@ -49,6 +49,8 @@ class TrialResult:
     error: str = ""
     rel_error: float | None = None  # ||out - ref|| / ||ref||
     timing: str = ""  # "cupti" | "wallclock" | "fake"
+    # The log of the worker process that crashed on this config (not stored; for progress).
+    log_path: str = ""
 
     @property
     def ok(self) -> bool:

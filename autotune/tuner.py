@@ -39,7 +39,8 @@ from autotune.problem import Config, Problem
 from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler
 from autotune.trial import DeviceInfo, Outcome, TrialResult
 
-__all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "Event"]
+__all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "legacy_study_name", "Event",
+           "METRIC_NAME"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,10 @@ class EngineLike(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """Progress, for a CLI to draw: ``kind`` is "start", "trial", "skip" or "done"."""
+    """Progress, for an observer (``autotune.progress``) to draw: ``kind`` is "start",
+    "trial", "skip" or "done". A "trial" event also says how the trial ended (``status``, an
+    :class:`Outcome` value), its median time, its Optuna trial number, its config, and for a
+    crash the worker's log."""
 
     kind: str
     problem: Problem
@@ -72,6 +76,11 @@ class Event:
     total: int | None = None
     best_us: float | None = None
     message: str = ""
+    status: str = ""
+    time_us: float | None = None
+    number: int | None = None
+    config: Mapping[str, Any] | None = None
+    log_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +100,7 @@ class ProblemReport:
     repaired: int
     skipped: bool = False
     stop_reason: str = ""
+    device_kind: str = ""  # "gpu" | "interpret" | "fake": interpret-mode times are not GPU timings
 
     @property
     def speedup(self) -> float | None:
@@ -113,8 +123,46 @@ class ProblemReport:
 
 
 def study_name(problem: Problem, device: DeviceInfo) -> str:
-    """One Optuna study per problem and device: ``autotune|<problem key>|<device>``."""
+    """One Optuna study per problem and device, named to be read in optuna-dashboard:
+    ``hopper_matmul[k=4096,m=4096,n=4096; bfloat16] @ NVIDIA H200``. Studies created before
+    this naming (``autotune|<problem key>|<device>``, :func:`legacy_study_name`) keep theirs."""
+    return f"{problem} @ {device.name}"
+
+
+def legacy_study_name(problem: Problem, device: DeviceInfo) -> str:
+    """The study name used before readable names; a database holding it resumes under it."""
     return f"autotune|{problem.key()}|{device.name}"
+
+
+METRIC_NAME = "median_us"  # the objective, as optuna-dashboard and Study.metric_names show it
+
+
+def _open_study(
+    problem: Problem, device: DeviceInfo, storage: optuna.storages.BaseStorage | str,
+    sampler: Any, software: Mapping[str, str],
+) -> optuna.Study:
+    """Creates or resumes the problem's study, with its metric name and user attributes
+    (kernel, shape, dtype, device, software versions) for Optuna's own tools."""
+    name = study_name(problem, device)
+    legacy = legacy_study_name(problem, device)
+    if legacy in optuna.study.get_all_study_names(storage=storage):
+        name = legacy
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                direction="minimize", load_if_exists=True)
+    attrs: dict[str, Any] = {
+        "kernel": problem.kernel, "shape": problem.dims, "dtype": problem.dtype,
+        "device": device.name, "device_kind": device.kind,
+        "compute_capability": device.compute_capability, "software": dict(software),
+    }
+    current = study.user_attrs
+    for key, value in attrs.items():
+        if current.get(key) != value:
+            study.set_user_attr(key, value)
+    if study.metric_names != [METRIC_NAME]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([METRIC_NAME])
+    return study
 
 
 def software_versions() -> dict[str, str]:
@@ -298,13 +346,7 @@ def tune_problem(
         # and other hosts' live trials are in the shared study, which the sampler reads.
         taken=lambda: stored_configs,
     )
-    study = optuna.create_study(
-        study_name=study_name(problem, device),
-        storage=storage,
-        sampler=sampler,
-        direction="minimize",
-        load_if_exists=True,
-    )
+    study = _open_study(problem, device, storage, sampler, software)
     _close_orphans(study, store, problem, device)
 
     if store.baseline(problem, device_name=device.name, device_kind=device.kind) is None and kernel.baseline is not None:
@@ -371,7 +413,9 @@ def tune_problem(
                 if budget.patience and not stop_reason and _stagnated(study, budget.patience):
                     stop_reason = f"no better config in the last {budget.patience} trials (patience)"
                 emit(Event("trial", problem, done_before + measured_now, total, best_us,
-                           message=f"{result.outcome.value} {config.to_json()}"))
+                           message=f"{result.outcome.value} {config.to_json()}",
+                           status=result.outcome.value, time_us=result.median_us,
+                           number=trial.number, config=dict(config), log_path=result.log_path))
     finally:
         releasing = True
         for future, (trial, _config, _t) in in_flight.items():
@@ -636,4 +680,5 @@ def _report(
         repaired=repaired,
         skipped=skipped,
         stop_reason=stop_reason,
+        device_kind=device.kind,
     )

@@ -19,6 +19,10 @@ Rule kinds (``RULE_KINDS``):
                a config the space keeps (canonical forms, so no kernel is measured twice).
   problem      the problem itself is unsupported (dtype); no config can help.
   interpret    only GPU interpret mode (tuning on a CPU) cannot run it; binds only there.
+               ``interpret_two_tiles``: a config whose output is one cluster tile crashes
+               XLA's CPU compiler when interpreted (SIGFPE in stablehlo's FoldRemOpPattern);
+               ``benchmarks/interpret_crash_sweep.py`` at 256^3 bf16 (jax 0.10.2): 2 of 2
+               one-tile configs crashed, 7 of 7 with two tiles ran (tile_k 32/64, steps 2-6).
 
 Oracle sweep (``autotune.lowering.lower_for_cuda``, jax 0.10.2 on CPU, num_sms=132), recorded
 to justify the rules:
@@ -273,6 +277,11 @@ def _epi_m(c: Mapping[str, Any]) -> int:
     return c["epi_tile_m"] or c["tile_m"]
 
 
+def _tiles(c: Mapping[str, Any], env: Env) -> int:
+    m_iters, n_iters = _grid_iters(c, env)
+    return m_iters * n_iters
+
+
 def _minor_iters(c: Mapping[str, Any], env: Env) -> int:
     m_iters, n_iters = _grid_iters(c, env)
     return m_iters if c["grid_minor_dim"] == "M" else n_iters
@@ -443,6 +452,17 @@ CONSTRAINTS = (
         "cluster_dimension must be None when tuning in interpret mode",
     ),
     Constraint(
+        "interpret_two_tiles",
+        GRID_READS[:4],
+        lambda c, env: not env.interpret or _tiles(c, env) >= 2,
+        _says(
+            "GPU interpret mode crashes XLA's CPU compiler (SIGFPE, a remainder by zero folded "
+            "in stablehlo's FoldRemOpPattern) when the whole output is one cluster tile: "
+            "m_iters x n_iters = {m_iters} x {n_iters} must be at least 2 when tuning in "
+            "interpret mode (benchmarks/interpret_crash_sweep.py); the GPU runs such configs"
+        ),
+    ),
+    Constraint(
         "grid_tile_width_in_range",
         GRID_READS,
         lambda c, env: c["grid_tile_width"] <= _minor_iters(c, env),
@@ -473,6 +493,7 @@ RULE_KINDS: dict[str, str] = {
     "smem_within_limit": "lowering",
     "grid_tile_width_in_range": "policy",
     "interpret_no_cluster": "interpret",
+    "interpret_two_tiles": "interpret",
 }
 
 SPACE = Space(PARAMS, CONSTRAINTS)

@@ -86,7 +86,7 @@ JOB_FILES = [
     Bad("import path without the flag", job(softmax().replace('"softmax"', '"os:system"')),
         "Kernel", "'os:system'", "--allow-import"),
     Bad("unknown shape key", job(softmax("rows = 64, cols = 512, depth = 2")), "shape key",
-        "['depth']", "its keys are ['cols', 'rows']"),
+        "['depth']", "its keys are rows, cols"),
     Bad("missing shape key", job(softmax("rows = 64")), "shape key", "['cols']",
         "Example: --shape rows=1024,cols=1024"),
     Bad("zero size", job(softmax("rows = 0, cols = 512")), "shape key rows", "rows=0",

@@ -1,22 +1,30 @@
-"""The command line: spaces, tune (interpret mode, end to end), best, results, and exit codes."""
+"""The command line: spaces, tune (interpret mode, end to end; a fake engine for the rest),
+best, results, exit codes, and the first-contact conventions of issue 14 (did-you-mean errors,
+broken pipes, global flags, one result schema, progress, dry runs, interpret honesty, Optuna)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 import pytest
 
+from autotune import cli
 from autotune.cli import main
-from autotune.kernel import bundled_kernels
+from autotune.kernel import Kernel, bundled_kernels, register
 from autotune.problem import Config
+from autotune.space import Aligned, PowerOfTwo, Space
 from autotune.storage import Store
+from autotune.trial import DeviceInfo, Outcome, TrialResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,7 +117,9 @@ def test_interpret_job_end_to_end(tmp_path):
     assert len(rows) == 3 and all(r.status == "ok" for r in rows), [(r.status, r.error[-300:]) for r in rows]
     assert {r.device.kind for r in rows} == {"interpret"}
 
-    best = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db, "--json")
+    assert run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db).returncode == 1
+    best = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db, "--json",
+                   "--device", "interpret")
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
     assert payload["config"] in [dict(r.config) for r in rows]
@@ -200,3 +210,366 @@ def test_spaces_sample_at_the_maximum_returns_distinct_valid_configs(capsys):
     kernel = get_kernel("hopper_matmul")
     bound = kernel.bind(kernel.problem(doc["shape"], doc["dtype"]))
     assert all(bound.is_valid(c) for c in configs[::97])
+# -- issue 14: first contact and daily use ------------------------------------------------------
+
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the fake engine never builds kernels")
+
+
+CLI_TOY = Kernel(
+    name="cli_toy",
+    space=Space(params=(Aligned("bm", unit=64, low=64, high=512, divides="m"),
+                        PowerOfTwo("stages", low=1, high=8))),
+    shape_keys=("m",),
+    dtypes=("float32",),
+    build=_never, make_inputs=_never, reference=_never,
+    flops=lambda p: 2 * p["m"] ** 3, bytes_moved=lambda p: 3 * 4 * p["m"] ** 2,
+    baseline=lambda p: _never,
+)
+try:
+    register(CLI_TOY)
+except Exception:  # noqa: BLE001 - already registered by an earlier import
+    pass
+
+
+class _FakeEngine:
+    """Completes each config at once; with ``crash``, configs with stages == 8 'crash' (as a
+    worker would)."""
+
+    parallelism = 2
+
+    def __init__(self, kind="gpu", crash=False):
+        self.kind = kind
+        self.crash = crash
+
+    def device_info(self):
+        return DeviceInfo(name="cpu-interpret (test)" if self.kind == "interpret" else "Fake H200",
+                          kind=self.kind, compute_capability="" if self.kind == "interpret" else "9.0")
+
+    def submit(self, kernel_name, problem, config):
+        future: Future = Future()
+        if self.crash and config["stages"] == 8:
+            result = TrialResult.failed(Outcome.CRASHED, "died with SIGFPE")
+            result = dataclasses.replace(result, log_path="/tmp/logs/worker-0-1.log")
+        else:
+            t = 100.0 + abs(config["bm"] - 256) / 8 + config["stages"]
+            result = TrialResult.timed([t, t], compile_s=0.01, rel_error=0.0, timing="fake")
+        future.set_result(result)
+        return future
+
+    def baseline(self, kernel_name, problem):
+        return TrialResult.timed([150.0], compile_s=0.0, rel_error=None, timing="fake")
+
+    def trace(self, *args, **kwargs):
+        return {}
+
+
+@pytest.fixture
+def fake_tune(monkeypatch, tmp_path):
+    """`autotune tune` with the fake engine (kind chosen per test) on a fresh database."""
+    import autotune.api
+
+    state = {"kind": "gpu", "crash": False}
+
+    @contextmanager
+    def fake_open_engine(device="auto", **kwargs):
+        yield _FakeEngine(state["kind"], state["crash"])
+
+    monkeypatch.setattr(autotune.api, "open_engine", fake_open_engine)
+    db = f"sqlite:///{tmp_path}/cli.db"
+    job = tmp_path / "job.toml"
+
+    def write(trials=6, crash=False, kind="gpu"):
+        state["kind"] = kind
+        state["crash"] = crash
+        job.write_text(
+            f'[defaults]\ntrials = {trials}\nsampler = "{"brute" if crash else "tpe"}"\nseed = 0\n'
+            '[[problem]]\nkernel = "cli_toy"\ndtype = "float32"\nshape = { m = 512 }\n'
+        )
+        return str(job)
+
+    return write, db, tmp_path
+
+
+def test_version_names_autotune_and_jax(capsys):
+    """`autotune --version` prints autotune's version and the jax, optuna and Python versions."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("autotune ") and "jax " in out and "optuna " in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["-v", "results", "--db", "DB"], ["results", "-v", "--db", "DB"],
+    ["--db", "DB", "results", "-v"], ["results", "--db", "DB", "--verbose"],
+])
+def test_global_flags_accepted_before_and_after_the_command(argv):
+    """-v and --db work before and after the subcommand, and one given before is not reset."""
+    args = cli._parser().parse_args(argv)
+    assert args.verbose is True and args.db == "DB" and args.quiet is False
+
+
+@pytest.mark.parametrize("argv, allowed, suggestion", [
+    (["best", "hoper_matmul", "--shape", "m=1,n=1,k=1"], "the kernels are", "'hopper_matmul'"),
+    (["best", "hopper_matmul", "--shape", "m=1,n=1,kk=1"], "its keys are m, n, k", "'k'"),
+    (["best", "hopper_matmul", "--shape", "m=1,n=1,k=1", "--dtype", "bfloat61"], "expected one of", "'bfloat16'"),
+    (["spaces", "softmaxx", "--shape", "rows=1"], "bundled kernels are", "'softmax'"),
+    (["check", "hopper_matmul", "--shape", "m=1,n=1,kk=1"], "its keys are", "'k'"),
+    (["results", "--kernel", "sofmax"], "the kernels are", "'softmax'"),
+    (["export", "--kernel", "hopper_matmull"], "the kernels are", "'hopper_matmul'"),
+    (["report", "--kernel", "hoppermatmul"], "the kernels are", "'hopper_matmul'"),
+    (["tune", "examples/quickstart.toml", "--sampler", "tpee"], "expected one of", "'tpe'"),
+])
+def test_unknown_names_exit_2_with_allowed_values_and_did_you_mean(argv, allowed, suggestion, capsys,
+                                                                   monkeypatch, tmp_path):
+    """An unknown kernel, shape key, dtype or sampler in any command: exit 2, the allowed
+    values and a "did you mean" (never "nothing tuned")."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("AUTOTUNE_DB", f"sqlite:///{tmp_path}/never.db")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert allowed in err and f"Did you mean {suggestion}" in err, err
+    assert "nothing tuned" not in err
+    assert not (tmp_path / "never.db").exists()
+
+
+def test_attention_shape_error_lists_the_optional_causal_key(capsys):
+    """The --shape error of the attention kernel names every key, the optional `causal` too."""
+    assert main(["spaces", "hopper_attention", "--shape", "batch=1"]) == 2
+    assert "optionally causal (default false)" in capsys.readouterr().err
+
+
+def test_rule_descriptions_are_rendered_with_values(capsys):
+    """`autotune spaces KERNEL` shows every rule with its values filled in, never a template."""
+    assert main(["spaces", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--dtype", "bf16",
+                 "--sample", "1"]) == 0
+    out = capsys.readouterr().out
+    rules = [line for line in out.splitlines() if line.lstrip().startswith("rule ")]
+    assert len(rules) > 10
+    assert not [line for line in rules if "{" in line or "}" in line], rules
+    assert "m=4096 must be divisible by the cluster tile" in out
+
+
+@pytest.mark.parametrize("command", [
+    f"{sys.executable} -m autotune spaces | head -1",
+    f"{sys.executable} -m autotune spaces --json | head -c 10",
+])
+def test_broken_pipe_ends_quietly(command):
+    """A reader that goes away (`| head`) ends the command quietly: no traceback, exit 141."""
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+                          check=False)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode in (0, 141)
+    assert proc.stdout
+
+
+def test_broken_pipe_exit_code_is_141(monkeypatch):
+    """main() turns a BrokenPipeError into exit code 141 (128 + SIGPIPE), pointing stdout at
+    devnull so the interpreter's last flush cannot raise again."""
+    def boom(argv):
+        raise BrokenPipeError
+
+    dup2_calls = []
+    monkeypatch.setattr(cli, "_main", boom)
+    monkeypatch.setattr(cli.os, "dup2", lambda fd, fd2: dup2_calls.append(fd2))
+    monkeypatch.setattr(cli.sys, "stdout", open(os.devnull, "w"))  # noqa: SIM115
+    assert main(["spaces"]) == cli.EXIT_PIPE == 141
+    assert dup2_calls == [cli.sys.stdout.fileno()]
+
+
+def test_spaces_json_without_a_kernel_lists_kernels(capsys):
+    """`autotune spaces --json` prints the bundled kernels as JSON, with optional shape keys."""
+    assert main(["spaces", "--json"]) == 0
+    kernels = {k["kernel"]: k for k in json.loads(capsys.readouterr().out)}
+    assert list(kernels) == bundled_kernels()
+    assert kernels["hopper_attention"]["optional_shape_keys"] == {"causal": False}
+
+
+def test_sampler_help_shows_the_default_auto(capsys):
+    """`tune --help` names the sampler's default, auto, and the exit codes are in the docs."""
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "else auto)" in out and "auto, tpe" in out
+
+
+def test_effort_maps_to_trials_and_patience():
+    """--effort quick/full set trials and patience; explicit --trials/--patience win."""
+    from autotune.jobs import load_job
+
+    job = load_job(str(REPO / "examples/quickstart.toml"))
+    quick = cli._job_overrides(cli._parser().parse_args(["tune", "x", "--effort", "quick"]), job)
+    assert {(s.budget.trials, s.budget.patience) for s in quick.problems} == {cli.EFFORTS["quick"]}
+    mixed = cli._job_overrides(cli._parser().parse_args(["tune", "x", "--effort", "full", "--trials", "7"]), job)
+    assert {(s.budget.trials, s.budget.patience) for s in mixed.problems} == {(7, cli.EFFORTS["full"][1])}
+
+
+def test_one_schema_for_a_result_in_best_results_and_export(fake_tune, capsys):
+    """best --json, results --json and export --format json name a result's fields alike."""
+    from autotune.storage import RESULT_FIELDS
+
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=4), "--db", db, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["best", "cli_toy", "--shape", "m=512", "--dtype", "f32", "--db", db, "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)
+    assert main(["results", "--db", db, "--json"]) == 0
+    (summary,) = json.loads(capsys.readouterr().out)
+    assert main(["export", "--db", db]) == 0
+    (record,) = json.loads(capsys.readouterr().out)["records"]
+    for payload in (best, summary, record):
+        assert set(RESULT_FIELDS) <= set(payload), payload
+    assert best["config"] == summary["config"] == record["config"]
+    assert best["median_us"] == summary["median_us"] == record["median_us"]
+    assert best["trial_id"] == summary["trial_id"] == record["trial_id"]
+
+
+def test_tune_prints_the_database_and_one_line_per_trial_when_piped(fake_tune, capsys):
+    """Not on a terminal: the resolved database, one line per finished trial (n/N, status,
+    time, best so far), and a last line saying none crashed."""
+    write, db, tmp_path = fake_tune
+    assert main(["tune", write(trials=3), "--db", db]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"autotune: database sqlite:///{tmp_path}/cli.db")
+    trials = [line for line in err if ": trial " in line]
+    assert [line.split(": trial ")[1].split()[0] for line in trials] == ["1/3", "2/3", "3/3"]
+    assert all(" ok " in line and "best " in line for line in trials)
+    assert err[-1].startswith("autotune: done:") and "none crashed" in err[-1]
+
+
+def test_crashed_trials_exit_3_and_name_the_worker_log(fake_tune, capsys):
+    """A job in which trials crashed says so in its last line, with the worker logs, exit 3."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=8, crash=True), "--db", db]) == cli.EXIT_CRASHED == 3
+    err = capsys.readouterr().err.splitlines()
+    crash_lines = [line for line in err if " crashed " in line and ": trial " in line]
+    assert crash_lines and all("worker log /tmp/logs/worker-0-1.log" in line for line in crash_lines)
+    assert "crashed in this run" in err[-1] and "/tmp/logs/worker-0-1.log" in err[-1]
+
+
+def test_jsonl_progress_is_one_json_object_per_line(fake_tune, capsys):
+    """--jsonl: every stdout line is a JSON object: start, trials, done, then a summary."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3), "--db", db, "--jsonl"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["start", "trial", "trial", "trial", "done", "summary"]
+    assert {e["status"] for e in events if e["event"] == "trial"} == {"ok"}
+    assert events[-1]["config"] is not None and events[-1]["median_us"] > 0
+
+
+def test_quiet_prints_no_progress(fake_tune, capsys):
+    """--quiet: no progress and no database line; the results table only."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3), "--db", db, "-q"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "cli_toy" in captured.out
+
+
+def test_dry_run_measures_nothing_and_estimates_from_stored_trials(fake_tune, capsys):
+    """--dry-run prints per problem the valid space, budget, device and database, and an
+    estimate from the trials already stored for the kernel; it stores nothing."""
+    write, db, tmp_path = fake_tune
+    job = write(trials=6)
+    assert main(["tune", job, "--db", db, "--dry-run", "--device", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run: device gpu" in out and f"{tmp_path}/cli.db (no such file yet" in out
+    assert "6 trials" in out and "unknown (no stored trials" in out
+    assert not (tmp_path / "cli.db").exists()
+    assert main(["tune", job, "--db", db, "--trials", "2", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["tune", job, "--db", db, "--dry-run", "--device", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "4 to go" in out and "median of 2 stored" in out
+    with Store(db) as store:
+        assert len(store.trials()) == 2
+
+
+def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys):
+    """Interpret-mode results: no TFLOP/s or speedup in the summary, labelled in `results`,
+    and `best`/`export` leave them out unless asked for with --device interpret."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3, kind="interpret"), "--db", db, "-q"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("\ninterpret: ")[0]
+    assert "TFLOP/s" not in table and "speedup" not in table and "wall us (interpret)" in table
+    assert "not GPU timings" in out
+    assert main(["results", "--db", db]) == 0
+    assert "[interpret]" in capsys.readouterr().out
+    assert main(["best", "cli_toy", "--shape", "m=512", "--dtype", "f32", "--db", db]) == 1
+    assert "--device interpret" in capsys.readouterr().err
+    assert main(["best", "cli_toy", "--shape", "m=512", "--dtype", "f32", "--db", db,
+                 "--device", "interpret", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["speedup"] is None
+    assert main(["export", "--db", db]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["records"] == [] and "left out 1 interpret" in captured.err
+    assert main(["export", "--db", db, "--device", "interpret"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["records"]) == 1
+
+
+def test_results_best_and_report_print_the_database(fake_tune, capsys):
+    """`results`, `best` and `report` name the resolved database on stderr."""
+    write, db, tmp_path = fake_tune
+    assert main(["tune", write(trials=2), "--db", db, "-q"]) == 0
+    capsys.readouterr()
+    for argv in (["results"], ["best", "cli_toy", "--shape", "m=512", "--dtype", "f32"],
+                 ["report", "--out", str(tmp_path / "report")]):
+        assert main([*argv, "--db", db]) == 0
+        assert f"autotune: database sqlite:///{tmp_path}/cli.db" in capsys.readouterr().err
+
+
+def test_tuned_study_reads_through_optunas_public_api(fake_tune):
+    """A tuned study, read with Optuna's public API only: readable name, metric median_us,
+    user attributes, and trial numbers equal to those the store (and report) records."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=4), "--db", db, "-q"]) == 0
+    (summary,) = optuna.get_all_study_summaries(storage=db)
+    assert summary.study_name == "cli_toy[m=512; float32] @ Fake H200"
+    study = optuna.load_study(study_name=summary.study_name, storage=db)
+    assert study.metric_names == ["median_us"]
+    attrs = study.user_attrs
+    assert (attrs["kernel"], attrs["shape"], attrs["dtype"], attrs["device"]) == (
+        "cli_toy", {"m": 512}, "float32", "Fake H200")
+    assert "jax" in attrs["software"] and "autotune" in attrs["software"]
+    complete = {t.number: t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    with Store(db) as store:
+        stored = {r.optuna_trial_number: r.median_us for r in store.trials()}
+    assert stored == complete
+
+
+def test_python_export_is_keyed_by_device_with_a_default(fake_tune, capsys, tmp_path):
+    """`export --format python`: TUNED keyed by device name and 'default'; lookup by device
+    name, by compute capability, and by default for an unknown device."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3), "--db", db, "-q"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "tuned.py"
+    assert main(["export", "--format", "python", "--db", db, "--out", str(out)]) == 0
+    namespace: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), namespace)  # noqa: S102 - our own export
+    assert set(namespace["TUNED"]) == {"Fake H200", "default"}
+    key = ("cli_toy", (("m", 512),), "float32")
+    config = namespace["TUNED"]["Fake H200"][key]
+    assert namespace["lookup"]("cli_toy", {"m": 512}, "float32", "Fake H200") == config
+    assert namespace["lookup"]("cli_toy", {"m": 512}, "f32", "9.0") == config
+    assert namespace["lookup"]("cli_toy", {"m": 512}, "float32", "NVIDIA B200") == config
+    assert namespace["lookup"]("cli_toy", {"m": 1024}, "float32") is None
+
+
+def test_shell_completion_is_optional(monkeypatch, capsys):
+    """Without argcomplete the CLI runs as usual; with it, the parser is handed to
+    argcomplete.autocomplete (the `[completion]` extra)."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "argcomplete", None)  # not installed
+    assert main(["spaces"]) == 0
+    seen = []
+    fake = types.SimpleNamespace(autocomplete=lambda parser: seen.append(parser.prog))
+    monkeypatch.setitem(sys.modules, "argcomplete", fake)
+    assert main(["spaces"]) == 0
+    assert seen == ["autotune"]
+    assert 'completion = ["argcomplete' in (REPO / "pyproject.toml").read_text()

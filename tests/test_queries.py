@@ -15,7 +15,7 @@ import pytest
 from autotune import queries
 from autotune.errors import JobError
 from autotune.problem import Config, Problem
-from autotune.queries import best_config, best_result, list_results
+from autotune.queries import best_config, best_result, list_results, nearest_results
 from autotune.storage import Store
 from autotune.trial import DeviceInfo, Outcome, TrialResult
 
@@ -62,6 +62,7 @@ def test_public_api_is_pinned():
             "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
             "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
             "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
+            "stored_kernels", "stored_trial_seconds",
         ]
     )
 
@@ -113,11 +114,45 @@ def test_nothing_stored_is_none(db: str):
     assert best_result("flash", SHAPE, "bf16", db=db) is None
 
 
-def test_default_falls_back_to_interpret_and_says_so(db: str):
-    """Without GPU results the default answer comes from interpret mode, labelled as such."""
-    result = best_result("matmul", {"m": 128, "n": 128, "k": 128}, "f16", db=db)
+def test_default_leaves_interpret_results_out_unless_asked_for(db: str):
+    """Interpret-mode rows are functional runs, not GPU timings: the default answer (GPU only)
+    is None without GPU results; device='interpret' returns them, labelled as such."""
+    small = {"m": 128, "n": 128, "k": 128}
+    assert best_result("matmul", small, "f16", db=db) is None
+    assert nearest_results("matmul", small, "f16", db=db) == [] or all(
+        r.device_kind == "gpu" for r in nearest_results("matmul", small, "f16", db=db))
+    result = best_result("matmul", small, "f16", device="interpret", db=db)
     assert result is not None and result.device_kind == "interpret"
     assert result.config == {"tile_m": 32, "tile_n": 32} and result.baseline_name is None
+
+
+def test_results_frame_bad_status_lists_the_allowed_ones(db: str):
+    """results_frame(status=...) with an unknown outcome names every allowed one."""
+    pytest.importorskip("pandas")
+    from autotune.errors import JobError
+
+    with pytest.raises(JobError, match="expected one of ok, invalid, compile_error.*Did you mean 'ok'"):
+        queries.results_frame(db, status="okk")
+
+
+def test_missing_database_warns_once_naming_the_path_and_autotune_db(tmp_path, monkeypatch):
+    """A query on a database file that does not exist warns once (per file), naming the
+    resolved path and AUTOTUNE_DB, and answers None without creating it."""
+    import warnings
+
+    from autotune.errors import MissingDatabaseWarning
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOTUNE_DB", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert best_config("matmul", SHAPE, "bf16") is None
+        assert best_config("matmul", SHAPE, "bf16") is None
+    missing = [w for w in caught if issubclass(w.category, MissingDatabaseWarning)]
+    assert len(missing) == 1
+    text = str(missing[0].message)
+    assert str(tmp_path / "results" / "autotune.db") in text and "AUTOTUNE_DB" in text
+    assert not (tmp_path / "results").exists()
 
 
 def test_interpret_results_are_never_gpu_results(db: str):
@@ -152,7 +187,7 @@ def test_list_results_summarises_each_problem_and_device(db: str):
     assert (h200.best_us, h200.best_config) == (705.0, {"tile_m": 128, "tile_n": 256})
     assert (h200.baseline_name, h200.baseline_us, h200.speedup) == ("xla", 1410.0, 2.0)
     assert h200.problem_text == str(MATMUL)
-    assert json.loads(json.dumps(h200.to_dict()))["best_config"] == {"tile_m": 128, "tile_n": 256}
+    assert json.loads(json.dumps(h200.to_dict()))["config"] == {"tile_m": 128, "tile_n": 256}
     assert rows[(MATMUL_SMALL, INTERPRET.name)].device_kind == "interpret"
 
     assert {r.problem for r in list_results(db, kernel="attention")} == {ATTENTION}

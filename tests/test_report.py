@@ -77,8 +77,8 @@ class FakeH200:
         return {"load": (40.0, 64), "mma": (110.0, 64), "epilogue": (12.0, 8)}
 
 
-def _fake_job(url: str) -> None:
-    job = Job("r", (ProblemSpec(PROBLEM, Budget(trials=24), sampler="tpe", seed=0, trace_top_k=2),))
+def _fake_job(url: str, trials: int = 24) -> None:
+    job = Job("r", (ProblemSpec(PROBLEM, Budget(trials=trials), sampler="tpe", seed=0, trace_top_k=2),))
     with Store(url) as store:
         run_job(job, store=store, engine=FakeH200())
 
@@ -123,7 +123,8 @@ def test_report_of_a_gpu_job_draws_every_plot(tmp_path):
 
 
 def test_report_cli_and_notes_without_study_or_ceilings(tmp_path, capsys):
-    """Imported interpret results: no study (importance noted), no ceilings (noted), exit 0."""
+    """Imported interpret results: no study (importance noted), the interpret caveat and no
+    roofline (no throughput from functional runs), exit 0."""
     url = f"sqlite:///{tmp_path}/r.db"
     device = DeviceInfo("cpu-interpret (test)", "interpret")
     with Store(url) as store:
@@ -133,9 +134,10 @@ def test_report_cli_and_notes_without_study_or_ceilings(tmp_path, capsys):
                                rel_error=0.0, timing="wallclock"), device=device, software={"jax": "x"})
     out = tmp_path / "out"
     assert cli.main(["report", "--db", url, "--out", str(out)]) == 0
-    assert "wrote 3 plot(s) of 1 problem(s)" in capsys.readouterr().out
+    assert "wrote 2 plot(s) of 1 problem(s)" in capsys.readouterr().out
     text = (out / "index.html").read_text()
-    assert "no Optuna studies" in text and "peaks of cpu-interpret (test) are not known" in text
+    assert "no Optuna studies" in text and "Interpret mode: these are functional runs" in text
+    assert not (out / "roofline.png").exists() and "roofline" not in str(list(out.rglob("*.png")))
 
 
 def test_file_names_from_the_database_stay_inside_the_report(tmp_path):
@@ -202,11 +204,38 @@ def test_report_of_an_interpret_mode_job(tmp_path):
     [folder] = [p for p in out.iterdir() if p.is_dir()]
     names = {p.name for p in folder.iterdir()}
     assert {"convergence.png", "distribution.png", "roofline.png"} <= names
-    assert names <= {"convergence.png", "distribution.png", "roofline.png", "importance.png"}
+    assert names <= {"convergence.png", "distribution.png", "importance.png"}
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in folder.iterdir())
     text = (out / "index.html").read_text()
     for name in names:
         assert f'{folder.name}/{name}' in text
-    assert "cpu-interpret" in text and "are not known" in text
+    assert "cpu-interpret" in text and "Interpret mode: these are functional runs" in text
     # Two of SCALE_ADD's four blocks do not lower here: too few complete trials is a note.
-    assert "importance.png" in names or "Parameter importances: only" in text
+    assert "importance.png" not in names and "importances need at least 10" in text
+
+
+def test_no_importance_plot_below_ten_trials(tmp_path):
+    """Parameter importances need 10 complete trials: with 9 trials the page notes why; with
+    more (resumed to 24) the plot is drawn."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    _fake_job(url, trials=9)
+    written = report.write_report(url, out_dir=tmp_path / "nine")
+    [page] = written.pages
+    assert "importance" not in page.images
+    assert any("importances need at least 10" in note for note in page.notes)
+    _fake_job(url)
+    [page] = report.write_report(url, out_dir=tmp_path / "more").pages
+    assert "importance" in page.images
+
+
+def test_convergence_numbers_trials_as_optuna_does(tmp_path):
+    """The convergence plot's x axis is Optuna's trial number (what optuna-dashboard shows)."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    _fake_job(url, trials=6)
+    with Store(url) as store:
+        rows = store.trials(PROBLEM)
+    fig = report._convergence(rows, None, "t")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "Optuna trial number"
+    xs = sorted(int(x) for x, _y in ax.collections[0].get_offsets())
+    assert xs == sorted(r.optuna_trial_number for r in rows if r.ok)

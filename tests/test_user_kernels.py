@@ -131,7 +131,7 @@ def test_pallas_example_tunes_end_to_end_in_interpret_mode(tmp_path, monkeypatch
     assert {r.problem.kernel for r in rows} == {BIAS_GELU}
 
     best = run_cli("best", BIAS_GELU, "--shape", "rows=16,cols=256", "--dtype", "float32",
-                   "--db", db, "--json")
+                   "--db", db, "--json", "--device", "interpret")
     assert best.returncode == 0, best.stderr
     config = json.loads(best.stdout)["config"]
     assert config in [dict(r.config) for r in rows]

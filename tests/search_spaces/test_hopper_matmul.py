@@ -374,3 +374,26 @@ def test_interpret_mode_excludes_clusters_only_there():
     assert interp.count() < gpu.count()
     assert all(c["cluster_dimension"] is None for c in interp.sample(200, seed=0))
     assert any(c["cluster_dimension"] is not None for c in gpu.sample(200, seed=0))
+
+
+def test_interpret_mode_excludes_one_tile_outputs_only_there():
+    """interpret_two_tiles: bound for interpret mode, no config covers the output with one
+    cluster tile (those crash XLA's CPU compiler with SIGFPE); bound for the GPU, some do."""
+    from search_spaces.hopper_matmul import cluster_tile
+
+    problem = KERNEL.problem({"m": 256, "n": 256, "k": 256}, "bfloat16")  # the quickstart's
+    gpu = KERNEL.valid_space(problem)
+    interp = KERNEL.valid_space(problem, interpret=True)
+
+    def tiles(c):
+        return (256 // cluster_tile(c, "m")) * (256 // cluster_tile(c, "n"))
+
+    assert all(tiles(c) >= 2 for c in interp.sample(500, seed=0))
+    one_tile = [c for c in gpu.sample(2000, seed=0) if tiles(c) == 1]
+    assert one_tile
+    crashed = dict(one_tile[0], cluster_dimension=None)  # the quickstart's crash: 128x256, wg M
+    crashed.update(tile_m=128, tile_n=256, wg_dimension="M", tile_k=32, epi_tile_m=64,
+                   epi_tile_n=128, max_concurrent_steps=5, grid_minor_dim="N", grid_tile_width=1)
+    assert [v.rule for v in interp.validate(crashed)] == ["interpret_two_tiles"]
+    assert gpu.validate(crashed) == []
+    assert "m_iters x n_iters = 1 x 1 must be at least 2" in str(interp.validate(crashed)[0])
