@@ -221,6 +221,7 @@ _ERRORS_SHOWN = 20  # bad records named in the message; the count says how many 
 _KNOWN_KEYS = frozenset({
     "kernel", "shape", "dtype", "device", "device_kind", "compute_capability", "driver",
     "median_us", "jax_version", "software", "config",
+    "trial_id",  # the exporting database's id: informational, never imported as an id
 })
 _DEVICE_KINDS = ("gpu", "interpret", "fake")
 

@@ -156,11 +156,11 @@ def lookup_config(
         stored = _ask_database(where, strict=strict, timeout_s=timeout_s, ask=lambda t: _lookup(
             resolved, shape, dtype, default=default, db=db, device=device, timeout_s=t))
     except _Unavailable as e:
-        answer = _fallback(resolved, problem, default, table)
+        answer = _fallback(resolved, problem, default, table, device)
         with _LOCK:
             _DEGRADED[key] = (answer, e.retry_at)
         return answer
-    answer = stored if stored is not None else _fallback(resolved, problem, default, table)
+    answer = stored if stored is not None else _fallback(resolved, problem, default, table, device)
     with _LOCK:
         _CACHE[key] = answer
         _DEGRADED.pop(key, None)
@@ -203,10 +203,10 @@ def _lookup(
 
 
 def _fallback(
-    kernel: Kernel, problem: Problem, default: Default, table: Any
+    kernel: Kernel, problem: Problem, default: Default, table: Any, device: str | None = None
 ) -> tuple[Config | None, str]:
     """The answer without the database: ``table``'s config of the problem, else the default."""
-    config = _from_table(kernel, problem, table)
+    config = _from_table(kernel, problem, table, device)
     if config is not None:
         log.info("%s: using the config of the exported table.", problem)
         return config, "table"
@@ -214,7 +214,9 @@ def _fallback(
     return _default(kernel, problem, default), "default"
 
 
-def _from_table(kernel: Kernel, problem: Problem, table: Any) -> Config | None:
+def _from_table(
+    kernel: Kernel, problem: Problem, table: Any, device: str | None = None
+) -> Config | None:
     if table is None:
         return None
     tuned = getattr(table, "TUNED", table)
@@ -223,7 +225,12 @@ def _from_table(kernel: Kernel, problem: Problem, table: Any) -> Config | None:
             "table must be the TUNED dict of a module written by `autotune export --format "
             f"python`, or that module, but got {type(table).__name__}."
         )
-    value = tuned.get((kernel.name, tuple(sorted(problem.dims.items())), problem.dtype))
+    key = (kernel.name, tuple(sorted(problem.dims.items())), problem.dtype)
+    value = tuned.get(key)
+    if value is None and isinstance(tuned.get("default"), Mapping):
+        # Keyed by device (`export --format python`): that device's table, else "default".
+        per_device = tuned.get(device) if device is not None else None
+        value = (per_device if isinstance(per_device, Mapping) else tuned["default"]).get(key)
     if value is None:
         return None
     config = Config(value)

@@ -296,4 +296,4 @@ def test_interpret_results_are_exported_only_when_asked_for(source):
     """export leaves interpret-mode rows out by default; device='interpret' exports them."""
     assert {r["device_kind"] for r in export_records(source)} == {"gpu"}
     (record,) = export_records(source, device="interpret")
-    assert record["device_kind"] == "interpret" and record["config"] == {"tile_m": 64, "tile_n": 64}
+    assert record["device_kind"] == "interpret" and record["config"] == dict(M3)
