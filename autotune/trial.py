@@ -49,6 +49,7 @@ class TrialResult:
     error: str = ""
     rel_error: float | None = None  # ||out - ref|| / ||ref||
     timing: str = ""  # "cupti" | "wallclock" | "fake"
+    cache: str = ""  # the cache policy it was timed with: "cold" | "warm" (autotune.measurement)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,13 @@ class TrialResult:
     def max_us(self) -> float | None:
         return max(self.samples_us) if self.samples_us else None
 
+    @property
+    def spread(self) -> float | None:
+        """``(p90 - p10) / median`` of the samples (:func:`autotune.measurement.relative_spread`)."""
+        from autotune.measurement import relative_spread
+
+        return relative_spread(self.samples_us)
+
     @classmethod
     def failed(cls, outcome: Outcome, error: str, *, compile_s: float | None = None) -> TrialResult:
         return cls(outcome=outcome, error=error[-4000:], compile_s=compile_s)
@@ -78,6 +86,7 @@ class TrialResult:
         compile_s: float | None,
         rel_error: float | None,
         timing: str,
+        cache: str = "",
     ) -> TrialResult:
         return cls(
             outcome=Outcome.OK,
@@ -85,4 +94,5 @@ class TrialResult:
             compile_s=compile_s,
             rel_error=rel_error,
             timing=timing,
+            cache=cache,
         )

@@ -32,6 +32,9 @@ AT_TABLES = {
     "at_trials",
     "at_baselines",
     "at_trace_regions",
+    "at_runs",
+    "at_confirmations",
+    "at_confirmation_programs",
     "at_alembic_version",
 }
 
@@ -61,7 +64,7 @@ def test_public_api_is_pinned():
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
             "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
-            "VERSION_TABLE",
+            "VERSION_TABLE", "RunRow", "ConfirmationRow", "ConfirmedProgram",
         ]
     )
 
@@ -77,6 +80,7 @@ def test_trial_round_trips_every_field(store: Store):
         error="",
         rel_error=2.5e-4,
         timing="cupti",
+        cache="cold",
     )
     software = {**SOFTWARE, "jax_cuda13_plugin": "0.10.2"}
     started = dt.datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2)))
@@ -103,6 +107,7 @@ def test_trial_round_trips_every_field(store: Store):
     assert row.started_at == started and row.started_at.tzinfo == dt.UTC
     assert before <= row.finished_at <= after
     assert row.result() == result
+    assert row.cache_policy == "cold" and row.stored_spread == pytest.approx(result.spread)
     assert store.trial(recorded.id) == row
     assert store.problems() == [problem]
 
@@ -354,7 +359,7 @@ def test_migrations_create_the_schema_from_empty(db_url: str):
                     or name.startswith("at_"),
                 },
             )
-            assert context.get_current_heads() == ("0002",)
+            assert context.get_current_heads() == ("0003",)
             assert compare_metadata(context, storage.Base.metadata) == []
     with Store(db_url) as store:  # reopening is a no-op
         assert store.trials() == []
@@ -376,7 +381,7 @@ def test_migration_0001_to_0002_adds_the_lookup_index(db_url: str):
     with Store(db_url) as store:  # opening migrates 0001 -> 0002
         assert indexes(store)["ix_at_trials_rank"] == ["problem_id", "status", "median_us"]
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0002"
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0003"
         assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
 
 
