@@ -1059,6 +1059,8 @@ class FakeBehaviour:
     given); ``search_us``, when given, is what its search trial measures instead (a lucky or
     unlucky moment, which the confirmation round, timing ``cost_us``, sees through); ``noise``
     is the relative standard deviation of every sample (deterministic: seeded by the config).
+    In a config (:meth:`from_config`), times may be strings (``"100.3"``: config values are
+    never fractional numbers) and ``noise`` is in per mille.
     """
 
     mode: str = "ok"
@@ -1088,7 +1090,7 @@ class FakeBehaviour:
             sleep_s=float(config.get("sleep_ms", 0)) / 1000,
             search_us=None if config.get("search_us") is None else float(config["search_us"]),
             cold_us=None if config.get("cold_us") is None else float(config["cold_us"]),
-            noise=float(config.get("noise", 0)),
+            noise=float(config.get("noise", 0)) / 1000,  # per mille: config values are not floats
         )
 
     def true_us(self, cache: str) -> float:
