@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(0: never; default: the job's, else 24)")
     t.add_argument("--sampler", help="override the sampler (tpe, random, cmaes, gp, qmc, brute)")
     t.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
+    t.add_argument("--cache", choices=("auto", "cold", "warm"),
+                   help="L2 between timed runs: cold (flushed; default on a GPU) or warm; "
+                        "overrides the job's `cache`")
     t.add_argument("--gpus", help="'all' or a list like 0,1 (one measuring worker per GPU)")
     t.add_argument("--results-dir", default="results", help="where traces and reports go")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
@@ -73,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--shape", required=True)
     b.add_argument("--dtype", default="bfloat16")
     b.add_argument("--device", help="a device name, or gpu / interpret")
+    b.add_argument("--cache", choices=("cold", "warm"),
+                   help="answer from this cache policy's results (default: cold if any, else warm)")
     b.add_argument("--db")
     b.add_argument("--json", action="store_true")
 
@@ -214,14 +219,16 @@ def _tune(args: argparse.Namespace) -> int:
         if args.patience is not None:
             budget = dataclasses.replace(budget, patience=args.patience or None)
         specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
-    job = dataclasses.replace(job, problems=tuple(specs))
+    cache = job.cache if args.cache is None else (None if args.cache == "auto" else args.cache)
+    job = dataclasses.replace(job, problems=tuple(specs), cache=cache)
     gpus = _parse_gpus(args.gpus)
     store = Store(args.db)
     progress = _Progress()
     try:
         require_persistent(store)  # before the engine writes its logs under --results-dir
         log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
-        with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir) as engine:
+        with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir,
+                         cache=cache) as engine:
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)
     finally:
@@ -297,19 +304,33 @@ class _Progress:
             self._open = False
 
 
+def _speedup_text(speedup: float | None, spread: float | None, confirmed: bool) -> str:
+    """``1.013 ±0.2% (confirmed)``, ``0.990``, or ``-``."""
+    if speedup is None:
+        return "-"
+    text = f"{speedup:.3f}"
+    if spread is not None:
+        text += f" ±{100 * spread:.1f}%"
+    return text + (" (confirmed)" if confirmed else "")
+
+
 def _print_reports(reports: Sequence[Any]) -> None:
-    header = ["problem", "device", "best us", "TFLOP/s", "GB/s", "baseline us", "speedup", "trials", "invalid", "stop"]
+    header = ["problem", "device", "cache", "best us", "TFLOP/s", "GB/s", "baseline us", "speedup",
+              "ties", "trials", "invalid", "stop"]
     rows = []
     for r in reports:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items()))
+        confirmed = r.confirmation is not None
         rows.append([
             str(r.problem),
             r.device,
+            r.cache_policy,
             _num(r.best_us, ".1f"),
             _num(r.tflops, ".0f"),
             _num(r.gbps, ".0f"),
             _num(r.baseline_us, ".1f") + (f" ({r.baseline_name})" if r.baseline_name else ""),
-            _num(r.speedup, ".3f"),
+            _speedup_text(r.speedup, r.speedup_spread, confirmed),
+            str(r.ties) if confirmed else "-",
             statuses or "-",
             str(r.invalid),
             r.stop_reason or "-",
@@ -334,7 +355,8 @@ def _best(args: argparse.Namespace) -> int:
 
     shape = parse_shape(args.shape)
     problem = Problem(args.kernel, shape, args.dtype)  # validates the dtype; never imports jax
-    result = best_result(args.kernel, shape, problem.dtype, device=args.device, db=args.db)
+    result = best_result(args.kernel, shape, problem.dtype, device=args.device, db=args.db,
+                         cache=args.cache)
     if result is None:
         raise NothingTunedError(
             f"nothing tuned for {problem}"
@@ -344,13 +366,18 @@ def _best(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
     else:
-        print(f"{problem} on {result.device}: {result.median_us:.1f} us")
+        spread = "" if result.spread is None else f" (spread {100 * result.spread:.1f}%)"
+        print(f"{problem} on {result.device}: {result.median_us:.1f} us{spread}, cache "
+              f"{result.cache_policy}" + (", confirmed" if result.confirmed else ""))
         if result.stale:
             print(f"  measured with jax {result.jax_version}, jaxlib {result.jaxlib_version}, not the "
                   "running versions: `autotune revalidate` re-measures it")
         if result.baseline_us:
-            print(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {result.baseline_us / result.median_us:.3f})")
+            speedup = _speedup_text(result.speedup, result.speedup_spread, result.confirmed)
+            print(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {speedup})")
         print("  config: " + json.dumps(result.config))
+        for tie in result.ties:
+            print(f"  tied within the noise ({100 * tie['diff']:+.2f}%): " + json.dumps(tie["config"]))
     return EXIT_OK
 
 
@@ -364,9 +391,15 @@ def _results(args: argparse.Namespace) -> int:
     if not rows:
         print("no results stored" + (f" for kernel {args.kernel}" if args.kernel else ""))
         return EXIT_OK
-    header = ["problem", "device", "trials", "best us"]
-    table = [[r.problem_text, r.device, ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
-              _num(r.best_us, ".1f")] for r in rows]
+    header = ["problem", "device", "cache", "trials", "best us", "speedup", "ties"]
+    table = [[r.problem_text, r.device, r.cache_policy,
+              ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
+              _num(r.best_us if r.confirmation is None else r.confirmation.crowned.median_us, ".1f"),
+              _speedup_text(r.confirmed_speedup if r.confirmation is not None else r.speedup,
+                            None if r.confirmation is None else r.confirmation.speedup_spread,
+                            r.confirmation is not None),
+              "-" if r.confirmation is None else str(sum(p.tie for p in r.confirmation.programs))]
+             for r in rows]
     _table(header, table)
     return EXIT_OK
 

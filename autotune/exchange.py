@@ -1,11 +1,15 @@
 """Export the best config per problem (JSON, CSV, or a plain Python module) and import it back.
 
 * ``json``: ``{"format": "autotune-export", "version": 1, "records": [...]}``, one record per
-  (problem, device) with kernel, shape, dtype, device, device_kind, compute_capability,
-  driver, median_us, jax_version, software and config. :func:`import_json` reads it back.
+  (problem, device, cache policy) with kernel, shape, dtype, device, device_kind,
+  compute_capability, driver, median_us, jax_version, software, config, cache_policy, spread,
+  and, when a confirmation round crowned the config, confirmed (true), confirmed_speedup,
+  speedup_spread and ties (the configs within the noise of the fastest).
+  :func:`import_json` reads it back (a record without cache_policy is ``warm``).
 * ``csv``: the same records, one row each (shape as ``m=..,n=..``, config as JSON).
 * ``python``: a module needing nothing but Python: ``TUNED = {(kernel, ((key, value), ...),
-  dtype): {config}}`` (one config per problem: GPU results preferred, then the fastest) and
+  dtype): {config}}`` (one config per problem: GPU results preferred, then cold-cache ones, then
+  the fastest; times of two cache policies are never compared) and
   ``lookup(kernel, shape, dtype)``.
 
 Importing never replaces stored results: each record becomes an ok trial on its device
@@ -23,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
+from autotune.measurement import CACHE_POLICIES
 from autotune.problem import Config, Problem, canonical_dtype
 from autotune.queries import _device_filter, _open
 from autotune.storage import Store
@@ -48,9 +53,17 @@ def export_records(
         for summary in store.summaries(kernel=kernel, device_name=name, device_kind=kind):
             if summary.best_config is None or summary.best_trial_id is None:
                 continue
+            confirmation = summary.confirmation
             trial = store.trial(summary.best_trial_id)
             if trial is None:  # deleted between the two reads
                 continue
+            if confirmation is not None and confirmation.created_at < trial.finished_at:
+                confirmation = None  # a faster config was found since: not confirmed
+            median_us, config, spread = summary.best_us, dict(summary.best_config), trial.spread
+            if confirmation is not None:
+                crowned = confirmation.crowned
+                median_us, config, spread = crowned.median_us, dict(crowned.config), crowned.spread
+                trial = store.trial(crowned.trial_id) or trial
             info = trial.device
             records.append({
                 "kernel": summary.problem.kernel,
@@ -60,10 +73,19 @@ def export_records(
                 "device_kind": summary.device_kind,
                 "compute_capability": info.compute_capability,
                 "driver": info.driver,
-                "median_us": summary.best_us,
+                "median_us": median_us,
                 "jax_version": trial.software.get("jax", ""),
                 "software": dict(trial.software),
-                "config": dict(summary.best_config),
+                "config": config,
+                "cache_policy": summary.cache_policy,
+                "spread": spread,
+                "confirmed": confirmation is not None,
+                "confirmed_speedup": None if confirmation is None else confirmation.speedup,
+                "speedup_spread": None if confirmation is None else confirmation.speedup_spread,
+                "ties": [] if confirmation is None else [
+                    {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff}
+                    for p in confirmation.programs if p.tie
+                ],
             })
     return records
 
@@ -76,12 +98,14 @@ def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
     if fmt == "csv":
         out = io.StringIO()
         fields = ["kernel", "shape", "dtype", "device", "device_kind", "median_us",
-                  "jax_version", "config"]
+                  "jax_version", "config", "cache_policy", "spread", "confirmed",
+                  "confirmed_speedup", "speedup_spread", "ties"]
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in records:
             writer.writerow({
-                **{k: r[k] for k in fields if k not in ("shape", "config")},
+                **{k: r.get(k) for k in fields if k not in ("shape", "config", "ties")},
+                "ties": len(r.get("ties") or ()),
                 "shape": Problem(r["kernel"], r["shape"], r["dtype"]).shape_text,
                 "config": json.dumps(r["config"], sort_keys=True),
             })
@@ -96,8 +120,11 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
     for r in records:
         key = (r["kernel"], tuple(sorted(r["shape"].items())), r["dtype"])
         old = chosen.get(key)
-        rank = (r["device_kind"] != "gpu", r["median_us"])
-        if old is None or rank < (old["device_kind"] != "gpu", old["median_us"]):
+        def rank(x: Mapping[str, Any]) -> tuple[bool, bool, float]:
+            return (x["device_kind"] != "gpu", x.get("cache_policy", "warm") != "cold",
+                    x["median_us"])
+
+        if old is None or rank(r) < rank(old):
             chosen[key] = r
     lines = [
         '"""Tuned configs exported by autotune. Plain Python: needs nothing else installed.',
@@ -114,7 +141,10 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
     for key in sorted(chosen, key=repr):
         r = chosen[key]
         details = {"device": r["device"], "device_kind": r["device_kind"],
-                   "median_us": r["median_us"], "jax_version": r["jax_version"]}
+                   "median_us": r["median_us"], "jax_version": r["jax_version"],
+                   "cache_policy": r.get("cache_policy", "warm"),
+                   "confirmed_speedup": r.get("confirmed_speedup"),
+                   "speedup_spread": r.get("speedup_spread")}
         lines.append(f"    {key!r}: {details!r},")
     lines += [
         "}",
@@ -172,6 +202,9 @@ def import_records(
                                 str(r.get("compute_capability") or ""), str(r.get("driver") or ""))
             software = {str(k): str(v) for k, v in dict(r.get("software") or {}).items()}
             software.setdefault("jax", str(r.get("jax_version") or ""))
+            cache = str(r.get("cache_policy") or "warm")
+            if cache not in CACHE_POLICIES:
+                raise ValueError(f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {cache!r}")
         except KeyError as e:
             raise JobError(
                 f"{where}: record {i} has no {e.args[0]!r}; each record needs {_RECORD_KEYS} "
@@ -182,13 +215,13 @@ def import_records(
                 f"{where}: record {i} is malformed: {e}; each record needs {_RECORD_KEYS} "
                 "(as `autotune export --format json` writes them). Nothing was imported."
             ) from None
-        parsed.append((problem, config, median, device, software))
+        parsed.append((problem, config, median, device, software, cache))
     added = duplicates = 0
     with Store(db) as store:
-        for problem, config, median, device, software in parsed:
+        for problem, config, median, device, software, cache in parsed:
             result = TrialResult.timed([median], compile_s=None, rel_error=None, timing="imported")
             recorded = store.record_trial(problem, config, result, device=device,
-                                          software=software, worker="import")
+                                          software=software, worker="import", cache=cache)
             duplicates += recorded.duplicate
             added += not recorded.duplicate
     return added, duplicates

@@ -23,6 +23,15 @@ none; ``BestResult.stale`` says which, and the fallback is logged. GPU results o
 versions still come before interpret-mode ones. ``autotune revalidate`` re-measures such stale
 winners.
 
+Cache policies: times of the ``cold`` and ``warm`` policies (:mod:`autotune.measurement`)
+are never ranked together. A problem is answered from its ``cold`` results when it has any on
+the chosen device, else from its ``warm`` ones (``cache=`` picks one); ``BestResult.cache_policy``
+says which.
+
+Confirmation: when the newest confirmation round of that policy, device and software is newer
+than the fastest trial, the answer is its crowned config, with its confirmed median, the paired
+speedup and its spread, and the configs it found tied (``BestResult.confirmed``).
+
 This module must not import jax, directly or indirectly: asking for a config must not
 initialise CUDA.
 """
@@ -42,6 +51,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import JobError
+from autotune.measurement import CACHE_POLICIES
 from autotune.problem import Problem, ShapeValue, canonical_dtype, parse_shape
 from autotune.storage import ProblemSummary, Store, TrialRow, resolve_url, sqlite_path
 
@@ -81,10 +91,24 @@ class BestResult:
     jaxlib_version: str = ""
     # Measured with other jax/jaxlib versions than the running ones (none of those stored).
     stale: bool = False
+    cache_policy: str = "warm"  # "cold" | "warm": every figure here is of this policy
+    spread: float | None = None  # (p90 - p10) / median of the samples behind median_us
+    # From the confirmation round (None / () when the answer was not confirmed):
+    confirmation_id: int | None = None
+    confirmed_speedup: float | None = None  # median of the per-round paired speedups
+    speedup_spread: float | None = None  # half their range, relative to it
+    ties: tuple[dict[str, Any], ...] = dataclasses.field(default=(), hash=False)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmation_id is not None
 
     @property
     def speedup(self) -> float | None:
-        """``baseline_us / median_us``: above 1 the tuned kernel is faster."""
+        """``baseline_us / median_us`` (above 1 the tuned kernel is faster); the confirmation
+        round's paired speedup when confirmed."""
+        if self.confirmed_speedup is not None:
+            return self.confirmed_speedup
         return None if self.ratio is None else 1.0 / self.ratio
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,6 +130,13 @@ class BestResult:
             "baseline_us": self.baseline_us,
             "ratio": self.ratio,
             "speedup": self.speedup,
+            "cache_policy": self.cache_policy,
+            "spread": self.spread,
+            "confirmed": self.confirmed,
+            "confirmation_id": self.confirmation_id,
+            "confirmed_speedup": self.confirmed_speedup,
+            "speedup_spread": self.speedup_spread,
+            "ties": [dict(t) for t in self.ties],
         }
 
 
@@ -133,21 +164,25 @@ def best_result(
     *,
     device: str | None = None,
     db: str | None = None,
+    cache: str | None = None,
 ) -> BestResult | None:
-    """The fastest stored trial of a problem with its baseline comparison, or None."""
+    """The best stored config of a problem with its baseline comparison, or None: the
+    confirmation round's winner when there is a current one, else the fastest trial."""
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
+    if cache is not None and cache not in CACHE_POLICIES:
+        raise JobError(f"cache must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}.")
     with _open(db) as store:
         if store is None:
             return None
         if device is None:
-            found = _best_row(store, problem, None, "gpu")
+            found = _best_row(store, problem, None, "gpu", cache)
             if found is None:
-                found = _best_row(store, problem, None, "interpret")
+                found = _best_row(store, problem, None, "interpret", cache)
                 if found is not None:
                     log.info("%s has no GPU results; answering from interpret mode.", problem)
         else:
             name, kind = _device_filter(store, device)
-            found = _best_row(store, problem, name, kind)
+            found = _best_row(store, problem, name, kind, cache)
         if found is None:
             return None
         return _best_result(store, problem, *found)
@@ -173,16 +208,22 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
 
 
 def _best_row(
-    store: Store, problem: Problem, name: str | None, kind: str | None
+    store: Store, problem: Problem, name: str | None, kind: str | None, cache: str | None = None
 ) -> tuple[TrialRow, bool] | None:
     """The fastest ok trial measured with the running jax/jaxlib, else the fastest of other
-    versions, and whether it is stale (of other versions)."""
+    versions, and whether it is stale (of other versions); of ``cache``'s policy, else of the
+    store's preferred one (cold, then warm)."""
+    if cache is None:
+        cache = store.preferred_policy(problem, device_name=name, device_kind=kind)
+        if cache is None:
+            return None
     versions = running_versions()
     if versions:
-        rows = store.best(problem, device_name=name, device_kind=kind, versions=versions)
+        rows = store.best(problem, device_name=name, device_kind=kind, versions=versions,
+                          cache=cache)
         if rows:
             return rows[0], False
-    rows = store.best(problem, device_name=name, device_kind=kind)
+    rows = store.best(problem, device_name=name, device_kind=kind, cache=cache)
     if not rows:
         return None
     best = rows[0]
@@ -198,8 +239,24 @@ def _versions_text(versions: Mapping[str, str]) -> str:
     return ", ".join(f"{k} {versions.get(k) or '?'}" for k in ("jax", "jaxlib"))
 
 
+def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any:
+    """The newest confirmation round of ``best``'s device, software and policy, if it is newer
+    than ``best`` (else the search found ``best`` after it, and it is not current)."""
+    for c in store.confirmations(problem, device_name=best.device.name,
+                                 device_kind=best.device.kind, cache=best.cache_policy):
+        if all(c.software.get(k, "") == best.software.get(k, "") for k in ("jax", "jaxlib")):
+            return c if c.created_at >= best.finished_at else None
+    return None
+
+
 def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
-    baseline = store.baseline(problem, device_name=best.device.name, device_kind=best.device.kind)
+    confirmation = _current_confirmation(store, problem, best)
+    if confirmation is not None:
+        crowned = store.trial(confirmation.crowned_trial_id)
+        if crowned is not None:
+            return _confirmed_result(store, problem, crowned, confirmation, stale)
+    baseline = store.baseline(problem, device_name=best.device.name, device_kind=best.device.kind,
+                              cache=best.cache_policy)
     assert best.median_us is not None  # best() returns timed ok trials only
     return BestResult(
         problem=problem,
@@ -215,6 +272,40 @@ def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = F
         ratio=None if baseline is None else best.median_us / baseline.median_us,
         jaxlib_version=best.software.get("jaxlib", ""),
         stale=stale,
+        cache_policy=best.cache_policy,
+        spread=best.spread,
+    )
+
+
+def _confirmed_result(
+    store: Store, problem: Problem, crowned: TrialRow, c: Any, stale: bool
+) -> BestResult:
+    program = c.crowned
+    baseline_us = c.baseline_median_us
+    return BestResult(
+        problem=problem,
+        config=dict(crowned.config),
+        median_us=program.median_us,
+        device=crowned.device.name,
+        device_kind=crowned.device.kind,
+        jax_version=crowned.software.get("jax", ""),
+        measured_at=c.created_at,
+        trial_id=crowned.id,
+        baseline_name=c.baseline_name,
+        baseline_us=baseline_us,
+        ratio=None if c.speedup is None else 1.0 / c.speedup,
+        jaxlib_version=crowned.software.get("jaxlib", ""),
+        stale=stale,
+        cache_policy=c.cache_policy,
+        spread=program.spread,
+        confirmation_id=c.id,
+        confirmed_speedup=c.speedup,
+        speedup_spread=c.speedup_spread,
+        ties=tuple(
+            {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff,
+             "trial_id": p.trial_id}
+            for p in c.programs if p.tie
+        ),
     )
 
 
@@ -302,7 +393,8 @@ def list_results(
 
 FRAME_COLUMNS = (
     "trial_id", "kernel", "dtype", "problem", "status", "median_us", "min_us", "max_us",
-    "compile_s", "rel_error", "timing", "device", "device_kind", "compute_capability",
+    "compile_s", "rel_error", "timing", "cache_policy", "spread", "device", "device_kind",
+    "compute_capability",
     "driver", "jax", "jaxlib", "autotune", "study_name", "optuna_trial_number", "worker", "host",
     "started_at", "finished_at", "traced", "error",
 )
@@ -349,7 +441,8 @@ def results_frame(
             "trial_id": r.id, "kernel": r.problem.kernel, "dtype": r.problem.dtype,
             "problem": str(r.problem), "status": r.status.value, "median_us": r.median_us,
             "min_us": r.min_us, "max_us": r.max_us, "compile_s": r.compile_s,
-            "rel_error": r.rel_error, "timing": r.timing, "device": r.device.name,
+            "rel_error": r.rel_error, "timing": r.timing, "cache_policy": r.cache_policy,
+            "spread": r.spread, "device": r.device.name,
             "device_kind": r.device.kind, "compute_capability": r.device.compute_capability,
             "driver": r.device.driver, "jax": r.software.get("jax", ""),
             "jaxlib": r.software.get("jaxlib", ""), "autotune": r.software.get("autotune", ""),
