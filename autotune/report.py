@@ -171,10 +171,10 @@ def _folder_name(summary: ProblemSummary) -> str:
         key += f"|{summary.cache_policy}"
     tag = hashlib.sha256(key.encode())
     shape = "_".join(f"{k}{v}" for k, v in problem.dims.items())
-    return "__".join(
-        [_slug(problem.kernel), _slug(shape), _slug(problem.dtype), _slug(summary.device, 30),
-         _slug(summary.cache_policy)]
-    ) + "-" + tag.hexdigest()[:8]
+    parts = [_slug(problem.kernel), _slug(shape), _slug(problem.dtype), _slug(summary.device, 30)]
+    if summary.cache_policy != "warm":
+        parts.append(_slug(summary.cache_policy))
+    return "__".join(parts) + "-" + tag.hexdigest()[:8]
 
 
 def _problem_page(
