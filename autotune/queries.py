@@ -97,6 +97,7 @@ class BestResult:
     confirmation_id: int | None = None
     confirmed_speedup: float | None = None  # median of the per-round paired speedups
     speedup_spread: float | None = None  # half their range, relative to it
+    # The other configs of the winner's tied group: within the measured noise of the fastest.
     ties: tuple[dict[str, Any], ...] = dataclasses.field(default=(), hash=False)
 
     @property
@@ -304,9 +305,15 @@ def _confirmed_result(
         ties=tuple(
             {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff,
              "trial_id": p.trial_id}
-            for p in c.programs if p.tie
+            for p in _tied_group(c) if not p.crowned
         ),
     )
+
+
+def _tied_group(c: Any) -> list[Any]:
+    """The fastest config of a confirmation round and those tied with it (none if alone)."""
+    group = [p for p in c.programs if p.tie or p.trial_id == c.fastest_trial_id]
+    return group if len(group) > 1 else []
 
 
 def shape_distance(a: Mapping[str, ShapeValue], b: Mapping[str, ShapeValue]) -> float:
