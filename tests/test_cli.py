@@ -170,3 +170,14 @@ def test_sigkill_mid_job_then_rerun_loses_nothing(tmp_path):
     assert all(after[k] == v for k, v in before.items()), "a finished trial was replaced"
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage=db)[0], storage=db)
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_tune_refuses_a_cold_cache_in_interpret_mode(tmp_path, capsys):
+    """`--cache cold --device interpret` exits 2 naming the rule and the way out; nothing runs."""
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\n'
+                   'shape = { rows = 64, cols = 512 }\n')
+    code = main(["tune", str(job), "--device", "interpret", "--cache", "cold",
+                 "--db", f"sqlite:///{tmp_path}/t.db", "--results-dir", str(tmp_path / "r")])
+    assert code == 2
+    assert "cache = 'cold' needs a GPU" in capsys.readouterr().err
