@@ -709,6 +709,18 @@ class Engine:
         programs: list[Config | None] = [Config(c) for c in configs]
         if baseline:
             programs.append(None)
+        # All on one GPU (the fastest config's): a program timed on another is compiled again
+        # on a worker of that GPU, which keeps it for the later rounds.
+        with self._lock:
+            first = self._timed_on.get((problem, programs[0].digest() if programs[0] else None))
+            if first is not None and len(set(self._slots)) > 1:
+                gpu = self._slots[first]
+                here = [s for s, g in enumerate(self._slots) if g == gpu]
+                for n, program in enumerate(programs):
+                    key = (problem, None if program is None else program.digest())
+                    slot = self._timed_on.get(key)
+                    if slot is None or self._slots[slot] != gpu:
+                        self._timed_on[key] = here[n % len(here)]
         medians = list(medians_us or [None] * len(configs)) + [None]
         table: list[list[TrialResult | None]] = [[None] * len(programs) for _ in range(rounds)]
         failed: dict[int, TrialResult] = {}

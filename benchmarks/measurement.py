@@ -49,10 +49,10 @@ GPU_PROBLEMS = (
     "hopper_matmul:m=4096,n=11008,k=4096:bfloat16",
     "softmax:rows=4096,cols=32768:bfloat16",
 )
-CPU_PROBLEMS = (
-    "hopper_matmul:m=128,n=128,k=128:bfloat16",
-    "softmax:rows=64,cols=512:float32",
-)
+# On the CPU: softmax only by default. hopper_matmul in interpret mode takes seconds per call
+# (3.6 s at 256^3), and at 128^3 bf16 jax 0.10.2's interpreter dies with SIGFPE (in LLVM's
+# APInt::urem; the engine stores that trial as crashed). Add one with --problem.
+CPU_PROBLEMS = ("softmax:rows=64,cols=512:float32",)
 DATA = Path(__file__).resolve().parent / "data"
 
 

@@ -462,3 +462,20 @@ def test_an_engine_in_interpret_mode_refuses_the_cold_policy():
     """Cold timing needs a GPU's L2: asking for it in interpret mode fails before any worker."""
     with pytest.raises(ValueError, match="needs a GPU"):
         Engine("interpret", cache="cold")
+
+
+def test_confirm_times_every_program_on_one_gpu():
+    """With several GPUs, the confirmation round times every program on the fastest config's
+    GPU, compiling there what another GPU timed, so no two GPUs are compared."""
+    configs = [cfg(cost_us=c, compile_ms=300) for c in (100, 101, 102, 103)]
+    problem = Problem(FAKE, {"n": 2}, "float32")
+    with fake_engine(gpus=[0, 1], workers_per_gpu=1, compile_threads=1) as eng:
+        eng.warm_up(FAKE, problem, cfg(cost_us=1))  # both workers are up
+        futures = [eng.submit(FAKE, problem, c) for c in configs]
+        assert all(f.result().ok for f in futures)
+        search_gpus = {e.gpu for e in eng.timeline() if e.stage == "time"}
+        before = {e.task_id for e in eng.timeline()}
+        table = eng.confirm(FAKE, problem, configs, rounds=2, iterations=5)
+        gpus = {e.gpu for e in eng.timeline() if e.task_id not in before and e.stage == "time"}
+    assert search_gpus == {0, 1}  # the search used both
+    assert len(gpus) == 1 and all(r.ok for row in table for r in row)
