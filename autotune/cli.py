@@ -398,7 +398,7 @@ def _results(args: argparse.Namespace) -> int:
               _speedup_text(r.confirmed_speedup if r.confirmation is not None else r.speedup,
                             None if r.confirmation is None else r.confirmation.speedup_spread,
                             r.confirmation is not None),
-              "-" if r.confirmation is None else str(sum(p.tie for p in r.confirmation.programs))]
+              "-" if r.confirmation is None else str(len(r.confirmation.tied_with_winner()))]
              for r in rows]
     _table(header, table)
     return EXIT_OK

@@ -84,7 +84,7 @@ def export_records(
                 "speedup_spread": None if confirmation is None else confirmation.speedup_spread,
                 "ties": [] if confirmation is None else [
                     {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff}
-                    for p in confirmation.programs if p.tie
+                    for p in confirmation.tied_with_winner()
                 ],
             })
     return records

@@ -216,8 +216,6 @@ def _best_row(
     store's preferred one (cold, then warm)."""
     if cache is None:
         cache = store.preferred_policy(problem, device_name=name, device_kind=kind)
-        if cache is None:
-            return None
     versions = running_versions()
     if versions:
         rows = store.best(problem, device_name=name, device_kind=kind, versions=versions,
@@ -244,7 +242,7 @@ def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any
     """The newest confirmation round of ``best``'s device, software and policy, if it is newer
     than ``best`` (else the search found ``best`` after it, and it is not current)."""
     for c in store.confirmations(problem, device_name=best.device.name,
-                                 device_kind=best.device.kind, cache=best.cache_policy):
+                                 device_kind=best.device.kind, cache=best.cache_policy, limit=4):
         if all(c.software.get(k, "") == best.software.get(k, "") for k in ("jax", "jaxlib")):
             return c if c.created_at >= best.finished_at else None
     return None
@@ -305,15 +303,9 @@ def _confirmed_result(
         ties=tuple(
             {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff,
              "trial_id": p.trial_id}
-            for p in _tied_group(c) if not p.crowned
+            for p in c.tied_with_winner()
         ),
     )
-
-
-def _tied_group(c: Any) -> list[Any]:
-    """The fastest config of a confirmation round and those tied with it (none if alone)."""
-    group = [p for p in c.programs if p.tie or p.trial_id == c.fastest_trial_id]
-    return group if len(group) > 1 else []
 
 
 def shape_distance(a: Mapping[str, ShapeValue], b: Mapping[str, ShapeValue]) -> float:

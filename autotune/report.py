@@ -227,14 +227,14 @@ def _problem_page(
                        for r in rows})
     c = summary.confirmation
     if c is not None:
-        ties = [p for p in c.programs if p.tie]
+        ties = list(c.tied_with_winner())
         notes.append(
             f"Confirmation round ({c.rounds} interleaved rounds of {c.iterations} runs, "
             f"{len(c.programs)} configs and the baseline, {c.cache_policy} cache): crowned "
             f"{json.dumps(dict(c.crowned.config), sort_keys=True)} at {_fmt_us(c.crowned.median_us)}"
             + ("" if c.speedup is None else
                f", speedup {c.speedup:.3f}x ±{100 * (c.speedup_spread or 0):.1f}%")
-            + (f"; tied within the noise: {len(ties)} config(s) "
+            + (f"; tied with it within the noise: {len(ties)} config(s) "
                + "; ".join(f"{json.dumps(dict(p.config), sort_keys=True)} ({100 * p.diff:+.2f}%)"
                            for p in ties) if ties else "; no ties")
         )
@@ -603,7 +603,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
         if c is not None:
             best_us = c.crowned.median_us
             config = json.dumps(dict(c.crowned.config), sort_keys=True)
-            ties = str(sum(p.tie for p in c.programs))
+            ties = str(len(c.tied_with_winner()))
             if c.baseline_median_us is not None:
                 baseline = f"{c.baseline_name} {_fmt_us(c.baseline_median_us)}"
             if c.speedup is not None:
@@ -652,7 +652,7 @@ config's timed runs; speedup is the baseline's time over the best time. Cache: c
 flushed before every timed run) or warm (runs back to back); the two are never compared. Where
 a confirmation round ran, the best config, its time, the baseline and the speedup are the
 round's (interleaved re-timing; the speedup is the median per-round ratio, ± half its range),
-and ties counts the configs within the measured noise of the fastest.</p>
+and ties counts the configs tied with the best one (within the measured noise).</p>
 <table><thead><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr></thead>
 <tbody>
 {chr(10).join(rows)}

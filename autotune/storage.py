@@ -488,6 +488,12 @@ class ConfirmationRow:
     def crowned(self) -> ConfirmedProgram:
         return next(p for p in self.programs if p.crowned)
 
+    def tied_with_winner(self) -> tuple[ConfirmedProgram, ...]:
+        """The configs tied with the crowned one: the round's fastest and the configs within
+        its noise, the crowned one left out (none when the fastest had no tie)."""
+        group = [p for p in self.programs if p.tie or p.trial_id == self.fastest_trial_id]
+        return tuple(p for p in group if not p.crowned) if len(group) > 1 else ()
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the confirmed winner, speedup and spread, and the tie marks."""
         crowned = self.crowned
@@ -1194,8 +1200,6 @@ class Store:
         query = _device_filter(query, device_name, device_kind)
         if cache is None:
             cache = self.preferred_policy(problem, device_name=device_name, device_kind=device_kind)
-            if cache is None:
-                return []
         query = query.where(_Trials.cache_policy == _policy(cache))
         for key, value in (versions or {}).items():
             if key not in _SOFTWARE_COLUMNS:
@@ -1213,23 +1217,19 @@ class Store:
         *,
         device_name: str | None = None,
         device_kind: str | None = "gpu",
-    ) -> str | None:
+    ) -> str:
         """The cache policy whose results answer for ``problem`` on these devices: ``cold``
-        when it has an ok trial timed cold there, else ``warm`` when it has one timed warm,
-        else None."""
-        for policy in ("cold", "warm"):
-            query = (
-                sa.select(_Trials.id)
-                .join(_Problems, _Problems.id == _Trials.problem_id)
-                .join(_Devices, _Devices.id == _Trials.device_id)
-                .where(_Problems.digest == problem.digest())
-                .where(_Trials.status == Outcome.OK.value, _Trials.cache_policy == policy)
-            )
-            query = _device_filter(query, device_name, device_kind).limit(1)
-            with self._read("read the cache policies") as session:
-                if session.scalar(query) is not None:
-                    return policy
-        return None
+        when it has an ok trial timed cold there, else ``warm`` (one query)."""
+        query = (
+            sa.select(_Trials.id)
+            .join(_Problems, _Problems.id == _Trials.problem_id)
+            .join(_Devices, _Devices.id == _Trials.device_id)
+            .where(_Problems.digest == problem.digest())
+            .where(_Trials.status == Outcome.OK.value, _Trials.cache_policy == "cold")
+        )
+        query = _device_filter(query, device_name, device_kind).limit(1)
+        with self._read("read the cache policies") as session:
+            return "cold" if session.scalar(query) is not None else "warm"
 
     def baseline(
         self,
@@ -1441,8 +1441,9 @@ class Store:
         device_name: str | None = None,
         device_kind: str | None = "gpu",
         cache: str | None = None,
+        limit: int | None = None,
     ) -> list[ConfirmationRow]:
-        """The stored confirmation rounds of ``problem``, newest first."""
+        """The stored confirmation rounds of ``problem``, newest first (the newest ``limit``)."""
         query = (
             sa.select(_Confirmations.id)
             .join(_Problems, _Problems.id == _Confirmations.problem_id)
@@ -1452,8 +1453,11 @@ class Store:
         if cache is not None:
             query = query.where(_Confirmations.cache_policy == _policy(cache))
         query = _device_filter(query, device_name, device_kind)
+        query = query.order_by(_Confirmations.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
         with self._read("read confirmation rounds") as session:
-            ids = [int(i) for i in session.scalars(query.order_by(_Confirmations.id.desc()))]
+            ids = [int(i) for i in session.scalars(query)]
         rows = dict(self._confirmation_rows(ids)).values()
         return sorted(rows, key=lambda r: -r.id)
 

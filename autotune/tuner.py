@@ -127,8 +127,8 @@ class ProblemReport:
 
     @property
     def ties(self) -> int:
-        """Configs the confirmation round found within the noise of the fastest."""
-        return 0 if self.confirmation is None else sum(p.tie for p in self.confirmation.programs)
+        """Configs the confirmation round found tied with the crowned one (within the noise)."""
+        return 0 if self.confirmation is None else len(self.confirmation.tied_with_winner())
 
     @property
     def tflops(self) -> float | None:
