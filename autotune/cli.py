@@ -110,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("revalidate", help="re-measure stored winners of other jax/jaxlib versions")
     v.add_argument("--kernel")
     v.add_argument("--db")
+    v.add_argument("--cache", choices=("auto", "cold", "warm"),
+                   help="the cache policy whose winners to re-measure (default: cold on a GPU)")
     v.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
     v.add_argument("--top", type=int, default=3, metavar="N", help="stale configs per problem")
     v.add_argument("--allow-import", action="store_true")
@@ -437,7 +439,9 @@ def _revalidate(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}.")
-    with Store(args.db) as store, open_engine(args.device, allow_import=args.allow_import) as engine:
+    cache = None if args.cache in (None, "auto") else args.cache
+    with Store(args.db) as store, open_engine(args.device, allow_import=args.allow_import,
+                                              cache=cache) as engine:
         reports = revalidate(store, engine, kernel=args.kernel, top=args.top)
     if not reports:
         print("nothing to revalidate: every stored winner on this device was measured with the "
