@@ -81,7 +81,7 @@ def cupti_session(run: Any) -> list[tuple[str, float]]:
 
     What Mosaic GPU's ``profiler.measure`` does around its loop (same extension calls, in
     jax 0.10.2 and 0.11.2), without its warm-up call and its fixed arguments: cold timing
-    (:mod:`autotune.timing`) launches an L2 flush between the timed calls. CUPTI takes one
+    (:mod:`autotune.cold_timing`) launches an L2 flush between the timed calls. CUPTI takes one
     subscriber per process; the session is detached when it ends.
     """
     import jax

@@ -208,7 +208,7 @@ class _WorkerSpec:
     allow_import: bool
     log_level: int
     lock_path: str | None = None  # the GPU's lock file, shared by the workers of that GPU
-    cache: str = "warm"  # the cache policy of every timing (autotune.measurement)
+    cache: str = "warm"  # the cache policy of every timing (autotune.trial)
     keep_compiled: int = 5  # executables of its fastest configs a worker keeps for re-timing
 
 
@@ -524,7 +524,7 @@ class Engine:
       log_dir: where workers write their stdout/stderr (default: a temporary directory removed
         on :meth:`close`).
       cache: the cache policy of every timing, ``"cold"`` or ``"warm"``
-        (:mod:`autotune.measurement`); None: cold on a GPU, warm otherwise. It is the engine's
+        (:mod:`autotune.trial`); None: cold on a GPU, warm otherwise. It is the engine's
         (:attr:`cache_policy`), so a job runs on an engine made with the policy it asks for.
       keep_compiled: executables of its fastest configs each worker keeps, per problem, so
         that :meth:`confirm` times them again without compiling them again.
@@ -549,7 +549,7 @@ class Engine:
         cache: str | None = None,
         keep_compiled: int = 5,
     ) -> None:
-        from autotune.measurement import resolve_cache_policy
+        from autotune.trial import resolve_cache_policy
 
         if mode not in MODES:
             raise ValueError(f"Engine mode must be one of {MODES}, but got {mode!r}.")
@@ -699,12 +699,12 @@ class Engine:
         (``configs`` in order, then the baseline when ``baseline``).
 
         Programs are timed one after another in the order of
-        :func:`autotune.measurement.round_order` (A B C base, then B C base A, ...), each for
+        :func:`autotune.trial.round_order` (A B C base, then B C base A, ...), each for
         ``iterations`` runs in the engine's cache policy, on the worker that timed it before
         (:meth:`retime`). A program whose timing fails is not timed in later rounds; its
         later entries repeat the failure.
         """
-        from autotune.measurement import round_order
+        from autotune.trial import round_order
 
         programs: list[Config | None] = [Config(c) for c in configs]
         if baseline:

@@ -460,9 +460,9 @@ def _time(
     flush: Any = None,
 ) -> tuple[list[float], Any]:
     if timing == "cupti" and cache == "cold":
-        # The L2 flushed before every iteration (autotune.timing): a failure here is the
+        # The L2 flushed before every iteration (autotune.cold_timing): a failure here is the
         # method's, not the config's, so it is not retried as a stray launch would be.
-        from autotune.timing import time_cold
+        from autotune.cold_timing import time_cold
 
         return time_cold(fn, inputs, iterations, flush, aggregate=aggregate,
                          select=select_kernel_time)
@@ -493,8 +493,8 @@ def run_compiled(
 ) -> TrialResult:
     """Runs a compiled config once, checks it against ``expected``, then times it.
 
-    ``cache`` is the cache policy (:mod:`autotune.measurement`); ``cold`` with CUPTI needs
-    ``flush``, an :class:`autotune.timing.L2Flush`.
+    ``cache`` is the cache policy (:mod:`autotune.trial`); ``cold`` with CUPTI needs
+    ``flush``, an :class:`autotune.cold_timing.L2Flush`.
 
     ``timing`` is ``"cupti"`` (GPU time of the kernel's own launches, see
     :func:`select_kernel_time`) or ``"wallclock"`` (host time around ``block_until_ready``;
@@ -700,7 +700,7 @@ class Evaluator(abc.ABC):
     timing: str = ""
     iterations: int = 1
     healthy: bool = True
-    cache: str = "warm"  # the cache policy of every timing (autotune.measurement.CachePolicy)
+    cache: str = "warm"  # the cache policy of every timing (autotune.trial.CachePolicy)
 
     @abc.abstractmethod
     def device_info(self) -> DeviceInfo: ...
@@ -857,7 +857,7 @@ class _JaxEvaluator(Evaluator):
         if self.cache != "cold" or self.timing != "cupti":
             return None
         if self._l2_flush is None:
-            from autotune.timing import L2Flush
+            from autotune.cold_timing import L2Flush
 
             self._l2_flush = L2Flush()
         return self._l2_flush
@@ -1002,7 +1002,7 @@ class InterpretEvaluator(_JaxEvaluator):
     interpret = True
 
     def __init__(self, iterations: int = 3, cache: str = "warm") -> None:
-        from autotune.measurement import resolve_cache_policy
+        from autotune.trial import resolve_cache_policy
 
         super().__init__(iterations, resolve_cache_policy(cache, "interpret").value)
 
@@ -1118,7 +1118,7 @@ class FakeEvaluator(Evaluator):
         rule: Callable[[Config], FakeBehaviour] = FakeBehaviour.from_config,
         cache: str = "warm",
     ) -> None:
-        from autotune.measurement import resolve_cache_policy
+        from autotune.trial import resolve_cache_policy
 
         self.iterations = iterations
         self.rule = rule
@@ -1261,10 +1261,10 @@ def make_evaluator(
 ) -> Evaluator:
     """The evaluator for an engine mode: ``"gpu"``, ``"interpret"`` or ``"fake"``.
 
-    ``cache``: the cache policy (:func:`autotune.measurement.resolve_cache_policy`; None: cold
+    ``cache``: the cache policy (:func:`autotune.trial.resolve_cache_policy`; None: cold
     on a GPU, warm otherwise).
     """
-    from autotune.measurement import resolve_cache_policy
+    from autotune.trial import resolve_cache_policy
 
     if mode == "gpu":
         return GpuEvaluator(iterations or 20, resolve_cache_policy(cache, "gpu").value)

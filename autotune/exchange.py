@@ -27,11 +27,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.measurement import CACHE_POLICIES
 from autotune.problem import Config, Problem, canonical_dtype
 from autotune.queries import _device_filter, _open
 from autotune.storage import Store
-from autotune.trial import DeviceInfo, TrialResult
+from autotune.trial import CACHE_POLICIES, DeviceInfo, TrialResult
 
 __all__ = ["FORMATS", "export_records", "render", "import_json", "import_records"]
 

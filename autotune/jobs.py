@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune._paths import check_file_name
-from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
-from autotune.kernel import bundled_kernels, get_kernel
-from autotune.measurement import (
+from autotune.confirmation import (
     CACHE_POLICIES,
     DEFAULT_CONFIRM_ITERATIONS,
     DEFAULT_CONFIRM_ROUNDS,
     DEFAULT_CONFIRM_TOP,
 )
+from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
+from autotune.kernel import bundled_kernels, get_kernel
 from autotune.problem import Problem
 from autotune.sampling import SAMPLERS
 
@@ -82,7 +82,7 @@ class ProblemSpec:
     seed: int | None = 0
     iterations: int = 20
     trace_top_k: int = 1
-    # The confirmation round (autotune.measurement): the best `confirm_top` configs and the
+    # The confirmation round (autotune.trial): the best `confirm_top` configs and the
     # baseline, `confirm_rounds` interleaved rounds of `confirm_iterations` timed runs each.
     confirm_top: int = DEFAULT_CONFIRM_TOP
     confirm_rounds: int = DEFAULT_CONFIRM_ROUNDS

@@ -23,7 +23,7 @@ none; ``BestResult.stale`` says which, and the fallback is logged. GPU results o
 versions still come before interpret-mode ones. ``autotune revalidate`` re-measures such stale
 winners.
 
-Cache policies: times of the ``cold`` and ``warm`` policies (:mod:`autotune.measurement`)
+Cache policies: times of the ``cold`` and ``warm`` policies (:mod:`autotune.trial`)
 are never ranked together. A problem is answered from its ``cold`` results when it has any on
 the chosen device, else from its ``warm`` ones (``cache=`` picks one); ``BestResult.cache_policy``
 says which.
@@ -51,9 +51,9 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import JobError
-from autotune.measurement import CACHE_POLICIES
 from autotune.problem import Problem, ShapeValue, canonical_dtype, parse_shape
 from autotune.storage import ProblemSummary, Store, TrialRow, resolve_url, sqlite_path
+from autotune.trial import CACHE_POLICIES
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas

@@ -43,9 +43,8 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from autotune.errors import StorageError
-from autotune.measurement import relative_spread
 from autotune.problem import Config, Problem
-from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.trial import DeviceInfo, Outcome, TrialResult, relative_spread
 
 __all__ = [
     "Store",
@@ -215,7 +214,7 @@ class _Trials(Base):
     compile_s: Mapped[float | None] = mapped_column(sa.Double)
     rel_error: Mapped[float | None] = mapped_column(sa.Double)
     timing: Mapped[str] = mapped_column(sa.String(32))
-    # Revision 0003: "cold" | "warm" (autotune.measurement.CachePolicy); (p90 - p10) / median.
+    # Revision 0003: "cold" | "warm" (autotune.trial.CachePolicy); (p90 - p10) / median.
     cache_policy: Mapped[str] = mapped_column(sa.String(16), server_default="warm")
     spread: Mapped[float | None] = mapped_column(sa.Double)
     error: Mapped[str] = mapped_column(sa.Text)
@@ -392,7 +391,7 @@ class TrialRow:
         """``(p90 - p10) / median`` of the samples: as stored, else computed from them."""
         if self.stored_spread is not None:
             return self.stored_spread
-        from autotune.measurement import relative_spread
+        from autotune.trial import relative_spread
 
         return relative_spread(self.samples_us)
 
@@ -445,7 +444,7 @@ class RunRow:
 
 @dataclasses.dataclass(frozen=True)
 class ConfirmedProgram:
-    """One config of a confirmation round, as stored (``autotune.measurement.ProgramSummary``)."""
+    """One config of a confirmation round, as stored (``autotune.confirmation.ProgramSummary``)."""
 
     trial_id: int
     config: Config
@@ -1385,7 +1384,7 @@ class Store:
         baseline_name: str | None,
         run_id: int | None = None,
     ) -> int:
-        """Stores a confirmation round (an :class:`autotune.measurement.Confirmation`) as rows
+        """Stores a confirmation round (an :class:`autotune.confirmation.Confirmation`) as rows
         of its own, in one transaction; returns its id. ``trial_ids[i]`` is the stored search
         trial of ``confirmation.configs[i]``. Nothing stored before is changed.
 
@@ -1611,7 +1610,7 @@ class Store:
 
 
 def _policy(cache: str) -> str:
-    from autotune.measurement import CACHE_POLICIES
+    from autotune.trial import CACHE_POLICIES
 
     if cache not in CACHE_POLICIES:
         raise ValueError(

@@ -4,7 +4,7 @@ For each problem of a job: bind the kernel's space, open (or resume) the problem
 in the same database as the results, measure the baseline once, then ask the
 :class:`~autotune.sampling.ValidSampler` for configs, hand them to the engine (which compiles
 in parallel while the GPU times one kernel at a time), and store every result as it arrives.
-When the search ends, the confirmation round (:mod:`autotune.measurement`) re-times the best
+When the search ends, the confirmation round (:mod:`autotune.trial`) re-times the best
 few configs and the baseline in interleaved rounds; the winner and the speedup come from it,
 with their spread and the tie marks, stored as rows of their own. Finally the best configs get
 a second, traced pass whose per-region times are stored too.
@@ -42,10 +42,10 @@ from autotune import __version__ as AUTOTUNE_VERSION
 from autotune import storage as storage_module
 from autotune._paths import safe_path
 from autotune.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
+from autotune.confirmation import Candidate, analyse_confirmation
 from autotune.errors import JobError, StorageError
 from autotune.jobs import Job, ProblemSpec
 from autotune.kernel import Kernel, get_kernel
-from autotune.measurement import Candidate, analyse_confirmation
 from autotune.problem import Config, Problem
 from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler
 from autotune.trial import DeviceInfo, Outcome, TrialResult

@@ -5,7 +5,7 @@ independent interleaved re-time, for 4 hopper_matmul bf16 shapes (one with m <= 
     python3 benchmarks/measurement.py --device interpret --out /tmp/measurement.json  # CPU smoke
 
 Per problem, with the engine of the tuner (worker processes, CUPTI, the L2 flush of
-``autotune.timing``):
+``autotune.cold_timing``):
 
 1. **cold vs warm**: an engine per cache policy times the candidates (the kernel's default
    config first, the "winner" unless ``--winner data`` puts the ground-truth best of
@@ -38,8 +38,8 @@ from typing import Any  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.clocks import clock_warnings, read_clocks  # noqa: E402
+from autotune.confirmation import Candidate, analyse_confirmation  # noqa: E402
 from autotune.kernel import get_kernel  # noqa: E402
-from autotune.measurement import Candidate, analyse_confirmation  # noqa: E402
 from autotune.problem import Config, Problem, parse_shape  # noqa: E402
 
 GPU_PROBLEMS = (

@@ -468,9 +468,9 @@ def test_evaluators_time_with_the_policy_of_their_mode():
 
 
 def test_cold_timing_goes_through_the_l2_flush(monkeypatch):
-    """With CUPTI and the cold policy, timing runs the flushed loop (autotune.timing), never
+    """With CUPTI and the cold policy, timing runs the flushed loop (autotune.cold_timing), never
     profiler.measure's back-to-back loop; warm does the opposite."""
-    from autotune import timing
+    from autotune import cold_timing as timing
 
     seen = []
 

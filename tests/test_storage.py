@@ -546,7 +546,7 @@ def test_best_and_baselines_never_mix_cache_policies(store: Store):
 def test_a_confirmation_round_is_stored_as_rows_of_its_own(store: Store):
     """The round, its programs' samples and tie marks read back; the search trials it names
     are unchanged; a trial of another problem is refused."""
-    from autotune.measurement import Candidate, analyse_confirmation
+    from autotune.confirmation import Candidate, analyse_confirmation
 
     ids = [record(store, Config(tile=t), timed(10.0 + t)).id for t in (1, 2)]
     before = store.trials(PROBLEM)

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from autotune import timing
+from autotune import cold_timing as timing
 
 
 def test_a_flushed_record_splits_into_the_programs_launches():

@@ -1,31 +1,12 @@
-"""What a timing means: the cache policy, the noise of a measurement, and the confirmation round.
+"""The confirmation round: which of a problem's best configs wins, by how much, and which tie.
 
-Pure functions and values: no jax, no database (queries and the CLI use this module).
+Pure functions and values: no jax, no database. When a problem's search ends, its best few
+configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in interleaved rounds
+(:func:`autotune.trial.round_order`, ``Engine.confirm``), with more iterations;
+:func:`analyse_confirmation` turns those timings into the winner, the speedup and the tie marks:
 
-**Cache policy** (:class:`CachePolicy`), stored with every timing:
-
-* ``cold``: the L2 cache is flushed before every timed iteration by a separate program that
-  writes a buffer twice the L2's size; its launches are timed by CUPTI like any other and
-  left out of the kernel's time (by their position in each iteration and their names). This is
-  what Triton's ``do_bench`` (it zeroes a 256 MB buffer before each run) and NVIDIA's nvbench
-  (a memset of the L2's size, on by default) do. The default on GPUs.
-* ``warm``: iterations back to back on the same inputs, which stay in L2 when they fit (the
-  rows stored before revision 0003). The default in GPU interpret mode and with the fake
-  evaluator, where there is no L2 to flush (``cold`` there is refused).
-
-Times of different policies are never compared: ``best``, the lookup, the confirmation round
-and the baseline comparison each use one policy.
-
-**Spread** (:func:`relative_spread`): ``(p90 - p10) / median`` of a measurement's samples, the
-width of the middle 80% relative to the median. Stored per trial, per baseline and per
-confirmed program.
-
-**Confirmation round** (:func:`analyse_confirmation`): when a problem's search ends, its best
-few configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in interleaved
-rounds (:func:`round_order`), with more iterations; this function turns those timings into the
-winner, the speedup and the tie marks:
-
-* per program, the pooled median and spread of all its samples, and the median of each round;
+* per program, the pooled median and spread (:func:`autotune.trial.relative_spread`) of all its
+  samples, and the median of each round;
 * the *fastest* config has the lowest pooled median. For every other config ``c``, the
   per-round ratios ``r_i = median_i(c) / median_i(fastest)`` (paired: drift between rounds
   cancels) give its difference ``diff = median(r_i) - 1``;
@@ -42,24 +23,20 @@ winner, the speedup and the tie marks:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.trial import relative_spread
+
 __all__ = [
-    "CachePolicy",
-    "CACHE_POLICIES",
-    "resolve_cache_policy",
-    "relative_spread",
     "DEFAULT_CONFIRM_TOP",
     "DEFAULT_CONFIRM_ROUNDS",
     "DEFAULT_CONFIRM_ITERATIONS",
     "Candidate",
     "ProgramSummary",
     "Confirmation",
-    "round_order",
     "preference_key",
     "analyse_confirmation",
 ]
@@ -69,73 +46,6 @@ __all__ = [
 DEFAULT_CONFIRM_TOP = 5
 DEFAULT_CONFIRM_ROUNDS = 5
 DEFAULT_CONFIRM_ITERATIONS = 50
-
-
-class CachePolicy(enum.StrEnum):
-    """Whether the L2 cache is flushed between timed iterations (see the module docstring)."""
-
-    COLD = "cold"
-    WARM = "warm"
-
-
-CACHE_POLICIES = tuple(p.value for p in CachePolicy)
-
-
-def resolve_cache_policy(requested: str | None, device_kind: str) -> CachePolicy:
-    """The policy a job times with: ``requested``, else ``cold`` on a GPU and ``warm`` elsewhere.
-
-    Raises:
-      ValueError: an unknown policy, or ``cold`` where there is no GPU L2 to flush.
-    """
-    if requested is None or requested == "auto":
-        return CachePolicy.COLD if device_kind == "gpu" else CachePolicy.WARM
-    if requested not in CACHE_POLICIES:
-        raise ValueError(
-            f"cache must be one of {', '.join(CACHE_POLICIES)} (or auto), but got {requested!r}."
-        )
-    policy = CachePolicy(requested)
-    if policy is CachePolicy.COLD and device_kind == "interpret":
-        raise ValueError(
-            "cache = 'cold' needs a GPU: GPU interpret mode runs on the CPU and has no L2 to "
-            "flush. Use cache = 'warm' (or leave it out) in interpret mode."
-        )
-    return policy
-
-
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default ``percentile``)."""
-    if len(sorted_values) == 1:
-        return float(sorted_values[0])
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
-
-
-def relative_spread(samples: Sequence[float]) -> float | None:
-    """``(p90 - p10) / median`` of ``samples`` (0 for one sample); None when there are none."""
-    values = sorted(float(s) for s in samples)
-    if not values:
-        return None
-    median = statistics.median(values)
-    if median <= 0:
-        return None
-    return (_quantile(values, 0.9) - _quantile(values, 0.1)) / median
-
-
-def round_order(n_programs: int, rounds: int) -> list[list[int]]:
-    """The interleaved schedule: per round, the programs' indices in the order they are timed.
-
-    Round ``r`` times every program once, starting at program ``r mod n`` (A B C base, then
-    B C base A, ...): each program is timed after each other one, so a position effect (the
-    first timing after a pause, a clock that ramps up) does not always land on the same one.
-    """
-    if n_programs < 1 or rounds < 1:
-        raise ValueError(
-            f"a confirmation needs at least one program and one round, but got "
-            f"{n_programs} program(s) and {rounds} round(s)."
-        )
-    return [[(r + i) % n_programs for i in range(n_programs)] for r in range(rounds)]
 
 
 @dataclasses.dataclass(frozen=True)
