@@ -29,7 +29,6 @@ from typing import Any
 
 from autotune._paths import check_file_name
 from autotune.confirmation import (
-    CACHE_POLICIES,
     DEFAULT_CONFIRM_ITERATIONS,
     DEFAULT_CONFIRM_ROUNDS,
     DEFAULT_CONFIRM_TOP,
@@ -38,6 +37,7 @@ from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.kernel import bundled_kernels, get_kernel
 from autotune.problem import Problem
 from autotune.sampling import SAMPLERS
+from autotune.trial import CACHE_POLICIES
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 
