@@ -28,11 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune._paths import check_file_name
-from autotune.confirmation import (
-    DEFAULT_CONFIRM_ITERATIONS,
-    DEFAULT_CONFIRM_ROUNDS,
-    DEFAULT_CONFIRM_TOP,
-)
+from autotune.confirmation import DEFAULT_CONFIRM_ITERATIONS, DEFAULT_CONFIRM_ROUNDS
 from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.kernel import bundled_kernels, get_kernel
 from autotune.problem import Problem
@@ -82,9 +78,12 @@ class ProblemSpec:
     seed: int | None = 0
     iterations: int = 20
     trace_top_k: int = 1
-    # The confirmation round (autotune.trial): the best `confirm_top` configs and the
+    # The confirmation round (autotune.confirmation): the best `confirm_top` configs and the
     # baseline, `confirm_rounds` interleaved rounds of `confirm_iterations` timed runs each.
-    confirm_top: int = DEFAULT_CONFIRM_TOP
+    # None: DEFAULT_CONFIRM_TOP on a GPU (and the fake evaluator), 0 in GPU interpret mode,
+    # where every run of an interpreted kernel takes seconds and its wall-clock time says
+    # nothing about a GPU.
+    confirm_top: int | None = None
     confirm_rounds: int = DEFAULT_CONFIRM_ROUNDS
     confirm_iterations: int = DEFAULT_CONFIRM_ITERATIONS
 
@@ -237,7 +236,7 @@ def _expand(
                     seed=settings.get("seed", 0),
                     iterations=settings.get("iterations", 20),
                     trace_top_k=settings.get("trace_top_k", 1),
-                    confirm_top=settings.get("confirm_top", DEFAULT_CONFIRM_TOP),
+                    confirm_top=settings.get("confirm_top"),
                     confirm_rounds=settings.get("confirm_rounds", DEFAULT_CONFIRM_ROUNDS),
                     confirm_iterations=settings.get("confirm_iterations",
                                                     DEFAULT_CONFIRM_ITERATIONS),

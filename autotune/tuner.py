@@ -42,7 +42,7 @@ from autotune import __version__ as AUTOTUNE_VERSION
 from autotune import storage as storage_module
 from autotune._paths import safe_path
 from autotune.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
-from autotune.confirmation import Candidate, analyse_confirmation
+from autotune.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
 from autotune.errors import JobError, StorageError
 from autotune.jobs import Job, ProblemSpec
 from autotune.kernel import Kernel, get_kernel
@@ -479,12 +479,15 @@ def confirm_best(
     already covers the current best configs.
     """
     confirm = getattr(engine, "confirm", None)
-    if confirm is None or spec.confirm_top <= 0:
+    n_top = spec.confirm_top
+    if n_top is None:
+        n_top = 0 if device.kind == "interpret" else DEFAULT_CONFIRM_TOP
+    if confirm is None or n_top <= 0:
         return None
     policy = cache_policy_of(engine)
     versions = {k: software[k] for k in ("jax", "jaxlib") if software.get(k)}
     top = store.best(problem, device_name=device.name, device_kind=device.kind,
-                     n=spec.confirm_top, versions=versions, cache=policy)
+                     n=n_top, versions=versions, cache=policy)
     if not top:
         return None
     if only_if_missing:
