@@ -15,6 +15,7 @@ __all__ = [
     "reset_interpret_state",
     "jax_versions",
     "profile_params",
+    "cupti_session",
 ]
 
 
@@ -73,3 +74,23 @@ def profile_params(options: Any) -> dict[str, Any]:
         "profile_dir": options.profile_dir or "",
         "profile_trace_scope": scope,
     }
+
+
+def cupti_session(run: Any) -> list[tuple[str, float]]:
+    """Every kernel launch of ``run()`` (waited for) as ``(name, ms)``, in launch order.
+
+    What Mosaic GPU's ``profiler.measure`` does around its loop (same extension calls, in
+    jax 0.10.2 and 0.11.2), without its warm-up call and its fixed arguments: cold timing
+    (:mod:`autotune.cold_timing`) launches an L2 flush between the timed calls. CUPTI takes one
+    subscriber per process; the session is detached when it ends.
+    """
+    import jax
+    from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
+
+    ext = mosaic_gpu_lib._mosaic_gpu_ext
+    ext._cupti_init()
+    try:
+        jax.block_until_ready(run())
+    finally:
+        timings = ext._cupti_get_timings(True)
+    return [(str(name), float(ms)) for name, ms in (timings or [])]

@@ -44,8 +44,10 @@ def open_engine(
     iterations: int | None = None,
     trial_timeout_s: float | None = None,
     log_dir: str | None = None,
+    cache: str | None = None,
 ) -> Any:
-    """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``."""
+    """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``;
+    ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode)."""
     from autotune.engine import Engine
 
     if device not in ("auto", "gpu", "interpret"):
@@ -58,6 +60,7 @@ def open_engine(
         iterations=iterations,
         trial_timeout_s=trial_timeout_s,
         log_dir=log_dir,
+        cache=cache,
     )
 
 
@@ -76,6 +79,7 @@ def tune(
     allow_import: bool = False,
     on_event: Callable[[Any], None] | None = None,
     progress: bool = True,
+    cache: str | None = None,
 ) -> list[Any]:
     """Tunes ``kernel`` for each shape in ``problems``; returns one report per problem.
 
@@ -95,6 +99,7 @@ def tune(
         :mod:`autotune.progress`).
       progress: show a live progress bar per problem where a person is watching (stderr is a
         terminal, or a Jupyter kernel runs this); ``False`` shows nothing.
+      cache: "cold" (the L2 flushed between timed runs; the default on a GPU) or "warm".
 
     Returns:
       One :class:`~autotune.tuner.ProblemReport` per problem: ``best_config``, ``best_us``,
@@ -150,6 +155,8 @@ def tune(
         "defaults": settings,
         "problem": [{"kernel": name, "shapes": [dict(p) for p in problems], "dtypes": dtypes}],
     }
+    if cache is not None:
+        data["cache"] = cache
     job: Job = parse_job(data, name="api", allow_import=allow_import, where="tune()")
     from autotune.progress import BarProgress, Progress
 
@@ -163,7 +170,7 @@ def tune(
     store = Store(db)
     try:
         require_persistent(store)  # before any worker process starts
-        with observer.active(), open_engine(device, allow_import=allow_import) as engine:
+        with observer.active(), open_engine(device, allow_import=allow_import, cache=job.cache) as engine:
             return run_job(job, store=store, engine=engine, on_event=events, allow_import=allow_import)
     finally:
         store.close()

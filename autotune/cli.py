@@ -165,6 +165,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"override the sampler: {', '.join(SAMPLERS)} (default: the job's, else auto)")
     t.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"),
                    help="auto (default): the GPU if there is one, else GPU interpret mode on the CPU")
+    t.add_argument("--cache", choices=("auto", "cold", "warm"),
+                   help="L2 between timed runs: cold (flushed; default on a GPU) or warm; "
+                        "overrides the job's `cache`")
     t.add_argument("--gpus", help="'all' or a list like 0,1 (one measuring worker per GPU)")
     t.add_argument("--results-dir", default="results", help="where traces and worker logs go (default: results)")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
@@ -179,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--shape", required=True, help="k=v,k=v")
     b.add_argument("--dtype", default="bfloat16", help="input dtype (default: bfloat16)")
     b.add_argument("--device", help="a device name, or gpu / interpret (default: GPU results only)")
+    b.add_argument("--cache", choices=("cold", "warm"),
+                   help="answer from this cache policy's results (default: cold if any, else warm)")
     b.add_argument("--json", action="store_true", help="print JSON")
     _globals(b, db=True)
 
@@ -219,6 +224,8 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("revalidate", help="re-measure stored winners of other jax/jaxlib versions")
     v.add_argument("--kernel")
+    v.add_argument("--cache", choices=("auto", "cold", "warm"),
+                   help="the cache policy whose winners to re-measure (default: cold on a GPU)")
     v.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
     v.add_argument("--top", type=int, default=3, metavar="N", help="stale configs per problem (default: 3)")
     v.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
@@ -415,7 +422,8 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
         if patience is not None:
             budget = dataclasses.replace(budget, patience=patience or None)
         specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
-    return dataclasses.replace(job, problems=tuple(specs))
+    cache = job.cache if args.cache is None else (None if args.cache == "auto" else args.cache)
+    return dataclasses.replace(job, problems=tuple(specs), cache=cache)
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -440,7 +448,7 @@ def _tune(args: argparse.Namespace) -> int:
         require_persistent(store)  # before the engine writes its logs under --results-dir
         log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
         with progress.active(), open_engine(args.device, gpus=gpus, allow_import=args.allow_import,
-                                            log_dir=log_dir) as engine:
+                                            log_dir=log_dir, cache=job.cache) as engine:
             _on_interrupt(args.signals, engine, log_dir)
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)
@@ -576,23 +584,38 @@ def _parse_gpus(text: str | None) -> list[int] | None:
     return ids
 
 
+def _speedup_text(speedup: float | None, spread: float | None, confirmed: bool) -> str:
+    """``1.013 ±0.2% (confirmed)``, ``0.990``, or ``-``."""
+    if speedup is None:
+        return "-"
+    text = f"{speedup:.3f}"
+    if spread is not None:
+        text += f" ±{100 * spread:.1f}%"
+    return text + (" (confirmed)" if confirmed else "")
+
+
 def _print_reports(reports: Sequence[Any]) -> None:
     gpu = any(r.device_kind != "interpret" for r in reports)
     if gpu:
-        header = ["problem", "device", "best us", "TFLOP/s", "GB/s", "baseline us", "speedup",
-                  "trials", "invalid", "stop"]
+        header = ["problem", "device", "cache", "best us", "TFLOP/s", "GB/s", "baseline us",
+                  "speedup", "ties", "trials", "invalid", "stop"]
     else:  # interpret mode: functional runs, no throughput or speedup to show
         header = ["problem", "device", "wall us (interpret)", "trials", "invalid", "stop"]
     rows = []
     for r in reports:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items()))
         interpret = r.device_kind == "interpret"
-        row = [str(r.problem), r.device, _num(r.best_us, ".1f")]
+        confirmed = r.confirmation is not None
+        row = [str(r.problem), r.device]
         if gpu:
-            row += ["-", "-", "-", "-"] if interpret else [
+            row.append(r.cache_policy)
+        row.append(_num(r.best_us, ".1f"))
+        if gpu:
+            row += ["-", "-", "-", "-", "-"] if interpret else [
                 _num(r.tflops, ".0f"), _num(r.gbps, ".0f"),
                 _num(r.baseline_us, ".1f") + (f" ({r.baseline_name})" if r.baseline_name else ""),
-                _num(r.speedup, ".3f"),
+                _speedup_text(r.speedup, r.speedup_spread, confirmed),
+                str(r.ties) if confirmed else "-",
             ]
         rows.append([*row, statuses or "-", str(r.invalid), r.stop_reason or "-"])
     _table(header, rows)
@@ -634,7 +657,8 @@ def _best(args: argparse.Namespace) -> int:
                 ) from None
             problem = Problem(args.kernel, shape, args.dtype)
     _say_db(args)
-    result = best_result(problem.kernel, problem.dims, problem.dtype, device=args.device, db=args.db)
+    result = best_result(problem.kernel, problem.dims, problem.dtype, device=args.device, db=args.db,
+                         cache=args.cache)
     if result is None:
         others = [] if args.device else [
             s for s in list_results(args.db, kernel=problem.kernel, dtype=problem.dtype)
@@ -657,13 +681,18 @@ def _best(args: argparse.Namespace) -> int:
         print(json.dumps(payload, default=str))
         return EXIT_OK
     kind = " (interpret mode: a functional run on the CPU, not a GPU timing)" if interpret else ""
-    _say(f"{problem} on {result.device}: {result.median_us:.1f} us{kind}")
+    spread = "" if result.spread is None else f" (spread {100 * result.spread:.1f}%)"
+    _say(f"{problem} on {result.device}: {result.median_us:.1f} us{spread}{kind}, cache "
+         f"{result.cache_policy}" + (", confirmed" if result.confirmed else ""))
     if result.stale:
         _say(f"  measured with jax {result.jax_version}, jaxlib {result.jaxlib_version}, not the "
              "running versions: `autotune revalidate` re-measures it")
     if result.baseline_us and not interpret:
-        _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {result.baseline_us / result.median_us:.3f})")
+        speedup = _speedup_text(result.speedup, result.speedup_spread, result.confirmed)
+        _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {speedup})")
     print("  config: " + json.dumps(result.config))
+    for tie in result.ties:
+        print(f"  tied within the noise ({100 * tie['diff']:+.2f}%): " + json.dumps(tie["config"]))
     return EXIT_OK
 
 
@@ -700,10 +729,17 @@ def _results(args: argparse.Namespace) -> int:
         print("no results stored" + (f" for kernel {args.kernel}" if args.kernel else "")
               + f" in {_db_text(args.db)}")
         return EXIT_OK
-    header = ["problem", "device", "trials", "best us"]
+    header = ["problem", "device", "cache", "trials", "best us", "speedup", "ties"]
     table = [[r.problem_text, r.device + (" [interpret]" if r.device_kind == "interpret" else ""),
+              r.cache_policy,
               ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
-              _num(r.best_us, ".1f")] for r in rows]
+              _num(r.best_us if r.confirmation is None else r.confirmation.crowned.median_us, ".1f"),
+              "-" if r.device_kind == "interpret" else
+              _speedup_text(r.confirmed_speedup if r.confirmation is not None else r.speedup,
+                            None if r.confirmation is None else r.confirmation.speedup_spread,
+                            r.confirmation is not None),
+              "-" if r.confirmation is None else str(len(r.confirmation.tied_with_winner()))]
+             for r in rows]
     _table(header, table)
     bad = unservable_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
     if bad:
@@ -750,7 +786,9 @@ def _revalidate(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be 1 or more, got {args.top}.")
     _kernel_filter(args.kernel, args.db)
     _say_db(args)
-    with Store(args.db) as store, open_engine(args.device, allow_import=args.allow_import) as engine:
+    cache = None if args.cache in (None, "auto") else args.cache
+    with Store(args.db) as store, open_engine(args.device, allow_import=args.allow_import,
+                                              cache=cache) as engine:
         reports = revalidate(store, engine, kernel=args.kernel, top=args.top)
     if args.json:
         print(json.dumps([{

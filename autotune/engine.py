@@ -208,6 +208,8 @@ class _WorkerSpec:
     allow_import: bool
     log_level: int
     lock_path: str | None = None  # the GPU's lock file, shared by the workers of that GPU
+    cache: str = "warm"  # the cache policy of every timing (autotune.trial)
+    keep_compiled: int = 5  # executables of its fastest configs a worker keeps for re-timing
 
 
 # A worker is a fresh interpreter (fork + exec, like multiprocessing's "spawn") started with
@@ -225,7 +227,7 @@ _BOOT = (
 @dataclasses.dataclass(frozen=True)
 class _TaskMsg:
     id: int
-    kind: str  # "trial" | "baseline" | "trace"
+    kind: str  # "trial" | "baseline" | "trace" | "retime" (config None: the baseline)
     kernel_name: str
     problem: Problem
     config: Config | None
@@ -261,6 +263,12 @@ class _Worker:
         self._kernel_lock = threading.Lock()
         self._ready: queue.Queue[tuple[_TaskMsg, Any] | None] = queue.Queue()
         self._lock_fd: int | None = None
+        # The compiled executables of the fastest configs this worker timed, per problem (the
+        # newest two problems), for the confirmation round to time again without compiling.
+        self._kept: collections.OrderedDict[Problem, dict[str, tuple[float, Any]]] = (
+            collections.OrderedDict()
+        )
+        self._kept_lock = threading.Lock()
 
     def send(self, msg: tuple) -> None:
         with self._send_lock:
@@ -279,7 +287,9 @@ class _Worker:
                 self._lock_fd = os.open(
                     self.spec.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
                 )
-            self.evaluator = make_evaluator(self.spec.mode, iterations=self.spec.iterations)
+            self.evaluator = make_evaluator(
+                self.spec.mode, iterations=self.spec.iterations, cache=self.spec.cache
+            )
             info = self.evaluator.device_info()
         except Exception as e:  # noqa: BLE001 - reported to the engine, which gives up
             self.send(("fatal", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -320,7 +330,7 @@ class _Worker:
                 self._ready.put(None)
                 return
             task: _TaskMsg = msg[1]
-            if task.kind == "trial":
+            if task.kind == "trial" or (task.kind == "retime" and task.config is not None):
                 self.pool.submit(self._compile, task)
             else:
                 self._ready.put((task, None))
@@ -351,6 +361,12 @@ class _Worker:
         from autotune.evaluation import Compiled
 
         assert task.config is not None
+        if task.kind == "retime":
+            kept = self._kept_executable(task.problem, task.config)
+            if kept is not None:
+                self.send(("stage", task.id, "compiled", time.time()))
+                self._ready.put((task, kept))
+                return
         try:
             kernel = self._kernel(task.kernel_name)
             compiled = self.evaluator.compile(
@@ -388,10 +404,41 @@ class _Worker:
             self.send(("stage", task.id, "device", time.time()))
             self._measure_locked(task, compiled)
 
+    def _keep(self, problem: Problem, compiled: Any, median_us: float) -> None:
+        """Keeps ``compiled`` if it is among the fastest ``keep_compiled`` of its problem."""
+        if self.spec.keep_compiled <= 0:
+            return
+        with self._kept_lock:
+            kept = self._kept.setdefault(problem, {})
+            self._kept.move_to_end(problem)
+            while len(self._kept) > 2:
+                self._kept.popitem(last=False)
+            kept[compiled.config.digest()] = (median_us, compiled)
+            if len(kept) > self.spec.keep_compiled:
+                slowest = max(kept, key=lambda d: kept[d][0])
+                del kept[slowest]
+
+    def _kept_executable(self, problem: Problem, config: Config) -> Any:
+        with self._kept_lock:
+            found = self._kept.get(problem, {}).get(config.digest())
+            return None if found is None else found[1]
+
     def _measure_locked(self, task: _TaskMsg, compiled: Any) -> None:
         try:
             if task.kind == "trial":
                 result: Any = self.evaluator.run(compiled, on_stage=self._hook(task))
+                if result.ok and result.median_us is not None:
+                    self._keep(task.problem, compiled, result.median_us)
+            elif task.kind == "retime":
+                self._hook(task)("time")
+                iterations = int(task.extra["iterations"])
+                if task.config is None:
+                    kernel = self._kernel(task.kernel_name)
+                    result = self.evaluator.baseline(kernel, task.problem, iterations=iterations)
+                else:
+                    result = self.evaluator.retime(compiled, iterations=iterations)
+                    if result.ok and task.extra.get("median_us") is not None:
+                        self._keep(task.problem, compiled, float(task.extra["median_us"]))
             else:
                 kernel = self._kernel(task.kernel_name)
                 self._hook(task)("run")
@@ -481,6 +528,11 @@ class Engine:
       iterations: timed iterations per config (default 20 on a GPU, 3 otherwise).
       log_dir: where workers write their stdout/stderr (default: a temporary directory removed
         on :meth:`close`).
+      cache: the cache policy of every timing, ``"cold"`` or ``"warm"``
+        (:mod:`autotune.trial`); None: cold on a GPU, warm otherwise. It is the engine's
+        (:attr:`cache_policy`), so a job runs on an engine made with the policy it asks for.
+      keep_compiled: executables of its fastest configs each worker keeps, per problem, so
+        that :meth:`confirm` times them again without compiling them again.
 
     Thread-safe: :meth:`submit` may be called from any thread; futures are resolved (and
     their callbacks run) on the engine's dispatcher thread, so a callback must not block.
@@ -499,9 +551,14 @@ class Engine:
         iterations: int | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         startup_timeout_s: float = _STARTUP_TIMEOUT_S,
+        cache: str | None = None,
+        keep_compiled: int = 5,
     ) -> None:
+        from autotune.trial import resolve_cache_policy
+
         if mode not in MODES:
             raise ValueError(f"Engine mode must be one of {MODES}, but got {mode!r}.")
+        self.cache_policy = resolve_cache_policy(cache, mode).value
         if gpus is not None:
             gpus = list(gpus)
             if (
@@ -545,6 +602,10 @@ class Engine:
         self.compile_timeout_s = compile_timeout_s
         self.allow_import = allow_import
         self.iterations = iterations
+        self.keep_compiled = max(0, int(keep_compiled))
+        # (problem, config digest or None for the baseline) -> the worker slot that timed it
+        # last: the confirmation round times it there again, with the executable it kept.
+        self._timed_on: dict[tuple[Problem, str | None], int] = {}
         self.startup_timeout_s = startup_timeout_s
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir or tempfile.mkdtemp(prefix="autotune-engine-"))
@@ -604,6 +665,82 @@ class Engine:
     def baseline(self, kernel_name: str, problem: Problem) -> TrialResult:
         """Times the kernel's baseline (XLA, cuDNN) on a worker, the way configs are timed."""
         return self._submit("baseline", kernel_name, problem, None, {}, urgent=True).result()
+
+    def retime(
+        self,
+        kernel_name: str,
+        problem: Problem,
+        config: Config | None,
+        *,
+        iterations: int,
+        median_us: float | None = None,
+    ) -> TrialResult:
+        """Times ``config`` (None: the baseline) again, on the worker that timed it last, with
+        the executable it kept (compiled again where it did not keep one); not checked again.
+
+        ``median_us``: what the search measured, so the worker keeps the executable among its
+        fastest.
+        """
+        if config is not None and not isinstance(config, Config):
+            config = Config(config)
+        digest = None if config is None else config.digest()
+        with self._lock:
+            slot = self._timed_on.get((problem, digest))
+        extra = {"iterations": int(iterations), "median_us": median_us}
+        return self._submit("retime", kernel_name, problem, config, extra, urgent=True,
+                            slot=slot).result()
+
+    def confirm(
+        self,
+        kernel_name: str,
+        problem: Problem,
+        configs: Sequence[Config],
+        *,
+        rounds: int,
+        iterations: int,
+        baseline: bool = True,
+        medians_us: Sequence[float | None] | None = None,
+    ) -> list[list[TrialResult]]:
+        """The confirmation round's timings: per round, one :class:`TrialResult` per program
+        (``configs`` in order, then the baseline when ``baseline``).
+
+        Programs are timed one after another in the order of
+        :func:`autotune.trial.round_order` (A B C base, then B C base A, ...), each for
+        ``iterations`` runs in the engine's cache policy, on the worker that timed it before
+        (:meth:`retime`). A program whose timing fails is not timed in later rounds; its
+        later entries repeat the failure.
+        """
+        from autotune.trial import round_order
+
+        programs: list[Config | None] = [Config(c) for c in configs]
+        if baseline:
+            programs.append(None)
+        # All on one GPU (the fastest config's): a program timed on another is compiled again
+        # on a worker of that GPU, which keeps it for the later rounds.
+        with self._lock:
+            first = self._timed_on.get((problem, programs[0].digest() if programs[0] else None))
+            if first is not None and len(set(self._slots)) > 1:
+                gpu = self._slots[first]
+                here = [s for s, g in enumerate(self._slots) if g == gpu]
+                for n, program in enumerate(programs):
+                    key = (problem, None if program is None else program.digest())
+                    slot = self._timed_on.get(key)
+                    if slot is None or self._slots[slot] != gpu:
+                        self._timed_on[key] = here[n % len(here)]
+        medians = list(medians_us or [None] * len(configs)) + [None]
+        table: list[list[TrialResult | None]] = [[None] * len(programs) for _ in range(rounds)]
+        failed: dict[int, TrialResult] = {}
+        for r, order in enumerate(round_order(len(programs), rounds)):
+            for i in order:
+                if i in failed:
+                    table[r][i] = failed[i]
+                    continue
+                result = self.retime(kernel_name, problem, programs[i], iterations=iterations,
+                                     median_us=medians[i])
+                if not result.ok:
+                    failed[i] = result
+                table[r][i] = result
+        return [[t for t in row if t is not None] for row in table]
 
     def trace(
         self,
@@ -814,6 +951,8 @@ class Engine:
             allow_import=self.allow_import,
             log_level=logging.getLogger().getEffectiveLevel(),
             lock_path=self._lock_paths[gpu],
+            cache=self.cache_policy,
+            keep_compiled=self.keep_compiled,
         )
         ours, theirs = socket.socketpair()
         try:
@@ -989,7 +1128,16 @@ class Engine:
             with self._lock:
                 self._by_worker[w.slot] += 1
             if kind == "result":
-                self._resolve(task, result=msg[2])
+                result = msg[2]
+                if (
+                    task.msg.kind in ("trial", "retime", "baseline")
+                    and isinstance(result, TrialResult)
+                    and result.ok
+                ):
+                    digest = None if task.msg.config is None else task.msg.config.digest()
+                    with self._lock:
+                        self._timed_on[(task.msg.problem, digest)] = w.slot
+                self._resolve(task, result=result)
             else:
                 exc = msg[2]
                 if isinstance(exc, BaseException) and msg[3]:
@@ -1040,6 +1188,9 @@ class Engine:
         )
         if stage in _COMPILE_STAGES:
             return compile_limit
+        if task.msg.kind == "retime":
+            # Times the program again with more iterations (and compiles a baseline anew).
+            return compile_limit + run_limit * max(1.0, task.msg.extra["iterations"] / 20)
         if task.msg.kind != "trial":
             return compile_limit + run_limit  # a baseline or trace compiles in its run
         return run_limit

@@ -450,8 +450,22 @@ def _time_cupti(
 
 
 def _time(
-    fn: Any, inputs: Sequence[Any], iterations: int, timing: str, *, aggregate: bool = False
+    fn: Any,
+    inputs: Sequence[Any],
+    iterations: int,
+    timing: str,
+    *,
+    aggregate: bool = False,
+    cache: str = "warm",
+    flush: Any = None,
 ) -> tuple[list[float], Any]:
+    if timing == "cupti" and cache == "cold":
+        # The L2 flushed before every iteration (autotune.cold_timing): a failure here is the
+        # method's, not the config's, so it is not retried as a stray launch would be.
+        from autotune.cold_timing import time_cold
+
+        return time_cold(fn, inputs, iterations, flush, aggregate=aggregate,
+                         select=select_kernel_time)
     if timing == "cupti":
         try:
             return _time_cupti(fn, inputs, iterations, aggregate=aggregate)
@@ -474,8 +488,13 @@ def run_compiled(
     iterations: int,
     timing: str,
     on_stage: StageHook | None = None,
+    cache: str = "warm",
+    flush: Any = None,
 ) -> TrialResult:
     """Runs a compiled config once, checks it against ``expected``, then times it.
+
+    ``cache`` is the cache policy (:mod:`autotune.trial`); ``cold`` with CUPTI needs
+    ``flush``, an :class:`autotune.cold_timing.L2Flush`.
 
     ``timing`` is ``"cupti"`` (GPU time of the kernel's own launches, see
     :func:`select_kernel_time`) or ``"wallclock"`` (host time around ``block_until_ready``;
@@ -499,7 +518,7 @@ def run_compiled(
             return _wrong(rel, tolerance, compiled.compile_s)
         stage = Stage.TIME
         on_stage(stage)
-        samples, last = _time(fn, inputs, iterations, timing)
+        samples, last = _time(fn, inputs, iterations, timing, cache=cache, flush=flush)
         stage = Stage.CHECK
         rel = max(rel, relative_error(last, expected))
         if not rel <= tolerance:
@@ -511,7 +530,9 @@ def run_compiled(
 
             _jax_compat.reset_interpret_state()
         return _failure(e, stage, compile_s=compiled.compile_s, device_ok=device_ok)
-    return TrialResult.timed(samples, compile_s=compiled.compile_s, rel_error=rel, timing=timing)
+    return TrialResult.timed(
+        samples, compile_s=compiled.compile_s, rel_error=rel, timing=timing, cache=cache
+    )
 
 
 def _wrong(rel: float, tolerance: float, compile_s: float | None, when: str = "") -> TrialResult:
@@ -531,11 +552,17 @@ def measure_baseline(
     iterations: int,
     timing: str,
     expected: Any = None,
+    cache: str = "warm",
+    flush: Any = None,
+    compiled: Any = None,
+    on_compiled: Callable[[Any], None] | None = None,
 ) -> TrialResult:
     """Compiles and times a baseline (XLA, cuDNN) the way configs are timed.
 
     With CUPTI every launch counts (``aggregate=True``): the baseline *is* XLA's kernels.
-    ``rel_error`` against ``expected`` is recorded when given, for information.
+    ``rel_error`` against ``expected`` is recorded when given, for information. ``compiled``:
+    an executable of ``fn`` compiled before (not compiled again); ``on_compiled`` receives the
+    executable compiled here, for re-use.
     """
     import jax
 
@@ -543,19 +570,28 @@ def measure_baseline(
     start = time.perf_counter()
     compile_s = None
     try:
-        lowered = jax.jit(fn).trace(*inputs).lower()
-        stage = Stage.COMPILE
-        executable = lowered.compile()
-        compile_s = time.perf_counter() - start
+        if compiled is None:
+            lowered = jax.jit(fn).trace(*inputs).lower()
+            stage = Stage.COMPILE
+            executable = lowered.compile()
+            compile_s = time.perf_counter() - start
+            if on_compiled is not None:
+                on_compiled(executable)
+        else:
+            executable = compiled
         stage = Stage.RUN
         out = jax.block_until_ready(executable(*inputs))
         rel = relative_error(out, expected) if expected is not None else None
         stage = Stage.TIME
-        samples, _ = _time(executable, inputs, iterations, timing, aggregate=True)
+        samples, _ = _time(
+            executable, inputs, iterations, timing, aggregate=True, cache=cache, flush=flush
+        )
     except Exception as e:  # noqa: BLE001
         device_ok = _device_ok() if timing == "cupti" else True
         return _failure(e, stage, compile_s=compile_s, device_ok=device_ok)
-    return TrialResult.timed(samples, compile_s=compile_s, rel_error=rel, timing=timing)
+    return TrialResult.timed(
+        samples, compile_s=compile_s, rel_error=rel, timing=timing, cache=cache
+    )
 
 
 def trace_config(
@@ -664,6 +700,7 @@ class Evaluator(abc.ABC):
     timing: str = ""
     iterations: int = 1
     healthy: bool = True
+    cache: str = "warm"  # the cache policy of every timing (autotune.trial.CachePolicy)
 
     @abc.abstractmethod
     def device_info(self) -> DeviceInfo: ...
@@ -677,7 +714,14 @@ class Evaluator(abc.ABC):
     def run(self, compiled: Compiled, *, on_stage: StageHook | None = None) -> TrialResult: ...
 
     @abc.abstractmethod
-    def baseline(self, kernel: Kernel, problem: Problem) -> TrialResult: ...
+    def baseline(
+        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None
+    ) -> TrialResult: ...
+
+    @abc.abstractmethod
+    def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
+        """Times a config compiled and checked before again, on fresh inputs (the
+        confirmation round): no check, ``iterations`` timed runs in this evaluator's policy."""
 
     @abc.abstractmethod
     def trace(
@@ -703,10 +747,13 @@ class _JaxEvaluator(Evaluator):
 
     interpret = False
 
-    def __init__(self, iterations: int) -> None:
+    def __init__(self, iterations: int, cache: str = "warm") -> None:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, but got {iterations}.")
         self.iterations = iterations
+        self.cache = cache
+        self._l2_flush: Any = None
+        self._baseline_executables: dict[tuple[str, Problem], Any] = {}
         self.healthy = True
         self._lock = threading.Lock()
         self._specs: dict[tuple[str, Problem], tuple[Any, ...]] = {}
@@ -805,6 +852,16 @@ class _JaxEvaluator(Evaluator):
                 kernel, problem, config, self._options(), specs=specs, on_stage=on_stage
             )
 
+    def _flush(self) -> Any:
+        """The L2 flush of cold CUPTI timing (made once per evaluator), else None."""
+        if self.cache != "cold" or self.timing != "cupti":
+            return None
+        if self._l2_flush is None:
+            from autotune.cold_timing import L2Flush
+
+            self._l2_flush = L2Flush()
+        return self._l2_flush
+
     def run(self, compiled: Compiled, *, on_stage: StageHook | None = None) -> TrialResult:
         kernel, problem = compiled.kernel, compiled.problem
         with self._device_context():
@@ -818,14 +875,38 @@ class _JaxEvaluator(Evaluator):
                 iterations=self.iterations,
                 timing=self.timing,
                 on_stage=on_stage,
+                cache=self.cache,
+                flush=self._flush(),
             )
         if result.outcome is Outcome.CRASHED:
             self.healthy = False
         return result
 
-    def baseline(self, kernel: Kernel, problem: Problem) -> TrialResult:
+    def _keep_baseline(self, key: tuple[str, Problem], executable: Any) -> None:
+        self._baseline_executables.clear()  # one problem's at a time
+        self._baseline_executables[key] = executable
+
+    def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
+        with self._device_context():
+            inputs = self._fresh_inputs(compiled.kernel, compiled.problem)
+            try:
+                samples, _ = _time(compiled.executable, inputs, iterations, self.timing,
+                                   cache=self.cache, flush=self._flush())
+            except Exception as e:  # noqa: BLE001 - a failure is a value, as in run()
+                device_ok = _device_ok() if self.timing == "cupti" else True
+                result = _failure(e, Stage.TIME, compile_s=compiled.compile_s, device_ok=device_ok)
+                if result.outcome is Outcome.CRASHED:
+                    self.healthy = False
+                return result
+        return TrialResult.timed(samples, compile_s=compiled.compile_s, rel_error=None,
+                                 timing=self.timing, cache=self.cache)
+
+    def baseline(
+        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None
+    ) -> TrialResult:
         if kernel.baseline is None:
             raise EvaluationError(f"Kernel {kernel.name!r} declares no baseline to time.")
+        key = (kernel.name, problem)
         with self._device_context():
             inputs = self._fresh_inputs(kernel, problem)
             expected = self._expected(kernel, problem, inputs)
@@ -834,7 +915,12 @@ class _JaxEvaluator(Evaluator):
             except Exception as e:
                 raise EvaluationError(f"{kernel.name}.baseline fails for {problem}: {e}") from e
             result = measure_baseline(
-                fn, inputs, iterations=self.iterations, timing=self.timing, expected=expected
+                fn, inputs, iterations=iterations or self.iterations, timing=self.timing,
+                expected=expected, cache=self.cache, flush=self._flush(),
+                compiled=self._baseline_executables.get(key),
+                # Kept for the confirmation round, which times the baseline again (XLA's
+                # autotuning makes its compile slow); one problem's at a time.
+                on_compiled=lambda exe: self._keep_baseline(key, exe),
             )
         if result.outcome is Outcome.CRASHED:
             self.healthy = False
@@ -872,8 +958,8 @@ class GpuEvaluator(_JaxEvaluator):
 
     timing = "cupti"
 
-    def __init__(self, iterations: int = 20) -> None:
-        super().__init__(iterations)
+    def __init__(self, iterations: int = 20, cache: str = "cold") -> None:
+        super().__init__(iterations, cache)
         self._info: DeviceInfo | None = None
 
     def device_info(self) -> DeviceInfo:
@@ -915,8 +1001,10 @@ class InterpretEvaluator(_JaxEvaluator):
     timing = "wallclock"
     interpret = True
 
-    def __init__(self, iterations: int = 3) -> None:
-        super().__init__(iterations)
+    def __init__(self, iterations: int = 3, cache: str = "warm") -> None:
+        from autotune.trial import resolve_cache_policy
+
+        super().__init__(iterations, resolve_cache_policy(cache, "interpret").value)
 
     def device_info(self) -> DeviceInfo:
         return interpret_device_info()
@@ -966,6 +1054,13 @@ class FakeBehaviour:
     never release the GIL, like a C call stuck while holding it: the process stops answering),
     ``poison`` (the run fails and leaves the device unusable, like an illegal address). ``compile_s`` and ``run_s`` are
     the time compiling and running take.
+
+    Timing: ``cost_us`` is the config's true time (``cold_us`` under the ``cold`` policy, when
+    given); ``search_us``, when given, is what its search trial measures instead (a lucky or
+    unlucky moment, which the confirmation round, timing ``cost_us``, sees through); ``noise``
+    is the relative standard deviation of every sample (deterministic: seeded by the config).
+    In a config (:meth:`from_config`), times may be strings (``"100.3"``: config values are
+    never fractional numbers) and ``noise`` is in per mille.
     """
 
     mode: str = "ok"
@@ -974,6 +1069,9 @@ class FakeBehaviour:
     compile_s: float = 0.0
     run_s: float = 0.0
     sleep_s: float = 0.0
+    search_us: float | None = None
+    cold_us: float | None = None
+    noise: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in FAKE_MODES:
@@ -990,7 +1088,14 @@ class FakeBehaviour:
             compile_s=float(config.get("compile_ms", 0)) / 1000,
             run_s=float(config.get("run_ms", 0)) / 1000,
             sleep_s=float(config.get("sleep_ms", 0)) / 1000,
+            search_us=None if config.get("search_us") is None else float(config["search_us"]),
+            cold_us=None if config.get("cold_us") is None else float(config["cold_us"]),
+            noise=float(config.get("noise", 0)) / 1000,  # per mille: config values are not floats
         )
+
+    def true_us(self, cache: str) -> float:
+        """The time this config takes under ``cache`` policy."""
+        return self.cold_us if cache == "cold" and self.cold_us is not None else self.cost_us
 
 
 class _FakeKernelError(ValueError):
@@ -1011,10 +1116,23 @@ class FakeEvaluator(Evaluator):
         iterations: int = 3,
         *,
         rule: Callable[[Config], FakeBehaviour] = FakeBehaviour.from_config,
+        cache: str = "warm",
     ) -> None:
+        from autotune.trial import resolve_cache_policy
+
         self.iterations = iterations
         self.rule = rule
+        self.cache = resolve_cache_policy(cache, "fake").value
         self.healthy = True
+        self._draws = 0
+
+    def _samples(self, key: str, center_us: float, noise: float, iterations: int) -> list[float]:
+        if not noise:
+            return [center_us * (1 + 0.001 * i) for i in range(iterations)]
+        self._draws += 1
+        rng = random.Random(f"{key}:{self._draws}")
+        return [center_us * max(0.05, 1 + noise * max(-3.0, min(3.0, rng.gauss(0, 1))))
+                for _ in range(iterations)]
 
     def device_info(self) -> DeviceInfo:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -1078,15 +1196,35 @@ class FakeEvaluator(Evaluator):
             self._act(b, Stage.TIME)
         except (_FakeKernelError, RuntimeError) as e:
             return _failure(e, stage, compile_s=compiled.compile_s, device_ok=self.healthy)
-        samples = [b.cost_us * (1 + 0.001 * i) for i in range(self.iterations)]
+        center = b.search_us if b.search_us is not None else b.true_us(self.cache)
+        samples = self._samples(compiled.config.digest(), center, b.noise, self.iterations)
         return TrialResult.timed(
-            samples, compile_s=compiled.compile_s, rel_error=0.0, timing="fake"
+            samples, compile_s=compiled.compile_s, rel_error=0.0, timing="fake", cache=self.cache
         )
 
-    def baseline(self, kernel: Kernel, problem: Problem) -> TrialResult:
-        cost = float(problem.dims.get("baseline_us", 100))
+    def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
+        b: FakeBehaviour = compiled.executable
+        self._act(b, Stage.TIME)
+        samples = self._samples(compiled.config.digest(), b.true_us(self.cache), b.noise,
+                                iterations)
+        return TrialResult.timed(samples, compile_s=compiled.compile_s, rel_error=None,
+                                 timing="fake", cache=self.cache)
+
+    def baseline(
+        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None
+    ) -> TrialResult:
+        """``baseline_us`` of the problem's shape (``baseline_cold_us`` when cold), with the
+        shape's ``baseline_noise`` (relative standard deviation in per mille: shape values are
+        whole numbers), default 100 µs, no noise."""
+        dims = problem.dims
+        cost = float(dims.get("baseline_us", 100))
+        if self.cache == "cold" and "baseline_cold_us" in dims:
+            cost = float(dims["baseline_cold_us"])
+        noise = float(dims.get("baseline_noise", 0)) / 1000 if "baseline_noise" in dims else 0.0
+        n = iterations or self.iterations
+        samples = self._samples("baseline", cost, noise, n) if noise else [cost] * n
         return TrialResult.timed(
-            [cost] * self.iterations, compile_s=0.0, rel_error=0.0, timing="fake"
+            samples, compile_s=0.0, rel_error=0.0, timing="fake", cache=self.cache
         )
 
     def trace(
@@ -1118,12 +1256,20 @@ class FakeEvaluator(Evaluator):
         return parse_trace_files([path])
 
 
-def make_evaluator(mode: str, *, iterations: int | None = None) -> Evaluator:
-    """The evaluator for an engine mode: ``"gpu"``, ``"interpret"`` or ``"fake"``."""
+def make_evaluator(
+    mode: str, *, iterations: int | None = None, cache: str | None = None
+) -> Evaluator:
+    """The evaluator for an engine mode: ``"gpu"``, ``"interpret"`` or ``"fake"``.
+
+    ``cache``: the cache policy (:func:`autotune.trial.resolve_cache_policy`; None: cold
+    on a GPU, warm otherwise).
+    """
+    from autotune.trial import resolve_cache_policy
+
     if mode == "gpu":
-        return GpuEvaluator(iterations or 20)
+        return GpuEvaluator(iterations or 20, resolve_cache_policy(cache, "gpu").value)
     if mode == "interpret":
-        return InterpretEvaluator(iterations or 3)
+        return InterpretEvaluator(iterations or 3, resolve_cache_policy(cache, "interpret").value)
     if mode == "fake":
-        return FakeEvaluator(iterations or 3)
+        return FakeEvaluator(iterations or 3, cache=resolve_cache_policy(cache, "fake").value)
     raise ValueError(f"Evaluator mode must be 'gpu', 'interpret' or 'fake', but got {mode!r}.")

@@ -1,8 +1,11 @@
 """Export the best config per problem (JSON, CSV, or a plain Python module) and import it back.
 
 * ``json``: ``{"format": "autotune-export", "version": 1, "records": [...]}``, one record per
-  (problem, device) with kernel, shape, dtype, device, device_kind, compute_capability,
-  driver, median_us, jax_version, software and config. :func:`import_json` reads it back.
+  (problem, device, cache policy) with kernel, shape, dtype, device, device_kind,
+  compute_capability, driver, median_us, jax_version, software, config, cache_policy, spread,
+  and, when a confirmation round crowned the config, confirmed (true), confirmed_speedup,
+  speedup_spread and ties (the configs within the noise of the fastest).
+  :func:`import_json` reads it back (a record without cache_policy is ``warm``).
 * ``csv``: the same records, one row each (shape as ``m=..,n=..``, config as JSON).
 * ``python``: a module needing nothing but Python, keyed by device as JAX's tuned block-size
   tables are: ``TUNED = {device: {(kernel, ((key, value), ...), dtype): {config}}}`` where
@@ -14,6 +17,11 @@
 
 Interpret-mode results (functional runs on a CPU, not GPU timings) are left out unless asked
 for by device (``device="interpret"`` or the interpret device's name).
+
+Every record carries the cache policy it was timed with (``cold`` / ``warm``) and, when a
+confirmation round ran, its crowned config, confirmed speedup with spread, and the ties; the
+python table prefers, per problem and device, GPU results, then cold-cache ones (times of two
+cache policies are never compared).
 
 Importing never replaces stored results: each record becomes an ok trial on its device
 through :meth:`Store.record_trial`, which keeps the first trial of a (problem, config,
@@ -36,7 +44,8 @@ from autotune.errors import JobError
 from autotune.problem import Config, Problem
 from autotune.queries import _device_filter, _open, served_summaries
 from autotune.storage import Store
-from autotune.trial import DeviceInfo, TrialResult
+from autotune.trial import CACHE_POLICIES, DeviceInfo, TrialResult
+from autotune.validity import servable
 
 __all__ = [
     "FORMATS", "export_records", "render", "import_json", "import_records", "check_records",
@@ -74,9 +83,19 @@ def export_records(
                 continue
             if device is None and summary.device_kind == "interpret":
                 continue  # functional runs, not GPU timings: only when asked for
+            confirmation = summary.confirmation
             trial = store.trial(summary.best_trial_id)
             if trial is None:  # deleted between the two reads
                 continue
+            if confirmation is not None and confirmation.created_at < trial.finished_at:
+                confirmation = None  # a faster config was found since: not confirmed
+            median_us, config, spread = summary.best_us, dict(summary.best_config), trial.spread
+            if confirmation is not None and not servable(summary.problem, confirmation.crowned.config):
+                confirmation = None  # its crowned config breaks today's rules: never served
+            if confirmation is not None:
+                crowned = confirmation.crowned
+                median_us, config, spread = crowned.median_us, dict(crowned.config), crowned.spread
+                trial = store.trial(crowned.trial_id) or trial
             info = trial.device
             records.append({
                 "kernel": summary.problem.kernel,
@@ -86,11 +105,20 @@ def export_records(
                 "device_kind": summary.device_kind,
                 "compute_capability": info.compute_capability,
                 "driver": info.driver,
-                "median_us": summary.best_us,
-                "trial_id": summary.best_trial_id,
+                "median_us": median_us,
+                "trial_id": trial.id,
                 "jax_version": trial.software.get("jax", ""),
                 "software": dict(trial.software),
-                "config": dict(summary.best_config),
+                "config": config,
+                "cache_policy": summary.cache_policy,
+                "spread": spread,
+                "confirmed": confirmation is not None,
+                "confirmed_speedup": None if confirmation is None else confirmation.speedup,
+                "speedup_spread": None if confirmation is None else confirmation.speedup_spread,
+                "ties": [] if confirmation is None else [
+                    {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff}
+                    for p in confirmation.tied_with_winner()
+                ],
             })
     return records
 
@@ -113,12 +141,14 @@ def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
     if fmt == "csv":
         out = io.StringIO()
         fields = ["kernel", "shape", "dtype", "device", "device_kind", "median_us",
-                  "jax_version", "config"]
+                  "jax_version", "config", "cache_policy", "spread", "confirmed",
+                  "confirmed_speedup", "speedup_spread", "ties"]
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in records:
             writer.writerow({
-                **{k: r[k] for k in fields if k not in ("shape", "config")},
+                **{k: r.get(k) for k in fields if k not in ("shape", "config", "ties")},
+                "ties": len(r.get("ties") or ()),
                 "shape": Problem(r["kernel"], r["shape"], r["dtype"]).shape_text,
                 "config": json.dumps(r["config"], sort_keys=True),
             })
@@ -144,12 +174,15 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
     capability: dict[str, str] = {}
     for r in records:
         key = (r["kernel"], tuple(sorted(r["shape"].items())), r["dtype"])
+        def rank(x: Mapping[str, Any]) -> tuple[bool, bool, float]:
+            return (x["device_kind"] != "gpu", x.get("cache_policy", "warm") != "cold",
+                    x["median_us"])
+
         table = tables.setdefault(r["device"], {})
-        if key not in table or r["median_us"] < table[key]["median_us"]:
+        if key not in table or rank(r) < rank(table[key]):
             table[key] = r
-        rank = (r["device_kind"] != "gpu", r["median_us"])
         old = default.get(key)
-        if old is None or rank < (old["device_kind"] != "gpu", old["median_us"]):
+        if old is None or rank(r) < rank(old):
             default[key] = r
         if r.get("compute_capability"):
             capability[r["device"]] = str(r["compute_capability"])
@@ -178,7 +211,10 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         for key in sorted(table, key=repr):
             r = table[key]
             details = {"device": r["device"], "device_kind": r["device_kind"],
-                       "median_us": r["median_us"], "jax_version": r["jax_version"]}
+                       "median_us": r["median_us"], "jax_version": r["jax_version"],
+                       "cache_policy": r.get("cache_policy", "warm"),
+                       "confirmed_speedup": r.get("confirmed_speedup"),
+                       "speedup_spread": r.get("speedup_spread")}
             lines.append(f"        {key!r}: {details!r},")
         lines.append("    },")
     lines += [
@@ -222,6 +258,8 @@ _KNOWN_KEYS = frozenset({
     "kernel", "shape", "dtype", "device", "device_kind", "compute_capability", "driver",
     "median_us", "jax_version", "software", "config",
     "trial_id",  # the exporting database's id: informational, never imported as an id
+    # The measurement (issue 19): the cache policy is imported; the rest is informational.
+    "cache_policy", "spread", "confirmed", "confirmed_speedup", "speedup_spread", "ties",
 })
 _DEVICE_KINDS = ("gpu", "interpret", "fake")
 
@@ -319,7 +357,7 @@ def _text_problem(field: str, value: Any, *, limit: int = MAX_TEXT_CHARS, empty_
 
 def check_records(
     records: Sequence[Any], *, allow_import: bool = False
-) -> tuple[list[tuple[Problem, Config, float, DeviceInfo, dict[str, str]]], list[BadRecord]]:
+) -> tuple[list[tuple[Problem, Config, float, DeviceInfo, dict[str, str], str]], list[BadRecord]]:
     """Checks every record of an export: (the records parsed, the rules they break).
 
     Rules: ``record`` (an object with the known keys), ``kernel_known``, ``shape`` (the
@@ -425,13 +463,17 @@ def check_records(
             if broken:
                 errors.append(("config_valid", f"config {_short(dict(config), 200)} breaks "
                                                f"{'; '.join(broken)}"))
+        cache = r.get("cache_policy") or "warm"
+        if cache not in CACHE_POLICIES:
+            errors.append(("cache_policy", f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, "
+                                           f"got {_short(cache)}"))
         if errors or problem is None or config is None:
             bad.extend(BadRecord(i, rule, text) for rule, text in errors)
             continue
         device = DeviceInfo(r["device"], kind, r.get("compute_capability") or "", r.get("driver") or "")
         versions = {str(k): str(v) for k, v in software.items()}
         versions.setdefault("jax", str(r.get("jax_version") or ""))
-        parsed.append((problem, config, float(median), device, versions))
+        parsed.append((problem, config, float(median), device, versions, cache))
     return parsed, bad
 
 
@@ -463,9 +505,10 @@ def import_records(
         )
     trials = [
         (problem, config,
-         TrialResult.timed([median], compile_s=None, rel_error=None, timing="imported"),
+         dataclasses.replace(TrialResult.timed([median], compile_s=None, rel_error=None,
+                                               timing="imported"), cache=cache),
          device, software)
-        for problem, config, median, device, software in parsed
+        for problem, config, median, device, software, cache in parsed
     ]
     with Store(db) as store:
         recorded = store.record_trials(trials, worker="import")

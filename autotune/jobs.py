@@ -8,6 +8,8 @@ A job file is data, never code::
     sampler = "auto"        # auto | tpe | random | cmaes | gp | qmc | brute
     seed = 0
 
+    cache = "cold"          # optional, for the whole job: cold (default on a GPU) | warm
+
     [[problem]]
     kernel = "hopper_matmul"
     dtype = "bfloat16"                      # or dtypes = ["bfloat16", "float16"]
@@ -26,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune._paths import check_file_name
+from autotune.confirmation import DEFAULT_CONFIRM_ITERATIONS, DEFAULT_CONFIRM_ROUNDS
 from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.kernel import bundled_kernels, get_kernel
 from autotune.problem import Problem
 from autotune.sampling import SAMPLERS
+from autotune.trial import CACHE_POLICIES
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 
@@ -48,6 +52,10 @@ _SETTINGS = {
     "seed": "a whole number (or omit it for a random seed)",
     "iterations": "a whole number of timed runs per config, 1 to 10000",
     "trace_top_k": "how many of the best configs get an in-kernel trace (0 to 100)",
+    "confirm_top": "how many of the best configs the confirmation round re-times (0: none, "
+                   "up to 32)",
+    "confirm_rounds": "a whole number of interleaved confirmation rounds, 1 to 100",
+    "confirm_iterations": "a whole number of timed runs per program and round, 1 to 10000",
 }
 _PROBLEM_KEYS = {"kernel", "dtype", "dtypes", "shape", "shapes", *_SETTINGS}
 
@@ -72,12 +80,22 @@ class ProblemSpec:
     seed: int | None = 0
     iterations: int = 20
     trace_top_k: int = 1
+    # The confirmation round (autotune.confirmation): the best `confirm_top` configs and the
+    # baseline, `confirm_rounds` interleaved rounds of `confirm_iterations` timed runs each.
+    # None: DEFAULT_CONFIRM_TOP on a GPU (and the fake evaluator), 0 in GPU interpret mode,
+    # where every run of an interpreted kernel takes seconds and its wall-clock time says
+    # nothing about a GPU.
+    confirm_top: int | None = None
+    confirm_rounds: int = DEFAULT_CONFIRM_ROUNDS
+    confirm_iterations: int = DEFAULT_CONFIRM_ITERATIONS
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
     name: str
     problems: tuple[ProblemSpec, ...]
+    # The cache policy of every timing ("cold" | "warm"); None: cold on a GPU, warm otherwise.
+    cache: str | None = None
 
 
 def load_job(path: str | Path, *, allow_import: bool = False) -> Job:
@@ -123,10 +141,18 @@ def parse_job(
     data: Mapping[str, Any], *, name: str = "job", allow_import: bool = False, where: str = "job"
 ) -> Job:
     """Checks a parsed job (a dict, as from TOML) and expands it into problems."""
-    unknown = sorted(set(data) - {"defaults", "problem", "name"})
+    unknown = sorted(set(data) - {"defaults", "problem", "name", "cache"})
     if unknown:
         raise JobError(
-            f"{where}: unknown top-level key(s) {unknown}; allowed: [defaults], [[problem]], name."
+            f"{where}: unknown top-level key(s) {unknown}; allowed: [defaults], [[problem]], "
+            "name, cache."
+        )
+    cache = data.get("cache")
+    if cache is not None and cache not in (*CACHE_POLICIES, "auto"):
+        raise JobError(
+            f"{where}: cache = {cache!r} is not allowed; it must be one of "
+            f"{', '.join(CACHE_POLICIES)} or auto (the L2 flushed between timed runs, or not; "
+            "auto: cold on a GPU, warm in interpret mode)."
         )
     defaults = data.get("defaults", {})
     if not isinstance(defaults, Mapping):
@@ -166,7 +192,7 @@ def parse_job(
         raise JobError(f"{where}: 'name' must be a non-empty string, got {job_name!r}.")
     if "name" in data:  # it may name result files: one file name, never a path
         check_file_name(f"{where}: name", job_name)
-    return Job(name=job_name, problems=tuple(specs))
+    return Job(name=job_name, problems=tuple(specs), cache=None if cache == "auto" else cache)
 
 
 def _expand(
@@ -224,6 +250,10 @@ def _expand(
                     seed=settings.get("seed", 0),
                     iterations=settings.get("iterations", 20),
                     trace_top_k=settings.get("trace_top_k", 1),
+                    confirm_top=settings.get("confirm_top"),
+                    confirm_rounds=settings.get("confirm_rounds", DEFAULT_CONFIRM_ROUNDS),
+                    confirm_iterations=settings.get("confirm_iterations",
+                                                    DEFAULT_CONFIRM_ITERATIONS),
                 )
             )
     return out
@@ -272,3 +302,11 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
         fail("iterations")
     if "trace_top_k" in s and not (_is_int(s["trace_top_k"]) and 0 <= s["trace_top_k"] <= 100):
         fail("trace_top_k")
+    if "confirm_top" in s and not (_is_int(s["confirm_top"]) and 0 <= s["confirm_top"] <= 32):
+        fail("confirm_top")
+    if "confirm_rounds" in s and not (_is_int(s["confirm_rounds"]) and 1 <= s["confirm_rounds"] <= 100):
+        fail("confirm_rounds")
+    if "confirm_iterations" in s and not (
+        _is_int(s["confirm_iterations"]) and 1 <= s["confirm_iterations"] <= 10_000
+    ):
+        fail("confirm_iterations")

@@ -31,6 +31,15 @@ none; ``BestResult.stale`` says which, and the fallback is logged. GPU results o
 versions still come before interpret-mode ones. ``autotune revalidate`` re-measures such stale
 winners.
 
+Cache policies: times of the ``cold`` and ``warm`` policies (:mod:`autotune.trial`)
+are never ranked together. A problem is answered from its ``cold`` results when it has any on
+the chosen device, else from its ``warm`` ones (``cache=`` picks one); ``BestResult.cache_policy``
+says which.
+
+Confirmation: when the newest confirmation round of that policy, device and software is newer
+than the fastest trial, the answer is its crowned config, with its confirmed median, the paired
+speedup and its spread, and the configs it found tied (``BestResult.confirmed``).
+
 This module must not import jax, directly or indirectly: asking for a config must not
 initialise CUDA.
 """
@@ -59,6 +68,7 @@ from autotune.storage import (
     resolve_url,
     sqlite_path,
 )
+from autotune.trial import CACHE_POLICIES
 from autotune.validity import servable, violations
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,10 +108,25 @@ class BestResult:
     jaxlib_version: str = ""
     # Measured with other jax/jaxlib versions than the running ones (none of those stored).
     stale: bool = False
+    cache_policy: str = "warm"  # "cold" | "warm": every figure here is of this policy
+    spread: float | None = None  # (p90 - p10) / median of the samples behind median_us
+    # From the confirmation round (None / () when the answer was not confirmed):
+    confirmation_id: int | None = None
+    confirmed_speedup: float | None = None  # median of the per-round paired speedups
+    speedup_spread: float | None = None  # half their range, relative to it
+    # The other configs of the winner's tied group: within the measured noise of the fastest.
+    ties: tuple[dict[str, Any], ...] = dataclasses.field(default=(), hash=False)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmation_id is not None
 
     @property
     def speedup(self) -> float | None:
-        """``baseline_us / median_us``: above 1 the tuned kernel is faster."""
+        """``baseline_us / median_us`` (above 1 the tuned kernel is faster); the confirmation
+        round's paired speedup when confirmed."""
+        if self.confirmed_speedup is not None:
+            return self.confirmed_speedup
         return None if self.ratio is None else 1.0 / self.ratio
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +148,13 @@ class BestResult:
             "baseline_us": self.baseline_us,
             "ratio": self.ratio,
             "speedup": self.speedup,
+            "cache_policy": self.cache_policy,
+            "spread": self.spread,
+            "confirmed": self.confirmed,
+            "confirmation_id": self.confirmation_id,
+            "confirmed_speedup": self.confirmed_speedup,
+            "speedup_spread": self.speedup_spread,
+            "ties": [dict(t) for t in self.ties],
         }
 
 
@@ -151,18 +183,22 @@ def best_result(
     device: str | None = None,
     db: str | None = None,
     timeout_s: float | None = None,
+    cache: str | None = None,
 ) -> BestResult | None:
-    """The fastest stored trial of a problem with its baseline comparison, or None.
+    """The best stored config of a problem with its baseline comparison, or None: the
+    confirmation round's winner when there is a current one, else the fastest trial.
     ``timeout_s`` bounds each wait on the database (default: :func:`storage.read_timeout_s`)."""
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
+    if cache is not None and cache not in CACHE_POLICIES:
+        raise JobError(f"cache must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}.")
     with _open(db, timeout_s=timeout_s) as store:
         if store is None:
             return None
         if device is None:
-            found = _best_row(store, problem, None, "gpu")
+            found = _best_row(store, problem, None, "gpu", cache)
         else:
             name, kind = _device_filter(store, device)
-            found = _best_row(store, problem, name, kind)
+            found = _best_row(store, problem, name, kind, cache)
         if found is None:
             return None
         return _best_result(store, problem, *found)
@@ -188,16 +224,19 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
 
 
 def _best_row(
-    store: Store, problem: Problem, name: str | None, kind: str | None
+    store: Store, problem: Problem, name: str | None, kind: str | None, cache: str | None = None
 ) -> tuple[TrialRow, bool] | None:
     """The fastest ok trial measured with the running jax/jaxlib, else the fastest of other
-    versions, and whether it is stale (of other versions)."""
+    versions, and whether it is stale (of other versions); of ``cache``'s policy, else of the
+    store's preferred one (cold, then warm)."""
+    if cache is None:
+        cache = store.preferred_policy(problem, device_name=name, device_kind=kind)
     versions = running_versions()
     if versions:
-        found = _first_servable(store, problem, name, kind, versions)
+        found = _first_servable(store, problem, name, kind, versions, cache)
         if found is not None:
             return found, False
-    best = _first_servable(store, problem, name, kind, None)
+    best = _first_servable(store, problem, name, kind, None, cache)
     if best is None:
         return None
     log.info(
@@ -210,14 +249,15 @@ def _best_row(
 
 def _first_servable(
     store: Store, problem: Problem, name: str | None, kind: str | None,
-    versions: Mapping[str, str] | None,
+    versions: Mapping[str, str] | None, cache: str | None = None,
 ) -> TrialRow | None:
     """The fastest ok trial with a finite time whose config is valid under today's rules (the
     one check: :func:`autotune.validity.servable`); rows that break them are skipped with a
     warning."""
     n = 4
     while True:
-        rows = store.best(problem, device_name=name, device_kind=kind, n=n, versions=versions)
+        rows = store.best(problem, device_name=name, device_kind=kind, n=n, versions=versions,
+                          cache=cache)
         for row in rows:
             # A non-finite time (written by another tool) is never served either.
             if math.isfinite(row.median_us or math.nan) and servable(problem, row.config):
@@ -250,8 +290,24 @@ def _versions_text(versions: Mapping[str, str]) -> str:
     return ", ".join(f"{k} {versions.get(k) or '?'}" for k in ("jax", "jaxlib"))
 
 
+def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any:
+    """The newest confirmation round of ``best``'s device, software and policy, if it is newer
+    than ``best`` (else the search found ``best`` after it, and it is not current)."""
+    for c in store.confirmations(problem, device_name=best.device.name,
+                                 device_kind=best.device.kind, cache=best.cache_policy, limit=4):
+        if all(c.software.get(k, "") == best.software.get(k, "") for k in ("jax", "jaxlib")):
+            return c if c.created_at >= best.finished_at else None
+    return None
+
+
 def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
-    baseline = store.baseline(problem, device_name=best.device.name, device_kind=best.device.kind)
+    confirmation = _current_confirmation(store, problem, best)
+    if confirmation is not None:
+        crowned = store.trial(confirmation.crowned_trial_id)
+        if crowned is not None:
+            return _confirmed_result(store, problem, crowned, confirmation, stale)
+    baseline = store.baseline(problem, device_name=best.device.name, device_kind=best.device.kind,
+                              cache=best.cache_policy)
     assert best.median_us is not None  # best() returns timed ok trials only
     return BestResult(
         problem=problem,
@@ -267,6 +323,40 @@ def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = F
         ratio=None if baseline is None else best.median_us / baseline.median_us,
         jaxlib_version=best.software.get("jaxlib", ""),
         stale=stale,
+        cache_policy=best.cache_policy,
+        spread=best.spread,
+    )
+
+
+def _confirmed_result(
+    store: Store, problem: Problem, crowned: TrialRow, c: Any, stale: bool
+) -> BestResult:
+    program = c.crowned
+    baseline_us = c.baseline_median_us
+    return BestResult(
+        problem=problem,
+        config=dict(crowned.config),
+        median_us=program.median_us,
+        device=crowned.device.name,
+        device_kind=crowned.device.kind,
+        jax_version=crowned.software.get("jax", ""),
+        measured_at=c.created_at,
+        trial_id=crowned.id,
+        baseline_name=c.baseline_name,
+        baseline_us=baseline_us,
+        ratio=None if c.speedup is None else 1.0 / c.speedup,
+        jaxlib_version=crowned.software.get("jaxlib", ""),
+        stale=stale,
+        cache_policy=c.cache_policy,
+        spread=program.spread,
+        confirmation_id=c.id,
+        confirmed_speedup=c.speedup,
+        speedup_spread=c.speedup_spread,
+        ties=tuple(
+            {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff,
+             "trial_id": p.trial_id}
+            for p in c.tied_with_winner()
+        ),
     )
 
 
@@ -391,7 +481,8 @@ def unservable_results(
 
 FRAME_COLUMNS = (
     "trial_id", "kernel", "dtype", "problem", "status", "median_us", "min_us", "max_us",
-    "compile_s", "rel_error", "timing", "device", "device_kind", "compute_capability",
+    "compile_s", "rel_error", "timing", "cache_policy", "spread", "device", "device_kind",
+    "compute_capability",
     "driver", "jax", "jaxlib", "autotune", "study_name", "optuna_trial_number", "worker", "host",
     "started_at", "finished_at", "traced", "error",
 )
@@ -443,7 +534,8 @@ def results_frame(
             "trial_id": r.id, "kernel": r.problem.kernel, "dtype": r.problem.dtype,
             "problem": str(r.problem), "status": r.status.value, "median_us": r.median_us,
             "min_us": r.min_us, "max_us": r.max_us, "compile_s": r.compile_s,
-            "rel_error": r.rel_error, "timing": r.timing, "device": r.device.name,
+            "rel_error": r.rel_error, "timing": r.timing, "cache_policy": r.cache_policy,
+            "spread": r.spread, "device": r.device.name,
             "device_kind": r.device.kind, "compute_capability": r.device.compute_capability,
             "driver": r.device.driver, "jax": r.software.get("jax", ""),
             "jaxlib": r.software.get("jaxlib", ""), "autotune": r.software.get("autotune", ""),

@@ -173,11 +173,15 @@ def _folder_name(summary: ProblemSummary) -> str:
     import hashlib
 
     problem = summary.problem
-    tag = hashlib.sha256(f"{problem.key()}|{summary.device}|{summary.device_kind}".encode())
+    key = f"{problem.key()}|{summary.device}|{summary.device_kind}"
+    if summary.cache_policy != "warm":  # warm pages keep the folders they had before
+        key += f"|{summary.cache_policy}"
+    tag = hashlib.sha256(key.encode())
     shape = "_".join(f"{k}{v}" for k, v in problem.dims.items())
-    return "__".join(
-        [_slug(problem.kernel), _slug(shape), _slug(problem.dtype), _slug(summary.device, 30)]
-    ) + "-" + tag.hexdigest()[:8]
+    parts = [_slug(problem.kernel), _slug(shape), _slug(problem.dtype), _slug(summary.device, 30)]
+    if summary.cache_policy != "warm":
+        parts.append(_slug(summary.cache_policy))
+    return "__".join(parts) + "-" + tag.hexdigest()[:8]
 
 
 def _problem_page(
@@ -188,9 +192,13 @@ def _problem_page(
     folder = _folder_name(summary)
     where = safe_path(out, folder)
     where.mkdir(exist_ok=True)
-    rows = store.trials(problem, device_name=summary.device, device_kind=summary.device_kind)
-    baseline = store.baseline(problem, device_name=summary.device, device_kind=summary.device_kind)
-    title = f"{problem.kernel} [{problem.shape_text}; {problem.dtype}] on {summary.device}"
+    policy = summary.cache_policy
+    rows = store.trials(problem, device_name=summary.device, device_kind=summary.device_kind,
+                        cache=policy)
+    baseline = store.baseline(problem, device_name=summary.device, device_kind=summary.device_kind,
+                              cache=policy)
+    title = (f"{problem.kernel} [{problem.shape_text}; {problem.dtype}] on {summary.device}, "
+             f"{policy} cache")
     images: dict[str, str] = {}
     notes: list[str] = []
 
@@ -234,6 +242,19 @@ def _problem_page(
         save("regions", _regions(regions, {r.id: r for r in traced}, title))
     versions = sorted({f"jax {r.software.get('jax', '?')}, jaxlib {r.software.get('jaxlib', '?')}"
                        for r in rows})
+    c = summary.confirmation
+    if c is not None:
+        ties = list(c.tied_with_winner())
+        notes.append(
+            f"Confirmation round ({c.rounds} interleaved rounds of {c.iterations} runs, "
+            f"{len(c.programs)} configs and the baseline, {c.cache_policy} cache): crowned "
+            f"{json.dumps(dict(c.crowned.config), sort_keys=True)} at {_fmt_us(c.crowned.median_us)}"
+            + ("" if c.speedup is None else
+               f", speedup {c.speedup:.3f}x ±{100 * (c.speedup_spread or 0):.1f}%")
+            + (f"; tied with it within the noise: {len(ties)} config(s) "
+               + "; ".join(f"{json.dumps(dict(p.config), sort_keys=True)} ({100 * p.diff:+.2f}%)"
+                           for p in ties) if ties else "; no ties")
+        )
     return ProblemPage(summary, folder, images, tuple(notes), tflops, gbps, "; ".join(versions))
 
 
@@ -594,8 +615,8 @@ def _cell(value: Any) -> str:
 
 
 def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
-    head = ["kernel", "shape", "dtype", "device", "trials", "best", "baseline", "speedup",
-            "compute", "bandwidth", "measured with", "best config", "plots"]
+    head = ["kernel", "shape", "dtype", "device", "cache", "trials", "best", "baseline", "speedup",
+            "ties", "compute", "bandwidth", "measured with", "best config", "plots"]
     rows = []
     for page in pages:
         s = page.summary
@@ -606,12 +627,22 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
             for kind, path in page.images.items()
         )
         config = "-" if s.best_config is None else json.dumps(s.best_config, sort_keys=True)
+        c = s.confirmation
+        best_us, speedup, ties = s.best_us, "-" if s.speedup is None else f"{s.speedup:.3g}x", "-"
+        if c is not None:
+            best_us = c.crowned.median_us
+            config = json.dumps(dict(c.crowned.config), sort_keys=True)
+            ties = str(len(c.tied_with_winner()))
+            if c.baseline_median_us is not None:
+                baseline = f"{c.baseline_name} {_fmt_us(c.baseline_median_us)}"
+            if c.speedup is not None:
+                speedup = f"{c.speedup:.3g}x ±{100 * (c.speedup_spread or 0):.1f}% (confirmed)"
         rows.append(
             f'<tr><td><a href="#{html.escape(page.folder)}">{html.escape(s.problem.kernel)}</a></td>'
             + _cell(s.problem.shape_text) + _cell(s.problem.dtype)
-            + _cell(s.device) + _cell(trials)
-            + _cell("-" if s.best_us is None else _fmt_us(s.best_us)) + _cell(baseline)
-            + _cell("-" if s.speedup is None or s.device_kind == "interpret" else f"{s.speedup:.3g}x")
+            + _cell(s.device) + _cell(s.cache_policy) + _cell(trials)
+            + _cell("-" if best_us is None else _fmt_us(best_us)) + _cell(baseline)
+            + _cell("-" if s.device_kind == "interpret" else speedup) + _cell(ties)
             + _cell("-" if page.tflops is None else _rate(page.tflops, "FLOP/s"))
             + _cell("-" if page.gbps is None else _rate(page.gbps / 1e3, "B/s"))
             + _cell(page.versions)
@@ -647,7 +678,11 @@ td.config {{ font-family: monospace; font-size: 0.8em; max-width: 28em; word-bre
 </style></head><body>
 <h1>autotune report</h1>
 <p>{len(pages)} problem(s) and device(s) from {source}. Times are the median of each
-config's timed runs; speedup is the baseline's time over the best time.</p>
+config's timed runs; speedup is the baseline's time over the best time. Cache: cold (the L2
+flushed before every timed run) or warm (runs back to back); the two are never compared. Where
+a confirmation round ran, the best config, its time, the baseline and the speedup are the
+round's (interleaved re-timing; the speedup is the median per-round ratio, ± half its range),
+and ties counts the configs tied with the best one (within the measured noise).</p>
 <table><thead><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr></thead>
 <tbody>
 {chr(10).join(rows)}

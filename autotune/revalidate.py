@@ -149,10 +149,13 @@ def revalidate(
         software = software_versions()
     software = dict(software)
     device = engine.device_info()
+    # Stale winners of the engine's cache policy, re-measured with it: never compared across.
+    policy = str(getattr(engine, "cache_policy", "warm"))
     reports = []
     running = _versions(software)
     for problem in store.problems(kernel):
-        rows = store.trials(problem, device_name=device.name, device_kind=device.kind)
+        rows = store.trials(problem, device_name=device.name, device_kind=device.kind,
+                            cache=policy)
         stale = _stale(rows, running, top)
         current: dict[Config, TrialRow] = {}
         for row in rows:
@@ -169,7 +172,8 @@ def revalidate(
             fresh.get(row.config) or _earlier(row, current[row.config]) for row in stale
         ]
         best = store.best(problem, device_name=device.name, device_kind=device.kind,
-                          versions={k: software[k] for k in _VERSION_KEYS if k in software})
+                          versions={k: software[k] for k in _VERSION_KEYS if k in software},
+                          cache=policy)
         reports.append(
             Revalidation(
                 problem=problem,
@@ -206,7 +210,7 @@ def _measure(
         result = future.result()
         recorded = store.record_trial(
             problem, row.config, result, device=device, software=software,
-            worker=worker, started_at=started,
+            worker=worker, started_at=started, cache=row.cache_policy,
         )
         assert row.median_us is not None  # _stale returns timed ok trials only
         item = Remeasured(row.config, row.median_us, dict(row.software), result, recorded.id)

@@ -45,7 +45,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from autotune.errors import StorageError
 from autotune.problem import Config, Problem
-from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.trial import DeviceInfo, Outcome, TrialResult, relative_spread
 from autotune.urls import display_url
 
 __all__ = [
@@ -56,6 +56,9 @@ __all__ = [
     "TraceRegionRow",
     "ProblemSummary",
     "RESULT_FIELDS",
+    "RunRow",
+    "ConfirmationRow",
+    "ConfirmedProgram",
     "resolve_url",
     "sqlite_path",
     "failure_reason",
@@ -196,7 +199,8 @@ class _Trials(Base):
     __table_args__ = (
         # The database's own guarantee that no config is measured twice.
         sa.UniqueConstraint(
-            "problem_id", "config_id", "device_id", "software_id", name="uq_at_trials_measurement"
+            "problem_id", "config_id", "device_id", "software_id", "cache_policy",
+            name="uq_at_trials_measurement",
         ),
         # best(): ok trials of one problem on some devices, fastest first.
         sa.Index("ix_at_trials_best", "problem_id", "device_id", "status", "median_us"),
@@ -219,6 +223,9 @@ class _Trials(Base):
     compile_s: Mapped[float | None] = mapped_column(sa.Double)
     rel_error: Mapped[float | None] = mapped_column(sa.Double)
     timing: Mapped[str] = mapped_column(sa.String(32))
+    # Revision 0003: "cold" | "warm" (autotune.trial.CachePolicy); (p90 - p10) / median.
+    cache_policy: Mapped[str] = mapped_column(sa.String(16), server_default="warm")
+    spread: Mapped[float | None] = mapped_column(sa.Double)
     error: Mapped[str] = mapped_column(sa.Text)
     study_name: Mapped[str | None] = mapped_column(sa.String(200))
     optuna_trial_number: Mapped[int | None] = mapped_column(sa.Integer)
@@ -232,7 +239,8 @@ class _Baselines(Base):
     __tablename__ = "at_baselines"
     __table_args__ = (
         sa.UniqueConstraint(
-            "problem_id", "device_id", "software_id", "name", name="uq_at_baselines_measurement"
+            "problem_id", "device_id", "software_id", "name", "cache_policy",
+            name="uq_at_baselines_measurement",
         ),
     )
 
@@ -246,6 +254,8 @@ class _Baselines(Base):
     max_us: Mapped[float] = mapped_column(sa.Double)
     samples_us: Mapped[tuple[float, ...]] = mapped_column(_Samples)
     measured_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
+    cache_policy: Mapped[str] = mapped_column(sa.String(16), server_default="warm")
+    spread: Mapped[float | None] = mapped_column(sa.Double)
 
 
 class _TraceRegions(Base):
@@ -260,6 +270,86 @@ class _TraceRegions(Base):
     median_us: Mapped[float] = mapped_column(sa.Double)
     count: Mapped[int] = mapped_column(sa.Integer)
     trace_path: Mapped[str] = mapped_column(sa.Text)
+
+
+class _Rounds(sa.types.TypeDecorator[tuple[tuple[float, ...], ...]]):
+    """Per-round samples (a list of lists of floats) as JSON text."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        return json.dumps([[float(v) for v in r] for r in value or ()])
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> Any:
+        return tuple(tuple(float(v) for v in r) for r in json.loads(value or "[]"))
+
+
+class _Runs(Base):
+    """One job run: where, with which cache policy, and the GPU's clocks around it (0003)."""
+
+    __tablename__ = "at_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job: Mapped[str] = mapped_column(sa.String(200))
+    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
+    host: Mapped[str] = mapped_column(sa.String(255))
+    cache_policy: Mapped[str] = mapped_column(sa.String(16))
+    started_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime)
+    clocks_before: Mapped[str] = mapped_column(sa.Text)  # JSON of a ClockSnapshot
+    clocks_after: Mapped[str | None] = mapped_column(sa.Text)
+    warnings: Mapped[str] = mapped_column(sa.Text)  # JSON list of strings
+
+
+class _Confirmations(Base):
+    """One confirmation round of a problem (0003); its programs in _ConfirmationPrograms."""
+
+    __tablename__ = "at_confirmations"
+    __table_args__ = (
+        sa.Index("ix_at_confirmations_problem", "problem_id", "cache_policy", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(sa.ForeignKey("at_runs.id"))
+    problem_id: Mapped[int] = mapped_column(sa.ForeignKey("at_problems.id"))
+    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
+    software_id: Mapped[int] = mapped_column(sa.ForeignKey("at_software.id"))
+    cache_policy: Mapped[str] = mapped_column(sa.String(16))
+    rounds: Mapped[int] = mapped_column(sa.Integer)
+    iterations: Mapped[int] = mapped_column(sa.Integer)
+    crowned_trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
+    fastest_trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
+    baseline_name: Mapped[str | None] = mapped_column(sa.String(64))
+    baseline_rounds_us: Mapped[tuple[tuple[float, ...], ...]] = mapped_column(_Rounds)
+    baseline_median_us: Mapped[float | None] = mapped_column(sa.Double)
+    baseline_spread: Mapped[float | None] = mapped_column(sa.Double)
+    speedup: Mapped[float | None] = mapped_column(sa.Double)
+    speedup_spread: Mapped[float | None] = mapped_column(sa.Double)
+    speedup_low: Mapped[float | None] = mapped_column(sa.Double)
+    speedup_high: Mapped[float | None] = mapped_column(sa.Double)
+    created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
+
+
+class _ConfirmationPrograms(Base):
+    __tablename__ = "at_confirmation_programs"
+    __table_args__ = (
+        sa.UniqueConstraint(
+            "confirmation_id", "position", name="uq_at_confirmation_programs_position"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    confirmation_id: Mapped[int] = mapped_column(sa.ForeignKey("at_confirmations.id"))
+    trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
+    position: Mapped[int] = mapped_column(sa.Integer)
+    rounds_us: Mapped[tuple[tuple[float, ...], ...]] = mapped_column(_Rounds)
+    median_us: Mapped[float] = mapped_column(sa.Double)
+    spread: Mapped[float] = mapped_column(sa.Double)
+    diff: Mapped[float] = mapped_column(sa.Double)
+    noise: Mapped[float] = mapped_column(sa.Double)
+    tie: Mapped[bool] = mapped_column(sa.Boolean)
+    crowned: Mapped[bool] = mapped_column(sa.Boolean)
 
 
 # ----------------------------------------------------------------------------- snapshots
@@ -298,10 +388,21 @@ class TrialRow:
     started_at: dt.datetime | None
     finished_at: dt.datetime
     traced: bool = False  # trace regions are stored for this trial
+    cache_policy: str = "warm"  # "cold" | "warm": how the L2 was treated between iterations
+    stored_spread: float | None = None  # as stored (NULL on rows from before revision 0003)
 
     @property
     def ok(self) -> bool:
         return self.status is Outcome.OK
+
+    @property
+    def spread(self) -> float | None:
+        """``(p90 - p10) / median`` of the samples: as stored, else computed from them."""
+        if self.stored_spread is not None:
+            return self.stored_spread
+        from autotune.trial import relative_spread
+
+        return relative_spread(self.samples_us)
 
     def result(self) -> TrialResult:
         """The :class:`TrialResult` this row was recorded from."""
@@ -312,6 +413,7 @@ class TrialRow:
             error=self.error,
             rel_error=self.rel_error,
             timing=self.timing,
+            cache=self.cache_policy,
         )
 
 
@@ -329,6 +431,105 @@ class BaselineRow:
     max_us: float
     samples_us: tuple[float, ...]
     measured_at: dt.datetime
+    cache_policy: str = "warm"
+    spread: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRow:
+    """One job run with the GPU's clocks before and after (``autotune.clocks`` JSON dicts)."""
+
+    id: int
+    job: str
+    device: DeviceInfo
+    host: str
+    cache_policy: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    clocks_before: dict[str, Any] = dataclasses.field(hash=False)
+    clocks_after: dict[str, Any] | None = dataclasses.field(hash=False)
+    warnings: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfirmedProgram:
+    """One config of a confirmation round, as stored (``autotune.confirmation.ProgramSummary``)."""
+
+    trial_id: int
+    config: Config
+    position: int  # its rank among the search's best when the round began
+    rounds_us: tuple[tuple[float, ...], ...]
+    median_us: float
+    spread: float
+    diff: float  # median paired ratio to the fastest config of the round, minus 1
+    noise: float  # the tie threshold
+    tie: bool
+    crowned: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfirmationRow:
+    """One stored confirmation round of a problem: its crowned config and confirmed speedup."""
+
+    id: int
+    problem: Problem
+    device: DeviceInfo
+    software: dict[str, str] = dataclasses.field(hash=False)
+    cache_policy: str
+    rounds: int
+    iterations: int
+    crowned_trial_id: int
+    fastest_trial_id: int
+    baseline_name: str | None
+    baseline_median_us: float | None
+    baseline_spread: float | None
+    baseline_rounds_us: tuple[tuple[float, ...], ...]
+    speedup: float | None
+    speedup_spread: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    created_at: dt.datetime
+    run_id: int | None
+    programs: tuple[ConfirmedProgram, ...] = dataclasses.field(hash=False, default=())
+
+    @property
+    def crowned(self) -> ConfirmedProgram:
+        return next(p for p in self.programs if p.crowned)
+
+    def tied_with_winner(self) -> tuple[ConfirmedProgram, ...]:
+        """The configs tied with the crowned one: the round's fastest and the configs within
+        its noise, the crowned one left out (none when the fastest had no tie)."""
+        group = [p for p in self.programs if p.tie or p.trial_id == self.fastest_trial_id]
+        return tuple(p for p in group if not p.crowned) if len(group) > 1 else ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the confirmed winner, speedup and spread, and the tie marks."""
+        crowned = self.crowned
+        return {
+            "confirmation_id": self.id,
+            "cache_policy": self.cache_policy,
+            "rounds": self.rounds,
+            "iterations": self.iterations,
+            "crowned_trial_id": self.crowned_trial_id,
+            "fastest_trial_id": self.fastest_trial_id,
+            "config": dict(crowned.config),
+            "median_us": crowned.median_us,
+            "spread": crowned.spread,
+            "baseline_name": self.baseline_name,
+            "baseline_us": self.baseline_median_us,
+            "baseline_spread": self.baseline_spread,
+            "speedup": self.speedup,
+            "speedup_spread": self.speedup_spread,
+            "speedup_low": self.speedup_low,
+            "speedup_high": self.speedup_high,
+            "programs": [
+                {"trial_id": p.trial_id, "config": dict(p.config), "median_us": p.median_us,
+                 "spread": p.spread, "diff": p.diff, "noise": p.noise, "tie": p.tie,
+                 "crowned": p.crowned}
+                for p in self.programs
+            ],
+            "created_at": self.created_at.isoformat(),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,6 +562,9 @@ class ProblemSummary:
     best_trial_id: int | None
     baseline_name: str | None  # the fastest baseline on this device
     baseline_us: float | None
+    cache_policy: str = "warm"  # every figure of a summary is of this one policy
+    # The newest confirmation round of this policy, when there is one (revision 0003).
+    confirmation: ConfirmationRow | None = dataclasses.field(default=None, hash=False)
 
     @property
     def total(self) -> int:
@@ -377,11 +581,22 @@ class ProblemSummary:
             return None
         return self.baseline_us / self.best_us
 
+    @property
+    def confirmed_speedup(self) -> float | None:
+        """The speedup of the confirmation round (interleaved, paired), when there was one."""
+        return None if self.confirmation is None else self.confirmation.speedup
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict. The best trial's fields carry the names every result uses
         (:data:`RESULT_FIELDS`: ``config``, ``median_us``, ``trial_id``, as in ``autotune best``
-        and ``autotune export``), plus ``by_status`` and ``total``."""
+        and ``autotune export``), plus ``by_status``, ``total`` and the confirmation round."""
+        confirmation = self.confirmation
         return {
+            "cache_policy": self.cache_policy,
+            "confirmed": confirmation is not None,
+            "confirmed_speedup": None if confirmation is None else confirmation.speedup,
+            "confirmed_speedup_spread": None if confirmation is None else confirmation.speedup_spread,
+            "confirmation": None if confirmation is None else confirmation.to_dict(),
             "kernel": self.problem.kernel,
             "shape": self.problem.dims,
             "dtype": self.problem.dtype,
@@ -871,11 +1086,14 @@ class Store:
         optuna_trial_number: int | None = None,
         worker: str = "",
         started_at: dt.datetime | None = None,
+        cache: str | None = None,
     ) -> RecordedTrial:
         """Stores one finished trial, in one transaction.
 
-        If a trial of the same (problem, config, device, software) is already stored, nothing
-        is written: the first result stays, and its id comes back with ``duplicate=True``.
+        If a trial of the same (problem, config, device, software, cache policy) is already
+        stored, nothing is written: the first result stays, and its id comes back with
+        ``duplicate=True``. ``cache``: the cache policy it was timed with (default:
+        ``result.cache``, else ``warm``).
 
         Raises:
           ValueError: a malformed argument (a naive ``started_at``, non-string versions).
@@ -888,12 +1106,12 @@ class Store:
             return self._record_trial_in(
                 session, problem, config, result, device=device, software=software,
                 study_name=study_name, optuna_trial_number=optuna_trial_number, worker=worker,
-                started_at=started_at,
+                started_at=started_at, cache=cache,
             )
 
     def record_trials(
         self, trials: Sequence[tuple[Problem, Config, TrialResult, DeviceInfo, Mapping[str, str]]],
-        *, worker: str = "",
+        *, worker: str = "", cache: str | None = None,
     ) -> list[RecordedTrial]:
         """Stores many finished trials ``(problem, config, result, device, software)`` in ONE
         transaction: all of them, or (on any error) none. Duplicates are kept as for
@@ -909,7 +1127,7 @@ class Store:
         with self._write(f"record {len(trials)} trials") as session:
             return [
                 self._record_trial_in(session, problem, config, result, device=device,
-                                      software=software, worker=worker)
+                                      software=software, worker=worker, cache=cache)
                 for problem, config, result, device, software in trials
             ]
 
@@ -926,8 +1144,10 @@ class Store:
         optuna_trial_number: int | None = None,
         worker: str = "",
         started_at: dt.datetime | None = None,
+        cache: str | None = None,
     ) -> RecordedTrial:
         outcome = Outcome(result.outcome)
+        policy = _policy(cache or result.cache or "warm")
         if not isinstance(config, Config):
             config = Config(config)
         kernel_id, problem_id, device_id, software_id = self._ids(
@@ -941,7 +1161,7 @@ class Store:
         )
         query = sa.select(_Trials.id).filter_by(
             problem_id=problem_id, config_id=config_id, device_id=device_id,
-            software_id=software_id,
+            software_id=software_id, cache_policy=policy,
         )
         existing = session.scalar(query)
         if existing is not None:
@@ -960,6 +1180,8 @@ class Store:
             compile_s=result.compile_s,
             rel_error=result.rel_error,
             timing=result.timing,
+            cache_policy=policy,
+            spread=result.spread,
             error=result.error,
             study_name=study_name,
             optuna_trial_number=optuna_trial_number,
@@ -987,12 +1209,14 @@ class Store:
         *,
         device: DeviceInfo,
         software: Mapping[str, str],
+        cache: str = "warm",
     ) -> int:
         """Stores a baseline's timing (e.g. ``name="xla"``) and returns its row id.
 
-        One baseline per (problem, device, software, name): a second one is not written, and
-        the first one's id comes back.
+        One baseline per (problem, device, software, name, cache policy): a second one is not
+        written, and the first one's id comes back.
         """
+        policy = _policy(cache)
         if not isinstance(name, str) or not name:
             raise ValueError(f"baseline name must be a non-empty string such as 'xla', but got {name!r}.")
         values = _samples(samples_us, "baseline samples_us")
@@ -1007,12 +1231,14 @@ class Store:
                     "device_id": device_id,
                     "software_id": software_id,
                     "name": name,
+                    "cache_policy": policy,
                 },
                 median_us=statistics.median(values),
                 min_us=min(values),
                 max_us=max(values),
                 samples_us=values,
                 measured_at=_now(),
+                spread=relative_spread(values),
             )
 
     def record_trace_regions(
@@ -1049,11 +1275,13 @@ class Store:
         *,
         device: DeviceInfo | None = None,
         software: Mapping[str, str] | None = None,
+        cache: str | None = None,
     ) -> set[str]:
         """Digests of the configs of ``problem`` with a stored trial (any outcome).
 
-        ``device`` and ``software``, when given, restrict to trials on exactly that device and
-        software: the configs a worker there must not measure again.
+        ``device``, ``software`` and ``cache``, when given, restrict to trials on exactly that
+        device and software, timed with that cache policy: the configs a worker there must not
+        measure again.
         """
         query = (
             sa.select(_Configs.digest)
@@ -1069,6 +1297,8 @@ class Store:
             query = query.join(_Software, _Software.id == _Trials.software_id).filter_by(
                 **_software_key(software)
             )
+        if cache is not None:
+            query = query.where(_Trials.cache_policy == _policy(cache))
         with self._read("read finished configs") as session:
             return set(session.scalars(query))
 
@@ -1081,9 +1311,10 @@ class Store:
         status: Outcome | str | None = None,
         device_kind: str | None = None,
         dtype: str | None = None,
+        cache: str | None = None,
     ) -> list[TrialRow]:
         """Stored trials, oldest first, filtered by problem, kernel, device name and kind,
-        outcome and dtype."""
+        outcome, dtype and cache policy."""
         query = _trial_query()
         if problem is not None:
             query = query.where(_Problems.digest == problem.digest())
@@ -1094,6 +1325,8 @@ class Store:
         query = _device_filter(query, device_name, device_kind)
         if status is not None:
             query = query.where(_Trials.status == Outcome(status).value)
+        if cache is not None:
+            query = query.where(_Trials.cache_policy == _policy(cache))
         with self._read("read trials") as session:
             return [_trial_row(*row) for row in session.execute(query.order_by(_Trials.id))]
 
@@ -1111,13 +1344,16 @@ class Store:
         device_kind: str | None = "gpu",
         n: int = 1,
         versions: Mapping[str, str] | None = None,
+        cache: str | None = None,
     ) -> list[TrialRow]:
         """The ``n`` fastest ok trials of ``problem`` (lowest median first).
 
         Only devices of ``device_kind`` count (None: any kind), so GPU and interpret-mode
         times never mix; ``device_name`` further restricts to one device model. ``versions``
         (``{"jax": ..., "jaxlib": ...}``) restricts to trials measured with exactly those
-        versions of the keys it gives.
+        versions of the keys it gives. ``cache`` restricts to one cache policy; without it,
+        the policy is the one :meth:`preferred_policy` picks, so that times of two policies
+        are never ranked together.
         """
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, but got {n!r}.")
@@ -1127,6 +1363,9 @@ class Store:
             .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
         )
         query = _device_filter(query, device_name, device_kind)
+        if cache is None:
+            cache = self.preferred_policy(problem, device_name=device_name, device_kind=device_kind)
+        query = query.where(_Trials.cache_policy == _policy(cache))
         for key, value in (versions or {}).items():
             if key not in _SOFTWARE_COLUMNS:
                 raise ValueError(
@@ -1137,6 +1376,26 @@ class Store:
         with self._read("read the best trials") as session:
             return [_trial_row(*row) for row in session.execute(query)]
 
+    def preferred_policy(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = "gpu",
+    ) -> str:
+        """The cache policy whose results answer for ``problem`` on these devices: ``cold``
+        when it has an ok trial timed cold there, else ``warm`` (one query)."""
+        query = (
+            sa.select(_Trials.id)
+            .join(_Problems, _Problems.id == _Trials.problem_id)
+            .join(_Devices, _Devices.id == _Trials.device_id)
+            .where(_Problems.digest == problem.digest())
+            .where(_Trials.status == Outcome.OK.value, _Trials.cache_policy == "cold")
+        )
+        query = _device_filter(query, device_name, device_kind).limit(1)
+        with self._read("read the cache policies") as session:
+            return "cold" if session.scalar(query) is not None else "warm"
+
     def baseline(
         self,
         problem: Problem,
@@ -1144,9 +1403,12 @@ class Store:
         device_name: str | None = None,
         device_kind: str | None = "gpu",
         name: str | None = None,
+        cache: str | None = None,
     ) -> BaselineRow | None:
         """The fastest stored baseline of ``problem`` (of ``name``, if given), or None."""
-        rows = self.baselines(problem, device_name=device_name, device_kind=device_kind, name=name)
+        rows = self.baselines(
+            problem, device_name=device_name, device_kind=device_kind, name=name, cache=cache
+        )
         return rows[0] if rows else None
 
     def baselines(
@@ -1156,8 +1418,9 @@ class Store:
         device_name: str | None = None,
         device_kind: str | None = "gpu",
         name: str | None = None,
+        cache: str | None = None,
     ) -> list[BaselineRow]:
-        """Stored baselines of ``problem``, fastest first."""
+        """Stored baselines of ``problem``, fastest first (of one cache policy, if given)."""
         query = (
             sa.select(_Baselines, _Problems, _Kernels, _Devices, _Software)
             .join(_Problems, _Problems.id == _Baselines.problem_id)
@@ -1168,6 +1431,8 @@ class Store:
         )
         if name is not None:
             query = query.where(_Baselines.name == name)
+        if cache is not None:
+            query = query.where(_Baselines.cache_policy == _policy(cache))
         query = _device_filter(query, device_name, device_kind)
         query = query.order_by(_Baselines.median_us, _Baselines.id)
         with self._read("read baselines") as session:
@@ -1183,6 +1448,8 @@ class Store:
                     max_us=b.max_us,
                     samples_us=b.samples_us,
                     measured_at=b.measured_at,
+                    cache_policy=b.cache_policy,
+                    spread=b.spread,
                 )
                 for b, p, k, d, s in session.execute(query)
             ]
@@ -1215,6 +1482,193 @@ class Store:
         with self._read("read devices") as session:
             return [_device_info(d) for d in session.scalars(query)]
 
+    # --- job runs and confirmation rounds (revision 0003) -----------------------------------
+
+    def start_run(
+        self,
+        job: str,
+        *,
+        device: DeviceInfo,
+        cache: str,
+        clocks_before: Mapping[str, Any],
+    ) -> int:
+        """Stores the start of a job run (with the GPU's clocks before it); returns its id."""
+        policy = _policy(cache)
+        with self._write("record a job run") as session:
+            device_id = _get_or_create(session, _Devices, _device_key(device))
+            row = _Runs(
+                job=str(job)[:200], device_id=device_id, host=socket.gethostname(),
+                cache_policy=policy, started_at=_now(), finished_at=None,
+                clocks_before=json.dumps(dict(clocks_before), sort_keys=True),
+                clocks_after=None, warnings="[]",
+            )
+            session.add(row)
+            session.flush()
+            return int(row.id)
+
+    def finish_run(
+        self, run_id: int, *, clocks_after: Mapping[str, Any], warnings: Sequence[str] = ()
+    ) -> None:
+        """Stores the end of a job run: the clocks after it and the warnings they gave.
+
+        Raises:
+          StorageError: there is no run ``run_id``.
+        """
+        with self._write("finish a job run") as session:
+            row = session.get(_Runs, run_id)
+            if row is None:
+                raise StorageError(f"There is no job run {run_id} in {self._where}.")
+            row.finished_at = _now()
+            row.clocks_after = json.dumps(dict(clocks_after), sort_keys=True)
+            row.warnings = json.dumps(list(warnings))
+
+    def runs(self) -> list[RunRow]:
+        """Every job run, oldest first."""
+        query = sa.select(_Runs, _Devices).join(_Devices, _Devices.id == _Runs.device_id)
+        with self._read("read job runs") as session:
+            return [
+                RunRow(
+                    id=r.id, job=r.job, device=_device_info(d), host=r.host,
+                    cache_policy=r.cache_policy, started_at=r.started_at,
+                    finished_at=r.finished_at, clocks_before=json.loads(r.clocks_before),
+                    clocks_after=None if r.clocks_after is None else json.loads(r.clocks_after),
+                    warnings=tuple(json.loads(r.warnings or "[]")),
+                )
+                for r, d in session.execute(query.order_by(_Runs.id))
+            ]
+
+    def record_confirmation(
+        self,
+        problem: Problem,
+        confirmation: Any,
+        *,
+        trial_ids: Sequence[int],
+        device: DeviceInfo,
+        software: Mapping[str, str],
+        cache: str,
+        iterations: int,
+        baseline_name: str | None,
+        run_id: int | None = None,
+    ) -> int:
+        """Stores a confirmation round (an :class:`autotune.confirmation.Confirmation`) as rows
+        of its own, in one transaction; returns its id. ``trial_ids[i]`` is the stored search
+        trial of ``confirmation.configs[i]``. Nothing stored before is changed.
+
+        Raises:
+          ValueError: ``trial_ids`` does not match the configs, or names a trial of another
+            problem.
+        """
+        policy = _policy(cache)
+        programs = list(confirmation.configs)
+        if len(trial_ids) != len(programs):
+            raise ValueError(
+                f"trial_ids must name one stored trial per confirmed config ({len(programs)}), "
+                f"but got {len(trial_ids)}."
+            )
+        base = confirmation.baseline
+        with self._write("record a confirmation round") as session:
+            _, problem_id, device_id, software_id = self._ids(session, problem, device, software)
+            for trial_id in trial_ids:
+                trial = session.get(_Trials, trial_id)
+                if trial is None or trial.problem_id != problem_id:
+                    raise ValueError(
+                        f"trial {trial_id} is not a stored trial of {problem}: a confirmation "
+                        "names the search trials of its own problem."
+                    )
+            row = _Confirmations(
+                run_id=run_id, problem_id=problem_id, device_id=device_id,
+                software_id=software_id, cache_policy=policy,
+                rounds=len(programs[0].rounds_us), iterations=int(iterations),
+                crowned_trial_id=int(trial_ids[confirmation.crowned]),
+                fastest_trial_id=int(trial_ids[confirmation.fastest]),
+                baseline_name=baseline_name if base is not None else None,
+                baseline_rounds_us=() if base is None else base.rounds_us,
+                baseline_median_us=None if base is None else base.median_us,
+                baseline_spread=None if base is None else base.spread,
+                speedup=confirmation.speedup, speedup_spread=confirmation.speedup_spread,
+                speedup_low=confirmation.speedup_low, speedup_high=confirmation.speedup_high,
+                created_at=_now(),
+            )
+            session.add(row)
+            session.flush()
+            for position, (trial_id, p) in enumerate(zip(trial_ids, programs, strict=True)):
+                session.add(_ConfirmationPrograms(
+                    confirmation_id=row.id, trial_id=int(trial_id), position=position,
+                    rounds_us=p.rounds_us, median_us=p.median_us, spread=p.spread,
+                    diff=p.diff, noise=p.noise, tie=bool(p.tie), crowned=bool(p.crowned),
+                ))
+            return int(row.id)
+
+    def confirmations(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = "gpu",
+        cache: str | None = None,
+        limit: int | None = None,
+    ) -> list[ConfirmationRow]:
+        """The stored confirmation rounds of ``problem``, newest first (the newest ``limit``)."""
+        query = (
+            sa.select(_Confirmations.id)
+            .join(_Problems, _Problems.id == _Confirmations.problem_id)
+            .join(_Devices, _Devices.id == _Confirmations.device_id)
+            .where(_Problems.digest == problem.digest())
+        )
+        if cache is not None:
+            query = query.where(_Confirmations.cache_policy == _policy(cache))
+        query = _device_filter(query, device_name, device_kind)
+        query = query.order_by(_Confirmations.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read("read confirmation rounds") as session:
+            ids = [int(i) for i in session.scalars(query)]
+        rows = dict(self._confirmation_rows(ids)).values()
+        return sorted(rows, key=lambda r: -r.id)
+
+    def _confirmation_rows(self, ids: Sequence[int]) -> list[tuple[int, ConfirmationRow]]:
+        """(problem id, row) of the confirmations ``ids``, with their programs."""
+        if not ids:
+            return []
+        query = (
+            sa.select(_Confirmations, _Problems, _Kernels, _Devices, _Software)
+            .join(_Problems, _Problems.id == _Confirmations.problem_id)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .join(_Devices, _Devices.id == _Confirmations.device_id)
+            .join(_Software, _Software.id == _Confirmations.software_id)
+            .where(_Confirmations.id.in_(list(ids)))
+        )
+        programs_q = (
+            sa.select(_ConfirmationPrograms, _Configs)
+            .join(_Trials, _Trials.id == _ConfirmationPrograms.trial_id)
+            .join(_Configs, _Configs.id == _Trials.config_id)
+            .where(_ConfirmationPrograms.confirmation_id.in_(list(ids)))
+            .order_by(_ConfirmationPrograms.confirmation_id, _ConfirmationPrograms.position)
+        )
+        with self._read("read confirmation rounds") as session:
+            programs: dict[int, list[ConfirmedProgram]] = {}
+            for p, c in session.execute(programs_q):
+                programs.setdefault(p.confirmation_id, []).append(ConfirmedProgram(
+                    trial_id=p.trial_id, config=Config.from_json(c.config_json),
+                    position=p.position, rounds_us=p.rounds_us, median_us=p.median_us,
+                    spread=p.spread, diff=p.diff, noise=p.noise, tie=bool(p.tie),
+                    crowned=bool(p.crowned),
+                ))
+            out = []
+            for c, p, k, d, s in session.execute(query):
+                out.append((p.id, ConfirmationRow(
+                    id=c.id, problem=_problem(k, p), device=_device_info(d),
+                    software=_software_dict(s), cache_policy=c.cache_policy, rounds=c.rounds,
+                    iterations=c.iterations, crowned_trial_id=c.crowned_trial_id,
+                    fastest_trial_id=c.fastest_trial_id, baseline_name=c.baseline_name,
+                    baseline_median_us=c.baseline_median_us, baseline_spread=c.baseline_spread,
+                    baseline_rounds_us=c.baseline_rounds_us, speedup=c.speedup,
+                    speedup_spread=c.speedup_spread, speedup_low=c.speedup_low,
+                    speedup_high=c.speedup_high, created_at=c.created_at, run_id=c.run_id,
+                    programs=tuple(programs.get(c.id, ())),
+                )))
+        return out
+
     def summaries(
         self,
         *,
@@ -1223,8 +1677,9 @@ class Store:
         device_name: str | None = None,
         device_kind: str | None = None,
     ) -> list[ProblemSummary]:
-        """One summary per (problem, device name, device kind) with stored trials."""
-        group = (_Trials.problem_id, _Devices.name, _Devices.kind)
+        """One summary per (problem, device name, device kind, cache policy) with stored trials;
+        each carries its policy's newest confirmation round, if any."""
+        group = (_Trials.problem_id, _Devices.name, _Devices.kind, _Trials.cache_policy)
 
         def filtered(query: Any) -> Any:
             query = (
@@ -1249,13 +1704,14 @@ class Store:
         ).subquery()
         best_q = sa.select(ranked).where(ranked.c.rank == 1)
         base_rank = sa.func.row_number().over(
-            partition_by=(_Baselines.problem_id, _Devices.name, _Devices.kind),
+            partition_by=(_Baselines.problem_id, _Devices.name, _Devices.kind,
+                          _Baselines.cache_policy),
             order_by=(_Baselines.median_us, _Baselines.id),
         )
         base_sub = (
             sa.select(
-                _Baselines.problem_id, _Devices.name, _Devices.kind, _Baselines.name.label("baseline"),
-                _Baselines.median_us, base_rank.label("rank"),
+                _Baselines.problem_id, _Devices.name, _Devices.kind, _Baselines.cache_policy,
+                _Baselines.name.label("baseline"), _Baselines.median_us, base_rank.label("rank"),
             )
             .join(_Devices, _Devices.id == _Baselines.device_id)
             .subquery()
@@ -1263,17 +1719,26 @@ class Store:
         base_q = sa.select(base_sub).where(base_sub.c.rank == 1)
 
         with self._read("summarise results") as session:
-            trials: dict[tuple[int, str, str], dict[str, int]] = {}
-            for problem_id, name, kind, status, count in session.execute(counts_q):
-                trials.setdefault((problem_id, name, kind), {})[status] = int(count)
+            trials: dict[tuple[int, str, str, str], dict[str, int]] = {}
+            for problem_id, name, kind, policy, status, count in session.execute(counts_q):
+                trials.setdefault((problem_id, name, kind, policy), {})[status] = int(count)
             best = {
-                (r.problem_id, r.name, r.kind): (r.id, r.median_us, json.loads(r.config_json))
+                (r.problem_id, r.name, r.kind, r.cache_policy):
+                    (r.id, r.median_us, json.loads(r.config_json))
                 for r in session.execute(best_q)
             }
             baselines = {
-                (r.problem_id, r.name, r.kind): (r.baseline, r.median_us)
+                (r.problem_id, r.name, r.kind, r.cache_policy): (r.baseline, r.median_us)
                 for r in session.execute(base_q)
             }
+            newest = (
+                sa.select(sa.func.max(_Confirmations.id))
+                .join(_Devices, _Devices.id == _Confirmations.device_id)
+                .where(_Confirmations.problem_id.in_(sorted({k[0] for k in trials})))
+                .group_by(_Confirmations.problem_id, _Devices.name, _Devices.kind,
+                          _Confirmations.cache_policy)
+            )
+            confirmation_ids = [int(i) for i in session.scalars(newest)]
             problem_ids = sorted({key[0] for key in trials})
             problems = {
                 p.id: _problem(k, p)
@@ -1283,10 +1748,15 @@ class Store:
                     .where(_Problems.id.in_(problem_ids))
                 )
             }
+        confirmations = {
+            (problem_id, c.device.name, c.device.kind, c.cache_policy): c
+            for problem_id, c in self._confirmation_rows(confirmation_ids)
+        }
         out = []
-        for key in sorted(trials, key=lambda k: (problems[k[0]].kernel, k[0], k[2], k[1])):
+        for key in sorted(trials, key=lambda k: (problems[k[0]].kernel, k[0], k[2], k[1], k[3])):
             best_id, best_us, best_config = best.get(key, (None, None, None))
             baseline_name, baseline_us = baselines.get(key, (None, None))
+            confirmation = confirmations.get(key)
             out.append(
                 ProblemSummary(
                     problem=problems[key[0]],
@@ -1298,9 +1768,21 @@ class Store:
                     best_trial_id=best_id,
                     baseline_name=baseline_name,
                     baseline_us=baseline_us,
+                    cache_policy=key[3],
+                    confirmation=confirmation,
                 )
             )
         return out
+
+
+def _policy(cache: str) -> str:
+    from autotune.trial import CACHE_POLICIES
+
+    if cache not in CACHE_POLICIES:
+        raise ValueError(
+            f"cache policy must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}."
+        )
+    return cache
 
 
 def _device_key(device: DeviceInfo) -> dict[str, str]:
@@ -1363,4 +1845,6 @@ def _trial_row(
         started_at=t.started_at,
         finished_at=t.finished_at,
         traced=bool(traced),
+        cache_policy=t.cache_policy,
+        stored_spread=t.spread,
     )

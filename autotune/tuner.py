@@ -4,7 +4,16 @@ For each problem of a job: bind the kernel's space, open (or resume) the problem
 in the same database as the results, measure the baseline once, then ask the
 :class:`~autotune.sampling.ValidSampler` for configs, hand them to the engine (which compiles
 in parallel while the GPU times one kernel at a time), and store every result as it arrives.
-Finally the best configs get a second, traced pass whose per-region times are stored too.
+When the search ends, the confirmation round (:mod:`autotune.trial`) re-times the best
+few configs and the baseline in interleaved rounds; the winner and the speedup come from it,
+with their spread and the tie marks, stored as rows of their own. Finally the best configs get
+a second, traced pass whose per-region times are stored too.
+
+Every timing of a job uses the engine's cache policy (``engine.cache_policy``: ``cold`` or
+``warm``); what the store holds of the other policy is neither resumed from nor compared with.
+The GPU's clocks, temperature and throttling are read before and after the job
+(:mod:`autotune.clocks`) and stored with the job's run; a GPU that throttled or whose clock
+moved is logged as a warning.
 
 Resuming is the normal case, not a special one: what the store and the study already hold is
 never measured again; a trial left RUNNING by a killed run is closed (from the store when its
@@ -32,6 +41,8 @@ from optuna.trial import TrialState
 from autotune import __version__ as AUTOTUNE_VERSION
 from autotune import storage as storage_module
 from autotune._paths import safe_path
+from autotune.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
+from autotune.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
 from autotune.errors import JobError, StorageError
 from autotune.jobs import Job, ProblemSpec
 from autotune.kernel import Kernel, get_kernel
@@ -53,6 +64,8 @@ GRACE_S = 120
 
 
 class EngineLike(Protocol):
+    # Optional: ``cache_policy`` (default "warm"), ``gpus``, and ``confirm(...)`` (see
+    # autotune.engine.Engine.confirm): an engine without it gets no confirmation round.
     def device_info(self) -> DeviceInfo: ...
     def submit(self, kernel_name: str, problem: Problem, config: Config) -> Future[TrialResult]: ...
     def baseline(self, kernel_name: str, problem: Problem) -> TrialResult: ...
@@ -101,13 +114,31 @@ class ProblemReport:
     skipped: bool = False
     stop_reason: str = ""
     device_kind: str = ""  # "gpu" | "interpret" | "fake": interpret-mode times are not GPU timings
+    cache_policy: str = "warm"
+    # The confirmation round (None when there was none): best_config, best_us and
+    # baseline_us are then its crowned config and medians, and speedup its paired speedup.
+    confirmation: Any = None  # autotune.storage.ConfirmationRow
+    confirm_s: float | None = None  # wall time the confirmation round took in this run
 
     @property
     def speedup(self) -> float | None:
-        """Baseline time over best time (>1: the tuned kernel is faster)."""
+        """Baseline time over best time (>1: the tuned kernel is faster); the confirmation
+        round's (median of per-round ratios) when there was one."""
+        if self.confirmation is not None and self.confirmation.speedup is not None:
+            return float(self.confirmation.speedup)
         if self.best_us and self.baseline_us:
             return self.baseline_us / self.best_us
         return None
+
+    @property
+    def speedup_spread(self) -> float | None:
+        """Half the range of the confirmation round's per-round speedups, relative to it."""
+        return None if self.confirmation is None else self.confirmation.speedup_spread
+
+    @property
+    def ties(self) -> int:
+        """Configs the confirmation round found tied with the crowned one (within the noise)."""
+        return 0 if self.confirmation is None else len(self.confirmation.tied_with_winner())
 
     @property
     def tflops(self) -> float | None:
@@ -122,16 +153,24 @@ class ProblemReport:
         return int(self.by_status.get(Outcome.INVALID.value, 0))
 
 
-def study_name(problem: Problem, device: DeviceInfo) -> str:
-    """One Optuna study per problem and device, named to be read in optuna-dashboard:
-    ``hopper_matmul[k=4096,m=4096,n=4096; bfloat16] @ NVIDIA H200``. Studies created before
-    this naming (``autotune|<problem key>|<device>``, :func:`legacy_study_name`) keep theirs."""
-    return f"{problem} @ {device.name}"
+def study_name(problem: Problem, device: DeviceInfo, cache: str = "warm") -> str:
+    """One Optuna study per problem, device and cache policy, named to be read in
+    optuna-dashboard: ``hopper_matmul[k=4096,m=4096,n=4096; bfloat16] @ NVIDIA H200`` (``warm``)
+    or ``... @ NVIDIA H200 | cold``. Studies created before this naming
+    (``autotune|<problem key>|<device>``, :func:`legacy_study_name`) keep theirs."""
+    base = f"{problem} @ {device.name}"
+    return base if cache == "warm" else f"{base} | {cache}"
 
 
-def legacy_study_name(problem: Problem, device: DeviceInfo) -> str:
+def legacy_study_name(problem: Problem, device: DeviceInfo, cache: str = "warm") -> str:
     """The study name used before readable names; a database holding it resumes under it."""
-    return f"autotune|{problem.key()}|{device.name}"
+    base = f"autotune|{problem.key()}|{device.name}"
+    return base if cache == "warm" else f"{base}|{cache}"
+
+
+def cache_policy_of(engine: Any) -> str:
+    """The cache policy an engine times with (``warm`` for engines that do not say)."""
+    return str(getattr(engine, "cache_policy", "warm"))
 
 
 METRIC_NAME = "median_us"  # the objective, as optuna-dashboard and Study.metric_names show it
@@ -139,12 +178,12 @@ METRIC_NAME = "median_us"  # the objective, as optuna-dashboard and Study.metric
 
 def _open_study(
     problem: Problem, device: DeviceInfo, storage: optuna.storages.BaseStorage | str,
-    sampler: Any, software: Mapping[str, str],
+    sampler: Any, software: Mapping[str, str], cache: str = "warm",
 ) -> optuna.Study:
     """Creates or resumes the problem's study, with its metric name and user attributes
     (kernel, shape, dtype, device, software versions) for Optuna's own tools."""
-    name = study_name(problem, device)
-    legacy = legacy_study_name(problem, device)
+    name = study_name(problem, device, cache)
+    legacy = legacy_study_name(problem, device, cache)
     if legacy in optuna.study.get_all_study_names(storage=storage):
         name = legacy
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
@@ -153,6 +192,7 @@ def _open_study(
         "kernel": problem.kernel, "shape": problem.dims, "dtype": problem.dtype,
         "device": device.name, "device_kind": device.kind,
         "compute_capability": device.compute_capability, "software": dict(software),
+        "cache_policy": cache,
     }
     current = study.user_attrs
     for key, value in attrs.items():
@@ -248,8 +288,19 @@ def run_job(
         the job again resumes it.
     """
     require_persistent(store)
+    policy = cache_policy_of(engine)
+    if job.cache is not None and job.cache != policy:
+        raise JobError(
+            f"The job asks for cache = {job.cache!r} but the engine times {policy!r}: open the "
+            f"engine with cache={job.cache!r} (the CLI and autotune.tune do)."
+        )
     try:
         storage = _optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
+        device = engine.device_info()
+        gpu = gpu_index(getattr(engine, "gpus", None))
+        before = _clocks(device, gpu)
+        run_id = store.start_run(job.name, device=device, cache=policy,
+                                 clocks_before=before.to_dict())
         reports = []
         for spec in job.problems:
             kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
@@ -262,8 +313,15 @@ def run_job(
                     storage=storage,
                     results_dir=results_dir,
                     on_event=on_event,
+                    run_id=run_id,
                 )
             )
+        after = _clocks(device, gpu)
+        warned = clock_warnings(before, after)
+        for line in warned:
+            logger.warning("%s: the timings of this job may not compare with each other (%s).",
+                           job.name, line)
+        store.finish_run(run_id, clocks_after=after.to_dict(), warnings=warned)
         return reports
     except StorageError as e:
         raise StorageError(f"{e} {_what_now(str(e))}") from e
@@ -272,6 +330,12 @@ def run_job(
         raise StorageError(
             f"Could not use the Optuna study in {store!r}: {reason}. {_what_now(reason)}"
         ) from e
+
+
+def _clocks(device: DeviceInfo, gpu: int) -> ClockSnapshot:
+    if not device.is_gpu:
+        return ClockSnapshot(available=False, reason=f"not a GPU ({device.kind})")
+    return read_clocks(gpu)
 
 
 def require_persistent(store: Any) -> None:
@@ -303,11 +367,14 @@ def tune_problem(
     storage: optuna.storages.BaseStorage | str,
     results_dir: str | Path = "results",
     on_event: Callable[[Event], None] | None = None,
+    run_id: int | None = None,
 ) -> ProblemReport:
-    """Tunes one problem until its budget is spent or its valid set is exhausted."""
+    """Tunes one problem until its budget is spent or its valid set is exhausted, then
+    confirms its best configs (:func:`confirm_best`)."""
     emit = on_event or (lambda e: None)
     problem = spec.problem
     device = engine.device_info()
+    policy = cache_policy_of(engine)
     space = kernel.valid_space(problem, interpret=device.kind == "interpret")
     software = software_versions()
     budget = spec.budget
@@ -317,25 +384,30 @@ def tune_problem(
         why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
         emit(Event("skip", problem, 0, budget.trials, message=why))
         return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
-                       stop_reason=why)
+                       stop_reason=why, cache=policy)
 
-    rows = store.trials(problem, device_name=device.name)
+    rows = store.trials(problem, device_name=device.name, cache=policy)
     stored_configs = [r.config for r in rows]
     done_before = len(rows)
-    if budget.trials is not None and done_before >= budget.trials:
-        emit(Event("skip", problem, done_before, budget.trials, message="already tuned"))
-        return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
-                       stop_reason="budget already spent")
-    if done_before >= space.count():
-        emit(Event("skip", problem, done_before, budget.trials, message="space exhausted"))
-        return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
-                       stop_reason="every valid config measured")
+    for done, why, message in (
+        (budget.trials is not None and done_before >= budget.trials, "budget already spent",
+         "already tuned"),
+        (done_before >= space.count(), "every valid config measured", "space exhausted"),
+    ):
+        if done:
+            # A run stopped during its confirmation round left it undone: it is done now.
+            confirm_s = confirm_best(kernel, problem, spec, store=store, engine=engine,
+                                     device=device, software=software, run_id=run_id,
+                                     only_if_missing=True)
+            emit(Event("skip", problem, done_before, budget.trials, message=message))
+            return _report(kernel, problem, device, store, measured_now=0, repaired=0,
+                           skipped=True, stop_reason=why, cache=policy, confirm_s=confirm_s)
 
     # Seeds: JAX's known-good default first, then the winners of related problems.
     seeds: list[Mapping[str, Any]] = []
     if kernel.default_config is not None:
         seeds.append(kernel.default_config(problem))
-    seeds.extend(_related_winners(store, problem, device))
+    seeds.extend(_related_winners(store, problem, device, policy))
 
     sampler = valid_sampler(
         spec.sampler,
@@ -346,14 +418,15 @@ def tune_problem(
         # and other hosts' live trials are in the shared study, which the sampler reads.
         taken=lambda: stored_configs,
     )
-    study = _open_study(problem, device, storage, sampler, software)
-    _close_orphans(study, store, problem, device)
+    study = _open_study(problem, device, storage, sampler, software, policy)
+    _close_orphans(study, store, problem, device, policy)
 
-    if store.baseline(problem, device_name=device.name, device_kind=device.kind) is None and kernel.baseline is not None:
+    if store.baseline(problem, device_name=device.name, device_kind=device.kind, cache=policy) is None and kernel.baseline is not None:
         result = engine.baseline(problem.kernel, problem)
         if result.ok:
             store.record_baseline(
-                problem, kernel.baseline_name, result.samples_us, device=device, software=software
+                problem, kernel.baseline_name, result.samples_us, device=device, software=software,
+                cache=policy,
             )
         else:
             logger.warning("baseline %s failed for %s: %s", kernel.baseline_name, problem, result.error)
@@ -405,6 +478,7 @@ def tune_problem(
                     optuna_trial_number=trial.number,
                     worker=_worker_id(),
                     started_at=_utc(started),
+                    cache=policy,
                 )
                 _tell(study, trial, result, duplicate=recorded.duplicate)
                 measured_now += 0 if recorded.duplicate else 1
@@ -422,10 +496,90 @@ def tune_problem(
             future.cancel()
             releasing = releasing and _release(study, trial)
 
-    _trace_best(kernel, problem, spec, store, engine, device, results_dir)
+    confirm_s = confirm_best(kernel, problem, spec, store=store, engine=engine, device=device,
+                             software=software, run_id=run_id)
+    _trace_best(kernel, problem, spec, store, engine, device, results_dir, policy)
     emit(Event("done", problem, done_before + measured_now, total, best_us, message=stop_reason))
     return _report(kernel, problem, device, store, measured_now=measured_now,
-                   repaired=sampler.repaired, stop_reason=stop_reason)
+                   repaired=sampler.repaired, stop_reason=stop_reason, cache=policy,
+                   confirm_s=confirm_s)
+
+
+def confirm_best(
+    kernel: Kernel,
+    problem: Problem,
+    spec: ProblemSpec,
+    *,
+    store: Any,
+    engine: EngineLike,
+    device: DeviceInfo,
+    software: Mapping[str, str],
+    run_id: int | None = None,
+    only_if_missing: bool = False,
+) -> float | None:
+    """The confirmation round of ``problem``: its ``spec.confirm_top`` best configs (this
+    software, this cache policy) and the baseline re-timed in ``spec.confirm_rounds``
+    interleaved rounds; stored with the tie marks as rows of their own. Returns the seconds it
+    took, or None when there was nothing to confirm (no ``confirm`` on the engine,
+    ``confirm_top`` 0, no ok trial) or, with ``only_if_missing``, when the newest confirmation
+    already covers the current best configs.
+    """
+    confirm = getattr(engine, "confirm", None)
+    n_top = spec.confirm_top
+    if n_top is None:
+        n_top = 0 if device.kind == "interpret" else DEFAULT_CONFIRM_TOP
+    if confirm is None or n_top <= 0:
+        return None
+    policy = cache_policy_of(engine)
+    versions = {k: software[k] for k in ("jax", "jaxlib") if software.get(k)}
+    top = store.best(problem, device_name=device.name, device_kind=device.kind,
+                     n=n_top, versions=versions, cache=policy)
+    if not top:
+        return None
+    if only_if_missing:
+        done = store.confirmations(problem, device_name=device.name, device_kind=device.kind,
+                                   cache=policy)
+        if done and {p.trial_id for p in done[0].programs} == {r.id for r in top}:
+            return None
+    start = time.monotonic()
+    baseline = kernel.baseline is not None
+    table = confirm(problem.kernel, problem, [Config(r.config) for r in top],
+                    rounds=spec.confirm_rounds, iterations=spec.confirm_iterations,
+                    baseline=baseline, medians_us=[r.median_us for r in top])
+    n = len(top)
+    failed = [i for i in range(n) if not all(row[i].ok for row in table)]
+    for i in failed:
+        bad = next(row[i] for row in table if not row[i].ok)
+        logger.warning("%s: confirming %s failed (%s): %s; left out of the confirmation.",
+                       problem, Config(top[i].config).to_json(), bad.outcome.value, bad.error)
+    kept = [i for i in range(n) if i not in failed]
+    if not kept:
+        return time.monotonic() - start
+    base_rounds = None
+    if baseline:
+        if all(row[n].ok for row in table):
+            base_rounds = [row[n].samples_us for row in table]
+        else:
+            logger.warning("%s: the baseline failed in the confirmation round; no confirmed "
+                           "speedup.", problem)
+    candidates = [
+        Candidate(config=top[i].config, rounds_us=tuple(row[i].samples_us for row in table),
+                  trial_id=top[i].id, search_us=top[i].median_us)
+        for i in kept
+    ]
+    default = kernel.default_config(problem) if kernel.default_config is not None else None
+    confirmation = analyse_confirmation(candidates, base_rounds, default_config=default)
+    store.record_confirmation(
+        problem, confirmation, trial_ids=[top[i].id for i in kept], device=device,
+        software=software, cache=policy, iterations=spec.confirm_iterations,
+        baseline_name=kernel.baseline_name if base_rounds is not None else None, run_id=run_id,
+    )
+    winner = confirmation.winner
+    if confirmation.crowned != 0:
+        logger.info("%s: the confirmation round crowned %s (%.2f us) over the search's fastest "
+                    "%s", problem, Config(winner.config).to_json(), winner.median_us,
+                    Config(top[kept[0]].config).to_json())
+    return time.monotonic() - start
 
 
 def _stagnated(study: optuna.Study, patience: int) -> bool:
@@ -529,7 +683,9 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *
         logger.warning("trial %d was closed by another process; its result is stored", trial.number)
 
 
-def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo) -> None:
+def _close_orphans(
+    study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm"
+) -> None:
     """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
     of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
     owner (it died inside ``study.ask``) that started GRACE_S ago.
@@ -538,7 +694,10 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
     released (its config was not measured, so it is free again).
     """
     host = socket.gethostname()
-    stored = {Config(r.config).digest(): r for r in store.trials(problem, device_name=device.name)}
+    stored = {
+        Config(r.config).digest(): r
+        for r in store.trials(problem, device_name=device.name, cache=cache)
+    }
     stale = set(_stale_trial_ids(study))
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get(WORKER_ATTR, "")
@@ -592,7 +751,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _related_winners(store: Any, problem: Problem, device: DeviceInfo, limit: int = 3) -> list[Mapping[str, Any]]:
+def _related_winners(
+    store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm", limit: int = 3
+) -> list[Mapping[str, Any]]:
     """Best configs of the nearest tuned problems of the same kernel and dtype.
 
     Distance between shapes: :func:`autotune.queries.shape_distance` (the sum over size keys
@@ -611,7 +772,7 @@ def _related_winners(store: Any, problem: Problem, device: DeviceInfo, limit: in
     out = []
     for _dist, other in candidates[:limit]:
         best = store.best(other, device_name=device.name, device_kind=device.kind, n=1)
-        if best:
+        if best:  # of its own preferred policy: a winner's config is a good seed either way
             out.append(best[0].config)
     return out
 
@@ -624,6 +785,7 @@ def _trace_best(
     engine: EngineLike,
     device: DeviceInfo,
     results_dir: str | Path,
+    cache: str = "warm",
 ) -> None:
     """In-kernel traces of the ``trace_top_k`` best configs not traced yet (GPU only)."""
     if spec.trace_top_k <= 0 or not device.is_gpu:
@@ -631,7 +793,8 @@ def _trace_best(
     # The profiler's buffer takes shared memory: trace the best configs that still fit with it.
     traced_space = kernel.bind(problem, profile_space=TRACE_PROFILE_SPACE)
     fits = [
-        row for row in store.best(problem, device_name=device.name, device_kind=device.kind, n=4 * spec.trace_top_k)
+        row for row in store.best(problem, device_name=device.name, device_kind=device.kind,
+                                  n=4 * spec.trace_top_k, cache=cache)
         if traced_space.is_valid(row.config)
     ][: spec.trace_top_k]
     for row in fits:
@@ -659,20 +822,40 @@ def _report(
     repaired: int,
     skipped: bool = False,
     stop_reason: str = "",
+    cache: str = "warm",
+    confirm_s: float | None = None,
 ) -> ProblemReport:
-    rows = store.trials(problem, device_name=device.name)
+    rows = store.trials(problem, device_name=device.name, cache=cache)
     by_status: dict[str, int] = {}
     for r in rows:
         by_status[r.status] = by_status.get(r.status, 0) + 1
-    best = store.best(problem, device_name=device.name, device_kind=device.kind, n=1)
-    baseline = store.baseline(problem, device_name=device.name, device_kind=device.kind)
+    best = store.best(problem, device_name=device.name, device_kind=device.kind, n=1, cache=cache)
+    baseline = store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                              cache=cache)
+    best_config = Config(best[0].config) if best else None
+    best_us = best[0].median_us if best else None
+    baseline_name = baseline.name if baseline else None
+    baseline_us = baseline.median_us if baseline else None
+    confirmations = store.confirmations(problem, device_name=device.name,
+                                        device_kind=device.kind, cache=cache)
+    confirmation = confirmations[0] if confirmations else None
+    if confirmation is not None and best and confirmation.created_at < best[0].finished_at:
+        confirmation = None  # the search found a faster config since: not confirmed yet
+    if confirmation is not None:
+        best_config, best_us = confirmation.crowned.config, confirmation.crowned.median_us
+        if confirmation.baseline_median_us is not None:
+            baseline_name = confirmation.baseline_name
+            baseline_us = confirmation.baseline_median_us
     return ProblemReport(
         problem=problem,
         device=device.name,
-        best_config=Config(best[0].config) if best else None,
-        best_us=best[0].median_us if best else None,
-        baseline_name=baseline.name if baseline else None,
-        baseline_us=baseline.median_us if baseline else None,
+        best_config=best_config,
+        best_us=best_us,
+        baseline_name=baseline_name,
+        baseline_us=baseline_us,
+        cache_policy=cache,
+        confirmation=confirmation,
+        confirm_s=confirm_s,
         flops=kernel.flops(problem) if kernel.flops else None,
         bytes_moved=kernel.bytes_moved(problem) if kernel.bytes_moved else None,
         by_status=by_status,

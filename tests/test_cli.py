@@ -573,3 +573,14 @@ def test_shell_completion_is_optional(monkeypatch, capsys):
     assert main(["spaces"]) == 0
     assert seen == ["autotune"]
     assert 'completion = ["argcomplete' in (REPO / "pyproject.toml").read_text()
+
+
+def test_tune_refuses_a_cold_cache_in_interpret_mode(tmp_path, capsys):
+    """`--cache cold --device interpret` exits 2 naming the rule and the way out; nothing runs."""
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\n'
+                   'shape = { rows = 64, cols = 512 }\n')
+    code = main(["tune", str(job), "--device", "interpret", "--cache", "cold",
+                 "--db", f"sqlite:///{tmp_path}/t.db", "--results-dir", str(tmp_path / "r")])
+    assert code == 2
+    assert "cache = 'cold' needs a GPU" in capsys.readouterr().err

@@ -433,3 +433,49 @@ def test_public_api():
     assert sorted(engine_mod.__all__) == sorted(
         ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeout_s"]
     )
+
+
+def test_confirm_interleaves_rounds_on_the_kept_executables():
+    """The confirmation round times every program once per round, in rotating order, each on
+    the worker that timed it, from the executable it kept: nothing is compiled again."""
+    configs = [cfg(cost_us=c, noise=1) for c in (100, 103)]
+    problem = Problem(FAKE, {"n": 1, "baseline_us": 150}, "float32")
+    with fake_engine(workers_per_gpu=2, cache="cold") as eng:
+        assert eng.cache_policy == "cold"
+        first = [f.result() for f in [eng.submit(FAKE, problem, c) for c in configs]]
+        assert all(r.ok and r.cache == "cold" for r in first)
+        eng.baseline(FAKE, problem)
+        before = {e.task_id for e in eng.timeline()}
+        table = eng.confirm(FAKE, problem, configs, rounds=3, iterations=40,
+                            medians_us=[r.median_us for r in first])
+        events = [e for e in eng.timeline() if e.task_id not in before]
+    assert [[len(r.samples_us) for r in row] for row in table] == [[40, 40, 40]] * 3
+    assert [round(r.median_us) for r in table[0]] == [100, 103, 150]
+    assert all(r.cache == "cold" for row in table for r in row)
+    assert not [e for e in events if e.stage in ("build", "lower", "compile")]
+    # One program at a time, in the order of round_order: A B base, B base A, base A B.
+    order = [e.task_id for e in events if e.stage == "time"]
+    assert len(order) == 9 and order == sorted(order)
+
+
+def test_an_engine_in_interpret_mode_refuses_the_cold_policy():
+    """Cold timing needs a GPU's L2: asking for it in interpret mode fails before any worker."""
+    with pytest.raises(ValueError, match="needs a GPU"):
+        Engine("interpret", cache="cold")
+
+
+def test_confirm_times_every_program_on_one_gpu():
+    """With several GPUs, the confirmation round times every program on the fastest config's
+    GPU, compiling there what another GPU timed, so no two GPUs are compared."""
+    configs = [cfg(cost_us=c, compile_ms=300) for c in (100, 101, 102, 103)]
+    problem = Problem(FAKE, {"n": 2}, "float32")
+    with fake_engine(gpus=[0, 1], workers_per_gpu=1, compile_threads=1) as eng:
+        eng.warm_up(FAKE, problem, cfg(cost_us=1))  # both workers are up
+        futures = [eng.submit(FAKE, problem, c) for c in configs]
+        assert all(f.result().ok for f in futures)
+        search_gpus = {e.gpu for e in eng.timeline() if e.stage == "time"}
+        before = {e.task_id for e in eng.timeline()}
+        table = eng.confirm(FAKE, problem, configs, rounds=2, iterations=5)
+        gpus = {e.gpu for e in eng.timeline() if e.task_id not in before and e.stage == "time"}
+    assert search_gpus == {0, 1}  # the search used both
+    assert len(gpus) == 1 and all(r.ok for row in table for r in row)

@@ -425,3 +425,66 @@ def test_public_api():
     )
     assert all(hasattr(ev, name) for name in ev.__all__)
     assert isinstance(TrialResult.failed(Outcome.INVALID, "x"), TrialResult)
+
+
+# -- cache policies and the confirmation round's re-timing (issue 19) ---------------------------
+
+
+def test_fake_search_reads_search_us_and_the_retime_reads_the_true_cost(fake_kernel):
+    """A config's lucky search moment (search_us) is what its trial measures; the re-time of
+    the confirmation round measures its true cost, in the evaluator's cache policy."""
+    fake = ev.FakeEvaluator(iterations=5, cache="cold")
+    config = Config(mode="ok", cost_us="100", cold_us="104", search_us="95")
+    compiled = fake.compile(fake_kernel, _fake_problem(), config)
+    trial = fake.run(compiled)
+    again = fake.retime(compiled, iterations=7)
+    assert trial.median_us == pytest.approx(95, rel=0.01) and trial.cache == "cold"
+    assert again.median_us == pytest.approx(104, rel=0.01) and len(again.samples_us) == 7
+    assert again.cache == "cold" and again.rel_error is None
+
+
+def test_fake_noise_spreads_samples_deterministically(fake_kernel):
+    """``noise`` (per mille) spreads the samples; the same evaluator history gives the same
+    samples, and the spread is about the asked noise."""
+    def samples():
+        fake = ev.FakeEvaluator(iterations=400)
+        return fake.evaluate(fake_kernel, _fake_problem(), Config(mode="ok", noise=10)).samples_us
+
+    first = samples()
+    assert first == samples()
+    result = TrialResult.timed(first, compile_s=0, rel_error=0, timing="fake")
+    assert 0.02 < result.spread < 0.04  # (p90 - p10) of a 1% gaussian is 2.56%
+
+
+def test_evaluators_time_with_the_policy_of_their_mode():
+    """Cold by default on a GPU, warm in interpret and fake mode; cold refused in interpret."""
+    assert ev.make_evaluator("gpu").cache == "cold"
+    assert ev.make_evaluator("gpu", cache="warm").cache == "warm"
+    assert ev.make_evaluator("interpret").cache == "warm"
+    assert ev.make_evaluator("fake").cache == "warm"
+    assert ev.make_evaluator("fake", cache="cold").cache == "cold"
+    with pytest.raises(ValueError, match="needs a GPU"):
+        ev.make_evaluator("interpret", cache="cold")
+
+
+def test_cold_timing_goes_through_the_l2_flush(monkeypatch):
+    """With CUPTI and the cold policy, timing runs the flushed loop (autotune.cold_timing), never
+    profiler.measure's back-to-back loop; warm does the opposite."""
+    from autotune import cold_timing as timing
+
+    seen = []
+
+    def fake_cold(fn, inputs, iterations, flush, *, aggregate, select):
+        seen.append(("cold", flush, aggregate))
+        return [1.0] * iterations, None
+
+    def fake_cupti(fn, inputs, iterations, *, aggregate):
+        seen.append(("warm", None, aggregate))
+        return [2.0] * iterations, None
+
+    monkeypatch.setattr(timing, "time_cold", fake_cold)
+    monkeypatch.setattr(ev, "_time_cupti", fake_cupti)
+    flush = object()
+    assert ev._time(None, (), 3, "cupti", cache="cold", flush=flush, aggregate=True)[0] == [1.0] * 3
+    assert ev._time(None, (), 2, "cupti", cache="warm")[0] == [2.0] * 2
+    assert seen == [("cold", flush, True), ("warm", None, False)]

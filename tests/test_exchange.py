@@ -297,3 +297,34 @@ def test_interpret_results_are_exported_only_when_asked_for(source):
     assert {r["device_kind"] for r in export_records(source)} == {"gpu"}
     (record,) = export_records(source, device="interpret")
     assert record["device_kind"] == "interpret" and record["config"] == dict(M3)
+
+
+def test_exports_and_results_carry_the_policy_the_confirmed_speedup_and_the_ties(tmp_path, capsys):
+    """After a confirmation round, `export` (json, csv) and `results --json` give the cache
+    policy, the crowned config, the confirmed speedup with its spread and the tie marks; an
+    import keeps the policy."""
+    from autotune.tuner import run_job
+    from tests.test_tuner import PICK_PROBLEM, ConfirmingEngine, _pick_job
+
+    url = f"sqlite:///{tmp_path}/src.db"
+    with Store(url) as store:
+        run_job(_pick_job(), store=store, engine=ConfirmingEngine("cold"))
+    [record] = [r for r in export_records(url) if r["kernel"] == "tuner_pick"]
+    assert record["cache_policy"] == "cold" and record["confirmed"] is True
+    assert record["config"] == {"v": 1} and [t["config"] for t in record["ties"]] == [{"v": 0}]
+    assert record["confirmed_speedup"] == pytest.approx(150 / 100.1, rel=0.005)
+    assert 0 <= record["speedup_spread"] < 0.01
+    csv_text = render([record], "csv")
+    assert "cache_policy" in csv_text.splitlines()[0] and ",cold," in csv_text
+    assert cli.main(["results", "--db", url, "--json"]) == 0
+    [summary] = json.loads(capsys.readouterr().out)
+    assert summary["cache_policy"] == "cold" and summary["confirmed"] is True
+    assert summary["confirmed_speedup"] == pytest.approx(record["confirmed_speedup"])
+    marks = {p["config"]["v"]: p["tie"] for p in summary["confirmation"]["programs"]}
+    assert marks == {3: False, 0: False, 1: True, 2: False, 4: False}
+    path = tmp_path / "export.json"
+    path.write_text(render([record], "json"))
+    import_json(path, f"sqlite:///{tmp_path}/dst.db")
+    with Store(f"sqlite:///{tmp_path}/dst.db") as dst:
+        [row] = dst.trials(PICK_PROBLEM)
+        assert row.cache_policy == "cold" and row.config == {"v": 1}

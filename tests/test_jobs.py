@@ -105,6 +105,10 @@ BAD_JOBS = [
     ("empty shapes", _job('kernel = "toy_kernel"\ndtype = "bf16"\nshapes = []'), "'shapes' must be a non-empty array"),
     ("duplicate problem", {"problem": [tomllib.loads(BASE), tomllib.loads(BASE)]}, "listed twice"),
     ("bad name", {"name": "", "problem": [tomllib.loads(BASE)]}, "'name' must be a non-empty string"),
+    ("unknown cache", {"cache": "hot", "problem": [tomllib.loads(BASE)]}, "cache = 'hot' is not allowed.*cold, warm or auto"),
+    ("negative confirm_top", _job(BASE + "\nconfirm_top = -1"), "confirm_top = -1 is not allowed.*0: none"),
+    ("zero confirm_rounds", _job(BASE + "\nconfirm_rounds = 0"), "confirm_rounds = 0 is not allowed"),
+    ("float confirm_iterations", _job(BASE + "\nconfirm_iterations = 2.5"), "confirm_iterations = 2.5 is not allowed"),
 ]
 
 
@@ -184,3 +188,15 @@ def test_a_large_job_is_checked_and_every_problem_kept():
 
     job = parse_job(tomllib.loads(job_text(2000)))
     assert len(job.problems) == 2000 and len(set(s.problem for s in job.problems)) == 2000
+
+
+def test_cache_and_confirmation_settings_are_read():
+    """``cache`` is the job's policy (``auto`` and absent: None, decided by the device); the
+    confirmation settings default to the device's count of configs (None: 5 on a GPU, none in
+    interpret mode), 5 rounds, 50 runs, and may be set per problem."""
+    job = parse_job({"cache": "warm", "problem": [tomllib.loads(BASE + "\nconfirm_top = 0")]})
+    assert job.cache == "warm" and job.problems[0].confirm_top == 0
+    auto = parse_job({"cache": "auto", "problem": [tomllib.loads(BASE)]})
+    spec = auto.problems[0]
+    assert auto.cache is None
+    assert (spec.confirm_top, spec.confirm_rounds, spec.confirm_iterations) == (None, 5, 50)

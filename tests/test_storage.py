@@ -32,6 +32,9 @@ AT_TABLES = {
     "at_trials",
     "at_baselines",
     "at_trace_regions",
+    "at_runs",
+    "at_confirmations",
+    "at_confirmation_programs",
     "at_alembic_version",
 }
 
@@ -62,6 +65,7 @@ def test_public_api_is_pinned():
             "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
             "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s",
+            "VERSION_TABLE", "RunRow", "ConfirmationRow", "ConfirmedProgram",
         ]
     )
 
@@ -77,6 +81,7 @@ def test_trial_round_trips_every_field(store: Store):
         error="",
         rel_error=2.5e-4,
         timing="cupti",
+        cache="cold",
     )
     software = {**SOFTWARE, "jax_cuda13_plugin": "0.10.2"}
     started = dt.datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2)))
@@ -103,6 +108,7 @@ def test_trial_round_trips_every_field(store: Store):
     assert row.started_at == started and row.started_at.tzinfo == dt.UTC
     assert before <= row.finished_at <= after
     assert row.result() == result
+    assert row.cache_policy == "cold" and row.stored_spread == pytest.approx(result.spread)
     assert store.trial(recorded.id) == row
     assert store.problems() == [problem]
 
@@ -354,7 +360,7 @@ def test_migrations_create_the_schema_from_empty(db_url: str):
                     or name.startswith("at_"),
                 },
             )
-            assert context.get_current_heads() == ("0002",)
+            assert context.get_current_heads() == ("0003",)
             assert compare_metadata(context, storage.Base.metadata) == []
     with Store(db_url) as store:  # reopening is a no-op
         assert store.trials() == []
@@ -376,7 +382,7 @@ def test_migration_0001_to_0002_adds_the_lookup_index(db_url: str):
     with Store(db_url) as store:  # opening migrates 0001 -> 0002
         assert indexes(store)["ix_at_trials_rank"] == ["problem_id", "status", "median_us"]
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0002"
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0003"
         assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
 
 
@@ -552,3 +558,91 @@ def test_migrations_ship_inside_the_package():
     """The alembic scripts live in the autotune package, found without an alembic.ini."""
     migrations = pathlib.Path(storage.__file__).parent / "migrations"
     assert (migrations / "env.py").is_file() and (migrations / "versions" / "0001_initial.py").is_file()
+
+
+# --------------------------------------------------------------------------- measurements (0003)
+
+
+def test_migration_0002_to_0003_keeps_every_row_as_warm(db_url: str):
+    """Rows stored before revision 0003 read back unchanged with the warm policy (spread from
+    their samples); a cold timing of the same config is a new row, a warm one a duplicate."""
+    from alembic import command
+
+    with Store(db_url) as store:
+        first = record(store, Config(tile=1), timed(5.0, 6.0, 7.0))
+        store.record_baseline(PROBLEM, "xla", [9.0, 10.0], device=GPU, software=SOFTWARE)
+        with store.engine.begin() as conn:
+            command.downgrade(storage._alembic_config(conn), "0002")
+    with Store(db_url) as store:  # opening migrates 0002 -> 0003
+        [row] = store.trials(PROBLEM)
+        assert (row.id, row.median_us, row.cache_policy, row.stored_spread) == (first.id, 6.0, "warm", None)
+        assert row.spread == pytest.approx(1.6 / 6.0)
+        assert store.baseline(PROBLEM).cache_policy == "warm"
+        assert record(store, Config(tile=1), timed(5.0)).duplicate
+        cold = store.record_trial(PROBLEM, Config(tile=1), timed(8.0), device=GPU,
+                                  software=SOFTWARE, cache="cold")
+        assert not cold.duplicate and store.trial(cold.id).cache_policy == "cold"
+        assert store.record_baseline(PROBLEM, "xla", [12.0], device=GPU, software=SOFTWARE,
+                                     cache="cold") != store.baseline(PROBLEM, cache="warm").id
+
+
+def test_best_and_baselines_never_mix_cache_policies(store: Store):
+    """best() ranks one policy's trials only: cold when there are any, else warm, or the one
+    asked for; baselines likewise."""
+    record(store, Config(tile=1), timed(5.0))  # warm
+    assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
+    store.record_trial(PROBLEM, Config(tile=2), timed(9.0), device=GPU, software=SOFTWARE,
+                       cache="cold")
+    assert [(r.median_us, r.cache_policy) for r in store.best(PROBLEM, n=5)] == [(9.0, "cold")]
+    assert [r.median_us for r in store.best(PROBLEM, n=5, cache="warm")] == [5.0]
+    assert store.preferred_policy(PROBLEM) == "cold"
+    store.record_baseline(PROBLEM, "xla", [3.0], device=GPU, software=SOFTWARE, cache="warm")
+    assert store.baseline(PROBLEM, cache="cold") is None
+    with pytest.raises(ValueError, match="cache policy must be one of cold, warm"):
+        store.best(PROBLEM, cache="lukewarm")
+    kinds = {(s.cache_policy, s.best_us) for s in store.summaries()}
+    assert kinds == {("warm", 5.0), ("cold", 9.0)}
+
+
+def test_a_confirmation_round_is_stored_as_rows_of_its_own(store: Store):
+    """The round, its programs' samples and tie marks read back; the search trials it names
+    are unchanged; a trial of another problem is refused."""
+    from autotune.confirmation import Candidate, analyse_confirmation
+
+    ids = [record(store, Config(tile=t), timed(10.0 + t)).id for t in (1, 2)]
+    before = store.trials(PROBLEM)
+    rounds = lambda c: ((c, c * 1.001), (c * 1.002, c))  # noqa: E731
+    confirmation = analyse_confirmation(
+        [Candidate({"tile": 1}, rounds(10.0)), Candidate({"tile": 2}, rounds(10.005))],
+        rounds(20.0), default_config={"tile": 2},
+    )
+    cid = store.record_confirmation(PROBLEM, confirmation, trial_ids=ids, device=GPU,
+                                    software=SOFTWARE, cache="cold", iterations=2,
+                                    baseline_name="xla")
+    [row] = store.confirmations(PROBLEM)
+    assert row.id == cid and row.cache_policy == "cold" and (row.rounds, row.iterations) == (2, 2)
+    assert (row.fastest_trial_id, row.crowned_trial_id) == (ids[0], ids[1])
+    assert row.crowned.config == {"tile": 2} and row.programs[1].tie
+    assert row.programs[0].rounds_us == rounds(10.0)
+    assert row.speedup == pytest.approx(confirmation.speedup)
+    assert row.baseline_rounds_us == rounds(20.0) and row.to_dict()["config"] == {"tile": 2}
+    assert store.trials(PROBLEM) == before
+    assert store.confirmations(PROBLEM, cache="warm") == []
+    other = Problem("matmul", {"m": 512, "n": 256, "k": 128}, "bf16")
+    with pytest.raises(ValueError, match="not a stored trial of"):
+        store.record_confirmation(other, confirmation, trial_ids=ids, device=GPU,
+                                  software=SOFTWARE, cache="cold", iterations=2, baseline_name=None)
+
+
+def test_job_runs_keep_the_clocks_before_and_after(store: Store):
+    """A run's clocks and warnings read back as stored."""
+    run_id = store.start_run("job", device=GPU, cache="cold",
+                             clocks_before={"available": True, "sm_clock_mhz": 1980})
+    store.finish_run(run_id, clocks_after={"available": True, "sm_clock_mhz": 1755},
+                     warnings=["the SM clock moved"])
+    [run] = store.runs()
+    assert (run.job, run.cache_policy, run.device) == ("job", "cold", GPU)
+    assert run.clocks_before["sm_clock_mhz"] == 1980 and run.clocks_after["sm_clock_mhz"] == 1755
+    assert run.warnings == ("the SM clock moved",) and run.finished_at >= run.started_at
+    with pytest.raises(StorageError, match="no job run 99"):
+        store.finish_run(99, clocks_after={})

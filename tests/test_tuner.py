@@ -283,3 +283,156 @@ def test_patience_stops_early_with_the_reason(tmp_path):
         (full,) = run_job(_job(60), store=store, engine=FakeEngine())
     assert full.measured_now == TOY.valid_space(PROBLEM).count() == 40  # the whole space
     assert len(times) < 40
+
+
+# -- the confirmation round and cache policies (issue 19) ---------------------------------------
+
+TRUE_US = {0: 100.0, 1: 100.1, 2: 103.0, 3: 110.0, 4: 120.0, 5: 130.0}
+LUCKY = {3: 95.0}  # v=3 read 95 us in its search trial: a lucky moment; it takes 110 us
+PICK = Kernel(
+    name="tuner_pick",
+    space=Space(params=(Choice("v", tuple(TRUE_US)),)),
+    shape_keys=("m",),
+    dtypes=("bfloat16",),
+    build=_unused,
+    make_inputs=_unused,
+    reference=_unused,
+    baseline=lambda p: _unused,
+    default_config=lambda p: {"v": 1},
+)
+register(PICK)
+PICK_PROBLEM = PICK.problem({"m": 64}, "bf16")
+
+
+class ConfirmingEngine(FakeEngine):
+    """Searches with the lucky times, confirms with the true ones (0.5% noise, cold +10%)."""
+
+    def __init__(self, cache="warm", **kwargs):
+        super().__init__(**kwargs)
+        self.cache_policy = cache
+        self.scale = 1.1 if cache == "cold" else 1.0
+        self.confirmed = []
+
+    def _samples(self, center, n, seed):
+        rng = __import__("random").Random(seed)
+        return [center * self.scale * (1 + 0.005 * rng.gauss(0, 1)) for _ in range(n)]
+
+    def submit(self, kernel_name, problem, config):
+        self.measured.append(config)
+        future: Future = Future()
+        t = LUCKY.get(config["v"], TRUE_US[config["v"]])
+        future.set_result(TrialResult.timed(self._samples(t, 20, config["v"]), compile_s=0.1,
+                                            rel_error=0.0, timing="fake", cache=self.cache_policy))
+        return future
+
+    def baseline(self, kernel_name, problem):
+        return TrialResult.timed(self._samples(150.0, 20, 99), compile_s=0.0, rel_error=None,
+                                 timing="fake", cache=self.cache_policy)
+
+    def confirm(self, kernel_name, problem, configs, *, rounds, iterations, baseline=True,
+                medians_us=None):
+        self.confirmed.append([c["v"] for c in configs])
+        table = []
+        for r in range(rounds):
+            row = [TrialResult.timed(self._samples(TRUE_US[c["v"]], iterations, 10 * r + c["v"]),
+                                     compile_s=0.1, rel_error=None, timing="fake",
+                                     cache=self.cache_policy) for c in configs]
+            if baseline:
+                row.append(TrialResult.timed(self._samples(150.0, iterations, 10 * r + 9),
+                                             compile_s=0.0, rel_error=None, timing="fake",
+                                             cache=self.cache_policy))
+            table.append(row)
+        return table
+
+
+def _pick_job(**spec) -> Job:
+    return Job("pick", (ProblemSpec(PICK_PROBLEM, Budget(trials=6), sampler="brute", seed=0,
+                                    **spec),))
+
+
+def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_path):
+    """The search's fastest (v=3, a lucky 95 us) re-times at 110 us and is not crowned; v=0
+    and the default v=1 are within the noise of each other: tied, and the default is crowned.
+    The round is stored as rows of its own; the search trials are unchanged."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    engine = ConfirmingEngine()
+    with Store(url) as store:
+        (report,) = run_job(_pick_job(), store=store, engine=engine)
+        rows = store.trials(PICK_PROBLEM)
+        (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+    assert engine.confirmed == [[3, 0, 1, 2, 4]]  # the search's best five, fastest first
+    assert len(rows) == 6 and min(rows, key=lambda r: r.median_us).config == {"v": 3}
+    assert report.best_config == {"v": 1} and report.confirmation is not None
+    assert report.best_us == pytest.approx(100.1, rel=0.003)
+    assert report.speedup == pytest.approx(150 / 100.1, rel=0.005)
+    assert report.speedup_spread is not None and report.speedup_spread < 0.01
+    assert report.ties == 1 and report.cache_policy == "warm"
+    marks = {p.config["v"]: (p.tie, p.crowned) for p in conf.programs}
+    assert marks == {3: (False, False), 0: (False, False), 1: (True, True), 2: (False, False),
+                     4: (False, False)}
+    assert conf.rounds == 5 and conf.iterations == 50 and conf.baseline_name == "xla"
+
+
+def test_a_second_run_does_not_confirm_again_unless_the_best_changed(tmp_path):
+    """Re-running a finished job measures nothing and confirms nothing: the newest round
+    already covers the best configs."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        run_job(_pick_job(), store=store, engine=ConfirmingEngine())
+        again = ConfirmingEngine()
+        (report,) = run_job(_pick_job(), store=store, engine=again)
+        assert len(store.confirmations(PICK_PROBLEM, device_kind=None)) == 1
+    assert again.confirmed == [] and again.measured == []
+    assert report.skipped and report.best_config == {"v": 1}
+
+
+def test_cache_policies_are_stored_and_kept_apart(tmp_path):
+    """A cold job after a warm one measures every config again (cold), in rows of its own;
+    each policy's best, baseline, study and confirmation use only its own rows, and the
+    lookup answers from the cold ones."""
+    from autotune.queries import best_result, close_stores
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        (warm,) = run_job(_pick_job(), store=store, engine=ConfirmingEngine("warm"))
+        cold_engine = ConfirmingEngine("cold")
+        (cold,) = run_job(Job("pick", _pick_job().problems, cache="cold"), store=store,
+                          engine=cold_engine)
+        assert len(cold_engine.measured) == 6 and cold.measured_now == 6
+        for policy, scale in (("warm", 1.0), ("cold", 1.1)):
+            rows = store.trials(PICK_PROBLEM, cache=policy)
+            assert len(rows) == 6 and {r.cache_policy for r in rows} == {policy}
+            [best] = store.best(PICK_PROBLEM, device_kind=None, cache=policy)
+            assert best.median_us == pytest.approx(95 * scale, rel=0.01)
+            base = store.baseline(PICK_PROBLEM, device_kind=None, cache=policy)
+            assert base.median_us == pytest.approx(150 * scale, rel=0.01)
+        assert store.preferred_policy(PICK_PROBLEM, device_kind=None) == "cold"
+        studies = {s.study_name for s in optuna.get_all_study_summaries(url)}
+        assert {study_name(PICK_PROBLEM, DeviceInfo("fake-gpu", "fake")),
+                study_name(PICK_PROBLEM, DeviceInfo("fake-gpu", "fake"), "cold")} <= studies
+        [run_warm, run_cold] = store.runs()
+        assert (run_warm.cache_policy, run_cold.cache_policy) == ("warm", "cold")
+        assert run_cold.clocks_before["available"] is False and run_cold.finished_at is not None
+    assert warm.best_us == pytest.approx(100.1, rel=0.005)
+    assert cold.best_us == pytest.approx(110.11, rel=0.005) and cold.cache_policy == "cold"
+    try:
+        answer = best_result("tuner_pick", {"m": 64}, "bf16", device="fake", db=url)
+        warm_answer = best_result("tuner_pick", {"m": 64}, "bf16", device="fake", db=url,
+                                  cache="warm")
+    finally:
+        close_stores()
+    assert answer.cache_policy == "cold" and answer.confirmed and answer.config == {"v": 1}
+    assert answer.median_us == pytest.approx(110.11, rel=0.005)
+    assert [t["config"] for t in answer.ties] == [{"v": 0}]
+    assert warm_answer.cache_policy == "warm" and warm_answer.median_us == pytest.approx(100.1, rel=0.005)
+
+
+def test_a_job_and_an_engine_of_different_policies_are_refused(tmp_path):
+    """A job asking for cold on an engine that times warm stops before measuring anything."""
+    from autotune.errors import JobError
+
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        with pytest.raises(JobError, match="cache = 'cold' but the engine times 'warm'"):
+            run_job(Job("pick", _pick_job().problems, cache="cold"), store=store,
+                    engine=ConfirmingEngine("warm"))
+        assert store.trials() == []

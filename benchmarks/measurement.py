@@ -1,0 +1,319 @@
+"""Measurements an expert would defend (issue 19): cold vs warm, the confirmation round, and an
+independent interleaved re-time, for 4 hopper_matmul bf16 shapes (one with m <= 128) and softmax.
+
+    python3 benchmarks/measurement.py --out $OUT/measurement.json                 # H200, ~3 min
+    python3 benchmarks/measurement.py --device interpret --out /tmp/measurement.json  # CPU smoke
+
+Per problem, with the engine of the tuner (worker processes, CUPTI, the L2 flush of
+``autotune.cold_timing``):
+
+1. **cold vs warm**: an engine per cache policy times the candidates (the kernel's default
+   config first, the "winner" unless ``--winner data`` puts the ground-truth best of
+   ``benchmarks/data`` first; then the next best recorded configs and the default's
+   neighbours, ``--top`` in all) and the baseline, as a search does (``--iterations`` runs);
+2. **the confirmation round** of each policy (``Engine.confirm`` + ``analyse_confirmation``):
+   ``--rounds`` interleaved rounds of ``--confirm-iterations`` runs per program; its wall time;
+3. **an independent re-time** in a fresh engine (new processes, new compiles and inputs, another
+   moment): the crowned config and the baseline, interleaved, ``--retime-rounds`` rounds; its
+   median per-round speedup against the confirmed one.
+
+In interpret mode (CPU; small shapes, wall-clock timing) only ``warm`` exists: there is no L2
+to flush. Prints a table and writes every figure to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.clocks import clock_warnings, read_clocks  # noqa: E402
+from autotune.confirmation import Candidate, analyse_confirmation  # noqa: E402
+from autotune.kernel import get_kernel  # noqa: E402
+from autotune.problem import Config, Problem, parse_shape  # noqa: E402
+
+GPU_PROBLEMS = (
+    "hopper_matmul:m=4096,n=4096,k=4096:bfloat16",
+    "hopper_matmul:m=128,n=8192,k=8192:bfloat16",
+    "hopper_matmul:m=8192,n=1024,k=8192:bfloat16",
+    "hopper_matmul:m=4096,n=11008,k=4096:bfloat16",
+    "softmax:rows=4096,cols=32768:bfloat16",
+)
+# On the CPU: softmax only by default. hopper_matmul in interpret mode takes seconds per call
+# (3.6 s at 256^3), and at 128^3 bf16 jax 0.10.2's interpreter dies with SIGFPE (in LLVM's
+# APInt::urem; the engine stores that trial as crashed). Add one with --problem.
+CPU_PROBLEMS = ("softmax:rows=64,cols=512:float32",)
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="gpu", choices=("gpu", "interpret"))
+    p.add_argument("--problem", action="append", metavar="KERNEL:SHAPE:DTYPE",
+                   help="repeatable; default: 4 matmul shapes and softmax (tiny ones on the CPU)")
+    p.add_argument("--winner", default="default", choices=("default", "data"),
+                   help="the first candidate: the kernel's default config, or the ground-truth "
+                        "best of benchmarks/data")
+    p.add_argument("--config", action="append", default=[], metavar="KERNEL=JSON",
+                   help="use this config as the winner for every problem of KERNEL")
+    p.add_argument("--top", type=int, help="configs confirmed per problem (default 5; 2 on CPU)")
+    p.add_argument("--iterations", type=int, help="search timing runs (default 20; 2 on CPU)")
+    p.add_argument("--rounds", type=int, help="confirmation rounds (default 5; 2 on CPU)")
+    p.add_argument("--confirm-iterations", type=int,
+                   help="runs per program per round (default 50; 2 on CPU)")
+    p.add_argument("--retime-rounds", type=int, help="independent re-time rounds (default 5; 2 on CPU)")
+    p.add_argument("--workers-per-gpu", type=int, default=None)
+    p.add_argument("--out", required=True, help="JSON output path")
+    args = p.parse_args(argv)
+    cpu = args.device == "interpret"
+    for name, gpu_default, cpu_default in (("top", 5, 2), ("iterations", 20, 2), ("rounds", 5, 2),
+                                           ("confirm_iterations", 50, 2),
+                                           ("retime_rounds", 5, 2)):
+        if getattr(args, name) is None:
+            setattr(args, name, cpu_default if cpu else gpu_default)
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.problem = args.problem or list(CPU_PROBLEMS if cpu else GPU_PROBLEMS)
+    return args
+
+
+def _problems(args: argparse.Namespace) -> list[tuple[Any, Problem]]:
+    out = []
+    for text in args.problem:
+        try:
+            name, shape, dtype = text.split(":")
+        except ValueError:
+            raise SystemExit(f"--problem {text!r}: expected KERNEL:SHAPE:DTYPE such as "
+                             "hopper_matmul:m=4096,n=4096,k=4096:bfloat16") from None
+        kernel = get_kernel(name)
+        out.append((kernel, kernel.problem(parse_shape(shape), dtype)))
+    return out
+
+
+def _recorded(problem: Problem) -> list[Config]:
+    """Configs of the problem's ground-truth file (benchmarks/data), fastest first."""
+    name = "__".join([problem.kernel, "_".join(f"{k}{v}" for k, v in sorted(problem.dims.items())),
+                      problem.dtype]) + ".json"
+    path = DATA / name
+    if not path.exists():
+        return []
+    rows = [r for r in json.loads(path.read_text())["results"] if r.get("status") == "ok"]
+    rows.sort(key=lambda r: r["median_us"])
+    return [Config(r["config"]) for r in rows]
+
+
+def candidates(kernel: Any, problem: Problem, args: argparse.Namespace) -> list[Config]:
+    """The winner first, then the next best recorded configs and the winner's neighbours."""
+    space = kernel.valid_space(problem, interpret=args.device == "interpret")
+    given = dict(c.split("=", 1) for c in args.config)
+    recorded = [c for c in _recorded(problem) if space.is_valid(c)]
+    if kernel.name in given:
+        winner = Config(json.loads(given[kernel.name]))
+    elif args.winner == "data" and recorded:
+        winner = recorded[0]
+    elif kernel.default_config is not None:
+        winner = space.closest_valid(kernel.default_config(problem))
+    else:
+        winner = space.sample(1, seed=0)[0]
+    out = [winner]
+    for c in [*recorded[:args.top], *space.neighbours(winner), *space.sample(args.top, seed=0)]:
+        if len(out) >= args.top:
+            break
+        if all(c.digest() != o.digest() for o in out):
+            out.append(c)
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[Any, Problem]],
+                   ) -> dict[str, Any]:
+    """Search timings, baseline and confirmation round of every problem under ``policy``."""
+    from autotune.engine import Engine
+
+    out: dict[str, Any] = {}
+    with Engine(args.device, cache=policy, iterations=args.iterations,
+                workers_per_gpu=args.workers_per_gpu) as engine:
+        for kernel, problem in problems:
+            configs = candidates(kernel, problem, args)
+            t0 = time.monotonic()
+            futures = [engine.submit(kernel.name, problem, c) for c in configs]
+            results = [f.result() for f in futures]
+            baseline = engine.baseline(kernel.name, problem)
+            search_s = time.monotonic() - t0
+            ok = [(c, r) for c, r in zip(configs, results, strict=True) if r.ok]
+            entry: dict[str, Any] = {
+                "candidates": [dict(c) for c in configs],
+                "search": [{"config": dict(c), "outcome": r.outcome.value,
+                            "median_us": r.median_us, "spread": r.spread,
+                            "error": r.error[-300:]} for c, r in zip(configs, results, strict=True)],
+                "winner_us": results[0].median_us if results[0].ok else None,
+                "winner_spread": results[0].spread if results[0].ok else None,
+                "baseline_us": baseline.median_us if baseline.ok else None,
+                "baseline_spread": baseline.spread if baseline.ok else None,
+                "search_s": search_s,
+            }
+            if ok and baseline.ok:
+                ok.sort(key=lambda cr: cr[1].median_us)
+                t0 = time.monotonic()
+                table = engine.confirm(kernel.name, problem, [c for c, _ in ok],
+                                       rounds=args.rounds, iterations=args.confirm_iterations,
+                                       medians_us=[r.median_us for _, r in ok])
+                confirm_s = time.monotonic() - t0
+                n = len(ok)
+                kept = [i for i in range(n) if all(row[i].ok for row in table)]
+                if kept and all(row[n].ok for row in table):
+                    default = kernel.default_config(problem) if kernel.default_config else None
+                    conf = analyse_confirmation(
+                        [Candidate(ok[i][0], tuple(row[i].samples_us for row in table),
+                                   search_us=ok[i][1].median_us) for i in kept],
+                        [row[n].samples_us for row in table], default_config=default)
+                    entry["confirmation"] = {
+                        "seconds": confirm_s,
+                        "crowned": dict(conf.winner.config or {}),
+                        "crowned_is_winner": Config(conf.winner.config or {}).digest()
+                        == configs[0].digest(),
+                        "crowned_us": conf.winner.median_us,
+                        "fastest": dict(conf.configs[conf.fastest].config or {}),
+                        "speedup": conf.speedup,
+                        "speedup_spread": conf.speedup_spread,
+                        "speedup_low": conf.speedup_low,
+                        "speedup_high": conf.speedup_high,
+                        "baseline_us": conf.baseline.median_us if conf.baseline else None,
+                        "ties": sum(p.tie for p in conf.configs),
+                        "programs": [{"config": dict(p.config or {}), "median_us": p.median_us,
+                                      "search_us": p.search_us, "spread": p.spread,
+                                      "diff": p.diff, "noise": p.noise, "tie": p.tie,
+                                      "crowned": p.crowned} for p in conf.configs],
+                    }
+            out[str(problem)] = entry
+            print(f"[{policy}] {problem}: winner {entry['winner_us']} us, baseline "
+                  f"{entry['baseline_us']} us, confirmed "
+                  f"{(entry.get('confirmation') or {}).get('speedup')}", flush=True)
+    return out
+
+
+def independent_retime(args: argparse.Namespace, policy: str, problems: list[tuple[Any, Problem]],
+                       crowned: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """In a fresh engine: the crowned config and the baseline, interleaved rounds."""
+    from autotune.engine import Engine
+
+    out: dict[str, Any] = {}
+    with Engine(args.device, cache=policy, iterations=args.iterations,
+                workers_per_gpu=1) as engine:
+        for kernel, problem in problems:
+            config = crowned.get(str(problem))
+            if config is None:
+                continue
+            first = engine.submit(kernel.name, problem, Config(config)).result()  # compile, check
+            if not first.ok:
+                out[str(problem)] = {"error": first.error[-300:]}
+                continue
+            ratios, kernel_us, base_us = [], [], []
+            for _ in range(args.retime_rounds):
+                k = engine.retime(kernel.name, problem, Config(config),
+                                  iterations=args.confirm_iterations)
+                b = engine.retime(kernel.name, problem, None, iterations=args.confirm_iterations)
+                if not (k.ok and b.ok):
+                    break
+                kernel_us.append(k.median_us)
+                base_us.append(b.median_us)
+                ratios.append(b.median_us / k.median_us)
+            out[str(problem)] = {
+                "rounds": len(ratios), "speedup": _median(ratios),
+                "speedup_low": min(ratios, default=None), "speedup_high": max(ratios, default=None),
+                "kernel_us": _median(kernel_us), "baseline_us": _median(base_us),
+            }
+    return out
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    problems = _problems(args)
+    policies = ["warm"] if args.device == "interpret" else ["cold", "warm"]
+    started = time.monotonic()
+    clocks_before = read_clocks(0) if args.device == "gpu" else None
+    by_policy = {p: measure_policy(args, p, problems) for p in policies}
+    main_policy = policies[0]
+    crowned = {k: v["confirmation"]["crowned"] for k, v in by_policy[main_policy].items()
+               if v.get("confirmation")}
+    independent = independent_retime(args, main_policy, problems, crowned)
+    clocks_after = read_clocks(0) if args.device == "gpu" else None
+    total_s = time.monotonic() - started
+
+    header = ["problem", "winner cold us", "winner warm us", "cold/warm", "base cold us",
+              "base warm us", "cold/warm", "confirmed speedup", "ties", "crowned", "independent",
+              "agree", "confirm s"]
+    rows = []
+    summary = []
+    for _, problem in problems:
+        key = str(problem)
+        cold = by_policy.get("cold", {}).get(key, {})
+        warm = by_policy.get("warm", {}).get(key, {})
+        conf = by_policy[main_policy][key].get("confirmation") or {}
+        ind = independent.get(key) or {}
+        agree = None
+        if conf.get("speedup") and ind.get("speedup"):
+            agree = ind["speedup"] / conf["speedup"] - 1
+        wc, ww = cold.get("winner_us"), warm.get("winner_us")
+        bc, bw = cold.get("baseline_us"), warm.get("baseline_us")
+        rows.append([
+            key, _fmt(wc, ".1f"), _fmt(ww, ".1f"), _fmt(wc / ww if wc and ww else None, ".3f"),
+            _fmt(bc, ".1f"), _fmt(bw, ".1f"), _fmt(bc / bw if bc and bw else None, ".3f"),
+            "-" if conf.get("speedup") is None else
+            f"{conf['speedup']:.4f} ±{100 * (conf.get('speedup_spread') or 0):.2f}%",
+            str(conf.get("ties", "-")),
+            "-" if not conf else ("winner" if conf.get("crowned_is_winner") else "other"),
+            _fmt(ind.get("speedup"), ".4f"),
+            "-" if agree is None else f"{100 * agree:+.2f}%",
+            _fmt(conf.get("seconds"), ".2f"),
+        ])
+        summary.append({"problem": key, "agreement": agree})
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print()
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    agreements = [abs(s["agreement"]) for s in summary if s["agreement"] is not None]
+    if agreements:
+        print(f"\nconfirmed vs independent speedup: max |difference| {100 * max(agreements):.2f}% "
+              f"over {len(agreements)} problem(s) (goal: within 0.5%)")
+    warnings = []
+    if clocks_before is not None and clocks_after is not None:
+        warnings = clock_warnings(clocks_before, clocks_after)
+        print(f"clocks: before {clocks_before.to_dict()}\n        after  {clocks_after.to_dict()}")
+        for w in warnings:
+            print(f"WARNING: {w}")
+    print(f"total {total_s:.1f} s")
+    doc = {
+        "device": args.device, "policies": policies, "args": vars(args), "total_s": total_s,
+        "by_policy": by_policy, "independent": independent, "summary": summary,
+        "clocks_before": None if clocks_before is None else clocks_before.to_dict(),
+        "clocks_after": None if clocks_after is None else clocks_after.to_dict(),
+        "clock_warnings": warnings,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1, default=str))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

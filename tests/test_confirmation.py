@@ -1,0 +1,107 @@
+"""The confirmation round's rules: the winner, the paired speedup, ties and the preference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autotune import confirmation as m
+from autotune.confirmation import Candidate, analyse_confirmation
+
+
+def rounds(center: float, *, noise: float = 0.0, n_rounds: int = 5, n: int = 50, seed: int = 0,
+           drift: tuple[float, ...] = ()) -> tuple[tuple[float, ...], ...]:
+    """Per-round samples around ``center`` (relative gaussian ``noise``, per-round ``drift``)."""
+    rng = random.Random(seed)
+    out = []
+    for r in range(n_rounds):
+        scale = 1 + (drift[r] if r < len(drift) else 0.0)
+        out.append(tuple(center * scale * (1 + noise * rng.gauss(0, 1)) for _ in range(n)))
+    return tuple(out)
+
+
+def test_public_api():
+    """``__all__`` lists exactly the public names."""
+    assert sorted(m.__all__) == sorted([
+        "DEFAULT_CONFIRM_TOP", "DEFAULT_CONFIRM_ROUNDS", "DEFAULT_CONFIRM_ITERATIONS",
+        "Candidate", "ProgramSummary", "Confirmation", "preference_key", "analyse_confirmation",
+    ])
+
+
+def test_configs_within_the_noise_are_ties_and_the_default_is_crowned():
+    """A config 0.1% slower than the fastest, with 0.5% noise, ties; the default one among the
+    tied is crowned, and a config 5% slower is not a tie."""
+    default = {"tile": 128, "steps": 2}
+    cands = [
+        Candidate({"tile": 256, "steps": 4}, rounds(100.0, noise=0.005, seed=1), trial_id=1),
+        Candidate(default, rounds(100.1, noise=0.005, seed=2), trial_id=2),
+        Candidate({"tile": 64, "steps": 2}, rounds(105.0, noise=0.005, seed=3), trial_id=3),
+    ]
+    c = analyse_confirmation(cands, rounds(120.0, noise=0.005, seed=4), default_config=default)
+    assert c.fastest == 0
+    assert [p.tie for p in c.configs] == [False, True, False]
+    assert c.crowned == 1 and c.winner.config == default and c.winner.crowned
+    assert c.configs[2].diff == pytest.approx(0.05, abs=0.003)
+    assert c.speedup == pytest.approx(120.0 / 100.1, rel=0.003)
+
+
+def test_a_lucky_search_measurement_is_not_crowned():
+    """A config whose search trial read 95 us but which re-times at 101 us loses to the one at
+    100 us: the confirmation, not the lucky moment, decides."""
+    cands = [
+        Candidate({"tile": 64}, rounds(101.0, noise=0.001, seed=1), trial_id=1, search_us=95.0),
+        Candidate({"tile": 128}, rounds(100.0, noise=0.001, seed=2), trial_id=2, search_us=100.0),
+    ]
+    c = analyse_confirmation(cands, rounds(110.0, noise=0.001, seed=3))
+    assert c.winner.config == {"tile": 128}
+    assert not c.configs[0].tie and c.configs[0].diff == pytest.approx(0.01, abs=0.002)
+
+
+def test_a_noisy_fast_config_ties_and_the_simpler_one_is_crowned():
+    """A config whose median is 0.3% lower but whose samples spread 10% is within the noise:
+    the simpler config (smaller tiles and fewer stages, no default given) is crowned."""
+    simple = {"tile": 64, "steps": 2}
+    cands = [
+        Candidate({"tile": 256, "steps": 4}, rounds(99.7, noise=0.04, seed=5), trial_id=1),
+        Candidate(simple, rounds(100.0, noise=0.001, seed=6), trial_id=2),
+    ]
+    c = analyse_confirmation(cands, rounds(150.0, noise=0.001, seed=7))
+    assert c.fastest == 0 and c.configs[1].tie
+    assert c.winner.config == simple
+
+
+def test_drift_between_rounds_cancels_in_the_paired_speedup():
+    """A clock drifting by 3% between rounds moves both programs alike: the paired speedup
+    stays exact, and its spread stays small."""
+    drift = (0.0, 0.01, 0.02, 0.03, 0.0)
+    cand = Candidate({"tile": 64}, rounds(100.0, drift=drift), trial_id=1)
+    c = analyse_confirmation([cand], rounds(150.0, drift=drift))
+    assert c.speedup == pytest.approx(1.5)
+    assert c.speedup_spread == pytest.approx(0.0, abs=1e-9)
+    assert (c.speedup_low, c.speedup_high) == (pytest.approx(1.5), pytest.approx(1.5))
+
+
+def test_preference_key_counts_differences_from_the_default_then_resources():
+    """Fewer parameters off the default first; then the smaller log-product of the values."""
+    default = {"tile": 128, "steps": 2, "swizzle": False}
+    assert m.preference_key(default, default)[0] == 0
+    one_off = m.preference_key({"tile": 256, "steps": 2, "swizzle": False}, default)
+    two_off = m.preference_key({"tile": 64, "steps": 4, "swizzle": False}, default)
+    assert one_off[0] == 1 and two_off[0] == 2
+    assert m.preference_key({"tile": 64}) < m.preference_key({"tile": 128})
+    assert m.preference_key({"on": False}) < m.preference_key({"on": True})
+
+
+def test_bad_confirmation_input_is_refused_with_the_rule():
+    """No candidate, rounds of different counts, empty rounds and bad times are refused."""
+    with pytest.raises(ValueError, match="at least one candidate"):
+        analyse_confirmation([])
+    with pytest.raises(ValueError, match="same number of rounds"):
+        analyse_confirmation([Candidate({}, ((1.0,), (1.0,)))], ((1.0,),))
+    with pytest.raises(ValueError, match="samples in every round"):
+        analyse_confirmation([Candidate({}, ((1.0,), ()))])
+    with pytest.raises(ValueError, match="positive finite"):
+        analyse_confirmation([Candidate({}, ((float("nan"),),))])
+    with pytest.raises(ValueError, match="tie_floor"):
+        analyse_confirmation([Candidate({}, ((1.0,),))], tie_floor=-1)

@@ -1,0 +1,48 @@
+"""The measurement vocabulary of autotune.trial: cache policies, spread, interleaved rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import trial as m
+from autotune.trial import CachePolicy
+
+
+def test_public_api():
+    """``__all__`` lists exactly the public names."""
+    assert sorted(m.__all__) == sorted([
+        "Outcome", "TrialResult", "DeviceInfo", "CachePolicy", "CACHE_POLICIES",
+        "resolve_cache_policy", "relative_spread", "round_order",
+    ])
+
+
+def test_cache_policy_defaults_cold_on_gpus_and_warm_elsewhere():
+    """No policy asked: cold on a GPU, warm in interpret and fake mode; an asked one is kept."""
+    assert m.resolve_cache_policy(None, "gpu") is CachePolicy.COLD
+    assert m.resolve_cache_policy("auto", "gpu") is CachePolicy.COLD
+    assert m.resolve_cache_policy(None, "interpret") is CachePolicy.WARM
+    assert m.resolve_cache_policy(None, "fake") is CachePolicy.WARM
+    assert m.resolve_cache_policy("warm", "gpu") is CachePolicy.WARM
+    assert m.resolve_cache_policy("cold", "fake") is CachePolicy.COLD
+
+
+def test_cold_is_refused_in_interpret_mode_and_unknown_policies_are_named():
+    """Interpret mode has no L2 to flush: cold is refused with the way out; typos are named."""
+    with pytest.raises(ValueError, match="needs a GPU.*cache = 'warm'"):
+        m.resolve_cache_policy("cold", "interpret")
+    with pytest.raises(ValueError, match="one of cold, warm.*'hot'"):
+        m.resolve_cache_policy("hot", "gpu")
+
+
+def test_relative_spread_is_p90_minus_p10_over_the_median():
+    """The spread of 0..100 is (90 - 10) / 50; one sample has none; no samples give None."""
+    assert m.relative_spread([float(i) for i in range(101)]) == pytest.approx(80 / 50)
+    assert m.relative_spread([7.0]) == 0.0
+    assert m.relative_spread([]) is None
+
+
+def test_round_order_interleaves_and_rotates():
+    """Each round times every program once; the first program moves along each round."""
+    assert m.round_order(3, 4) == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    with pytest.raises(ValueError, match="at least one program"):
+        m.round_order(0, 3)
