@@ -64,8 +64,8 @@ def test_public_api_is_pinned():
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
             "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
-            "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s",
-            "VERSION_TABLE", "RunRow", "ConfirmationRow", "ConfirmedProgram",
+            "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s", "RESULT_FIELDS",
+            "RunRow", "ConfirmationRow", "ConfirmedProgram",
         ]
     )
 
@@ -428,7 +428,7 @@ def test_read_only_store_upgrades_an_older_schema_only_when_sound(tmp_path):
     with Store(url, read_only=True) as reader:
         assert [r.median_us for r in reader.best(PROBLEM)][:1] == [5.0]
         with reader.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0002"
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0003"
     path.write_bytes(healthy)
     for sidecar in tmp_path.glob("a.db-*"):
         sidecar.unlink()
