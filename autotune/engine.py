@@ -597,7 +597,14 @@ class Engine:
 
     def baseline(self, kernel_name: str, problem: Problem) -> TrialResult:
         """Times the kernel's baseline (XLA, cuDNN) on a worker, the way configs are timed."""
-        return self._submit("baseline", kernel_name, problem, None, {}, urgent=True).result()
+        return self.submit_baseline(kernel_name, problem).result()
+
+    def submit_baseline(
+        self, kernel_name: str, problem: Problem
+    ) -> concurrent.futures.Future[TrialResult]:
+        """:meth:`baseline` without waiting: queued ahead of the configs, so it is measured by
+        the next worker free while the others go on compiling."""
+        return self._submit("baseline", kernel_name, problem, None, {}, urgent=True)
 
     def trace(
         self,
@@ -612,15 +619,27 @@ class Engine:
         Raises:
           EngineError: the traced run crashed, timed out or failed.
         """
-        if not isinstance(config, Config):
-            config = Config(config)
-        extra = {"out_dir": str(out_dir), "profile_space": int(profile_space)}
-        result = self._submit("trace", kernel_name, problem, config, extra, urgent=True).result()
+        result = self.submit_trace(kernel_name, problem, config, out_dir, profile_space).result()
         if isinstance(result, TrialResult):
             raise EngineError(
                 f"Tracing {config} of {problem} ended {result.outcome}: {result.error}"
             )
         return result
+
+    def submit_trace(
+        self,
+        kernel_name: str,
+        problem: Problem,
+        config: Config,
+        out_dir: str | os.PathLike[str],
+        profile_space: int,
+    ) -> concurrent.futures.Future[Any]:
+        """:meth:`trace` without waiting. The future resolves to the per-region times, or to a
+        :class:`TrialResult` when the traced run failed (:meth:`trace` raises for that)."""
+        if not isinstance(config, Config):
+            config = Config(config)
+        extra = {"out_dir": str(out_dir), "profile_space": int(profile_space)}
+        return self._submit("trace", kernel_name, problem, config, extra, urgent=True)
 
     def device_info(self, timeout_s: float | None = None) -> DeviceInfo:
         """The device of the first worker to start (waits for it)."""

@@ -55,6 +55,8 @@ class EngineLike(Protocol):
     def device_info(self) -> DeviceInfo: ...
     def submit(self, kernel_name: str, problem: Problem, config: Config) -> Future[TrialResult]: ...
     def baseline(self, kernel_name: str, problem: Problem) -> TrialResult: ...
+    # Optional, used when present: submit_baseline(kernel_name, problem) -> Future[TrialResult]
+    # and submit_trace(...) -> Future, so that baselines and traces interleave with trials.
     def trace(
         self, kernel_name: str, problem: Problem, config: Config, out_dir: str, profile_space: int
     ) -> Mapping[str, tuple[float, int]]: ...
@@ -165,12 +167,18 @@ def _heartbeat(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
     for trial in trials:
         # One write per trial every HEARTBEAT_S / 3 at most, however often the loop wakes.
         key = (id(storage), trial._trial_id)
-        if now - _last_beat.get(key, -HEARTBEAT_S) >= HEARTBEAT_S / 3:
+        if now - _last_beat.get(key, -HEARTBEAT_S) >= _beat_interval_s():
             storage.record_heartbeat(trial._trial_id)
             _last_beat[key] = now
 
 
 _last_beat: dict[tuple[int, int], float] = {}  # (storage, trial id) -> last heartbeat written
+
+
+def _beat_interval_s() -> float:
+    """A third of the heartbeat interval, and at most a sixth of the grace period after which
+    other hosts treat a trial as dead."""
+    return min(HEARTBEAT_S, GRACE_S / 2) / 3
 
 
 def _heartbeat_storage(study: optuna.Study) -> BaseHeartbeat | None:
@@ -190,8 +198,14 @@ def run_job(
     results_dir: str | Path = "results",
     on_event: Callable[[Event], None] | None = None,
     allow_import: bool = False,
+    sequential: bool = False,
 ) -> list[ProblemReport]:
-    """Tunes every problem of ``job``; returns one report per problem.
+    """Tunes every problem of ``job``; returns one report per problem, in job order.
+
+    The problems are in flight together on ``engine``, and the budgets are shared with every
+    other process tuning the same job on the same database (:mod:`autotune.scheduler`,
+    docs/scheduling.md). ``sequential=True`` is the earlier runner: one problem after another,
+    each budget counted by this process alone (kept for ``benchmarks/batch_job.py``).
 
     Raises:
       JobError: the store is an in-memory database, which would keep nothing.
@@ -202,6 +216,12 @@ def run_job(
     require_persistent(store)
     try:
         storage = _optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
+        if not sequential:
+            from autotune.scheduler import run_scheduled
+
+            return run_scheduled(job, store=store, engine=engine, storage=storage,
+                                 results_dir=results_dir, on_event=on_event,
+                                 allow_import=allow_import)
         reports = []
         for spec in job.problems:
             kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
@@ -494,8 +514,8 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
     released (its config was not measured, so it is free again).
     """
     host = socket.gethostname()
-    stored = {Config(r.config).digest(): r for r in store.trials(problem, device_name=device.name)}
     stale = set(_stale_trial_ids(study))
+    orphans = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get(WORKER_ATTR, "")
         owner_host, _, pid = owner.rpartition(":")
@@ -506,6 +526,11 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
                 continue  # its owner may still be inside study.ask
         elif owner_host != host or not pid.isdigit() or _alive(int(pid)):
             continue
+        orphans.append(t)
+    # The store is read only when there are orphans (this runs every scheduler.POLL_S).
+    stored = {Config(r.config).digest(): r
+              for r in store.trials(problem, device_name=device.name)} if orphans else {}
+    for t in orphans:
         row = stored.get(Config(t.params).digest()) if t.params else None
         if row is None:
             _release(study, t.number)
@@ -515,9 +540,10 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
                 study.tell(t.number, row.median_us)
             else:
                 study.tell(t.number, state=TrialState.FAIL)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+    if stale:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
 
 
 def _stale_trial_ids(study: optuna.Study) -> list[int]:

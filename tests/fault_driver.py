@@ -31,7 +31,8 @@ Every committed trial is appended to ``--journal`` (JSON lines, fsynced) before 
 happens, so a test knows exactly which finished trials must survive.
 
 Kernels for the job files (named ``tests.fault_driver:NAME``, so jobs need ``--allow-import``):
-``STEADY`` (64 configs that time fine, ``run_ms`` each) and ``FLAKY`` (configs that crash the
+``STEADY`` (64 configs that time fine, ``run_ms`` each), ``PACED`` (32 configs of
+``PACED_RUN_MS`` each) and ``FLAKY`` (configs that crash the
 worker, hang it, or time fine).
 """
 
@@ -74,6 +75,25 @@ STEADY = Kernel(
     make_inputs=_never,
     reference=_never,
     description="fake configs that all time fine (fault tests)",
+)
+
+# Configs whose run takes RUN_MS on the (fake) GPU: jobs whose wall time is the GPU's, so that
+# N runners finish in about 1/N of one runner's time (tests/test_scheduler.py).
+PACED_RUN_MS = 400
+PACED = Kernel(
+    name="tests.fault_driver:PACED",
+    space=Space(
+        params=(
+            Choice("cost_us", tuple(range(10, 42)), ordered=True),
+            Choice("run_ms", (PACED_RUN_MS,)),
+        )
+    ),
+    shape_keys=("n",),
+    dtypes=("float32",),
+    build=_never,
+    make_inputs=_never,
+    reference=_never,
+    description="fake configs that take the GPU for PACED_RUN_MS each (scheduler tests)",
 )
 
 FLAKY = Kernel(
