@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -220,7 +221,9 @@ def _tune(args: argparse.Namespace) -> int:
     progress = _Progress()
     try:
         require_persistent(store)  # before the engine writes its logs under --results-dir
-        log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
+        # One folder per process: runners started in the same second on one host (a job shared
+        # by several processes) must not write each other's worker logs.
+        log_dir = str(Path(args.results_dir) / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir) as engine:
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)

@@ -546,6 +546,14 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
             optuna.storages.fail_stale_trials(study)
 
 
+def running_owners(study: optuna.Study) -> list[tuple[str, bool]]:
+    """The RUNNING trials of ``study``: ``(owner "host:pid", stale)`` each; stale when its
+    heartbeat stopped more than GRACE_S ago (``autotune status``)."""
+    stale = set(_stale_trial_ids(study))
+    return [(str(t.user_attrs.get(WORKER_ATTR, "")), t._trial_id in stale)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+
+
 def _stale_trial_ids(study: optuna.Study) -> list[int]:
     """RUNNING trials whose heartbeat stopped more than GRACE_S ago (Optuna's rule)."""
     storage = _heartbeat_storage(study)
