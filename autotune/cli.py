@@ -3,6 +3,7 @@
     autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N] [--json]]
     autotune tune JOB.toml [--db URL] [--trials N] [--time-budget S] [--patience N] [--sampler NAME]
                            [--device auto|gpu|interpret]
+    autotune status JOB.toml [--db URL] [--json]
     autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--db URL] [--json]
     autotune results [--kernel K] [--dtype D] [--device NAME] [--db URL] [--json]
     autotune check KERNEL --shape k=v,... --dtype D [--sample N] [--allow-import]
@@ -69,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--results-dir", default="results", help="where traces and reports go")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
 
+    st = sub.add_parser("status", help="where a job stands: per problem done / in flight / budget, live hosts")
+    st.add_argument("job")
+    st.add_argument("--db", help="SQLAlchemy URL (default $AUTOTUNE_DB or sqlite:///results/autotune.db)")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
+
     b = sub.add_parser("best", help="the best stored config of a problem")
     b.add_argument("kernel")
     b.add_argument("--shape", required=True)
@@ -124,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
-    handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check,
+    handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
                "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
     try:
         return handler[args.command](args)
@@ -239,6 +246,32 @@ def _tune(args: argparse.Namespace) -> int:
                   f"proposed again): its space is missing a rule. Each stored error names it; "
                   f"`autotune check {r.problem.kernel} --shape {shape} --dtype {r.problem.dtype}"
                   f"{flag}` finds it before spending GPU time.")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from autotune.errors import JobError
+    from autotune.jobs import load_job
+    from autotune.status import job_status
+    from autotune.storage import Store, resolve_url, sqlite_path
+
+    job = load_job(args.job, allow_import=args.allow_import)
+    path = sqlite_path(resolve_url(args.db))
+    if path is not None and not path.exists():
+        raise JobError(f"No database at {path}: nothing of job {job.name!r} has run there yet; "
+                       "give the --db the job runs with.")
+    with Store(args.db) as store:
+        status = job_status(job, store)
+    if args.json:
+        print(json.dumps(status.to_dict(), default=str))
+        return EXIT_OK
+    live = ", ".join(f"{h} ({n} in flight)" for h, n in sorted(status.hosts.items())) or "none"
+    print(f"job {status.job}: {len(job.problems)} problem(s); hosts with a live heartbeat: {live}")
+    header = ["problem", "device", "done/budget", "in flight", "best us", "state"]
+    rows = [[p.problem, p.device or "-", f"{p.done}/{p.budget if p.budget is not None else '-'}",
+             str(p.in_flight) + (f" (+{p.stale} stale)" if p.stale else ""),
+             _num(p.best_us, ".1f"), p.state] for p in status.problems]
+    _table(header, rows)
     return EXIT_OK
 
 

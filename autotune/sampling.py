@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import JobError
 from autotune.problem import Config
 from autotune.space import BoundSpace
+from autotune.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
 __all__ = ["ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
 
@@ -39,9 +40,7 @@ SAMPLERS = ("auto", "tpe", "random", "cmaes", "gp", "qmc", "brute")
 # section 3).
 DEFAULT_LOCAL_SHARE = 0.5
 
-# A trial's system attribute naming the measured outcome; trials without it were never measured
-# (e.g. a worker killed before its result was stored) and do not take their config.
-OUTCOME_ATTR = "autotune_outcome"
+# OUTCOME_ATTR: a trial's system attribute naming the measured outcome (autotune.trial_index).
 DIGEST_ATTR = "autotune_config"
 
 
@@ -179,6 +178,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self._rng = random.Random(seed)
         self._seeds = [Config(s) for s in seeds]
         self._taken_extra = taken or (lambda: ())
+        self._index: TrialIndex | None = None
         self._dists = distributions(space)
         self.exhausted_trial_id: int | None = None
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
@@ -237,29 +237,23 @@ class ValidSampler(optuna.samplers.BaseSampler):
 
     # -- proposals ---------------------------------------------------------------------------
 
-    def taken_keys(self, study: optuna.Study) -> set[tuple[Any, ...]]:
-        """Value tuples of configs no longer free: measured, or being measured now."""
-        space = self._space
-        out: set[tuple[Any, ...]] = set()
-        for t in study.get_trials(deepcopy=False):
-            if t.state == TrialState.FAIL and OUTCOME_ATTR not in t.system_attrs:
-                continue  # never measured (stale or abandoned): free to propose again
-            if t.state == TrialState.WAITING:
-                continue
-            try:
-                out.add(space.key(t.params))
-            except KeyError:
-                continue
-        for config in self._taken_extra():
-            try:
-                out.add(space.key(config))
-            except KeyError:
-                continue
-        return out
+    @property
+    def index(self) -> TrialIndex:
+        """The study's trials, indexed incrementally (``taken`` is read once, when first
+        needed)."""
+        if self._index is None:
+            self._index = TrialIndex(self._space, self._taken_extra())
+        return self._index
 
-    def _next(
-        self, study: optuna.Study, trial: FrozenTrial, taken: set[tuple[Any, ...]]
-    ) -> Config | None:
+    def taken_keys(self, study: optuna.Study) -> TrialIndex:
+        """Value tuples of configs no longer free (``key in taken_keys(study)``): measured, or
+        being measured now. A trial closed without an outcome (never measured: stale or
+        abandoned) leaves its config free."""
+        index = self.index
+        index.refresh(study.get_trials(deepcopy=False))
+        return index
+
+    def _next(self, study: optuna.Study, trial: FrozenTrial, taken: TrialIndex) -> Config | None:
         space = self._space
         is_taken = taken.__contains__
         while self._seeds:
@@ -300,23 +294,27 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self, study: optuna.Study, is_taken: Callable[[tuple[Any, ...]], bool]
     ) -> Config | None:
         """The nearest untaken neighbour of the best measured config (None before any)."""
-        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None]
         # From the best down: when the best's neighbourhood is exhausted, climb from the next.
-        for t in sorted(done, key=lambda t: t.value)[:8]:
-            try:
-                centre = self._space.key(t.params)
-            except KeyError:
-                continue
+        for centre in self.index.best_keys(8):
             for neighbour in self._space.neighbours(self._space._config(centre)):
                 if not is_taken(self._space.key(neighbour)):
                     return neighbour
         return None
 
-    def _uniform(self, taken: set[tuple[Any, ...]]) -> Config | None:
+    def _uniform(self, taken: TrialIndex) -> Config | None:
         space = self._space
+        small = space.count() <= space.MATERIALIZE_LIMIT
         for _ in range(64):  # rejection: cheap while most of the space is untaken
-            (config,) = space.sample(1, seed=self._rng.randrange(2**63)) or (None,)
+            seed = self._rng.randrange(2**63)
+            if small:  # what sample(1, seed=seed) draws, without copying the valid set
+                valid = space.valid_tuples()
+                if not valid:
+                    return None
+                key = valid[random.Random(seed).randrange(len(valid))]
+                if key not in taken:
+                    return space._config(key)
+                continue
+            (config,) = space.sample(1, seed=seed) or (None,)
             if config is None:
                 return None
             if space.key(config) not in taken:

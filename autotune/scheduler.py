@@ -13,24 +13,23 @@ store exactly the budget.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
 
 from autotune import tuner as _t
 from autotune._paths import safe_path
 from autotune.jobs import Job, ProblemSpec
 from autotune.kernel import Kernel, get_kernel
 from autotune.problem import Config
-from autotune.sampling import OUTCOME_ATTR, ExhaustedError, ValidSampler, distributions, valid_sampler
+from autotune.sampling import ExhaustedError, ValidSampler, distributions, valid_sampler
 from autotune.trial import DeviceInfo, TrialResult
+from autotune.trial_index import TrialIndex
 
 __all__ = ["run_scheduled", "POLL_S"]
 
@@ -39,50 +38,6 @@ logger = logging.getLogger(__name__)
 # How often a process looks again at problems it cannot ask (full: their budget is admitted but
 # other processes are still measuring; or exhausted) and closes the trials of dead processes.
 POLL_S = 2.0
-
-
-@dataclasses.dataclass
-class _Tally:
-    """What a problem's study says, over every process: the shared budget's counts."""
-
-    measured: int = 0  # trials with a stored outcome (COMPLETE, or FAIL with an outcome)
-    running: int = 0  # in flight, on any host
-    values: tuple[float, ...] = ()  # COMPLETE values in trial order (patience)
-    first_start: dt.datetime | None = None  # the first trial's start (seconds budget)
-
-
-def _counts(t: FrozenTrial) -> bool:
-    """Whether a trial counts against the budget: in flight or measured (a released trial,
-    FAIL without an outcome, does not)."""
-    if t.state == TrialState.RUNNING or t.state == TrialState.COMPLETE:
-        return True
-    return t.state == TrialState.FAIL and OUTCOME_ATTR in t.system_attrs
-
-
-def _tally(trials: Sequence[FrozenTrial]) -> _Tally:
-    out = _Tally()
-    values = []
-    for t in trials:
-        if t.state == TrialState.RUNNING:
-            out.running += 1
-        elif _counts(t):
-            out.measured += 1
-            if t.state == TrialState.COMPLETE and t.value is not None:
-                values.append(t.value)
-        if _counts(t) and t.datetime_start is not None and (
-            out.first_start is None or t.datetime_start < out.first_start
-        ):
-            out.first_start = t.datetime_start
-    out.values = tuple(values)
-    return out
-
-
-def _stagnated(values: Sequence[float], patience: int) -> bool:
-    """The last ``patience`` measured configs all failed to beat the best (tuner._stagnated)."""
-    if len(values) <= patience:
-        return False
-    best_at = min(range(len(values)), key=values.__getitem__)
-    return len(values) - 1 - best_at >= patience
 
 
 @dataclasses.dataclass(eq=False)
@@ -101,12 +56,12 @@ class _Run:
     done_before: int
     in_flight: dict[Future[TrialResult], tuple[optuna.trial.Trial, Config, float]] = (
         dataclasses.field(default_factory=dict))
-    tally: _Tally = dataclasses.field(default_factory=_Tally)
     measured_now: int = 0
     stop_reason: str = ""
     full: bool = False  # no room now: look again after POLL_S, or when a result arrives
     looked_at: float = 0.0
     traced: bool = False  # its traces were submitted
+    unread_results: int = 0  # results stored since the study was last read
     finished: bool = False
     side: dict[Future[Any], tuple[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -114,20 +69,25 @@ class _Run:
     def problem(self) -> Any:
         return self.spec.problem
 
+    @property
+    def tally(self) -> TrialIndex:
+        """The study's trials over every process (the sampler's index)."""
+        return self.sampler.index
+
     def need(self) -> tuple[int, int, int]:
         """Lower first: fewest in flight over all hosts, then fewest measured, then job order."""
         return (self.tally.running, self.tally.measured + self.outside, self.index)
 
     def stop_rule(self) -> str:
         """Why no more trials may be admitted, from the shared counts ("" while some may)."""
-        budget = self.spec.budget
-        measured = self.tally.measured + self.outside
+        budget, index = self.spec.budget, self.tally
+        measured = index.measured + self.unread_results + self.outside
         if budget.trials is not None and measured >= budget.trials:
             return f"trial budget ({budget.trials}) spent"
-        if budget.patience and _stagnated(self.tally.values, budget.patience):
+        if budget.patience and index.stagnated(budget.patience):
             return f"no better config in the last {budget.patience} trials (patience)"
-        if budget.seconds is not None and self.tally.first_start is not None:
-            if _t._age_s(self.tally.first_start) >= budget.seconds:
+        if budget.seconds is not None and index.first_start is not None:
+            if _t._age_s(index.first_start) >= budget.seconds:
                 return f"time budget ({budget.seconds:g} s) spent"
         return ""
 
@@ -136,10 +96,58 @@ class _Run:
         trials = self.spec.budget.trials
         return trials is None or self.tally.running + self.tally.measured + self.outside < trials
 
-    def refresh(self) -> list[FrozenTrial]:
-        trials = self.study.get_trials(deepcopy=False)
-        self.tally = _tally(trials)
-        return trials
+    def refresh(self) -> None:
+        self.tally.refresh(self.study.get_trials(deepcopy=False))
+        self.unread_results = 0
+
+    def ask(self) -> tuple[optuna.trial.Trial, Config] | None:
+        """One admitted trial and its config; None when the shared budget or the space says
+        no (then ``full`` or ``stop_reason`` says which).
+
+        As ``tuner._ask``, with the twin check on the index: a trial that sees an earlier
+        trial holding its config steps back and asks again.
+        """
+        self.stop_reason = self.stop_rule()
+        if self.stop_reason:
+            return None
+        if not self.room():
+            self.full = True
+            return None
+        for _ in range(16):
+            try:
+                trial = _t._new_trial(self.study, self.dists)
+            except ExhaustedError:
+                trial_id = self.sampler.exhausted_trial_id
+                if trial_id is not None:
+                    _t._release(self.study, self.study._storage.get_trial_number_from_id(trial_id))
+                self.refresh()
+                if self.tally.running:
+                    self.full = True  # others' configs in flight may yet be freed
+                else:
+                    self.stop_reason = f"every valid config ({self.space.count()}) measured"
+                return None
+            config = Config(trial.params)
+            self.refresh()  # after the ask: every trial numbered before ours is visible
+            twins = [n for n in self.tally.holders(self.space.key(config)) if n != trial.number]
+            if twins:
+                _t._release(self.study, trial)
+                continue
+            if not self._admitted(trial):
+                _t._release(self.study, trial)
+                self.full = True
+                return None
+            return trial, config
+        return None
+
+    def _admitted(self, trial: optuna.trial.Trial) -> bool:
+        """The budget's exact check: fewer than ``trials`` counting trials numbered before this
+        one (Optuna numbers a study's trials one at a time, under a lock on the study)."""
+        budget = self.spec.budget
+        if self.stop_rule():
+            return False
+        if budget.trials is None:
+            return True
+        return self.outside + self.tally.counting_before(trial.number) < budget.trials
 
 
 class _Scheduler:
@@ -226,10 +234,12 @@ class _Scheduler:
             self._ask_one(min(askable, key=_Run.need))
 
     def _look_again(self) -> None:
-        """Every POLL_S per problem: close dead processes' trials, re-read the shared counts."""
+        """Closes dead processes' trials and re-reads the shared counts: every POLL_S for a
+        problem that cannot be asked now (full), every 15 x POLL_S for the others (their
+        asks read the counts anyway; a dead host's trials only hold their configs)."""
         now = time.monotonic()
         for r in self.runs:
-            if r.finished or now - r.looked_at < POLL_S:
+            if r.finished or now - r.looked_at < (POLL_S if r.full else 15 * POLL_S):
                 continue
             r.looked_at = now
             assert self.device is not None
@@ -278,18 +288,11 @@ class _Scheduler:
         study = optuna.create_study(study_name=_t.study_name(problem, device), storage=self.storage,
                                     sampler=sampler, direction="minimize", load_if_exists=True)
         _t._close_orphans(study, self.store, problem, device)
-        trials = study.get_trials(deepcopy=False)
-        in_study = set()
-        for t in trials:
-            if t.state != TrialState.RUNNING and _counts(t):
-                try:
-                    in_study.add(space.key(t.params))
-                except KeyError:
-                    continue
-        outside = 0
+        sampler.index.refresh(study.get_trials(deepcopy=False))
+        outside = 0  # results stored that no measured trial of the study holds (imports)
         for row in rows:
             try:
-                outside += space.key(row.config) not in in_study
+                outside += not sampler.index.measured_by_study(space.key(row.config))
             except KeyError:
                 outside += 1
         best_us = min((r.median_us for r in rows if r.median_us is not None and r.status == "ok"),
@@ -297,7 +300,6 @@ class _Scheduler:
         run = _Run(index=index, spec=spec, kernel=kernel, space=space, sampler=sampler, study=study,
                    dists=distributions(space), outside=outside, best_us=best_us,
                    done_before=len(rows), looked_at=time.monotonic())
-        run.tally = _tally(trials)
         run.full = not run.room()
         self.runs.append(run)
         self.emit(_t.Event("start", problem, len(rows), budget.trials, best_us))
@@ -308,44 +310,18 @@ class _Scheduler:
 
     def _ask_one(self, r: _Run) -> None:
         """Asks ``r`` for one config and submits it, if the shared budget admits it."""
-        r.stop_reason = r.stop_rule()
-        if r.stop_reason:
-            return
-        if not r.room():
-            r.full = True
-            return
-        try:
-            asked = _t._ask(r.study, r.dists, r.space)
-        except ExhaustedError:  # pragma: no cover - _ask turns it into None
-            asked = None
-        trials = r.refresh()  # after the ask: every trial numbered before ours is visible
+        asked = r.ask()
         if asked is None:
-            if r.tally.running:
-                r.full = True  # others' configs in flight may yet be freed
-            else:
-                r.stop_reason = f"every valid config ({r.space.count()}) measured"
             return
         trial, config = asked
-        if not self._admitted(r, trial, trials):
-            _t._release(r.study, trial)
-            r.full = True
-            return
         _t._heartbeat(r.study, [trial])
         future = self.engine.submit(r.problem.kernel, r.problem, config)
         r.in_flight[future] = (trial, config, time.time())
 
-    def _admitted(self, r: _Run, trial: optuna.trial.Trial, trials: Sequence[FrozenTrial]) -> bool:
-        """The budget's exact check: fewer than ``trials`` counting trials numbered before this
-        one (Optuna numbers a study's trials one at a time, under a lock on the study)."""
-        budget = r.spec.budget
-        if budget.trials is None:
-            return not r.stop_rule()
-        before = sum(1 for t in trials if t.number < trial.number and _counts(t))
-        return r.outside + before < budget.trials and not r.stop_rule()
-
     def _collect(self, r: _Run, done: set[Future[Any]]) -> None:
         assert self.device is not None
-        for future in [f for f in r.in_flight if f in done]:
+        finished = [f for f in r.in_flight if f in done]
+        for future in finished:
             trial, config, started = r.in_flight.pop(future)
             result = future.result()
             recorded = self.store.record_trial(
@@ -355,17 +331,15 @@ class _Scheduler:
             )
             _t._tell(r.study, trial, result, duplicate=recorded.duplicate)
             r.measured_now += 0 if recorded.duplicate else 1
-            # The shared counts, updated for our own result until the next read.
-            r.tally.running = max(0, r.tally.running - 1)
-            r.tally.measured += 1
-            if result.ok and not recorded.duplicate:
-                r.tally.values = (*r.tally.values, result.median_us)
             if result.ok and (r.best_us is None or result.median_us < r.best_us):
                 r.best_us = result.median_us
             r.full = False  # the counts changed: look again before the next ask
             self.emit(_t.Event("trial", r.problem, r.done_before + r.measured_now,
                                r.spec.budget.trials, r.best_us,
                                message=f"{result.outcome.value} {config.to_json()}"))
+        # Counted until the next read of the study (which the next ask makes): so a problem
+        # whose budget our own results just completed is not asked again.
+        r.unread_results += len(finished)
         for future in [f for f in r.side if f in done]:
             kind, what = r.side.pop(future)
             if kind == "baseline":

@@ -470,6 +470,9 @@ def _new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
     trial = optuna.trial.Trial(
         study, study._storage.create_new_trial(study._study_id, template_trial=template)
     )
+    # Its first heartbeat before its params: a trial of a process killed before it (it has no
+    # params) is closed by _close_orphans after GRACE_S; one killed after it goes stale.
+    _heartbeat(study, [trial])
     for name, distribution in dists.items():
         trial._suggest(name, distribution)
     return trial
@@ -508,7 +511,8 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *
 def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo) -> None:
     """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
     of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
-    owner (it died inside ``study.ask``) that started GRACE_S ago.
+    owner, or without params (it died inside ``study.ask``, before the first heartbeat), that
+    started GRACE_S ago.
 
     A trial whose result reached the store is told from the store; one whose did not is
     released (its config was not measured, so it is free again).
@@ -521,7 +525,7 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
         owner_host, _, pid = owner.rpartition(":")
         if t._trial_id in stale:
             pass
-        elif not owner:
+        elif not owner or (not t.params and owner_host != host):
             if _age_s(t.datetime_start) < GRACE_S:
                 continue  # its owner may still be inside study.ask
         elif owner_host != host or not pid.isdigit() or _alive(int(pid)):
@@ -535,11 +539,14 @@ def _close_orphans(study: optuna.Study, store: Any, problem: Problem, device: De
         if row is None:
             _release(study, t.number)
         else:
-            study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, row.status)
-            if row.status == Outcome.OK.value and row.median_us is not None:
-                study.tell(t.number, row.median_us)
-            else:
-                study.tell(t.number, state=TrialState.FAIL)
+            try:
+                study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, row.status)
+                if row.status == Outcome.OK.value and row.median_us is not None:
+                    study.tell(t.number, row.median_us)
+                else:
+                    study.tell(t.number, state=TrialState.FAIL)
+            except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                pass  # another process closed it meanwhile, from the same stored row
     if stale:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

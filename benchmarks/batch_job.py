@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's autotune and benchmarks.sim_kernels
 
 from autotune.jobs import Budget, load_job  # noqa: E402
+from autotune.problem import Config  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,7 +97,11 @@ def _busy_s(timeline: list[Any]) -> float:
 
 
 def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> dict[str, Any]:
+    import optuna
+
     from autotune.engine import Engine
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     from autotune.storage import Store
     from autotune.tuner import run_job
 
@@ -134,7 +139,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
             "baseline": r.baseline_name, "baseline_us": r.baseline_us, "speedup": r.speedup,
             "stop": r.stop_reason,
         })
-    digests = [(row.problem.digest(), json.dumps(row.config, sort_keys=True)) for row in rows]
+    digests = [(row.problem.digest(), Config(row.config).digest()) for row in rows]
     return {
         "mode": "sequential" if sequential else "scheduled",
         "device": args.device,

@@ -41,6 +41,7 @@ import sqlalchemy as sa  # noqa: E402
 
 from autotune import tuner  # noqa: E402
 from autotune.jobs import Budget, Job, ProblemSpec  # noqa: E402
+from autotune.problem import Config  # noqa: E402
 from autotune.storage import Store  # noqa: E402
 from autotune.trial import DeviceInfo, TrialResult  # noqa: E402
 from benchmarks.sim_kernels import QUICK  # noqa: E402
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
             raise SystemExit(f"a runner failed: {errors[0]!r}")
         rows = store.trials()
         per_problem = collections.Counter(r.problem for r in rows)
-        keys = collections.Counter((r.problem, json.dumps(r.config, sort_keys=True)) for r in rows)
+        keys = collections.Counter((r.problem, Config(r.config).digest()) for r in rows)
         store.close()
         n = len(rows)
         transactions = counts.get("begin", 0)

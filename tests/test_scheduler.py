@@ -21,16 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import pytest
 from optuna.trial import TrialState
 
 from autotune.jobs import Budget, Job, ProblemSpec
-from autotune.storage import Store
 from autotune.problem import Config
+from autotune.storage import Store
 from autotune.trial import TrialResult
 from autotune.tuner import run_job
 from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
-from tests.test_faults import REPO, stored, stop_group
+from tests.test_faults import REPO, stop_group, stored
 from tests.test_tuner import PROBLEM, TOY, FakeEngine
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -126,7 +125,7 @@ def test_a_runner_killed_half_way_the_job_still_finishes_exactly(db_url, tmp_pat
     job is stored; the others notice (its pid is dead / its heartbeat stops), re-run its trials,
     and the job stores exactly its budget, no config twice."""
     job = JobFile(tmp_path, db_url)
-    grace = ("--grace-s", "3")
+    grace = ("--grace-s", "8")  # a heartbeat every 1.3 s: a loaded machine's stalls are shorter
     victim = job.start("--hostname", "other-host", *grace)
     others = [job.start(*grace) for _ in range(3)]
     try:
@@ -281,3 +280,54 @@ def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path):
     with Store(url) as store:
         rows = store.trials(PROBLEM)
     assert len(rows) == 12 and len({Config(r.config).digest() for r in rows}) == 12
+
+
+# --------------------------------------------------------------------------- autotune status
+
+
+def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys):
+    """`autotune status JOB --json` (and the table): per problem the trials stored, those in
+    flight on live hosts, the budget, the best so far and a state; the hosts whose heartbeat is
+    live; a problem not started yet says so."""
+    import json
+
+    from autotune import tuner
+    from autotune.cli import main
+    from autotune.sampling import distributions
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    done_problem = TOY.problem({"m": 1024, "n": 1024}, "bf16")
+    with Store(url) as store:
+        run_job(Job("t", (ProblemSpec(done_problem, Budget(trials=6), sampler="random"),)),
+                store=store, engine=FakeEngine())
+    study = optuna.load_study(study_name=tuner.study_name(done_problem, FakeEngine().device_info()),
+                              storage=tuner._optuna_storage(url))
+    live = study.ask(distributions(TOY.valid_space(done_problem)))
+    live.set_user_attr(tuner.WORKER_ATTR, "host-x:42")
+    study._storage.record_heartbeat(live._trial_id)
+    job = tmp_path / "job.toml"
+    job.write_text('[defaults]\nsampler = "random"\n[[problem]]\nkernel = "tuner_toy"\n'
+                   'dtype = "bf16"\nshapes = [{ m = 1024, n = 1024 }, { m = 512, n = 512 }]\n'
+                   'trials = 6\n')
+    assert main(["status", str(job), "--db", url, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    first, second = status["problems"]
+    assert (first["done"], first["in_flight"], first["budget"], first["state"]) == (6, 1, 6, "done")
+    assert first["device"] == "fake-gpu" and first["best_us"] is not None
+    assert (second["done"], second["in_flight"], second["state"]) == (0, 0, "not started")
+    assert status["hosts"] == [{"host": "host-x", "in_flight": 1}]
+    assert main(["status", str(job), "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert "host-x (1 in flight)" in text and "6/6" in text and "not started" in text
+
+
+def test_status_of_a_missing_database_is_a_clear_error(tmp_path, capsys):
+    """`autotune status` on a database file that does not exist: exit 2 naming the path, and
+    no file created."""
+    from autotune.cli import main
+
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "tuner_toy"\ndtype = "bf16"\nshape = { m = 1024, n = 1024 }\n')
+    missing = tmp_path / "nothing.db"
+    assert main(["status", str(job), "--db", f"sqlite:///{missing}"]) == 2
+    assert str(missing) in capsys.readouterr().err and not missing.exists()
