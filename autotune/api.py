@@ -44,8 +44,12 @@ def open_engine(
     iterations: int | None = None,
     trial_timeout_s: float | None = None,
     log_dir: str | None = None,
+    workers_per_gpu: int | None = None,
+    compile_threads: int | None = None,
 ) -> Any:
-    """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``."""
+    """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``.
+    ``workers_per_gpu`` and ``compile_threads`` default to the machine's cores and GPU memory
+    (:func:`autotune.engine._default_layout`)."""
     from autotune.engine import Engine
 
     if device not in ("auto", "gpu", "interpret"):
@@ -58,6 +62,8 @@ def open_engine(
         iterations=iterations,
         trial_timeout_s=trial_timeout_s,
         log_dir=log_dir,
+        workers_per_gpu=workers_per_gpu,
+        compile_threads=compile_threads,
     )
 
 

@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--sampler", help="override the sampler (tpe, random, cmaes, gp, qmc, brute)")
     t.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
     t.add_argument("--gpus", help="'all' or a list like 0,1 (one measuring worker per GPU)")
+    t.add_argument("--workers-per-gpu", type=int, metavar="N",
+                   help="compiling worker processes per GPU (default: from the cores and GPU memory)")
+    t.add_argument("--compile-threads", type=int, metavar="N",
+                   help="compile threads per worker (default: from the cores)")
     t.add_argument("--results-dir", default="results", help="where traces and reports go")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
 
@@ -223,6 +227,11 @@ def _tune(args: argparse.Namespace) -> int:
             budget = dataclasses.replace(budget, patience=args.patience or None)
         specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
     job = dataclasses.replace(job, problems=tuple(specs))
+    for flag, value in (("--workers-per-gpu", args.workers_per_gpu),
+                        ("--compile-threads", args.compile_threads)):
+        if value is not None and not 1 <= value <= 256:
+            raise JobError(f"{flag} must be a whole number from 1 to 256, got {value}; leave it "
+                           "out to size it from the machine.")
     gpus = _parse_gpus(args.gpus)
     store = Store(args.db)
     progress = _Progress()
@@ -231,7 +240,10 @@ def _tune(args: argparse.Namespace) -> int:
         # One folder per process: runners started in the same second on one host (a job shared
         # by several processes) must not write each other's worker logs.
         log_dir = str(Path(args.results_dir) / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir) as engine:
+        layout = {k: v for k, v in (("workers_per_gpu", args.workers_per_gpu),
+                                    ("compile_threads", args.compile_threads)) if v is not None}
+        with open_engine(args.device, gpus=gpus, allow_import=args.allow_import, log_dir=log_dir,
+                         **layout) as engine:
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)
     finally:

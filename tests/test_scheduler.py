@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autotune.jobs import Budget, Job, ProblemSpec
@@ -331,3 +332,41 @@ def test_status_of_a_missing_database_is_a_clear_error(tmp_path, capsys):
     missing = tmp_path / "nothing.db"
     assert main(["status", str(job), "--db", f"sqlite:///{missing}"]) == 2
     assert str(missing) in capsys.readouterr().err and not missing.exists()
+
+
+# --------------------------------------------------------------------------- launch recipes
+
+RECIPES = REPO / "examples" / "scale_out"
+
+
+def _recipe_commands() -> dict[str, list[str]]:
+    """The `python3 -m autotune ...` command of each launch recipe, as its scheduler runs it."""
+    yaml = pytest.importorskip("yaml")
+    script = (RECIPES / "slurm_array.sh").read_text()
+    line = script[script.index("srun "):].replace("\\\n", " ").splitlines()[0]
+    line = line.replace('"$DB"', "postgresql://autotune@db.cluster.internal:5432/autotune")
+    line = line.replace("${SLURM_ARRAY_TASK_ID}", "3").replace('"', "")
+    manifest = yaml.safe_load((RECIPES / "k8s_indexed_job.yaml").read_text())
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    return {"slurm": line.split()[1:], "k8s": list(container["command"])}
+
+
+def test_launch_recipes_run_autotune_tune_with_the_password_off_the_command_line():
+    """docs/scale-out.md's Slurm array script and Kubernetes Indexed Job start `autotune tune
+    JOB --db postgresql://...` with arguments the CLI accepts, and no password on the command
+    line (the Job takes it from a Secret through PGPASSWORD; Slurm from PGPASSFILE)."""
+    import sqlalchemy as sa
+
+    from autotune.cli import _parser
+
+    subprocess.run(["bash", "-n", str(RECIPES / "slurm_array.sh")], check=True)
+    for name, argv in _recipe_commands().items():
+        assert argv[:3] == ["python3", "-m", "autotune"], name
+        args = _parser().parse_args(argv[3:])
+        assert args.command == "tune" and args.gpus == "all", name
+        url = sa.make_url(args.db)
+        assert url.get_backend_name() == "postgresql" and url.password is None, name
+    doc = (REPO / "docs" / "scale-out.md").read_text()
+    assert (RECIPES / "k8s_indexed_job.yaml").read_text().split("apiVersion:", 1)[1] in doc
+    assert "PGPASSWORD" in (RECIPES / "k8s_indexed_job.yaml").read_text()
+    assert "PGPASSFILE" in (RECIPES / "slurm_array.sh").read_text()
