@@ -175,6 +175,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
         if mode not in ("base", "brute", "uniform"):
             raise ValueError(f"mode must be 'base', 'brute' or 'uniform', got {mode!r}.")
         self._mode = mode
+        self._seed = seed
         self._rng = random.Random(seed)
         self._seeds = [Config(s) for s in seeds]
         self._taken_extra = taken or (lambda: ())
@@ -184,6 +185,14 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
         self.proposed = 0
         self._brute_pos = 0
+
+    def diverge(self, salt: str) -> None:
+        """Makes this sampler's draws differ from those of other processes that share its seed
+        (hosts running one job file propose the same configs in the same order, and every
+        such collision costs both an ask). Called on a collision with another process's
+        trial, so a process alone keeps its seeded sequence."""
+        self._rng = random.Random(f"{self._seed}:{salt}")
+        self._base.reseed_rng()
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 

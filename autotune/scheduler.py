@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 # How often a process looks again at problems it cannot ask (full: their budget is admitted but
 # other processes are still measuring; or exhausted) and closes the trials of dead processes.
 POLL_S = 2.0
+MAX_POLL_S = 30.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -62,6 +64,8 @@ class _Run:
     looked_at: float = 0.0
     traced: bool = False  # its traces were submitted
     unread_results: int = 0  # results stored since the study was last read
+    poll_s: float = POLL_S  # how long until a full problem is looked at again
+    orphans_at: float = 0.0  # when dead processes' trials were last looked for
     finished: bool = False
     side: dict[Future[Any], tuple[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -131,6 +135,7 @@ class _Run:
             twins = [n for n in self.tally.holders(self.space.key(config)) if n != trial.number]
             if twins:
                 _t._release(self.study, trial)
+                self.sampler.diverge(f"{_t._worker_id()}:{trial.number}")
                 continue
             if not self._admitted(trial):
                 _t._release(self.study, trial)
@@ -234,18 +239,29 @@ class _Scheduler:
             self._ask_one(min(askable, key=_Run.need))
 
     def _look_again(self) -> None:
-        """Closes dead processes' trials and re-reads the shared counts: every POLL_S for a
-        problem that cannot be asked now (full), every 15 x POLL_S for the others (their
-        asks read the counts anyway; a dead host's trials only hold their configs)."""
+        """Closes dead processes' trials and re-reads the shared counts of a problem that
+        cannot be asked now (full): after POLL_S, then backing off (x2, up to MAX_POLL_S) while
+        nothing changes, so that many hosts waiting on a job's last trials do not load the
+        database. Other problems every MAX_POLL_S (their asks read the counts anyway; a dead
+        host's trials only hold their configs)."""
         now = time.monotonic()
         for r in self.runs:
-            if r.finished or now - r.looked_at < (POLL_S if r.full else 15 * POLL_S):
+            if r.finished or now - r.looked_at < (r.poll_s if r.full else MAX_POLL_S):
                 continue
             r.looked_at = now
             assert self.device is not None
-            _t._close_orphans(r.study, self.store, r.problem, self.device)
+            before = (r.tally.measured, r.tally.running)
             r.refresh()
+            # Another host's trial goes stale only GRACE_S after its last heartbeat: asking the
+            # database for stale trials more often than every GRACE_S / 4 finds nothing new.
+            # A dead process of this host is seen at once (its pid is gone).
+            if now - r.orphans_at >= _t.GRACE_S / 4 or _dead_here(r.tally.live):
+                r.orphans_at = now
+                _t._close_orphans(r.study, self.store, r.problem, self.device)
+                r.refresh()
             r.full = not r.room()
+            changed = (r.tally.measured, r.tally.running) != before
+            r.poll_s = POLL_S if changed or not r.full else min(MAX_POLL_S, 2 * r.poll_s)
 
     @property
     def software(self) -> dict[str, str]:
@@ -419,6 +435,16 @@ class _Scheduler:
             out_dir.mkdir(parents=True, exist_ok=True)
             future = submit(problem.kernel, problem, config, str(out_dir), _t.TRACE_PROFILE_SPACE)
             r.side[future] = ("trace", (row.id, str(out_dir)))
+
+
+def _dead_here(trials: Sequence[FrozenTrial]) -> bool:
+    """Whether one of ``trials`` belongs to a process of this host that is gone."""
+    host = socket.gethostname()
+    for t in trials:
+        owner_host, _, pid = str(t.user_attrs.get(_t.WORKER_ATTR, "")).rpartition(":")
+        if owner_host == host and pid.isdigit() and not _t._alive(int(pid)):
+            return True
+    return False
 
 
 def _beat_s() -> float:

@@ -15,7 +15,14 @@ Printed per runner count: wall time, trials stored, trials/s, and the database r
 trial, counted with SQLAlchemy's events over every connection: statements executed, and
 transactions begun and committed (each a round trip with psycopg). The runners share one
 connection pool (at most 30 connections) where real hosts would hold about 2 each; the rows
-say how many connections were open at most.
+say how many connections were open at most. ``server ms/trial``: the CPU time the server's
+backends of the run used (read from /proc, so for a server on this machine), per trial: one
+server core sustains about 1000 / that trials per second, whatever the clients' speed.
+
+Hosts that wait (their problems' budgets are all handed out) poll the database, backing off
+to every 30 s; with configs of a few ms, as here, that polling is a large share of the
+statements. Real configs take about a second, so the per-trial figure of one runner is the
+one to scale by.
 
 The PostgreSQL schema is new for each run and dropped afterwards.
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 import threading
 import time
@@ -44,6 +52,7 @@ from autotune.jobs import Budget, Job, ProblemSpec  # noqa: E402
 from autotune.problem import Config  # noqa: E402
 from autotune.storage import Store  # noqa: E402
 from autotune.trial import DeviceInfo, TrialResult  # noqa: E402
+from autotune.trial_index import OUTCOME_ATTR  # noqa: E402
 from benchmarks.sim_kernels import QUICK  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -116,14 +125,34 @@ class Counter:
 
 
 def _schema(url: str) -> tuple[str, str]:
-    """A new schema on the server and the URL that uses it."""
+    """A new schema on the server and the URL that uses it (its connections are named after
+    it: ``application_name``)."""
     schema = f"scale_{uuid.uuid4().hex[:12]}"
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     with engine.begin() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     engine.dispose()
     sep = "&" if "?" in url else "?"
-    return schema, f"{url}{sep}options=-csearch_path%3D{schema}"
+    return schema, f"{url}{sep}options=-csearch_path%3D{schema}&application_name={schema}"
+
+
+def _server_cpu_s(url: str, schema: str) -> float | None:
+    """CPU seconds the server's backends of this run have used, read from /proc (a server on
+    this machine only; None elsewhere)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        pids = [r[0] for r in conn.execute(
+            sa.text("SELECT pid FROM pg_stat_activity WHERE application_name = :a"), {"a": schema})]
+    engine.dispose()
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+    return total if pids else None
 
 
 def _drop(url: str, schema: str) -> None:
@@ -163,11 +192,19 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
         wall = time.perf_counter() - t0
         tuner._optuna_storage = real
         counts = dict(counter.counts)
+        server_s = _server_cpu_s(args.db, schema)  # before the pools close their connections
+        released = 0  # trials asked and let go unmeasured (twins, or over the budget)
+        for name in optuna.get_all_study_names(storage=storage):
+            released += sum(1 for t in optuna.load_study(study_name=name, storage=storage)
+                            .get_trials(deepcopy=False)
+                            if t.state == optuna.trial.TrialState.FAIL
+                            and OUTCOME_ATTR not in t.system_attrs)
         if errors:
             raise SystemExit(f"a runner failed: {errors[0]!r}")
         rows = store.trials()
         per_problem = collections.Counter(r.problem for r in rows)
         keys = collections.Counter((r.problem, Config(r.config).digest()) for r in rows)
+        storage.engine.dispose()
         store.close()
         n = len(rows)
         transactions = counts.get("begin", 0)
@@ -184,9 +221,15 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
             "round_trips_per_trial": (counts.get("statement", 0) + transactions
                                       + counts.get("commit", 0)) / n,
             "max_connections_open": counter.max_open,
+            "server_cpu_ms_per_trial": None if server_s is None else 1000 * server_s / n,
+            "released_per_trial": released / n,
         }
     finally:
         _drop(args.db, schema)
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print(f"{'runners':>7} {'trials':>6} {'wall s':>7} {'trials/s':>8} {'exact':>5} {'twice':>5} "
           f"{'stmts/trial':>11} {'SELECT':>6} {'writes':>6} {'txns':>5} {'round trips':>11} "
-          f"{'conns':>5}")
+          f"{'conns':>5} {'server ms/trial':>15} {'released':>8}")
     for n in [int(x) for x in args.runners.split(",")]:
         m = run(args, n, counter)
         results.append(m)
@@ -213,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{'yes' if m['exact_budget'] else 'NO':>5} {m['measured_twice']:>5} "
               f"{m['statements_per_trial']:>11.1f} {m['select_per_trial']:>6.1f} "
               f"{m['write_per_trial']:>6.1f} {m['transactions_per_trial']:>5.1f} "
-              f"{m['round_trips_per_trial']:>11.1f} {m['max_connections_open']:>5}", flush=True)
+              f"{m['round_trips_per_trial']:>11.1f} {m['max_connections_open']:>5} "
+              f"{_fmt(m['server_cpu_ms_per_trial']):>15} {m['released_per_trial']:>8.2f}",
+              flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     return 0
