@@ -16,12 +16,13 @@ import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from autotune import tuner as _t
 from autotune._paths import safe_path
