@@ -14,6 +14,7 @@ proposed first, when valid and untaken.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -35,6 +36,11 @@ __all__ = ["ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "make_sampler", "v
 logger = logging.getLogger(__name__)
 
 SAMPLERS = ("auto", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+# Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
+# trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
+# MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so
+# a proposal costs about the same at 10,000 trials as at MODEL_TRIALS (issue 16).
+MODEL_TRIALS = 200
 # The share of local moves (around the best so far) in the "auto" sampler's proposals; chosen
 # by the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
 # section 3).
@@ -172,6 +178,11 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self._local_credit = 0.0
         self._space = space
         self._base = base or make_sampler("tpe")
+        self._base_template = copy.deepcopy(self._base)  # unused yet: a model study's sampler
+        self._model: optuna.Study | None = None
+        self._model_base: optuna.samplers.BaseSampler | None = None
+        self._model_cursor = 0
+        self._model_size = 0
         if mode not in ("base", "brute", "uniform"):
             raise ValueError(f"mode must be 'base', 'brute' or 'uniform', got {mode!r}.")
         self._mode = mode
@@ -331,8 +342,42 @@ class ValidSampler(optuna.samplers.BaseSampler):
         free = [t for t in space.valid_tuples() if t not in taken]
         return space._config(self._rng.choice(free)) if free else None
 
+    def _model_study(self) -> tuple[optuna.Study, optuna.samplers.BaseSampler]:
+        """The model study (see :data:`MODEL_TRIALS`) and its own base sampler."""
+        index = self.index
+        if self._model is None or self._model_size >= 2 * MODEL_TRIALS:
+            window = index.window(MODEL_TRIALS // 2, MODEL_TRIALS // 2)
+            self._model_base = copy.deepcopy(self._base_template)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self._model = optuna.create_study(direction="minimize", sampler=self._model_base)
+                self._model.add_trials(window)
+            self._model_size = len(window)
+        else:
+            for t in index.complete_log[self._model_cursor:]:
+                self._model.add_trial(t)
+                self._model_size += 1
+        self._model_cursor = len(index.complete_log)
+        assert self._model_base is not None
+        return self._model, self._model_base
+
     def _base_proposal(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        base = self._base
+        if self.index.measured > MODEL_TRIALS and self._mode == "base":
+            model, base = self._model_study()
+            # The proposal is made for a trial of the model study (the base may write to it),
+            # closed right after; it counts towards the model's size.
+            model.ask()
+            (stand_in,) = model.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            try:
+                return self._propose(base, model, stand_in)
+            finally:
+                model.tell(stand_in.number, state=TrialState.FAIL)
+                self._model_size += 1
+        return self._propose(self._base, study, trial)
+
+    def _propose(
+        self, base: optuna.samplers.BaseSampler, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, Any]:
         relative_space = base.infer_relative_search_space(study, trial)
         relative_space = {k: v for k, v in relative_space.items() if k in self._dists}
         proposal: dict[str, Any] = {}

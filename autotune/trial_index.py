@@ -46,6 +46,8 @@ class TrialIndex:
         self._min: tuple[float, int] | None = None  # (value, number) of the best COMPLETE
         self.first_start: dt.datetime | None = None
         self.live: list[FrozenTrial] = []  # RUNNING trials at the last refresh
+        self.complete_log: list[FrozenTrial] = []  # COMPLETE trials, in the order indexed
+        self._complete: dict[int, FrozenTrial] = {}
         self._live_keys: dict[tuple[Any, ...], list[int]] = {}
 
     def _key(self, params: Any) -> tuple[Any, ...] | None:
@@ -95,6 +97,8 @@ class TrialIndex:
                 self._holders.setdefault(key, []).append(number)
             if state == TrialState.COMPLETE and t.value is not None:
                 bisect.insort(self._values, (number, t.value))
+                self.complete_log.append(t)
+                self._complete[number] = t
                 if self._min is None or (t.value, number) < self._min:
                     self._min = (t.value, number)
                 if key is not None:
@@ -146,6 +150,12 @@ class TrialIndex:
     def values(self) -> list[float]:
         """Values of the COMPLETE trials, in trial order."""
         return [v for _n, v in self._values]
+
+    def window(self, best: int, latest: int) -> list[FrozenTrial]:
+        """The ``best`` best and the ``latest`` latest COMPLETE trials, in trial order."""
+        numbers = {n for _v, n, _k in self._best[:best]}
+        numbers.update(n for n, _v in self._values[-latest:] if latest)
+        return [self._complete[n] for n in sorted(numbers)]
 
     def best_keys(self, n: int) -> list[tuple[Any, ...]]:
         """Keys of the ``n`` best COMPLETE trials, best first."""
