@@ -14,7 +14,7 @@ stored (the shared budget), none twice.
 Printed per runner count: wall time, trials stored, trials/s, and the database round trips per
 trial, counted with SQLAlchemy's events over every connection: statements executed, and
 transactions begun and committed (each a round trip with psycopg). The runners share one
-connection pool (at most 30 connections) where real hosts would hold about 2 each; the rows
+connection pool (at most 45 connections: 30 for Optuna, 15 for the store) where real hosts would hold about 2 each; the rows
 say how many connections were open at most. ``server ms/trial``: the CPU time the server's
 backends of the run used (read from /proc, so for a server on this machine), per trial: one
 server core sustains about 1000 / that trials per second, whatever the clients' speed.
@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,14 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
                         sampler=args.sampler, seed=i, trace_top_k=0)
             for i in range(args.problems)))
         store = Store(url)  # creates the schema once, before the clock
-        storage = tuner._optuna_storage(store.url)
+        # One Optuna storage for every runner thread, as tuner._optuna_storage makes it, with a
+        # pool large enough for 64 threads on a small machine (they wait for the GIL, not PG).
+        with warnings.catch_warnings():  # heartbeat_interval is "experimental" since 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(
+                store.url, engine_kwargs={"pool_size": 30, "max_overflow": 0,
+                                          "pool_timeout": 600, "pool_pre_ping": True},
+                heartbeat_interval=tuner.HEARTBEAT_S, grace_period=tuner.GRACE_S)
         real = tuner._optuna_storage
         tuner._optuna_storage = lambda _url: storage  # one pool for every runner thread
         errors: list[BaseException] = []
