@@ -45,9 +45,13 @@ def open_engine(
     trial_timeout_s: float | None = None,
     log_dir: str | None = None,
     cache: str | None = None,
+    workers_per_gpu: int | None = None,
+    compile_threads: int | None = None,
 ) -> Any:
     """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``;
-    ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode)."""
+    ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode).
+    ``workers_per_gpu`` and ``compile_threads`` default to the machine's cores and GPU memory
+    (:func:`autotune.engine._default_layout`)."""
     from autotune.engine import Engine
 
     if device not in ("auto", "gpu", "interpret"):
@@ -61,6 +65,8 @@ def open_engine(
         trial_timeout_s=trial_timeout_s,
         log_dir=log_dir,
         cache=cache,
+        workers_per_gpu=workers_per_gpu,
+        compile_threads=compile_threads,
     )
 
 

@@ -5,6 +5,8 @@
     autotune spaces [KERNEL --shape k=v,... --dtype D [--sample N]] [--json]
     autotune tune JOB.toml [--trials N] [--time-budget S] [--patience N] [--effort quick|full]
                            [--sampler NAME] [--device auto|gpu|interpret] [--dry-run] [--jsonl]
+                           [--workers-per-gpu N] [--compile-threads N]
+    autotune status JOB.toml [--json]
     autotune best KERNEL --shape k=v,... --dtype D [--device NAME] [--json]
     autotune results [--kernel K] [--dtype D] [--device NAME] [--json]
     autotune check KERNEL --shape k=v,... --dtype D [--sample N] [--allow-import] [--json]
@@ -169,6 +171,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="L2 between timed runs: cold (flushed; default on a GPU) or warm; "
                         "overrides the job's `cache`")
     t.add_argument("--gpus", help="'all' or a list like 0,1 (one measuring worker per GPU)")
+    t.add_argument("--workers-per-gpu", type=int, metavar="N",
+                   help="compiling worker processes per GPU (default: from the cores and GPU memory)")
+    t.add_argument("--compile-threads", type=int, metavar="N",
+                   help="compile threads per worker (default: from the cores)")
     t.add_argument("--results-dir", default="results", help="where traces and worker logs go (default: results)")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
     t.add_argument("--dry-run", action="store_true",
@@ -176,6 +182,12 @@ def _parser() -> argparse.ArgumentParser:
                         "estimated time; measure nothing")
     t.add_argument("--jsonl", action="store_true", help="progress as JSON lines on stdout, for machines")
     _globals(t, db=True)
+
+    st = sub.add_parser("status", help="where a job stands: per problem done / in flight / budget, live hosts")
+    st.add_argument("job")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
+    _globals(st, db=True)
 
     b = sub.add_parser("best", help="the best stored config of a problem")
     b.add_argument("kernel")
@@ -278,7 +290,7 @@ def _main(argv: Sequence[str] | None) -> int:
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
     # The CLI names the database itself (_say_db); the API's warning would say it twice.
     warnings.simplefilter("ignore", MissingDatabaseWarning)
-    handler = {"spaces": _spaces, "tune": _tune, "best": _best, "results": _results, "check": _check,
+    handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
                "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
     from autotune.interrupts import Interrupted, handling
 
@@ -423,6 +435,11 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
             budget = dataclasses.replace(budget, patience=patience or None)
         specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
     cache = job.cache if args.cache is None else (None if args.cache == "auto" else args.cache)
+    for flag, value in (("--workers-per-gpu", args.workers_per_gpu),
+                        ("--compile-threads", args.compile_threads)):
+        if value is not None and not 1 <= value <= 256:
+            raise JobError(f"{flag} must be a whole number from 1 to 256, got {value}; leave it "
+                           "out to size it from the machine.")
     return dataclasses.replace(job, problems=tuple(specs), cache=cache)
 
 
@@ -446,9 +463,13 @@ def _tune(args: argparse.Namespace) -> int:
     progress = make_progress("quiet" if args.quiet else "jsonl" if args.jsonl else "auto")
     try:
         require_persistent(store)  # before the engine writes its logs under --results-dir
-        log_dir = str(Path(args.results_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S"))
+        # One folder per process: runners started in the same second on one host (a job shared
+        # by several processes) must not write each other's worker logs.
+        log_dir = str(Path(args.results_dir) / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        layout = {k: v for k, v in (("workers_per_gpu", args.workers_per_gpu),
+                                    ("compile_threads", args.compile_threads)) if v is not None}
         with progress.active(), open_engine(args.device, gpus=gpus, allow_import=args.allow_import,
-                                            log_dir=log_dir, cache=job.cache) as engine:
+                                            log_dir=log_dir, cache=job.cache, **layout) as engine:
             _on_interrupt(args.signals, engine, log_dir)
             reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
                               on_event=progress, allow_import=args.allow_import)
@@ -549,6 +570,33 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
             estimate = f"~{_duration(seconds)} ({trials} to go x {per_trial:.1f} s, median of {known} stored)"
         rows.append([str(problem), f"{space.count()} of {space.raw_count}", ", ".join(parts) or "-",
                      str(stored), estimate])
+    _table(header, rows)
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from autotune.errors import JobError
+    from autotune.jobs import load_job
+    from autotune.status import job_status
+    from autotune.storage import Store, resolve_url, sqlite_path
+
+    job = load_job(args.job, allow_import=args.allow_import)
+    path = sqlite_path(resolve_url(args.db))
+    if path is not None and not path.exists():
+        raise JobError(f"No database at {path}: nothing of job {job.name!r} has run there yet; "
+                       "give the --db the job runs with.")
+    _say_db(args)
+    with Store(args.db, read_only=True) as store:
+        status = job_status(job, store)
+    if args.json:
+        print(json.dumps(status.to_dict(), default=str))
+        return EXIT_OK
+    live = ", ".join(f"{h} ({n} in flight)" for h, n in sorted(status.hosts.items())) or "none"
+    print(f"job {status.job}: {len(job.problems)} problem(s); hosts with a live heartbeat: {live}")
+    header = ["problem", "device", "done/budget", "in flight", "best us", "state"]
+    rows = [[p.problem, p.device or "-", f"{p.done}/{p.budget if p.budget is not None else '-'}",
+             str(p.in_flight) + (f" (+{p.stale} stale)" if p.stale else ""),
+             _num(p.best_us, ".1f"), p.state] for p in status.problems]
     _table(header, rows)
     return EXIT_OK
 

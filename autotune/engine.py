@@ -132,12 +132,33 @@ _MAX_WORKERS_PER_GPU = 8
 _MAX_COMPILE_THREADS = 8
 
 
+# GPU memory a worker may need: its CUDA context (a few hundred MiB) and one config's inputs,
+# reference and outputs at a time. The default layout gives the workers of a GPU at most half
+# of its memory (the rest stays for the kernels' own buffers and the baseline's).
+WORKER_GPU_MEMORY_MIB = 4096
+
+
+def gpu_memory_mib(gpu: int | None = None) -> int | None:
+    """Total memory of GPU ``gpu`` (all visible ones: the smallest) from ``nvidia-smi``,
+    without initialising CUDA in this process; None where it cannot tell."""
+    cmd = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    if gpu is not None:
+        cmd.append(f"--id={gpu}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+        sizes = [int(float(x)) for x in out.split() if x.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(sizes) if sizes else None
+
+
 def _default_layout(
     mode: str,
     n_gpus: int,
     cores: int,
     workers_per_gpu: int | None = None,
     compile_threads: int | None = None,
+    gpu_memory_mib: int | None = None,
 ) -> tuple[int, int]:
     """``(workers_per_gpu, compile_threads)``: what is given, the rest by default.
 
@@ -156,12 +177,19 @@ def _default_layout(
     most 8 (threads are all a lone worker has); with several, ``cores // (2 x workers)``
     clamped to 1..2: one thread already overlaps a worker's next compile with its timing, and
     every extra thread is another config in flight that an adaptive sampler chose blind.
+
+    GPU memory (``gpu_memory_mib``, the smallest GPU's): the workers of a GPU get at most half
+    of it, :data:`WORKER_GPU_MEMORY_MIB` each (an H200's 141 GiB allows 17, so the cores
+    decide; a 16 GiB GPU allows 2).
     """
     if workers_per_gpu is None:
         if mode == "fake":
             workers_per_gpu = 1
         else:
             workers_per_gpu = max(1, min(_MAX_WORKERS_PER_GPU, cores // (2 * n_gpus)))
+            if gpu_memory_mib:  # a CUDA context each: half the GPU's memory at most
+                workers_per_gpu = max(1, min(
+                    workers_per_gpu, gpu_memory_mib // 2 // WORKER_GPU_MEMORY_MIB))
     if compile_threads is None:
         if workers_per_gpu == 1:
             compile_threads = max(1, min(_MAX_COMPILE_THREADS, cores // n_gpus))
@@ -588,8 +616,12 @@ class Engine:
         if compile_threads is not None and compile_threads < 1:
             raise ValueError(f"compile_threads must be >= 1, but got {compile_threads}.")
         devices: list[int | None] = list(gpus) if gpus is not None else [None]
+        memory = None
+        if mode == "gpu" and workers_per_gpu is None:
+            sizes = [gpu_memory_mib(g) for g in devices]
+            memory = min((m for m in sizes if m), default=None)
         workers_per_gpu, compile_threads = _default_layout(
-            mode, len(devices), _cpu_count(), workers_per_gpu, compile_threads
+            mode, len(devices), _cpu_count(), workers_per_gpu, compile_threads, memory
         )
         # Worker slots, GPU-major: slot i runs on devices[i // workers_per_gpu].
         slots = [gpu for gpu in devices for _ in range(workers_per_gpu)]
@@ -664,7 +696,14 @@ class Engine:
 
     def baseline(self, kernel_name: str, problem: Problem) -> TrialResult:
         """Times the kernel's baseline (XLA, cuDNN) on a worker, the way configs are timed."""
-        return self._submit("baseline", kernel_name, problem, None, {}, urgent=True).result()
+        return self.submit_baseline(kernel_name, problem).result()
+
+    def submit_baseline(
+        self, kernel_name: str, problem: Problem
+    ) -> concurrent.futures.Future[TrialResult]:
+        """:meth:`baseline` without waiting: queued ahead of the configs, so it is measured by
+        the next worker free while the others go on compiling."""
+        return self._submit("baseline", kernel_name, problem, None, {}, urgent=True)
 
     def retime(
         self,
@@ -755,15 +794,27 @@ class Engine:
         Raises:
           EngineError: the traced run crashed, timed out or failed.
         """
-        if not isinstance(config, Config):
-            config = Config(config)
-        extra = {"out_dir": str(out_dir), "profile_space": int(profile_space)}
-        result = self._submit("trace", kernel_name, problem, config, extra, urgent=True).result()
+        result = self.submit_trace(kernel_name, problem, config, out_dir, profile_space).result()
         if isinstance(result, TrialResult):
             raise EngineError(
                 f"Tracing {config} of {problem} ended {result.outcome}: {result.error}"
             )
         return result
+
+    def submit_trace(
+        self,
+        kernel_name: str,
+        problem: Problem,
+        config: Config,
+        out_dir: str | os.PathLike[str],
+        profile_space: int,
+    ) -> concurrent.futures.Future[Any]:
+        """:meth:`trace` without waiting. The future resolves to the per-region times, or to a
+        :class:`TrialResult` when the traced run failed (:meth:`trace` raises for that)."""
+        if not isinstance(config, Config):
+            config = Config(config)
+        extra = {"out_dir": str(out_dir), "profile_space": int(profile_space)}
+        return self._submit("trace", kernel_name, problem, config, extra, urgent=True)
 
     def device_info(self, timeout_s: float | None = None) -> DeviceInfo:
         """The device of the first worker to start (waits for it)."""

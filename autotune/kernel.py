@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -201,9 +202,24 @@ class Kernel:
                 f"No valid config for {problem}: [supported_dtype] {self.name} supports "
                 f"dtype {', '.join(self.dtypes)}, not {problem.dtype}.{why}"
             )
+        # Checking a job binds every problem's space and counts it (up to seconds for a large
+        # space), and tuning binds it again: the second time comes from here.
+        key = (self.name, problem, tuple(sorted(env.items())))
+        hit = _VALID_SPACES.get(key)
+        if hit is not None and hit[0] is self:
+            return hit[1]
         bound = self.bind(problem, **env)
         bound.require_nonempty()
+        with _VALID_SPACES_LOCK:
+            _VALID_SPACES[key] = (self, bound)
+            while len(_VALID_SPACES) > 256:
+                _VALID_SPACES.pop(next(iter(_VALID_SPACES)))
         return bound
+
+
+# (kernel name, problem, env) -> (kernel, its valid space): the last 256 bound.
+_VALID_SPACES: dict[tuple[Any, ...], tuple[Kernel, BoundSpace]] = {}
+_VALID_SPACES_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------

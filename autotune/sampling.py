@@ -14,6 +14,7 @@ proposed first, when valid and untaken.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -28,20 +29,24 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import JobError
 from autotune.problem import Config
 from autotune.space import BoundSpace
+from autotune.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
 __all__ = ["ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
 
 logger = logging.getLogger(__name__)
 
 SAMPLERS = ("auto", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+# Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
+# trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
+# MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so
+# a proposal costs about the same at 10,000 trials as at MODEL_TRIALS (issue 16).
+MODEL_TRIALS = 200
 # The share of local moves (around the best so far) in the "auto" sampler's proposals; chosen
 # by the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
 # section 3).
 DEFAULT_LOCAL_SHARE = 0.5
 
-# A trial's system attribute naming the measured outcome; trials without it were never measured
-# (e.g. a worker killed before its result was stored) and do not take their config.
-OUTCOME_ATTR = "autotune_outcome"
+# OUTCOME_ATTR: a trial's system attribute naming the measured outcome (autotune.trial_index).
 DIGEST_ATTR = "autotune_config"
 
 
@@ -173,17 +178,32 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self._local_credit = 0.0
         self._space = space
         self._base = base or make_sampler("tpe")
+        self._base_template = copy.deepcopy(self._base)  # unused yet: a model study's sampler
+        self._model: optuna.Study | None = None
+        self._model_base: optuna.samplers.BaseSampler | None = None
+        self._model_cursor = 0
+        self._model_size = 0
         if mode not in ("base", "brute", "uniform"):
             raise ValueError(f"mode must be 'base', 'brute' or 'uniform', got {mode!r}.")
         self._mode = mode
+        self._seed = seed
         self._rng = random.Random(seed)
         self._seeds = [Config(s) for s in seeds]
         self._taken_extra = taken or (lambda: ())
+        self._index: TrialIndex | None = None
         self._dists = distributions(space)
         self.exhausted_trial_id: int | None = None
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
         self.proposed = 0
         self._brute_pos = 0
+
+    def diverge(self, salt: str) -> None:
+        """Makes this sampler's draws differ from those of other processes that share its seed
+        (hosts running one job file propose the same configs in the same order, and every
+        such collision costs both an ask). Called on a collision with another process's
+        trial, so a process alone keeps its seeded sequence."""
+        self._rng = random.Random(f"{self._seed}:{salt}")
+        self._base.reseed_rng()
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 
@@ -237,29 +257,23 @@ class ValidSampler(optuna.samplers.BaseSampler):
 
     # -- proposals ---------------------------------------------------------------------------
 
-    def taken_keys(self, study: optuna.Study) -> set[tuple[Any, ...]]:
-        """Value tuples of configs no longer free: measured, or being measured now."""
-        space = self._space
-        out: set[tuple[Any, ...]] = set()
-        for t in study.get_trials(deepcopy=False):
-            if t.state == TrialState.FAIL and OUTCOME_ATTR not in t.system_attrs:
-                continue  # never measured (stale or abandoned): free to propose again
-            if t.state == TrialState.WAITING:
-                continue
-            try:
-                out.add(space.key(t.params))
-            except KeyError:
-                continue
-        for config in self._taken_extra():
-            try:
-                out.add(space.key(config))
-            except KeyError:
-                continue
-        return out
+    @property
+    def index(self) -> TrialIndex:
+        """The study's trials, indexed incrementally (``taken`` is read once, when first
+        needed)."""
+        if self._index is None:
+            self._index = TrialIndex(self._space, self._taken_extra())
+        return self._index
 
-    def _next(
-        self, study: optuna.Study, trial: FrozenTrial, taken: set[tuple[Any, ...]]
-    ) -> Config | None:
+    def taken_keys(self, study: optuna.Study) -> TrialIndex:
+        """Value tuples of configs no longer free (``key in taken_keys(study)``): measured, or
+        being measured now. A trial closed without an outcome (never measured: stale or
+        abandoned) leaves its config free."""
+        index = self.index
+        index.refresh(study.get_trials(deepcopy=False))
+        return index
+
+    def _next(self, study: optuna.Study, trial: FrozenTrial, taken: TrialIndex) -> Config | None:
         space = self._space
         is_taken = taken.__contains__
         while self._seeds:
@@ -300,23 +314,27 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self, study: optuna.Study, is_taken: Callable[[tuple[Any, ...]], bool]
     ) -> Config | None:
         """The nearest untaken neighbour of the best measured config (None before any)."""
-        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None]
         # From the best down: when the best's neighbourhood is exhausted, climb from the next.
-        for t in sorted(done, key=lambda t: t.value)[:8]:
-            try:
-                centre = self._space.key(t.params)
-            except KeyError:
-                continue
+        for centre in self.index.best_keys(8):
             for neighbour in self._space.neighbours(self._space._config(centre)):
                 if not is_taken(self._space.key(neighbour)):
                     return neighbour
         return None
 
-    def _uniform(self, taken: set[tuple[Any, ...]]) -> Config | None:
+    def _uniform(self, taken: TrialIndex) -> Config | None:
         space = self._space
+        small = space.count() <= space.MATERIALIZE_LIMIT
         for _ in range(64):  # rejection: cheap while most of the space is untaken
-            (config,) = space.sample(1, seed=self._rng.randrange(2**63)) or (None,)
+            seed = self._rng.randrange(2**63)
+            if small:  # what sample(1, seed=seed) draws, without copying the valid set
+                valid = space.valid_tuples()
+                if not valid:
+                    return None
+                key = valid[random.Random(seed).randrange(len(valid))]
+                if key not in taken:
+                    return space._config(key)
+                continue
+            (config,) = space.sample(1, seed=seed) or (None,)
             if config is None:
                 return None
             if space.key(config) not in taken:
@@ -324,8 +342,42 @@ class ValidSampler(optuna.samplers.BaseSampler):
         free = [t for t in space.valid_tuples() if t not in taken]
         return space._config(self._rng.choice(free)) if free else None
 
+    def _model_study(self) -> tuple[optuna.Study, optuna.samplers.BaseSampler]:
+        """The model study (see :data:`MODEL_TRIALS`) and its own base sampler."""
+        index = self.index
+        if self._model is None or self._model_size >= 2 * MODEL_TRIALS:
+            window = index.window(MODEL_TRIALS // 2, MODEL_TRIALS // 2)
+            self._model_base = copy.deepcopy(self._base_template)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self._model = optuna.create_study(direction="minimize", sampler=self._model_base)
+                self._model.add_trials(window)
+            self._model_size = len(window)
+        else:
+            for t in index.complete_log[self._model_cursor:]:
+                self._model.add_trial(t)
+                self._model_size += 1
+        self._model_cursor = len(index.complete_log)
+        assert self._model_base is not None
+        return self._model, self._model_base
+
     def _base_proposal(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        base = self._base
+        if self.index.measured > MODEL_TRIALS and self._mode == "base":
+            model, base = self._model_study()
+            # The proposal is made for a trial of the model study (the base may write to it),
+            # closed right after; it counts towards the model's size.
+            model.ask()
+            (stand_in,) = model.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            try:
+                return self._propose(base, model, stand_in)
+            finally:
+                model.tell(stand_in.number, state=TrialState.FAIL)
+                self._model_size += 1
+        return self._propose(self._base, study, trial)
+
+    def _propose(
+        self, base: optuna.samplers.BaseSampler, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, Any]:
         relative_space = base.infer_relative_search_space(study, trial)
         relative_space = {k: v for k, v in relative_space.items() if k in self._dists}
         proposal: dict[str, Any] = {}

@@ -69,6 +69,8 @@ class EngineLike(Protocol):
     def device_info(self) -> DeviceInfo: ...
     def submit(self, kernel_name: str, problem: Problem, config: Config) -> Future[TrialResult]: ...
     def baseline(self, kernel_name: str, problem: Problem) -> TrialResult: ...
+    # Optional, used when present: submit_baseline(kernel_name, problem) -> Future[TrialResult]
+    # and submit_trace(...) -> Future, so that baselines and traces interleave with trials.
     def trace(
         self, kernel_name: str, problem: Problem, config: Config, out_dir: str, profile_space: int
     ) -> Mapping[str, tuple[float, int]]: ...
@@ -253,12 +255,18 @@ def _heartbeat(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
     for trial in trials:
         # One write per trial every HEARTBEAT_S / 3 at most, however often the loop wakes.
         key = (id(storage), trial._trial_id)
-        if now - _last_beat.get(key, -HEARTBEAT_S) >= HEARTBEAT_S / 3:
+        if now - _last_beat.get(key, -HEARTBEAT_S) >= _beat_interval_s():
             storage.record_heartbeat(trial._trial_id)
             _last_beat[key] = now
 
 
 _last_beat: dict[tuple[int, int], float] = {}  # (storage, trial id) -> last heartbeat written
+
+
+def _beat_interval_s() -> float:
+    """A third of the heartbeat interval, and at most a sixth of the grace period after which
+    other hosts treat a trial as dead."""
+    return min(HEARTBEAT_S, GRACE_S / 2) / 3
 
 
 def _heartbeat_storage(study: optuna.Study) -> BaseHeartbeat | None:
@@ -278,8 +286,14 @@ def run_job(
     results_dir: str | Path = "results",
     on_event: Callable[[Event], None] | None = None,
     allow_import: bool = False,
+    sequential: bool = False,
 ) -> list[ProblemReport]:
-    """Tunes every problem of ``job``; returns one report per problem.
+    """Tunes every problem of ``job``; returns one report per problem, in job order.
+
+    The problems are in flight together on ``engine``, and the budgets are shared with every
+    other process tuning the same job on the same database (:mod:`autotune.scheduler`,
+    docs/scheduling.md). ``sequential=True`` is the earlier runner: one problem after another,
+    each budget counted by this process alone (kept for ``benchmarks/batch_job.py``).
 
     Raises:
       JobError: the store is an in-memory database, which would keep nothing.
@@ -301,8 +315,15 @@ def run_job(
         before = _clocks(device, gpu)
         run_id = store.start_run(job.name, device=device, cache=policy,
                                  clocks_before=before.to_dict())
-        reports = []
-        for spec in job.problems:
+        if not sequential:
+            from autotune.scheduler import run_scheduled
+
+            reports = run_scheduled(job, store=store, engine=engine, storage=storage,
+                                    results_dir=results_dir, on_event=on_event,
+                                    allow_import=allow_import, run_id=run_id)
+        else:
+            reports = []
+        for spec in job.problems if sequential else ():
             kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
             reports.append(
                 tune_problem(
@@ -648,6 +669,9 @@ def _new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
     trial = optuna.trial.Trial(
         study, study._storage.create_new_trial(study._study_id, template_trial=template)
     )
+    # Its first heartbeat before its params: a trial of a process killed before it (it has no
+    # params) is closed by _close_orphans after GRACE_S; one killed after it goes stale.
+    _heartbeat(study, [trial])
     for name, distribution in dists.items():
         trial._suggest(name, distribution)
     return trial
@@ -688,39 +712,54 @@ def _close_orphans(
 ) -> None:
     """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
     of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
-    owner (it died inside ``study.ask``) that started GRACE_S ago.
+    owner, or without params (it died inside ``study.ask``, before the first heartbeat), that
+    started GRACE_S ago.
 
     A trial whose result reached the store is told from the store; one whose did not is
     released (its config was not measured, so it is free again).
     """
     host = socket.gethostname()
-    stored = {
-        Config(r.config).digest(): r
-        for r in store.trials(problem, device_name=device.name, cache=cache)
-    }
     stale = set(_stale_trial_ids(study))
+    orphans = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get(WORKER_ATTR, "")
         owner_host, _, pid = owner.rpartition(":")
         if t._trial_id in stale:
             pass
-        elif not owner:
+        elif not owner or (not t.params and owner_host != host):
             if _age_s(t.datetime_start) < GRACE_S:
                 continue  # its owner may still be inside study.ask
         elif owner_host != host or not pid.isdigit() or _alive(int(pid)):
             continue
+        orphans.append(t)
+    # The store is read only when there are orphans (this runs every scheduler.POLL_S).
+    stored = {Config(r.config).digest(): r
+              for r in store.trials(problem, device_name=device.name, cache=cache)} if orphans else {}
+    for t in orphans:
         row = stored.get(Config(t.params).digest()) if t.params else None
         if row is None:
             _release(study, t.number)
         else:
-            study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, row.status)
-            if row.status == Outcome.OK.value and row.median_us is not None:
-                study.tell(t.number, row.median_us)
-            else:
-                study.tell(t.number, state=TrialState.FAIL)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+            try:
+                study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, row.status)
+                if row.status == Outcome.OK.value and row.median_us is not None:
+                    study.tell(t.number, row.median_us)
+                else:
+                    study.tell(t.number, state=TrialState.FAIL)
+            except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                pass  # another process closed it meanwhile, from the same stored row
+    if stale:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+
+
+def running_owners(study: optuna.Study) -> list[tuple[str, bool]]:
+    """The RUNNING trials of ``study``: ``(owner "host:pid", stale)`` each; stale when its
+    heartbeat stopped more than GRACE_S ago (``autotune status``)."""
+    stale = set(_stale_trial_ids(study))
+    return [(str(t.user_attrs.get(WORKER_ATTR, "")), t._trial_id in stale)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
 
 
 def _stale_trial_ids(study: optuna.Study) -> list[int]:

@@ -31,9 +31,10 @@ Every committed trial is appended to ``--journal`` (JSON lines, fsynced) before 
 happens, so a test knows exactly which finished trials must survive.
 
 Kernels for the job files (named ``tests.fault_driver:NAME``, so jobs need ``--allow-import``):
-``STEADY`` (64 configs that time fine, ``run_ms`` each), ``FLAKY`` (configs that crash the
-worker, hang it, or time fine) and ``SLOW`` (half its configs compile for a minute: give
-``--trial-timeout-s`` above that for them to finish).
+``STEADY`` (64 configs that time fine, ``run_ms`` each), ``PACED`` (32 configs of
+``PACED_RUN_MS`` each), ``FLAKY`` (configs that crash the worker, hang it, or time fine) and
+``SLOW`` (half its configs compile for a minute: give ``--trial-timeout-s`` above that for them
+to finish).
 """
 
 from __future__ import annotations
@@ -75,6 +76,25 @@ STEADY = Kernel(
     make_inputs=_never,
     reference=_never,
     description="fake configs that all time fine (fault tests)",
+)
+
+# Configs whose run takes RUN_MS on the (fake) GPU: jobs whose wall time is the GPU's, so that
+# N runners finish in about 1/N of one runner's time (tests/test_scheduler.py).
+PACED_RUN_MS = 1000
+PACED = Kernel(
+    name="tests.fault_driver:PACED",
+    space=Space(
+        params=(
+            Choice("cost_us", tuple(range(10, 42)), ordered=True),
+            Choice("run_ms", (PACED_RUN_MS,)),
+        )
+    ),
+    shape_keys=("n",),
+    dtypes=("float32",),
+    build=_never,
+    make_inputs=_never,
+    reference=_never,
+    description="fake configs that take the GPU for PACED_RUN_MS each (scheduler tests)",
 )
 
 FLAKY = Kernel(

@@ -307,6 +307,11 @@ def test_default_layout_processes_on_a_gpu_host_threads_on_a_small_one():
     assert layout("fake", 1, 16) == (1, 8)
     assert layout("gpu", 1, 16, workers_per_gpu=1) == (1, 8)
     assert layout("gpu", 1, 16, compile_threads=3) == (8, 3)
+    # GPU memory: half of it for the workers, WORKER_GPU_MEMORY_MIB each; given counts win.
+    assert layout("gpu", 1, 16, gpu_memory_mib=143_771) == (8, 1)  # H200: the cores decide
+    assert layout("gpu", 1, 16, gpu_memory_mib=16_384) == (2, 2)
+    assert layout("gpu", 1, 16, gpu_memory_mib=4_096) == (1, 8)
+    assert layout("gpu", 1, 16, workers_per_gpu=6, gpu_memory_mib=16_384) == (6, 1)
     with fake_engine(gpus=[0, 1], workers_per_gpu=2, compile_threads=1) as eng:
         assert (eng.workers, eng.parallelism) == (4, 8)
         results = [

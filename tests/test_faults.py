@@ -649,12 +649,13 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
             untagged.number].state
 
     with Store(url) as store:
-        tuner.run_job(_job(3), store=store, engine=FakeEngine())
+        # What every runner does on opening a problem and while it waits for others' trials.
+        tuner._close_orphans(study, store, TOY_PROBLEM, device)
         assert state() == TrialState.RUNNING
         monkeypatch.setattr(tuner, "GRACE_S", 1)
         time.sleep(1.2)
-        tuner.run_job(_job(5), store=store, engine=FakeEngine())
-    assert state() == TrialState.FAIL
+        (report,) = tuner.run_job(_job(5), store=store, engine=FakeEngine())
+    assert state() == TrialState.FAIL and report.measured_now == 5
 
 
 def test_the_campaign_summary_adds_up_over_workers_and_fails_on_a_lost_trial(tmp_path):

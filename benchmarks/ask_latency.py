@@ -1,0 +1,124 @@
+"""How long handing out one config takes with many trials stored for the problem (issue 16:
+at most 10 ms at the 99th percentile with 10,000 trials).
+
+    python3 benchmarks/ask_latency.py --stored 10000 --asks 200 --samplers auto,tpe,random
+
+Times the scheduler's whole ask path for one problem (``autotune.scheduler``: the sampler's
+proposal and repair, the twin check, the shared-budget count), with ``--stored`` finished
+trials already in the problem's study, for each sampler. The study is in memory: with the
+RDB storage the scheduler's reads are incremental (Optuna's cache fetches only trials that are
+new or still running), so what grows with the trial count is this work; the database round
+trips per trial, a constant, are measured by benchmarks/scale_out.py. Prints p50, p99 and the
+maximum in milliseconds of wall time, and p50 and p99 of the asking thread's CPU time (the
+figure to trust on a shared, loaded machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna  # noqa: E402
+from optuna.trial import FrozenTrial, TrialState  # noqa: E402
+
+from autotune import scheduler  # noqa: E402
+from autotune.jobs import Budget, ProblemSpec  # noqa: E402
+from autotune.kernel import Kernel  # noqa: E402
+from autotune.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
+from autotune.space import Choice, Constraint, Space  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def _never(*args: object) -> object:
+    raise NotImplementedError
+
+
+# 16 x 16 x 8 x 4 x 4 = 32,768 raw configs, about 3/4 of them valid: room for 10,000 trials.
+BIG = Kernel(
+    name="ask_latency_big",
+    space=Space(
+        params=(
+            Choice("tile_m", tuple(range(16, 272, 16)), ordered=True),
+            Choice("tile_n", tuple(range(16, 272, 16)), ordered=True),
+            Choice("tile_k", (16, 32, 48, 64, 80, 96, 112, 128), ordered=True),
+            Choice("stages", (1, 2, 3, 4), ordered=True),
+            Choice("order", ("MN", "NM", "MK", "NK")),
+        ),
+        constraints=(Constraint("smem", ("tile_m", "tile_n", "stages"),
+                                lambda c, e: c["tile_m"] * c["tile_n"] * c["stages"] <= 3 * 256 * 256 // 2,
+                                "fits"),),
+    ),
+    shape_keys=("n",),
+    dtypes=("float32",),
+    build=_never, make_inputs=_never, reference=_never,
+)
+
+
+def cost(c: dict) -> float:
+    return (100 + abs(c["tile_m"] - 128) / 4 + abs(c["tile_n"] - 192) / 4 + abs(c["tile_k"] - 64) / 8
+            + 3 * abs(c["stages"] - 3) + (0 if c["order"] == "MN" else 2))
+
+
+def measure(name: str, stored: int, asks: int, seed: int = 0) -> list[tuple[float, float]]:
+    problem = BIG.problem({"n": 1}, "float32")
+    space = BIG.valid_space(problem)
+    dists = distributions(space)
+    rng = random.Random(seed)
+    sampler = valid_sampler(name, space, seed=seed)
+    study = optuna.create_study(sampler=sampler, direction="minimize")
+    configs = [dict(c) for c in space.sample(stored, seed=seed)]
+    rng.shuffle(configs)
+    import datetime as dt
+
+    t0 = dt.datetime.now()
+    study.add_trials([
+        FrozenTrial(number=i, state=TrialState.COMPLETE, value=cost(c), datetime_start=t0,
+                    datetime_complete=t0, params=c, distributions=dict(dists), user_attrs={},
+                    system_attrs={OUTCOME_ATTR: "ok"}, intermediate_values={}, trial_id=i)
+        for i, c in enumerate(configs)
+    ])
+    spec = ProblemSpec(problem, Budget(trials=stored + 10 * asks), sampler=name)
+    run = scheduler._Run(index=0, spec=spec, kernel=BIG, space=space, sampler=sampler,
+                         study=study, dists=dists, outside=0, best_us=None, done_before=stored)
+    run.refresh()
+    times = []
+    for _ in range(asks):
+        t, c = time.perf_counter(), time.thread_time()
+        asked = run.ask()
+        times.append(((time.perf_counter() - t) * 1000, (time.thread_time() - c) * 1000))
+        assert asked is not None, "the ask was refused"
+        trial, config = asked
+        trial.storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok")
+        study.tell(trial, cost(config))
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stored", type=int, default=10_000)
+    p.add_argument("--asks", type=int, default=200)
+    p.add_argument("--samplers", default="auto,tpe,random")
+    args = p.parse_args(argv)
+    print(f"{'sampler':>8} {'stored':>7} {'asks':>5} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+          f"{'cpu p50':>7} {'cpu p99':>7}")
+    for name in args.samplers.split(","):
+        measured = measure(name, args.stored, args.asks)
+        wall = sorted(w for w, _c in measured)
+        cpu = sorted(c for _w, c in measured)
+        at = min(len(wall) - 1, int(0.99 * len(wall)))
+        print(f"{name:>8} {args.stored:>7} {len(wall):>5} {statistics.median(wall):>7.2f} "
+              f"{wall[at]:>7.2f} {wall[-1]:>7.2f} {statistics.median(cpu):>7.2f} {cpu[at]:>7.2f}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""A whole batch job on a fresh database: the scheduler against one problem at a time.
+
+    python3 benchmarks/batch_job.py examples/h200.toml --trials 30 --patience 0 --compare \\
+        --out $OUT/batch_job.json                                           # H200
+    python3 benchmarks/batch_job.py benchmarks/batch_fake.toml --device fake --compare \\
+        --workers-per-gpu 4 --compile-threads 1                             # CPU, simulated
+
+Runs the job (through :func:`autotune.tuner.run_job`, as ``autotune tune`` does) on a fresh
+database (a new SQLite file under a temporary folder; ``--db`` for another, which must be
+empty), with a new engine, and prints:
+
+* wall time, from just before the engine starts its workers to the last result stored;
+* configs/min over the whole job (trials stored / wall minutes);
+* the share of the wall time the GPU was busy (the union of the engine's device spans: a worker
+  holding the GPU's lock for a config, a baseline or a trace);
+* time from the start to the first compile (the engine's first ``build`` stage) and to the
+  first trial stored;
+* per problem: trials stored, best, baseline and speedup.
+
+``--sequential`` runs the earlier behaviour (one problem after another,
+``run_job(sequential=True)``); ``--compare`` runs both, each on its own fresh database and
+engine (the scheduler first), and prints both and their ratios, with each problem's best of the
+two (the quality goal: within 0.5%). The persistent compilation cache is off, so neither run
+profits from the other's compiles. JSON of everything goes to ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's autotune and benchmarks.sim_kernels
+
+from autotune.jobs import Budget, load_job  # noqa: E402
+from autotune.problem import Config  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", help="a job file (TOML)")
+    p.add_argument("--device", default="gpu", choices=("gpu", "interpret", "fake"))
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--sequential", action="store_true", help="one problem after another")
+    mode.add_argument("--compare", action="store_true", help="both, one after the other")
+    p.add_argument("--trials", type=int, help="override every problem's trial budget")
+    p.add_argument("--patience", type=int, help="override patience (0: never stop early)")
+    p.add_argument("--workers-per-gpu", type=int)
+    p.add_argument("--compile-threads", type=int)
+    p.add_argument("--db", help="an empty database URL (default: a new SQLite file)")
+    p.add_argument("--out", help="write the figures as JSON here")
+    return p.parse_args(argv)
+
+
+def _job(args: argparse.Namespace) -> Any:
+    job = load_job(args.job, allow_import=True)
+    specs = []
+    for spec in job.problems:
+        budget = spec.budget
+        if args.trials is not None:
+            budget = dataclasses.replace(budget, trials=args.trials, seconds=None)
+        if args.patience is not None:
+            budget = dataclasses.replace(budget, patience=args.patience or None)
+        specs.append(dataclasses.replace(spec, budget=Budget(**dataclasses.asdict(budget))))
+    return dataclasses.replace(job, problems=tuple(specs))
+
+
+def _busy_s(timeline: list[Any]) -> float:
+    """The union over GPUs of device spans (``device`` -> ``done`` of one task)."""
+    spans: dict[Any, list[tuple[float, float]]] = {}
+    got: dict[int, float] = {}
+    for e in timeline:
+        if e.stage == "device":
+            got[e.task_id] = e.t
+        elif e.stage == "done" and e.task_id in got:
+            spans.setdefault(e.gpu, []).append((got.pop(e.task_id), e.t))
+    total = 0.0
+    for intervals in spans.values():
+        end = float("-inf")
+        for a, b in sorted(intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+    return total
+
+
+def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> dict[str, Any]:
+    import optuna
+
+    from autotune.engine import Engine
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from autotune.storage import Store
+    from autotune.tuner import run_job
+
+    job = _job(args)
+    folder = Path(tempfile.mkdtemp(prefix="batch-job-"))
+    url = db or f"sqlite:///{folder}/autotune.db"
+    store = Store(url)
+    if store.trials():
+        raise SystemExit(f"--db {store!r} is not empty: the benchmark needs a fresh database.")
+    first_trial: list[float] = []
+
+    def on_event(event: Any) -> None:
+        if event.kind == "trial" and not first_trial:
+            first_trial.append(time.time())
+
+    t0 = time.time()
+    engine = Engine(args.device, workers_per_gpu=args.workers_per_gpu,
+                    compile_threads=args.compile_threads, allow_import=True,
+                    log_dir=str(folder / "logs"))
+    try:
+        reports = run_job(job, store=store, engine=engine, results_dir=str(folder / "results"),
+                          on_event=on_event, allow_import=True, sequential=sequential)
+        wall = time.time() - t0
+        timeline = engine.timeline()
+    finally:
+        engine.close(cancel_pending=True)
+    rows = store.trials()
+    store.close()
+    builds = [e.t for e in timeline if e.stage == "build"]
+    problems = []
+    for r in reports:
+        problems.append({
+            "problem": str(r.problem), "trials": sum(r.by_status.values()),
+            "by_status": dict(r.by_status), "best_us": r.best_us,
+            "baseline": r.baseline_name, "baseline_us": r.baseline_us, "speedup": r.speedup,
+            "stop": r.stop_reason,
+        })
+    digests = [(row.problem.digest(), Config(row.config).digest()) for row in rows]
+    return {
+        "mode": "sequential" if sequential else "scheduled",
+        "device": args.device,
+        "layout": f"{engine.workers} workers x {engine.compile_threads} compile threads",
+        "wall_s": wall,
+        "trials": len(rows),
+        "configs_per_min": 60 * len(rows) / wall if wall else 0.0,
+        "gpu_busy": _busy_s(timeline) / wall if wall else 0.0,
+        "first_compile_s": (min(builds) - t0) if builds else None,
+        "first_trial_s": (first_trial[0] - t0) if first_trial else None,
+        "measured_twice": len(digests) - len(set(digests)),
+        "invalid": sum(p["by_status"].get("invalid", 0) for p in problems),
+        "problems": problems,
+    }
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_run(m: dict[str, Any]) -> None:
+    print(f"== {m['mode']} ({m['device']}, {m['layout']})")
+    print(f"wall {m['wall_s']:.1f} s, {m['trials']} configs, {m['configs_per_min']:.1f} configs/min, "
+          f"GPU busy {m['gpu_busy']:.0%}, first compile {_fmt(m['first_compile_s'], '.2f')} s, "
+          f"first trial {_fmt(m['first_trial_s'], '.2f')} s, measured twice {m['measured_twice']}, "
+          f"invalid {m['invalid']}")
+    print(f"  {'problem':<60} {'trials':>6} {'best us':>9} {'baseline us':>12} {'speedup':>8}")
+    for p in m["problems"]:
+        print(f"  {p['problem'][:60]:<60} {p['trials']:>6} {_fmt(p['best_us'], '.1f'):>9} "
+              f"{_fmt(p['baseline_us'], '.1f'):>12} {_fmt(p['speedup'], '.3f'):>8}")
+
+
+def print_compare(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    ratio = new["configs_per_min"] / old["configs_per_min"] if old["configs_per_min"] else None
+    print("== scheduled vs sequential")
+    print(f"configs/min {new['configs_per_min']:.1f} vs {old['configs_per_min']:.1f} "
+          f"({_fmt(ratio, '.2f')}x); wall {new['wall_s']:.1f} vs {old['wall_s']:.1f} s; GPU busy "
+          f"{new['gpu_busy']:.0%} vs {old['gpu_busy']:.0%}; first trial "
+          f"{_fmt(new['first_trial_s'], '.2f')} vs {_fmt(old['first_trial_s'], '.2f')} s")
+    worst = 0.0
+    for a, b in zip(new["problems"], old["problems"], strict=True):
+        if a["best_us"] and b["best_us"]:
+            gap = a["best_us"] / b["best_us"] - 1
+            worst = max(worst, gap)
+            print(f"  {a['problem'][:60]:<60} best {a['best_us']:.1f} vs {b['best_us']:.1f} us "
+                  f"({gap:+.2%})")
+    print(f"worst best-vs-sequential gap {worst:+.2%} (goal: within 0.5%)")
+    return {"throughput_ratio": ratio, "worst_best_gap": worst}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out: dict[str, Any] = {"job": args.job, "argv": sys.argv[1:], "date": time.strftime("%F %T %Z")}
+    if args.compare:
+        if args.db:
+            raise SystemExit("--compare makes two fresh SQLite databases; leave out --db.")
+        new = run_once(args, sequential=False, db=None)
+        print_run(new)
+        old = run_once(args, sequential=True, db=None)
+        print_run(old)
+        out.update(scheduled=new, sequential=old, compare=print_compare(new, old))
+    else:
+        m = run_once(args, sequential=args.sequential, db=args.db)
+        print_run(m)
+        out[m["mode"]] = m
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

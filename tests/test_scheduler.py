@@ -1,0 +1,372 @@
+"""The scheduler (docs/scheduling.md): a job's problems in flight together on one engine, and
+one job shared by many runner processes (hosts) through one database, its budget exact.
+
+The multi-runner tests start the real ``autotune tune`` several times (``tests/fault_driver.py``:
+the CLI, the runner, the store, Optuna and the engine's worker processes are real; the evaluator
+is the fake one, so each config takes the fake GPU for ``PACED_RUN_MS``) on one database, and
+check what the database holds afterwards with plain SQL.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.jobs import Budget, Job, ProblemSpec
+from autotune.problem import Config
+from autotune.storage import Store
+from autotune.trial import TrialResult
+from autotune.tuner import run_job
+from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
+from tests.test_faults import REPO, stop_group, stored
+from tests.test_tuner import PROBLEM, TOY, FakeEngine
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+PROBLEMS = 6
+TRIALS = 4  # per problem: 24 configs of PACED_RUN_MS each
+
+
+class JobFile:
+    """A job of ``PROBLEMS`` PACED problems (shapes n = first .. first+5) and its runners."""
+
+    def __init__(self, tmp_path: Path, url: str, *, first: int = 1, trials: int = TRIALS) -> None:
+        self.url, self.trials, self.tmp = url, trials, tmp_path
+        shapes = ", ".join(f"{{ n = {n} }}" for n in range(first, first + PROBLEMS))
+        self.path = tmp_path / f"job{first}.toml"
+        self.path.write_text(
+            f'[defaults]\ntrials = {trials}\nseed = 0\nsampler = "random"\npatience = 0\n'
+            f'trace_top_k = 0\n[[problem]]\nkernel = "{PACED.name}"\ndtype = "float32"\n'
+            f"shapes = [{shapes}]\n"
+        )
+        self.digests = {PACED.problem({"n": n}, "float32").digest()
+                        for n in range(first, first + PROBLEMS)}
+        self.runners = 0
+
+    def start(self, *faults: str) -> subprocess.Popen[str]:
+        self.runners += 1
+        journal = self.tmp / f"journal-{self.path.stem}-{self.runners}.jsonl"
+        env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "AUTOTUNE_DB")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.fault_driver", "--journal", str(journal),
+             "--trial-timeout-s", "30", *faults, "--", "tune", str(self.path), "--db", self.url,
+             # Its own results folder, so its own GPU lock: each runner stands in for a host.
+             "--allow-import", "--results-dir", str(self.tmp / f"results-{self.runners}")],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def run(self, n: int, *faults: str) -> float:
+        """Runs ``n`` runners at once to the end; their wall time."""
+        t0 = time.monotonic()
+        procs = [self.start(*faults) for _ in range(n)]
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            stop_group(p)
+            assert p.returncode == 0, f"exit {p.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+        return time.monotonic() - t0
+
+    def span_s(self) -> float:
+        """The job's tuning time from its stored timestamps: the first trial's start to the last
+        trial's finish (process start-up, the same for one runner or four, left out)."""
+        with Store(self.url) as store:
+            rows = [r for r in store.trials() if r.problem.digest() in self.digests]
+        return (max(r.finished_at for r in rows) - min(r.started_at for r in rows)).total_seconds()
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [r for r in stored(self.url) if r[1] in self.digests]
+
+    def check_exact(self) -> None:
+        """Every problem stores exactly its budget, no config twice, no trial left RUNNING."""
+        rows = self.rows()
+        per_problem = collections.Counter(r[1] for r in rows)
+        assert per_problem == dict.fromkeys(self.digests, self.trials), per_problem
+        twice = [k for k, n in collections.Counter((r[1], r[2]) for r in rows).items() if n > 1]
+        assert not twice, f"configs stored twice: {twice}"
+        for name in optuna.get_all_study_names(storage=self.url):
+            trials = optuna.load_study(study_name=name, storage=self.url).get_trials(deepcopy=False)
+            assert not [t.number for t in trials if t.state == TrialState.RUNNING], name
+            complete = collections.Counter(tuple(sorted(t.params.items()))
+                                           for t in trials if t.state == TrialState.COMPLETE)
+            assert all(n == 1 for n in complete.values()), f"{name}: a config COMPLETE twice"
+
+
+def test_runners_share_a_job_exactly(db_url, tmp_path):
+    """4 runner processes on one job of 6 problems: every problem stores exactly its trial
+    budget (not 4 times it), no config is measured twice, every problem finishes, and the job's
+    tuning takes well under half the time one runner's takes (benchmarks/batch_job.py and
+    scale_out.py measure the ratio; this machine's CPU is shared)."""
+    alone = JobFile(tmp_path, db_url, first=101)
+    alone.run(1)
+    alone.check_exact()
+    shared = JobFile(tmp_path, db_url, first=1)
+    shared.run(4)
+    shared.check_exact()
+    one_s, four_s = alone.span_s(), shared.span_s()
+    gpu_s = PROBLEMS * TRIALS * PACED_RUN_MS / 1000
+    assert one_s >= gpu_s * 0.9  # one runner's GPU runs every config in turn
+    assert four_s < 0.5 * one_s, (four_s, one_s)
+
+
+def test_a_runner_killed_half_way_the_job_still_finishes_exactly(db_url, tmp_path):
+    """Of 4 runners (one of them on another host), the other host's is SIGKILLed once half the
+    job is stored; the others notice (its pid is dead / its heartbeat stops), re-run its trials,
+    and the job stores exactly its budget, no config twice."""
+    job = JobFile(tmp_path, db_url)
+    grace = ("--grace-s", "8")  # a heartbeat every 1.3 s: a loaded machine's stalls are shorter
+    victim = job.start("--hostname", "other-host", *grace)
+    others = [job.start(*grace) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 180
+        while len(job.rows()) < PROBLEMS * TRIALS // 2:
+            assert time.monotonic() < deadline and victim.poll() is None, "job did not get going"
+            time.sleep(0.1)
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.communicate(timeout=60)
+        assert victim.returncode == KILL_EXIT
+        for p in others:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, f"exit {p.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+    finally:
+        for p in [victim, *others]:
+            stop_group(p)
+    job.check_exact()
+
+
+# --------------------------------------------------------------------------- one process
+
+
+class SlowEngine(FakeEngine):
+    """Resolves each submission ``delay_s`` later on a thread; records which problems had
+    configs in flight at the same time, and when the baseline was asked for and answered."""
+
+    parallelism = 4
+
+    def __init__(self, delay_s: float = 0.02, baseline_s: float = 0.0) -> None:
+        super().__init__()
+        self.delay_s, self.baseline_s = delay_s, baseline_s
+        self.in_flight: collections.Counter[str] = collections.Counter()
+        self.together = 0  # most distinct problems in flight at once
+        self.order: list[str] = []
+        self.events: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, kernel_name, problem, config):
+        inner = super().submit(kernel_name, problem, config)
+        future: Future = Future()
+        key = problem.digest()
+        with self._lock:
+            self.order.append(key)
+            self.events.append(("trial", time.monotonic()))
+            self.in_flight[key] += 1
+            self.together = max(self.together, sum(1 for n in self.in_flight.values() if n))
+
+        def finish() -> None:
+            time.sleep(self.delay_s)
+            with self._lock:
+                self.in_flight[key] -= 1
+            future.set_result(inner.result())
+
+        threading.Thread(target=finish, daemon=True).start()
+        return future
+
+    def submit_baseline(self, kernel_name, problem):
+        future: Future = Future()
+        self.events.append(("baseline asked", time.monotonic()))
+
+        def finish() -> None:
+            time.sleep(self.baseline_s)
+            self.events.append(("baseline done", time.monotonic()))
+            future.set_result(TrialResult.timed([150.0, 151.0], compile_s=0.0, rel_error=None,
+                                                timing="fake"))
+
+        threading.Thread(target=finish, daemon=True).start()
+        return future
+
+
+def _problems(n: int, trials: int = 8) -> Job:
+    specs = tuple(
+        ProblemSpec(TOY.problem({"m": 1024, "n": 64 * (i + 1)}, "bf16"), Budget(trials=trials),
+                    sampler="random", seed=0)
+        for i in range(n)
+    )
+    return Job("t", specs)
+
+
+def test_problems_are_in_flight_together(tmp_path):
+    """One process: several problems have configs in flight at once on one engine, and each
+    stores exactly its own budget with its own report."""
+    engine = SlowEngine(delay_s=2.0)  # longer than opening a problem takes
+    job = _problems(3, trials=4)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        reports = run_job(job, store=store, engine=engine)
+        counts = [len(store.trials(spec.problem)) for spec in job.problems]
+    assert engine.together >= 2
+    assert counts == [4, 4, 4]
+    assert [r.measured_now for r in reports] == [4, 4, 4]
+    assert all(r.best_us is not None and r.baseline_us == 150.5 for r in reports)
+
+
+def test_second_run_stores_nothing_more(tmp_path):
+    """A second run of a job whose budget is stored asks for nothing and stores nothing."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        run_job(_problems(2), store=store, engine=FakeEngine())
+        engine = FakeEngine()
+        reports = run_job(_problems(2), store=store, engine=engine)
+        assert [len(store.trials(s.problem)) for s in _problems(2).problems] == [8, 8]
+    assert engine.measured == [] and all(r.skipped for r in reports)
+
+
+def test_the_neediest_problem_is_asked_first(tmp_path):
+    """With one problem half-measured by an earlier run, the runner's first asks go to the
+    problems with fewer measured trials."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    job = _problems(3, trials=8)
+    first = Job("t", (job.problems[0].__class__(job.problems[0].problem, Budget(trials=4),
+                                                sampler="random", seed=0),))
+    with Store(url) as store:
+        run_job(first, store=store, engine=FakeEngine())
+        engine = SlowEngine()
+        run_job(job, store=store, engine=engine)
+    measured_before = job.problems[0].problem.digest()
+    assert measured_before not in engine.order[:2], engine.order[:4]
+
+
+def test_baseline_does_not_hold_back_trials(tmp_path):
+    """A slow baseline is measured while trials run: the first trial is submitted before the
+    baseline is answered, and the baseline is still stored."""
+    engine = SlowEngine(baseline_s=0.5)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        (report,) = run_job(_problems(1), store=store, engine=engine)
+    first_trial = next(t for kind, t in engine.events if kind == "trial")
+    baseline_done = next(t for kind, t in engine.events if kind == "baseline done")
+    assert first_trial < baseline_done
+    assert report.baseline_us == 150.5
+
+
+def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path):
+    """Two runners in threads of one process on one SQLite file: the problem's budget is
+    stored once, not twice."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    job = Job("t", (ProblemSpec(PROBLEM, Budget(trials=12), sampler="random", seed=0),))
+    errors: list[BaseException] = []
+
+    def runner(seed: int) -> None:
+        try:
+            with Store(url) as store:
+                run_job(job, store=store, engine=SlowEngine(delay_s=0.05))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=runner, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    with Store(url) as store:
+        rows = store.trials(PROBLEM)
+    assert len(rows) == 12 and len({Config(r.config).digest() for r in rows}) == 12
+
+
+# --------------------------------------------------------------------------- autotune status
+
+
+def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys):
+    """`autotune status JOB --json` (and the table): per problem the trials stored, those in
+    flight on live hosts, the budget, the best so far and a state; the hosts whose heartbeat is
+    live; a problem not started yet says so."""
+    import json
+
+    from autotune import tuner
+    from autotune.cli import main
+    from autotune.sampling import distributions
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    done_problem = TOY.problem({"m": 1024, "n": 1024}, "bf16")
+    with Store(url) as store:
+        run_job(Job("t", (ProblemSpec(done_problem, Budget(trials=6), sampler="random"),)),
+                store=store, engine=FakeEngine())
+    study = optuna.load_study(study_name=tuner.study_name(done_problem, FakeEngine().device_info()),
+                              storage=tuner._optuna_storage(url))
+    live = study.ask(distributions(TOY.valid_space(done_problem)))
+    live.set_user_attr(tuner.WORKER_ATTR, "host-x:42")
+    study._storage.record_heartbeat(live._trial_id)
+    job = tmp_path / "job.toml"
+    job.write_text('[defaults]\nsampler = "random"\n[[problem]]\nkernel = "tuner_toy"\n'
+                   'dtype = "bf16"\nshapes = [{ m = 1024, n = 1024 }, { m = 512, n = 512 }]\n'
+                   'trials = 6\n')
+    assert main(["status", str(job), "--db", url, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    first, second = status["problems"]
+    assert (first["done"], first["in_flight"], first["budget"], first["state"]) == (6, 1, 6, "done")
+    assert first["device"] == "fake-gpu" and first["best_us"] is not None
+    assert (second["done"], second["in_flight"], second["state"]) == (0, 0, "not started")
+    assert status["hosts"] == [{"host": "host-x", "in_flight": 1}]
+    assert main(["status", str(job), "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert "host-x (1 in flight)" in text and "6/6" in text and "not started" in text
+
+
+def test_status_of_a_missing_database_is_a_clear_error(tmp_path, capsys):
+    """`autotune status` on a database file that does not exist: exit 2 naming the path, and
+    no file created."""
+    from autotune.cli import main
+
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "tuner_toy"\ndtype = "bf16"\nshape = { m = 1024, n = 1024 }\n')
+    missing = tmp_path / "nothing.db"
+    assert main(["status", str(job), "--db", f"sqlite:///{missing}"]) == 2
+    assert str(missing) in capsys.readouterr().err and not missing.exists()
+
+
+# --------------------------------------------------------------------------- launch recipes
+
+RECIPES = REPO / "examples" / "scale_out"
+
+
+def _recipe_commands() -> dict[str, list[str]]:
+    """The `python3 -m autotune ...` command of each launch recipe, as its scheduler runs it."""
+    yaml = pytest.importorskip("yaml")
+    script = (RECIPES / "slurm_array.sh").read_text()
+    line = script[script.index("srun "):].replace("\\\n", " ").splitlines()[0]
+    line = line.replace('"$DB"', "postgresql://autotune@db.cluster.internal:5432/autotune")
+    line = line.replace("${SLURM_ARRAY_TASK_ID}", "3").replace('"', "")
+    manifest = yaml.safe_load((RECIPES / "k8s_indexed_job.yaml").read_text())
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    return {"slurm": line.split()[1:], "k8s": list(container["command"])}
+
+
+def test_launch_recipes_run_autotune_tune_with_the_password_off_the_command_line():
+    """docs/scale-out.md's Slurm array script and Kubernetes Indexed Job start `autotune tune
+    JOB --db postgresql://...` with arguments the CLI accepts, and no password on the command
+    line (the Job takes it from a Secret through PGPASSWORD; Slurm from PGPASSFILE)."""
+    import sqlalchemy as sa
+
+    from autotune.cli import _parser
+
+    subprocess.run(["bash", "-n", str(RECIPES / "slurm_array.sh")], check=True)
+    for name, argv in _recipe_commands().items():
+        assert argv[:3] == ["python3", "-m", "autotune"], name
+        args = _parser().parse_args(argv[3:])
+        assert args.command == "tune" and args.gpus == "all", name
+        url = sa.make_url(args.db)
+        assert url.get_backend_name() == "postgresql" and url.password is None, name
+    doc = (REPO / "docs" / "scale-out.md").read_text()
+    assert (RECIPES / "k8s_indexed_job.yaml").read_text().split("apiVersion:", 1)[1] in doc
+    assert "PGPASSWORD" in (RECIPES / "k8s_indexed_job.yaml").read_text()
+    assert "PGPASSFILE" in (RECIPES / "slurm_array.sh").read_text()

@@ -1,0 +1,85 @@
+"""The incremental index of a study's trials (autotune/trial_index.py) and the capped model
+study the base sampler proposes from past MODEL_TRIALS (autotune/sampling.py)."""
+
+from __future__ import annotations
+
+import random
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import sampling
+from autotune.sampling import OUTCOME_ATTR, distributions, valid_sampler
+from autotune.tuner import _stagnated
+from tests.test_tuner import PROBLEM, TOY, fake_time
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_index_matches_a_full_recount_as_trials_come_and_go():
+    """After every step of a study's life (asked, released, measured ok or failed, still
+    running), the index's taken set, counts, counting_before, best and patience equal what a
+    pass over every trial says."""
+    space = TOY.valid_space(PROBLEM)
+    dists = distributions(space)
+    sampler = valid_sampler("random", space, seed=1)
+    study = optuna.create_study(sampler=sampler)
+    rng = random.Random(0)
+    running = []
+    for step in range(40):
+        trial = study.ask(dists)
+        running.append(trial)
+        if rng.random() < 0.7:
+            t = running.pop(rng.randrange(len(running)))
+            fate = rng.choice(["ok", "ok", "failed", "released"])
+            if fate != "released":
+                study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, fate)
+            if fate == "ok":
+                study.tell(t, fake_time(t.params))
+            else:
+                study.tell(t, state=TrialState.FAIL)
+        trials = study.get_trials(deepcopy=False)
+        index = sampler.index
+        index.refresh(trials)
+
+        def counts(t):
+            return t.state in (TrialState.RUNNING, TrialState.COMPLETE) or (
+                t.state == TrialState.FAIL and OUTCOME_ATTR in t.system_attrs)
+
+        measured = [t for t in trials if counts(t) and t.state != TrialState.RUNNING]
+        assert index.measured == len(measured), step
+        assert index.running == sum(t.state == TrialState.RUNNING for t in trials), step
+        for t in trials:
+            assert (space.key(t.params) in index) == any(
+                counts(u) and space.key(u.params) == space.key(t.params) for u in trials), step
+        n = trials[-1].number
+        assert index.counting_before(n) == sum(1 for t in trials if t.number < n and counts(t))
+        values = [t.value for t in trials if t.state == TrialState.COMPLETE]
+        for patience in (1, 3, 5):
+            assert index.stagnated(patience) == _stagnated(study, patience), (step, patience)
+        if values:
+            best = min((t for t in trials if t.state == TrialState.COMPLETE),
+                       key=lambda t: (t.value, t.number))
+            assert index.best_keys(1) == [space.key(best.params)]
+
+
+def test_base_sampler_proposes_from_a_capped_model_past_model_trials(monkeypatch):
+    """Past MODEL_TRIALS measured trials, TPE proposes from a model study of the best and the
+    latest trials (never more than twice MODEL_TRIALS), and its proposals stay valid and
+    untaken."""
+    monkeypatch.setattr(sampling, "MODEL_TRIALS", 8)
+    space = TOY.valid_space(PROBLEM)
+    dists = distributions(space)
+    sampler = valid_sampler("tpe", space, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    seen = set()
+    for _ in range(30):
+        trial = study.ask(dists)
+        key = space.key(trial.params)
+        assert space.is_valid(trial.params) and key not in seen
+        seen.add(key)
+        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok")
+        study.tell(trial, fake_time(trial.params))
+        if sampler._model is not None:
+            assert len(sampler._model.get_trials(deepcopy=False)) <= 2 * 8 + 1
+    assert sampler._model is not None  # the cap was reached and used
