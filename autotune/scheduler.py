@@ -383,7 +383,8 @@ class _Scheduler:
             return
         if result.ok:
             self.store.record_baseline(r.problem, r.kernel.baseline_name, result.samples_us,
-                                       device=self.device, software=self.software)
+                                       device=self.device, software=self.software,
+                                       cache=self.policy)
         else:
             logger.warning("baseline %s failed for %s: %s", r.kernel.baseline_name, r.problem,
                            result.error)

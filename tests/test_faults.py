@@ -359,10 +359,10 @@ def test_tuner_of_another_host_killed_its_trials_are_freed_by_heartbeat(tmp_path
 
 def test_worker_crashes_and_hangs_are_stored_and_the_job_finishes(tmp_path, campaign):
     """Configs that segfault or hang their worker are stored as crashed / timeout; the job
-    finishes, and a re-run measures nothing again."""
+    finishes with exit 3 (trials crashed), and a re-run measures nothing again."""
     job = Job(tmp_path, f"sqlite:///{tmp_path}/autotune.db", kernel="tests.fault_driver:FLAKY",
               trials=6, sampler="brute")
-    fault_then_rerun(job, campaign, expect=None)
+    fault_then_rerun(job, campaign, expect=3)  # exit 3: the job ended, some trials crashed
     statuses = collections.Counter(row[5] for row in stored(job.url))
     assert statuses == {"ok": 2, "crashed": 2, "timeout": 2}, statuses
     assert len(job.entries()) == 6  # the re-run measured nothing

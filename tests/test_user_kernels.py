@@ -140,7 +140,8 @@ def test_pallas_example_tunes_end_to_end_in_interpret_mode(tmp_path, monkeypatch
     from examples.user_kernels import bias_gelu
 
     for key in (bias_gelu.KERNEL, BIAS_GELU):  # the object in its module, or its path
-        found, source = autotune.lookup_config(key, {"rows": 16, "cols": 256}, "float32", db=db)
+        found, source = autotune.lookup_config(key, {"rows": 16, "cols": 256}, "float32", db=db,
+                                               device="interpret")
         assert (dict(found), source) == (config, "exact")
     assert kernel.bind(kernel.problem({"rows": 16, "cols": 256}, "float32")).is_valid(config)
 
@@ -364,8 +365,11 @@ def test_tune_from_python_with_the_kernel_object(tmp_path):
     [report] = autotune.tune(KERNEL, [MISSING_SHAPE], dtype="float32", trials=2, db=db,
                              device="interpret")
     assert report.problem.kernel == MISSING and report.best_config is not None
-    assert autotune.best_config(MISSING, MISSING_SHAPE, "float32", db=db) == dict(report.best_config)
-    assert autotune.lookup_config(KERNEL, MISSING_SHAPE, "float32", db=db) == (
+    # Interpret-mode results are served only when asked for by device.
+    assert autotune.best_config(MISSING, MISSING_SHAPE, "float32", db=db) is None
+    assert autotune.best_config(MISSING, MISSING_SHAPE, "float32", db=db,
+                                device="interpret") == dict(report.best_config)
+    assert autotune.lookup_config(KERNEL, MISSING_SHAPE, "float32", db=db, device="interpret") == (
         report.best_config, "exact"
     )
 
