@@ -19,7 +19,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
@@ -29,11 +29,14 @@ from autotune.errors import JobError
 from autotune.problem import Config
 from autotune.space import BoundSpace
 
+if TYPE_CHECKING:
+    from autotune.ranked_sampler import Observation
+
 __all__ = ["ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("auto", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")
 # The share of local moves (around the best so far) in the "auto" sampler's proposals; chosen
 # by the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
 # section 3).
@@ -53,19 +56,40 @@ def valid_sampler(
     seeds: Iterable[Mapping[str, Any]] = (),
     taken: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
     local: float | None = None,
+    related: Iterable[Mapping[str, Any]] = (),
+    history: Iterable[Observation] = (),
+    ranked: Mapping[str, Any] | None = None,
 ) -> ValidSampler:
     """The :class:`ValidSampler` for sampler ``name`` over ``space``.
 
     ``"auto"`` (the default) is multivariate TPE with :data:`DEFAULT_LOCAL_SHARE` of its
     proposals replaced by local moves around the best measured config; ``local`` overrides
-    that share (for any sampler but ``random`` and ``brute``).
+    that share (for any sampler but ``random`` and ``brute``). ``seeds`` are proposed first,
+    then ``related`` (winners of related problems).
+
+    ``"ranked"`` is :class:`~autotune.ranked_sampler.RankedSampler`: a cost model, learnt from
+    ``history`` (results of the same kernel and device, other shapes and this one) and the
+    study's trials, ranks a pool of valid candidates; ``related`` configs join its pool instead
+    of being proposed first. ``ranked`` passes keyword options to it (``explore``, ``model``...).
     """
     if local is None:
         local = DEFAULT_LOCAL_SHARE if name == "auto" else 0.0
     mode = {"random": "uniform", "brute": "brute"}.get(name, "base")
+    if name == "ranked":
+        from autotune.ranked_sampler import RankedSampler
+
+        related = list(related)
+        base: optuna.samplers.BaseSampler = RankedSampler(
+            space, seed=seed, history=history, related=related, **dict(ranked or {})
+        )
+        # The nearest related problem's winner first (a strong guess at a near shape); the
+        # others join the model's pool.
+        seeds = [*seeds, *related[:1]]
+    else:
+        base = make_sampler(name, seed=seed)
+        seeds = [*seeds, *related]
     return ValidSampler(
-        space, make_sampler(name, seed=seed), mode=mode, seed=seed, seeds=seeds, taken=taken,
-        local=local,
+        space, base, mode=mode, seed=seed, seeds=seeds, taken=taken, local=local,
     )
 
 
@@ -123,6 +147,8 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
             return optuna.samplers.QMCSampler(seed=seed)
     if name == "brute":
         return optuna.samplers.RandomSampler(seed=seed)  # unused: ValidSampler walks the set
+    if name == "ranked":
+        raise JobError("the ranked sampler needs its space: build it with valid_sampler().")
     raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")
 
 
