@@ -5,8 +5,9 @@ A job file is data, never code::
     [defaults]              # optional; each problem may override any of these
     trials = 32             # measured configs per problem (and/or `seconds`)
     patience = 24           # stop after this many configs in a row without a better one
-    sampler = "auto"        # auto | tpe | random | cmaes | gp | qmc | brute
+    sampler = "auto"        # auto | ranked | tpe | random | cmaes | gp | qmc | brute
     seed = 0
+    known_good = true       # try the kernel's known-good default config first
 
     [[problem]]
     kernel = "hopper_matmul"
@@ -46,6 +47,8 @@ _SETTINGS = {
     "seed": "a whole number (or omit it for a random seed)",
     "iterations": "a whole number of timed runs per config, 1 to 10000",
     "trace_top_k": "how many of the best configs get an in-kernel trace (0 to 100)",
+    "known_good": "true (try the kernel's known-good default config first) or false (search "
+                  "without it)",
 }
 _PROBLEM_KEYS = {"kernel", "dtype", "dtypes", "shape", "shapes", *_SETTINGS}
 
@@ -70,6 +73,7 @@ class ProblemSpec:
     seed: int | None = 0
     iterations: int = 20
     trace_top_k: int = 1
+    known_good: bool = True  # propose the kernel's known-good default config first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +214,7 @@ def _expand(
                     seed=settings.get("seed", 0),
                     iterations=settings.get("iterations", 20),
                     trace_top_k=settings.get("trace_top_k", 1),
+                    known_good=settings.get("known_good", True),
                 )
             )
     return out
@@ -258,3 +263,5 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
         fail("iterations")
     if "trace_top_k" in s and not (_is_int(s["trace_top_k"]) and 0 <= s["trace_top_k"] <= 100):
         fail("trace_top_k")
+    if "known_good" in s and not isinstance(s["known_good"], bool):
+        fail("known_good")

@@ -54,6 +54,7 @@ from autotune.space import Aligned, BoundSpace, Choice, PowerOfTwo
 __all__ = [
     "Observation",
     "Features",
+    "stored_history",
     "RankedSampler",
     "MODELS",
     "model_backend",
@@ -90,6 +91,13 @@ class Observation:
     problem: Problem
     config: Mapping[str, Any]
     time_us: float | None
+
+
+def stored_history(store: Any, problem: Problem, device: Any) -> list[Observation]:
+    """Every result ``store`` holds for ``problem``'s kernel on ``device`` (same name and
+    kind), at any shape and dtype, as observations (failures with no time)."""
+    rows = store.trials(kernel=problem.kernel, device_name=device.name, device_kind=device.kind)
+    return [Observation(r.problem, r.config, r.median_us if r.ok else None) for r in rows]
 
 
 def model_backend(model: str = "auto") -> str:
@@ -291,17 +299,26 @@ class _Trees(_Model):
         return self
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        per_tree = np.stack([tree.predict(x) for tree in self._model.estimators_])
+        # One conversion for all trees (each tree's own input check costs more than its walk).
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        per_tree = np.stack([tree.predict(x32, check_input=False) for tree in self._model.estimators_])
         return per_tree.mean(axis=0), per_tree.std(axis=0)
 
 
 class _Ridge(_Model):
-    """Ridge regression on standardised features (``numpy.linalg.lstsq``); no spread."""
+    """Ridge regression on standardised features and their squares (``numpy.linalg.lstsq``);
+    no spread."""
 
     def __init__(self, *, alpha: float = 3.0) -> None:
         self._alpha = alpha
 
+    @staticmethod
+    def _expand(x: np.ndarray) -> np.ndarray:
+        # Squares let a linear model express "best near some tile size" (a valley, not a slope).
+        return np.hstack([x, x * x])
+
     def fit(self, x: np.ndarray, y: np.ndarray) -> _Ridge:
+        x = self._expand(x)
         self._mu = x.mean(axis=0)
         scale = x.std(axis=0)
         self._scale = np.where(scale > 1e-12, scale, 1.0)
@@ -314,7 +331,7 @@ class _Ridge(_Model):
         return self
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mean = ((x - self._mu) / self._scale) @ self._coef + self._y0
+        mean = ((self._expand(x) - self._mu) / self._scale) @ self._coef + self._y0
         return mean, np.zeros(len(x))
 
 
@@ -371,7 +388,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         related: Iterable[Mapping[str, Any]] = (),
         candidates: int = DEFAULT_CANDIDATES,
         explore: float = DEFAULT_EXPLORE,
-        kappa: float = 0.5,
+        kappa: float = 0.0,
         climb: float = 0.5,
         clip: bool = True,
         model: str = "auto",
@@ -579,7 +596,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         n = len(measured)
         self._fitted_on = n
         # Climb: the neighbours of the best measured configs join the pool.
-        ok = sorted((t, k) for k, t in measured if t is not None)
+        ok = sorted(((t, k) for k, t in measured if t is not None), key=lambda p: p[0])
         around = []
         for _t, key in ok[:CLIMB_FROM]:
             around.extend(self._space.neighbours(dict(zip(self._space.names, key, strict=True))))

@@ -32,7 +32,10 @@ from autotune.space import BoundSpace
 if TYPE_CHECKING:
     from autotune.ranked_sampler import Observation
 
-__all__ = ["ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
+__all__ = [
+    "ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "RANKED_WHEN_WARM", "make_sampler",
+    "valid_sampler", "resolve_sampler", "distributions", "ExhaustedError",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,21 @@ DEFAULT_LOCAL_SHARE = 0.5
 # (e.g. a worker killed before its result was stored) and do not take their config.
 OUTCOME_ATTR = "autotune_outcome"
 DIGEST_ATTR = "autotune_config"
+
+
+# Where the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md)
+# says the ranked sampler needs fewer trials than TPE with local moves, "auto" picks it: when
+# the database holds results of the same kernel and device at other shapes (warm).
+RANKED_WHEN_WARM = True
+
+
+def resolve_sampler(name: str, *, history: Iterable[Observation], problem: Any) -> str:
+    """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
+    results of other shapes (and :data:`RANKED_WHEN_WARM`), else TPE with local moves."""
+    if name != "auto":
+        return name
+    warm = any(o.problem != problem for o in history)
+    return "ranked" if warm and RANKED_WHEN_WARM else "auto"
 
 
 def valid_sampler(
@@ -210,6 +228,11 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
         self.proposed = 0
         self._brute_pos = 0
+
+    @property
+    def base(self) -> optuna.samplers.BaseSampler:
+        """The wrapped sampler that proposes."""
+        return self._base
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 

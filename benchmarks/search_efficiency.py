@@ -3,6 +3,7 @@
     python3 benchmarks/search_efficiency.py [FILES] [--seeds 10] [--budget 64]
         [--samplers auto,ranked] [--modes cold,warm] [--json OUT] [--save-reference PATH]
     python3 benchmarks/search_efficiency.py --live DB [--job examples/h200_unseen.toml]
+    python3 benchmarks/search_efficiency.py --store-ground-truth DB [FILES]
 
 Ground truth: every ``benchmarks/data/<kernel>__<shape>__<dtype>.json`` written by
 ``benchmarks/ground_truth.py`` on a GPU (a uniform sample of the valid set plus climbing around
@@ -34,7 +35,8 @@ separately.
 
 ``--live DB`` reads a live job's results instead: for each problem in the database (or in
 ``--job``), the trial index at which its final best was first reached, and at which it was
-first within 1%.
+first within 1%. ``--store-ground-truth DB`` writes the ground truth into a database first, so a
+live job over other shapes starts warm (``examples/h200_unseen.toml``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ MODES = ("cold", "warm")
 # The ranked sampler's settings were chosen on these files only; all others are held out.
 TUNED_ON = (
     "hopper_matmul__k4096_m4096_n4096__bfloat16.json",
+    "hopper_matmul__k4096_m8192_n3584__bfloat16.json",
     "hopper_matmul__k8192_m256_n8192__bfloat16.json",
     "hopper_attention__batch1_causalfalse_head_dim64_heads_kv8_heads_q8_seq_kv8192_seq_q8192__float16.json",
 )
@@ -339,6 +342,32 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def store_ground_truth(db: str, files: Sequence[str]) -> int:
+    """Stores every ground-truth result in ``db`` as trials of the device it was measured on
+    (``"kind": "gpu"``), so that a live job there starts warm; returns the trials written."""
+    from autotune.storage import Store
+    from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+    written = 0
+    with Store(db) as store:
+        for data in load(files):
+            kernel = get_kernel(data["kernel"])
+            problem = kernel.problem(data["shape"], data["dtype"])
+            device = DeviceInfo(name=data["device"], kind="gpu")
+            software = {k: str(v) for k, v in data.get("jax", {}).items()}
+            for r in data["results"]:
+                if r["status"] == "ok":
+                    samples = [r.get("min_us", r["median_us"]), r["median_us"], r.get("max_us", r["median_us"])]
+                    result = TrialResult.timed(samples, compile_s=r.get("compile_s"), rel_error=None,
+                                               timing="cupti")
+                else:
+                    result = TrialResult.failed(Outcome(r["status"]), r.get("error", ""))
+                recorded = store.record_trial(problem, Config(r["config"]), result, device=device,
+                                              software=software, worker="ground-truth")
+                written += not recorded.duplicate
+    return written
+
+
 def print_live(rows: Sequence[Mapping[str, Any]]) -> None:
     print("| problem | device | trials | best (us) | final best first reached at trial | within 1% at trial |")
     print("|---|---|---|---|---|---|")
@@ -370,11 +399,18 @@ def main() -> None:
                          "threshold: the committed reference of the CI regression test")
     ap.add_argument("--live", metavar="DB", help="read a live job's database instead of replaying")
     ap.add_argument("--job", help="with --live: only this job file's problems")
+    ap.add_argument("--store-ground-truth", metavar="DB",
+                    help="store the ground-truth results in DB (as trials of the device they were "
+                         "measured on), so that a live job there starts warm; then exit")
     args = ap.parse_args()
     if args.live:
         print_live(live_rows(args.live, args.job))
         return
     files = args.files or ground_truth_files()
+    if args.store_ground_truth:
+        n = store_ground_truth(args.store_ground_truth, files)
+        print(f"stored {n} ground-truth trials from {len(files)} files in {args.store_ground_truth}")
+        return
     if not files:
         raise SystemExit("no ground-truth files: run benchmarks/ground_truth.py on a GPU first")
     bad = [f for f in files if not GROUND_TRUTH.match(Path(f).name)]
