@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--patience", type=int, metavar="N",
                    help="stop a problem early after N measured configs in a row without a better one "
                         "(0: never; default: the job's, else 24)")
-    t.add_argument("--sampler", help="override the sampler (tpe, random, cmaes, gp, qmc, brute)")
+    t.add_argument("--sampler", help="override the sampler (auto, ranked, tpe, random, cmaes, gp, qmc, brute)")
     t.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
     t.add_argument("--gpus", help="'all' or a list like 0,1 (one measuring worker per GPU)")
     t.add_argument("--results-dir", default="results", help="where traces and reports go")

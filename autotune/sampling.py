@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from autotune.ranked_sampler import Observation
 
 __all__ = [
-    "ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "RANKED_WHEN_WARM", "make_sampler",
+    "ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "RANKED_WHEN_WARM", "RANKED_MAX_VALID", "make_sampler",
     "valid_sampler", "resolve_sampler", "distributions", "ExhaustedError",
 ]
 
@@ -51,19 +51,25 @@ OUTCOME_ATTR = "autotune_outcome"
 DIGEST_ATTR = "autotune_config"
 
 
-# Where the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md)
-# says the ranked sampler needs fewer trials than TPE with local moves, "auto" picks it: when
-# the database holds results of the same kernel and device at other shapes (warm).
+# Where the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
+# section 7) says the ranked sampler needs fewer trials than TPE with local moves, "auto" picks
+# it: when the database holds results of the same kernel and device at other shapes (warm), or
+# when the whole valid set fits in its candidate pool (the model then ranks every config).
 RANKED_WHEN_WARM = True
+RANKED_MAX_VALID = 1024
 
 
-def resolve_sampler(name: str, *, history: Iterable[Observation], problem: Any) -> str:
+def resolve_sampler(
+    name: str, *, history: Iterable[Observation], problem: Any, valid_count: int | None = None
+) -> str:
     """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
-    results of other shapes (and :data:`RANKED_WHEN_WARM`), else TPE with local moves."""
+    results of other shapes (:data:`RANKED_WHEN_WARM`) or the space has at most
+    :data:`RANKED_MAX_VALID` valid configs, else TPE with local moves."""
     if name != "auto":
         return name
     warm = any(o.problem != problem for o in history)
-    return "ranked" if warm and RANKED_WHEN_WARM else "auto"
+    small = valid_count is not None and valid_count <= RANKED_MAX_VALID
+    return "ranked" if (warm and RANKED_WHEN_WARM) or small else "auto"
 
 
 def valid_sampler(

@@ -297,7 +297,8 @@ def tune_problem(
         seeds.append(kernel.default_config(problem))
     related = _related_winners(store, problem, device)
     history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
-    sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem)
+    sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
+                                   valid_count=space.count())
     logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
 
     sampler = valid_sampler(

@@ -62,7 +62,7 @@ from optuna.trial import TrialState  # noqa: E402
 from autotune.kernel import get_kernel  # noqa: E402
 from autotune.problem import Config  # noqa: E402
 from autotune.queries import shape_distance  # noqa: E402
-from autotune.ranked_sampler import Observation  # noqa: E402
+from autotune.ranked_sampler import Observation, model_backend  # noqa: E402
 from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 from autotune.space import Constraint, Space  # noqa: E402
 
@@ -297,6 +297,7 @@ def reference(rows: Sequence[Mapping[str, Any]], files: Sequence[str], args: Any
         "budget": args.budget,
         "samplers": args.samplers.split(","),
         "modes": args.modes.split(","),
+        "model": model_backend("auto"),
         "median_trials": {
             f"{r['problem']} | {r['mode']} | {r['sampler']}": {f"{th:g}": r[f"{th:g}"][0] for th in THRESHOLDS}
             for r in rows
