@@ -5,8 +5,9 @@ A job file is data, never code::
     [defaults]              # optional; each problem may override any of these
     trials = 32             # measured configs per problem (and/or `seconds`)
     patience = 24           # stop after this many configs in a row without a better one
-    sampler = "auto"        # auto | tpe | random | cmaes | gp | qmc | brute
+    sampler = "auto"        # auto | ranked | tpe | random | cmaes | gp | qmc | brute
     seed = 0
+    known_good = true       # try the kernel's known-good default config first
 
     cache = "cold"          # optional, for the whole job: cold (default on a GPU) | warm
 
@@ -56,6 +57,8 @@ _SETTINGS = {
                    "up to 32)",
     "confirm_rounds": "a whole number of interleaved confirmation rounds, 1 to 100",
     "confirm_iterations": "a whole number of timed runs per program and round, 1 to 10000",
+    "known_good": "true (try the kernel's known-good default config first) or false (search "
+                  "without it)",
 }
 _PROBLEM_KEYS = {"kernel", "dtype", "dtypes", "shape", "shapes", *_SETTINGS}
 
@@ -88,6 +91,7 @@ class ProblemSpec:
     confirm_top: int | None = None
     confirm_rounds: int = DEFAULT_CONFIRM_ROUNDS
     confirm_iterations: int = DEFAULT_CONFIRM_ITERATIONS
+    known_good: bool = True  # propose the kernel's known-good default config first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +258,7 @@ def _expand(
                     confirm_rounds=settings.get("confirm_rounds", DEFAULT_CONFIRM_ROUNDS),
                     confirm_iterations=settings.get("confirm_iterations",
                                                     DEFAULT_CONFIRM_ITERATIONS),
+                    known_good=settings.get("known_good", True),
                 )
             )
     return out
@@ -310,3 +315,5 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
         _is_int(s["confirm_iterations"]) and 1 <= s["confirm_iterations"] <= 10_000
     ):
         fail("confirm_iterations")
+    if "known_good" in s and not isinstance(s["known_good"], bool):
+        fail("known_good")

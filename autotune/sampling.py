@@ -20,7 +20,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
@@ -31,11 +31,17 @@ from autotune.problem import Config
 from autotune.space import BoundSpace
 from autotune.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
-__all__ = ["ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "make_sampler", "valid_sampler", "distributions", "ExhaustedError"]
+if TYPE_CHECKING:
+    from autotune.ranked_sampler import Observation
+
+__all__ = [
+    "ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "RANKED_WHEN_WARM", "RANKED_MAX_VALID", "make_sampler",
+    "valid_sampler", "resolve_sampler", "distributions", "ExhaustedError",
+]
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("auto", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")
 # Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
 # trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
 # MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so
@@ -50,6 +56,27 @@ DEFAULT_LOCAL_SHARE = 0.5
 DIGEST_ATTR = "autotune_config"
 
 
+# Where the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
+# section 7) says the ranked sampler needs fewer trials than TPE with local moves, "auto" picks
+# it: when the database holds results of the same kernel and device at other shapes (warm), or
+# when the whole valid set fits in its candidate pool (the model then ranks every config).
+RANKED_WHEN_WARM = True
+RANKED_MAX_VALID = 1024
+
+
+def resolve_sampler(
+    name: str, *, history: Iterable[Observation], problem: Any, valid_count: int | None = None
+) -> str:
+    """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
+    results of other shapes (:data:`RANKED_WHEN_WARM`) or the space has at most
+    :data:`RANKED_MAX_VALID` valid configs, else TPE with local moves."""
+    if name != "auto":
+        return name
+    warm = any(o.problem != problem for o in history)
+    small = valid_count is not None and valid_count <= RANKED_MAX_VALID
+    return "ranked" if (warm and RANKED_WHEN_WARM) or small else "auto"
+
+
 def valid_sampler(
     name: str,
     space: BoundSpace,
@@ -58,19 +85,40 @@ def valid_sampler(
     seeds: Iterable[Mapping[str, Any]] = (),
     taken: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
     local: float | None = None,
+    related: Iterable[Mapping[str, Any]] = (),
+    history: Iterable[Observation] = (),
+    ranked: Mapping[str, Any] | None = None,
 ) -> ValidSampler:
     """The :class:`ValidSampler` for sampler ``name`` over ``space``.
 
     ``"auto"`` (the default) is multivariate TPE with :data:`DEFAULT_LOCAL_SHARE` of its
     proposals replaced by local moves around the best measured config; ``local`` overrides
-    that share (for any sampler but ``random`` and ``brute``).
+    that share (for any sampler but ``random`` and ``brute``). ``seeds`` are proposed first,
+    then ``related`` (winners of related problems).
+
+    ``"ranked"`` is :class:`~autotune.ranked_sampler.RankedSampler`: a cost model, learnt from
+    ``history`` (results of the same kernel and device, other shapes and this one) and the
+    study's trials, ranks a pool of valid candidates; ``related`` configs join its pool instead
+    of being proposed first. ``ranked`` passes keyword options to it (``explore``, ``model``...).
     """
     if local is None:
         local = DEFAULT_LOCAL_SHARE if name == "auto" else 0.0
     mode = {"random": "uniform", "brute": "brute"}.get(name, "base")
+    if name == "ranked":
+        from autotune.ranked_sampler import RankedSampler
+
+        related = list(related)
+        base: optuna.samplers.BaseSampler = RankedSampler(
+            space, seed=seed, history=history, related=related, **dict(ranked or {})
+        )
+        # The nearest related problem's winner first (a strong guess at a near shape); the
+        # others join the model's pool.
+        seeds = [*seeds, *related[:1]]
+    else:
+        base = make_sampler(name, seed=seed)
+        seeds = [*seeds, *related]
     return ValidSampler(
-        space, make_sampler(name, seed=seed), mode=mode, seed=seed, seeds=seeds, taken=taken,
-        local=local,
+        space, base, mode=mode, seed=seed, seeds=seeds, taken=taken, local=local,
     )
 
 
@@ -128,6 +176,8 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
             return optuna.samplers.QMCSampler(seed=seed)
     if name == "brute":
         return optuna.samplers.RandomSampler(seed=seed)  # unused: ValidSampler walks the set
+    if name == "ranked":
+        raise JobError("the ranked sampler needs its space: build it with valid_sampler().")
     raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")
 
 
@@ -204,6 +254,10 @@ class ValidSampler(optuna.samplers.BaseSampler):
         trial, so a process alone keeps its seeded sequence."""
         self._rng = random.Random(f"{self._seed}:{salt}")
         self._base.reseed_rng()
+    @property
+    def base(self) -> optuna.samplers.BaseSampler:
+        """The wrapped sampler that proposes."""
+        return self._base
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 

@@ -303,13 +303,20 @@ class _Scheduler:
         if len(rows) >= space.count():
             return skip("space exhausted", len(rows), "every valid config measured")
 
+        # Seeds: the known-good default first (unless switched off), then related winners (the
+        # ranked sampler scores those with its model instead); the sampler as the tuner picks it.
         seeds: list[Mapping[str, Any]] = []
-        if kernel.default_config is not None:
+        if kernel.default_config is not None and spec.known_good:
             seeds.append(kernel.default_config(problem))
-        seeds.extend(_t._related_winners(self.store, problem, device))
+        related = _t._related_winners(self.store, problem, device, self.policy)
+        history = (_t.stored_history(self.store, problem, device)
+                   if spec.sampler in ("auto", "ranked") else [])
+        sampler_name = _t.resolve_sampler(spec.sampler, history=history, problem=problem,
+                                          valid_count=space.count())
+        logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
         stored_configs = [r.config for r in rows]
-        sampler = valid_sampler(spec.sampler, space, seed=spec.seed, seeds=seeds,
-                                taken=lambda: stored_configs)
+        sampler = valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,
+                                history=history, taken=lambda: stored_configs)
         study = _t._open_study(problem, device, self.storage, sampler, self.software, self.policy)
         _t._close_orphans(study, self.store, problem, device, self.policy)
         sampler.index.refresh(study.get_trials(deepcopy=False))

@@ -47,7 +47,14 @@ from autotune.errors import JobError, StorageError
 from autotune.jobs import Job, ProblemSpec
 from autotune.kernel import Kernel, get_kernel
 from autotune.problem import Config, Problem
-from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler
+from autotune.ranked_sampler import stored_history
+from autotune.sampling import (
+    OUTCOME_ATTR,
+    ExhaustedError,
+    distributions,
+    resolve_sampler,
+    valid_sampler,
+)
 from autotune.trial import DeviceInfo, Outcome, TrialResult
 
 __all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "legacy_study_name", "Event",
@@ -424,17 +431,24 @@ def tune_problem(
             return _report(kernel, problem, device, store, measured_now=0, repaired=0,
                            skipped=True, stop_reason=why, cache=policy, confirm_s=confirm_s)
 
-    # Seeds: JAX's known-good default first, then the winners of related problems.
+    # Seeds: JAX's known-good default first (unless switched off), then the winners of
+    # related problems (the ranked sampler scores those with its model instead).
     seeds: list[Mapping[str, Any]] = []
-    if kernel.default_config is not None:
+    if kernel.default_config is not None and spec.known_good:
         seeds.append(kernel.default_config(problem))
-    seeds.extend(_related_winners(store, problem, device, policy))
+    related = _related_winners(store, problem, device, policy)
+    history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
+    sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
+                                   valid_count=space.count())
+    logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
 
     sampler = valid_sampler(
-        spec.sampler,
+        sampler_name,
         space,
         seed=spec.seed,
         seeds=seeds,
+        related=related,
+        history=history,
         # Results stored before this run (other studies, other processes); this run's own
         # and other hosts' live trials are in the shared study, which the sampler reads.
         taken=lambda: stored_configs,

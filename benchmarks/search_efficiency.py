@@ -1,16 +1,42 @@
 """Replay samplers over recorded ground truth: trials needed to get near the best (CPU only).
 
-    python3 benchmarks/search_efficiency.py [benchmarks/data/*.json] [--seeds 50] [--budget 200]
+    python3 benchmarks/search_efficiency.py [FILES] [--seeds 10] [--budget 64]
+        [--samplers auto,ranked] [--modes cold,warm] [--json OUT] [--save-reference PATH]
+    python3 benchmarks/search_efficiency.py --live DB [--job examples/h200_unseen.toml]
+    python3 benchmarks/search_efficiency.py --store-ground-truth DB [FILES]
 
-For each recorded problem (``benchmarks/ground_truth.py`` output) and each sampler, runs the
-real :class:`~autotune.sampling.ValidSampler` over the recorded configs (the space restricted to
-them: a sample stays a sample) for many seeds, looking times up instead of measuring, and prints
-the trials needed to reach within 0.5%, 1%, 2% and 5% of the best recorded time: median and
-90th percentile over seeds, and the median's ratio to random search. ``default`` is what
-``autotune tune`` does (the ``auto`` sampler: JAX's default config first, then multivariate TPE
-with half of the proposals local moves around the best so far); ``warm`` adds the winners of the
-other recorded problems of the same kernel and dtype after it, nearest shape first, as a tuned
-database would. ``NAME+local=SHARE`` sets the share of local moves.
+Ground truth: every ``benchmarks/data/<kernel>__<shape>__<dtype>.json`` written by
+``benchmarks/ground_truth.py`` on a GPU (a uniform sample of the valid set plus climbing around
+the best; ``replay_reference.json`` is the CI reference, not ground truth). For each recorded
+problem and sampler, the real sampler (:func:`autotune.sampling.valid_sampler`, with its
+valid-set repair) runs over the recorded configs (the space restricted to them) for many seeds,
+looking times up instead of measuring; the table gives the trials needed to get within 1% and
+0.5% of the best recorded time (median and 90th percentile over seeds) and the first proposal's
+gap to the best.
+
+Modes, both with the kernel's known-good default switched OFF (``--with-default`` adds today's
+tuner, ``auto`` with the default first, cold, for reference):
+  cold  an empty database: no other result is known;
+  warm  leave-one-out: every other recorded problem of the same kernel (and device) is stored;
+        ``auto`` proposes their winners first (nearest shape first, as the tuner does), the
+        ranked sampler learns from all their results and puts the winners in its pool.
+
+The ranked sampler's pool is drawn from the *uniform-stage* recorded configs only: configs the
+ground truth found by climbing around the best are reachable only as neighbours of measured
+configs, as they would be in the real valid set (of 10^5 configs, a pool of 1024 rarely holds
+the best few).
+
+Sampler specs: ``auto``, ``ranked``, with options after ``+``: ``auto+local=0.3``,
+``ranked+model=numpy``, ``ranked+explore=0.2+local=0.5+kappa=1+candidates=512``.
+
+``HELD_OUT``: the settings of the ranked sampler (explore, kappa, local, the features) were
+tuned on the files in ``TUNED_ON`` only; every other problem is held out and reported
+separately.
+
+``--live DB`` reads a live job's results instead: for each problem in the database (or in
+``--job``), the trial index at which its final best was first reached, and at which it was
+first within 1%. ``--store-ground-truth DB`` writes the ground truth into a database first, so a
+live job over other shapes starts warm (``examples/h200_unseen.toml``).
 """
 
 from __future__ import annotations
@@ -19,8 +45,10 @@ import argparse
 import glob
 import json
 import math
+import re
 import statistics
 import sys
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,81 +62,129 @@ from optuna.trial import TrialState  # noqa: E402
 from autotune.kernel import get_kernel  # noqa: E402
 from autotune.problem import Config  # noqa: E402
 from autotune.queries import shape_distance  # noqa: E402
-from autotune.sampling import (  # noqa: E402
-    OUTCOME_ATTR,
-    ExhaustedError,
-    distributions,
-    valid_sampler,
-)
+from autotune.ranked_sampler import Observation, model_backend  # noqa: E402
+from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 from autotune.space import Constraint, Space  # noqa: E402
 
-THRESHOLDS = (0.005, 0.01, 0.02, 0.05)
-SAMPLERS = ("random", "tpe", "qmc", "cmaes", "default", "warm")
+DATA = Path(__file__).resolve().parent / "data"
+GROUND_TRUTH = re.compile(r"^[^_].*__.+__[a-z0-9_]+\.json$")
+THRESHOLDS = (0.005, 0.01, 0.02)
+SAMPLERS = ("auto", "ranked")
+MODES = ("cold", "warm")
+# The ranked sampler's settings were chosen on these files only; all others are held out.
+TUNED_ON = (
+    "hopper_matmul__k4096_m4096_n4096__bfloat16.json",
+    "hopper_matmul__k4096_m8192_n3584__bfloat16.json",
+    "hopper_matmul__k8192_m256_n8192__bfloat16.json",
+    "hopper_attention__batch1_causalfalse_head_dim64_heads_kv8_heads_q8_seq_kv8192_seq_q8192__float16.json",
+)
+RANKED_OPTIONS = {"explore": float, "kappa": float, "candidates": int, "model": str,
+                  "climb": float, "clip": lambda v: v not in ("0", "false")}
+
+
+def ground_truth_files(folder: Path = DATA) -> list[str]:
+    """Every ``<kernel>__<shape>__<dtype>.json`` in ``folder``, sorted."""
+    return sorted(p for p in glob.glob(str(folder / "*.json")) if GROUND_TRUTH.match(Path(p).name))
 
 
 def load(paths: Sequence[str]) -> list[dict[str, Any]]:
-    return [json.loads(Path(p).read_text()) for p in paths]
+    out = []
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        if not isinstance(data, dict) or "results" not in data or "kernel" not in data:
+            raise SystemExit(f"{p}: not a ground-truth file (no 'kernel'/'results'); "
+                             "give files written by benchmarks/ground_truth.py")
+        data["file"] = Path(p).name
+        out.append(data)
+    return out
 
 
-def recorded_space(data: Mapping[str, Any]) -> tuple[Any, dict[str, float | None], Any, Any]:
-    """The kernel's bound space restricted to the recorded configs, and their times."""
-    kernel = get_kernel(data["kernel"])
-    problem = kernel.problem(data["shape"], data["dtype"])
-    base = kernel.bind(problem)
-    times = {
-        Config(r["config"]).digest(): (r["median_us"] if r["status"] == "ok" else None)
-        for r in data["results"]
-    }
-    rule = Constraint(
-        "recorded", base.names, lambda c, e: Config(dict(c)).digest() in times,
-        "only configs measured in the ground truth",
-    )
-    space = Space(base.space.params, base.space.constraints + (rule,))
-    return space.bind(problem), times, kernel, problem
+class Recorded:
+    """One ground-truth problem: its space restricted to the recorded configs, and times."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+        self.kernel = get_kernel(data["kernel"])
+        self.problem = self.kernel.problem(data["shape"], data["dtype"])
+        base = self.kernel.bind(self.problem)
+        self.times = {
+            Config(r["config"]).digest(): (r["median_us"] if r["status"] == "ok" else None)
+            for r in data["results"]
+        }
+        # Only recorded configs: one rule per tunable, on the prefix fixed so far, so that
+        # enumerating the valid set visits recorded prefixes only (milliseconds, not minutes).
+        names = base.names
+        recorded = [tuple(r["config"][n] for n in names) for r in data["results"]]
+        rules = tuple(
+            Constraint(f"recorded_{d}", names[:d + 1],
+                       lambda c, e, d=d, seen={t[:d + 1] for t in recorded}: tuple(c[n] for n in names[:d + 1]) in seen,
+                       "only configs measured in the ground truth")
+            for d in range(len(names))
+        )
+        self.bound = Space(base.space.params, base.space.constraints + rules).bind(self.problem)
+        self.best = min(t for t in self.times.values() if t is not None)
+        # The pool the ranked sampler may draw: the uniform sample, not the climb.
+        self.drawable = [Config(r["config"]) for r in data["results"]
+                         if r.get("stage", "uniform") != "neighbourhood"]
+        self.device = data.get("device", "")
+        self.name = f"{data['kernel']} {self.problem.shape_text} {self.problem.dtype}"
+
+    def observations(self) -> list[Observation]:
+        return [Observation(self.problem, Config(r["config"]),
+                            r["median_us"] if r["status"] == "ok" else None)
+                for r in self.data["results"]]
+
+    def winner(self) -> Config:
+        return min((r for r in self.data["results"] if r["status"] == "ok"),
+                   key=lambda r: r["median_us"])["config"]
+
+    def draw(self, n: int, seed: int) -> list[Config]:
+        import random
+
+        rng = random.Random(seed)
+        return rng.sample(self.drawable, min(n, len(self.drawable)))
 
 
-def warm_seeds(data: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    related = [
-        o for o in others
-        if o is not data and o["kernel"] == data["kernel"] and o["dtype"] == data["dtype"]
-    ]
-    related.sort(key=lambda o: shape_distance(data["shape"], o["shape"]))
-    seeds = []
-    for other in related[:3]:
-        ok = [r for r in other["results"] if r["status"] == "ok"]
-        if ok:
-            seeds.append(min(ok, key=lambda r: r["median_us"])["config"])
-    return seeds
+def parse_sampler(spec: str) -> tuple[str, float | None, dict[str, Any], bool]:
+    """``"ranked+explore=0.2"`` -> (name, local share or None, ranked options, default first)."""
+    name, *parts = spec.split("+")
+    if name not in ("auto", "ranked", "tpe", "random"):
+        raise SystemExit(f"sampler {spec!r}: expected auto, ranked, tpe or random, then +KEY=VALUE")
+    local, options, default = None, {}, False
+    for part in parts:
+        key, _, value = part.partition("=")
+        if key == "default":
+            default = True
+        elif key == "local":
+            local = float(value)
+        elif key in RANKED_OPTIONS and name == "ranked":
+            options[key] = RANKED_OPTIONS[key](value)
+        else:
+            raise SystemExit(f"sampler {spec!r}: unknown option {key!r} (local, default"
+                             + (", " + ", ".join(RANKED_OPTIONS) if name == "ranked" else "") + ")")
+    return name, local, options, default
 
 
-def parse_sampler(spec: str) -> tuple[str, float | None]:
-    """``"tpe"``, ``"tpe+local=0.3"``, ``"default"`` (the tuner's sampler: ``auto`` with the
-    kernel's default config first), ``"warm+local=0"``: the sampler's name and the share of
-    local moves (None: the sampler's own)."""
-    name, _, rest = spec.partition("+")
-    local = None
-    if rest:
-        key, _, value = rest.partition("=")
-        if key != "local":
-            raise SystemExit(f"sampler {spec!r}: expected NAME or NAME+local=SHARE")
-        local = float(value)
-    return ("auto" if name in ("default", "warm") else name), local
-
-
-def replay_once(bound: Any, times: Mapping[str, float | None], sampler: str, seed: int, budget: int,
-                seeds: Sequence[Mapping[str, Any]]) -> list[float]:
+def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
+                others: Sequence[Recorded] = ()) -> list[float]:
     """Best-so-far time after each trial of one replayed study."""
-    name, local = parse_sampler(sampler)
-    vs = valid_sampler(name, bound, seed=seed, seeds=seeds, local=local)
+    name, local, options, default = parse_sampler(spec)
+    seeds = [rec.kernel.default_config(rec.problem)] if default and rec.kernel.default_config else []
+    related = [o.winner() for o in sorted(others, key=lambda o: shape_distance(rec.problem.dims, o.problem.dims))[:3]]
+    history = [obs for o in others for obs in o.observations()]
+    if name == "ranked":
+        options = {"draw": rec.draw, **options}
+    vs = valid_sampler(name, rec.bound, seed=seed, seeds=seeds, local=local, related=related,
+                       history=history, ranked=options)
     study = optuna.create_study(sampler=vs)
-    dists = distributions(bound)
+    dists = distributions(rec.bound)
     best, curve = math.inf, []
     for _ in range(budget):
         try:
             trial = study.ask(dists)
         except ExhaustedError:
             break
-        t = times[Config(trial.params).digest()]
+        t = rec.times[Config(trial.params).digest()]
         study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok" if t else "wrong_result")
         if t is None:
             study.tell(trial, state=TrialState.FAIL)
@@ -138,113 +214,229 @@ def stop_at(curve: Sequence[float], patience: int) -> int:
     return len(curve)
 
 
-def pct(values: Sequence[int], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
+def related_to(rec: Recorded, recs: Sequence[Recorded]) -> list[Recorded]:
+    """The other recorded problems of the same kernel and device (leave-one-out)."""
+    return [o for o in recs if o is not rec and o.data["kernel"] == rec.data["kernel"]
+            and o.device == rec.device]
+
+
 def run(files: Sequence[str], *, seeds: int, budget: int, samplers: Sequence[str],
-        patience: Sequence[int] = ()) -> list[dict[str, Any]]:
-    datasets = load(files)
+        modes: Sequence[str] = MODES, patience: Sequence[int] = ()) -> list[dict[str, Any]]:
+    recs = [Recorded(d) for d in load(files)]
     rows = []
-    for data in datasets:
-        bound, times, kernel, problem = recorded_space(data)
-        best = min(t for t in times.values() if t is not None)
-        default_seeds = [kernel.default_config(problem)] if kernel.default_config else []
-        for sampler in samplers:
-            kind = sampler.partition("+")[0]
-            if kind == "cmaes":
-                try:
-                    import cmaes  # noqa: F401
-                except ImportError:
-                    continue
-            # The tuner's order: the kernel's default, then the related problems' winners.
-            seed_configs = {"default": default_seeds, "warm": default_seeds + warm_seeds(data, datasets)}.get(kind, [])
-            if kind == "warm" and len(seed_configs) == len(default_seeds):
-                continue  # no related problem recorded
-            curves = [replay_once(bound, times, sampler, s, budget, seed_configs) for s in range(seeds)]
-            row = {"problem": f"{data['kernel']} {problem.shape_text} {problem.dtype}", "sampler": sampler,
-                   "configs": bound.count(), "first_within_2pct": None}
-            for th in THRESHOLDS:
-                needed = [trials_to(c, best * (1 + th), budget) for c in curves]
-                row[f"{th:g}"] = (statistics.median(needed), pct(needed, 0.9))
-            row["first_within_2pct"] = sum(c[0] <= best * 1.02 for c in curves if c) / len(curves)
-            row["patience"] = {}
-            for p in patience:
-                stops = [stop_at(c, p) for c in curves if c]
-                gaps = [c[s - 1] / best - 1 for c, s in zip([c for c in curves if c], stops, strict=True)]
-                row["patience"][p] = (statistics.median(stops), statistics.median(gaps), pct(gaps, 0.9))
-            rows.append(row)
+    for rec in recs:
+        others = related_to(rec, recs)
+        for mode in modes:
+            if mode == "warm" and not others:
+                continue  # nothing else recorded for this kernel
+            for spec in samplers:
+                started = time.process_time()
+                curves = [replay_once(rec, spec, s, budget, others if mode == "warm" else ())
+                          for s in range(seeds)]
+                row: dict[str, Any] = {
+                    "problem": rec.name, "file": rec.data["file"], "mode": mode, "sampler": spec,
+                    "held_out": rec.data["file"] not in TUNED_ON, "configs": rec.bound.count(),
+                    "cpu_s": round(time.process_time() - started, 1),
+                }
+                for th in THRESHOLDS:
+                    needed = [trials_to(c, rec.best * (1 + th), budget) for c in curves]
+                    row[f"{th:g}"] = (statistics.median(needed), pct(needed, 0.9))
+                gaps = [c[0] / rec.best - 1 for c in curves if c]
+                row["first_gap"] = statistics.median(gaps)
+                row["first_within_2pct"] = sum(g <= 0.02 for g in gaps) / len(gaps)
+                row["patience"] = {}
+                for p in patience:
+                    stops = [stop_at(c, p) for c in curves if c]
+                    gaps = [c[s - 1] / rec.best - 1 for c, s in zip([c for c in curves if c], stops, strict=True)]
+                    row["patience"][p] = (statistics.median(stops), statistics.median(gaps), pct(gaps, 0.9))
+                rows.append(row)
     return rows
 
 
 def print_table(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
-    random_median = {(r["problem"], th): r[f"{th:g}"][0] for r in rows if r["sampler"] == "random" for th in THRESHOLDS}
-    head = "| problem | configs | sampler | " + " | ".join(f"within {th * 100:g}% (median / p90 / vs random)" for th in THRESHOLDS) + " | 1st within 2% |"
-    print(head)
-    print("|" + "---|" * (4 + len(THRESHOLDS)))
-    for r in rows:
-        cells = []
-        for th in THRESHOLDS:
-            med, p90 = r[f"{th:g}"]
-            rnd = random_median.get((r["problem"], th))
-            ratio = f"{med / rnd:.2f}x" if rnd else "-"
-            fmt = lambda v: f">{budget}" if v > budget else f"{v:g}"  # noqa: E731
-            cells.append(f"{fmt(med)} / {fmt(p90)} / {ratio}")
-        print(f"| {r['problem']} | {r['configs']} | {r['sampler']} | " + " | ".join(cells) + f" | {r['first_within_2pct']:.0%} |")
+    def fmt(v: float) -> str:
+        return f">{budget}" if v > budget else f"{v:g}"
+
+    for held_out in (False, True):
+        part = [r for r in rows if r["held_out"] == held_out]
+        if not part:
+            continue
+        print("Held out (not used to choose the ranked sampler's settings)" if held_out
+              else "Tuned on (the ranked sampler's settings were chosen on these)")
+        print()
+        print("| problem | mode | sampler | within 1% (median / p90) | within 0.5% (median / p90) "
+              "| within 2% (median / p90) | first proposal: gap (median), share within 2% |")
+        print("|---|---|---|---|---|---|---|")
+        for r in part:
+            cells = [f"{fmt(r[f'{th:g}'][0])} / {fmt(r[f'{th:g}'][1])}" for th in (0.01, 0.005, 0.02)]
+            print(f"| {r['problem']} | {r['mode']} | {r['sampler']} | " + " | ".join(cells)
+                  + f" | {r['first_gap']:.1%}, {r['first_within_2pct']:.0%} |")
+        print()
     if any(r["patience"] for r in rows):
         ps = sorted({p for r in rows for p in r["patience"]})
-        print()
         print("Early stop after P trials without a new best: trials run (median) / gap to the best "
               "at the stop (median, p90)")
         print()
-        print("| problem | sampler | " + " | ".join(f"P={p}" for p in ps) + " |")
-        print("|" + "---|" * (2 + len(ps)))
+        print("| problem | mode | sampler | " + " | ".join(f"P={p}" for p in ps) + " |")
+        print("|" + "---|" * (3 + len(ps)))
         for r in rows:
             cells = [f"{r['patience'][p][0]:g} / {r['patience'][p][1]:.1%}, {r['patience'][p][2]:.1%}" for p in ps]
-            print(f"| {r['problem']} | {r['sampler']} | " + " | ".join(cells) + " |")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="*")
-    ap.add_argument("--seeds", type=int, default=50)
-    ap.add_argument("--budget", type=int, default=200)
-    ap.add_argument("--samplers", default=",".join(SAMPLERS))
-    ap.add_argument("--patience", default="", help="comma-separated P: also report stopping after "
-                    "P trials without a new best (trials run, gap to the best)")
-    ap.add_argument("--json", help="also write the rows here")
-    ap.add_argument("--save-reference", metavar="PATH",
-                    help="write the settings and median trials per problem, sampler and threshold: "
-                         "the committed reference of the CI regression test")
-    args = ap.parse_args()
-    files = args.files or sorted(glob.glob(str(Path(__file__).parent / "data" / "*.json")))
-    if not files:
-        raise SystemExit("no ground-truth files: run benchmarks/ground_truth.py on a GPU first")
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    warnings.simplefilter("ignore")
-    patience = [int(p) for p in args.patience.split(",") if p]
-    rows = run(files, seeds=args.seeds, budget=args.budget, samplers=args.samplers.split(","),
-               patience=patience)
-    print_table(rows, args.budget)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    if args.save_reference:
-        Path(args.save_reference).write_text(json.dumps(reference(rows, files, args), indent=1) + "\n")
+            print(f"| {r['problem']} | {r['mode']} | {r['sampler']} | " + " | ".join(cells) + " |")
 
 
 def reference(rows: Sequence[Mapping[str, Any]], files: Sequence[str], args: Any) -> dict[str, Any]:
-    """Median trials to each threshold, keyed by problem and sampler, with the settings."""
+    """Median trials to each threshold, keyed by problem, mode and sampler, with the settings."""
     return {
         "files": [Path(f).name for f in files],
         "seeds": args.seeds,
         "budget": args.budget,
         "samplers": args.samplers.split(","),
+        "modes": args.modes.split(","),
+        "model": model_backend("auto"),
         "median_trials": {
-            f"{r['problem']} | {r['sampler']}": {f"{th:g}": r[f"{th:g}"][0] for th in THRESHOLDS}
+            f"{r['problem']} | {r['mode']} | {r['sampler']}": {f"{th:g}": r[f"{th:g}"][0] for th in THRESHOLDS}
             for r in rows
         },
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Live jobs: when was the final best first reached?
+
+
+def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
+    """Per problem in ``db`` (only ``job``'s problems when given): trials measured, the index
+    (1-based, in the order measured) of the final best and of the first result within 1% of it."""
+    from autotune.storage import Store
+
+    wanted = None
+    if job:
+        from autotune.jobs import load_job
+
+        wanted = {spec.problem for spec in load_job(job).problems}
+    out = []
+    with Store(db) as store:
+        problems = store.problems()
+        for problem in problems:
+            if wanted is not None and problem not in wanted:
+                continue
+            for device in sorted({r.device.name for r in store.trials(problem)}):
+                rows = store.trials(problem, device_name=device)
+                rows.sort(key=lambda r: (r.optuna_trial_number if r.optuna_trial_number is not None else math.inf, r.id))
+                ok = [(i, r.median_us) for i, r in enumerate(rows, 1) if r.ok and r.median_us is not None]
+                if not ok:
+                    out.append({"problem": str(problem), "device": device, "trials": len(rows),
+                                "best_us": None, "best_at": None, "within_1pct_at": None})
+                    continue
+                best = min(t for _, t in ok)
+                out.append({
+                    "problem": str(problem), "device": device, "trials": len(rows),
+                    "best_us": best,
+                    "best_at": min(i for i, t in ok if t == best),
+                    "within_1pct_at": min(i for i, t in ok if t <= best * 1.01),
+                })
+    return out
+
+
+def store_ground_truth(db: str, files: Sequence[str]) -> int:
+    """Stores every ground-truth result in ``db`` as trials of the device it was measured on
+    (``"kind": "gpu"``), so that a live job there starts warm; returns the trials written."""
+    from autotune.storage import Store
+    from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+    written = 0
+    with Store(db) as store:
+        for data in load(files):
+            kernel = get_kernel(data["kernel"])
+            problem = kernel.problem(data["shape"], data["dtype"])
+            device = DeviceInfo(name=data["device"], kind="gpu")
+            software = {k: str(v) for k, v in data.get("jax", {}).items()}
+            for r in data["results"]:
+                if r["status"] == "ok":
+                    samples = [r.get("min_us", r["median_us"]), r["median_us"], r.get("max_us", r["median_us"])]
+                    result = TrialResult.timed(samples, compile_s=r.get("compile_s"), rel_error=None,
+                                               timing="cupti")
+                else:
+                    result = TrialResult.failed(Outcome(r["status"]), r.get("error", ""))
+                recorded = store.record_trial(problem, Config(r["config"]), result, device=device,
+                                              software=software, worker="ground-truth")
+                written += not recorded.duplicate
+    return written
+
+
+def print_live(rows: Sequence[Mapping[str, Any]]) -> None:
+    print("| problem | device | trials | best (us) | final best first reached at trial | within 1% at trial |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        best = "-" if r["best_us"] is None else f"{r['best_us']:.1f}"
+        print(f"| {r['problem']} | {r['device']} | {r['trials']} | {best} | {r['best_at'] or '-'} "
+              f"| {r['within_1pct_at'] or '-'} |")
+    reached = [r["best_at"] for r in rows if r["best_at"] is not None]
+    if reached:
+        print()
+        print(f"median trial index of the final best: {statistics.median(reached):g} "
+              f"over {len(reached)} problems")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="ground-truth files (default: every one in benchmarks/data)")
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--budget", type=int, default=64)
+    ap.add_argument("--samplers", default=",".join(SAMPLERS))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--with-default", action="store_true",
+                    help="also replay today's tuner: auto with the known-good default first, cold")
+    ap.add_argument("--patience", default="", help="comma-separated P: also report stopping after "
+                    "P trials without a new best (trials run, gap to the best)")
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--save-reference", metavar="PATH",
+                    help="write the settings and median trials per problem, mode, sampler and "
+                         "threshold: the committed reference of the CI regression test")
+    ap.add_argument("--live", metavar="DB", help="read a live job's database instead of replaying")
+    ap.add_argument("--job", help="with --live: only this job file's problems")
+    ap.add_argument("--store-ground-truth", metavar="DB",
+                    help="store the ground-truth results in DB (as trials of the device they were "
+                         "measured on), so that a live job there starts warm; then exit")
+    args = ap.parse_args()
+    if args.live:
+        print_live(live_rows(args.live, args.job))
+        return
+    files = args.files or ground_truth_files()
+    if args.store_ground_truth:
+        n = store_ground_truth(args.store_ground_truth, files)
+        print(f"stored {n} ground-truth trials from {len(files)} files in {args.store_ground_truth}")
+        return
+    if not files:
+        raise SystemExit("no ground-truth files: run benchmarks/ground_truth.py on a GPU first")
+    bad = [f for f in files if not GROUND_TRUTH.match(Path(f).name)]
+    if bad:
+        raise SystemExit(f"not ground-truth files (<kernel>__<shape>__<dtype>.json): {', '.join(bad)}")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.simplefilter("ignore")
+    samplers = args.samplers.split(",")
+    for spec in samplers:
+        parse_sampler(spec)
+    patience = [int(p) for p in args.patience.split(",") if p]
+    started = time.monotonic()
+    rows = run(files, seeds=args.seeds, budget=args.budget, samplers=samplers,
+               modes=args.modes.split(","), patience=patience)
+    if args.with_default:
+        rows += run(files, seeds=args.seeds, budget=args.budget, samplers=["auto+default"],
+                    modes=["cold"], patience=patience)
+    print(f"{len(files)} problems, {args.seeds} seeds, budget {args.budget} trials, "
+          f"{time.monotonic() - started:.0f} s")
+    print()
+    print_table(rows, args.budget)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.save_reference:
+        Path(args.save_reference).write_text(json.dumps(reference(rows, files, args), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,13 @@ def test_documented_form_expands_problems(tmp_path):
     assert last.problem.dtype == "float16" and last.problem.dims == {"m": 256, "n": 256}
 
 
+def test_known_good_switch_parses():
+    """``known_good`` defaults to true and a problem may switch it off."""
+    job = parse_job(tomllib.loads(GOOD.replace("seed = 0", "seed = 0\nknown_good = false")))
+    assert all(not spec.known_good for spec in job.problems)
+    assert all(spec.known_good for spec in parse_job(tomllib.loads(GOOD)).problems)
+
+
 def _job(problem: str, defaults: str = "") -> dict:
     return tomllib.loads(f"{defaults}\n[[problem]]\n{problem}\n")
 
@@ -97,7 +104,8 @@ BAD_JOBS = [
     ("bool trials", _job(BASE + "\ntrials = true"), "trials = True is not allowed"),
     ("negative seconds", _job(BASE + "\nseconds = -5"), "seconds = -5 is not allowed"),
     ("inf seconds", _job(BASE + "\nseconds = inf"), "seconds = inf is not allowed"),
-    ("unknown sampler", _job(BASE + '\nsampler = "annealing"'), "sampler = 'annealing' is not allowed.*one of auto, tpe"),
+    ("unknown sampler", _job(BASE + '\nsampler = "annealing"'), "sampler = 'annealing' is not allowed.*one of auto, ranked, tpe"),
+    ("string known_good", _job(BASE + '\nknown_good = "no"'), "known_good = 'no' is not allowed.*true .*or false"),
     ("float seed", _job(BASE + "\nseed = 1.5"), "seed = 1.5 is not allowed"),
     ("negative patience", _job(BASE + "\npatience = -1"), "patience = -1 is not allowed.*0: never stop early"),
     ("float patience", _job(BASE + "\npatience = 2.5"), "patience = 2.5 is not allowed"),

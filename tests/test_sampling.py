@@ -94,7 +94,7 @@ def test_taken_configs_from_the_store_are_skipped():
 
 def test_unknown_sampler_is_a_clear_error():
     """An unknown sampler name lists the known ones."""
-    with pytest.raises(JobError, match="expected one of auto, tpe, random"):
+    with pytest.raises(JobError, match="expected one of auto, ranked, tpe, random"):
         make_sampler("annealing")
 
 

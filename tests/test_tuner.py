@@ -436,3 +436,31 @@ def test_a_job_and_an_engine_of_different_policies_are_refused(tmp_path):
             run_job(Job("pick", _pick_job().problems, cache="cold"), store=store,
                     engine=ConfirmingEngine("warm"))
         assert store.trials() == []
+
+
+def test_known_good_off_skips_the_default_config(tmp_path):
+    """``known_good = false``: the kernel's default config is not proposed first."""
+    engine = FakeEngine()
+    job = Job("t", (ProblemSpec(PROBLEM, Budget(trials=3), sampler="tpe", seed=0, known_good=False),))
+    with Store(f"sqlite:///{tmp_path}/k.db") as store:
+        run_job(job, store=store, engine=engine)
+    assert Config(TOY.default_config(PROBLEM)) not in engine.measured[:3]
+
+
+def test_auto_is_the_ranked_sampler_once_other_shapes_are_stored(tmp_path, caplog):
+    """A job on a new shape, with another shape of the kernel already tuned in the database,
+    runs the ranked sampler under ``auto`` and still measures only distinct valid configs."""
+    import logging
+
+    other = TOY.problem({"m": 2048, "n": 1024}, "bf16")
+    url = f"sqlite:///{tmp_path}/w.db"
+    with Store(url) as store:
+        run_job(_job(12, problem=other), store=store, engine=FakeEngine())
+        engine = FakeEngine()
+        job = Job("t", (ProblemSpec(PROBLEM, Budget(trials=10), sampler="auto", seed=0, known_good=False),))
+        with caplog.at_level(logging.INFO, logger="autotune.tuner"):
+            (report,) = run_job(job, store=store, engine=engine)
+        rows = store.trials(PROBLEM)
+    assert any("sampler ranked (auto)" in r.getMessage() for r in caplog.records)
+    assert len(rows) == 10 == len({Config(r.config).digest() for r in rows})
+    assert report.best_us == min(r.median_us for r in rows)

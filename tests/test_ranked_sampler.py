@@ -1,0 +1,254 @@
+"""The model-ranked sampler: valid proposals, learning from trials and other shapes, both models."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.kernel import get_kernel
+from autotune.problem import Config, Problem
+from autotune.ranked_sampler import (
+    Features,
+    Observation,
+    RankedSampler,
+    model_backend,
+    stored_history,
+)
+from autotune.sampling import (
+    OUTCOME_ATTR,
+    ExhaustedError,
+    distributions,
+    resolve_sampler,
+    valid_sampler,
+)
+from autotune.space import Aligned, Bool, Choice, Constraint, PowerOfTwo, Space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+HAVE_SKLEARN = model_backend("auto") == "sklearn"
+MODELS = ["numpy", pytest.param("sklearn", marks=pytest.mark.skipif(
+    not HAVE_SKLEARN, reason="scikit-learn not installed (the [model] extra)"))]
+
+# A user kernel's space: tunables named after the dims they tile, nothing matmul-specific.
+USER_SPACE = Space(
+    params=(
+        Aligned("block_rows", unit=8, low=8, high=256, divides="rows"),
+        Aligned("block_cols", unit=64, low=64, high=1024, divides="cols"),
+        PowerOfTwo("stages", low=1, high=8),
+        Choice("order", ("row", "col")),
+        Bool("fast_math"),
+    ),
+    constraints=(
+        Constraint("fits", ("block_rows", "block_cols", "stages"),
+                   lambda c, e: c["block_rows"] * c["block_cols"] * c["stages"] * 2 <= 200_000, "smem"),
+    ),
+)
+
+
+def user_problem(rows: int, cols: int) -> Problem:
+    return Problem("user_rows", {"rows": rows, "cols": cols}, "bfloat16")
+
+
+def user_time(problem: Problem, c) -> float:
+    """A landscape whose best blocks depend on the shape: 64 row-tiles, 4 column tiles."""
+    rows, cols = problem["rows"], problem["cols"]
+    return (
+        10.0
+        * (1 + abs(math.log2(rows / c["block_rows"]) - 6) ** 1.5)
+        * (1 + abs(math.log2(cols / c["block_cols"]) - 2))
+        * (1 + 0.2 * abs(math.log2(c["stages"]) - 1))
+        * (1.0 if c["order"] == "row" else 1.3)
+        * (1.0 if c["fast_math"] else 1.1)
+    )
+
+
+def _run(bound, sampler, objective, n, *, fails=lambda c: False):
+    study = optuna.create_study(sampler=sampler)
+    dists = distributions(bound)
+    times = []
+    for _ in range(n):
+        try:
+            trial = study.ask(dists)
+        except ExhaustedError:
+            break
+        config = Config(trial.params)
+        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok")
+        if fails(config):
+            study.tell(trial, state=TrialState.FAIL)
+            times.append(math.inf)
+        else:
+            times.append(objective(config))
+            study.tell(trial, times[-1])
+    return study, times
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_proposal_valid_and_new_until_exhausted(model):
+    """The ranked sampler, behind the valid-set wrapper, hands out each valid config once."""
+    problem = user_problem(256, 1024)
+    bound = USER_SPACE.bind(problem)
+    sampler = valid_sampler("ranked", bound, seed=0, ranked={"model": model, "candidates": 64})
+    study, times = _run(bound, sampler, lambda c: user_time(problem, c), bound.count() + 3)
+    measured = [t for t in study.trials if t.params]  # the last ask found the set used up
+    keys = [bound.key(t.params) for t in measured]
+    assert len(keys) == len(set(keys)) == bound.count()
+    assert all(bound.is_valid(t.params) for t in measured)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_learns_within_the_study(model):
+    """Within 20 trials the model's picks beat random picks on a smooth landscape."""
+    problem = user_problem(4096, 4096)
+    bound = USER_SPACE.bind(problem)
+    best = min(user_time(problem, c) for c in bound)
+    ranked, random_ = [], []
+    for seed in range(4):
+        _, t = _run(bound, valid_sampler("ranked", bound, seed=seed, ranked={"model": model}),
+                    lambda c: user_time(problem, c), 20)
+        ranked.append(min(t) / best)
+        _, t = _run(bound, valid_sampler("random", bound, seed=seed), lambda c: user_time(problem, c), 20)
+        random_.append(min(t) / best)
+    assert np.mean(ranked) < np.mean(random_), (ranked, random_)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_transfers_from_other_shapes(model):
+    """With every config of two other shapes stored, the first model pick is among the best
+    few percent of the new shape's valid configs: shape-relative features carry over."""
+    history = []
+    for rows, cols in ((1024, 2048), (8192, 8192)):
+        other = user_problem(rows, cols)
+        history += [Observation(other, c, user_time(other, c)) for c in USER_SPACE.bind(other)]
+    problem = user_problem(2048, 16384)
+    bound = USER_SPACE.bind(problem)
+    times = sorted(user_time(problem, c) for c in bound)
+    sampler = RankedSampler(bound, seed=0, history=history, model=model, explore=0.0)
+    study = optuna.create_study(sampler=sampler)
+    trial = study.ask(distributions(bound))
+    first = user_time(problem, trial.params)
+    assert first <= times[len(times) // 20], (first, times[0])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_failures_are_learnt_as_slow(model):
+    """Configs like the ones that failed (a whole region of the space) are proposed less."""
+    problem = user_problem(4096, 4096)
+    bound = USER_SPACE.bind(problem)
+
+    def fails(c):
+        return c["order"] == "row" and c["block_rows"] >= 32  # e.g. a compile error
+
+    sampler = valid_sampler("ranked", bound, seed=1, ranked={"model": model, "explore": 0.0})
+    _, times = _run(bound, sampler, lambda c: user_time(problem, c), 24, fails=fails)
+    late_failures = sum(math.isinf(t) for t in times[12:])
+    share = sum(fails(c) for c in bound) / bound.count()
+    assert share > 0.2
+    assert late_failures / 12 < share, (late_failures, share)  # below a random pick's rate
+
+
+def test_history_of_this_problem_is_taken_and_learnt():
+    """Results already stored for this very problem are never proposed again."""
+    problem = user_problem(256, 1024)
+    bound = USER_SPACE.bind(problem)
+    stored = list(bound)[:10]
+    history = [Observation(problem, c, user_time(problem, c)) for c in stored]
+    sampler = RankedSampler(bound, seed=0, history=history, candidates=4096)
+    study, _ = _run(bound, sampler, lambda c: user_time(problem, c), 20)
+    keys = {bound.key(t.params) for t in study.trials if t.params}
+    assert not keys & {bound.key(c) for c in stored}
+
+
+def test_features_are_derived_from_the_space_alone():
+    """Tunables named after a dim tile it: tiles, waves and padding come out right."""
+    features = Features(USER_SPACE.params, ["cols", "rows"], num_sms=100)
+    problem = user_problem(1000, 4096)
+    x = features.matrix(problem, [{"block_rows": 8, "block_cols": 1024, "stages": 2, "order": "row",
+                                   "fast_math": True}])
+    row = dict(zip(features.names, x[0], strict=True))
+    assert features.matched == {"cols": ["block_cols"], "rows": ["block_rows"]}
+    assert row["tiles:rows/block_rows"] == pytest.approx(math.log2(125))
+    assert row["tiles:cols/block_cols"] == pytest.approx(2.0)
+    assert row["waves:cols*rows"] == pytest.approx(math.log2(500 / 100))
+    assert row["tail:cols*rows"] == pytest.approx(1.0)
+    assert row["ratio:rows/stages"] == pytest.approx(math.log2(500))
+    assert row["is:order='row'"] == 1.0 and row["is:fast_math=True"] == 1.0
+    assert np.isfinite(x).all()
+
+
+@pytest.mark.parametrize("kernel,shape,dtype", [
+    ("hopper_matmul", {"m": 4096, "n": 4096, "k": 4096}, "bfloat16"),
+    ("hopper_attention", {"batch": 4, "seq_q": 2048, "seq_kv": 2048, "heads_q": 16, "heads_kv": 16, "head_dim": 128}, "float16"),
+    ("softmax", {"rows": 8192, "cols": 32768}, "bfloat16"),
+    ("mosaic_scale", {"n": 1 << 24}, "float32"),
+])
+def test_bundled_kernels_get_finite_features(kernel, shape, dtype):
+    """Every bundled kernel gets a finite feature matrix of one width from its space."""
+    k = get_kernel(kernel)
+    problem = k.problem(shape, dtype)
+    bound = k.valid_space(problem)
+    features = Features(bound.params, sorted(problem.dims))
+    configs = bound.sample(50, seed=0)
+    x = features.matrix(problem, configs)
+    assert x.shape[0] == len(configs) > 0 and x.shape[1] == len(features.names)
+    assert np.isfinite(x).all()
+
+
+def test_sklearn_model_missing_says_what_to_install(monkeypatch):
+    """Asking for the scikit-learn model without it installed names the extra; auto falls back."""
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.ensemble", None)
+    with pytest.raises(ImportError, match=r"autotune\[model\]"):
+        model_backend("sklearn")
+    assert model_backend("auto") == "numpy"
+    with pytest.raises(ValueError, match="model must be one of"):
+        model_backend("xgboost")
+
+
+def test_bad_settings_are_refused():
+    """explore outside [0, 1] and a non-positive pool are refused with the rule and value."""
+    bound = USER_SPACE.bind(user_problem(256, 1024))
+    with pytest.raises(ValueError, match="explore must be a share between 0 and 1, got 1.5"):
+        RankedSampler(bound, explore=1.5)
+    with pytest.raises(ValueError, match="candidates must be a positive whole number, got 0"):
+        RankedSampler(bound, candidates=0)
+
+
+def test_auto_is_ranked_when_warm_or_the_space_is_small():
+    """``auto`` resolves to the ranked sampler when the history holds other shapes or the valid
+    set fits in the pool, else TPE."""
+    problem = user_problem(256, 1024)
+    other = user_problem(512, 1024)
+    c = next(iter(USER_SPACE.bind(problem)))
+    assert resolve_sampler("auto", history=[], problem=problem) == "auto"
+    assert resolve_sampler("auto", history=[Observation(problem, c, 1.0)], problem=problem) == "auto"
+    assert resolve_sampler("auto", history=[Observation(other, c, 1.0)], problem=problem) == "ranked"
+    assert resolve_sampler("tpe", history=[Observation(other, c, 1.0)], problem=problem) == "tpe"
+    # A space the candidate pool covers whole is ranked even cold.
+    assert resolve_sampler("auto", history=[], problem=problem, valid_count=1024) == "ranked"
+    assert resolve_sampler("auto", history=[], problem=problem, valid_count=1025) == "auto"
+
+
+def test_stored_history_reads_every_shape_of_the_kernel_on_the_device(tmp_path):
+    """stored_history returns the kernel's results at all shapes on one device, failures
+    without a time."""
+    from autotune.storage import Store
+    from autotune.trial import DeviceInfo, Outcome, TrialResult
+
+    device = DeviceInfo(name="fake-gpu", kind="fake")
+    a, b = user_problem(256, 1024), user_problem(512, 1024)
+    ca, cb = next(iter(USER_SPACE.bind(a))), next(iter(USER_SPACE.bind(b)))
+    with Store(f"sqlite:///{tmp_path}/h.db") as store:
+        store.record_trial(a, ca, TrialResult.timed([5.0, 5.0], compile_s=0.1, rel_error=0.0, timing="fake"),
+                           device=device, software={})
+        store.record_trial(b, cb, TrialResult.failed(Outcome.COMPILE_ERROR, "boom"),
+                           device=device, software={})
+        store.record_trial(b, ca, TrialResult.timed([7.0, 7.0], compile_s=0.1, rel_error=0.0, timing="fake"),
+                           device=DeviceInfo(name="other-gpu", kind="fake"), software={})
+        history = stored_history(store, a, device)
+    assert sorted((str(o.problem), o.time_us) for o in history) == sorted(
+        [(str(a), 5.0), (str(b), None)])
