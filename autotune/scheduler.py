@@ -335,7 +335,7 @@ class _Scheduler:
         self.runs.append(run)
         self.emit(_t.Event("start", problem, len(rows), budget.trials, best_us))
         if kernel.baseline is not None and self.store.baseline(
-            problem, device_name=device.name, device_kind=device.kind
+            problem, device_name=device.name, device_kind=device.kind, cache=self.policy
         ) is None:
             run.side[_submit_baseline(self.engine, problem)] = ("baseline", None)
 

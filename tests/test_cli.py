@@ -394,7 +394,7 @@ def test_sampler_help_shows_the_default_auto(capsys):
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "else auto)" in out and "auto, tpe" in out
+    assert "else auto)" in out and "auto, ranked, tpe" in out
 
 
 def test_effort_maps_to_trials_and_patience():

@@ -458,7 +458,7 @@ def test_auto_is_the_ranked_sampler_once_other_shapes_are_stored(tmp_path, caplo
         run_job(_job(12, problem=other), store=store, engine=FakeEngine())
         engine = FakeEngine()
         job = Job("t", (ProblemSpec(PROBLEM, Budget(trials=10), sampler="auto", seed=0, known_good=False),))
-        with caplog.at_level(logging.INFO, logger="autotune.tuner"):
+        with caplog.at_level(logging.INFO, logger="autotune"):
             (report,) = run_job(job, store=store, engine=engine)
         rows = store.trials(PROBLEM)
     assert any("sampler ranked (auto)" in r.getMessage() for r in caplog.records)
