@@ -58,7 +58,12 @@ _MAGIC = "autotune-export"
 _VERSION = 1
 # How `export --out` recognises a file it may replace: one of its own exports.
 PYTHON_MARKER = f"# {_MAGIC} version {_VERSION} (python): written by `autotune export`"
-CSV_HEADER = "kernel,shape,dtype,device,device_kind,median_us,jax_version,config"
+CSV_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "median_us", "jax_version",
+              "config", "cache_policy", "spread", "confirmed", "confirmed_speedup",
+              "speedup_spread", "ties")
+CSV_HEADER = ",".join(CSV_FIELDS)
+# Every CSV export so far starts with these columns (later versions add columns after them).
+_CSV_HEADER_V1 = ",".join(CSV_FIELDS[:8])
 
 log = logging.getLogger(__name__)
 _RECORD_KEYS = "kernel, shape, dtype, device, median_us and config"
@@ -140,9 +145,7 @@ def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
         return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
     if fmt == "csv":
         out = io.StringIO()
-        fields = ["kernel", "shape", "dtype", "device", "device_kind", "median_us",
-                  "jax_version", "config", "cache_policy", "spread", "confirmed",
-                  "confirmed_speedup", "speedup_spread", "ties"]
+        fields = CSV_FIELDS
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in records:
@@ -162,7 +165,7 @@ def is_export(head: str) -> bool:
     """Whether text starting with ``head`` (the first few KiB of a file) is one of our exports
     (json, python or csv), which ``export --out`` may replace."""
     first = head.lstrip("\ufeff").split("\n", 2)
-    if first[0] in (PYTHON_MARKER, CSV_HEADER):
+    if first[0] == PYTHON_MARKER or first[0].startswith(_CSV_HEADER_V1):
         return True
     # json: sort_keys puts "format" first.
     return head.startswith("{") and len(first) > 1 and first[1].strip() == f'"format": "{_MAGIC}",'
