@@ -27,45 +27,45 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "Problem": "autotune.problem",
-    "Config": "autotune.problem",
-    "parse_shape": "autotune.problem",
-    "Space": "autotune.space",
-    "BoundSpace": "autotune.space",
-    "Env": "autotune.space",
-    "Aligned": "autotune.space",
-    "PowerOfTwo": "autotune.space",
-    "Choice": "autotune.space",
-    "Bool": "autotune.space",
-    "Constraint": "autotune.space",
-    "Violation": "autotune.space",
-    "transfer_bytes": "autotune.space",
-    "is_aligned_transfer": "autotune.space",
-    "threads": "autotune.space",
-    "per_128_bytes": "autotune.space",
-    "elems_per_bytes": "autotune.space",
-    "profiler_smem_bytes": "autotune.space",
-    "WARP_SIZE": "autotune.space",
-    "WARPGROUP_SIZE": "autotune.space",
-    "SMEM_LIMIT_BYTES": "autotune.space",
-    "SMEM_ALIGNMENT_BYTES": "autotune.space",
-    "MBARRIER_BYTES": "autotune.space",
-    "smem_aligned": "autotune.space",
-    "Kernel": "autotune.kernel",
-    "BuildOptions": "autotune.kernel",
-    "get_kernel": "autotune.kernel",
+    "Problem": "autotune.space.problem",
+    "Config": "autotune.space.problem",
+    "parse_shape": "autotune.space.problem",
+    "Space": "autotune.space.search_space",
+    "BoundSpace": "autotune.space.search_space",
+    "Env": "autotune.space.search_space",
+    "Aligned": "autotune.space.search_space",
+    "PowerOfTwo": "autotune.space.search_space",
+    "Choice": "autotune.space.search_space",
+    "Bool": "autotune.space.search_space",
+    "Constraint": "autotune.space.search_space",
+    "Violation": "autotune.space.search_space",
+    "transfer_bytes": "autotune.space.search_space",
+    "is_aligned_transfer": "autotune.space.search_space",
+    "threads": "autotune.space.search_space",
+    "per_128_bytes": "autotune.space.search_space",
+    "elems_per_bytes": "autotune.space.search_space",
+    "profiler_smem_bytes": "autotune.space.search_space",
+    "WARP_SIZE": "autotune.space.search_space",
+    "WARPGROUP_SIZE": "autotune.space.search_space",
+    "SMEM_LIMIT_BYTES": "autotune.space.search_space",
+    "SMEM_ALIGNMENT_BYTES": "autotune.space.search_space",
+    "MBARRIER_BYTES": "autotune.space.search_space",
+    "smem_aligned": "autotune.space.search_space",
+    "Kernel": "autotune.space.kernel",
+    "BuildOptions": "autotune.space.kernel",
+    "get_kernel": "autotune.space.kernel",
     "interpret_params": "autotune._jax_compat",
     "profile_params": "autotune._jax_compat",
-    "check_space": "autotune.checking",
-    "Outcome": "autotune.trial",
-    "TrialResult": "autotune.trial",
+    "check_space": "autotune.evaluation.checking",
+    "Outcome": "autotune.evaluation.trial",
+    "TrialResult": "autotune.evaluation.trial",
     "tune": "autotune.api",
-    "best_config": "autotune.queries",
-    "best_result": "autotune.queries",
-    "list_results": "autotune.queries",
-    "results_frame": "autotune.queries",
-    "tuned": "autotune.lookup",
-    "lookup_config": "autotune.lookup",
+    "best_config": "autotune.queries.best",
+    "best_result": "autotune.queries.best",
+    "list_results": "autotune.queries.best",
+    "results_frame": "autotune.queries.best",
+    "tuned": "autotune.queries.lookup",
+    "lookup_config": "autotune.queries.lookup",
     "AutotuneError": "autotune.errors",
     "SpaceError": "autotune.errors",
     "NoValidConfigError": "autotune.errors",
@@ -94,7 +94,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from autotune._jax_compat import interpret_params, profile_params
     from autotune.api import tune
-    from autotune.checking import check_space
+    from autotune.evaluation.checking import check_space
     from autotune.errors import (
         AutotuneError,
         JobError,
@@ -104,11 +104,11 @@ if TYPE_CHECKING:  # pragma: no cover
         SpaceError,
         StorageError,
     )
-    from autotune.kernel import BuildOptions, Kernel, get_kernel
-    from autotune.lookup import lookup_config, tuned
-    from autotune.problem import Config, Problem, parse_shape
-    from autotune.queries import best_config, best_result, list_results, results_frame
-    from autotune.space import (
+    from autotune.space.kernel import BuildOptions, Kernel, get_kernel
+    from autotune.queries.lookup import lookup_config, tuned
+    from autotune.space.problem import Config, Problem, parse_shape
+    from autotune.queries.best import best_config, best_result, list_results, results_frame
+    from autotune.space.search_space import (
         MBARRIER_BYTES,
         SMEM_ALIGNMENT_BYTES,
         SMEM_LIMIT_BYTES,
@@ -131,4 +131,4 @@ if TYPE_CHECKING:  # pragma: no cover
         threads,
         transfer_bytes,
     )
-    from autotune.trial import Outcome, TrialResult
+    from autotune.evaluation.trial import Outcome, TrialResult

@@ -63,7 +63,7 @@ def jax_versions() -> dict[str, str]:
 
 def profile_params(options: Any) -> dict[str, Any]:
     """``plgpu.CompilerParams`` keywords for in-kernel tracing as ``options`` asks (a
-    :class:`~autotune.kernel.BuildOptions`); empty when it does not ask for a trace."""
+    :class:`~autotune.space.kernel.BuildOptions`); empty when it does not ask for a trace."""
     if not options.profile_space:
         return {}
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -81,7 +81,7 @@ def cupti_session(run: Any) -> list[tuple[str, float]]:
 
     What Mosaic GPU's ``profiler.measure`` does around its loop (same extension calls, in
     jax 0.10.2 and 0.11.2), without its warm-up call and its fixed arguments: cold timing
-    (:mod:`autotune.cold_timing`) launches an L2 flush between the timed calls. CUPTI takes one
+    (:mod:`autotune.evaluation.cold_timing`) launches an L2 flush between the timed calls. CUPTI takes one
     subscriber per process; the session is detached when it ends.
     """
     import jax

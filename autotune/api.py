@@ -1,7 +1,7 @@
 """Tuning from Python: ``autotune.tune(...)`` for notebooks and scripts.
 
 The CLI's ``autotune tune JOB.toml`` and this function share one path: a :class:`Job` run by
-:func:`autotune.tuner.run_job` over an engine and a store.
+:func:`autotune.tuning.tuner.run_job` over an engine and a store.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.jobs import Job, parse_job
-from autotune.kernel import BUNDLED, Kernel, resolve_kernel
+from autotune.tuning.jobs import Job, parse_job
+from autotune.space.kernel import BUNDLED, Kernel, resolve_kernel
 
 __all__ = ["tune", "detect_device", "open_engine", "count_gpus"]
 
@@ -51,8 +51,8 @@ def open_engine(
     """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``;
     ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode).
     ``workers_per_gpu`` and ``compile_threads`` default to the machine's cores and GPU memory
-    (:func:`autotune.engine._default_layout`)."""
-    from autotune.engine import Engine
+    (:func:`autotune.engine.dispatcher._default_layout`)."""
+    from autotune.engine.dispatcher import Engine
 
     if device not in ("auto", "gpu", "interpret"):
         raise JobError(f"--device must be auto, gpu or interpret, got {device!r}.")
@@ -101,14 +101,14 @@ def tune(
         better one (0: never; None: the default, 24).
       db: a SQLAlchemy URL; default ``$AUTOTUNE_DB`` or ``sqlite:///results/autotune.db``.
       device: "auto" (GPU if present, else interpret mode), "gpu" or "interpret".
-      on_event: called with each :class:`~autotune.tuner.Event` (an observer, as in
+      on_event: called with each :class:`~autotune.tuning.tuner.Event` (an observer, as in
         :mod:`autotune.progress`).
       progress: show a live progress bar per problem where a person is watching (stderr is a
         terminal, or a Jupyter kernel runs this); ``False`` shows nothing.
       cache: "cold" (the L2 flushed between timed runs; the default on a GPU) or "warm".
 
     Returns:
-      One :class:`~autotune.tuner.ProblemReport` per problem: ``best_config``, ``best_us``,
+      One :class:`~autotune.tuning.tuner.ProblemReport` per problem: ``best_config``, ``best_us``,
       ``baseline_us``, ``speedup``, ``tflops``, ``gbps``, ``by_status`` (trials per outcome).
 
     Results are stored as they come; calling again resumes, measuring nothing twice.
@@ -117,8 +117,8 @@ def tune(
       JobError: a bad problem or setting, or a kernel object the worker processes cannot
         import (one that is not a global of an importable module).
     """
-    from autotune.storage import Store
-    from autotune.tuner import require_persistent, run_job
+    from autotune.storage.store import Store
+    from autotune.tuning.tuner import require_persistent, run_job
 
     if isinstance(kernel, Kernel):
         # Worker processes import the kernel by its path; passing the object is the consent.

@@ -21,7 +21,7 @@ last line says how many and where the worker logs are); 130 Ctrl-C (SIGINT); 143
 (see :mod:`autotune.interrupts`); 141 the reader of the
 output went away (``autotune spaces | head -1``): like a Unix tool killed by SIGPIPE, quietly.
 
-Output never shows a database password (:func:`autotune.urls.display_url`) nor raw control
+Output never shows a database password (:func:`autotune.storage.urls.display_url`) nor raw control
 characters from the database; docs/guarantees.md lists what is checked where.
 """
 
@@ -68,7 +68,7 @@ def _printable(text: str) -> str:
 
 def _say(text: str, *, file: Any = None) -> None:
     """Prints a message: URL passwords masked, control characters escaped (line by line)."""
-    from autotune.urls import mask_text
+    from autotune.storage.urls import mask_text
 
     lines = mask_text(text).split("\n")
     print("\n".join(_printable(line) for line in lines), file=file or sys.stdout)
@@ -81,7 +81,7 @@ class _MaskingFormatter(logging.Formatter):
     """Log lines never show a database password."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from autotune.urls import mask_text
+        from autotune.storage.urls import mask_text
 
         return mask_text(super().format(record))
 
@@ -103,7 +103,7 @@ def _version() -> str:
     from importlib import metadata
 
     from autotune import __version__
-    from autotune.queries import running_versions
+    from autotune.queries.best import running_versions
 
     parts = [f"{k} {v}" for k, v in running_versions().items()]
     try:
@@ -131,7 +131,7 @@ def _globals(parser: argparse.ArgumentParser, *, db: bool, top: bool = False) ->
 
 
 def _parser() -> argparse.ArgumentParser:
-    from autotune.sampling import SAMPLERS
+    from autotune.tuning.sampling import SAMPLERS
 
     p = _Parser(prog="autotune", description="Autotuner for JAX Pallas Mosaic GPU kernels.",
                 epilog="The database: --db, else $AUTOTUNE_DB, else results/autotune.db under the "
@@ -314,7 +314,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _db_text(db: str | None) -> str:
     """The database ``db`` resolves to, password masked, and whether a SQLite file exists."""
-    from autotune.storage import resolve_url, sqlite_path
+    from autotune.storage.store import resolve_url, sqlite_path
 
     url = resolve_url(db)
     text = url.render_as_string(hide_password=True)
@@ -337,8 +337,8 @@ def _kernel_filter(name: str | None, db: str | None) -> None:
     database; else exit 2 naming the known ones, with a "did you mean"."""
     if name is None or ":" in name:
         return
-    from autotune.kernel import BUNDLED
-    from autotune.queries import stored_kernels
+    from autotune.space.kernel import BUNDLED
+    from autotune.queries.best import stored_kernels
 
     known = [*BUNDLED, *(k for k in stored_kernels(db) if k not in BUNDLED)]
     if name not in known:
@@ -347,8 +347,8 @@ def _kernel_filter(name: str | None, db: str | None) -> None:
 
 
 def _problem(args: argparse.Namespace) -> tuple[Any, Any]:
-    from autotune.kernel import get_kernel
-    from autotune.problem import parse_shape
+    from autotune.space.kernel import get_kernel
+    from autotune.space.problem import parse_shape
 
     kernel = get_kernel(args.kernel, allow_import=getattr(args, "allow_import", False))
     if not args.shape:
@@ -358,7 +358,7 @@ def _problem(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _spaces(args: argparse.Namespace) -> int:
-    from autotune.kernel import bundled_kernels, get_kernel
+    from autotune.space.kernel import bundled_kernels, get_kernel
 
     if args.kernel is None:
         kernels = [get_kernel(name) for name in bundled_kernels()]
@@ -402,7 +402,7 @@ def _spaces(args: argparse.Namespace) -> int:
 
 def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
     """The job with the command line's budget and sampler overrides applied."""
-    from autotune.jobs import MAX_TRIALS, Budget
+    from autotune.tuning.jobs import MAX_TRIALS, Budget
 
     if args.trials is not None and not 0 < args.trials <= MAX_TRIALS:
         raise JobError(f"--trials must be a positive whole number up to {MAX_TRIALS}, got {args.trials}.")
@@ -412,7 +412,7 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
         raise JobError(f"--patience must be a whole number of trials, 0 or more (0: never stop early), "
                        f"got {args.patience}.")
     if args.sampler is not None:
-        from autotune.sampling import SAMPLERS
+        from autotune.tuning.sampling import SAMPLERS
 
         if args.sampler not in SAMPLERS:
             raise JobError(f"--sampler {args.sampler!r} is unknown; expected one of {', '.join(SAMPLERS)}."
@@ -445,14 +445,14 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
 
 def _tune(args: argparse.Namespace) -> int:
     from autotune.api import open_engine
-    from autotune.jobs import load_job
+    from autotune.tuning.jobs import load_job
     from autotune.progress import make_progress
-    from autotune.storage import Store
-    from autotune.tuner import require_persistent, run_job
+    from autotune.storage.store import Store
+    from autotune.tuning.tuner import require_persistent, run_job
 
     job = _job_overrides(args, load_job(args.job, allow_import=args.allow_import))
     gpus = _parse_gpus(args.gpus)
-    from autotune.outputs import check_output_dir
+    from autotune.queries.outputs import check_output_dir
 
     check_output_dir(args.results_dir, flag="--results-dir")
     if args.dry_run:
@@ -535,8 +535,8 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
     """Per problem: the valid space, budget, device, database and an estimated time; measures
     and writes nothing (a missing database is not created)."""
     from autotune.api import detect_device
-    from autotune.kernel import get_kernel
-    from autotune.queries import stored_trial_seconds
+    from autotune.space.kernel import get_kernel
+    from autotune.queries.best import stored_trial_seconds
 
     device = detect_device() if args.device == "auto" else args.device
     where = f"gpus {','.join(map(str, gpus))}" if gpus else ("the GPU" if device == "gpu" else "the CPU")
@@ -576,9 +576,9 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from autotune.errors import JobError
-    from autotune.jobs import load_job
-    from autotune.status import job_status
-    from autotune.storage import Store, resolve_url, sqlite_path
+    from autotune.tuning.jobs import load_job
+    from autotune.queries.status import job_status
+    from autotune.storage.store import Store, resolve_url, sqlite_path
 
     job = load_job(args.job, allow_import=args.allow_import)
     path = sqlite_path(resolve_url(args.db))
@@ -685,9 +685,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 def _best(args: argparse.Namespace) -> int:
     from autotune.errors import KernelNotFoundError
-    from autotune.kernel import BUNDLED, get_kernel
-    from autotune.problem import Problem, parse_shape
-    from autotune.queries import best_result, list_results, stored_kernels
+    from autotune.space.kernel import BUNDLED, get_kernel
+    from autotune.space.problem import Problem, parse_shape
+    from autotune.queries.best import best_result, list_results, stored_kernels
 
     shape = parse_shape(args.shape)
     if ":" in args.kernel:  # a user's kernel: not imported here; its stored problems tell
@@ -745,7 +745,7 @@ def _best(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    from autotune.queries import list_results, unservable_results
+    from autotune.queries.best import list_results, unservable_results
 
     _kernel_filter(args.kernel, args.db)
     _say_db(args)
@@ -799,8 +799,8 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autotune.exchange import export_records, render, skipped_interpret
-    from autotune.outputs import write_export_file
+    from autotune.queries.exchange import export_records, render, skipped_interpret
+    from autotune.queries.outputs import write_export_file
 
     _kernel_filter(args.kernel, args.db)
     text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
@@ -818,7 +818,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from autotune.exchange import import_json
+    from autotune.queries.exchange import import_json
 
     added, kept = import_json(args.file, args.db, allow_import=args.allow_import)
     print(f"imported {added} trial(s); {kept} already stored (kept unchanged)")
@@ -827,8 +827,8 @@ def _import(args: argparse.Namespace) -> int:
 
 def _revalidate(args: argparse.Namespace) -> int:
     from autotune.api import open_engine
-    from autotune.revalidate import revalidate
-    from autotune.storage import Store
+    from autotune.tuning.revalidate import revalidate
+    from autotune.storage.store import Store
 
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}.")
@@ -867,8 +867,8 @@ def _revalidate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from autotune.outputs import check_output_dir
-    from autotune.report import write_report
+    from autotune.queries.outputs import check_output_dir
+    from autotune.queries.report import write_report
 
     check_output_dir(args.out, flag="--out")
     _kernel_filter(args.kernel, args.db)
@@ -885,7 +885,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from autotune.checking import check_space
+    from autotune.evaluation.checking import check_space
 
     if not 0 <= args.sample <= MAX_CHECK_SAMPLE:
         raise ValueError(f"--sample must be 0 to {MAX_CHECK_SAMPLE} (configs to cross-lower, about a "

@@ -3,7 +3,7 @@ at most 10 ms at the 99th percentile with 10,000 trials).
 
     python3 benchmarks/ask_latency.py --stored 10000 --asks 200 --samplers auto,tpe,random
 
-Times the scheduler's whole ask path for one problem (``autotune.scheduler``: the sampler's
+Times the scheduler's whole ask path for one problem (``autotune.tuning.scheduler``: the sampler's
 proposal and repair, the twin check, the shared-budget count), with ``--stored`` finished
 trials already in the problem's study, for each sampler. The study is in memory: with the
 RDB storage the scheduler's reads are incremental (Optuna's cache fetches only trials that are
@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 
-from autotune import scheduler  # noqa: E402
-from autotune.jobs import Budget, ProblemSpec  # noqa: E402
-from autotune.kernel import Kernel  # noqa: E402
-from autotune.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
-from autotune.space import Choice, Constraint, Space  # noqa: E402
+from autotune.tuning import scheduler  # noqa: E402
+from autotune.tuning.jobs import Budget, ProblemSpec  # noqa: E402
+from autotune.space.kernel import Kernel  # noqa: E402
+from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
+from autotune.space.search_space import Choice, Constraint, Space  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 

@@ -5,7 +5,7 @@
     python3 benchmarks/batch_job.py benchmarks/batch_fake.toml --device fake --compare \\
         --workers-per-gpu 4 --compile-threads 1                             # CPU, simulated
 
-Runs the job (through :func:`autotune.tuner.run_job`, as ``autotune tune`` does) on a fresh
+Runs the job (through :func:`autotune.tuning.tuner.run_job`, as ``autotune tune`` does) on a fresh
 database (a new SQLite file under a temporary folder; ``--db`` for another, which must be
 empty), with a new engine, and prints:
 
@@ -43,8 +43,8 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's autotune and benchmarks.sim_kernels
 
-from autotune.jobs import Budget, load_job  # noqa: E402
-from autotune.problem import Config  # noqa: E402
+from autotune.tuning.jobs import Budget, load_job  # noqa: E402
+from autotune.space.problem import Config  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,11 +99,11 @@ def _busy_s(timeline: list[Any]) -> float:
 def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> dict[str, Any]:
     import optuna
 
-    from autotune.engine import Engine
+    from autotune.engine.dispatcher import Engine
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from autotune.storage import Store
-    from autotune.tuner import run_job
+    from autotune.storage.store import Store
+    from autotune.tuning.tuner import run_job
 
     job = _job(args)
     folder = Path(tempfile.mkdtemp(prefix="batch-job-"))

@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune._jax_compat import jax_versions  # noqa: E402
-from autotune.engine import Engine  # noqa: E402
-from autotune.kernel import get_kernel  # noqa: E402
-from autotune.problem import Config, parse_shape  # noqa: E402
+from autotune.engine.dispatcher import Engine  # noqa: E402
+from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.problem import Config, parse_shape  # noqa: E402
 
 
 def main() -> None:

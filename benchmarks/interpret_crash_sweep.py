@@ -28,8 +28,8 @@ BASE = {"cluster_dimension": None, "epi_tile_m": None, "epi_tile_n": None, "grid
 def _compile(shape: tuple[int, int, int], config: dict, run: bool = True) -> None:
     import jax
 
-    from autotune.kernel import BuildOptions, get_kernel
-    from autotune.problem import Config
+    from autotune.space.kernel import BuildOptions, get_kernel
+    from autotune.space.problem import Config
 
     kernel = get_kernel("hopper_matmul")
     m, n, k = shape
@@ -44,7 +44,7 @@ def _compile(shape: tuple[int, int, int], config: dict, run: bool = True) -> Non
 
 
 def _variants(shape: tuple[int, int, int]) -> list[dict]:
-    from autotune.kernel import get_kernel
+    from autotune.space.kernel import get_kernel
 
     kernel = get_kernel("hopper_matmul")
     m, n, k = shape

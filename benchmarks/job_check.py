@@ -6,7 +6,7 @@ problem (kernel, shape keys, dtype, a non-empty space) before anything runs.
 
 Writes a job file of ``--problems`` distinct problems (hopper_matmul, softmax and hopper_attention
 shapes) to a temporary folder and times
-:func:`autotune.jobs.load_job` on it, then prints the seconds and problems per second. Goal:
+:func:`autotune.tuning.jobs.load_job` on it, then prints the seconds and problems per second. Goal:
 a 10,000-problem job is checked in seconds (it took minutes when every space was counted).
 """
 
@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from autotune.jobs import load_job  # noqa: E402
+from autotune.tuning.jobs import load_job  # noqa: E402
 
 
 def job_text(n: int) -> str:

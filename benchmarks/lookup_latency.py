@@ -32,9 +32,13 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from autotune import lookup, queries, storage
-from autotune.problem import Config, Problem
-from autotune.storage import Store
+from autotune.queries import lookup
+
+from autotune.queries import best as queries
+
+from autotune.storage import store as storage
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import Store
 
 KERNEL = "hopper_matmul"
 DTYPE = "bfloat16"

@@ -5,7 +5,7 @@ independent interleaved re-time, for 4 hopper_matmul bf16 shapes (one with m <= 
     python3 benchmarks/measurement.py --device interpret --out /tmp/measurement.json  # CPU smoke
 
 Per problem, with the engine of the tuner (worker processes, CUPTI, the L2 flush of
-``autotune.cold_timing``):
+``autotune.evaluation.cold_timing``):
 
 1. **cold vs warm**: an engine per cache policy times the candidates (the kernel's default
    config first, the "winner" unless ``--winner data`` puts the ground-truth best of
@@ -37,10 +37,10 @@ from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.clocks import clock_warnings, read_clocks  # noqa: E402
-from autotune.confirmation import Candidate, analyse_confirmation  # noqa: E402
-from autotune.kernel import get_kernel  # noqa: E402
-from autotune.problem import Config, Problem, parse_shape  # noqa: E402
+from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
+from autotune.tuning.confirmation import Candidate, analyse_confirmation  # noqa: E402
+from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 
 GPU_PROBLEMS = (
     "hopper_matmul:m=4096,n=4096,k=4096:bfloat16",
@@ -142,7 +142,7 @@ def _median(values: list[float]) -> float | None:
 def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[Any, Problem]],
                    ) -> dict[str, Any]:
     """Search timings, baseline and confirmation round of every problem under ``policy``."""
-    from autotune.engine import Engine
+    from autotune.engine.dispatcher import Engine
 
     out: dict[str, Any] = {}
     with Engine(args.device, cache=policy, iterations=args.iterations,
@@ -209,7 +209,7 @@ def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[A
 def independent_retime(args: argparse.Namespace, policy: str, problems: list[tuple[Any, Problem]],
                        crowned: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """In a fresh engine: the crowned config and the baseline, interleaved rounds."""
-    from autotune.engine import Engine
+    from autotune.engine.dispatcher import Engine
 
     out: dict[str, Any] = {}
     with Engine(args.device, cache=policy, iterations=args.iterations,

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna  # noqa: E402
 
-from autotune.kernel import get_kernel  # noqa: E402
-from autotune.problem import Config  # noqa: E402
-from autotune.ranked_sampler import Observation  # noqa: E402
-from autotune.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
+from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.problem import Config  # noqa: E402
+from autotune.tuning.ranked_sampler import Observation  # noqa: E402
+from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
 
 
 def synthetic_us(problem, c) -> float:

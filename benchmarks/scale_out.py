@@ -4,7 +4,7 @@
     python3 benchmarks/scale_out.py --db postgresql+psycopg://user@dbhost/autotune --runners 64
 
 Each runner stands in for one host running ``autotune tune JOB --db postgresql://...``: the real
-job runner (:func:`autotune.tuner.run_job`: the scheduler, the store, Optuna's RDB storage, the
+job runner (:func:`autotune.tuning.tuner.run_job`: the scheduler, the store, Optuna's RDB storage, the
 shared budget), in a thread of this process rather than a process on a host of its own (this
 machine has 2 cores), over an in-process engine whose configs take ``--run-ms`` of "GPU" and no
 compile, so the database is what is measured. Every runner gets the same job (``--problems``
@@ -48,12 +48,12 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
-from autotune import tuner  # noqa: E402
-from autotune.jobs import Budget, Job, ProblemSpec  # noqa: E402
-from autotune.problem import Config  # noqa: E402
-from autotune.storage import Store  # noqa: E402
-from autotune.trial import DeviceInfo, TrialResult  # noqa: E402
-from autotune.trial_index import OUTCOME_ATTR  # noqa: E402
+from autotune.tuning import tuner  # noqa: E402
+from autotune.tuning.jobs import Budget, Job, ProblemSpec  # noqa: E402
+from autotune.space.problem import Config  # noqa: E402
+from autotune.storage.store import Store  # noqa: E402
+from autotune.evaluation.trial import DeviceInfo, TrialResult  # noqa: E402
+from autotune.tuning.trial_index import OUTCOME_ATTR  # noqa: E402
 from benchmarks.sim_kernels import QUICK  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -8,7 +8,7 @@
 Ground truth: every ``benchmarks/data/<kernel>__<shape>__<dtype>.json`` written by
 ``benchmarks/ground_truth.py`` on a GPU (a uniform sample of the valid set plus climbing around
 the best; ``replay_reference.json`` is the CI reference, not ground truth). For each recorded
-problem and sampler, the real sampler (:func:`autotune.sampling.valid_sampler`, with its
+problem and sampler, the real sampler (:func:`autotune.tuning.sampling.valid_sampler`, with its
 valid-set repair) runs over the recorded configs (the space restricted to them) for many seeds,
 looking times up instead of measuring; the table gives the trials needed to get within 1% and
 0.5% of the best recorded time (median and 90th percentile over seeds) and the first proposal's
@@ -59,12 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from autotune.kernel import get_kernel  # noqa: E402
-from autotune.problem import Config  # noqa: E402
-from autotune.queries import shape_distance  # noqa: E402
-from autotune.ranked_sampler import Observation, model_backend  # noqa: E402
-from autotune.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
-from autotune.space import Constraint, Space  # noqa: E402
+from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.problem import Config  # noqa: E402
+from autotune.queries.best import shape_distance  # noqa: E402
+from autotune.tuning.ranked_sampler import Observation, model_backend  # noqa: E402
+from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
+from autotune.space.search_space import Constraint, Space  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 GROUND_TRUTH = re.compile(r"^[^_].*__.+__[a-z0-9_]+\.json$")
@@ -312,11 +312,11 @@ def reference(rows: Sequence[Mapping[str, Any]], files: Sequence[str], args: Any
 def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
     """Per problem in ``db`` (only ``job``'s problems when given): trials measured, the index
     (1-based, in the order measured) of the final best and of the first result within 1% of it."""
-    from autotune.storage import Store
+    from autotune.storage.store import Store
 
     wanted = None
     if job:
-        from autotune.jobs import load_job
+        from autotune.tuning.jobs import load_job
 
         wanted = {spec.problem for spec in load_job(job).problems}
     out = []
@@ -346,8 +346,8 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
 def store_ground_truth(db: str, files: Sequence[str]) -> int:
     """Stores every ground-truth result in ``db`` as trials of the device it was measured on
     (``"kind": "gpu"``), so that a live job there starts warm; returns the trials written."""
-    from autotune.storage import Store
-    from autotune.trial import DeviceInfo, Outcome, TrialResult
+    from autotune.storage.store import Store
+    from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
     written = 0
     with Store(db) as store:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.kernel import Kernel
-from autotune.space import Choice, Space
+from autotune.space.kernel import Kernel
+from autotune.space.search_space import Choice, Space
 
 
 def _never(*args: Any) -> Any:

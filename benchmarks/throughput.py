@@ -8,7 +8,7 @@ One run measures every mode over the SAME configs (``valid_space(problem).sample
 
 * sequential: one process (a child of this script), one config at a time: compile, then check
   and time;
-* threads: :class:`autotune.engine.Engine` with one worker (``workers_per_gpu=1``): its compile
+* threads: :class:`autotune.engine.dispatcher.Engine` with one worker (``workers_per_gpu=1``): its compile
   threads (``--compile-threads``, default the engine's) compile later configs while earlier
   ones are timed;
 * processes: the engine as it comes by default: ``workers_per_gpu`` worker processes
@@ -47,9 +47,9 @@ from typing import Any  # noqa: E402
 # This checkout's autotune (and its tests' kernels), not another one installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.kernel import get_kernel  # noqa: E402
-from autotune.problem import Config, parse_shape  # noqa: E402
-from autotune.trial import TrialResult  # noqa: E402
+from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.problem import Config, parse_shape  # noqa: E402
+from autotune.evaluation.trial import TrialResult  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -183,7 +183,7 @@ def run_sequential(
 
 
 def sequential_child(job_path: str, out_path: str) -> int:
-    from autotune.evaluation import make_evaluator
+    from autotune.evaluation.pipeline import make_evaluator
 
     job = json.loads(Path(job_path).read_text())
     args = argparse.Namespace(**job["args"])
@@ -232,7 +232,7 @@ def run_engine(
     compile_threads: int | None,
 ) -> dict[str, Any]:
     """The engine over the configs, every worker warmed up first; the clock starts after."""
-    from autotune.engine import Engine
+    from autotune.engine.dispatcher import Engine
 
     started = time.perf_counter()
     with Engine(

@@ -16,7 +16,7 @@ Rule kinds (``RULE_KINDS``):
   problem      the problem itself is unsupported (dtype, head_dim, heads); no config can help.
   correctness  the problem lowers but the kernel would compute something else.
 
-Oracle sweep (``autotune.lowering.lower_for_cuda``, jax 0.10.2 on CPU), recorded to justify
+Oracle sweep (``autotune.evaluation.lowering.lower_for_cuda``, jax 0.10.2 on CPU), recorded to justify
 the rules:
   1,160 configs over 18 problems (batch 1..4, seq 64..8192, heads_q 4..16 with heads_kv 4..16,
   head_dim 32..512, causal or not; block_q and block_kv 64..512, 2..8 stages, schedule barrier
@@ -46,9 +46,9 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem
-from autotune.space import (
+from autotune.space.kernel import BuildOptions, Kernel
+from autotune.space.problem import Config, Problem
+from autotune.space.search_space import (
     MBARRIER_BYTES,
     Aligned,
     Bool,

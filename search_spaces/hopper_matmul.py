@@ -24,7 +24,7 @@ Rule kinds (``RULE_KINDS``):
                ``benchmarks/interpret_crash_sweep.py`` at 256^3 bf16 (jax 0.10.2): 2 of 2
                one-tile configs crashed, 7 of 7 with two tiles ran (tile_k 32/64, steps 2-6).
 
-Oracle sweep (``autotune.lowering.lower_for_cuda``, jax 0.10.2 on CPU, num_sms=132), recorded
+Oracle sweep (``autotune.evaluation.lowering.lower_for_cuda``, jax 0.10.2 on CPU, num_sms=132), recorded
 to justify the rules:
   5,308 configs over 12 problems (m, n, k in 128..12288, bf16 and f16): a structured grid
   (tile shapes x wg x cluster x tile_k; epilogue tiles 8..128 incl. None; stages 1..8), random
@@ -59,10 +59,10 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.kernel import BuildOptions, Kernel
-from autotune.lowering import H200_NUM_SMS
-from autotune.problem import Config, Problem, dtype_bytes
-from autotune.space import (
+from autotune.space.kernel import BuildOptions, Kernel
+from autotune.evaluation.lowering import H200_NUM_SMS
+from autotune.space.problem import Config, Problem, dtype_bytes
+from autotune.space.search_space import (
     MBARRIER_BYTES,
     Aligned,
     Choice,

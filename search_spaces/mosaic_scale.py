@@ -77,9 +77,9 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem, dtype_bytes
-from autotune.space import (
+from autotune.space.kernel import BuildOptions, Kernel
+from autotune.space.problem import Config, Problem, dtype_bytes
+from autotune.space.search_space import (
     MBARRIER_BYTES,
     SMEM_LIMIT_BYTES,
     TRANSFER_ALIGN_BYTES,

@@ -81,9 +81,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem, dtype_bits, dtype_bytes
-from autotune.space import (
+from autotune.space.kernel import BuildOptions, Kernel
+from autotune.space.problem import Config, Problem, dtype_bits, dtype_bytes
+from autotune.space.search_space import (
     MBARRIER_BYTES,
     WARPGROUP_SIZE,
     Aligned,

@@ -1,7 +1,7 @@
 """The real ``autotune tune`` command with faults injected at chosen points (tests/test_faults.py).
 
 Run as ``python -m tests.fault_driver [FAULT OPTIONS] -- tune JOB.toml --db URL ...``: it installs
-the faults asked for, swaps the engine for a real fake-mode :class:`~autotune.engine.Engine`
+the faults asked for, swaps the engine for a real fake-mode :class:`~autotune.engine.dispatcher.Engine`
 (worker processes that crash, hang or time configs as the config says, no GPU, no jax) and runs
 :func:`autotune.cli.main` with the arguments after ``--``, exiting with its exit code. So the
 command line, the job runner, the store, Optuna and the worker processes are the real ones; only
@@ -52,8 +52,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.kernel import Kernel
-from autotune.space import Choice, Space
+from autotune.space.kernel import Kernel
+from autotune.space.search_space import Choice, Space
 
 KILL_EXIT = -signal.SIGKILL
 
@@ -139,7 +139,7 @@ def _die() -> None:
 
 
 def sqlite_file(url: str) -> Path | None:
-    from autotune.storage import resolve_url, sqlite_path
+    from autotune.storage.store import resolve_url, sqlite_path
 
     return sqlite_path(resolve_url(url))
 
@@ -227,9 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sqlalchemy as sa
 
     import autotune.api
-    from autotune import storage
+    from autotune.storage import store as storage
     from autotune.cli import main as cli_main
-    from autotune.engine import Engine
+    from autotune.engine.dispatcher import Engine
 
     db_path = sqlite_file(_db_url(cli_args))
     journal = open(opts.journal, "a", encoding="utf-8")  # noqa: SIM115 - open until exit
@@ -256,9 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         socket.gethostname = lambda: opts.hostname
     if opts.grace_s is not None:
-        import autotune.tuner
+        import autotune.tuning.tuner
 
-        autotune.tuner.GRACE_S = opts.grace_s
+        autotune.tuning.tuner.GRACE_S = opts.grace_s
 
     if opts.kill_on_sql:
         pattern = re.compile(opts.kill_on_sql, re.IGNORECASE)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autotune.kernel import BuildOptions, Kernel
-from autotune.problem import Config, Problem
-from autotune.space import Choice, Constraint, Space
+from autotune.space.kernel import BuildOptions, Kernel
+from autotune.space.problem import Config, Problem
+from autotune.space.search_space import Choice, Constraint, Space
 
 PREFIX = "tests.kernels_for_tests:"
 

@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 import autotune
 from autotune.cli import main
 from autotune.errors import AutotuneError, JobError
-from autotune.jobs import load_job
-from autotune.problem import Config, Problem
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, TrialResult
+from autotune.tuning.jobs import load_job
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "autotune"
@@ -246,7 +246,7 @@ API: list[Bad] = [
         "shape['rows']", str(2**40), "up to 2147483647"),
     Bad("Store() unknown dialect", lambda db: Store("notadialect://x"), "database URL",
         "notadialect", "Expected sqlite:///PATH"),
-    Bad("import_records() negative time", lambda db: autotune.exchange.import_records([{
+    Bad("import_records() negative time", lambda db: autotune.queries.exchange.import_records([{
         "kernel": "softmax", "shape": {"rows": 64, "cols": 512}, "dtype": "f32",
         "device": "NVIDIA H200", "median_us": -1.0, "config": {}}], db), "median_us",
         "got -1.0", "must be positive"),
@@ -571,7 +571,7 @@ def test_injection_payloads_are_stored_verbatim_as_bound_parameters(db_url):
                         lambda conn, cursor, statement, *a: statements.append(statement))
         for i, payload in enumerate(INJECTIONS):
             problem = Problem(payload, {"m": 64 + i}, "f32")
-            result = TrialResult.failed(autotune.trial.Outcome.COMPILE_ERROR, payload)
+            result = TrialResult.failed(autotune.evaluation.trial.Outcome.COMPILE_ERROR, payload)
             store.record_trial(problem, Config(tile=payload, n=i), result,
                                device=DeviceInfo(payload, "gpu", payload[:32], payload),
                                software={"jax": payload, "extra": payload}, worker=payload,
@@ -591,8 +591,8 @@ def _gpu_run(tmp_path: Path, name: str) -> tuple[Any, Any, Any]:
     """A tiny job of a kernel called ``name`` on a fake GPU (which traces its best config)."""
     import dataclasses
 
-    from autotune.jobs import Budget, Job, ProblemSpec
-    from autotune.kernel import register
+    from autotune.tuning.jobs import Budget, Job, ProblemSpec
+    from autotune.space.kernel import register
     from tests.test_tuner import TOY, FakeEngine
 
     kernel = dataclasses.replace(TOY, name=name, default_config=None)
@@ -610,7 +610,7 @@ def test_a_kernel_name_leading_out_of_the_results_folder_is_refused_before_measu
 ):
     """A kernel whose name would put its traces outside results/ is refused before anything is
     measured or stored, and nothing is written outside."""
-    from autotune.tuner import run_job
+    from autotune.tuning.tuner import run_job
 
     job_, engine, results = _gpu_run(tmp_path, name)
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
@@ -625,7 +625,7 @@ def test_a_kernel_name_leading_out_of_the_results_folder_is_refused_before_measu
 
 def test_an_import_path_kernel_name_traces_under_the_results_folder(tmp_path):
     """The names that are allowed (``package.module:NAME``) land under results/traces/."""
-    from autotune.tuner import run_job
+    from autotune.tuning.tuner import run_job
 
     job_, engine, results = _gpu_run(tmp_path, "my_kernels.matmul:KERNEL")
     with Store(f"sqlite:///{tmp_path}/t.db") as store:

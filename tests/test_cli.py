@@ -20,11 +20,11 @@ import pytest
 
 from autotune import cli
 from autotune.cli import main
-from autotune.kernel import Kernel, bundled_kernels, register
-from autotune.problem import Config
-from autotune.space import Aligned, PowerOfTwo, Space
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.kernel import Kernel, bundled_kernels, register
+from autotune.space.problem import Config
+from autotune.space.search_space import Aligned, PowerOfTwo, Space
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -200,7 +200,7 @@ def test_sample_sizes_past_the_maximum_exit_2_at_once(argv, capsys, campaign):
 def test_spaces_sample_at_the_maximum_returns_distinct_valid_configs(capsys):
     """`spaces --sample 10000` on a space of 10^5 valid configs returns 10,000 distinct valid
     ones (benchmarks time it; here only correctness)."""
-    from autotune.kernel import get_kernel
+    from autotune.space.kernel import get_kernel
 
     assert main(["spaces", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--sample", "10000",
                  "--json"]) == 0
@@ -399,7 +399,7 @@ def test_sampler_help_shows_the_default_auto(capsys):
 
 def test_effort_maps_to_trials_and_patience():
     """--effort quick/full set trials and patience; explicit --trials/--patience win."""
-    from autotune.jobs import load_job
+    from autotune.tuning.jobs import load_job
 
     job = load_job(str(REPO / "examples/quickstart.toml"))
     quick = cli._job_overrides(cli._parser().parse_args(["tune", "x", "--effort", "quick"]), job)
@@ -410,7 +410,7 @@ def test_effort_maps_to_trials_and_patience():
 
 def test_one_schema_for_a_result_in_best_results_and_export(fake_tune, capsys):
     """best --json, results --json and export --format json name a result's fields alike."""
-    from autotune.storage import RESULT_FIELDS
+    from autotune.storage.store import RESULT_FIELDS
 
     write, db, _ = fake_tune
     assert main(["tune", write(trials=4), "--db", db, "--quiet"]) == 0

@@ -6,8 +6,8 @@ import dataclasses
 import sys
 import types
 
-from autotune import clocks
-from autotune.clocks import ClockSnapshot, clock_warnings, read_clocks
+from autotune.evaluation import clocks
+from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, read_clocks
 
 
 class FakeNvml:

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from autotune import confirmation as m
-from autotune.confirmation import Candidate, analyse_confirmation
+from autotune.tuning import confirmation as m
+from autotune.tuning.confirmation import Candidate, analyse_confirmation
 
 
 def rounds(center: float, *, noise: float = 0.0, n_rounds: int = 5, n: int = 50, seed: int = 0,

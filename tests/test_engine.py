@@ -1,4 +1,4 @@
-"""Tests for autotune.engine: pipelining, isolation of crashes and hangs, several GPUs.
+"""Tests for autotune.engine.dispatcher: pipelining, isolation of crashes and hangs, several GPUs.
 
 Real worker processes throughout; the fake evaluator crashes, hangs and sleeps on demand.
 """
@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from autotune import engine as engine_mod
-from autotune.engine import Engine, EngineError, default_timeout_s
+from autotune.engine import dispatcher as engine_mod
+from autotune.engine.dispatcher import Engine, EngineError, default_timeout_s
 from autotune.errors import KernelNotFoundError
-from autotune.problem import Config, Problem
-from autotune.trial import Outcome, TrialResult
+from autotune.space.problem import Config, Problem
+from autotune.evaluation.trial import Outcome, TrialResult
 
 FAKE = "tests.kernels_for_tests:FAKE"
 SCALE_ADD = "tests.kernels_for_tests:SCALE_ADD"

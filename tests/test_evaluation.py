@@ -1,4 +1,4 @@
-"""Tests for autotune.evaluation: classification, kernel-time selection, checks, evaluators."""
+"""Tests for autotune.evaluation.pipeline: classification, kernel-time selection, checks, evaluators."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from autotune import evaluation as ev
-from autotune.evaluation import Stage
-from autotune.kernel import get_kernel
-from autotune.problem import Config, Problem
-from autotune.trial import Outcome, TrialResult
+from autotune.evaluation import pipeline as ev
+from autotune.evaluation.pipeline import Stage
+from autotune.space.kernel import get_kernel
+from autotune.space.problem import Config, Problem
+from autotune.evaluation.trial import Outcome, TrialResult
 
 SCALE_ADD = "tests.kernels_for_tests:SCALE_ADD"
 FAKE = "tests.kernels_for_tests:FAKE"
@@ -393,7 +393,7 @@ def test_gpu_device_info_without_a_gpu_says_so():
 
 def test_importing_evaluation_does_not_import_jax():
     """jax is imported lazily, inside the functions that need it."""
-    code = "import autotune.evaluation, sys; sys.exit('jax' in sys.modules)"
+    code = "import autotune.evaluation.pipeline, sys; sys.exit('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -468,10 +468,9 @@ def test_evaluators_time_with_the_policy_of_their_mode():
 
 
 def test_cold_timing_goes_through_the_l2_flush(monkeypatch):
-    """With CUPTI and the cold policy, timing runs the flushed loop (autotune.cold_timing), never
+    """With CUPTI and the cold policy, timing runs the flushed loop (autotune.evaluation.cold_timing), never
     profiler.measure's back-to-back loop; warm does the opposite."""
-    from autotune import cold_timing as timing
-
+    from autotune.evaluation import cold_timing as timing
     seen = []
 
     def fake_cold(fn, inputs, iterations, flush, *, aggregate, select):

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from autotune import cli
-from autotune.exchange import export_records, import_json, render
-from autotune.kernel import get_kernel
-from autotune.problem import Config, Problem
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, TrialResult
+from autotune.queries.exchange import export_records, import_json, render
+from autotune.space.kernel import get_kernel
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
@@ -209,7 +209,7 @@ def test_import_is_one_transaction(db_url, tmp_path, monkeypatch, campaign):
     (SQLite and PostgreSQL): the import is all or nothing."""
     import sqlalchemy.exc
 
-    from autotune import storage
+    from autotune.storage import store as storage
     from autotune.errors import StorageError
 
     path = _export_file(tmp_path, [_record(config=c, median_us=50.0 + i)
@@ -240,8 +240,7 @@ def test_import_is_one_transaction(db_url, tmp_path, monkeypatch, campaign):
 def test_absurd_json_is_refused_with_a_clear_message(shape, tmp_path, monkeypatch, capsys, campaign):
     """Absurdly nested JSON (no RecursionError traceback), files over the size limit and
     non-finite literals are refused with exit 2 and a message saying why; nothing is written."""
-    from autotune import exchange
-
+    from autotune.queries import exchange
     campaign.add(bad_inputs=1)
     path = tmp_path / "absurd.json"
     if shape == "deep_list":
@@ -303,7 +302,7 @@ def test_exports_and_results_carry_the_policy_the_confirmed_speedup_and_the_ties
     """After a confirmation round, `export` (json, csv) and `results --json` give the cache
     policy, the crowned config, the confirmed speedup with its spread and the tie marks; an
     import keeps the policy."""
-    from autotune.tuner import run_job
+    from autotune.tuning.tuner import run_job
     from tests.test_tuner import PICK_PROBLEM, ConfirmingEngine, _pick_job
 
     url = f"sqlite:///{tmp_path}/src.db"

@@ -45,9 +45,9 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from autotune import jobs as jobs_module
-from autotune.problem import Config
-from autotune.storage import resolve_url
+from autotune.tuning import jobs as jobs_module
+from autotune.space.problem import Config
+from autotune.storage.store import resolve_url
 from tests.fault_driver import KILL_EXIT, SLOW, STEADY, db_files, set_read_only, sqlite_file
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -474,7 +474,7 @@ def test_full_disk_stops_with_a_clear_error_and_rerun_completes(limit, tmp_path,
 def _head_revision() -> str:
     from alembic.script import ScriptDirectory
 
-    from autotune.storage import _alembic_config
+    from autotune.storage.store import _alembic_config
 
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
@@ -496,7 +496,7 @@ def build_old_database(url: str, n_trials: int = 4) -> None:
     from alembic import command
 
     import autotune
-    from autotune.storage import _alembic_config
+    from autotune.storage.store import _alembic_config
 
     engine = _engine(url)
     try:
@@ -631,9 +631,9 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
     is GRACE_S old, so its config is measured after all."""
     import warnings
 
-    import autotune.tuner as tuner
-    from autotune.storage import Store
-    from autotune.trial import DeviceInfo
+    import autotune.tuning.tuner as tuner
+    from autotune.storage.store import Store
+    from autotune.evaluation.trial import DeviceInfo
     from tests.test_tuner import PROBLEM as TOY_PROBLEM
     from tests.test_tuner import TOY, FakeEngine, _job
 
@@ -685,7 +685,7 @@ def test_the_campaign_summary_adds_up_over_workers_and_fails_on_a_lost_trial(tmp
 
 def _read_commands(url: str, tmp_path: Path) -> dict[str, Any]:
     """Every read-only way into the database: the CLI's read commands and the run-time lookup."""
-    from autotune import lookup
+    from autotune.queries import lookup
     from autotune.cli import main as cli_main
 
     def run_lookup() -> int:
@@ -714,7 +714,7 @@ def test_read_commands_never_write_a_damaged_database(corrupt, journal, tmp_path
     """results, best, export, report and the lookup on a damaged database, in rollback-journal
     and WAL mode: each answers or stops with a one-line message, and the file stays byte for byte
     as it was (they used to switch its journal mode, rewriting the header)."""
-    from autotune.queries import close_stores
+    from autotune.queries.best import close_stores
 
     job = seeded_job(tmp_path, seeded_db)
     path = sqlite_file(job.url)

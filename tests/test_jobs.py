@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import JobError
-from autotune.jobs import load_job, parse_job
-from autotune.kernel import Kernel, register
+from autotune.tuning.jobs import load_job, parse_job
+from autotune.space.kernel import Kernel, register
 from tests.test_space import toy_space
 
 
@@ -162,8 +162,7 @@ def test_fuzz_job_parser_never_crashes(data):
 def test_a_job_past_the_problem_limit_is_refused(monkeypatch, campaign):
     """A job expanding to more problems than MAX_PROBLEMS is refused with a clear error
     before any space is checked, naming the limit."""
-    from autotune import jobs
-
+    from autotune.tuning import jobs
     campaign.add(bad_inputs=1)
     monkeypatch.setattr(jobs, "MAX_PROBLEMS", 10)
     shapes = [{"rows": 64 * i, "cols": 1024} for i in range(1, 7)]
@@ -175,8 +174,7 @@ def test_a_job_past_the_problem_limit_is_refused(monkeypatch, campaign):
 
 def test_an_oversized_job_file_is_refused(tmp_path, monkeypatch, campaign):
     """A job file larger than MAX_JOB_BYTES is refused before it is parsed."""
-    from autotune import jobs
-
+    from autotune.tuning import jobs
     campaign.add(bad_inputs=1)
     monkeypatch.setattr(jobs, "MAX_JOB_BYTES", 100)
     path = tmp_path / "big.toml"

@@ -14,12 +14,13 @@ import types
 import pytest
 
 import autotune
-from autotune import lookup, queries
+from autotune.queries import lookup
+from autotune.queries import best as queries
 from autotune.errors import StorageError
-from autotune.kernel import get_kernel
-from autotune.problem import Config
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, TrialResult
+from autotune.space.kernel import get_kernel
+from autotune.space.problem import Config
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
@@ -144,7 +145,7 @@ def test_decorator_derives_problem_and_logs(tmp_path, configs, caplog):
     def matmul(a, b, *, config=None, scale=1):
         return config, scale
 
-    with caplog.at_level(logging.INFO, logger="autotune.lookup"):
+    with caplog.at_level(logging.INFO, logger="autotune.queries.lookup"):
         assert matmul(_Array((256, 256)), _Array((256, 256)), scale=3) == (ok, 3)
     assert "stored best config" in caplog.text
     assert matmul(_Array((256, 256)), _Array((256, 256)), config=other) == (other, 1)
@@ -200,7 +201,7 @@ def test_lookup_prefers_the_running_versions_and_logs_them(tmp_path, configs, ca
     with Store(url) as store:
         store.record_trial(_problem(BIG), Config(other), timed(10.0), device=GPU, software=old)
         store.record_trial(_problem(BIG), Config(ok), timed(90.0), device=GPU, software=_running())
-    with caplog.at_level(logging.INFO, logger="autotune.lookup"):
+    with caplog.at_level(logging.INFO, logger="autotune.queries.lookup"):
         assert lookup.lookup_config("hopper_matmul", BIG, "bf16", db=url) == (ok, "exact")
     assert f"measured with the running jax {queries.running_versions()['jax']}" in caplog.text
 
@@ -258,7 +259,7 @@ UNUSABLE = {"garbage bytes": _garbage, "a text file": _text_file, "a folder": _f
 
 
 def _warnings(caplog):
-    return [r for r in caplog.records if r.name == "autotune.lookup" and r.levelno == logging.WARNING]
+    return [r for r in caplog.records if r.name == "autotune.queries.lookup" and r.levelno == logging.WARNING]
 
 
 def _timed_lookup(shape, db, **kwargs):
@@ -440,7 +441,7 @@ def test_a_failed_database_is_not_asked_again_until_the_retry_interval(tmp_path,
 def test_exported_table_is_the_fallback_when_valid(tmp_path, configs, caplog):
     """With the database unusable, a valid config of the exported table (``TUNED`` of
     ``autotune export --format python``) is answered; an invalid one is not."""
-    from autotune.exchange import render
+    from autotune.queries.exchange import render
 
     ok, not_small = configs
     records = [

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autotune.problem import Config, Problem, canonical_dtype, parse_shape
+from autotune.space.problem import Config, Problem, canonical_dtype, parse_shape
 
 
 def test_config_is_canonical_and_hashable():

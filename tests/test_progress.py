@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 
 from autotune import api
-from autotune.problem import Problem
+from autotune.space.problem import Problem
 from autotune.progress import (
     BarProgress,
     JsonlProgress,
@@ -20,7 +20,7 @@ from autotune.progress import (
     format_us,
     make_progress,
 )
-from autotune.tuner import Event
+from autotune.tuning.tuner import Event
 
 P = Problem("softmax", {"rows": 64, "cols": 512}, "float32")
 
@@ -80,7 +80,7 @@ def test_bar_draws_with_tqdm_and_writes_log_records_above_it(capsys):
             events = _events()
             for e in events[:2]:
                 progress(e)
-            logging.getLogger("autotune.engine").warning("Worker 0 died: SIGFPE")
+            logging.getLogger("autotune.engine.dispatcher").warning("Worker 0 died: SIGFPE")
             for e in events[2:]:
                 progress(e)
     finally:

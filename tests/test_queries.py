@@ -12,12 +12,12 @@ import textwrap
 
 import pytest
 
-from autotune import queries
+from autotune.queries import best as queries
 from autotune.errors import JobError
-from autotune.problem import Config, Problem
-from autotune.queries import best_config, best_result, list_results, nearest_results
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.problem import Config, Problem
+from autotune.queries.best import best_config, best_result, list_results, nearest_results
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
 H200 = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
@@ -68,11 +68,11 @@ def test_public_api_is_pinned():
 
 
 def test_importing_queries_does_not_import_jax():
-    """import autotune.queries (and a query) never imports jax."""
+    """import autotune.queries.best (and a query) never imports jax."""
     code = textwrap.dedent(
         """
         import sys
-        import autotune.queries as q
+        import autotune.queries.best as q
         assert q.best_config("matmul", {"m": 1}, "bf16", db="sqlite:///:memory:") is None
         assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
         """
@@ -248,7 +248,7 @@ def test_other_versions_are_the_fallback_and_marked_stale(db_url: str, caplog):
     with Store(db_url) as store:
         store.record_trial(MATMUL, Config(tile_m=64), timed(100.0), device=H200, software=OLD)
         store.record_trial(MATMUL, Config(tile_m=32), timed(1.0), device=INTERPRET, software=_running())
-    with caplog.at_level("INFO", logger="autotune.queries"):
+    with caplog.at_level("INFO", logger="autotune.queries.best"):
         result = best_result("matmul", SHAPE, "bf16", db=db_url)
     assert result is not None and result.config == {"tile_m": 64} and result.stale  # GPU first
     assert (result.jax_version, result.to_dict()["stale"]) == ("0.0.1", True)

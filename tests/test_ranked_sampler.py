@@ -10,23 +10,23 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.kernel import get_kernel
-from autotune.problem import Config, Problem
-from autotune.ranked_sampler import (
+from autotune.space.kernel import get_kernel
+from autotune.space.problem import Config, Problem
+from autotune.tuning.ranked_sampler import (
     Features,
     Observation,
     RankedSampler,
     model_backend,
     stored_history,
 )
-from autotune.sampling import (
+from autotune.tuning.sampling import (
     OUTCOME_ATTR,
     ExhaustedError,
     distributions,
     resolve_sampler,
     valid_sampler,
 )
-from autotune.space import Aligned, Bool, Choice, Constraint, PowerOfTwo, Space
+from autotune.space.search_space import Aligned, Bool, Choice, Constraint, PowerOfTwo, Space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -236,8 +236,8 @@ def test_auto_is_ranked_when_warm_or_the_space_is_small():
 def test_stored_history_reads_every_shape_of_the_kernel_on_the_device(tmp_path):
     """stored_history returns the kernel's results at all shapes on one device, failures
     without a time."""
-    from autotune.storage import Store
-    from autotune.trial import DeviceInfo, Outcome, TrialResult
+    from autotune.storage.store import Store
+    from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
     device = DeviceInfo(name="fake-gpu", kind="fake")
     a, b = user_problem(256, 1024), user_problem(512, 1024)

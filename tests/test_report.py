@@ -13,15 +13,17 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import cli, report
+from autotune import cli
+
+from autotune.queries import report
 from autotune.errors import NothingTunedError
-from autotune.jobs import Budget, Job, ProblemSpec
-from autotune.kernel import Kernel, register
-from autotune.problem import Problem
-from autotune.space import Aligned, Choice, PowerOfTwo, Space
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, Outcome, TrialResult
-from autotune.tuner import run_job
+from autotune.tuning.jobs import Budget, Job, ProblemSpec
+from autotune.space.kernel import Kernel, register
+from autotune.space.problem import Problem
+from autotune.space.search_space import Aligned, Choice, PowerOfTwo, Space
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.tuning.tuner import run_job
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPO = Path(__file__).resolve().parents[1]

@@ -6,11 +6,13 @@ from concurrent.futures import Future
 
 import pytest
 
-from autotune import cli, queries
-from autotune.problem import Config, Problem
-from autotune.revalidate import revalidate, stale_configs
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune import cli
+
+from autotune.queries import best as queries
+from autotune.space.problem import Config, Problem
+from autotune.tuning.revalidate import revalidate, stale_configs
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
 DEVICE = DeviceInfo("fake-gpu", "fake")
 OTHER = DeviceInfo("other-gpu", "fake")
@@ -135,10 +137,10 @@ def test_revalidated_rows_become_what_queries_answer(tmp_path, monkeypatch):
 def test_cli_revalidate_prints_the_table(db: str, monkeypatch, capsys):
     """`autotune revalidate` prints old time, new time, ratio and whether the winner holds."""
     import autotune.api
-    import autotune.tuner
+    import autotune.tuning.tuner
 
     monkeypatch.setattr(autotune.api, "open_engine", lambda *a, **k: FakeEngine({A: 25.0, B: 21.0, C: 30.0}))
-    monkeypatch.setattr(autotune.tuner, "software_versions", lambda: dict(NEW))
+    monkeypatch.setattr(autotune.tuning.tuner, "software_versions", lambda: dict(NEW))
     assert cli.main(["revalidate", "--db", db, "--device", "interpret"]) == 0
     out = capsys.readouterr().out
     header, row = out.splitlines()[:2]
@@ -153,7 +155,7 @@ def test_cli_revalidate_prints_the_table(db: str, monkeypatch, capsys):
 def test_revalidate_through_the_process_engine(tmp_path):
     """The real engine (fake evaluator in worker processes) re-measures stale winners: one got
     slower, one no longer compiles; both are stored as new trials next to the old rows."""
-    from autotune.engine import Engine
+    from autotune.engine.dispatcher import Engine
 
     kernel = "tests.kernels_for_tests:FAKE"
     problem = Problem(kernel, {"n": 1}, "float32")

@@ -6,8 +6,8 @@ import optuna
 import pytest
 
 from autotune.errors import JobError
-from autotune.kernel import get_kernel
-from autotune.sampling import (
+from autotune.space.kernel import get_kernel
+from autotune.tuning.sampling import (
     DEFAULT_LOCAL_SHARE,
     ExhaustedError,
     ValidSampler,

@@ -24,11 +24,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.jobs import Budget, Job, ProblemSpec
-from autotune.problem import Config
-from autotune.storage import Store
-from autotune.trial import TrialResult
-from autotune.tuner import run_job
+from autotune.tuning.jobs import Budget, Job, ProblemSpec
+from autotune.space.problem import Config
+from autotune.storage.store import Store
+from autotune.evaluation.trial import TrialResult
+from autotune.tuning.tuner import run_job
 from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
 from tests.test_faults import REPO, stop_group, stored
 from tests.test_tuner import PROBLEM, TOY, FakeEngine
@@ -292,9 +292,9 @@ def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys
     live; a problem not started yet says so."""
     import json
 
-    from autotune import tuner
+    from autotune.tuning import tuner
     from autotune.cli import main
-    from autotune.sampling import distributions
+    from autotune.tuning.sampling import distributions
 
     url = f"sqlite:///{tmp_path}/t.db"
     done_problem = TOY.problem({"m": 1024, "n": 1024}, "bf16")

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import NoValidConfigError, SpaceError
-from autotune.problem import Problem
-from autotune.space import (
+from autotune.space.problem import Problem
+from autotune.space.search_space import (
     Aligned,
     Bool,
     Choice,
@@ -292,7 +292,7 @@ def test_neighbours_differ_in_one_tunable_and_are_valid():
 def test_has_valid_agrees_with_the_count(kernel_name):
     """The early-exit check used when a job is checked (has_valid) answers exactly
     count() > 0, on bundled spaces with and without valid configs."""
-    from autotune.kernel import get_kernel
+    from autotune.space.kernel import get_kernel
 
     kernel = get_kernel(kernel_name)
     sizes = [1, 256, 1000, 4096, 65536]
@@ -310,7 +310,7 @@ def test_has_valid_agrees_with_the_count(kernel_name):
 def test_has_valid_finds_an_empty_space():
     """has_valid answers False where every config breaks a rule (shared memory), True where
     some config fits."""
-    from autotune.kernel import get_kernel
+    from autotune.space.kernel import get_kernel
 
     attention = get_kernel("hopper_attention")
     huge = dict.fromkeys(attention.shape_keys, 1024)

@@ -12,11 +12,11 @@ import socket
 import pytest
 import sqlalchemy as sa
 
-from autotune import storage
+from autotune.storage import store as storage
 from autotune.errors import StorageError
-from autotune.problem import Config, Problem
-from autotune.storage import Store, resolve_url
-from autotune.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import Store, resolve_url
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 OTHER_GPU = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
@@ -607,7 +607,7 @@ def test_best_and_baselines_never_mix_cache_policies(store: Store):
 def test_a_confirmation_round_is_stored_as_rows_of_its_own(store: Store):
     """The round, its programs' samples and tie marks read back; the search trials it names
     are unchanged; a trial of another problem is refused."""
-    from autotune.confirmation import Candidate, analyse_confirmation
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
 
     ids = [record(store, Config(tile=t), timed(10.0 + t)).id for t in (1, 2)]
     before = store.trials(PROBLEM)

@@ -1,4 +1,4 @@
-"""Tests for autotune.tracing: per-region durations from Perfetto trace files."""
+"""Tests for autotune.evaluation.tracing: per-region durations from Perfetto trace files."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import sys
 
 import pytest
 
-from autotune import tracing
-
-
+from autotune.evaluation import tracing
 def _pair(name, begin, end, pid=1, tid=1):
     return [
         {"name": name, "ph": "B", "ts": begin, "pid": pid, "tid": tid},
@@ -141,7 +139,7 @@ def test_tracing_does_not_import_jax():
     """Reports read traces on machines without jax."""
     import subprocess
 
-    code = "import autotune.tracing, sys; sys.exit('jax' in sys.modules)"
+    code = "import autotune.evaluation.tracing, sys; sys.exit('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

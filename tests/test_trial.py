@@ -1,11 +1,11 @@
-"""The measurement vocabulary of autotune.trial: cache policies, spread, interleaved rounds."""
+"""The measurement vocabulary of autotune.evaluation.trial: cache policies, spread, interleaved rounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from autotune import trial as m
-from autotune.trial import CachePolicy
+from autotune.evaluation import trial as m
+from autotune.evaluation.trial import CachePolicy
 
 
 def test_public_api():

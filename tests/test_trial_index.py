@@ -1,5 +1,5 @@
-"""The incremental index of a study's trials (autotune/trial_index.py) and the capped model
-study the base sampler proposes from past MODEL_TRIALS (autotune/sampling.py)."""
+"""The incremental index of a study's trials (autotune/tuning/trial_index.py) and the capped model
+study the base sampler proposes from past MODEL_TRIALS (autotune/tuning/sampling.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import random
 import optuna
 from optuna.trial import TrialState
 
-from autotune import sampling
-from autotune.sampling import OUTCOME_ATTR, distributions, valid_sampler
-from autotune.tuner import _stagnated
+from autotune.tuning import sampling
+from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler
+from autotune.tuning.tuner import _stagnated
 from tests.test_tuner import PROBLEM, TOY, fake_time
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -15,13 +15,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.jobs import Budget, Job, ProblemSpec
-from autotune.kernel import Kernel, get_kernel, register
-from autotune.problem import Config
-from autotune.space import Aligned, Choice, Constraint, PowerOfTwo, Space
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, Outcome, TrialResult
-from autotune.tuner import WORKER_ATTR, run_job, study_name
+from autotune.tuning.jobs import Budget, Job, ProblemSpec
+from autotune.space.kernel import Kernel, get_kernel, register
+from autotune.space.problem import Config
+from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.tuning.tuner import WORKER_ATTR, run_job, study_name
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -241,7 +241,7 @@ def test_several_runners_share_one_job(db_url, workers):
 
 def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, monkeypatch):
     """A RUNNING trial whose host stopped sending heartbeats is failed; its config is measured anew."""
-    import autotune.tuner as tuner
+    import autotune.tuning.tuner as tuner
 
     url = f"sqlite:///{tmp_path}/t.db"
     monkeypatch.setattr(tuner, "GRACE_S", 1)
@@ -390,7 +390,7 @@ def test_cache_policies_are_stored_and_kept_apart(tmp_path):
     """A cold job after a warm one measures every config again (cold), in rows of its own;
     each policy's best, baseline, study and confirmation use only its own rows, and the
     lookup answers from the cold ones."""
-    from autotune.queries import best_result, close_stores
+    from autotune.queries.best import best_result, close_stores
 
     url = f"sqlite:///{tmp_path}/t.db"
     with Store(url) as store:

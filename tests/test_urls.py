@@ -1,5 +1,5 @@
 """Secrets: a database password appears in no output, log line, report, exception or stored
-row. One function renders URLs for people (autotune.urls.display_url)."""
+row. One function renders URLs for people (autotune.storage.urls.display_url)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from autotune.errors import StorageError
-from autotune.kernel import get_kernel
-from autotune.problem import Problem
-from autotune.storage import Store, resolve_url
-from autotune.urls import display_url, mask_text
+from autotune.space.kernel import get_kernel
+from autotune.space.problem import Problem
+from autotune.storage.store import Store, resolve_url
+from autotune.storage.urls import display_url, mask_text
 
 PASSWORD = "S3cretPlant"
 REPO = Path(__file__).resolve().parents[1]

@@ -25,12 +25,12 @@ import pytest
 
 import autotune
 from autotune import Config, Constraint, Space, is_aligned_transfer
-from autotune.checking import check_space, missing_rules
+from autotune.evaluation.checking import check_space, missing_rules
 from autotune.cli import main
 from autotune.errors import JobError
-from autotune.kernel import get_kernel
-from autotune.lowering import lower_for_cuda
-from autotune.storage import Store
+from autotune.space.kernel import get_kernel
+from autotune.evaluation.lowering import lower_for_cuda
+from autotune.storage.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "user_kernels"
@@ -148,7 +148,7 @@ def test_pallas_example_tunes_end_to_end_in_interpret_mode(tmp_path, monkeypatch
     import jax
     import numpy as np
 
-    from autotune.lookup import clear_cache
+    from autotune.queries.lookup import clear_cache
 
     monkeypatch.setenv("AUTOTUNE_DB", db)
     clear_cache()
@@ -173,9 +173,9 @@ def test_raw_example_on_a_cpu_checks_and_tunes_what_it_can(tmp_path):
     """The raw Mosaic GPU example cannot run interpreted: a CPU job skips it and says why;
     tuned through the fake evaluator, every config measured lowers for CUDA and `best`
     answers under its import path."""
-    from autotune.engine import Engine
-    from autotune.jobs import Budget, load_job
-    from autotune.tuner import run_job
+    from autotune.engine.dispatcher import Engine
+    from autotune.tuning.jobs import Budget, load_job
+    from autotune.tuning.tuner import run_job
 
     db = f"sqlite:///{tmp_path}/raw.db"
     skipped = run_cli("tune", "examples/user_kernels/raw_mosaic_add.toml", "--allow-import",
@@ -303,7 +303,7 @@ def test_check_names_the_warpgroup_and_tma_box_rules_too():
 def test_one_invalid_config_gets_its_rule_from_the_error():
     """Without a sample to compare (a trial while tuning), the error's kind and the size it
     quotes pick the rule: a 64-byte copy of a 2 x 8 float32 tile is the tile's rule."""
-    from autotune.checking import suggest_rule
+    from autotune.evaluation.checking import suggest_rule
 
     kernel = get_kernel(MISSING, allow_import=True)
     space = kernel.bind(kernel.problem(MISSING_SHAPE, "float32"))

@@ -9,12 +9,18 @@ import logging
 
 import pytest
 
-from autotune import cli, lookup, queries, validity
-from autotune.exchange import export_records, render
-from autotune.kernel import get_kernel
-from autotune.problem import Config, Problem
-from autotune.storage import Store
-from autotune.trial import DeviceInfo, TrialResult
+from autotune import cli
+
+from autotune.queries import lookup
+
+from autotune.queries import best as queries
+
+from autotune.space import validity
+from autotune.queries.exchange import export_records, render
+from autotune.space.kernel import get_kernel
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import Store
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 SOFTWARE = queries.running_versions() | {"autotune": "0.1.0"}
@@ -76,7 +82,7 @@ def test_best_skips_stored_configs_that_break_todays_rules(mixed, caplog, campai
     """best_result/best_config answer the fastest VALID config, warn about the skipped rows."""
     url, good, broken = mixed
     campaign.add(bad_inputs=len(broken))
-    with caplog.at_level(logging.WARNING, logger="autotune.validity"):
+    with caplog.at_level(logging.WARNING, logger="autotune.space.validity"):
         result = queries.best_result("hopper_matmul", MATMUL.dims, "bfloat16", db=url)
     assert result is not None and result.config == good and result.median_us == 500.0
     assert queries.best_config("hopper_matmul", MATMUL.dims, "bf16", db=url) == good

@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from autotune.kernel import BuildOptions
-from autotune.lowering import lower_for_cuda
-from autotune.problem import Config
-from autotune.space import WARP_SIZE, WARPGROUP_SIZE, is_aligned_transfer
+from autotune.space.kernel import BuildOptions
+from autotune.evaluation.lowering import lower_for_cuda
+from autotune.space.problem import Config
+from autotune.space.search_space import WARP_SIZE, WARPGROUP_SIZE, is_aligned_transfer
 from search_spaces import mosaic_scale
 from search_spaces.mosaic_scale import KERNEL, RULE_KINDS, copy_shapes, smem_bytes
 

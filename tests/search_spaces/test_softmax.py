@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import NoValidConfigError
-from autotune.kernel import BuildOptions
-from autotune.lowering import lower_for_cuda
-from autotune.problem import Config, Problem
-from autotune.space import Env, is_aligned_transfer, per_128_bytes
+from autotune.space.kernel import BuildOptions
+from autotune.evaluation.lowering import lower_for_cuda
+from autotune.space.problem import Config, Problem
+from autotune.space.search_space import Env, is_aligned_transfer, per_128_bytes
 from search_spaces import softmax
 from search_spaces.softmax import KERNEL, RULE_KINDS, copy_shapes, lane_unit, smem_bytes
 

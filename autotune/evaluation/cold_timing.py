@@ -1,0 +1,185 @@
+"""Timing with a cache policy on the GPU: the L2 flush, and CUPTI around a flushed loop.
+
+``warm`` timing is Mosaic GPU's ``profiler.measure`` (iterations back to back on the same
+inputs; :func:`autotune.evaluation.pipeline.run_compiled`). ``cold`` timing (:func:`time_cold`) runs,
+inside one CUPTI session, ``iterations`` times: the L2 flush (:class:`L2Flush`), then the
+program. CUPTI records every kernel launch with its name and GPU time; each iteration's
+launches are split into the flush's (the first ones, whose names must be those the flush
+launched when measured alone) and the program's, and only the program's count. The flush is a
+separate jitted program, never fused with the timed one, on the same stream, so it has finished
+before the timed kernel starts.
+
+The flush reads and writes an int32 buffer of :data:`FLUSH_FACTOR` times the L2's size (100 MiB
+on an H200): every line the previous iteration left in L2 is evicted. The L2 size comes from
+:func:`l2_cache_bytes`.
+
+jax is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "L2_FALLBACK_BYTES",
+    "FLUSH_FACTOR",
+    "l2_cache_bytes",
+    "L2Flush",
+    "split_flushed",
+    "time_cold",
+]
+
+log = logging.getLogger(__name__)
+
+# The L2 of an H100 / H200 (SXM): 50 MiB (cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+# reports 52,428,800 bytes on H100). Used only when the device cannot be asked.
+L2_FALLBACK_BYTES = 50 * 2**20
+FLUSH_FACTOR = 2
+_CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
+
+
+def _l2_from_driver(ordinal: int) -> int | None:
+    """The L2 size from the CUDA driver API (libcuda), or None where it cannot be asked."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    try:
+        if cuda.cuInit(0) != 0:
+            return None
+        device = ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+            return None
+        value = ctypes.c_int()
+        if cuda.cuDeviceGetAttribute(
+            ctypes.byref(value), _CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device
+        ) != 0:
+            return None
+        return int(value.value) if value.value > 0 else None
+    except (AttributeError, OSError):
+        return None
+
+
+def l2_cache_bytes(device: Any = None) -> tuple[int, str]:
+    """``(bytes, source)``: the L2 size of ``device`` (a jax device; default: the first GPU).
+
+    Asked of jax (a device attribute ``l2_cache_size``, where jax exposes one), else of the CUDA
+    driver (``cuDeviceGetAttribute``), else :data:`L2_FALLBACK_BYTES` (the H200's); ``source``
+    says which: ``"jax"``, ``"cuda"`` or ``"constant"``.
+    """
+    if device is not None:
+        size = getattr(device, "l2_cache_size", None)
+        if isinstance(size, int) and size > 0:
+            return size, "jax"
+    ordinal = int(getattr(device, "local_hardware_id", 0) or 0) if device is not None else 0
+    size = _l2_from_driver(ordinal)
+    if size is not None:
+        return size, "cuda"
+    return L2_FALLBACK_BYTES, "constant"
+
+
+class L2Flush:
+    """A program that evicts the L2: ``buffer + 1`` in place over ``FLUSH_FACTOR`` x L2 bytes.
+
+    ``launch()`` enqueues it (asynchronously, like any jax call); ``names`` are the kernel
+    launches CUPTI saw for one flush (set by :meth:`calibrate`).
+    """
+
+    def __init__(self, nbytes: int | None = None) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        if nbytes is None:
+            l2, source = l2_cache_bytes(jax.devices()[0])
+            nbytes = FLUSH_FACTOR * l2
+            log.debug("L2 flush of %d bytes (L2 %d bytes, from %s).", nbytes, l2, source)
+        self.nbytes = int(nbytes)
+        self._fn = jax.jit(lambda b: b + 1, donate_argnums=0)
+        self._buf = self._fn(jnp.zeros((max(1, self.nbytes // 4),), jnp.int32))
+        jax.block_until_ready(self._buf)
+        self.names: tuple[str, ...] | None = None
+
+    def launch(self) -> None:
+        self._buf = self._fn(self._buf)
+
+    def calibrate(self, session: Callable[[Callable[[], Any]], list[tuple[str, float]]]) -> None:
+        """Learns the names of the flush's own launches from one CUPTI ``session``."""
+        if self.names is None:
+            names = tuple(name for name, _ in session(lambda: (self.launch(), self._buf)[1]))
+            if not names:
+                raise RuntimeError("CUPTI recorded no launch of the L2 flush.")
+            self.names = names
+
+
+def split_flushed(
+    launches: Sequence[tuple[str, float]], iterations: int, flush_names: Sequence[str]
+) -> list[list[tuple[str, float]]]:
+    """Per iteration, the timed program's launches of a flushed loop (the flush's removed).
+
+    ``launches`` is the CUPTI record of ``iterations`` x (flush, program), in launch order.
+
+    Raises:
+      RuntimeError: the record does not split into equal iterations that each begin with the
+        flush's launches (by name), or an iteration has no launch of the program.
+    """
+    n, f = len(launches), len(flush_names)
+    if iterations < 1 or n % iterations:
+        raise RuntimeError(
+            f"cold timing: {n} kernel launches do not split into {iterations} iterations."
+        )
+    per = n // iterations
+    out = []
+    for i in range(iterations):
+        chunk = list(launches[i * per:(i + 1) * per])
+        names = tuple(name for name, _ in chunk[:f])
+        if names != tuple(flush_names):
+            raise RuntimeError(
+                f"cold timing: iteration {i} does not begin with the L2 flush's launches "
+                f"{list(flush_names)}, but with {list(names)}."
+            )
+        if len(chunk) == f:
+            raise RuntimeError(f"cold timing: iteration {i} launched nothing but the L2 flush.")
+        out.append(chunk[f:])
+    return out
+
+
+def time_cold(
+    fn: Any,
+    inputs: Sequence[Any],
+    iterations: int,
+    flush: L2Flush,
+    *,
+    aggregate: bool,
+    select: Callable[[list[list[tuple[str, float]]]], list[float]],
+) -> tuple[list[float], Any]:
+    """GPU time per iteration in µs with the L2 flushed before each; and the last output.
+
+    One warm-up call first (excluded). ``aggregate``: every launch of the program counts (a
+    baseline: XLA's kernels); otherwise ``select`` picks the tuned kernel's own launches
+    (:func:`autotune.evaluation.pipeline.select_kernel_time`).
+    """
+    import jax
+
+    from autotune._jax_compat import cupti_session
+
+    out = jax.block_until_ready(fn(*inputs))  # warm-up, excluded
+    flush.calibrate(cupti_session)
+    assert flush.names is not None
+    last: list[Any] = [out]
+
+    def loop() -> Any:
+        for _ in range(iterations):
+            flush.launch()
+            last[0] = fn(*inputs)  # earlier outputs are freed as the loop goes
+        return last[0]
+
+    launches = cupti_session(loop)
+    per_iteration = split_flushed(launches, iterations, flush.names)
+    if aggregate:
+        samples = [sum(float(ms) for _, ms in it) * 1000.0 for it in per_iteration]
+    else:
+        samples = select(per_iteration)
+    return samples, last[0]

@@ -1,0 +1,96 @@
+"""The validity oracle: lower a kernel for CUDA on a machine without a GPU.
+
+``jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))`` runs the whole Mosaic GPU
+lowering on the CPU and raises the real alignment, divisibility and shared-memory errors
+(PLATFORM.md). A space may only propose configs that pass this; tests check that it does, and
+``autotune check`` runs it over a sample of a user's space before any GPU time is spent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+
+from autotune.space.kernel import BuildOptions, Kernel
+from autotune.space.problem import Config, Problem
+
+__all__ = ["LoweringResult", "lower_for_cuda", "input_specs", "H200_NUM_SMS"]
+
+# What a config lowers for when no device can be asked (PLATFORM.md: the H200 has 132 SMs).
+H200_NUM_SMS = 132
+
+_CALLBACK_PATCH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _without_trace_dump(active: bool) -> Iterator[None]:
+    """Drops the host callback that writes a traced kernel's trace file, while lowering.
+
+    With ``profile_space`` set, Pallas lowers the kernel (profiler buffer included, so its
+    shared memory and seed 000's block-size check are real) and then a ``jax.debug.callback``
+    that dumps the buffer; without a GPU backend that callback cannot be lowered for CUDA
+    ("the platform for the specified backend cpu is different from the lowering platform
+    cuda"). Nothing runs here, so the dump is not needed.
+    """
+    if not active:
+        yield
+        return
+    import jax
+
+    with _CALLBACK_PATCH_LOCK:
+        saved = jax.debug.callback
+        jax.debug.callback = lambda *args, **kwargs: None  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            jax.debug.callback = saved
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringResult:
+    ok: bool
+    error: str = ""
+    error_type: str = ""
+    seconds: float = 0.0
+
+
+def input_specs(kernel: Kernel, problem: Problem) -> tuple:
+    """``ShapeDtypeStruct``s of the kernel's inputs, without making any array."""
+    import jax
+
+    return tuple(jax.eval_shape(lambda key: kernel.make_inputs(problem, key), jax.random.key(0)))
+
+
+def lower_for_cuda(
+    kernel: Kernel,
+    problem: Problem,
+    config: Config,
+    options: BuildOptions | None = None,
+) -> LoweringResult:
+    """Lowers ``kernel`` for ``problem`` and ``config`` for CUDA; never raises for the config.
+
+    The error of a failed lowering is returned (type and message), not raised.
+    """
+    import jax
+
+    options = options or BuildOptions()
+    start = time.perf_counter()
+    try:
+        fn = kernel.build(problem, config, options)
+        specs = input_specs(kernel, problem)
+        no_gpu = jax.default_backend() not in ("gpu", "cuda")
+        with _without_trace_dump(bool(options.profile_space) and no_gpu):
+            jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+    except Exception as e:  # noqa: BLE001 - the oracle reports every failure as a value
+        tb = traceback.format_exception_only(type(e), e)
+        return LoweringResult(
+            ok=False,
+            error="".join(tb).strip()[-2000:],
+            error_type=type(e).__name__,
+            seconds=time.perf_counter() - start,
+        )
+    return LoweringResult(ok=True, seconds=time.perf_counter() - start)

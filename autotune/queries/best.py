@@ -1,0 +1,721 @@
+"""Asking the results database what is best: the API a kernel's caller uses at run time.
+
+    >>> best_config("matmul", {"m": 4096, "n": 4096, "k": 4096}, "bf16")
+    {'tile_m': 128, 'tile_n': 256, ...}
+
+Every function answers from the database ``db``, else ``$AUTOTUNE_DB``, else
+``sqlite:///results/autotune.db``, opened read-only: a query never writes to the database (not
+its header, not a row; an older schema is upgraded first, only once the file proved sound), and
+waits at most ``$AUTOTUNE_READ_TIMEOUT_S`` (default 5 s) to connect, for a lock or for one
+statement. The few databases used last stay open in this process (a
+run-time lookup must not pay for opening and checking the schema each time); a database file
+that was replaced is opened afresh. A missing SQLite file answers "nothing tuned" (None, or an
+empty list) and is not created.
+
+Devices: ``device`` names a device kind (``"gpu"``, ``"interpret"``, ``"fake"``) or a device
+(``"NVIDIA H200"``, or any unambiguous part of the name, such as ``"h200"``). By default only
+GPU results are used: interpret-mode rows are functional runs on a CPU, not GPU timings, and
+are returned only when asked for (``device="interpret"`` or the interpret device's name).
+
+The database: ``db``, else ``$AUTOTUNE_DB``, else ``results/autotune.db`` relative to the
+current working directory (made absolute when first used). When that SQLite file does not
+exist, the first query warns once (:class:`~autotune.errors.MissingDatabaseWarning`, naming
+the resolved path and ``AUTOTUNE_DB``) and every query answers "nothing tuned".
+
+Software versions: a stored time holds for the jax and jaxlib it was measured with. Among the
+results of the device (or device kind) chosen as above, :func:`best_result` (and so
+:func:`best_config`, :func:`nearest_results` and the run-time lookup) answers with the fastest
+measured with the running jax and jaxlib (:func:`running_versions`), even when a result of
+other versions was faster, and falls back to the fastest of other versions only when there is
+none; ``BestResult.stale`` says which, and the fallback is logged. GPU results of other
+versions still come before interpret-mode ones. ``autotune revalidate`` re-measures such stale
+winners.
+
+Cache policies: times of the ``cold`` and ``warm`` policies (:mod:`autotune.evaluation.trial`)
+are never ranked together. A problem is answered from its ``cold`` results when it has any on
+the chosen device, else from its ``warm`` ones (``cache=`` picks one); ``BestResult.cache_policy``
+says which.
+
+Confirmation: when the newest confirmation round of that policy, device and software is newer
+than the fastest trial, the answer is its crowned config, with its confirmed median, the paired
+speedup and its spread, and the configs it found tied (``BestResult.confirmed``).
+
+This module must not import jax, directly or indirectly: asking for a config must not
+initialise CUDA.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import datetime as dt
+import functools
+import logging
+import math
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import JobError, did_you_mean
+from autotune.space.problem import Problem, ShapeValue, canonical_dtype, parse_shape
+from autotune.storage.store import (
+    ProblemSummary,
+    Store,
+    TrialRow,
+    read_timeout_s,
+    resolve_url,
+    sqlite_path,
+)
+from autotune.evaluation.trial import CACHE_POLICIES
+from autotune.space.validity import servable, violations
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas
+
+__all__ = [
+    "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
+    "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
+    "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
+    "stored_kernels", "stored_trial_seconds",
+]
+
+log = logging.getLogger(__name__)
+
+DEVICE_KINDS = ("gpu", "interpret", "fake")
+
+
+@dataclasses.dataclass(frozen=True)
+class BestResult:
+    """The fastest stored config of a problem, and how it compares with the best baseline.
+
+    ``ratio`` is ``median_us / baseline_us``: below 1 the tuned kernel beats the baseline
+    (``speedup`` is its inverse). Both are None without a baseline on the same device.
+    """
+
+    problem: Problem
+    config: dict[str, Any] = dataclasses.field(hash=False)
+    median_us: float
+    device: str
+    device_kind: str
+    jax_version: str
+    measured_at: dt.datetime
+    trial_id: int
+    baseline_name: str | None
+    baseline_us: float | None
+    ratio: float | None
+    jaxlib_version: str = ""
+    # Measured with other jax/jaxlib versions than the running ones (none of those stored).
+    stale: bool = False
+    cache_policy: str = "warm"  # "cold" | "warm": every figure here is of this policy
+    spread: float | None = None  # (p90 - p10) / median of the samples behind median_us
+    # From the confirmation round (None / () when the answer was not confirmed):
+    confirmation_id: int | None = None
+    confirmed_speedup: float | None = None  # median of the per-round paired speedups
+    speedup_spread: float | None = None  # half their range, relative to it
+    # The other configs of the winner's tied group: within the measured noise of the fastest.
+    ties: tuple[dict[str, Any], ...] = dataclasses.field(default=(), hash=False)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmation_id is not None
+
+    @property
+    def speedup(self) -> float | None:
+        """``baseline_us / median_us`` (above 1 the tuned kernel is faster); the confirmation
+        round's paired speedup when confirmed."""
+        if self.confirmed_speedup is not None:
+            return self.confirmed_speedup
+        return None if self.ratio is None else 1.0 / self.ratio
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``measured_at`` as ISO 8601 text)."""
+        return {
+            "kernel": self.problem.kernel,
+            "shape": self.problem.dims,
+            "dtype": self.problem.dtype,
+            "config": dict(self.config),
+            "median_us": self.median_us,
+            "device": self.device,
+            "device_kind": self.device_kind,
+            "jax_version": self.jax_version,
+            "jaxlib_version": self.jaxlib_version,
+            "stale": self.stale,
+            "measured_at": self.measured_at.isoformat(),
+            "trial_id": self.trial_id,
+            "baseline_name": self.baseline_name,
+            "baseline_us": self.baseline_us,
+            "ratio": self.ratio,
+            "speedup": self.speedup,
+            "cache_policy": self.cache_policy,
+            "spread": self.spread,
+            "confirmed": self.confirmed,
+            "confirmation_id": self.confirmation_id,
+            "confirmed_speedup": self.confirmed_speedup,
+            "speedup_spread": self.speedup_spread,
+            "ties": [dict(t) for t in self.ties],
+        }
+
+
+def best_config(
+    kernel: str,
+    shape: Mapping[str, ShapeValue] | str,
+    dtype: str,
+    *,
+    device: str | None = None,
+    db: str | None = None,
+) -> dict[str, Any] | None:
+    """The fastest stored config of a problem, with the kernel's own parameter names, or None.
+
+    ``shape`` is a mapping (``{"m": 4096, ...}``) or ``--shape`` text (``"m=4096,n=4096"``);
+    ``dtype`` may be an alias (``"bf16"``).
+    """
+    result = best_result(kernel, shape, dtype, device=device, db=db)
+    return None if result is None else dict(result.config)
+
+
+def best_result(
+    kernel: str,
+    shape: Mapping[str, ShapeValue] | str,
+    dtype: str,
+    *,
+    device: str | None = None,
+    db: str | None = None,
+    timeout_s: float | None = None,
+    cache: str | None = None,
+) -> BestResult | None:
+    """The best stored config of a problem with its baseline comparison, or None: the
+    confirmation round's winner when there is a current one, else the fastest trial.
+    ``timeout_s`` bounds each wait on the database (default: :func:`storage.read_timeout_s`)."""
+    problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
+    if cache is not None and cache not in CACHE_POLICIES:
+        raise JobError(f"cache must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}.")
+    with _open(db, timeout_s=timeout_s) as store:
+        if store is None:
+            return None
+        if device is None:
+            found = _best_row(store, problem, None, "gpu", cache)
+        else:
+            name, kind = _device_filter(store, device)
+            found = _best_row(store, problem, name, kind, cache)
+        if found is None:
+            return None
+        return _best_result(store, problem, *found)
+
+
+def running_versions() -> dict[str, str]:
+    """The installed jax and jaxlib versions (from package metadata: jax is not imported);
+    a package that is not installed is left out."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
+    out = []
+    for name in ("jax", "jaxlib"):
+        try:
+            out.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            pass
+    return tuple(out)
+
+
+def _best_row(
+    store: Store, problem: Problem, name: str | None, kind: str | None, cache: str | None = None
+) -> tuple[TrialRow, bool] | None:
+    """The fastest ok trial measured with the running jax/jaxlib, else the fastest of other
+    versions, and whether it is stale (of other versions); of ``cache``'s policy, else of the
+    store's preferred one (cold, then warm)."""
+    if cache is None:
+        cache = store.preferred_policy(problem, device_name=name, device_kind=kind)
+    versions = running_versions()
+    if versions:
+        found = _first_servable(store, problem, name, kind, versions, cache)
+        if found is not None:
+            return found, False
+    best = _first_servable(store, problem, name, kind, None, cache)
+    if best is None:
+        return None
+    log.info(
+        "%s on %s: no result measured with the running %s; using one measured with %s "
+        "(`autotune revalidate` re-measures it).",
+        problem, best.device.name, _versions_text(versions), _versions_text(best.software),
+    )
+    return best, True
+
+
+def _first_servable(
+    store: Store, problem: Problem, name: str | None, kind: str | None,
+    versions: Mapping[str, str] | None, cache: str | None = None,
+) -> TrialRow | None:
+    """The fastest ok trial with a finite time whose config is valid under today's rules (the
+    one check: :func:`autotune.space.validity.servable`); rows that break them are skipped with a
+    warning."""
+    n = 4
+    while True:
+        rows = store.best(problem, device_name=name, device_kind=kind, n=n, versions=versions,
+                          cache=cache)
+        for row in rows:
+            # A non-finite time (written by another tool) is never served either.
+            if math.isfinite(row.median_us or math.nan) and servable(problem, row.config):
+                return row
+        if len(rows) < n:
+            return None
+        n *= 4
+
+
+def served_summaries(store: Store, summaries: list[ProblemSummary]) -> list[ProblemSummary]:
+    """``summaries`` whose best config is the fastest *servable* one: a stored best that breaks
+    today's rules is replaced by the fastest valid trial of its (problem, device), or by none."""
+    out = []
+    for s in summaries:
+        if s.best_config is not None and not (
+            math.isfinite(s.best_us or math.nan) and servable(s.problem, s.best_config)
+        ):
+            row = _first_servable(store, s.problem, s.device, s.device_kind, None)
+            s = dataclasses.replace(
+                s,
+                best_us=None if row is None else row.median_us,
+                best_config=None if row is None else dict(row.config),
+                best_trial_id=None if row is None else row.id,
+            )
+        out.append(s)
+    return out
+
+
+def _versions_text(versions: Mapping[str, str]) -> str:
+    return ", ".join(f"{k} {versions.get(k) or '?'}" for k in ("jax", "jaxlib"))
+
+
+def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any:
+    """The newest confirmation round of ``best``'s device, software and policy, if it is newer
+    than ``best`` (else the search found ``best`` after it, and it is not current)."""
+    for c in store.confirmations(problem, device_name=best.device.name,
+                                 device_kind=best.device.kind, cache=best.cache_policy, limit=4):
+        if all(c.software.get(k, "") == best.software.get(k, "") for k in ("jax", "jaxlib")):
+            return c if c.created_at >= best.finished_at else None
+    return None
+
+
+def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
+    confirmation = _current_confirmation(store, problem, best)
+    if confirmation is not None:
+        crowned = store.trial(confirmation.crowned_trial_id)
+        if crowned is not None:
+            return _confirmed_result(store, problem, crowned, confirmation, stale)
+    baseline = store.baseline(problem, device_name=best.device.name, device_kind=best.device.kind,
+                              cache=best.cache_policy)
+    assert best.median_us is not None  # best() returns timed ok trials only
+    return BestResult(
+        problem=problem,
+        config=dict(best.config),
+        median_us=best.median_us,
+        device=best.device.name,
+        device_kind=best.device.kind,
+        jax_version=best.software.get("jax", ""),
+        measured_at=best.finished_at,
+        trial_id=best.id,
+        baseline_name=None if baseline is None else baseline.name,
+        baseline_us=None if baseline is None else baseline.median_us,
+        ratio=None if baseline is None else best.median_us / baseline.median_us,
+        jaxlib_version=best.software.get("jaxlib", ""),
+        stale=stale,
+        cache_policy=best.cache_policy,
+        spread=best.spread,
+    )
+
+
+def _confirmed_result(
+    store: Store, problem: Problem, crowned: TrialRow, c: Any, stale: bool
+) -> BestResult:
+    program = c.crowned
+    baseline_us = c.baseline_median_us
+    return BestResult(
+        problem=problem,
+        config=dict(crowned.config),
+        median_us=program.median_us,
+        device=crowned.device.name,
+        device_kind=crowned.device.kind,
+        jax_version=crowned.software.get("jax", ""),
+        measured_at=c.created_at,
+        trial_id=crowned.id,
+        baseline_name=c.baseline_name,
+        baseline_us=baseline_us,
+        ratio=None if c.speedup is None else 1.0 / c.speedup,
+        jaxlib_version=crowned.software.get("jaxlib", ""),
+        stale=stale,
+        cache_policy=c.cache_policy,
+        spread=program.spread,
+        confirmation_id=c.id,
+        confirmed_speedup=c.speedup,
+        speedup_spread=c.speedup_spread,
+        ties=tuple(
+            {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff,
+             "trial_id": p.trial_id}
+            for p in c.tied_with_winner()
+        ),
+    )
+
+
+def shape_distance(a: Mapping[str, ShapeValue], b: Mapping[str, ShapeValue]) -> float:
+    """How far apart two shapes are: ``sum_k |log2(a_k / b_k)|`` over the size keys.
+
+    Size keys are those with integer (not bool) values; every other key (``causal``) must be
+    equal, and both shapes must have the same keys, else the distance is infinite.
+    """
+    if set(a) != set(b):
+        return math.inf
+    total = 0.0
+    for key, x in a.items():
+        y = b[key]
+        sized = all(isinstance(v, int) and not isinstance(v, bool) for v in (x, y))
+        if sized:
+            total += abs(math.log2(x / y))
+        elif x != y:
+            return math.inf
+    return total
+
+
+def nearest_results(
+    kernel: str,
+    shape: Mapping[str, ShapeValue] | str,
+    dtype: str,
+    *,
+    device: str | None = None,
+    db: str | None = None,
+    limit: int = 5,
+    timeout_s: float | None = None,
+) -> list[BestResult]:
+    """The best results of the tuned problems nearest to ``shape`` (same kernel and dtype,
+    the problem itself excluded), nearest first by :func:`shape_distance`.
+
+    With ``device=None``, only GPU results are used (interpret-mode ones only when asked for
+    by device); ties in distance keep the order problems were stored in.
+    """
+    problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
+    with _open(db, timeout_s=timeout_s) as store:
+        if store is None:
+            return []
+        candidates = [
+            (d, p)
+            for p in store.problems(kernel)
+            if p.dtype == problem.dtype and p != problem
+            and math.isfinite(d := shape_distance(p.dims, problem.dims))
+        ]
+        candidates.sort(key=lambda item: item[0])
+        filters = [(None, "gpu")] if device is None else [_device_filter(store, device)]
+        out: list[BestResult] = []
+        for name, kind in filters:
+            found = 0
+            for _, other in candidates:
+                if found >= limit:
+                    break
+                best = _best_row(store, other, name, kind)
+                if best is not None:
+                    out.append(_best_result(store, other, *best))
+                    found += 1
+        return out
+
+
+def list_results(
+    db: str | None = None,
+    *,
+    kernel: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+) -> list[ProblemSummary]:
+    """One summary per stored (problem, device): trials by outcome, best time and config,
+    fastest baseline. ``device=None`` lists every device, interpret mode included (each
+    summary names its device and kind)."""
+    dtype = None if dtype is None else canonical_dtype(dtype)
+    with _open(db) as store:
+        if store is None:
+            return []
+        name, kind = (None, None) if device is None else _device_filter(store, device)
+        return served_summaries(
+            store, store.summaries(kernel=kernel, dtype=dtype, device_name=name, device_kind=kind)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class UnservableResult:
+    """A stored ok trial whose config breaks today's rules: kept, never served."""
+
+    trial: TrialRow
+    broken: tuple[str, ...]  # "[rule] explanation", one per broken rule
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        t = self.trial
+        return {
+            "trial_id": t.id, "kernel": t.problem.kernel, "shape": t.problem.dims,
+            "dtype": t.problem.dtype, "device": t.device.name, "device_kind": t.device.kind,
+            "median_us": t.median_us, "config": dict(t.config), "broken": list(self.broken),
+        }
+
+
+def unservable_results(
+    db: str | None = None,
+    *,
+    kernel: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+) -> list[UnservableResult]:
+    """The stored ok trials that are never served because their config breaks today's rules
+    (a rule tightened, or a tunable renamed, after they were measured), oldest first."""
+    dtype = None if dtype is None else canonical_dtype(dtype)
+    with _open(db) as store:
+        if store is None:
+            return []
+        rows = _frame_rows(store, kernel, dtype, device, "ok")
+    out = []
+    for row in rows:
+        broken = violations(row.problem, row.config)
+        if broken:
+            out.append(UnservableResult(row, tuple(broken)))
+    return out
+
+
+FRAME_COLUMNS = (
+    "trial_id", "kernel", "dtype", "problem", "status", "median_us", "min_us", "max_us",
+    "compile_s", "rel_error", "timing", "cache_policy", "spread", "device", "device_kind",
+    "compute_capability",
+    "driver", "jax", "jaxlib", "autotune", "study_name", "optuna_trial_number", "worker", "host",
+    "started_at", "finished_at", "traced", "error",
+)
+
+
+def results_frame(
+    db: str | None = None,
+    *,
+    kernel: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    status: str | None = None,
+) -> pandas.DataFrame:
+    """Every stored trial as a pandas DataFrame, one row per trial, oldest first.
+
+    Columns: :data:`FRAME_COLUMNS` (times in microseconds, compile time in seconds, datetimes
+    in UTC; ``jax``/``jaxlib``/``autotune`` are the versions it was measured with), then one
+    ``shape.<key>`` column per problem shape key and one ``config.<name>`` column per config
+    parameter (missing where a trial's kernel has no such key). Filters: ``kernel``,
+    ``dtype`` (aliases allowed), ``device`` (a kind or a device name, as for
+    :func:`best_result`) and ``status`` (an outcome such as ``"ok"``).
+
+    Raises:
+      ImportError: pandas is not installed (``pip install 'autotune[report]'``).
+    """
+    try:
+        import pandas as pd
+    except ImportError as e:
+        raise ImportError(
+            "results_frame needs pandas, which is not installed: pip install 'autotune[report]' "
+            "(or pip install pandas)."
+        ) from e
+    from autotune.evaluation.trial import Outcome
+
+    dtype = None if dtype is None else canonical_dtype(dtype)
+    if status is not None and status not in {o.value for o in Outcome}:
+        allowed = [o.value for o in Outcome]
+        raise JobError(
+            f"results_frame(status={status!r}) is not an outcome; expected one of "
+            f"{', '.join(allowed)}.{did_you_mean(status, allowed)}"
+        )
+    with _open(db) as store:
+        rows = [] if store is None else _frame_rows(store, kernel, dtype, device, status)
+    records = []
+    shape_keys: dict[str, None] = {}
+    config_keys: dict[str, None] = {}
+    for r in rows:
+        record: dict[str, Any] = {
+            "trial_id": r.id, "kernel": r.problem.kernel, "dtype": r.problem.dtype,
+            "problem": str(r.problem), "status": r.status.value, "median_us": r.median_us,
+            "min_us": r.min_us, "max_us": r.max_us, "compile_s": r.compile_s,
+            "rel_error": r.rel_error, "timing": r.timing, "cache_policy": r.cache_policy,
+            "spread": r.spread, "device": r.device.name,
+            "device_kind": r.device.kind, "compute_capability": r.device.compute_capability,
+            "driver": r.device.driver, "jax": r.software.get("jax", ""),
+            "jaxlib": r.software.get("jaxlib", ""), "autotune": r.software.get("autotune", ""),
+            "study_name": r.study_name, "optuna_trial_number": r.optuna_trial_number,
+            "worker": r.worker, "host": r.host, "started_at": r.started_at,
+            "finished_at": r.finished_at, "traced": r.traced, "error": r.error,
+        }
+        for key, value in r.problem.dims.items():
+            record[f"shape.{key}"] = value
+            shape_keys[f"shape.{key}"] = None
+        for key, value in r.config.items():
+            record[f"config.{key}"] = value
+            config_keys[f"config.{key}"] = None
+        records.append(record)
+    columns = [*FRAME_COLUMNS, *shape_keys, *config_keys]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def _frame_rows(
+    store: Store, kernel: str | None, dtype: str | None, device: str | None, status: str | None
+) -> list[TrialRow]:
+    name, kind = (None, None) if device is None else _device_filter(store, device)
+    return store.trials(
+        kernel=kernel, dtype=dtype, device_name=name, device_kind=kind, status=status
+    )
+
+
+# Open stores by (url, pid, SQLite file identity), most recently used last. Opening a Store
+# (engine, first connection, schema check) takes ~10 ms; a query on an open one well under 1.
+_STORES: collections.OrderedDict[tuple[Any, ...], Store] = collections.OrderedDict()
+_STORES_LOCK = threading.Lock()
+_MAX_OPEN_STORES = 4
+
+
+@contextlib.contextmanager
+def _open(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store | None]:
+    """The database ``db``, opened read-only (never written to, every wait bounded by
+    ``timeout_s``, see :class:`Store`), or None when its SQLite file does not exist."""
+    timeout_s = read_timeout_s(timeout_s)
+    url = resolve_url(db)
+    path = sqlite_path(url)
+    identity: tuple[Any, ...] = ()
+    if path is not None:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            _warn_missing(path, db)
+            yield None
+            return
+        identity = (stat.st_dev, stat.st_ino)
+    key = (url.render_as_string(hide_password=False), os.getpid(), timeout_s, *identity)
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is not None:
+            _STORES.move_to_end(key)
+    if store is None:
+        store = Store(db, read_only=True, timeout_s=timeout_s)
+        with _STORES_LOCK:
+            _STORES[key] = store
+            while len(_STORES) > _MAX_OPEN_STORES:
+                _close(*_STORES.popitem(last=False))
+    yield store
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_missing(path: Any, db: str | None) -> None:
+    """Warns once per file and process that the database does not exist (the lookup would
+    otherwise quietly fall back to default configs)."""
+    import warnings
+
+    from autotune.errors import MissingDatabaseWarning
+
+    key = str(path)
+    log.info("No results database at %s: nothing has been tuned there.", path)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    if db is not None:
+        origin = f"db={db!r}"
+    elif os.environ.get("AUTOTUNE_DB"):
+        origin = "$AUTOTUNE_DB"
+    else:
+        origin = (f"the default results/autotune.db, relative to the working directory "
+                  f"{os.getcwd()}")
+    warnings.warn(
+        f"No results database at {path} (from {origin}): nothing tuned is found there. Point "
+        "to the database with db=... or the AUTOTUNE_DB environment variable (a SQLAlchemy URL "
+        "or a file path).",
+        MissingDatabaseWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package (and contextlib), so that a
+    warning points at the caller's line."""
+    import sys
+
+    # the autotune package (this module is in autotune/queries/)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and (
+        os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep)
+        or frame.f_code.co_filename == contextlib.__file__
+    ):
+        level += 1
+        frame = frame.f_back
+    return level
+
+
+def stored_kernels(db: str | None = None) -> list[str]:
+    """Names of the kernels with stored problems (empty when the database does not exist)."""
+    with _open(db) as store:
+        if store is None:
+            return []
+        return sorted({p.kernel for p in store.problems()})
+
+
+def stored_trial_seconds(
+    problem: Problem, *, device_kind: str, db: str | None = None
+) -> tuple[float | None, int, int]:
+    """What tuning ``problem`` costs per trial, from what is stored: (the median seconds a
+    trial of the kernel took on ``device_kind``, from start to finish, or its compile time
+    where no start is stored; None when nothing is stored), the trials it is drawn from, and
+    the trials of ``problem`` itself stored on that kind already."""
+    import statistics
+
+    with _open(db) as store:
+        if store is None:
+            return None, 0, 0
+        rows = store.trials(kernel=problem.kernel, device_kind=device_kind)
+    seconds = []
+    for r in rows:
+        if r.started_at is not None and r.finished_at is not None:
+            seconds.append((r.finished_at - r.started_at).total_seconds())
+        elif r.compile_s is not None:
+            seconds.append(r.compile_s)
+    mine = sum(1 for r in rows if r.problem == problem)
+    if not seconds:
+        return None, 0, mine
+    return statistics.median(seconds), len(seconds), mine
+
+
+def _close(key: tuple[Any, ...], store: Store) -> None:
+    if key[1] == os.getpid():
+        store.close()
+    else:  # inherited through fork: the connections are the parent's to close
+        store.engine.dispose(close=False)
+
+
+def close_stores() -> None:
+    """Closes the databases that queries keep open in this process."""
+    with _STORES_LOCK:
+        while _STORES:
+            _close(*_STORES.popitem())
+
+
+def _device_filter(store: Store, device: str) -> tuple[str | None, str | None]:
+    """(device name, device kind) to filter by, from a kind, a name, or part of a name."""
+    if not isinstance(device, str) or not device.strip():
+        raise JobError(
+            f"device must be a kind ({', '.join(DEVICE_KINDS)}) or a device name such as "
+            f"'NVIDIA H200', but got {device!r}."
+        )
+    key = device.strip()
+    if key.lower() in DEVICE_KINDS:
+        return None, key.lower()
+    devices = store.devices()
+    names = sorted({d.name for d in devices})
+    if key in names:
+        return key, None
+    matches = [name for name in names if key.casefold() in name.casefold()]
+    gpus = sorted({d.name for d in devices if d.is_gpu and d.name in matches})
+    if len(matches) > 1 and len(gpus) == 1:
+        return gpus[0], "gpu"  # "h200" means the GPU, not an interpret run that names it
+    if len(matches) > 1:
+        raise JobError(
+            f"device {device!r} matches several stored devices ({', '.join(matches)}); "
+            "give the full name or a kind."
+        )
+    return (matches[0] if matches else key), None

@@ -1,0 +1,519 @@
+"""Export the best config per problem (JSON, CSV, or a plain Python module) and import it back.
+
+* ``json``: ``{"format": "autotune-export", "version": 1, "records": [...]}``, one record per
+  (problem, device, cache policy) with kernel, shape, dtype, device, device_kind,
+  compute_capability, driver, median_us, jax_version, software, config, cache_policy, spread,
+  and, when a confirmation round crowned the config, confirmed (true), confirmed_speedup,
+  speedup_spread and ties (the configs within the noise of the fastest).
+  :func:`import_json` reads it back (a record without cache_policy is ``warm``).
+* ``csv``: the same records, one row each (shape as ``m=..,n=..``, config as JSON).
+* ``python``: a module needing nothing but Python, keyed by device as JAX's tuned block-size
+  tables are: ``TUNED = {device: {(kernel, ((key, value), ...), dtype): {config}}}`` where
+  ``device`` is the device name (what ``jax.devices()[0].device_kind`` says, e.g.
+  ``"NVIDIA H200"``), plus a ``"default"`` table (per problem, the fastest of the devices);
+  ``COMPUTE_CAPABILITY`` maps device names to their compute capability, and
+  ``lookup(kernel, shape, dtype, device=None)`` takes a device name or a compute capability
+  (``"9.0"``) and falls back to ``"default"``.
+
+Interpret-mode results (functional runs on a CPU, not GPU timings) are left out unless asked
+for by device (``device="interpret"`` or the interpret device's name).
+
+Every record carries the cache policy it was timed with (``cold`` / ``warm``) and, when a
+confirmation round ran, its crowned config, confirmed speedup with spread, and the ties; the
+python table prefers, per problem and device, GPU results, then cold-cache ones (times of two
+cache policies are never compared).
+
+Importing never replaces stored results: each record becomes an ok trial on its device
+through :meth:`Store.record_trial`, which keeps the first trial of a (problem, config,
+device, software). No jax here.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import logging
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autotune.errors import JobError
+from autotune.space.problem import Config, Problem
+from autotune.queries.best import _device_filter, _open, served_summaries
+from autotune.storage.store import Store
+from autotune.evaluation.trial import CACHE_POLICIES, DeviceInfo, TrialResult
+from autotune.space.validity import servable
+
+__all__ = [
+    "FORMATS", "export_records", "render", "import_json", "import_records", "check_records",
+    "is_export", "BadRecord", "MAX_IMPORT_BYTES", "MAX_IMPORT_DEPTH", "MAX_IMPORT_RECORDS",
+    "skipped_interpret",
+]
+
+FORMATS = ("json", "python", "csv")
+_MAGIC = "autotune-export"
+_VERSION = 1
+# How `export --out` recognises a file it may replace: one of its own exports.
+PYTHON_MARKER = f"# {_MAGIC} version {_VERSION} (python): written by `autotune export`"
+CSV_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "median_us", "jax_version",
+              "config", "cache_policy", "spread", "confirmed", "confirmed_speedup",
+              "speedup_spread", "ties")
+CSV_HEADER = ",".join(CSV_FIELDS)
+# Every CSV export so far starts with these columns (later versions add columns after them).
+_CSV_HEADER_V1 = ",".join(CSV_FIELDS[:8])
+
+log = logging.getLogger(__name__)
+_RECORD_KEYS = "kernel, shape, dtype, device, median_us and config"
+
+
+def export_records(
+    db: str | None = None, *, kernel: str | None = None, device: str | None = None
+) -> list[dict[str, Any]]:
+    """The best stored config of every (problem, device), as JSON-ready dicts."""
+    records: list[dict[str, Any]] = []
+    with _open(db) as store:
+        if store is None:
+            return records
+        name, kind = (None, None) if device is None else _device_filter(store, device)
+        summaries = store.summaries(kernel=kernel, device_name=name, device_kind=kind)
+        for summary in served_summaries(store, summaries):  # configs valid under today's rules
+            if summary.best_config is None or summary.best_trial_id is None:
+                continue
+            if summary.best_us is None or not math.isfinite(summary.best_us):
+                log.warning("%s on %s: skipping a non-finite stored time %r; it is never "
+                            "exported.", summary.problem, summary.device, summary.best_us)
+                continue
+            if device is None and summary.device_kind == "interpret":
+                continue  # functional runs, not GPU timings: only when asked for
+            confirmation = summary.confirmation
+            trial = store.trial(summary.best_trial_id)
+            if trial is None:  # deleted between the two reads
+                continue
+            if confirmation is not None and confirmation.created_at < trial.finished_at:
+                confirmation = None  # a faster config was found since: not confirmed
+            median_us, config, spread = summary.best_us, dict(summary.best_config), trial.spread
+            if confirmation is not None and not servable(summary.problem, confirmation.crowned.config):
+                confirmation = None  # its crowned config breaks today's rules: never served
+            if confirmation is not None:
+                crowned = confirmation.crowned
+                median_us, config, spread = crowned.median_us, dict(crowned.config), crowned.spread
+                trial = store.trial(crowned.trial_id) or trial
+            info = trial.device
+            records.append({
+                "kernel": summary.problem.kernel,
+                "shape": summary.problem.dims,
+                "dtype": summary.problem.dtype,
+                "device": summary.device,
+                "device_kind": summary.device_kind,
+                "compute_capability": info.compute_capability,
+                "driver": info.driver,
+                "median_us": median_us,
+                "trial_id": trial.id,
+                "jax_version": trial.software.get("jax", ""),
+                "software": dict(trial.software),
+                "config": config,
+                "cache_policy": summary.cache_policy,
+                "spread": spread,
+                "confirmed": confirmation is not None,
+                "confirmed_speedup": None if confirmation is None else confirmation.speedup,
+                "speedup_spread": None if confirmation is None else confirmation.speedup_spread,
+                "ties": [] if confirmation is None else [
+                    {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff}
+                    for p in confirmation.tied_with_winner()
+                ],
+            })
+    return records
+
+
+def skipped_interpret(db: str | None = None, *, kernel: str | None = None) -> int:
+    """How many (problem, interpret device) results :func:`export_records` leaves out when
+    no device is asked for."""
+    with _open(db) as store:
+        if store is None:
+            return 0
+        return sum(1 for s in store.summaries(kernel=kernel, device_kind="interpret")
+                   if s.best_config is not None)
+
+
+def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
+    """``records`` (from :func:`export_records`) as text in ``fmt`` (json, python or csv)."""
+    if fmt == "json":
+        doc = {"format": _MAGIC, "version": _VERSION, "records": list(records)}
+        return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    if fmt == "csv":
+        out = io.StringIO()
+        fields = CSV_FIELDS
+        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for r in records:
+            writer.writerow({
+                **{k: r.get(k) for k in fields if k not in ("shape", "config", "ties")},
+                "ties": len(r.get("ties") or ()),
+                "shape": Problem(r["kernel"], r["shape"], r["dtype"]).shape_text,
+                "config": json.dumps(r["config"], sort_keys=True),
+            })
+        return out.getvalue()
+    if fmt == "python":
+        return _python_module(records)
+    raise JobError(f"Unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}.")
+
+
+def is_export(head: str) -> bool:
+    """Whether text starting with ``head`` (the first few KiB of a file) is one of our exports
+    (json, python or csv), which ``export --out`` may replace."""
+    first = head.lstrip("\ufeff").split("\n", 2)
+    if first[0] == PYTHON_MARKER or first[0].startswith(_CSV_HEADER_V1):
+        return True
+    # json: sort_keys puts "format" first.
+    return head.startswith("{") and len(first) > 1 and first[1].strip() == f'"format": "{_MAGIC}",'
+
+
+def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
+    tables: dict[str, dict[tuple[Any, ...], Mapping[str, Any]]] = {}
+    default: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    capability: dict[str, str] = {}
+    for r in records:
+        key = (r["kernel"], tuple(sorted(r["shape"].items())), r["dtype"])
+        def rank(x: Mapping[str, Any]) -> tuple[bool, bool, float]:
+            return (x["device_kind"] != "gpu", x.get("cache_policy", "warm") != "cold",
+                    x["median_us"])
+
+        table = tables.setdefault(r["device"], {})
+        if key not in table or rank(r) < rank(table[key]):
+            table[key] = r
+        old = default.get(key)
+        if old is None or rank(r) < rank(old):
+            default[key] = r
+        if r.get("compute_capability"):
+            capability[r["device"]] = str(r["compute_capability"])
+    lines = [
+        PYTHON_MARKER,
+        '"""Tuned configs exported by autotune. Plain Python: needs nothing else installed.',
+        "",
+        "TUNED maps a device name (jax.devices()[0].device_kind, e.g. 'NVIDIA H200') and",
+        '"default" to tables of (kernel, ((shape key, value), ...) sorted, dtype) -> the best',
+        "config; DETAILS maps the same keys to where and how fast it was measured.",
+        '"""',
+        "",
+        "TUNED = {",
+    ]
+    named = sorted(tables) + ["default"]
+    for device in named:
+        table = default if device == "default" else tables[device]
+        lines.append(f"    {device!r}: {{")
+        for key in sorted(table, key=repr):
+            lines.append(f"        {key!r}: {dict(sorted(table[key]['config'].items()))!r},")
+        lines.append("    },")
+    lines += ["}", "", "DETAILS = {"]
+    for device in named:
+        table = default if device == "default" else tables[device]
+        lines.append(f"    {device!r}: {{")
+        for key in sorted(table, key=repr):
+            r = table[key]
+            details = {"device": r["device"], "device_kind": r["device_kind"],
+                       "median_us": r["median_us"], "jax_version": r["jax_version"],
+                       "cache_policy": r.get("cache_policy", "warm"),
+                       "confirmed_speedup": r.get("confirmed_speedup"),
+                       "speedup_spread": r.get("speedup_spread")}
+            lines.append(f"        {key!r}: {details!r},")
+        lines.append("    },")
+    lines += [
+        "}",
+        "",
+        f"COMPUTE_CAPABILITY = {dict(sorted(capability.items()))!r}",
+        "",
+        '_ALIASES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64"}',
+        "",
+        "",
+        "def lookup(kernel, shape, dtype, device=None):",
+        '    """The tuned config of (kernel, shape mapping, dtype) as a new dict, or None.',
+        "",
+        "    device: a device name (jax.devices()[0].device_kind) or a compute capability such",
+        '    as "9.0"; its table is tried first, then "default".',
+        '    """',
+        "    dtype = _ALIASES.get(dtype, dtype)",
+        "    key = (kernel, tuple(sorted(dict(shape).items())), dtype)",
+        "    names = [device] if device in TUNED else sorted(",
+        "        name for name, cc in COMPUTE_CAPABILITY.items() if device is not None and cc == device)",
+        '    for name in [*names, "default"]:',
+        "        config = TUNED.get(name, {}).get(key)",
+        "        if config is not None:",
+        "            return dict(config)",
+        "    return None",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# Bounds on what `autotune import` reads: an export of every problem of a large campaign is a
+# few MB and 4 levels deep; anything far past that is refused before it is parsed.
+MAX_IMPORT_BYTES = 64 * 1024 * 1024
+MAX_IMPORT_DEPTH = 32
+MAX_IMPORT_RECORDS = 100_000
+MAX_TEXT_CHARS = 256  # device names, drivers, versions, string config values
+MAX_KERNEL_NAME_CHARS = 255
+_ERRORS_SHOWN = 20  # bad records named in the message; the count says how many in all
+
+_KNOWN_KEYS = frozenset({
+    "kernel", "shape", "dtype", "device", "device_kind", "compute_capability", "driver",
+    "median_us", "jax_version", "software", "config",
+    "trial_id",  # the exporting database's id: informational, never imported as an id
+    # The measurement (issue 19): the cache policy is imported; the rest is informational.
+    "cache_policy", "spread", "confirmed", "confirmed_speedup", "speedup_spread", "ties",
+})
+_DEVICE_KINDS = ("gpu", "interpret", "fake")
+
+
+def import_json(
+    path: str | pathlib.Path, db: str | None = None, *, allow_import: bool = False
+) -> tuple[int, int]:
+    """Loads a JSON export into ``db``; returns (trials added, already stored).
+
+    Every record is checked (:func:`check_records`) before anything is written, and all are
+    written in one transaction: a file with any bad record is refused as a whole.
+
+    Raises:
+      JobError: the file is missing, too large, not JSON, nested too deeply, not an autotune
+        export, or holds bad records (each named with its index, the rule and the value).
+    """
+    path = pathlib.Path(path)
+    hint = "`autotune import` reads a JSON export made by `autotune export --format json`."
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_IMPORT_BYTES + 1)
+    except OSError as e:
+        raise JobError(f"cannot read {path}: {e.strerror or e}; {hint}") from None
+    if len(data) > MAX_IMPORT_BYTES:
+        raise JobError(
+            f"{path} is larger than {MAX_IMPORT_BYTES // 2**20} MiB (the import limit); {hint} "
+            "Split a larger export by kernel (`autotune export --kernel K`)."
+        )
+    try:
+        doc = json.loads(data.decode("utf-8"))  # NaN/Infinity parse; the record checks name them
+    except UnicodeDecodeError as e:
+        raise JobError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); {hint}") from None
+    except RecursionError:
+        raise JobError(
+            f"{path} is nested too deeply to be an export (at most {MAX_IMPORT_DEPTH} levels); {hint}"
+        ) from None
+    except (json.JSONDecodeError, ValueError) as e:
+        raise JobError(f"{path} is not JSON ({e}); {hint}") from None
+    depth = _depth(doc, MAX_IMPORT_DEPTH)
+    if depth > MAX_IMPORT_DEPTH:
+        raise JobError(
+            f"{path} is nested more than {MAX_IMPORT_DEPTH} levels deep; an export is 4. {hint}"
+        )
+    if not isinstance(doc, dict) or doc.get("format") != _MAGIC or not isinstance(doc.get("records"), list):
+        raise JobError(f"{path} is not an autotune JSON export (made by `autotune export --format json`).")
+    if doc.get("version") != _VERSION:
+        raise JobError(f"{path}: export version {doc.get('version')!r} is not supported (expected {_VERSION}).")
+    return import_records(doc["records"], db, where=str(path), allow_import=allow_import)
+
+
+def _depth(doc: Any, limit: int) -> int:
+    """How deeply ``doc`` nests lists and objects (iteratively; stops counting past ``limit``)."""
+    deepest = 0
+    stack = [(doc, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, level)
+            if level > limit:
+                return level
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRecord:
+    """One rule a record of an import breaks: its index, the rule, and the value."""
+
+    index: int
+    rule: str
+    value: str  # repr of the offending value, shortened
+
+    def __str__(self) -> str:
+        return f"record {self.index}: [{self.rule}] {self.value}"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text_problem(field: str, value: Any, *, limit: int = MAX_TEXT_CHARS, empty_ok: bool = True) -> str | None:
+    """Why ``value`` is not a sane string for ``field``, or None."""
+    if not isinstance(value, str):
+        return f"{field} must be a string, got {type(value).__name__} {_short(value)}"
+    if not value and not empty_ok:
+        return f"{field} must not be empty"
+    if len(value) > limit:
+        return f"{field} is {len(value)} characters long; at most {limit} are allowed"
+    if not value.isprintable():
+        return f"{field} = {_short(value)} holds control or non-printable characters"
+    return None
+
+
+def check_records(
+    records: Sequence[Any], *, allow_import: bool = False
+) -> tuple[list[tuple[Problem, Config, float, DeviceInfo, dict[str, str], str]], list[BadRecord]]:
+    """Checks every record of an export: (the records parsed, the rules they break).
+
+    Rules: ``record`` (an object with the known keys), ``kernel_known``, ``shape`` (the
+    kernel's keys, positive sizes), ``dtype`` (one the kernel supports), ``config`` (valid for
+    the kernel's space bound to the problem: :func:`autotune.space.validity.violations`),
+    ``median_us`` (a finite, positive number), ``text`` (device, driver and version strings of
+    at most 256 printable characters), ``device_kind`` (gpu, interpret or fake).
+    """
+    from autotune.space.kernel import get_kernel
+    from autotune.space.validity import violations
+
+    parsed = []
+    bad: list[BadRecord] = []
+    if len(records) > MAX_IMPORT_RECORDS:
+        return [], [BadRecord(-1, "records", f"{len(records)} records; at most "
+                              f"{MAX_IMPORT_RECORDS} per import")]
+    kernels: dict[str, Any] = {}
+    for i, r in enumerate(records):
+        errors: list[tuple[str, str]] = []
+        if not isinstance(r, dict):
+            bad.append(BadRecord(i, "record", f"a record must be an object, got {_short(r)}"))
+            continue
+        missing = [k for k in ("kernel", "shape", "dtype", "device", "median_us", "config") if k not in r]
+        unknown = sorted(str(k) for k in set(r) - _KNOWN_KEYS)
+        if missing:
+            errors.append(("record", f"no {', '.join(map(repr, missing))}; each record needs {_RECORD_KEYS}"))
+        if unknown:
+            errors.append(("record", f"unknown key(s) {_short(unknown)}; known: {', '.join(sorted(_KNOWN_KEYS))}"))
+        if missing:
+            bad.extend(BadRecord(i, rule, text) for rule, text in errors)
+            continue
+        name = r["kernel"]
+        kernel = None
+        why = _text_problem("kernel", name, limit=MAX_KERNEL_NAME_CHARS, empty_ok=False)
+        if why:
+            errors.append(("kernel_known", why))
+        else:
+            if name not in kernels:
+                try:
+                    kernels[name] = get_kernel(name, allow_import=allow_import)
+                except (JobError, LookupError) as e:
+                    kernels[name] = e
+            kernel = kernels[name]
+            if isinstance(kernel, Exception):
+                errors.append(("kernel_known", f"kernel {_short(name)}: {kernel}"))
+                kernel = None
+        median = r["median_us"]
+        if isinstance(median, bool) or not isinstance(median, int | float):
+            errors.append(("median_us", f"median_us must be a number, got {_short(median)}"))
+        elif not (math.isfinite(median) and median > 0):
+            errors.append(("median_us", f"median_us must be positive and finite, got {median!r}"))
+        for field in ("device", "device_kind", "compute_capability", "driver", "jax_version"):
+            if field in r and r[field] is not None:
+                why = _text_problem(field, r[field], empty_ok=field != "device")
+                if why:
+                    errors.append(("text", why))
+        kind = r.get("device_kind") or "gpu"
+        if isinstance(kind, str) and kind not in _DEVICE_KINDS:
+            errors.append(("device_kind", f"device_kind = {_short(kind)}; expected one of {', '.join(_DEVICE_KINDS)}"))
+        software = r.get("software") or {}
+        if not isinstance(software, dict):
+            errors.append(("text", f"software must be an object of versions, got {_short(software)}"))
+            software = {}
+        for key, value in software.items():
+            for why in (_text_problem("software key", key, limit=64, empty_ok=False),
+                        _text_problem(f"software[{key!r}]", value)):
+                if why:
+                    errors.append(("text", why))
+        config_value = r["config"]
+        config = None
+        if not isinstance(config_value, dict):
+            errors.append(("config", f"config must be an object, got {_short(config_value)}"))
+        else:
+            for key, value in config_value.items():
+                if isinstance(value, str):
+                    why = _text_problem(f"config[{key!r}]", value)
+                    if why:
+                        errors.append(("config", why))
+                elif isinstance(value, float) and not math.isfinite(value):
+                    errors.append(("config", f"config[{key!r}] = {value!r} is not finite"))
+            try:
+                config = Config(config_value)
+            except (TypeError, ValueError) as e:
+                errors.append(("config", str(e)))
+        problem = None
+        if kernel is not None:
+            shape, dtype = r["shape"], r["dtype"]
+            if not isinstance(shape, dict):
+                errors.append(("shape", f"shape must be an object of {', '.join(kernel.shape_keys)}, got {_short(shape)}"))
+            elif not isinstance(dtype, str):
+                errors.append(("dtype", f"dtype must be a string, got {_short(dtype)}"))
+            else:
+                try:
+                    problem = kernel.problem(shape, dtype)
+                except (JobError, ValueError, TypeError) as e:
+                    errors.append(("dtype" if "dtype" in str(e) else "shape", str(e)))
+                if problem is not None and problem.dtype not in kernel.dtypes:
+                    errors.append(("dtype", f"{kernel.name} supports dtype {', '.join(kernel.dtypes)}, "
+                                            f"not {problem.dtype}"))
+                    problem = None
+        if problem is not None and config is not None:
+            broken = violations(problem, config, kernel=kernel)
+            if broken:
+                errors.append(("config_valid", f"config {_short(dict(config), 200)} breaks "
+                                               f"{'; '.join(broken)}"))
+        cache = r.get("cache_policy") or "warm"
+        if cache not in CACHE_POLICIES:
+            errors.append(("cache_policy", f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, "
+                                           f"got {_short(cache)}"))
+        if errors or problem is None or config is None:
+            bad.extend(BadRecord(i, rule, text) for rule, text in errors)
+            continue
+        device = DeviceInfo(r["device"], kind, r.get("compute_capability") or "", r.get("driver") or "")
+        versions = {str(k): str(v) for k, v in software.items()}
+        versions.setdefault("jax", str(r.get("jax_version") or ""))
+        parsed.append((problem, config, float(median), device, versions, cache))
+    return parsed, bad
+
+
+def import_records(
+    records: Sequence[Mapping[str, Any]],
+    db: str | None = None,
+    *,
+    where: str = "records",
+    allow_import: bool = False,
+) -> tuple[int, int]:
+    """Stores exported records as ok trials; returns (added, already stored).
+
+    Checks every record first (:func:`check_records`), then writes all of them in one
+    transaction: on any bad record or database error, nothing is written.
+
+    Raises:
+      JobError: a record breaks a rule; the message names each (index, rule, value).
+      StorageError: the database could not be written; nothing was.
+    """
+    parsed, bad = check_records(records, allow_import=allow_import)
+    if bad:
+        shown = "\n".join(f"  {b}" for b in bad[:_ERRORS_SHOWN])
+        more = f"\n  ... and {len(bad) - _ERRORS_SHOWN} more" if len(bad) > _ERRORS_SHOWN else ""
+        count = len({b.index for b in bad})
+        raise JobError(
+            f"{where}: {count} of {len(records)} record(s) break the import rules, so nothing was "
+            f"imported:\n{shown}{more}\nFix or remove those records (an export made by this version "
+            "of `autotune export --format json` passes)."
+        )
+    trials = [
+        (problem, config,
+         dataclasses.replace(TrialResult.timed([median], compile_s=None, rel_error=None,
+                                               timing="imported"), cache=cache),
+         device, software)
+        for problem, config, median, device, software, cache in parsed
+    ]
+    with Store(db) as store:
+        recorded = store.record_trials(trials, worker="import")
+    duplicates = sum(r.duplicate for r in recorded)
+    return len(recorded) - duplicates, duplicates

@@ -1,0 +1,405 @@
+"""Run-time lookup: the config to run a kernel with, from the results database, never tuning.
+
+    @autotune.tuned("hopper_matmul")
+    def matmul(a, b, *, config=None):
+        ...
+
+    matmul(a, b)  # config = the best stored for (m, n, k, dtype), else a neighbour's, else default
+
+A call without ``config`` derives the problem from its arrays (the kernel's ``shape_of`` maps
+them to shape keys; the dtype is the first array's) and picks, in order:
+
+1. ``"exact"``: the best stored config of exactly that problem (GPU results preferred over
+   interpret-mode ones, and results measured with the running jax/jaxlib over those of other
+   versions, see :mod:`autotune.queries.best`);
+2. ``"nearest"``: the best config of the nearest tuned problem of the same kernel and dtype,
+   by ``sum_k |log2(a_k / b_k)|`` over the size keys, if it is valid for the new problem
+   (the nearest few are tried in order);
+3. ``"default"``: ``default`` (a config mapping, or a callable problem -> config), or the
+   kernel's ``default_config`` when ``default`` is None.
+
+Between 2 and 3, ``"table"``: the config of exactly that problem in ``table`` (the ``TUNED``
+dict of a module written by ``autotune export --format python``, or the module itself), if
+valid for the problem.
+
+The lookup never takes the program down because of its database. When the database is
+missing, damaged, not a database, a folder, unreadable, locked, unreachable or hung, it answers
+from ``table``, else the default, within a bounded time: the database is opened read-only
+(never written), connecting, waiting for a lock and each statement are bounded by
+``timeout_s`` (default ``$AUTOTUNE_READ_TIMEOUT_S``, else 5 s: SQLite's busy timeout,
+PostgreSQL's ``connect_timeout`` and ``statement_timeout``), and whatever the driver does, a
+lookup waits for the database ``2 * timeout_s`` at most. It logs one WARNING naming the database
+(password hidden) and the reason, and leaves that database alone for
+``$AUTOTUNE_LOOKUP_RETRY_S`` (default :data:`RETRY_AFTER_S`, 60 s): lookups meanwhile answer the
+fallback at once, and are asked again afterwards. ``strict=True`` raises
+:class:`~autotune.errors.StorageError` instead.
+
+Answers are cached in memory per (kernel, shape, dtype, device, db, default, table): a repeated
+lookup is a dict hit. :func:`clear_cache` forgets them (e.g. after tuning more). The source used
+is logged at INFO level, with the jax/jaxlib versions the config was measured with and whether
+those are the running ones. Nothing here imports jax; shapes and dtypes are read as plain
+attributes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.queries import best as queries
+from autotune.errors import JobError, StorageError
+from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import failure_reason, read_timeout_s, resolve_url
+
+__all__ = [
+    "tuned", "lookup_config", "clear_cache", "NEAREST_TRIES", "SOURCES", "RETRY_AFTER_S",
+    "RETRY_ENV",
+]
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("exact", "nearest", "table", "default")
+NEAREST_TRIES = 5  # nearest tuned problems tried before falling back to the default
+# A database that failed a lookup is left alone this long (``$AUTOTUNE_LOOKUP_RETRY_S``).
+RETRY_AFTER_S = 60.0
+RETRY_ENV = "AUTOTUNE_LOOKUP_RETRY_S"
+
+Default = Mapping[str, Any] | Callable[[Problem], Mapping[str, Any] | None] | None
+
+_CACHE: dict[tuple[Any, ...], tuple[Config | None, str]] = {}
+_LOCK = threading.Lock()
+# Answers given while the database was unusable, kept until it is asked again.
+_DEGRADED: dict[tuple[Any, ...], tuple[tuple[Config | None, str], float]] = {}
+_DOWN: dict[str, tuple[float, str]] = {}  # database -> (when to ask it again, why it failed)
+_WARNED: set[tuple[str, str]] = set()  # (database, reason) already warned about
+
+
+def clear_cache() -> None:
+    """Forgets every cached lookup, and every database failure remembered."""
+    with _LOCK:
+        _CACHE.clear()
+        _DEGRADED.clear()
+        _DOWN.clear()
+        _WARNED.clear()
+
+
+_RESOLVED: dict[int, tuple[Kernel, Kernel]] = {}  # id(object) -> (object, under its stored name)
+
+
+def _kernel(kernel: str | Kernel) -> Kernel:
+    """The kernel, under the name its results are stored by.
+
+    A :class:`Kernel` object of a user's module is looked up under its import path
+    (:func:`autotune.space.kernel.resolve_kernel`). A ``"package.module:NAME"`` string needs no
+    ``allow_import`` when that module is already imported: nothing new runs.
+    """
+    if isinstance(kernel, Kernel):
+        hit = _RESOLVED.get(id(kernel))
+        if hit is None or hit[0] is not kernel:
+            hit = (kernel, resolve_kernel(kernel))
+            with _LOCK:
+                _RESOLVED[id(kernel)] = hit
+        return hit[1]
+    loaded = ":" in kernel and kernel.partition(":")[0] in sys.modules
+    return get_kernel(kernel, allow_import=loaded)
+
+
+def _dtype_name(array: Any) -> str:
+    dtype = getattr(array, "dtype", None)
+    if dtype is None:
+        raise JobError(f"cannot read a dtype from {type(array).__name__}; pass arrays.")
+    return str(getattr(dtype, "name", dtype))
+
+
+def lookup_config(
+    kernel: str | Kernel,
+    shape: Mapping[str, Any],
+    dtype: str,
+    *,
+    default: Default = None,
+    db: str | None = None,
+    device: str | None = None,
+    table: Any = None,
+    strict: bool = False,
+    timeout_s: float | None = None,
+) -> tuple[Config | None, str]:
+    """The config to run ``kernel`` with on ``shape``/``dtype``, and where it came from
+    (``"exact"``, ``"nearest"``, ``"table"`` or ``"default"``). Cached; never tunes.
+
+    Returns ``(None, "default")`` when nothing is stored and there is no default. When the
+    database cannot answer (see the module docstring) the answer comes from ``table``, else
+    the default, within ``2 * timeout_s`` (default ``$AUTOTUNE_READ_TIMEOUT_S``, else 5 s).
+
+    Raises:
+      StorageError: ``strict=True`` and the database cannot answer (the reason is named).
+    """
+    name = _kernel(kernel).name if isinstance(kernel, Kernel) else kernel
+    key = (name, tuple(sorted(shape.items())), dtype, device, db, id(default), id(table))
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    resolved = _kernel(kernel)
+    problem = resolved.problem(shape, dtype)  # a bad shape or dtype is the caller's: it raises
+    degraded = _DEGRADED.get(key)
+    if degraded is not None and not strict and time.monotonic() < degraded[1]:
+        return degraded[0]
+    where = _database(db)
+    try:
+        stored = _ask_database(where, strict=strict, timeout_s=timeout_s, ask=lambda t: _lookup(
+            resolved, shape, dtype, default=default, db=db, device=device, timeout_s=t))
+    except _Unavailable as e:
+        answer = _fallback(resolved, problem, default, table, device)
+        with _LOCK:
+            _DEGRADED[key] = (answer, e.retry_at)
+        return answer
+    answer = stored if stored is not None else _fallback(resolved, problem, default, table, device)
+    with _LOCK:
+        _CACHE[key] = answer
+        _DEGRADED.pop(key, None)
+    return answer
+
+
+def _lookup(
+    kernel: Kernel,
+    shape: Mapping[str, Any],
+    dtype: str,
+    *,
+    default: Default,
+    db: str | None,
+    device: str | None,
+    timeout_s: float | None = None,
+) -> tuple[Config | None, str] | None:
+    """The stored answer (exact, else nearest), or None when nothing stored is usable."""
+    problem = kernel.problem(shape, dtype)
+    exact = queries.best_result(kernel.name, problem.dims, problem.dtype, device=device, db=db,
+                                timeout_s=timeout_s)
+    if exact is not None:
+        log.info("%s: using the stored best config (%s, %.1f us, %s).", problem, exact.device,
+                 exact.median_us, _measured_with(exact))
+        return Config(exact.config), "exact"
+    neighbours = queries.nearest_results(
+        kernel.name, problem.dims, problem.dtype, device=device, db=db, limit=NEAREST_TRIES,
+        timeout_s=timeout_s,
+    )
+    if neighbours:
+        bound = kernel.bind(problem)
+        for result in neighbours:
+            if bound.is_valid(result.config):
+                log.info("%s: using the best config of the nearest tuned problem %s (%s, %s).",
+                         problem, result.problem, result.device, _measured_with(result))
+                return Config(result.config), "nearest"
+            log.debug("%s: the best config of %s is not valid here; trying the next.",
+                      problem, result.problem)
+    log.info("%s: nothing tuned nearby is usable.", problem)
+    return None
+
+
+def _fallback(
+    kernel: Kernel, problem: Problem, default: Default, table: Any, device: str | None = None
+) -> tuple[Config | None, str]:
+    """The answer without the database: ``table``'s config of the problem, else the default."""
+    config = _from_table(kernel, problem, table, device)
+    if config is not None:
+        log.info("%s: using the config of the exported table.", problem)
+        return config, "table"
+    log.info("%s: using the default config.", problem)
+    return _default(kernel, problem, default), "default"
+
+
+def _from_table(
+    kernel: Kernel, problem: Problem, table: Any, device: str | None = None
+) -> Config | None:
+    if table is None:
+        return None
+    tuned = getattr(table, "TUNED", table)
+    if not isinstance(tuned, Mapping):
+        raise JobError(
+            "table must be the TUNED dict of a module written by `autotune export --format "
+            f"python`, or that module, but got {type(table).__name__}."
+        )
+    key = (kernel.name, tuple(sorted(problem.dims.items())), problem.dtype)
+    value = tuned.get(key)
+    if value is None and isinstance(tuned.get("default"), Mapping):
+        # Keyed by device (`export --format python`): that device's table, else "default".
+        per_device = tuned.get(device) if device is not None else None
+        value = (per_device if isinstance(per_device, Mapping) else tuned["default"]).get(key)
+    if value is None:
+        return None
+    config = Config(value)
+    if not kernel.bind(problem).is_valid(config):
+        log.warning("%s: the exported table's config %s is not valid for it; not used.",
+                    problem, config.to_json())
+        return None
+    return config
+
+
+# ----------------------------------------------------------------------------- a failing database
+
+
+class _Unavailable(Exception):
+    """The database cannot answer now; ask it again at ``retry_at`` (time.monotonic)."""
+
+    def __init__(self, retry_at: float) -> None:
+        super().__init__(retry_at)
+        self.retry_at = retry_at
+
+
+def _database(db: str | None) -> str:
+    """The database ``db`` names, as people may read it: its password hidden."""
+    try:
+        return resolve_url(db).render_as_string(hide_password=True)
+    except StorageError:
+        return repr(db)
+
+
+def _seconds(name: str, env: str, value: float | None, default: float) -> float:
+    if value is None:
+        text = os.environ.get(env, "").strip()
+        if not text:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        name = f"${env}"
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+        raise JobError(f"{name} must be a finite number of seconds, 0 or more, but got {value!r}.")
+    return float(value)
+
+
+def _ask_database(
+    where: str, *, strict: bool, timeout_s: float | None, ask: Callable[[float], Any]
+) -> Any:
+    """``ask(timeout_s)``, run on a helper thread that is waited for ``2 * timeout_s`` at most.
+
+    A database that failed is remembered for the retry interval; a failure is logged once at
+    WARNING per database and reason. Raises :class:`_Unavailable` (``strict``: StorageError).
+    """
+    timeout = read_timeout_s(timeout_s)
+    now = time.monotonic()
+    down = _DOWN.get(where)
+    if down is not None and now < down[0]:
+        if strict:
+            raise StorageError(_unavailable_text(where, down[1], strict=True))
+        raise _Unavailable(down[0])
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = ask(timeout)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="autotune-lookup", daemon=True).start()
+    error: BaseException | None = None
+    if not done.wait(2 * timeout):
+        reason = f"no answer within {2 * timeout:g} s"
+    elif "error" in box:
+        error = box["error"]
+        if isinstance(error, JobError):
+            raise error  # the caller's own mistake (a device name), not the database's
+        reason = _reason(error)
+    else:
+        with _LOCK:
+            _DOWN.pop(where, None)
+        return box["value"]
+    retry_s = _seconds("retry interval", RETRY_ENV, None, RETRY_AFTER_S)
+    retry_at = time.monotonic() + retry_s
+    with _LOCK:
+        _DOWN[where] = (retry_at, reason)
+        first = (where, reason) not in _WARNED
+        _WARNED.add((where, reason))
+    if strict:
+        raise StorageError(_unavailable_text(where, reason, strict=True)) from error
+    (log.warning if first else log.info)(
+        "%s Not asked again for %g s.", _unavailable_text(where, reason, strict=False), retry_s
+    )
+    raise _Unavailable(retry_at)
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, StorageError):
+        return str(error)
+    return f"{type(error).__name__}: {failure_reason(error)}"
+
+
+def _unavailable_text(where: str, reason: str, *, strict: bool) -> str:
+    way = ("(strict=True; without it the lookup answers the exported table or the default "
+           "config)" if strict else "Answering from the exported table, else the default config.")
+    return f"The results database {where} cannot answer the run-time lookup: {reason} {way}"
+
+
+def _measured_with(result: queries.BestResult) -> str:
+    versions = f"jax {result.jax_version or '?'}, jaxlib {result.jaxlib_version or '?'}"
+    if result.stale:
+        return f"measured with {versions}, not the running versions: stale"
+    return f"measured with the running {versions}"
+
+
+def _default(kernel: Kernel, problem: Problem, default: Default) -> Config | None:
+    if default is None:
+        if kernel.default_config is None:
+            return None
+        value = kernel.default_config(problem)
+    elif callable(default):
+        value = default(problem)
+    else:
+        value = default
+    return None if value is None else Config(value)
+
+
+def tuned(
+    kernel_name: str | Kernel,
+    *,
+    default: Default = None,
+    db: str | None = None,
+    device: str | None = None,
+    table: Any = None,
+    strict: bool = False,
+    timeout_s: float | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorates ``fn(*arrays, config=None, **kw)`` so that a call without ``config`` runs
+    with the looked-up config (see the module docstring). A given ``config`` is used as is.
+
+    ``kernel_name`` is a bundled kernel's name, or a kernel of your own: its
+    ``"package.module:NAME"`` or the :class:`Kernel` object itself. ``table``, ``strict`` and
+    ``timeout_s`` are :func:`lookup_config`'s.
+
+    Raises (on a call without config):
+      JobError: the kernel declares no ``shape_of``, or the arrays do not fit it.
+      StorageError: ``strict=True`` and the database cannot answer.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*arrays: Any, config: Mapping[str, Any] | None = None, **kw: Any) -> Any:
+            if config is None:
+                kernel = _kernel(kernel_name)
+                if kernel.shape_of is None:
+                    raise JobError(
+                        f"Kernel {kernel.name!r} declares no shape_of, so its problem cannot be "
+                        "derived from a call; pass config=... explicitly."
+                    )
+                if not arrays:
+                    raise JobError(f"{fn.__name__} was called without input arrays.")
+                shape = dict(kernel.shape_of(*arrays))
+                config, _ = lookup_config(
+                    kernel, shape, _dtype_name(arrays[0]), default=default, db=db, device=device,
+                    table=table, strict=strict, timeout_s=timeout_s,
+                )
+            return fn(*arrays, config=config, **kw)
+
+        return wrapper
+
+    return decorate

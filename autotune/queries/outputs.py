@@ -1,0 +1,157 @@
+"""Where the CLI writes files: output folders checked up front, export files written atomically.
+
+    check_output_dir("results/report", flag="--out")      # JobError if a file / not writable
+    write_export_file("best.json", text, db=url, force=False)
+
+Nothing the user did not ask to replace is replaced: ``export --out`` refuses an existing file
+that is not one of our exports unless ``force``, and always refuses the database in use (and
+its ``-wal``/``-shm``/``-journal`` files), whatever path or symbolic link leads to it. Files are
+written to a temporary file in the same folder and renamed over the target, so a reader never
+sees half a file and a failed write leaves the old file as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import tempfile
+
+from autotune.errors import JobError
+
+__all__ = ["check_output_dir", "write_export_file", "atomic_write_text"]
+
+_HEAD_BYTES = 4096
+
+
+def check_output_dir(path: str | os.PathLike[str], *, flag: str) -> pathlib.Path:
+    """``path`` if it is (or can be created as) a writable folder; leaves nothing behind
+    (a probe file is created and removed in the nearest existing folder).
+
+    Raises:
+      JobError: ``path`` (or the nearest existing folder above it) is a file, or is not
+        writable; the message names ``flag``, the path and why.
+    """
+    target = pathlib.Path(path)
+    existing = target
+    while not existing.exists() and not existing.is_symlink():
+        parent = existing.parent
+        if parent == existing:
+            break
+        existing = parent
+    if existing.is_symlink() and not existing.exists():
+        raise JobError(f"{flag} {str(path)!r}: {existing} is a broken symbolic link; give a folder.")
+    if not existing.is_dir():
+        what = "is" if existing == target else f"is under {existing}, which is"
+        raise JobError(
+            f"{flag} {str(path)!r} {what} a file, not a folder; give a folder (it is created if "
+            "missing)."
+        )
+    try:  # a real probe: permissions, read-only file systems and root all answer truly
+        fd, probe = tempfile.mkstemp(prefix=".autotune-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = "" if existing == target else f" (the nearest existing folder, {existing}, is not)"
+        raise JobError(
+            f"{flag} {str(path)!r} is not writable{where}: {e.strerror or e}; give a folder you "
+            "can write to."
+        ) from None
+    return target
+
+
+def _database_files(db: str | None) -> list[pathlib.Path]:
+    """The files of the SQLite database in use (none for a server)."""
+    from autotune.storage.store import resolve_url, sqlite_path
+
+    path = sqlite_path(resolve_url(db))
+    if path is None:
+        return []
+    return [pathlib.Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
+
+
+def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links, bind mounts
+    except OSError:
+        return False
+
+
+def write_export_file(
+    path: str | os.PathLike[str], text: str, *, db: str | None, force: bool, flag: str = "--out"
+) -> pathlib.Path:
+    """Writes ``text`` to ``path`` atomically; returns the file written.
+
+    Raises:
+      JobError: ``path`` is the database in use (even with ``force``), a folder, an existing
+        file that is not an autotune export (without ``force``), or in a folder that is
+        missing, a file, or not writable.
+    """
+    from autotune.queries.exchange import is_export
+
+    target = pathlib.Path(path).expanduser()
+    for db_file in _database_files(db):
+        if _same_file(target, db_file):
+            raise JobError(
+                f"{flag} {str(path)!r} is the database in use ({db_file}); an export never "
+                "replaces it (not even with --force). Give another file name."
+            )
+    if target.is_dir():
+        raise JobError(f"{flag} {str(path)!r} is a folder; give a file name inside it.")
+    if target.exists() and not force:
+        try:
+            with target.open("rb") as f:
+                head = f.read(_HEAD_BYTES).decode("utf-8", "replace")
+        except OSError as e:
+            raise JobError(f"{flag} {str(path)!r} exists and cannot be read ({e.strerror or e}).") from None
+        if not is_export(head):
+            raise JobError(
+                f"{flag} {str(path)!r} exists and is not an autotune export; it is left as it is. "
+                "Give another file name, or pass --force to replace it."
+            )
+    if not target.parent.is_dir():
+        check_output_dir(target.parent, flag=f"the folder of {flag} {str(path)!r},")  # a file?
+        raise JobError(
+            f"{flag} {str(path)!r} cannot be written: its folder {str(target.parent)!r} does not "
+            "exist; give a file in an existing, writable folder."
+        )
+    check_output_dir(target.parent, flag=f"the folder of {flag} {str(path)!r},")
+    real = target.resolve()  # through symbolic links: the file they lead to is replaced
+    if real.parent != target.parent.resolve():
+        check_output_dir(real.parent, flag=f"the folder {str(path)!r} leads to,")
+    atomic_write_text(real, text)
+    return real
+
+
+def atomic_write_text(path: pathlib.Path, text: str) -> None:
+    """Writes ``text`` to a temporary file beside ``path``, then renames it over ``path``.
+
+    Raises:
+      JobError: the file cannot be written (the message names it and why); ``path`` is as it
+        was and no temporary file is left.
+    """
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise JobError(f"cannot write {path}: {e.strerror or e}.") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise JobError(f"cannot write {path}: {e.strerror or e}.") from None
+        raise

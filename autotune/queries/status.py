@@ -1,0 +1,109 @@
+"""Where a job stands, read from its database while any number of hosts run it.
+
+``autotune status JOB --db URL [--json]``: per problem of the job, and per device it is tuned
+on, the trials stored (done), in flight (RUNNING Optuna trials whose owner's heartbeat is live),
+the budget, the best so far; and the hosts whose heartbeat is live, with their trials in flight.
+Read-only: nothing is created or migrated, no engine starts, jax is not imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from autotune.tuning.jobs import Job
+
+__all__ = ["ProblemStatus", "JobStatus", "job_status"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemStatus:
+    """One problem of a job on one device (``device`` is None before any trial)."""
+
+    problem: str
+    device: str | None
+    done: int  # results stored
+    in_flight: int  # trials being measured now, by live processes
+    stale: int  # RUNNING trials whose owner stopped (freed by the next runner's check)
+    budget: int | None
+    best_us: float | None
+    best_config: dict[str, Any] | None
+    state: str  # "not started", "running", "waiting", "done"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    job: str
+    problems: tuple[ProblemStatus, ...]
+    hosts: dict[str, int]  # host -> trials in flight there (live heartbeat)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "problems": [p.to_dict() for p in self.problems],
+                "hosts": [{"host": h, "in_flight": n} for h, n in sorted(self.hosts.items())]}
+
+
+def job_status(job: Job, store: Any) -> JobStatus:
+    """The status of every problem of ``job`` in ``store``'s database (and its Optuna studies).
+
+    Raises:
+      StorageError: the database cannot be read.
+    """
+    import optuna
+
+    from autotune.tuning import tuner
+    from autotune.storage.store import StorageError, failure_reason
+
+    summaries = {(s.problem, s.device): s for s in store.summaries()}
+    try:
+        storage = tuner._optuna_storage(store.url)
+        names = set(optuna.get_all_study_names(storage=storage))
+    except Exception as e:  # noqa: BLE001 - any database failure, worded once
+        raise StorageError(f"Could not read the Optuna studies in {store!r}: {failure_reason(e)}.") from e
+    hosts: dict[str, int] = {}
+    out: list[ProblemStatus] = []
+    for spec in job.problems:
+        problem, budget = spec.problem, spec.budget.trials
+        # Its studies: readable names (``problem @ device``, ``... | cold``) and the older
+        # ``autotune|key|device[|cold]`` ones (autotune.tuning.tuner.study_name).
+        studies: dict[str, list[str]] = {}
+        readable, legacy = f"{problem} @ ", f"autotune|{problem.key()}|"
+        for n in names:
+            if n.startswith(readable):
+                studies.setdefault(n[len(readable):].split(" | ")[0], []).append(n)
+            elif n.startswith(legacy):
+                studies.setdefault(n[len(legacy):].split("|")[0], []).append(n)
+        devices = sorted(set(studies) | {d for (p, d) in summaries if p == problem})
+        if not devices:
+            out.append(ProblemStatus(str(problem), None, 0, 0, 0, budget, None, None, "not started"))
+            continue
+        for device in devices:
+            summary = summaries.get((problem, device))
+            done = summary.total if summary else 0
+            in_flight = stale = 0
+            for name in studies.get(device, []):
+                study = optuna.load_study(study_name=name, storage=storage)
+                for owner, is_stale in tuner.running_owners(study):
+                    if is_stale:
+                        stale += 1
+                        continue
+                    in_flight += 1
+                    host = owner.rpartition(":")[0] or "?"
+                    hosts[host] = hosts.get(host, 0) + 1
+            if budget is not None and done >= budget:
+                state = "done"
+            elif in_flight:
+                state = "running"
+            else:
+                state = "waiting"
+            out.append(ProblemStatus(
+                str(problem), device, done, in_flight, stale, budget,
+                summary.best_us if summary else None,
+                dict(summary.best_config) if summary and summary.best_config else None, state))
+    storage.engine.dispose()  # type: ignore[attr-defined]
+    return JobStatus(job.name, tuple(out), hosts)

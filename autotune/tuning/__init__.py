@@ -1,0 +1,7 @@
+"""Tuning: proposals from Optuna, run over the engine, stored in the store.
+
+The one module that touches Optuna's private names (:mod:`.optuna_adapter`), the samplers
+(:mod:`.sampling`, :mod:`.ranked_sampler`, :mod:`.trial_index`), job files (:mod:`.jobs`), the
+runner and scheduler (:mod:`.tuner`, :mod:`.scheduler`), the confirmation round
+(:mod:`.confirmation`) and revalidation (:mod:`.revalidate`). May import every package below it.
+"""

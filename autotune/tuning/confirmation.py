@@ -1,0 +1,235 @@
+"""The confirmation round: which of a problem's best configs wins, by how much, and which tie.
+
+Pure functions and values: no jax, no database. When a problem's search ends, its best few
+configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in interleaved rounds
+(:func:`autotune.evaluation.trial.round_order`, ``Engine.confirm``), with more iterations;
+:func:`analyse_confirmation` turns those timings into the winner, the speedup and the tie marks:
+
+* per program, the pooled median and spread (:func:`autotune.evaluation.trial.relative_spread`) of all its
+  samples, and the median of each round;
+* the *fastest* config has the lowest pooled median. For every other config ``c``, the
+  per-round ratios ``r_i = median_i(c) / median_i(fastest)`` (paired: drift between rounds
+  cancels) give its difference ``diff = median(r_i) - 1``;
+* ``c`` **ties** with the fastest when ``diff <= noise``, where ``noise`` is the largest of:
+  half the spread of the fastest, half the spread of ``c`` (one sample's typical deviation),
+  half the range of the ``r_i`` (how much the comparison itself moved between rounds), and
+  ``tie_floor``;
+* among the fastest and its ties, the **crowned** config is the one nearest to the kernel's
+  default config, then the simplest (:func:`preference_key`), then the fastest;
+* the **speedup** is the median over rounds of ``median_i(baseline) / median_i(crowned)`` (the
+  same pairing), with its spread: half the range of those round ratios, relative to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autotune.evaluation.trial import relative_spread
+
+__all__ = [
+    "DEFAULT_CONFIRM_TOP",
+    "DEFAULT_CONFIRM_ROUNDS",
+    "DEFAULT_CONFIRM_ITERATIONS",
+    "Candidate",
+    "ProgramSummary",
+    "Confirmation",
+    "preference_key",
+    "analyse_confirmation",
+]
+
+# The best configs of a problem that the confirmation round re-times, its rounds, and the timed
+# iterations of each program in each round (the search times 20 per config).
+DEFAULT_CONFIRM_TOP = 5
+DEFAULT_CONFIRM_ROUNDS = 5
+DEFAULT_CONFIRM_ITERATIONS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One config of a confirmation round: its per-round samples in microseconds.
+
+    ``trial_id`` is the search trial that measured it first; ``search_us`` that trial's median.
+    """
+
+    config: Mapping[str, Any] = dataclasses.field(hash=False)
+    rounds_us: tuple[tuple[float, ...], ...]
+    trial_id: int | None = None
+    search_us: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramSummary:
+    """What the confirmation round measured for one config (or the baseline: ``config`` None)."""
+
+    config: Mapping[str, Any] | None = dataclasses.field(hash=False)
+    trial_id: int | None
+    rounds_us: tuple[tuple[float, ...], ...]
+    median_us: float
+    spread: float  # relative_spread of the pooled samples
+    round_medians_us: tuple[float, ...]
+    diff: float = 0.0  # median paired ratio to the fastest config, minus 1 (configs only)
+    noise: float = 0.0  # the tie threshold used for this config
+    tie: bool = False  # within the noise of the fastest (the fastest itself: False)
+    crowned: bool = False
+    search_us: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirmation:
+    """The outcome of a confirmation round (see the module docstring)."""
+
+    configs: tuple[ProgramSummary, ...]  # in the order given
+    baseline: ProgramSummary | None
+    fastest: int  # index into configs
+    crowned: int  # index into configs
+    speedup: float | None  # baseline / crowned, median of paired round ratios
+    speedup_spread: float | None  # half the range of those ratios, relative to the speedup
+    speedup_low: float | None
+    speedup_high: float | None
+
+    @property
+    def winner(self) -> ProgramSummary:
+        return self.configs[self.crowned]
+
+    @property
+    def ties(self) -> tuple[ProgramSummary, ...]:
+        return tuple(c for c in self.configs if c.tie)
+
+
+def _complexity(config: Mapping[str, Any]) -> float:
+    total = 0.0
+    for value in config.values():
+        if isinstance(value, bool):
+            total += 1.0 if value else 0.0
+        elif isinstance(value, int | float) and value > 0:
+            total += math.log2(value)
+    return total
+
+
+def preference_key(
+    config: Mapping[str, Any], default: Mapping[str, Any] | None = None
+) -> tuple[int, float]:
+    """How much to prefer ``config`` among tied configs: lower is preferred.
+
+    1. *Default-nearest*: the number of parameters whose value differs from the kernel's
+       default config for the problem (0 without a default): the default is JAX's known-good
+       config, the least surprising one to ship.
+    2. *Simpler*: the sum over numeric parameters of ``log2(value)`` (booleans: 1 when set),
+       i.e. the log of the product of tile sizes, stages, warpgroups and the like: the config
+       that asks for fewer resources (smaller tiles and buffers, fewer stages and warpgroups,
+       fewer optional features) when its time is no different.
+    """
+    distance = 0
+    if default is not None:
+        keys = set(config) | set(default)
+        distance = sum(1 for k in keys if config.get(k) != default.get(k))
+    return distance, round(_complexity(config), 9)
+
+
+def _round_medians(rounds_us: Sequence[Sequence[float]], what: str) -> tuple[float, ...]:
+    if not rounds_us or any(not r for r in rounds_us):
+        raise ValueError(f"{what} needs samples in every round, but got {rounds_us!r}.")
+    for r in rounds_us:
+        for s in r:
+            if not (isinstance(s, int | float) and math.isfinite(s) and s > 0):
+                raise ValueError(f"{what}: every time must be a positive finite number, got {s!r}.")
+    return tuple(statistics.median(r) for r in rounds_us)
+
+
+def _summary(
+    config: Mapping[str, Any] | None,
+    rounds_us: Sequence[Sequence[float]],
+    *,
+    trial_id: int | None,
+    search_us: float | None,
+    what: str,
+) -> ProgramSummary:
+    medians = _round_medians(rounds_us, what)
+    pooled = [float(s) for r in rounds_us for s in r]
+    return ProgramSummary(
+        config=config,
+        trial_id=trial_id,
+        rounds_us=tuple(tuple(float(s) for s in r) for r in rounds_us),
+        median_us=statistics.median(pooled),
+        spread=relative_spread(pooled) or 0.0,
+        round_medians_us=medians,
+        search_us=search_us,
+    )
+
+
+def analyse_confirmation(
+    candidates: Sequence[Candidate],
+    baseline_rounds_us: Sequence[Sequence[float]] | None = None,
+    *,
+    default_config: Mapping[str, Any] | None = None,
+    tie_floor: float = 0.0,
+) -> Confirmation:
+    """The winner, speedup and ties of a confirmation round (rules in the module docstring).
+
+    Raises:
+      ValueError: no candidate, rounds of different counts, an empty round, a time that is not
+        a positive finite number, or a negative ``tie_floor``.
+    """
+    if not candidates:
+        raise ValueError("a confirmation needs at least one candidate config.")
+    if not (isinstance(tie_floor, int | float) and tie_floor >= 0):
+        raise ValueError(f"tie_floor must be a fraction >= 0, such as 0.002, but got {tie_floor!r}.")
+    lengths = {len(c.rounds_us) for c in candidates}
+    if baseline_rounds_us is not None:
+        lengths.add(len(baseline_rounds_us))
+    if len(lengths) != 1:
+        raise ValueError(
+            f"every program of a confirmation must have the same number of rounds, but got "
+            f"{sorted(lengths)}."
+        )
+    summaries = [
+        _summary(c.config, c.rounds_us, trial_id=c.trial_id, search_us=c.search_us,
+                 what=f"candidate {i}")
+        for i, c in enumerate(candidates)
+    ]
+    fastest = min(range(len(summaries)), key=lambda i: (summaries[i].median_us, i))
+    f = summaries[fastest]
+    marked = []
+    for i, s in enumerate(summaries):
+        if i == fastest:
+            marked.append(s)
+            continue
+        ratios = [c / w for c, w in zip(s.round_medians_us, f.round_medians_us, strict=True)]
+        diff = statistics.median(ratios) - 1.0
+        noise = max(f.spread / 2, s.spread / 2, (max(ratios) - min(ratios)) / 2, tie_floor)
+        marked.append(dataclasses.replace(s, diff=diff, noise=noise, tie=diff <= noise))
+    pool = [i for i, s in enumerate(marked) if i == fastest or s.tie]
+    crowned = min(
+        pool,
+        key=lambda i: (*preference_key(marked[i].config or {}, default_config),
+                       marked[i].median_us, i),
+    )
+    marked[crowned] = dataclasses.replace(marked[crowned], crowned=True)
+
+    baseline = None
+    speedup = spread = low = high = None
+    if baseline_rounds_us is not None:
+        baseline = _summary(None, baseline_rounds_us, trial_id=None, search_us=None,
+                            what="the baseline")
+        ratios = [
+            b / w
+            for b, w in zip(baseline.round_medians_us, marked[crowned].round_medians_us,
+                            strict=True)
+        ]
+        speedup = statistics.median(ratios)
+        low, high = min(ratios), max(ratios)
+        spread = (high - low) / 2 / speedup
+    return Confirmation(
+        configs=tuple(marked),
+        baseline=baseline,
+        fastest=fastest,
+        crowned=crowned,
+        speedup=speedup,
+        speedup_spread=spread,
+        speedup_low=low,
+        speedup_high=high,
+    )

@@ -1,0 +1,627 @@
+"""A model-ranked proposal step: score many valid candidates, measure the most promising.
+
+:class:`RankedSampler` is an Optuna sampler (public ``BaseSampler`` API only) for one bound
+space. It draws a pool of valid configs cheaply (:meth:`BoundSpace.sample`, uniform over the
+valid set), scores every candidate with a cost model, and hands out the best-scored untaken one;
+a share of its proposals (``explore``) is a random candidate instead, so a wrong model cannot
+lock the search into one corner. After each refit the pool also takes in the one-tunable
+neighbours (:meth:`BoundSpace.neighbours`) of the best measured configs, so the model can climb
+where the uniform pool is thin.
+
+The model predicts the log of the run time, relative to the problem's typical time:
+
+* **Prior** (transfer across shapes): every result stored for the same kernel and device at
+  other shapes (``history``), failures counted as twice as slow as that problem's slowest
+  config. Fitted once per sampler (and cached for identical histories).
+* **Online**: the study's own measured trials (and ``history`` rows of this very problem). With
+  a prior, a second model learns the residual of the prior on them; without, it learns the
+  times themselves. Refits happen in batches (every trial at first, then every ``n // 8``), so
+  a proposal costs a lookup in a sorted pool, not a fit.
+
+Features are derived from the space alone, so any kernel that declares its tunables gets them
+(:class:`Features`): each integer tunable's log2 and each choice one-hot, the problem's dims, the
+log ratio of every problem dim to every integer tunable, and, for tunables named after a dim
+(``tile_m``/``block_m`` with ``m``, ``block_q`` with ``seq_q``: the same last word), the tiles
+per dim, the padding wasted, the tiles of every combination of dims in waves over the SM count
+(and the tail wave's occupancy), the tile's arithmetic intensity and a footprint proxy
+(pipeline-depth-like tunables times the tile's area). A kernel may add its own
+(``extra_features``, e.g. its shared-memory estimate).
+
+The model is scikit-learn's ``ExtraTreesRegressor`` (the ``[model]`` extra) when installed, with
+the spread of its trees as an uncertainty bonus; else ridge regression on the same features with
+``numpy.linalg.lstsq``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.space.problem import Config, Problem, dtype_bytes
+from autotune.space.search_space import Aligned, BoundSpace, Choice, PowerOfTwo
+
+__all__ = [
+    "Observation",
+    "Features",
+    "stored_history",
+    "RankedSampler",
+    "MODELS",
+    "model_backend",
+    "DEFAULT_CANDIDATES",
+    "DEFAULT_EXPLORE",
+]
+
+logger = logging.getLogger(__name__)
+
+MODELS = ("auto", "sklearn", "numpy")
+# Candidates drawn per study; scoring 1024 takes a few milliseconds.
+DEFAULT_CANDIDATES = 1024
+# The share of proposals that are a random pool candidate rather than the model's best.
+DEFAULT_EXPLORE = 0.1
+# The SM count of the H100/H200 (the devices Mosaic GPU targets); ``num_sms`` overrides it.
+DEFAULT_NUM_SMS = 132
+# A failed config (does not compile, wrong result, timeout, crash) is learnt as this many times
+# slower than the slowest config measured for its problem.
+FAIL_FACTOR = 2.0
+# Best measured configs whose neighbours join the pool at each refit.
+CLIMB_FROM = 3
+# How many of the study's own results the prior (other shapes) counts as.
+PRIOR_WEIGHT = 8.0
+
+# A trial's system attribute naming the measured outcome (written by the tuner and the replay;
+# the same name as ``autotune.tuning.sampling.OUTCOME_ATTR``, repeated to avoid an import cycle).
+OUTCOME_ATTR = "autotune_outcome"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured config of a problem: its median time, or None when it failed."""
+
+    problem: Problem
+    config: Mapping[str, Any]
+    time_us: float | None
+
+
+def stored_history(store: Any, problem: Problem, device: Any) -> list[Observation]:
+    """Every result ``store`` holds for ``problem``'s kernel on ``device`` (same name and
+    kind), at any shape and dtype, as observations (failures with no time)."""
+    rows = store.trials(kernel=problem.kernel, device_name=device.name, device_kind=device.kind)
+    return [Observation(r.problem, r.config, r.median_us if r.ok else None) for r in rows]
+
+
+def model_backend(model: str = "auto") -> str:
+    """The model library ``model`` resolves to here: ``"sklearn"`` or ``"numpy"``.
+
+    Raises:
+      ValueError: ``model`` is not one of :data:`MODELS`.
+      ImportError: ``model="sklearn"`` and scikit-learn is not installed; the message says how
+        to install it.
+    """
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}.")
+    if model == "numpy":
+        return "numpy"
+    try:
+        import sklearn.ensemble  # noqa: F401
+    except ImportError:
+        if model == "sklearn":
+            raise ImportError(
+                "the ranked sampler's model='sklearn' needs scikit-learn: "
+                "pip install 'autotune[model]' (or pip install scikit-learn), or use model='numpy'."
+            ) from None
+        return "numpy"
+    return "sklearn"
+
+
+# ---------------------------------------------------------------------------------------------
+# Features.
+
+
+def _last_word(name: str) -> str:
+    return name.rsplit("_", 1)[-1].lower()
+
+
+def _log2(v: float) -> float:
+    return math.log2(v) if v > 0 else -1.0
+
+
+class Features:
+    """Shape-relative features of (problem, config) pairs, derived from a kernel's tunables.
+
+    Args:
+      params: the kernel's tunables (``BoundSpace.params``); values of other problems' configs
+        are read by name.
+      dims: the problem's shape keys, in a fixed order.
+      num_sms: the device's SM count, for waves.
+      extra: ``extra(problem, config) -> {name: float}``, features the kernel knows of itself.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[Any],
+        dims: Sequence[str],
+        *,
+        num_sms: int = DEFAULT_NUM_SMS,
+        extra: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None = None,
+    ) -> None:
+        self.numeric: list[str] = []
+        self.nullable: list[str] = []
+        self.categorical: list[tuple[str, tuple[Any, ...]]] = []
+        for p in params:
+            if isinstance(p, Aligned | PowerOfTwo):
+                self.numeric.append(p.name)
+            elif isinstance(p, Choice) and any(_is_int(v) for v in p.values) and all(
+                _is_int(v) or v is None for v in p.values
+            ):
+                self.numeric.append(p.name)
+                if any(v is None for v in p.values):
+                    self.nullable.append(p.name)
+            elif isinstance(p, Choice):
+                self.categorical.append((p.name, tuple(p.values)))
+            else:  # Bool, or anything else with a small set of values
+                self.categorical.append((p.name, (False, True)))
+        self.dims = list(dims)
+        self.num_sms = num_sms
+        self.extra = extra
+        # Tunables named after a dim (same last word): the tiles of that dim.
+        self.matched: dict[str, list[str]] = {}
+        for d in self.dims:
+            names = [t for t in self.numeric if _last_word(t) == _last_word(d) or t == d]
+            if names:
+                self.matched[d] = names
+        self.unmatched = [t for t in self.numeric if not any(t in v for v in self.matched.values())]
+        self._names: list[str] | None = None
+
+    def signature(self) -> str:
+        return repr((self.numeric, self.nullable, self.categorical, self.dims, self.num_sms,
+                     self.extra is not None))
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            raise RuntimeError("feature names are known after the first matrix is built")
+        return self._names
+
+    def matrix(self, problem: Problem, configs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """The feature matrix (one row per config) for configs of ``problem``."""
+        rows = [self._row(problem, c) for c in configs]
+        if self._names is None and rows:
+            self._names = [k for k, _ in rows[0]]
+        return np.array([[v for _, v in r] for r in rows], dtype=np.float64).reshape(
+            len(rows), -1 if rows else len(self._names or ())
+        )
+
+    def _row(self, problem: Problem, c: Mapping[str, Any]) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        add = out.append
+        dims = problem.dims
+        dim_values = {d: dims.get(d) for d in self.dims}
+        sizes = {d: float(v) for d, v in dim_values.items() if _is_int(v)}
+        for d in self.dims:
+            v = dim_values[d]
+            add((f"dim:{d}", _log2(float(v)) if _is_int(v) else float(bool(v))))
+        add(("dtype_bytes", float(dtype_bytes(problem.dtype))))
+        values: dict[str, float | None] = {}
+        for t in self.numeric:
+            v = c.get(t)
+            values[t] = float(v) if _is_int(v) else None
+            add((f"log2:{t}", _log2(values[t]) if values[t] is not None else -1.0))
+        for t in self.nullable:
+            add((f"none:{t}", float(c.get(t) is None)))
+        for name, choices in self.categorical:
+            v = c.get(name)
+            for choice in choices:
+                add((f"is:{name}={choice!r}", float(v == choice and type(v) is type(choice))))
+        # Every integer tunable against every dim: where the config sits relative to the shape.
+        for t in self.numeric:
+            for d, size in sizes.items():
+                v = values[t]
+                add((f"ratio:{d}/{t}", math.log2(size / v) if v else 0.0))
+        # Tunables named after a dim tile it.
+        primary: dict[str, float] = {}
+        for d, names in self.matched.items():
+            size = sizes.get(d)
+            if size is None:
+                continue
+            for t in names:
+                v = values[t]
+                tiles = math.ceil(size / v) if v else 1
+                add((f"tiles:{d}/{t}", math.log2(tiles)))
+                add((f"pad:{d}/{t}", tiles * v / size - 1.0 if v else 0.0))
+            present = [values[t] for t in names if values[t]]
+            primary[d] = max(present) if present else size
+        batch = math.prod(sizes[d] for d in sizes if d not in self.matched) if sizes else 1.0
+        keys = sorted(primary)
+        for r in range(1, min(3, len(keys)) + 1):
+            for combo in itertools.combinations(keys, r):
+                tiles = math.prod(math.ceil(sizes[d] / primary[d]) for d in combo)
+                for label, count in (("", tiles), ("+batch", tiles * batch)):
+                    waves = count / self.num_sms
+                    add((f"waves:{'*'.join(combo)}{label}", _log2(waves)))
+                    add((f"tail:{'*'.join(combo)}{label}", waves / math.ceil(waves)))
+        tile_sizes = [primary[d] for d in keys]
+        pairs = sum(a * b for a, b in itertools.combinations(tile_sizes, 2)) if len(tile_sizes) > 1 else (
+            tile_sizes[0] if tile_sizes else 1.0)
+        area = math.prod(tile_sizes) if tile_sizes else 1.0
+        add(("tile_volume", _log2(area)))
+        add(("tile_surface", _log2(pairs)))
+        for a, b in itertools.combinations(keys, 2):
+            x, y = primary[a], primary[b]
+            add((f"intensity:{a}*{b}", _log2(x * y / (x + y))))
+        for t in self.unmatched:
+            v = values[t]
+            add((f"footprint:{t}", _log2((v or 1.0) * pairs)))
+        if self.extra is not None:
+            for k, v in sorted(self.extra(problem, c).items()):
+                add((f"extra:{k}", float(v)))
+        return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models: fit on (X, y, weights), predict a mean and a spread.
+
+
+class _Model:
+    def fit(self, x: np.ndarray, y: np.ndarray) -> _Model:
+        raise NotImplementedError
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+class _Trees(_Model):
+    """scikit-learn's extremely randomised trees; the spread of the trees is the uncertainty."""
+
+    def __init__(self, *, trees: int, seed: int) -> None:
+        from sklearn.ensemble import ExtraTreesRegressor
+
+        self._model = ExtraTreesRegressor(
+            n_estimators=trees, min_samples_leaf=1, max_features=0.5, random_state=seed, n_jobs=1
+        )
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> _Trees:
+        self._model.fit(x, y)
+        return self
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # One conversion for all trees (each tree's own input check costs more than its walk).
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        per_tree = np.stack([tree.predict(x32, check_input=False) for tree in self._model.estimators_])
+        return per_tree.mean(axis=0), per_tree.std(axis=0)
+
+
+class _Ridge(_Model):
+    """Ridge regression on standardised features and their squares (``numpy.linalg.lstsq``);
+    no spread."""
+
+    def __init__(self, *, alpha: float = 3.0) -> None:
+        self._alpha = alpha
+
+    @staticmethod
+    def _expand(x: np.ndarray) -> np.ndarray:
+        # Squares let a linear model express "best near some tile size" (a valley, not a slope).
+        return np.hstack([x, x * x])
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> _Ridge:
+        x = self._expand(x)
+        self._mu = x.mean(axis=0)
+        scale = x.std(axis=0)
+        self._scale = np.where(scale > 1e-12, scale, 1.0)
+        z = (x - self._mu) / self._scale
+        self._y0 = float(y.mean())
+        n, k = z.shape
+        a = np.vstack([z, math.sqrt(self._alpha) * np.eye(k)])
+        b = np.concatenate([y - self._y0, np.zeros(k)])
+        self._coef = np.linalg.lstsq(a, b, rcond=None)[0]
+        return self
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean = ((self._expand(x) - self._mu) / self._scale) @ self._coef + self._y0
+        return mean, np.zeros(len(x))
+
+
+def _make_model(backend: str, *, trees: int, seed: int) -> _Model:
+    return _Trees(trees=trees, seed=seed) if backend == "sklearn" else _Ridge()
+
+
+def _targets(times: Sequence[float | None]) -> np.ndarray:
+    """Log times centred on the problem's median; failures twice as slow as the slowest."""
+    ok = np.log([t for t in times if t is not None and t > 0])
+    if len(ok) == 0:
+        return np.zeros(len(times))
+    centre = float(np.median(ok))
+    worst = float(ok.max()) + math.log(FAIL_FACTOR)
+    return np.array([math.log(t) - centre if t is not None and t > 0 else worst - centre for t in times])
+
+
+# Priors fitted on identical histories are shared (a replay fits one per problem, not per seed).
+_PRIOR_CACHE: dict[str, _Model] = {}
+_PRIOR_CACHE_SIZE = 16
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler.
+
+
+class RankedSampler(optuna.samplers.BaseSampler):
+    """Proposes the untaken pool candidate the cost model ranks fastest (see the module doc).
+
+    Args:
+      space: the bound space the study searches.
+      seed: seeds the pool, the exploration and the model.
+      history: measured configs of the same kernel and device: at other shapes (the prior) and
+        of this problem (already measured: learnt from, never proposed again).
+      related: configs to put in the pool besides the uniform draw (e.g. other shapes' winners).
+      candidates: pool size drawn from the valid set.
+      explore: the share of proposals that are a random pool candidate.
+      kappa: the weight of the trees' spread in the score (mean - kappa * spread).
+      model: ``"auto"`` (scikit-learn if installed, else numpy), ``"sklearn"`` or ``"numpy"``.
+      num_sms: the device's SM count (waves features).
+      extra_features: a kernel's own features, ``(problem, config) -> {name: float}``.
+      draw: ``draw(n, seed) -> configs`` replaces the uniform draw of the pool (the replay
+        draws from recorded configs).
+
+    Thread safety: as Optuna's samplers; one instance per study and process.
+    """
+
+    def __init__(
+        self,
+        space: BoundSpace,
+        *,
+        seed: int | None = None,
+        history: Iterable[Observation] = (),
+        related: Iterable[Mapping[str, Any]] = (),
+        candidates: int = DEFAULT_CANDIDATES,
+        explore: float = DEFAULT_EXPLORE,
+        kappa: float = 0.0,
+        climb: float = 0.5,
+        clip: bool = True,
+        model: str = "auto",
+        num_sms: int = DEFAULT_NUM_SMS,
+        extra_features: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None = None,
+        draw: Callable[[int, int], Sequence[Mapping[str, Any]]] | None = None,
+    ) -> None:
+        if not 0.0 <= explore <= 1.0:
+            raise ValueError(f"explore must be a share between 0 and 1, got {explore!r}.")
+        if not isinstance(candidates, int) or candidates < 1:
+            raise ValueError(f"candidates must be a positive whole number, got {candidates!r}.")
+        self.backend = model_backend(model)
+        self._space = space
+        self._problem = space.problem
+        self._seed = 0 if seed is None else seed
+        self._rng = random.Random(seed)
+        self._fallback = optuna.samplers.RandomSampler(seed=seed)
+        self._explore = explore
+        self._explore_credit = 0.0
+        self._kappa = kappa
+        self._climb = climb
+        self._climb_credit = 0.0
+        self._around: set[int] = set()
+        self._clip = clip
+        self._features = Features(
+            space.params, sorted(self._problem.dims), num_sms=num_sms, extra=extra_features
+        )
+        history = list(history)
+        self._here = [o for o in history if o.problem == self._problem]
+        self._others = [o for o in history if o.problem != self._problem]
+        self._related = [Config(c) for c in related]
+        self._n_candidates = candidates
+        self._draw = draw
+        self._pool: list[tuple[Any, ...]] = []
+        self._pool_index: dict[tuple[Any, ...], int] = {}
+        self._x = np.zeros((0, 0))
+        self._prior_mean = np.zeros(0)
+        self._prior_spread = np.zeros(0)
+        self._prior: _Model | None = None
+        self._order: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._fitted_on = -1
+        self._started = False
+        self.fits = 0
+
+    # -- Optuna's sampler interface ----------------------------------------------------------
+
+    def reseed_rng(self) -> None:
+        self._rng = random.Random()
+        self._fallback.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        from autotune.tuning.sampling import distributions
+
+        return distributions(self._space)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        config = self.propose(study)
+        return {} if config is None else {k: v for k, v in config.items() if k in search_space}
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    # -- proposals ---------------------------------------------------------------------------
+
+    def propose(self, study: optuna.Study) -> Config | None:
+        """The next config to measure: the best-ranked untaken candidate, or an exploratory
+        one; None when the pool holds no untaken candidate."""
+        if not self._started:
+            self._start()
+        measured, taken = self._measured(study)
+        if len(measured) != self._fitted_on:
+            if self._due(len(measured)):
+                self._refit(measured)
+        free = [i for i in self._order if self._pool[i] not in taken]
+        if not free:
+            return None
+        have_model = self._prior is not None or self._fitted_on >= 2
+        self._explore_credit += self._explore
+        self._climb_credit += self._climb
+        pick = None
+        if not have_model or self._explore_credit >= 1.0:
+            if have_model:
+                self._explore_credit -= 1.0
+            pick = free[self._rng.randrange(len(free))]
+        elif self._climb_credit >= 1.0 and self._around:
+            # A model-ranked local move: the best-scored untaken neighbour of the best configs.
+            self._climb_credit -= 1.0
+            pick = next((i for i in free if i in self._around), None)
+        if pick is None:
+            pick = free[0]
+        return Config(dict(zip(self._space.names, self._pool[pick], strict=True)))
+
+    def _due(self, n: int) -> bool:
+        """Refit in batches: after every result while few, then every n // 8 new ones."""
+        if self._fitted_on < 0:
+            return True
+        return n - self._fitted_on >= max(1, n // 8)
+
+    def _start(self) -> None:
+        self._started = True
+        space = self._space
+        seed = self._rng.randrange(2**31)
+        drawn = (self._draw or (lambda n, s: space.sample(n, seed=s)))(self._n_candidates, seed)
+        self._extend_pool(list(self._related) + list(drawn) + [o.config for o in self._here])
+        if self._others:
+            self._prior = self._fit_prior()
+            self._rescore_prior(0)
+        self._order = np.array(self._rng.sample(range(len(self._pool)), len(self._pool)), dtype=np.int64)
+        if self._prior is not None:
+            self._order = np.argsort(self._prior_mean - self._kappa * self._prior_spread, kind="stable")
+
+    def _extend_pool(self, configs: Iterable[Mapping[str, Any]]) -> int:
+        """Adds valid configs not yet in the pool; returns the index of the first added."""
+        first = len(self._pool)
+        new = []
+        for c in configs:
+            try:
+                key = self._space.key(c)
+            except KeyError:
+                continue
+            if key in self._pool_index or not self._space.is_valid(c):
+                continue
+            self._pool_index[key] = len(self._pool)
+            self._pool.append(key)
+            new.append(dict(zip(self._space.names, key, strict=True)))
+        if new:
+            x = self._features.matrix(self._problem, new)
+            self._x = x if len(self._x) == 0 else np.vstack([self._x, x])
+        return first
+
+    def _rescore_prior(self, first: int) -> None:
+        if self._prior is None or first >= len(self._pool):
+            return
+        mean, spread = self._prior.predict(self._x[first:])
+        self._prior_mean = np.concatenate([self._prior_mean[:first], mean])
+        self._prior_spread = np.concatenate([self._prior_spread[:first], spread])
+
+    def _fit_prior(self) -> _Model:
+        by_problem: dict[Problem, list[Observation]] = {}
+        for o in self._others:
+            by_problem.setdefault(o.problem, []).append(o)
+        xs, ys = [], []
+        for problem, obs in by_problem.items():
+            xs.append(self._features.matrix(problem, [o.config for o in obs]))
+            ys.append(_targets([o.time_us for o in obs]))
+        x, y = np.vstack(xs), np.concatenate(ys)
+        digest = hashlib.sha256()
+        for part in (self._features.signature().encode(), self.backend.encode(), x.tobytes(), y.tobytes()):
+            digest.update(part)
+        key = digest.hexdigest()
+        model = _PRIOR_CACHE.get(key)
+        if model is None:
+            model = _make_model(self.backend, trees=96, seed=0).fit(x, y)
+            if len(_PRIOR_CACHE) >= _PRIOR_CACHE_SIZE:
+                _PRIOR_CACHE.pop(next(iter(_PRIOR_CACHE)))
+            _PRIOR_CACHE[key] = model
+        return model
+
+    def _measured(
+        self, study: optuna.Study
+    ) -> tuple[list[tuple[tuple[Any, ...], float | None]], set[tuple[Any, ...]]]:
+        """This problem's measured configs with their times (None: failed), and the configs
+        taken (measured, being measured, or stored)."""
+        measured: list[tuple[tuple[Any, ...], float | None]] = []
+        taken: set[tuple[Any, ...]] = set()
+        for o in self._here:
+            try:
+                key = self._space.key(o.config)
+            except KeyError:
+                continue
+            measured.append((key, o.time_us))
+            taken.add(key)
+        for t in study.get_trials(deepcopy=False):
+            if not t.params:
+                continue
+            try:
+                key = self._space.key(t.params)
+            except KeyError:
+                continue
+            if t.state == TrialState.COMPLETE and t.value is not None:
+                measured.append((key, float(t.value)))
+                taken.add(key)
+            elif t.state == TrialState.FAIL:
+                if OUTCOME_ATTR in t.system_attrs:  # measured and failed; else free again
+                    measured.append((key, None))
+                    taken.add(key)
+            elif t.state == TrialState.RUNNING:
+                taken.add(key)
+        return measured, taken
+
+    def _refit(self, measured: Sequence[tuple[tuple[Any, ...], float | None]]) -> None:
+        """Fits the online model on this problem's results and re-ranks the pool."""
+        n = len(measured)
+        self._fitted_on = n
+        # Climb: the neighbours of the best measured configs join the pool.
+        ok = sorted(((t, k) for k, t in measured if t is not None), key=lambda p: p[0])
+        around = []
+        for _t, key in ok[:CLIMB_FROM]:
+            around.extend(self._space.neighbours(dict(zip(self._space.names, key, strict=True))))
+        first = self._extend_pool(around + [dict(zip(self._space.names, k, strict=True)) for k, _ in measured])
+        self._around = {self._pool_index[self._space.key(c)] for c in around
+                        if self._space.key(c) in self._pool_index}
+        self._rescore_prior(first)
+        if n < 2 or not ok:
+            if self._prior is not None:
+                self._order = np.argsort(self._prior_mean - self._kappa * self._prior_spread, kind="stable")
+            else:
+                self._order = np.array(self._rng.sample(range(len(self._pool)), len(self._pool)), dtype=np.int64)
+            return
+        idx = np.array([self._pool_index[k] for k, _ in measured])
+        raw = _targets([t for _, t in measured])
+        # Tell the good apart: everything slower than the median is just "slow".
+        y = np.minimum(raw, 0.0) if self._clip else raw
+        model = _make_model(self.backend, trees=32, seed=self._seed + n).fit(self._x[idx], y)
+        self.fits += 1
+        mean, spread = model.predict(self._x)
+        score = mean - self._kappa * spread
+        if self._prior is not None:
+            # The prior, shifted onto this problem's times, weighs as PRIOR_WEIGHT results.
+            prior = self._prior_mean + float(np.median(raw - self._prior_mean[idx]))
+            if self._clip:
+                prior = np.minimum(prior, 0.0)
+            score = (PRIOR_WEIGHT * prior + n * score) / (PRIOR_WEIGHT + n)
+        self._order = np.argsort(score, kind="stable")

@@ -1,0 +1,510 @@
+"""The scheduler: every problem of a job in flight together on one engine, and one job shared by
+any number of processes and hosts through one database (docs/scheduling.md).
+
+One thread runs the loop: open the problems (one per pass, so the first trial is submitted as
+soon as the first problem is open), keep ``engine.parallelism`` configs in flight by asking the
+problem that needs workers most, store and tell each result as it arrives, and interleave each
+problem's baseline and traces with the trials. Budgets (``trials``, ``seconds``, ``patience``)
+are counted in the problem's Optuna study, which every process shares: a trial is admitted only
+while fewer than ``trials`` trials numbered before it count (measured or in flight), so N hosts
+store exactly the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.tuning import tuner as _t
+from autotune._paths import safe_path
+from autotune.tuning.jobs import Job, ProblemSpec
+from autotune.space.kernel import Kernel, get_kernel
+from autotune.space.problem import Config
+from autotune.tuning.sampling import ExhaustedError, ValidSampler, distributions, valid_sampler
+from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.tuning.trial_index import TrialIndex
+
+__all__ = ["run_scheduled", "POLL_S"]
+
+logger = logging.getLogger(__name__)
+
+# How often a process looks again at problems it cannot ask (full: their budget is admitted but
+# other processes are still measuring; or exhausted) and closes the trials of dead processes.
+POLL_S = 2.0
+MAX_POLL_S = 30.0
+
+
+@dataclasses.dataclass(eq=False)
+class _Run:
+    """One problem of the job in this process."""
+
+    index: int
+    spec: ProblemSpec
+    kernel: Kernel
+    space: Any
+    sampler: ValidSampler
+    study: optuna.Study
+    dists: Mapping[str, Any]
+    outside: int  # results stored for the problem that its study does not hold (imports)
+    best_us: float | None
+    done_before: int
+    in_flight: dict[Future[TrialResult], tuple[optuna.trial.Trial, Config, float]] = (
+        dataclasses.field(default_factory=dict))
+    measured_now: int = 0
+    stop_reason: str = ""
+    full: bool = False  # no room now: look again after POLL_S, or when a result arrives
+    looked_at: float = 0.0
+    traced: bool = False  # its traces were submitted
+    unread_results: int = 0  # results stored since the study was last read
+    poll_s: float = POLL_S  # how long until a full problem is looked at again
+    orphans_at: float = 0.0  # when dead processes' trials were last looked for
+    finished: bool = False
+    side: dict[Future[Any], tuple[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def problem(self) -> Any:
+        return self.spec.problem
+
+    @property
+    def tally(self) -> TrialIndex:
+        """The study's trials over every process (the sampler's index)."""
+        return self.sampler.index
+
+    def need(self) -> tuple[int, int, int]:
+        """Lower first: fewest in flight over all hosts, then fewest measured, then job order."""
+        return (self.tally.running, self.tally.measured + self.outside, self.index)
+
+    def stop_rule(self) -> str:
+        """Why no more trials may be admitted, from the shared counts ("" while some may)."""
+        budget, index = self.spec.budget, self.tally
+        measured = index.measured + self.unread_results + self.outside
+        if budget.trials is not None and measured >= budget.trials:
+            return f"trial budget ({budget.trials}) spent"
+        if budget.patience and index.stagnated(budget.patience):
+            return f"no better config in the last {budget.patience} trials (patience)"
+        if budget.seconds is not None and index.first_start is not None:
+            if _t._age_s(index.first_start) >= budget.seconds:
+                return f"time budget ({budget.seconds:g} s) spent"
+        return ""
+
+    def room(self) -> bool:
+        """Whether the shared counts leave room for one more trial."""
+        trials = self.spec.budget.trials
+        return trials is None or self.tally.running + self.tally.measured + self.outside < trials
+
+    def refresh(self) -> None:
+        self.tally.refresh(self.study.get_trials(deepcopy=False))
+        self.unread_results = 0
+
+    def ask(self) -> tuple[optuna.trial.Trial, Config] | None:
+        """One admitted trial and its config; None when the shared budget or the space says
+        no (then ``full`` or ``stop_reason`` says which).
+
+        As ``tuner._ask``, with the twin check on the index: a trial that sees an earlier
+        trial holding its config steps back and asks again.
+        """
+        self.stop_reason = self.stop_rule()
+        if self.stop_reason:
+            return None
+        if not self.room():
+            self.full = True
+            return None
+        for _ in range(16):
+            try:
+                trial = _t._new_trial(self.study, self.dists)
+            except ExhaustedError:
+                trial_id = self.sampler.exhausted_trial_id
+                if trial_id is not None:
+                    _t._release(self.study, self.study._storage.get_trial_number_from_id(trial_id))
+                self.refresh()
+                if self.tally.running:
+                    self.full = True  # others' configs in flight may yet be freed
+                else:
+                    self.stop_reason = f"every valid config ({self.space.count()}) measured"
+                return None
+            config = Config(trial.params)
+            self.refresh()  # after the ask: every trial numbered before ours is visible
+            twins = [n for n in self.tally.holders(self.space.key(config)) if n != trial.number]
+            if twins:
+                _t._release(self.study, trial)
+                self.sampler.diverge(f"{_t._worker_id()}:{trial.number}")
+                continue
+            if not self._admitted(trial):
+                _t._release(self.study, trial)
+                self.full = True
+                return None
+            return trial, config
+        return None
+
+    def _admitted(self, trial: optuna.trial.Trial) -> bool:
+        """The budget's exact check: fewer than ``trials`` counting trials numbered before this
+        one (Optuna numbers a study's trials one at a time, under a lock on the study)."""
+        budget = self.spec.budget
+        if self.stop_rule():
+            return False
+        if budget.trials is None:
+            return True
+        return self.outside + self.tally.counting_before(trial.number) < budget.trials
+
+
+class _Scheduler:
+    def __init__(
+        self,
+        job: Job,
+        *,
+        store: Any,
+        engine: Any,
+        storage: optuna.storages.BaseStorage,
+        results_dir: str | Path,
+        on_event: Callable[[_t.Event], None] | None,
+        allow_import: bool,
+        run_id: int | None = None,
+    ) -> None:
+        self.job, self.store, self.engine, self.storage = job, store, engine, storage
+        self.run_id = run_id
+        self.policy = _t.cache_policy_of(engine)  # every store read and write keeps to it
+        self.results_dir = results_dir
+        self.emit = on_event or (lambda e: None)
+        self.allow_import = allow_import
+        self.device: DeviceInfo | None = None
+        self._versions: Future[dict[str, str]] | None = None
+        self.runs: list[_Run] = []
+        self.reports: dict[int, _t.ProblemReport] = {}
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> list[_t.ProblemReport]:
+        to_open = list(enumerate(self.job.problems))
+        # Reading the versions imports jax (seconds): off the path to the first trial, needed
+        # only when the first result or baseline is stored.
+        versions = ThreadPoolExecutor(1, thread_name_prefix="versions")
+        self._versions = versions.submit(_t.software_versions)
+        versions.shutdown(wait=False)
+        try:
+            while True:
+                if to_open:
+                    if self.device is None:
+                        self.device = self.engine.device_info()
+                        to_open = self._neediest_first(to_open)
+                    self._open(*to_open.pop(0))
+                self._fill(share=-(-self.engine.parallelism // len(self.job.problems))
+                           if to_open else None)
+                live = [r for r in self.runs if not r.finished]
+                if not to_open and not live:
+                    break
+                futures = [f for r in live for f in (*r.in_flight, *r.side)]
+                timeout = 0.0 if to_open else min(POLL_S, _beat_s())
+                if futures:
+                    done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+                else:
+                    done = set()
+                    if timeout:
+                        time.sleep(timeout)
+                for r in live:
+                    self._collect(r, done)
+                    if r.in_flight:
+                        _t._heartbeat(r.study, [trial for trial, _c, _s in r.in_flight.values()])
+                self._look_again()
+                for r in live:
+                    self._maybe_finish(r)
+        finally:
+            for r in self.runs:
+                for future, (trial, _config, _s) in r.in_flight.items():
+                    future.cancel()
+                    _t._release(r.study, trial)
+                r.in_flight.clear()
+        return [self.reports[i] for i in range(len(self.job.problems))]
+
+    def _neediest_first(self, to_open: list[tuple[int, ProblemSpec]]) -> list[tuple[int, ProblemSpec]]:
+        """The problems in the order to open them: fewest results stored first (one query), so
+        that hosts joining a job under way start where the work is."""
+        assert self.device is not None
+        stored = {s.problem: s.total for s in self.store.summaries(device_name=self.device.name)
+                  if getattr(s, "cache_policy", self.policy) == self.policy}
+        return sorted(to_open, key=lambda item: (stored.get(item[1].problem, 0), item[0]))
+
+    def _fill(self, share: int | None = None) -> None:
+        """Fills the engine; ``share``: while problems are still to be opened, at most this
+        many configs in flight per problem, so the ones opened first do not take every slot."""
+        capacity = max(1, self.engine.parallelism)
+        while sum(len(r.in_flight) for r in self.runs) < capacity:
+            askable = [r for r in self.runs if not r.finished and not r.stop_reason and not r.full
+                       and (share is None or len(r.in_flight) < share)]
+            if not askable:
+                return
+            self._ask_one(min(askable, key=_Run.need))
+
+    def _look_again(self) -> None:
+        """Closes dead processes' trials and re-reads the shared counts of a problem that
+        cannot be asked now (full): after POLL_S, then backing off (x2, up to MAX_POLL_S) while
+        nothing changes, so that many hosts waiting on a job's last trials do not load the
+        database. Other problems every MAX_POLL_S (their asks read the counts anyway; a dead
+        host's trials only hold their configs)."""
+        now = time.monotonic()
+        for r in self.runs:
+            if r.finished or now - r.looked_at < (r.poll_s if r.full else MAX_POLL_S):
+                continue
+            r.looked_at = now
+            assert self.device is not None
+            before = (r.tally.measured, r.tally.running)
+            r.refresh()
+            # Another host's trial goes stale only GRACE_S after its last heartbeat: asking the
+            # database for stale trials more often than every GRACE_S / 4 finds nothing new.
+            # A dead process of this host is seen at once (its pid is gone).
+            if now - r.orphans_at >= _t.GRACE_S / 4 or _dead_here(r.tally.live):
+                r.orphans_at = now
+                _t._close_orphans(r.study, self.store, r.problem, self.device, self.policy)
+                r.refresh()
+            r.full = not r.room()
+            changed = (r.tally.measured, r.tally.running) != before
+            r.poll_s = POLL_S if changed or not r.full else min(MAX_POLL_S, 2 * r.poll_s)
+
+    @property
+    def software(self) -> dict[str, str]:
+        assert self._versions is not None
+        return self._versions.result()
+
+    # -- one problem -----------------------------------------------------------------------
+
+    def _open(self, index: int, spec: ProblemSpec) -> None:
+        problem = spec.problem
+        kernel = get_kernel(problem.kernel, allow_import=self.allow_import)
+        if self.device is None:
+            self.device = self.engine.device_info()
+        device = self.device
+        space = kernel.valid_space(problem, interpret=device.kind == "interpret")
+        budget = spec.budget
+        safe_path(self.results_dir, "traces", problem.kernel)  # before anything is measured
+
+        def skip(why: str, done: int, reason: str) -> None:
+            self.emit(_t.Event("skip", problem, done, budget.trials, message=why))
+            confirm_s = _t.confirm_best(kernel, problem, spec, store=self.store, engine=self.engine,
+                                        device=device, software=self.software, run_id=self.run_id,
+                                        only_if_missing=True) if done else None
+            self.reports[index] = _t._report(kernel, problem, device, self.store, measured_now=0,
+                                             repaired=0, skipped=True, stop_reason=reason,
+                                             cache=self.policy, confirm_s=confirm_s)
+
+        if device.kind == "interpret" and not kernel.interpret_ok:
+            why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
+            return skip(why, 0, why)
+        rows = self.store.trials(problem, device_name=device.name, cache=self.policy)
+        if budget.trials is not None and len(rows) >= budget.trials:
+            return skip("already tuned", len(rows), "budget already spent")
+        if len(rows) >= space.count():
+            return skip("space exhausted", len(rows), "every valid config measured")
+
+        # Seeds: the known-good default first (unless switched off), then related winners (the
+        # ranked sampler scores those with its model instead); the sampler as the tuner picks it.
+        seeds: list[Mapping[str, Any]] = []
+        if kernel.default_config is not None and spec.known_good:
+            seeds.append(kernel.default_config(problem))
+        related = _t._related_winners(self.store, problem, device, self.policy)
+        history = (_t.stored_history(self.store, problem, device)
+                   if spec.sampler in ("auto", "ranked") else [])
+        sampler_name = _t.resolve_sampler(spec.sampler, history=history, problem=problem,
+                                          valid_count=space.count())
+        logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
+        stored_configs = [r.config for r in rows]
+        sampler = valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,
+                                history=history, taken=lambda: stored_configs)
+        study = _t._open_study(problem, device, self.storage, sampler, self.software, self.policy)
+        _t._close_orphans(study, self.store, problem, device, self.policy)
+        sampler.index.refresh(study.get_trials(deepcopy=False))
+        outside = 0  # results stored that no measured trial of the study holds (imports)
+        for row in rows:
+            try:
+                outside += not sampler.index.measured_by_study(space.key(row.config))
+            except KeyError:
+                outside += 1
+        best_us = min((r.median_us for r in rows if r.median_us is not None and r.status == "ok"),
+                      default=None)
+        run = _Run(index=index, spec=spec, kernel=kernel, space=space, sampler=sampler, study=study,
+                   dists=distributions(space), outside=outside, best_us=best_us,
+                   done_before=len(rows), looked_at=time.monotonic())
+        run.full = not run.room()
+        self.runs.append(run)
+        self.emit(_t.Event("start", problem, len(rows), budget.trials, best_us))
+        if kernel.baseline is not None and self.store.baseline(
+            problem, device_name=device.name, device_kind=device.kind, cache=self.policy
+        ) is None:
+            run.side[_submit_baseline(self.engine, problem)] = ("baseline", None)
+
+    def _ask_one(self, r: _Run) -> None:
+        """Asks ``r`` for one config and submits it, if the shared budget admits it."""
+        asked = r.ask()
+        if asked is None:
+            return
+        trial, config = asked
+        _t._heartbeat(r.study, [trial])
+        future = self.engine.submit(r.problem.kernel, r.problem, config)
+        r.in_flight[future] = (trial, config, time.time())
+
+    def _collect(self, r: _Run, done: set[Future[Any]]) -> None:
+        assert self.device is not None
+        finished = [f for f in r.in_flight if f in done]
+        for future in finished:
+            trial, config, started = r.in_flight.pop(future)
+            result = future.result()
+            recorded = self.store.record_trial(
+                r.problem, config, result, device=self.device, software=self.software,
+                study_name=r.study.study_name, optuna_trial_number=trial.number,
+                worker=_t._worker_id(), started_at=_t._utc(started), cache=self.policy,
+            )
+            _t._tell(r.study, trial, result, duplicate=recorded.duplicate)
+            r.measured_now += 0 if recorded.duplicate else 1
+            if result.ok and (r.best_us is None or result.median_us < r.best_us):
+                r.best_us = result.median_us
+            r.full = False  # the counts changed: look again before the next ask
+            self.emit(_t.Event("trial", r.problem, r.done_before + r.measured_now,
+                               r.spec.budget.trials, r.best_us,
+                               message=f"{result.outcome.value} {config.to_json()}",
+                               status=result.outcome.value, time_us=result.median_us,
+                               number=trial.number, config=dict(config),
+                               log_path=result.log_path))
+        # Counted until the next read of the study (which the next ask makes): so a problem
+        # whose budget our own results just completed is not asked again.
+        r.unread_results += len(finished)
+        for future in [f for f in r.side if f in done]:
+            kind, what = r.side.pop(future)
+            if kind == "baseline":
+                self._store_baseline(r, future)
+            else:
+                self._store_trace(r, future, what)
+
+    def _store_baseline(self, r: _Run, future: Future[Any]) -> None:
+        assert self.device is not None
+        try:
+            result = future.result()
+        except Exception as e:  # noqa: BLE001 - a failed baseline must not lose the tuning
+            logger.warning("baseline of %s failed: %s", r.problem, e)
+            return
+        if result.ok:
+            self.store.record_baseline(r.problem, r.kernel.baseline_name, result.samples_us,
+                                       device=self.device, software=self.software,
+                                       cache=self.policy)
+        else:
+            logger.warning("baseline %s failed for %s: %s", r.kernel.baseline_name, r.problem,
+                           result.error)
+
+    def _store_trace(self, r: _Run, future: Future[Any], what: tuple[int, str]) -> None:
+        row_id, out_dir = what
+        try:
+            regions = future.result()
+        except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning
+            logger.warning("tracing %s failed: %s", r.problem, e)
+            return
+        if isinstance(regions, TrialResult):
+            logger.warning("tracing %s ended %s: %s", r.problem, regions.outcome, regions.error)
+        elif regions:
+            self.store.record_trace_regions(row_id, regions, out_dir)
+
+    def _maybe_finish(self, r: _Run) -> None:
+        if r.finished or r.in_flight:
+            return
+        if not r.stop_reason:
+            r.stop_reason = r.stop_rule()
+        if not r.stop_reason and r.full:
+            r.refresh()  # others may have finished the budget meanwhile
+            r.stop_reason = r.stop_rule()
+        if not r.stop_reason:
+            return  # more to ask, or other processes hold the rest of the budget: wait
+        if not r.traced:
+            r.traced = True
+            self._submit_traces(r)
+        if r.side:
+            return
+        r.finished = True
+        assert self.device is not None
+        # The confirmation round re-times the best configs on the workers that kept them; the
+        # other problems' futures wait meanwhile (it costs a few seconds: docs/measurement.md).
+        confirm_s = _t.confirm_best(r.kernel, r.problem, r.spec, store=self.store,
+                                    engine=self.engine, device=self.device,
+                                    software=self.software, run_id=self.run_id)
+        self.emit(_t.Event("done", r.problem, r.done_before + r.measured_now,
+                           r.spec.budget.trials, r.best_us, message=r.stop_reason))
+        self.reports[r.index] = _t._report(r.kernel, r.problem, self.device, self.store,
+                                           measured_now=r.measured_now,
+                                           repaired=r.sampler.repaired, stop_reason=r.stop_reason,
+                                           cache=self.policy, confirm_s=confirm_s)
+
+    def _submit_traces(self, r: _Run) -> None:
+        """In-kernel traces of the ``trace_top_k`` best configs not traced yet (GPU only)."""
+        device, spec, problem = self.device, r.spec, r.problem
+        assert device is not None
+        if spec.trace_top_k <= 0 or not device.is_gpu:
+            return
+        submit = getattr(self.engine, "submit_trace", None)
+        if submit is None:
+            _t._trace_best(r.kernel, problem, spec, self.store, self.engine, device,
+                           self.results_dir)
+            return
+        traced_space = r.kernel.bind(problem, profile_space=_t.TRACE_PROFILE_SPACE)
+        best = self.store.best(problem, device_name=device.name, device_kind=device.kind,
+                               n=4 * spec.trace_top_k, cache=self.policy)
+        for row in [row for row in best if traced_space.is_valid(row.config)][: spec.trace_top_k]:
+            if getattr(row, "traced", False):
+                continue
+            config = Config(row.config)
+            out_dir = safe_path(self.results_dir, "traces", problem.kernel, problem.digest(),
+                                config.digest())
+            out_dir.mkdir(parents=True, exist_ok=True)
+            future = submit(problem.kernel, problem, config, str(out_dir), _t.TRACE_PROFILE_SPACE)
+            r.side[future] = ("trace", (row.id, str(out_dir)))
+
+
+def _dead_here(trials: Sequence[FrozenTrial]) -> bool:
+    """Whether one of ``trials`` belongs to a process of this host that is gone."""
+    host = socket.gethostname()
+    for t in trials:
+        owner_host, _, pid = str(t.user_attrs.get(_t.WORKER_ATTR, "")).rpartition(":")
+        if owner_host == host and pid.isdigit() and not _t._alive(int(pid)):
+            return True
+    return False
+
+
+def _beat_s() -> float:
+    """How often in-flight trials get a heartbeat: a third of the interval, at most a sixth of
+    the grace period after which other hosts treat them as dead."""
+    return min(_t.HEARTBEAT_S, _t.GRACE_S / 2) / 3
+
+
+def _submit_baseline(engine: Any, problem: Any) -> Future[Any]:
+    """The engine's baseline without waiting; an engine without ``submit_baseline`` (a test
+    double) measures it at once."""
+    submit = getattr(engine, "submit_baseline", None)
+    if submit is not None:
+        return submit(problem.kernel, problem)
+    future: Future[Any] = Future()
+    try:
+        future.set_result(engine.baseline(problem.kernel, problem))
+    except Exception as e:  # noqa: BLE001 - reported as the baseline's failure
+        future.set_exception(e)
+    return future
+
+
+def run_scheduled(
+    job: Job,
+    *,
+    store: Any,
+    engine: Any,
+    storage: optuna.storages.BaseStorage,
+    results_dir: str | Path = "results",
+    on_event: Callable[[_t.Event], None] | None = None,
+    allow_import: bool = False,
+    run_id: int | None = None,
+) -> list[_t.ProblemReport]:
+    """Tunes every problem of ``job`` together on ``engine``; one report per problem, in job
+    order. Each problem's confirmation round (:func:`autotune.tuning.tuner.confirm_best`) runs when
+    its search ends. Database errors propagate (``run_job`` words them)."""
+    return _Scheduler(job, store=store, engine=engine, storage=storage, results_dir=results_dir,
+                      on_event=on_event, allow_import=allow_import, run_id=run_id).run()

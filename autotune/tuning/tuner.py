@@ -1,0 +1,920 @@
+"""The job runner: problems -> Optuna study -> engine -> store, resumable.
+
+For each problem of a job: bind the kernel's space, open (or resume) the problem's Optuna study
+in the same database as the results, measure the baseline once, then ask the
+:class:`~autotune.tuning.sampling.ValidSampler` for configs, hand them to the engine (which compiles
+in parallel while the GPU times one kernel at a time), and store every result as it arrives.
+When the search ends, the confirmation round (:mod:`autotune.evaluation.trial`) re-times the best
+few configs and the baseline in interleaved rounds; the winner and the speedup come from it,
+with their spread and the tie marks, stored as rows of their own. Finally the best configs get
+a second, traced pass whose per-region times are stored too.
+
+Every timing of a job uses the engine's cache policy (``engine.cache_policy``: ``cold`` or
+``warm``); what the store holds of the other policy is neither resumed from nor compared with.
+The GPU's clocks, temperature and throttling are read before and after the job
+(:mod:`autotune.evaluation.clocks`) and stored with the job's run; a GPU that throttled or whose clock
+moved is logged as a warning.
+
+Resuming is the normal case, not a special one: what the store and the study already hold is
+never measured again; a trial left RUNNING by a killed run is closed (from the store when its
+result made it there, otherwise released so its config can be proposed again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+import sqlalchemy.exc
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.trial import TrialState
+
+from autotune import __version__ as AUTOTUNE_VERSION
+from autotune.storage import store as storage_module
+from autotune._paths import safe_path
+from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
+from autotune.tuning.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
+from autotune.errors import JobError, StorageError
+from autotune.tuning.jobs import Job, ProblemSpec
+from autotune.space.kernel import Kernel, get_kernel
+from autotune.space.problem import Config, Problem
+from autotune.tuning.ranked_sampler import stored_history
+from autotune.tuning.sampling import (
+    OUTCOME_ATTR,
+    ExhaustedError,
+    distributions,
+    resolve_sampler,
+    valid_sampler,
+)
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+
+__all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "legacy_study_name", "Event",
+           "METRIC_NAME"]
+
+logger = logging.getLogger(__name__)
+
+WORKER_ATTR = "autotune_worker"  # "host:pid" of the process that asked for the trial
+# Another host treats a trial as dead (and frees its config) after GRACE_S without a heartbeat.
+HEARTBEAT_S = 30
+# Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
+TRACE_PROFILE_SPACE = 64
+GRACE_S = 120
+
+
+class EngineLike(Protocol):
+    # Optional: ``cache_policy`` (default "warm"), ``gpus``, and ``confirm(...)`` (see
+    # autotune.engine.dispatcher.Engine.confirm): an engine without it gets no confirmation round.
+    def device_info(self) -> DeviceInfo: ...
+    def submit(self, kernel_name: str, problem: Problem, config: Config) -> Future[TrialResult]: ...
+    def baseline(self, kernel_name: str, problem: Problem) -> TrialResult: ...
+    # Optional, used when present: submit_baseline(kernel_name, problem) -> Future[TrialResult]
+    # and submit_trace(...) -> Future, so that baselines and traces interleave with trials.
+    def trace(
+        self, kernel_name: str, problem: Problem, config: Config, out_dir: str, profile_space: int
+    ) -> Mapping[str, tuple[float, int]]: ...
+    @property
+    def parallelism(self) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """Progress, for an observer (``autotune.progress``) to draw: ``kind`` is "start",
+    "trial", "skip" or "done". A "trial" event also says how the trial ended (``status``, an
+    :class:`Outcome` value), its median time, its Optuna trial number, its config, and for a
+    crash the worker's log."""
+
+    kind: str
+    problem: Problem
+    done: int = 0
+    total: int | None = None
+    best_us: float | None = None
+    message: str = ""
+    status: str = ""
+    time_us: float | None = None
+    number: int | None = None
+    config: Mapping[str, Any] | None = None
+    log_path: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemReport:
+    """How tuning one problem went (this run and earlier ones together)."""
+
+    problem: Problem
+    device: str
+    best_config: Config | None
+    best_us: float | None
+    baseline_name: str | None
+    baseline_us: float | None
+    flops: int | None
+    bytes_moved: int | None
+    by_status: Mapping[str, int]
+    measured_now: int
+    repaired: int
+    skipped: bool = False
+    stop_reason: str = ""
+    device_kind: str = ""  # "gpu" | "interpret" | "fake": interpret-mode times are not GPU timings
+    cache_policy: str = "warm"
+    # The confirmation round (None when there was none): best_config, best_us and
+    # baseline_us are then its crowned config and medians, and speedup its paired speedup.
+    confirmation: Any = None  # autotune.storage.store.ConfirmationRow
+    confirm_s: float | None = None  # wall time the confirmation round took in this run
+
+    @property
+    def speedup(self) -> float | None:
+        """Baseline time over best time (>1: the tuned kernel is faster); the confirmation
+        round's (median of per-round ratios) when there was one."""
+        if self.confirmation is not None and self.confirmation.speedup is not None:
+            return float(self.confirmation.speedup)
+        if self.best_us and self.baseline_us:
+            return self.baseline_us / self.best_us
+        return None
+
+    @property
+    def speedup_spread(self) -> float | None:
+        """Half the range of the confirmation round's per-round speedups, relative to it."""
+        return None if self.confirmation is None else self.confirmation.speedup_spread
+
+    @property
+    def ties(self) -> int:
+        """Configs the confirmation round found tied with the crowned one (within the noise)."""
+        return 0 if self.confirmation is None else len(self.confirmation.tied_with_winner())
+
+    @property
+    def tflops(self) -> float | None:
+        return self.flops / self.best_us / 1e6 if self.flops and self.best_us else None
+
+    @property
+    def gbps(self) -> float | None:
+        return self.bytes_moved / self.best_us / 1e3 if self.bytes_moved and self.best_us else None
+
+    @property
+    def invalid(self) -> int:
+        return int(self.by_status.get(Outcome.INVALID.value, 0))
+
+
+def study_name(problem: Problem, device: DeviceInfo, cache: str = "warm") -> str:
+    """One Optuna study per problem, device and cache policy, named to be read in
+    optuna-dashboard: ``hopper_matmul[k=4096,m=4096,n=4096; bfloat16] @ NVIDIA H200`` (``warm``)
+    or ``... @ NVIDIA H200 | cold``. Studies created before this naming
+    (``autotune|<problem key>|<device>``, :func:`legacy_study_name`) keep theirs."""
+    base = f"{problem} @ {device.name}"
+    return base if cache == "warm" else f"{base} | {cache}"
+
+
+def legacy_study_name(problem: Problem, device: DeviceInfo, cache: str = "warm") -> str:
+    """The study name used before readable names; a database holding it resumes under it."""
+    base = f"autotune|{problem.key()}|{device.name}"
+    return base if cache == "warm" else f"{base}|{cache}"
+
+
+def cache_policy_of(engine: Any) -> str:
+    """The cache policy an engine times with (``warm`` for engines that do not say)."""
+    return str(getattr(engine, "cache_policy", "warm"))
+
+
+METRIC_NAME = "median_us"  # the objective, as optuna-dashboard and Study.metric_names show it
+
+
+def _open_study(
+    problem: Problem, device: DeviceInfo, storage: optuna.storages.BaseStorage | str,
+    sampler: Any, software: Mapping[str, str], cache: str = "warm",
+) -> optuna.Study:
+    """Creates or resumes the problem's study, with its metric name and user attributes
+    (kernel, shape, dtype, device, software versions) for Optuna's own tools."""
+    name = study_name(problem, device, cache)
+    legacy = legacy_study_name(problem, device, cache)
+    if legacy in optuna.study.get_all_study_names(storage=storage):
+        name = legacy
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                direction="minimize", load_if_exists=True)
+    attrs: dict[str, Any] = {
+        "kernel": problem.kernel, "shape": problem.dims, "dtype": problem.dtype,
+        "device": device.name, "device_kind": device.kind,
+        "compute_capability": device.compute_capability, "software": dict(software),
+        "cache_policy": cache,
+    }
+    current = study.user_attrs
+    for key, value in attrs.items():
+        if current.get(key) != value:
+            study.set_user_attr(key, value)
+    if study.metric_names != [METRIC_NAME]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([METRIC_NAME])
+    return study
+
+
+def software_versions() -> dict[str, str]:
+    from autotune._jax_compat import jax_versions
+
+    return {**jax_versions(), "autotune": AUTOTUNE_VERSION}
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"timeout": 2 * storage_module.SQLITE_BUSY_TIMEOUT_S}
+    else:
+        kwargs["pool_pre_ping"] = True
+    # The heartbeat lets other hosts see a dead host's trials as stale and redo them.
+    # Several processes opening a fresh database race to create Optuna's tables; the loser
+    # sees "already exists" and simply opens again.
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():  # heartbeat_interval is "experimental" since 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
+                )
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError,
+                sqlalchemy.exc.ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _heartbeat(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
+    """Marks in-flight trials alive, so other hosts' ``fail_stale_trials`` leaves them be."""
+    storage = _heartbeat_storage(study)
+    if storage is None:
+        return
+    now = time.monotonic()
+    if len(_last_beat) > 10_000:  # forget finished trials
+        for key in [k for k, t in _last_beat.items() if now - t > GRACE_S]:
+            del _last_beat[key]
+    for trial in trials:
+        # One write per trial every HEARTBEAT_S / 3 at most, however often the loop wakes.
+        key = (id(storage), trial._trial_id)
+        if now - _last_beat.get(key, -HEARTBEAT_S) >= _beat_interval_s():
+            storage.record_heartbeat(trial._trial_id)
+            _last_beat[key] = now
+
+
+_last_beat: dict[tuple[int, int], float] = {}  # (storage, trial id) -> last heartbeat written
+
+
+def _beat_interval_s() -> float:
+    """A third of the heartbeat interval, and at most a sixth of the grace period after which
+    other hosts treat a trial as dead."""
+    return min(HEARTBEAT_S, GRACE_S / 2) / 3
+
+
+def _heartbeat_storage(study: optuna.Study) -> BaseHeartbeat | None:
+    """The study's storage if it keeps heartbeats (Optuna's cache around the RDBStorage is a
+    BaseHeartbeat too, though not an RDBStorage)."""
+    storage = study._storage
+    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval():
+        return storage
+    return None
+
+
+def run_job(
+    job: Job,
+    *,
+    store: Any,
+    engine: EngineLike,
+    results_dir: str | Path = "results",
+    on_event: Callable[[Event], None] | None = None,
+    allow_import: bool = False,
+    sequential: bool = False,
+) -> list[ProblemReport]:
+    """Tunes every problem of ``job``; returns one report per problem, in job order.
+
+    The problems are in flight together on ``engine``, and the budgets are shared with every
+    other process tuning the same job on the same database (:mod:`autotune.tuning.scheduler`,
+    docs/scheduling.md). ``sequential=True`` is the earlier runner: one problem after another,
+    each budget counted by this process alone (kept for ``benchmarks/batch_job.py``).
+
+    Raises:
+      JobError: the store is an in-memory database, which would keep nothing.
+      StorageError: the database could not be read or written (locked for longer than the
+        wait, read-only, full, damaged); the trials stored until then stay stored, and running
+        the job again resumes it.
+    """
+    require_persistent(store)
+    policy = cache_policy_of(engine)
+    if job.cache is not None and job.cache != policy:
+        raise JobError(
+            f"The job asks for cache = {job.cache!r} but the engine times {policy!r}: open the "
+            f"engine with cache={job.cache!r} (the CLI and autotune.tune do)."
+        )
+    try:
+        storage = _optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
+        device = engine.device_info()
+        gpu = gpu_index(getattr(engine, "gpus", None))
+        before = _clocks(device, gpu)
+        run_id = store.start_run(job.name, device=device, cache=policy,
+                                 clocks_before=before.to_dict())
+        if not sequential:
+            from autotune.tuning.scheduler import run_scheduled
+
+            reports = run_scheduled(job, store=store, engine=engine, storage=storage,
+                                    results_dir=results_dir, on_event=on_event,
+                                    allow_import=allow_import, run_id=run_id)
+        else:
+            reports = []
+        for spec in job.problems if sequential else ():
+            kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
+            reports.append(
+                tune_problem(
+                    kernel,
+                    spec,
+                    store=store,
+                    engine=engine,
+                    storage=storage,
+                    results_dir=results_dir,
+                    on_event=on_event,
+                    run_id=run_id,
+                )
+            )
+        after = _clocks(device, gpu)
+        warned = clock_warnings(before, after)
+        for line in warned:
+            logger.warning("%s: the timings of this job may not compare with each other (%s).",
+                           job.name, line)
+        store.finish_run(run_id, clocks_after=after.to_dict(), warnings=warned)
+        return reports
+    except StorageError as e:
+        raise StorageError(f"{e} {_what_now(str(e))}") from e
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        reason = storage_module.failure_reason(e)
+        raise StorageError(
+            f"Could not use the Optuna study in {store!r}: {reason}. {_what_now(reason)}"
+        ) from e
+
+
+def _clocks(device: DeviceInfo, gpu: int) -> ClockSnapshot:
+    if not device.is_gpu:
+        return ClockSnapshot(available=False, reason=f"not a GPU ({device.kind})")
+    return read_clocks(gpu)
+
+
+def require_persistent(store: Any) -> None:
+    """Refuses a store that keeps nothing (an in-memory SQLite database) before tuning into it.
+
+    Raises:
+      JobError: naming the URL and what to give instead.
+    """
+    url = sqlalchemy.make_url(store.url)
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise JobError(
+            f"The database {store!r} is in memory: every result would be lost when the job "
+            "ends. Give a file (e.g. --db sqlite:///results/autotune.db) or a server URL."
+        )
+
+
+def _what_now(reason: str) -> str:
+    """The way out of a database failure that stopped a job."""
+    return (storage_module.damaged_hint(reason)
+            or "The trials stored until then are kept; run the job again to resume (re-run).")
+
+
+def tune_problem(
+    kernel: Kernel,
+    spec: ProblemSpec,
+    *,
+    store: Any,
+    engine: EngineLike,
+    storage: optuna.storages.BaseStorage | str,
+    results_dir: str | Path = "results",
+    on_event: Callable[[Event], None] | None = None,
+    run_id: int | None = None,
+) -> ProblemReport:
+    """Tunes one problem until its budget is spent or its valid set is exhausted, then
+    confirms its best configs (:func:`confirm_best`)."""
+    emit = on_event or (lambda e: None)
+    problem = spec.problem
+    device = engine.device_info()
+    policy = cache_policy_of(engine)
+    space = kernel.valid_space(problem, interpret=device.kind == "interpret")
+    software = software_versions()
+    budget = spec.budget
+    safe_path(results_dir, "traces", problem.kernel)  # before anything is measured
+    if device.kind == "interpret" and not kernel.interpret_ok:
+        # Every config would only fail the same way; say so once instead of storing that.
+        why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
+        emit(Event("skip", problem, 0, budget.trials, message=why))
+        return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
+                       stop_reason=why, cache=policy)
+
+    rows = store.trials(problem, device_name=device.name, cache=policy)
+    stored_configs = [r.config for r in rows]
+    done_before = len(rows)
+    for done, why, message in (
+        (budget.trials is not None and done_before >= budget.trials, "budget already spent",
+         "already tuned"),
+        (done_before >= space.count(), "every valid config measured", "space exhausted"),
+    ):
+        if done:
+            # A run stopped during its confirmation round left it undone: it is done now.
+            confirm_s = confirm_best(kernel, problem, spec, store=store, engine=engine,
+                                     device=device, software=software, run_id=run_id,
+                                     only_if_missing=True)
+            emit(Event("skip", problem, done_before, budget.trials, message=message))
+            return _report(kernel, problem, device, store, measured_now=0, repaired=0,
+                           skipped=True, stop_reason=why, cache=policy, confirm_s=confirm_s)
+
+    # Seeds: JAX's known-good default first (unless switched off), then the winners of
+    # related problems (the ranked sampler scores those with its model instead).
+    seeds: list[Mapping[str, Any]] = []
+    if kernel.default_config is not None and spec.known_good:
+        seeds.append(kernel.default_config(problem))
+    related = _related_winners(store, problem, device, policy)
+    history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
+    sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
+                                   valid_count=space.count())
+    logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
+
+    sampler = valid_sampler(
+        sampler_name,
+        space,
+        seed=spec.seed,
+        seeds=seeds,
+        related=related,
+        history=history,
+        # Results stored before this run (other studies, other processes); this run's own
+        # and other hosts' live trials are in the shared study, which the sampler reads.
+        taken=lambda: stored_configs,
+    )
+    study = _open_study(problem, device, storage, sampler, software, policy)
+    _close_orphans(study, store, problem, device, policy)
+
+    if store.baseline(problem, device_name=device.name, device_kind=device.kind, cache=policy) is None and kernel.baseline is not None:
+        result = engine.baseline(problem.kernel, problem)
+        if result.ok:
+            store.record_baseline(
+                problem, kernel.baseline_name, result.samples_us, device=device, software=software,
+                cache=policy,
+            )
+        else:
+            logger.warning("baseline %s failed for %s: %s", kernel.baseline_name, problem, result.error)
+
+    dists = distributions(space)
+    start = time.monotonic()
+    measured_now = 0
+    in_flight: dict[Future[TrialResult], tuple[optuna.trial.Trial, Config, float]] = {}
+    total = budget.trials
+    stop_reason = ""
+    best_us = min((r.median_us for r in rows if r.median_us is not None and r.status == "ok"), default=None)
+    emit(Event("start", problem, done_before, total, best_us))
+
+    def out_of_budget() -> str:
+        done = done_before + measured_now + len(in_flight)
+        if total is not None and done >= total:
+            return f"trial budget ({total}) spent"
+        if budget.seconds is not None and time.monotonic() - start >= budget.seconds:
+            return f"time budget ({budget.seconds:g} s) spent"
+        return ""
+
+    try:
+        while True:
+            # Keep the engine fed: as many configs in flight as it can compile at once.
+            while len(in_flight) < max(1, engine.parallelism) and not (stop_reason or out_of_budget()):
+                asked = _ask(study, dists, space)
+                if asked is None:
+                    stop_reason = f"every valid config ({space.count()}) measured"
+                    break
+                trial, config = asked
+                _heartbeat(study, [trial])
+                future = engine.submit(problem.kernel, problem, config)
+                in_flight[future] = (trial, config, time.time())
+            if not in_flight:
+                stop_reason = stop_reason or out_of_budget()
+                break
+            finished, _ = wait(list(in_flight), timeout=HEARTBEAT_S / 2, return_when=FIRST_COMPLETED)
+            _heartbeat(study, [trial for trial, _c, _t in in_flight.values()])
+            for future in finished:
+                trial, config, started = in_flight.pop(future)
+                result = future.result()
+                recorded = store.record_trial(
+                    problem,
+                    config,
+                    result,
+                    device=device,
+                    software=software,
+                    study_name=study.study_name,
+                    optuna_trial_number=trial.number,
+                    worker=_worker_id(),
+                    started_at=_utc(started),
+                    cache=policy,
+                )
+                _tell(study, trial, result, duplicate=recorded.duplicate)
+                measured_now += 0 if recorded.duplicate else 1
+                if result.ok and (best_us is None or result.median_us < best_us):
+                    best_us = result.median_us
+                if budget.patience and not stop_reason and _stagnated(study, budget.patience):
+                    stop_reason = f"no better config in the last {budget.patience} trials (patience)"
+                emit(Event("trial", problem, done_before + measured_now, total, best_us,
+                           message=f"{result.outcome.value} {config.to_json()}",
+                           status=result.outcome.value, time_us=result.median_us,
+                           number=trial.number, config=dict(config), log_path=result.log_path))
+    finally:
+        releasing = True
+        for future, (trial, _config, _t) in in_flight.items():
+            future.cancel()
+            releasing = releasing and _release(study, trial)
+
+    confirm_s = confirm_best(kernel, problem, spec, store=store, engine=engine, device=device,
+                             software=software, run_id=run_id)
+    _trace_best(kernel, problem, spec, store, engine, device, results_dir, policy)
+    emit(Event("done", problem, done_before + measured_now, total, best_us, message=stop_reason))
+    return _report(kernel, problem, device, store, measured_now=measured_now,
+                   repaired=sampler.repaired, stop_reason=stop_reason, cache=policy,
+                   confirm_s=confirm_s)
+
+
+def confirm_best(
+    kernel: Kernel,
+    problem: Problem,
+    spec: ProblemSpec,
+    *,
+    store: Any,
+    engine: EngineLike,
+    device: DeviceInfo,
+    software: Mapping[str, str],
+    run_id: int | None = None,
+    only_if_missing: bool = False,
+) -> float | None:
+    """The confirmation round of ``problem``: its ``spec.confirm_top`` best configs (this
+    software, this cache policy) and the baseline re-timed in ``spec.confirm_rounds``
+    interleaved rounds; stored with the tie marks as rows of their own. Returns the seconds it
+    took, or None when there was nothing to confirm (no ``confirm`` on the engine,
+    ``confirm_top`` 0, no ok trial) or, with ``only_if_missing``, when the newest confirmation
+    already covers the current best configs.
+    """
+    confirm = getattr(engine, "confirm", None)
+    n_top = spec.confirm_top
+    if n_top is None:
+        n_top = 0 if device.kind == "interpret" else DEFAULT_CONFIRM_TOP
+    if confirm is None or n_top <= 0:
+        return None
+    policy = cache_policy_of(engine)
+    versions = {k: software[k] for k in ("jax", "jaxlib") if software.get(k)}
+    top = store.best(problem, device_name=device.name, device_kind=device.kind,
+                     n=n_top, versions=versions, cache=policy)
+    if not top:
+        return None
+    if only_if_missing:
+        done = store.confirmations(problem, device_name=device.name, device_kind=device.kind,
+                                   cache=policy)
+        if done and {p.trial_id for p in done[0].programs} == {r.id for r in top}:
+            return None
+    start = time.monotonic()
+    baseline = kernel.baseline is not None
+    table = confirm(problem.kernel, problem, [Config(r.config) for r in top],
+                    rounds=spec.confirm_rounds, iterations=spec.confirm_iterations,
+                    baseline=baseline, medians_us=[r.median_us for r in top])
+    n = len(top)
+    failed = [i for i in range(n) if not all(row[i].ok for row in table)]
+    for i in failed:
+        bad = next(row[i] for row in table if not row[i].ok)
+        logger.warning("%s: confirming %s failed (%s): %s; left out of the confirmation.",
+                       problem, Config(top[i].config).to_json(), bad.outcome.value, bad.error)
+    kept = [i for i in range(n) if i not in failed]
+    if not kept:
+        return time.monotonic() - start
+    base_rounds = None
+    if baseline:
+        if all(row[n].ok for row in table):
+            base_rounds = [row[n].samples_us for row in table]
+        else:
+            logger.warning("%s: the baseline failed in the confirmation round; no confirmed "
+                           "speedup.", problem)
+    candidates = [
+        Candidate(config=top[i].config, rounds_us=tuple(row[i].samples_us for row in table),
+                  trial_id=top[i].id, search_us=top[i].median_us)
+        for i in kept
+    ]
+    default = kernel.default_config(problem) if kernel.default_config is not None else None
+    confirmation = analyse_confirmation(candidates, base_rounds, default_config=default)
+    store.record_confirmation(
+        problem, confirmation, trial_ids=[top[i].id for i in kept], device=device,
+        software=software, cache=policy, iterations=spec.confirm_iterations,
+        baseline_name=kernel.baseline_name if base_rounds is not None else None, run_id=run_id,
+    )
+    winner = confirmation.winner
+    if confirmation.crowned != 0:
+        logger.info("%s: the confirmation round crowned %s (%.2f us) over the search's fastest "
+                    "%s", problem, Config(winner.config).to_json(), winner.median_us,
+                    Config(top[kept[0]].config).to_json())
+    return time.monotonic() - start
+
+
+def _stagnated(study: optuna.Study, patience: int) -> bool:
+    """Whether the last ``patience`` measured configs have all failed to beat the best.
+
+    The rule of Optuna's ``BestValueStagnationEvaluator`` (its ``optuna.terminator`` module is
+    deprecated since Optuna 4.9), counted over measured trials only.
+    """
+    values = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if t.value is not None]
+    if len(values) <= patience:
+        return False
+    best_at = min(range(len(values)), key=values.__getitem__)
+    return len(values) - 1 - best_at >= patience
+
+
+def _utc(ts: float) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+
+
+def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.Trial, Config] | None:
+    """Asks for a trial whose config no other trial holds; None when the space is used up.
+
+    Two processes can be handed the same config at the same moment (each proposes before the
+    other's params are stored). After asking, a trial that sees an earlier-stored twin steps
+    back and asks again: of any two such trials, at least the one that checks last sees the
+    other, so never both measure the same config.
+    """
+    for _ in range(16):
+        try:
+            trial = _new_trial(study, dists)
+        except ExhaustedError:
+            trial_id = study.sampler.exhausted_trial_id
+            if trial_id is not None:
+                _release(study, study._storage.get_trial_number_from_id(trial_id))
+            return None
+        config = Config(trial.params)
+        key = space.key(config)
+        names = set(space.names)
+        twins = [
+            t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL))
+            if t.number != trial.number and names <= set(t.params) and space.key(t.params) == key
+            and not (t.state == TrialState.FAIL and OUTCOME_ATTR not in t.system_attrs)
+        ]
+        if not twins:
+            return trial, config
+        _release(study, trial)
+    return None
+
+
+def _new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
+    """``study.ask(dists)``, with the trial created already tagged with its owner (one
+    transaction): a process killed anywhere in between leaves no RUNNING trial of unknown
+    owner, which no later run could safely close."""
+    import datetime as dt
+
+    template = optuna.trial.FrozenTrial(
+        number=-1, state=TrialState.RUNNING, value=None, datetime_start=dt.datetime.now(),
+        datetime_complete=None, params={}, distributions={},
+        user_attrs={WORKER_ATTR: _worker_id()}, system_attrs={}, intermediate_values={},
+        trial_id=-1,
+    )
+    study._thread_local.cached_all_trials = None  # as study.ask does: sample from fresh trials
+    trial = optuna.trial.Trial(
+        study, study._storage.create_new_trial(study._study_id, template_trial=template)
+    )
+    # Its first heartbeat before its params: a trial of a process killed before it (it has no
+    # params) is closed by _close_orphans after GRACE_S; one killed after it goes stale.
+    _heartbeat(study, [trial])
+    for name, distribution in dists.items():
+        trial._suggest(name, distribution)
+    return trial
+
+
+def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> bool:
+    """Closes a trial that was not measured, leaving its config free (FAIL without outcome).
+
+    Returns False when the database cannot be written: the trial stays RUNNING until a later
+    run closes it as an orphan, and the error that stopped this run is the one reported.
+    """
+    try:
+        study.tell(trial, state=TrialState.FAIL)
+    except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        pass  # already finished (by us, or as stale by another host)
+    except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as e:
+        logger.warning("could not release trial %s: %s", getattr(trial, "number", trial),
+                       storage_module.failure_reason(e))
+        return False
+    return True
+
+
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *, duplicate: bool) -> None:
+    """Reports a stored result to the study. The store is the record: if another host already
+    closed the trial (its heartbeat looked stale), the result stays stored all the same."""
+    try:
+        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, result.outcome.value)
+        if result.ok and not duplicate:
+            study.tell(trial, result.median_us)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        logger.warning("trial %d was closed by another process; its result is stored", trial.number)
+
+
+def _close_orphans(
+    study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm"
+) -> None:
+    """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
+    of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
+    owner, or without params (it died inside ``study.ask``, before the first heartbeat), that
+    started GRACE_S ago.
+
+    A trial whose result reached the store is told from the store; one whose did not is
+    released (its config was not measured, so it is free again).
+    """
+    host = socket.gethostname()
+    stale = set(_stale_trial_ids(study))
+    orphans = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.user_attrs.get(WORKER_ATTR, "")
+        owner_host, _, pid = owner.rpartition(":")
+        if t._trial_id in stale:
+            pass
+        elif not owner or (not t.params and owner_host != host):
+            if _age_s(t.datetime_start) < GRACE_S:
+                continue  # its owner may still be inside study.ask
+        elif owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        orphans.append(t)
+    # The store is read only when there are orphans (this runs every scheduler.POLL_S).
+    stored = {Config(r.config).digest(): r
+              for r in store.trials(problem, device_name=device.name, cache=cache)} if orphans else {}
+    for t in orphans:
+        row = stored.get(Config(t.params).digest()) if t.params else None
+        if row is None:
+            _release(study, t.number)
+        else:
+            try:
+                study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, row.status)
+                if row.status == Outcome.OK.value and row.median_us is not None:
+                    study.tell(t.number, row.median_us)
+                else:
+                    study.tell(t.number, state=TrialState.FAIL)
+            except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                pass  # another process closed it meanwhile, from the same stored row
+    if stale:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+
+
+def running_owners(study: optuna.Study) -> list[tuple[str, bool]]:
+    """The RUNNING trials of ``study``: ``(owner "host:pid", stale)`` each; stale when its
+    heartbeat stopped more than GRACE_S ago (``autotune status``)."""
+    stale = set(_stale_trial_ids(study))
+    return [(str(t.user_attrs.get(WORKER_ATTR, "")), t._trial_id in stale)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+
+
+def _stale_trial_ids(study: optuna.Study) -> list[int]:
+    """RUNNING trials whose heartbeat stopped more than GRACE_S ago (Optuna's rule)."""
+    storage = _heartbeat_storage(study)
+    return [] if storage is None else list(storage._get_stale_trial_ids(study._study_id))
+
+
+def _age_s(start: Any) -> float:
+    """Seconds since ``start`` (Optuna's datetimes are naive local time)."""
+    import datetime as dt
+
+    if start is None:
+        return float("inf")
+    now = dt.datetime.now(start.tzinfo) if start.tzinfo else dt.datetime.now()
+    return (now - start).total_seconds()
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _related_winners(
+    store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm", limit: int = 3
+) -> list[Mapping[str, Any]]:
+    """Best configs of the nearest tuned problems of the same kernel and dtype.
+
+    Distance between shapes: :func:`autotune.queries.best.shape_distance` (the sum over size keys
+    of |log2(a/b)|; non-size keys such as ``causal`` must match).
+    """
+    from autotune.queries.best import shape_distance
+
+    candidates = []
+    for other in store.problems(problem.kernel):
+        if other == problem or other.dtype != problem.dtype:
+            continue
+        dist = shape_distance(problem.dims, other.dims)
+        if dist != float("inf"):
+            candidates.append((dist, other))
+    candidates.sort(key=lambda t: t[0])
+    out = []
+    for _dist, other in candidates[:limit]:
+        best = store.best(other, device_name=device.name, device_kind=device.kind, n=1)
+        if best:  # of its own preferred policy: a winner's config is a good seed either way
+            out.append(best[0].config)
+    return out
+
+
+def _trace_best(
+    kernel: Kernel,
+    problem: Problem,
+    spec: ProblemSpec,
+    store: Any,
+    engine: EngineLike,
+    device: DeviceInfo,
+    results_dir: str | Path,
+    cache: str = "warm",
+) -> None:
+    """In-kernel traces of the ``trace_top_k`` best configs not traced yet (GPU only)."""
+    if spec.trace_top_k <= 0 or not device.is_gpu:
+        return
+    # The profiler's buffer takes shared memory: trace the best configs that still fit with it.
+    traced_space = kernel.bind(problem, profile_space=TRACE_PROFILE_SPACE)
+    fits = [
+        row for row in store.best(problem, device_name=device.name, device_kind=device.kind,
+                                  n=4 * spec.trace_top_k, cache=cache)
+        if traced_space.is_valid(row.config)
+    ][: spec.trace_top_k]
+    for row in fits:
+        if getattr(row, "traced", False):
+            continue
+        config = Config(row.config)
+        out_dir = safe_path(results_dir, "traces", problem.kernel, problem.digest(), config.digest())
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            regions = engine.trace(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)
+        except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning
+            logger.warning("tracing %s %s failed: %s", problem, config.to_json(), e)
+            continue
+        if regions:
+            store.record_trace_regions(row.id, regions, str(out_dir))
+
+
+def _report(
+    kernel: Kernel,
+    problem: Problem,
+    device: DeviceInfo,
+    store: Any,
+    *,
+    measured_now: int,
+    repaired: int,
+    skipped: bool = False,
+    stop_reason: str = "",
+    cache: str = "warm",
+    confirm_s: float | None = None,
+) -> ProblemReport:
+    rows = store.trials(problem, device_name=device.name, cache=cache)
+    by_status: dict[str, int] = {}
+    for r in rows:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    best = store.best(problem, device_name=device.name, device_kind=device.kind, n=1, cache=cache)
+    baseline = store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                              cache=cache)
+    best_config = Config(best[0].config) if best else None
+    best_us = best[0].median_us if best else None
+    baseline_name = baseline.name if baseline else None
+    baseline_us = baseline.median_us if baseline else None
+    confirmations = store.confirmations(problem, device_name=device.name,
+                                        device_kind=device.kind, cache=cache)
+    confirmation = confirmations[0] if confirmations else None
+    if confirmation is not None and best and confirmation.created_at < best[0].finished_at:
+        confirmation = None  # the search found a faster config since: not confirmed yet
+    if confirmation is not None:
+        best_config, best_us = confirmation.crowned.config, confirmation.crowned.median_us
+        if confirmation.baseline_median_us is not None:
+            baseline_name = confirmation.baseline_name
+            baseline_us = confirmation.baseline_median_us
+    return ProblemReport(
+        problem=problem,
+        device=device.name,
+        best_config=best_config,
+        best_us=best_us,
+        baseline_name=baseline_name,
+        baseline_us=baseline_us,
+        cache_policy=cache,
+        confirmation=confirmation,
+        confirm_s=confirm_s,
+        flops=kernel.flops(problem) if kernel.flops else None,
+        bytes_moved=kernel.bytes_moved(problem) if kernel.bytes_moved else None,
+        by_status=by_status,
+        measured_now=measured_now,
+        repaired=repaired,
+        skipped=skipped,
+        stop_reason=stop_reason,
+        device_kind=device.kind,
+    )
