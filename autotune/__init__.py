@@ -94,7 +94,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from autotune._jax_compat import interpret_params, profile_params
     from autotune.api import tune
-    from autotune.evaluation.checking import check_space
     from autotune.errors import (
         AutotuneError,
         JobError,
@@ -104,10 +103,12 @@ if TYPE_CHECKING:  # pragma: no cover
         SpaceError,
         StorageError,
     )
-    from autotune.space.kernel import BuildOptions, Kernel, get_kernel
-    from autotune.queries.lookup import lookup_config, tuned
-    from autotune.space.problem import Config, Problem, parse_shape
+    from autotune.evaluation.checking import check_space
+    from autotune.evaluation.trial import Outcome, TrialResult
     from autotune.queries.best import best_config, best_result, list_results, results_frame
+    from autotune.queries.lookup import lookup_config, tuned
+    from autotune.space.kernel import BuildOptions, Kernel, get_kernel
+    from autotune.space.problem import Config, Problem, parse_shape
     from autotune.space.search_space import (
         MBARRIER_BYTES,
         SMEM_ALIGNMENT_BYTES,
@@ -131,4 +132,3 @@ if TYPE_CHECKING:  # pragma: no cover
         threads,
         transfer_bytes,
     )
-    from autotune.evaluation.trial import Outcome, TrialResult

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.tuning.jobs import Job, parse_job
 from autotune.space.kernel import BUNDLED, Kernel, resolve_kernel
+from autotune.tuning.jobs import Job, parse_job
 
 __all__ = ["tune", "detect_device", "open_engine", "count_gpus"]
 

@@ -337,8 +337,8 @@ def _kernel_filter(name: str | None, db: str | None) -> None:
     database; else exit 2 naming the known ones, with a "did you mean"."""
     if name is None or ":" in name:
         return
-    from autotune.space.kernel import BUNDLED
     from autotune.queries.best import stored_kernels
+    from autotune.space.kernel import BUNDLED
 
     known = [*BUNDLED, *(k for k in stored_kernels(db) if k not in BUNDLED)]
     if name not in known:
@@ -445,9 +445,9 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
 
 def _tune(args: argparse.Namespace) -> int:
     from autotune.api import open_engine
-    from autotune.tuning.jobs import load_job
     from autotune.progress import make_progress
     from autotune.storage.store import Store
+    from autotune.tuning.jobs import load_job
     from autotune.tuning.tuner import require_persistent, run_job
 
     job = _job_overrides(args, load_job(args.job, allow_import=args.allow_import))
@@ -535,8 +535,8 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
     """Per problem: the valid space, budget, device, database and an estimated time; measures
     and writes nothing (a missing database is not created)."""
     from autotune.api import detect_device
-    from autotune.space.kernel import get_kernel
     from autotune.queries.best import stored_trial_seconds
+    from autotune.space.kernel import get_kernel
 
     device = detect_device() if args.device == "auto" else args.device
     where = f"gpus {','.join(map(str, gpus))}" if gpus else ("the GPU" if device == "gpu" else "the CPU")
@@ -576,9 +576,9 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from autotune.errors import JobError
-    from autotune.tuning.jobs import load_job
     from autotune.queries.status import job_status
     from autotune.storage.store import Store, resolve_url, sqlite_path
+    from autotune.tuning.jobs import load_job
 
     job = load_job(args.job, allow_import=args.allow_import)
     path = sqlite_path(resolve_url(args.db))
@@ -685,9 +685,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 def _best(args: argparse.Namespace) -> int:
     from autotune.errors import KernelNotFoundError
+    from autotune.queries.best import best_result, list_results, stored_kernels
     from autotune.space.kernel import BUNDLED, get_kernel
     from autotune.space.problem import Problem, parse_shape
-    from autotune.queries.best import best_result, list_results, stored_kernels
 
     shape = parse_shape(args.shape)
     if ":" in args.kernel:  # a user's kernel: not imported here; its stored problems tell
@@ -827,8 +827,8 @@ def _import(args: argparse.Namespace) -> int:
 
 def _revalidate(args: argparse.Namespace) -> int:
     from autotune.api import open_engine
-    from autotune.tuning.revalidate import revalidate
     from autotune.storage.store import Store
+    from autotune.tuning.revalidate import revalidate
 
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}.")

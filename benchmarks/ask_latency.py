@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 
+from autotune.space.kernel import Kernel  # noqa: E402
+from autotune.space.search_space import Choice, Constraint, Space  # noqa: E402
 from autotune.tuning import scheduler  # noqa: E402
 from autotune.tuning.jobs import Budget, ProblemSpec  # noqa: E402
-from autotune.space.kernel import Kernel  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
-from autotune.space.search_space import Choice, Constraint, Space  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 

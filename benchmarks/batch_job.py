@@ -43,8 +43,8 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's autotune and benchmarks.sim_kernels
 
-from autotune.tuning.jobs import Budget, load_job  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
+from autotune.tuning.jobs import Budget, load_job  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.engine.dispatcher import Engine  # noqa: E402
+from autotune.space.problem import Config, Problem  # noqa: E402
 from autotune.tuning.confirmation import (  # noqa: E402
     DEFAULT_CONFIRM_ITERATIONS,
     DEFAULT_CONFIRM_ROUNDS,
     DEFAULT_CONFIRM_TOP,
 )
-from autotune.engine.dispatcher import Engine  # noqa: E402
-from autotune.space.problem import Config, Problem  # noqa: E402
 
 FAKE = "tests.kernels_for_tests:FAKE"
 

@@ -16,8 +16,8 @@ import optuna
 
 from autotune.space.kernel import bundled_kernels, get_kernel
 from autotune.space.problem import Problem
-from autotune.tuning.sampling import distributions, valid_sampler
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
+from autotune.tuning.sampling import distributions, valid_sampler
 
 BUNDLED_SHAPES = {
     "hopper_matmul": ({"m": 4096, "n": 4096, "k": 4096}, "bfloat16"),

@@ -32,12 +32,10 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from autotune.queries import lookup
-
 from autotune.queries import best as queries
-
-from autotune.storage import store as storage
+from autotune.queries import lookup
 from autotune.space.problem import Config, Problem
+from autotune.storage import store as storage
 from autotune.storage.store import Store
 
 KERNEL = "hopper_matmul"

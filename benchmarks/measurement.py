@@ -38,9 +38,9 @@ from typing import Any  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
-from autotune.tuning.confirmation import Candidate, analyse_confirmation  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
+from autotune.tuning.confirmation import Candidate, analyse_confirmation  # noqa: E402
 
 GPU_PROBLEMS = (
     "hopper_matmul:m=4096,n=4096,k=4096:bfloat16",

@@ -38,9 +38,9 @@ def main() -> None:
     import numpy as np
     from jax.experimental.mosaic.gpu import profiler
 
+    from autotune.queries.best import best_config
     from autotune.space.kernel import BuildOptions, get_kernel
     from autotune.space.problem import Config
-    from autotune.queries.best import best_config
 
     kernel = get_kernel("softmax")
     problem = kernel.problem({"rows": args.rows, "cols": args.cols}, args.dtype)

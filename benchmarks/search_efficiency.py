@@ -59,12 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
+from autotune.queries.best import shape_distance  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
-from autotune.queries.best import shape_distance  # noqa: E402
+from autotune.space.search_space import Constraint, Space  # noqa: E402
 from autotune.tuning.ranked_sampler import Observation, model_backend  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
-from autotune.space.search_space import Constraint, Space  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 GROUND_TRUTH = re.compile(r"^[^_].*__.+__[a-z0-9_]+\.json$")
@@ -346,8 +346,8 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
 def store_ground_truth(db: str, files: Sequence[str]) -> int:
     """Stores every ground-truth result in ``db`` as trials of the device it was measured on
     (``"kind": "gpu"``), so that a live job there starts warm; returns the trials written."""
-    from autotune.storage.store import Store
     from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+    from autotune.storage.store import Store
 
     written = 0
     with Store(db) as store:

@@ -47,9 +47,9 @@ from typing import Any  # noqa: E402
 # This checkout's autotune (and its tests' kernels), not another one installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.evaluation.trial import TrialResult  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, parse_shape  # noqa: E402
-from autotune.evaluation.trial import TrialResult  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -183,7 +183,7 @@ def run_sequential(
 
 
 def sequential_child(job_path: str, out_path: str) -> int:
-    from autotune.evaluation.pipeline import make_evaluator
+    from autotune.evaluation.contract import make_evaluator
 
     job = json.loads(Path(job_path).read_text())
     args = argparse.Namespace(**job["args"])

@@ -227,9 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sqlalchemy as sa
 
     import autotune.api
-    from autotune.storage import store as storage
     from autotune.cli import main as cli_main
     from autotune.engine.dispatcher import Engine
+    from autotune.storage import store as storage
 
     db_path = sqlite_file(_db_url(cli_args))
     journal = open(opts.journal, "a", encoding="utf-8")  # noqa: SIM115 - open until exit

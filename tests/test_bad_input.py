@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 import autotune
 from autotune.cli import main
 from autotune.errors import AutotuneError, JobError
-from autotune.tuning.jobs import load_job
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.tuning.jobs import load_job
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "autotune"
@@ -591,8 +591,8 @@ def _gpu_run(tmp_path: Path, name: str) -> tuple[Any, Any, Any]:
     """A tiny job of a kernel called ``name`` on a fake GPU (which traces its best config)."""
     import dataclasses
 
-    from autotune.tuning.jobs import Budget, Job, ProblemSpec
     from autotune.space.kernel import register
+    from autotune.tuning.jobs import Budget, Job, ProblemSpec
     from tests.test_tuner import TOY, FakeEngine
 
     kernel = dataclasses.replace(TOY, name=name, default_config=None)

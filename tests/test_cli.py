@@ -20,11 +20,11 @@ import pytest
 
 from autotune import cli
 from autotune.cli import main
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.kernel import Kernel, bundled_kernels, register
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, PowerOfTwo, Space
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
 REPO = Path(__file__).resolve().parents[1]
 

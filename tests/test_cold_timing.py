@@ -7,6 +7,8 @@ import types
 import pytest
 
 from autotune.evaluation import cold_timing as timing
+
+
 def test_a_flushed_record_splits_into_the_programs_launches():
     """Each iteration's flush launches (by position and name) are dropped, the rest kept."""
     flush = ("loop_add_fusion",)

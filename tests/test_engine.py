@@ -15,8 +15,8 @@ import pytest
 from autotune.engine import dispatcher as engine_mod
 from autotune.engine.dispatcher import Engine, EngineError, default_timeout_s
 from autotune.errors import KernelNotFoundError
-from autotune.space.problem import Config, Problem
 from autotune.evaluation.trial import Outcome, TrialResult
+from autotune.space.problem import Config, Problem
 
 FAKE = "tests.kernels_for_tests:FAKE"
 SCALE_ADD = "tests.kernels_for_tests:SCALE_ADD"

@@ -1,4 +1,4 @@
-"""Tests for autotune.evaluation.pipeline: classification, kernel-time selection, checks, evaluators."""
+"""Tests for autotune.evaluation (contract, timing, pipeline, fake): classification, kernel-time selection, checks, evaluators."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import sys
 import numpy as np
 import pytest
 
+from autotune.evaluation import contract, timing
+from autotune.evaluation import fake as fake_mod
 from autotune.evaluation import pipeline as ev
-from autotune.evaluation.pipeline import Stage
+from autotune.evaluation.contract import Stage
+from autotune.evaluation.trial import Outcome, TrialResult
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
-from autotune.evaluation.trial import Outcome, TrialResult
 
 SCALE_ADD = "tests.kernels_for_tests:SCALE_ADD"
 FAKE = "tests.kernels_for_tests:FAKE"
@@ -45,27 +47,27 @@ FAKE = "tests.kernels_for_tests:FAKE"
 )
 def test_classify_error_by_stage_and_device_health(error, stage, device_ok, outcome):
     """Outcomes follow from the stage that failed and whether the device survived."""
-    assert ev.classify_error(error, stage, device_ok=device_ok) is outcome
+    assert contract.classify_error(error, stage, device_ok=device_ok) is outcome
 
 
 def test_classify_error_interpret_lowering_is_not_invalid():
     """The interpreter is not the validity oracle: its lowering failures are COMPILE_ERROR."""
     error = NotImplementedError("nan + cluster_barrier")
-    assert ev.classify_error(error, Stage.LOWER, interpret=True) is Outcome.COMPILE_ERROR
-    assert ev.classify_error(ValueError(), Stage.BUILD, interpret=True) is Outcome.INVALID
+    assert contract.classify_error(error, Stage.LOWER, interpret=True) is Outcome.COMPILE_ERROR
+    assert contract.classify_error(ValueError(), Stage.BUILD, interpret=True) is Outcome.INVALID
 
 
 def test_classify_error_import_error_is_not_the_configs():
     """A missing module raises EvaluationError instead of marking configs invalid."""
-    with pytest.raises(ev.EvaluationError, match="absl-py") as info:
-        ev.classify_error(ModuleNotFoundError("No module named 'absl'"), Stage.LOWER)
+    with pytest.raises(contract.EvaluationError, match="absl-py") as info:
+        contract.classify_error(ModuleNotFoundError("No module named 'absl'"), Stage.LOWER)
     assert isinstance(info.value.__cause__, ImportError)
 
 
 def test_classify_error_rejects_unknown_stage():
     """A stage name outside the enum is a programming error."""
     with pytest.raises(ValueError):
-        ev.classify_error(ValueError(), "linking")
+        contract.classify_error(ValueError(), "linking")
 
 
 # -- select_kernel_time ------------------------------------------------------------------------
@@ -79,7 +81,7 @@ def test_select_keeps_only_the_mosaic_kernel_and_converts_to_us():
         [("input_convert_fusion", 0.010), (MOSAIC, 0.100), ("wrapped_copy", 0.005)],
         [("input_convert_fusion", 0.011), (MOSAIC, 0.102), ("wrapped_copy", 0.004)],
     ]
-    assert ev.select_kernel_time(timings) == pytest.approx([100.0, 102.0])
+    assert timing.select_kernel_time(timings) == pytest.approx([100.0, 102.0])
 
 
 def test_select_sums_several_mosaic_launches_per_iteration():
@@ -87,12 +89,12 @@ def test_select_sums_several_mosaic_launches_per_iteration():
     timings = [
         [("a_mosaic_gpu_kernel", 0.1), ("loop_fusion", 1.0), ("b_mosaic_gpu_kernel", 0.2)]
     ] * 3
-    assert ev.select_kernel_time(timings) == pytest.approx([300.0] * 3)
+    assert timing.select_kernel_time(timings) == pytest.approx([300.0] * 3)
 
 
 def test_select_accepts_a_single_unnested_iteration():
     """``measure(..., iterations=1)`` returns one iteration's list, not a list of lists."""
-    assert ev.select_kernel_time([("zero_fill", 0.5), (MOSAIC, 0.25)]) == pytest.approx([250.0])
+    assert timing.select_kernel_time([("zero_fill", 0.5), (MOSAIC, 0.25)]) == pytest.approx([250.0])
 
 
 def test_select_without_mosaic_names_drops_xla_glue_and_named_glue():
@@ -106,8 +108,8 @@ def test_select_without_mosaic_names_drops_xla_glue_and_named_glue():
             ("custom_helper", 0.25),
         ],
     ] * 2
-    assert ev.select_kernel_time(timings) == pytest.approx([750.0, 750.0])
-    assert ev.select_kernel_time(timings, glue_names={"custom_helper"}) == pytest.approx(
+    assert timing.select_kernel_time(timings) == pytest.approx([750.0, 750.0])
+    assert timing.select_kernel_time(timings, glue_names={"custom_helper"}) == pytest.approx(
         [500.0] * 2
     )
 
@@ -115,7 +117,7 @@ def test_select_without_mosaic_names_drops_xla_glue_and_named_glue():
 def test_select_custom_pattern():
     """The kernel's own launch name pattern can be given."""
     timings = [[("triton_softmax", 0.3), ("input_fusion", 0.1)]]
-    assert ev.select_kernel_time(timings, kernel_pattern="triton_") == pytest.approx([300.0])
+    assert timing.select_kernel_time(timings, kernel_pattern="triton_") == pytest.approx([300.0])
 
 
 @pytest.mark.parametrize(
@@ -129,7 +131,7 @@ def test_select_custom_pattern():
 def test_select_raises_when_the_kernel_cannot_be_found(timings):
     """No iteration, only glue, or inconsistent iterations: a ValueError, never a guess."""
     with pytest.raises(ValueError):
-        ev.select_kernel_time(timings)
+        timing.select_kernel_time(timings)
 
 
 # -- relative_error ----------------------------------------------------------------------------
@@ -202,7 +204,7 @@ def fake_kernel():
 )
 def test_fake_evaluator_outcomes(fake_kernel, config, outcome):
     """Each in-process fake behaviour ends with the outcome a real failure there would."""
-    fake = ev.FakeEvaluator(iterations=4)
+    fake = fake_mod.FakeEvaluator(iterations=4)
     result = fake.evaluate(fake_kernel, _fake_problem(), Config(config, cost_us=50))
     assert result.outcome is outcome
     assert fake.healthy is (config["mode"] != "poison")
@@ -215,7 +217,7 @@ def test_fake_evaluator_outcomes(fake_kernel, config, outcome):
 
 def test_fake_evaluator_reports_stages_in_order(fake_kernel):
     """The stage hook sees build, lower, compile, then run, check, time."""
-    fake, seen = ev.FakeEvaluator(), []
+    fake, seen = fake_mod.FakeEvaluator(), []
     compiled = fake.compile(fake_kernel, _fake_problem(), Config(mode="ok"), on_stage=seen.append)
     fake.run(compiled, on_stage=seen.append)
     assert seen == list(Stage)
@@ -224,12 +226,12 @@ def test_fake_evaluator_reports_stages_in_order(fake_kernel):
 def test_fake_behaviour_rejects_unknown_mode():
     """A typo in a fake mode fails loudly."""
     with pytest.raises(ValueError, match="explode"):
-        ev.FakeBehaviour.from_config({"mode": "explode"})
+        fake_mod.FakeBehaviour.from_config({"mode": "explode"})
 
 
 def test_fake_trace_and_baseline(fake_kernel, tmp_path):
     """The fake trace goes through the real parser; the baseline is fake-timed."""
-    fake = ev.FakeEvaluator()
+    fake = fake_mod.FakeEvaluator()
     regions = fake.trace(fake_kernel, _fake_problem(), Config(cost_us=5), tmp_path, profile_space=8)
     assert regions == {"body": (5.0, 2), "kernel": (7.0, 2)}
     assert fake.baseline(fake_kernel, _fake_problem()).median_us == 100.0
@@ -237,12 +239,12 @@ def test_fake_trace_and_baseline(fake_kernel, tmp_path):
 
 def test_make_evaluator_modes():
     """Each engine mode maps to its evaluator and default iteration count."""
-    assert isinstance(ev.make_evaluator("fake"), ev.FakeEvaluator)
-    assert ev.make_evaluator("interpret").iterations == 3
-    assert ev.make_evaluator("gpu").iterations == 20
-    assert ev.make_evaluator("gpu", iterations=5).iterations == 5
+    assert isinstance(contract.make_evaluator("fake"), fake_mod.FakeEvaluator)
+    assert contract.make_evaluator("interpret").iterations == 3
+    assert contract.make_evaluator("gpu").iterations == 20
+    assert contract.make_evaluator("gpu", iterations=5).iterations == 5
     with pytest.raises(ValueError, match="'tpu'"):
-        ev.make_evaluator("tpu")
+        contract.make_evaluator("tpu")
 
 
 # -- interpret mode with a real Pallas Mosaic GPU kernel ----------------------------------------
@@ -342,6 +344,7 @@ def test_run_compiled_cupti_path_selects_the_kernel(interp, monkeypatch):
 
     monkeypatch.setattr(profiler, "measure", fake_measure)
     monkeypatch.setattr(ev, "_device_ok", lambda: True)
+    monkeypatch.setattr(timing, "_device_ok", lambda: True)
     kernel, problem = _scale_add()
     compiled = interp.compile(kernel, problem, Config(block=128))
     inputs = interp._fresh_inputs(kernel, problem)
@@ -387,19 +390,20 @@ def test_gpu_device_info_without_a_gpu_says_so():
 
     if jax.devices()[0].platform == "gpu":
         pytest.skip("a GPU is present")
-    with pytest.raises(ev.EvaluationError, match="interpret"):
+    with pytest.raises(contract.EvaluationError, match="interpret"):
         ev.gpu_device_info()
 
 
 def test_importing_evaluation_does_not_import_jax():
     """jax is imported lazily, inside the functions that need it."""
-    code = "import autotune.evaluation.pipeline, sys; sys.exit('jax' in sys.modules)"
+    code = "import autotune.evaluation.pipeline, autotune.evaluation.contract, autotune.evaluation.fake, autotune.evaluation.timing, sys; sys.exit('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 def test_public_api():
-    """``__all__`` lists exactly the public names."""
-    assert sorted(ev.__all__) == sorted(
+    """The evaluation modules' ``__all__`` lists together exactly the public names."""
+    modules = (contract, timing, ev, fake_mod)
+    assert sorted(n for m in modules for n in m.__all__) == sorted(
         [
             "Stage",
             "EvaluationError",
@@ -423,7 +427,7 @@ def test_public_api():
             "make_evaluator",
         ]
     )
-    assert all(hasattr(ev, name) for name in ev.__all__)
+    assert all(hasattr(m, name) for m in modules for name in m.__all__)
     assert isinstance(TrialResult.failed(Outcome.INVALID, "x"), TrialResult)
 
 
@@ -433,7 +437,7 @@ def test_public_api():
 def test_fake_search_reads_search_us_and_the_retime_reads_the_true_cost(fake_kernel):
     """A config's lucky search moment (search_us) is what its trial measures; the re-time of
     the confirmation round measures its true cost, in the evaluator's cache policy."""
-    fake = ev.FakeEvaluator(iterations=5, cache="cold")
+    fake = fake_mod.FakeEvaluator(iterations=5, cache="cold")
     config = Config(mode="ok", cost_us="100", cold_us="104", search_us="95")
     compiled = fake.compile(fake_kernel, _fake_problem(), config)
     trial = fake.run(compiled)
@@ -447,7 +451,7 @@ def test_fake_noise_spreads_samples_deterministically(fake_kernel):
     """``noise`` (per mille) spreads the samples; the same evaluator history gives the same
     samples, and the spread is about the asked noise."""
     def samples():
-        fake = ev.FakeEvaluator(iterations=400)
+        fake = fake_mod.FakeEvaluator(iterations=400)
         return fake.evaluate(fake_kernel, _fake_problem(), Config(mode="ok", noise=10)).samples_us
 
     first = samples()
@@ -458,19 +462,20 @@ def test_fake_noise_spreads_samples_deterministically(fake_kernel):
 
 def test_evaluators_time_with_the_policy_of_their_mode():
     """Cold by default on a GPU, warm in interpret and fake mode; cold refused in interpret."""
-    assert ev.make_evaluator("gpu").cache == "cold"
-    assert ev.make_evaluator("gpu", cache="warm").cache == "warm"
-    assert ev.make_evaluator("interpret").cache == "warm"
-    assert ev.make_evaluator("fake").cache == "warm"
-    assert ev.make_evaluator("fake", cache="cold").cache == "cold"
+    assert contract.make_evaluator("gpu").cache == "cold"
+    assert contract.make_evaluator("gpu", cache="warm").cache == "warm"
+    assert contract.make_evaluator("interpret").cache == "warm"
+    assert contract.make_evaluator("fake").cache == "warm"
+    assert contract.make_evaluator("fake", cache="cold").cache == "cold"
     with pytest.raises(ValueError, match="needs a GPU"):
-        ev.make_evaluator("interpret", cache="cold")
+        contract.make_evaluator("interpret", cache="cold")
 
 
 def test_cold_timing_goes_through_the_l2_flush(monkeypatch):
     """With CUPTI and the cold policy, timing runs the flushed loop (autotune.evaluation.cold_timing), never
     profiler.measure's back-to-back loop; warm does the opposite."""
-    from autotune.evaluation import cold_timing as timing
+    from autotune.evaluation import cold_timing
+
     seen = []
 
     def fake_cold(fn, inputs, iterations, flush, *, aggregate, select):
@@ -481,9 +486,9 @@ def test_cold_timing_goes_through_the_l2_flush(monkeypatch):
         seen.append(("warm", None, aggregate))
         return [2.0] * iterations, None
 
-    monkeypatch.setattr(timing, "time_cold", fake_cold)
-    monkeypatch.setattr(ev, "_time_cupti", fake_cupti)
+    monkeypatch.setattr(cold_timing, "time_cold", fake_cold)
+    monkeypatch.setattr(timing, "_time_cupti", fake_cupti)
     flush = object()
-    assert ev._time(None, (), 3, "cupti", cache="cold", flush=flush, aggregate=True)[0] == [1.0] * 3
-    assert ev._time(None, (), 2, "cupti", cache="warm")[0] == [2.0] * 2
+    assert timing._time(None, (), 3, "cupti", cache="cold", flush=flush, aggregate=True)[0] == [1.0] * 3
+    assert timing._time(None, (), 2, "cupti", cache="warm")[0] == [2.0] * 2
     assert seen == [("cold", flush, True), ("warm", None, False)]

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from autotune import cli
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.queries.exchange import export_records, import_json, render
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
@@ -209,8 +209,8 @@ def test_import_is_one_transaction(db_url, tmp_path, monkeypatch, campaign):
     (SQLite and PostgreSQL): the import is all or nothing."""
     import sqlalchemy.exc
 
-    from autotune.storage import store as storage
     from autotune.errors import StorageError
+    from autotune.storage import store as storage
 
     path = _export_file(tmp_path, [_record(config=c, median_us=50.0 + i)
                                    for i, c in enumerate((M1, M2, M3))])

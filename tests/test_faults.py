@@ -45,9 +45,9 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from autotune.tuning import jobs as jobs_module
 from autotune.space.problem import Config
 from autotune.storage.store import resolve_url
+from autotune.tuning import jobs as jobs_module
 from tests.fault_driver import KILL_EXIT, SLOW, STEADY, db_files, set_read_only, sqlite_file
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -632,8 +632,8 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
     import warnings
 
     import autotune.tuning.tuner as tuner
-    from autotune.storage.store import Store
     from autotune.evaluation.trial import DeviceInfo
+    from autotune.storage.store import Store
     from tests.test_tuner import PROBLEM as TOY_PROBLEM
     from tests.test_tuner import TOY, FakeEngine, _job
 
@@ -685,8 +685,8 @@ def test_the_campaign_summary_adds_up_over_workers_and_fails_on_a_lost_trial(tmp
 
 def _read_commands(url: str, tmp_path: Path) -> dict[str, Any]:
     """Every read-only way into the database: the CLI's read commands and the run-time lookup."""
-    from autotune.queries import lookup
     from autotune.cli import main as cli_main
+    from autotune.queries import lookup
 
     def run_lookup() -> int:
         lookup.clear_cache()

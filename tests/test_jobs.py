@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import JobError
-from autotune.tuning.jobs import load_job, parse_job
 from autotune.space.kernel import Kernel, register
+from autotune.tuning.jobs import load_job, parse_job
 from tests.test_space import toy_space
 
 

@@ -14,13 +14,13 @@ import types
 import pytest
 
 import autotune
-from autotune.queries import lookup
-from autotune.queries import best as queries
 from autotune.errors import StorageError
+from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.queries import best as queries
+from autotune.queries import lookup
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")

@@ -12,14 +12,12 @@ import pathlib
 import pytest
 
 from autotune import cli
-
-from autotune.queries import outputs
-
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.queries import best as queries
+from autotune.queries import outputs
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 SOFTWARE = {"jax": "0.11.2", "jaxlib": "0.11.2", "autotune": "0.1.0"}

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 import pytest
 
 from autotune import api
-from autotune.space.problem import Problem
 from autotune.progress import (
     BarProgress,
     JsonlProgress,
@@ -20,6 +19,7 @@ from autotune.progress import (
     format_us,
     make_progress,
 )
+from autotune.space.problem import Problem
 from autotune.tuning.tuner import Event
 
 P = Problem("softmax", {"rows": 64, "cols": 512}, "float32")

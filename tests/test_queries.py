@@ -12,12 +12,12 @@ import textwrap
 
 import pytest
 
-from autotune.queries import best as queries
 from autotune.errors import JobError
-from autotune.space.problem import Config, Problem
-from autotune.queries.best import best_config, best_result, list_results, nearest_results
-from autotune.storage.store import Store
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.queries import best as queries
+from autotune.queries.best import best_config, best_result, list_results, nearest_results
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import Store
 
 H200 = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")

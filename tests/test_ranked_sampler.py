@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
+from autotune.space.search_space import Aligned, Bool, Choice, Constraint, PowerOfTwo, Space
 from autotune.tuning.ranked_sampler import (
     Features,
     Observation,
@@ -26,7 +27,6 @@ from autotune.tuning.sampling import (
     resolve_sampler,
     valid_sampler,
 )
-from autotune.space.search_space import Aligned, Bool, Choice, Constraint, PowerOfTwo, Space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -236,8 +236,8 @@ def test_auto_is_ranked_when_warm_or_the_space_is_small():
 def test_stored_history_reads_every_shape_of_the_kernel_on_the_device(tmp_path):
     """stored_history returns the kernel's results at all shapes on one device, failures
     without a time."""
-    from autotune.storage.store import Store
     from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+    from autotune.storage.store import Store
 
     device = DeviceInfo(name="fake-gpu", kind="fake")
     a, b = user_problem(256, 1024), user_problem(512, 1024)

@@ -14,15 +14,14 @@ import optuna
 import pytest
 
 from autotune import cli
-
-from autotune.queries import report
 from autotune.errors import NothingTunedError
-from autotune.tuning.jobs import Budget, Job, ProblemSpec
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.queries import report
 from autotune.space.kernel import Kernel, register
 from autotune.space.problem import Problem
 from autotune.space.search_space import Aligned, Choice, PowerOfTwo, Space
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -7,12 +7,11 @@ from concurrent.futures import Future
 import pytest
 
 from autotune import cli
-
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.queries import best as queries
 from autotune.space.problem import Config, Problem
-from autotune.tuning.revalidate import revalidate, stale_configs
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.tuning.revalidate import revalidate, stale_configs
 
 DEVICE = DeviceInfo("fake-gpu", "fake")
 OTHER = DeviceInfo("other-gpu", "fake")

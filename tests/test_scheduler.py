@@ -24,10 +24,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.tuning.jobs import Budget, Job, ProblemSpec
+from autotune.evaluation.trial import TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
-from autotune.evaluation.trial import TrialResult
+from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
 from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
 from tests.test_faults import REPO, stop_group, stored
@@ -292,8 +292,8 @@ def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys
     live; a problem not started yet says so."""
     import json
 
-    from autotune.tuning import tuner
     from autotune.cli import main
+    from autotune.tuning import tuner
     from autotune.tuning.sampling import distributions
 
     url = f"sqlite:///{tmp_path}/t.db"

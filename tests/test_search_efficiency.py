@@ -105,9 +105,9 @@ def test_replay_of_a_small_problem_finds_its_best():
 def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     """--live: per problem, the trial index (in measuring order) of the final best and of the
     first result within 1% of it; ground truth stored with --store-ground-truth reads back."""
+    from autotune.evaluation.trial import DeviceInfo, TrialResult
     from autotune.space.problem import Problem
     from autotune.storage.store import Store
-    from autotune.evaluation.trial import DeviceInfo, TrialResult
 
     replay = _replay_module()
     url = f"sqlite:///{tmp_path}/live.db"

@@ -12,11 +12,11 @@ import socket
 import pytest
 import sqlalchemy as sa
 
-from autotune.storage import store as storage
 from autotune.errors import StorageError
-from autotune.space.problem import Config, Problem
-from autotune.storage.store import Store, resolve_url
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.problem import Config, Problem
+from autotune.storage import store as storage
+from autotune.storage.store import Store, resolve_url
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 OTHER_GPU = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")

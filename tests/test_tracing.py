@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from autotune.evaluation import tracing
+
+
 def _pair(name, begin, end, pid=1, tid=1):
     return [
         {"name": name, "ph": "B", "ts": begin, "pid": pid, "tid": tid},

@@ -15,12 +15,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.tuning.jobs import Budget, Job, ProblemSpec
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel, register
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import WORKER_ATTR, run_job, study_name
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -25,11 +25,11 @@ import pytest
 
 import autotune
 from autotune import Config, Constraint, Space, is_aligned_transfer
-from autotune.evaluation.checking import check_space, missing_rules
 from autotune.cli import main
 from autotune.errors import JobError
-from autotune.space.kernel import get_kernel
+from autotune.evaluation.checking import check_space, missing_rules
 from autotune.evaluation.lowering import lower_for_cuda
+from autotune.space.kernel import get_kernel
 from autotune.storage.store import Store
 
 REPO = Path(__file__).resolve().parents[1]

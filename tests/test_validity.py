@@ -10,17 +10,14 @@ import logging
 import pytest
 
 from autotune import cli
-
-from autotune.queries import lookup
-
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.queries import best as queries
-
-from autotune.space import validity
+from autotune.queries import lookup
 from autotune.queries.exchange import export_records, render
+from autotune.space import validity
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 SOFTWARE = queries.running_versions() | {"autotune": "0.1.0"}

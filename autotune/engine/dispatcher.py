@@ -79,8 +79,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.space.problem import Config, Problem
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.problem import Config, Problem
 
 __all__ = ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeout_s"]
 
@@ -88,7 +88,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("gpu", "interpret", "fake")
 
-# Stages (see autotune.evaluation.pipeline.Stage) in which a config's own code is executing. "device" is
+# Stages (see autotune.evaluation.contract.Stage) in which a config's own code is executing. "device" is
 # the engine's own: the worker holds its GPU's lock and makes the inputs and the reference.
 _COMPILE_STAGES = frozenset({"build", "lower", "compile"})
 _RUN_STAGES = frozenset({"device", "run", "check", "time"})
@@ -306,7 +306,7 @@ class _Worker:
                 os._exit(0)  # the engine is gone
 
     def serve(self) -> None:
-        from autotune.evaluation.pipeline import make_evaluator
+        from autotune.evaluation.contract import make_evaluator
 
         try:
             if self.spec.lock_path is not None:
@@ -386,7 +386,7 @@ class _Worker:
         self.send(("error", task.id, exc, traceback.format_exc(), time.time()))
 
     def _compile(self, task: _TaskMsg) -> None:
-        from autotune.evaluation.pipeline import Compiled
+        from autotune.evaluation.contract import Compiled
 
         assert task.config is not None
         if task.kind == "retime":
@@ -539,7 +539,7 @@ class Engine:
 
     Args:
       mode: ``"gpu"`` (CUPTI timing), ``"interpret"`` (GPU interpret mode on the CPU,
-        wall-clock timing) or ``"fake"`` (:class:`~autotune.evaluation.pipeline.FakeEvaluator`, for
+        wall-clock timing) or ``"fake"`` (:class:`~autotune.evaluation.fake.FakeEvaluator`, for
         tests).
       gpus: GPU ids (``CUDA_VISIBLE_DEVICES`` set in their workers before jax is imported);
         ``None``: the workers see what this process sees, and share it as one GPU.

@@ -24,10 +24,16 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.space.kernel import BuildOptions, Kernel
 from autotune.evaluation.lowering import H200_NUM_SMS, lower_for_cuda
+from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem
-from autotune.space.search_space import TRANSFER_ALIGN_BYTES, WARPGROUP_SIZE, BoundSpace, Env, transfer_bytes
+from autotune.space.search_space import (
+    TRANSFER_ALIGN_BYTES,
+    WARPGROUP_SIZE,
+    BoundSpace,
+    Env,
+    transfer_bytes,
+)
 
 __all__ = ["CheckFailure", "CheckReport", "check_space", "suggest_rule", "missing_rules"]
 

@@ -159,7 +159,7 @@ def time_cold(
 
     One warm-up call first (excluded). ``aggregate``: every launch of the program counts (a
     baseline: XLA's kernels); otherwise ``select`` picks the tuned kernel's own launches
-    (:func:`autotune.evaluation.pipeline.select_kernel_time`).
+    (:func:`autotune.evaluation.timing.select_kernel_time`).
     """
     import jax
 

@@ -59,7 +59,9 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import JobError, did_you_mean
+from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.problem import Problem, ShapeValue, canonical_dtype, parse_shape
+from autotune.space.validity import servable, violations
 from autotune.storage.store import (
     ProblemSummary,
     Store,
@@ -68,8 +70,6 @@ from autotune.storage.store import (
     resolve_url,
     sqlite_path,
 )
-from autotune.evaluation.trial import CACHE_POLICIES
-from autotune.space.validity import servable, violations
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas

@@ -41,11 +41,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.space.problem import Config, Problem
-from autotune.queries.best import _device_filter, _open, served_summaries
-from autotune.storage.store import Store
 from autotune.evaluation.trial import CACHE_POLICIES, DeviceInfo, TrialResult
+from autotune.queries.best import _device_filter, _open, served_summaries
+from autotune.space.problem import Config, Problem
 from autotune.space.validity import servable
+from autotune.storage.store import Store
 
 __all__ = [
     "FORMATS", "export_records", "render", "import_json", "import_records", "check_records",

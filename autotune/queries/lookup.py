@@ -53,8 +53,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.queries import best as queries
 from autotune.errors import JobError, StorageError
+from autotune.queries import best as queries
 from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import failure_reason, read_timeout_s, resolve_url

@@ -135,8 +135,8 @@ def write_report(
       ImportError: matplotlib is not installed.
     """
     _require_matplotlib()
-    from autotune.queries.outputs import check_output_dir
     from autotune.queries.best import _open, served_summaries
+    from autotune.queries.outputs import check_output_dir
     from autotune.storage.store import resolve_url
     from autotune.storage.urls import display_url
 
@@ -300,8 +300,8 @@ class _StudyReader:
         import optuna
         import sqlalchemy.exc
 
-        from autotune.storage.store import failure_reason
         from autotune.evaluation.trial import DeviceInfo
+        from autotune.storage.store import failure_reason
         from autotune.tuning.tuner import study_name
 
         name = name or study_name(problem, DeviceInfo(device, ""))

@@ -56,8 +56,8 @@ def job_status(job: Job, store: Any) -> JobStatus:
     """
     import optuna
 
-    from autotune.tuning import tuner
     from autotune.storage.store import StorageError, failure_reason
+    from autotune.tuning import tuner
 
     summaries = {(s.problem, s.device): s for s in store.summaries()}
     try:

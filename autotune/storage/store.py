@@ -44,8 +44,8 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from autotune.errors import StorageError
-from autotune.space.problem import Config, Problem
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult, relative_spread
+from autotune.space.problem import Config, Problem
 from autotune.storage.urls import display_url
 
 __all__ = [

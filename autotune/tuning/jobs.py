@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune._paths import check_file_name
-from autotune.tuning.confirmation import DEFAULT_CONFIRM_ITERATIONS, DEFAULT_CONFIRM_ROUNDS
 from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
+from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.kernel import bundled_kernels, get_kernel
 from autotune.space.problem import Problem
+from autotune.tuning.confirmation import DEFAULT_CONFIRM_ITERATIONS, DEFAULT_CONFIRM_ROUNDS
 from autotune.tuning.sampling import SAMPLERS
-from autotune.evaluation.trial import CACHE_POLICIES
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 

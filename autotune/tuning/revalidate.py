@@ -28,9 +28,9 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store, TrialRow
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 
 __all__ = ["Remeasured", "Revalidation", "revalidate", "stale_configs", "CHANGED_RATIO"]
 

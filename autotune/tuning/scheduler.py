@@ -24,13 +24,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.tuning import tuner as _t
 from autotune._paths import safe_path
-from autotune.tuning.jobs import Job, ProblemSpec
+from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config
+from autotune.tuning import tuner as _t
+from autotune.tuning.jobs import Job, ProblemSpec
 from autotune.tuning.sampling import ExhaustedError, ValidSampler, distributions, valid_sampler
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.tuning.trial_index import TrialIndex
 
 __all__ = ["run_scheduled", "POLL_S"]

@@ -39,14 +39,15 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
-from autotune.storage import store as storage_module
 from autotune._paths import safe_path
-from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
-from autotune.tuning.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
 from autotune.errors import JobError, StorageError
-from autotune.tuning.jobs import Job, ProblemSpec
+from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config, Problem
+from autotune.storage import store as storage_module
+from autotune.tuning.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
+from autotune.tuning.jobs import Job, ProblemSpec
 from autotune.tuning.ranked_sampler import stored_history
 from autotune.tuning.sampling import (
     OUTCOME_ATTR,
@@ -55,7 +56,6 @@ from autotune.tuning.sampling import (
     resolve_sampler,
     valid_sampler,
 )
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 
 __all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "legacy_study_name", "Event",
            "METRIC_NAME"]

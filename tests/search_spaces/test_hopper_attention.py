@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import NoValidConfigError
-from autotune.space.kernel import BuildOptions
 from autotune.evaluation.lowering import H200_NUM_SMS, input_specs, lower_for_cuda
+from autotune.space.kernel import BuildOptions
 from autotune.space.problem import Config
 from autotune.space.search_space import profiler_smem_bytes
 from search_spaces.hopper_attention import (

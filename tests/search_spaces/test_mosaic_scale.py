@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from autotune.space.kernel import BuildOptions
 from autotune.evaluation.lowering import lower_for_cuda
+from autotune.space.kernel import BuildOptions
 from autotune.space.problem import Config
 from autotune.space.search_space import WARP_SIZE, WARPGROUP_SIZE, is_aligned_transfer
 from search_spaces import mosaic_scale

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import NoValidConfigError
-from autotune.space.kernel import BuildOptions
 from autotune.evaluation.lowering import lower_for_cuda
+from autotune.space.kernel import BuildOptions
 from autotune.space.problem import Config, Problem
 from autotune.space.search_space import Env, is_aligned_transfer, per_128_bytes
 from search_spaces import softmax
