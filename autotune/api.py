@@ -51,7 +51,7 @@ def open_engine(
     """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``;
     ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode).
     ``workers_per_gpu`` and ``compile_threads`` default to the machine's cores and GPU memory
-    (:func:`autotune.engine.dispatcher._default_layout`)."""
+    (:func:`autotune.engine.layout._default_layout`)."""
     from autotune.engine.dispatcher import Engine
 
     if device not in ("auto", "gpu", "interpret"):

@@ -1,4 +1,4 @@
-"""Tests for autotune.engine.dispatcher: pipelining, isolation of crashes and hangs, several GPUs.
+"""Tests for autotune.engine (dispatcher, worker, typed messages, layout): pipelining, isolation of crashes and hangs, several GPUs.
 
 Real worker processes throughout; the fake evaluator crashes, hangs and sleeps on demand.
 """
@@ -297,7 +297,8 @@ def test_waiting_for_the_gpu_is_not_a_timeout():
 
 def test_default_layout_processes_on_a_gpu_host_threads_on_a_small_one():
     """8 workers x 1 thread on a 16-core 1-GPU host, 1 worker x threads on 2 cores; a lock per GPU."""
-    layout = engine_mod._default_layout
+    from autotune.engine.layout import _default_layout as layout
+
     assert layout("gpu", 1, 16) == (8, 1)
     assert layout("gpu", 1, 64) == (8, 2)
     assert layout("gpu", 8, 128) == (8, 1)
@@ -484,3 +485,34 @@ def test_confirm_times_every_program_on_one_gpu():
         gpus = {e.gpu for e in eng.timeline() if e.task_id not in before and e.stage == "time"}
     assert search_gpus == {0, 1}  # the search used both
     assert len(gpus) == 1 and all(r.ok for row in table for r in row)
+
+
+def test_pipe_messages_are_frozen_dataclasses_that_pickle():
+    """Every message between the engine and a worker is a frozen dataclass, read by field, and
+    survives the pipe (pickle)."""
+    import dataclasses
+    import pickle
+    import typing
+
+    from autotune.engine import messages as m
+    from autotune.evaluation.trial import DeviceInfo
+
+    kinds = typing.get_args(m.ToWorker) + typing.get_args(m.FromWorker)
+    assert {k.__name__ for k in kinds} == {
+        "RunTask", "Stop", "Ready", "Fatal", "Retire", "Heartbeat", "StageReached", "Result",
+        "Failed",
+    }
+    for kind in (*kinds, m.WorkerSpec, m.TaskMsg):
+        assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, kind
+    samples = [
+        m.Stop(),
+        m.Ready(DeviceInfo(name="cpu", kind="interpret"), 123),
+        m.StageReached(7, "compile", 1.5),
+        m.Failed(7, m.EngineError("boom"), "Traceback ...", 2.0),
+    ]
+    for msg in samples:
+        back = pickle.loads(pickle.dumps(msg))
+        assert type(back) is type(msg)
+    assert pickle.loads(pickle.dumps(samples[2])) == samples[2]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        samples[2].stage = "run"  # type: ignore[misc]

@@ -1,5 +1,10 @@
 """The engine: keeps every GPU busy and survives kernels that crash or hang.
 
+Why one piece (over 400 lines): the dispatcher thread owns every task's state (stages, time
+limits, crash attribution, isolated re-runs) and every worker handle; split, each part would
+need the others' locks. The worker process is :mod:`.worker`, the pipe messages
+:mod:`.messages`, the default layout :mod:`.layout`.
+
 Kernels run in *worker processes*, ``workers_per_gpu`` of them per GPU, each a fresh interpreter
 (fork + exec, as multiprocessing's ``spawn`` does: no process is ever forked after importing
 jax). A worker compiles its own configs in its compile threads, in parallel with the other
@@ -28,7 +33,7 @@ cost is a CUDA context per worker (hundreds of MB of GPU memory each; workers st
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) and, for a worker's first config of a problem, the
 reference's compile under the lock (the throughput benchmark warms every worker up first).
 ``workers_per_gpu=1`` is the earlier engine: one worker per GPU, its compile threads pipelined
-with its timing. The default is in :func:`_default_layout`.
+with its timing. The default is in :func:`autotune.engine.layout._default_layout`.
 
 Isolation. A worker that dies (segfault, abort, an illegal address that leaves the CUDA context
 unusable) or stops answering is replaced by a fresh one, and only the config that caused it is
@@ -55,16 +60,12 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import faulthandler
-import fcntl
 import itertools
 import json
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
-import queue
 import shutil
 import signal
 import socket
@@ -73,12 +74,27 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.engine.layout import _cpu_count, _default_layout, gpu_memory_mib
+from autotune.engine.messages import (
+    EngineError,
+    Failed,
+    Fatal,
+    FromWorker,
+    Heartbeat,
+    Ready,
+    Result,
+    Retire,
+    RunTask,
+    StageReached,
+    Stop,
+    TaskMsg,
+    WorkerSpec,
+)
+from autotune.engine.worker import _BOOT
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
@@ -100,102 +116,17 @@ _ACTIVE_STAGES = _COMPILE_STAGES | _RUN_STAGES
 _TIMEOUT_FLOORS = {"gpu": (60.0, 30.0), "interpret": (120.0, 600.0), "fake": (30.0, 30.0)}
 _TIMEOUT_FACTOR = 10.0
 
-_HEARTBEAT_S = 0.5
 # A worker whose heartbeat is older than this when a stage overruns may be stuck in a thread
 # that holds the GIL; then the overrunning config is not blamed but re-run alone.
 _HEARTBEAT_STALE_S = 2.0
 _STARTUP_TIMEOUT_S = 300.0
 _MAX_STARTUP_FAILURES = 3
-_RETIRE_EXIT_CODE = 3
 _STDERR_TAIL_CHARS = 2000
-
-
-class EngineError(AutotuneError, RuntimeError):
-    """The engine cannot do what was asked: workers do not start, it is closed, a trace failed."""
 
 
 def default_timeout_s(slowest_seen_s: float | None, *, floor_s: float) -> float:
     """The time limit of a stage when none is given: ``max(floor_s, 10 x slowest seen)``."""
     return max(floor_s, _TIMEOUT_FACTOR * (slowest_seen_s or 0.0))
-
-
-def _cpu_count() -> int:
-    """CPU cores this process may use (its affinity mask, e.g. a container's share)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 2
-
-
-# At most this many worker processes per GPU by default, and this many compile threads each.
-_MAX_WORKERS_PER_GPU = 8
-_MAX_COMPILE_THREADS = 8
-
-
-# GPU memory a worker may need: its CUDA context (a few hundred MiB) and one config's inputs,
-# reference and outputs at a time. The default layout gives the workers of a GPU at most half
-# of its memory (the rest stays for the kernels' own buffers and the baseline's).
-WORKER_GPU_MEMORY_MIB = 4096
-
-
-def gpu_memory_mib(gpu: int | None = None) -> int | None:
-    """Total memory of GPU ``gpu`` (all visible ones: the smallest) from ``nvidia-smi``,
-    without initialising CUDA in this process; None where it cannot tell."""
-    cmd = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
-    if gpu is not None:
-        cmd.append(f"--id={gpu}")
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
-        sizes = [int(float(x)) for x in out.split() if x.strip()]
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return min(sizes) if sizes else None
-
-
-def _default_layout(
-    mode: str,
-    n_gpus: int,
-    cores: int,
-    workers_per_gpu: int | None = None,
-    compile_threads: int | None = None,
-    gpu_memory_mib: int | None = None,
-) -> tuple[int, int]:
-    """``(workers_per_gpu, compile_threads)``: what is given, the rest by default.
-
-    Workers per GPU: ``min(8, cores // (2 x GPUs))``, at least 1 (fake mode: 1, the engine's
-    tests). On the H200 host (16 cores, 1 GPU) that is 8 workers. Why: the GIL-bound lowering
-    was the bottleneck there (8 threads in one process: 2.36x over sequential, each compile
-    2-4.7 s instead of 0.6-2 s alone), and in separate processes a compile costs about what it
-    costs alone, so N processes compile about N times as fast until the cores run out; a compile
-    uses more than one core at times (XLA's thread pools, ptxas as a child process) and the
-    timing threads, the engine and the tuner need some too, hence half the cores. Past that the
-    serialized device work (inputs, reference, check, 20 timed runs: a fraction of a second per
-    config) is the bound, which 8 parallel compiles of ~1 s already keep fed. The benchmark
-    (``benchmarks/throughput.py --workers-per-gpu 4,8``) re-measures this on the GPU host.
-
-    Compile threads per worker: with one worker per GPU, the cores shared out among the GPUs, at
-    most 8 (threads are all a lone worker has); with several, ``cores // (2 x workers)``
-    clamped to 1..2: one thread already overlaps a worker's next compile with its timing, and
-    every extra thread is another config in flight that an adaptive sampler chose blind.
-
-    GPU memory (``gpu_memory_mib``, the smallest GPU's): the workers of a GPU get at most half
-    of it, :data:`WORKER_GPU_MEMORY_MIB` each (an H200's 141 GiB allows 17, so the cores
-    decide; a 16 GiB GPU allows 2).
-    """
-    if workers_per_gpu is None:
-        if mode == "fake":
-            workers_per_gpu = 1
-        else:
-            workers_per_gpu = max(1, min(_MAX_WORKERS_PER_GPU, cores // (2 * n_gpus)))
-            if gpu_memory_mib:  # a CUDA context each: half the GPU's memory at most
-                workers_per_gpu = max(1, min(
-                    workers_per_gpu, gpu_memory_mib // 2 // WORKER_GPU_MEMORY_MIB))
-    if compile_threads is None:
-        if workers_per_gpu == 1:
-            compile_threads = max(1, min(_MAX_COMPILE_THREADS, cores // n_gpus))
-        else:
-            compile_threads = max(1, min(2, cores // (2 * n_gpus * workers_per_gpu)))
-    return workers_per_gpu, compile_threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,272 +159,13 @@ class EngineStats:
 # The worker process.
 
 
-@dataclasses.dataclass(frozen=True)
-class _WorkerSpec:
-    mode: str
-    iterations: int | None
-    compile_threads: int
-    allow_import: bool
-    log_level: int
-    lock_path: str | None = None  # the GPU's lock file, shared by the workers of that GPU
-    cache: str = "warm"  # the cache policy of every timing (autotune.evaluation.trial)
-    keep_compiled: int = 5  # executables of its fastest configs a worker keeps for re-timing
-
-
-# A worker is a fresh interpreter (fork + exec, like multiprocessing's "spawn") started with
-# subprocess rather than multiprocessing: its environment (CUDA_VISIBLE_DEVICES) is set before
-# Python starts, the caller's __main__ is not re-imported (a job script without a main guard,
-# or one that touches the GPU at import, would otherwise run again in every worker), and its
-# stdout/stderr go to a log file from the first byte, so even an interpreter crash leaves a
-# tail to report.
-_BOOT = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from autotune.engine.dispatcher import _worker_entry; _worker_entry(int(sys.argv[2]))"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class _TaskMsg:
-    id: int
-    kind: str  # "trial" | "baseline" | "trace" | "retime" (config None: the baseline)
-    kernel_name: str
-    problem: Problem
-    config: Config | None
-    extra: dict[str, Any]
-
-
-def _worker_entry(fd: int) -> None:
-    """Entry point of a worker process; ``fd`` is its end of the socket pair to the engine."""
-    os.set_inheritable(fd, False)  # ptxas and other children must not keep the pipe open
-    # The engine owns a worker's life: a Ctrl-C or a scheduler's SIGTERM sent to every process
-    # of the job must not kill a worker mid-config (its config would be stored as crashed);
-    # the engine kills it when the tuner stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    conn = multiprocessing.connection.Connection(fd)
-    spec: _WorkerSpec = conn.recv()
-    # On a crash, the crashing thread's Python stack (the tail the engine reports); on SIGUSR1
-    # (sent before a timed-out worker is killed) every thread's, to show where it hung.
-    faulthandler.enable(file=sys.stderr, all_threads=False)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    logging.basicConfig(
-        level=spec.log_level, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
-    )
-    _Worker(conn, spec).serve()
-
-
-class _Worker:
-    def __init__(self, conn: multiprocessing.connection.Connection, spec: _WorkerSpec) -> None:
-        self.conn = conn
-        self.spec = spec
-        self._send_lock = threading.Lock()
-        self._kernels: dict[str, Any] = {}
-        self._kernel_lock = threading.Lock()
-        self._ready: queue.Queue[tuple[_TaskMsg, Any] | None] = queue.Queue()
-        self._lock_fd: int | None = None
-        # The compiled executables of the fastest configs this worker timed, per problem (the
-        # newest two problems), for the confirmation round to time again without compiling.
-        self._kept: collections.OrderedDict[Problem, dict[str, tuple[float, Any]]] = (
-            collections.OrderedDict()
-        )
-        self._kept_lock = threading.Lock()
-
-    def send(self, msg: tuple) -> None:
-        with self._send_lock:
-            try:
-                self.conn.send(msg)
-            except (OSError, EOFError):
-                os._exit(0)  # the engine is gone
-
-    def serve(self) -> None:
-        from autotune.evaluation.contract import make_evaluator
-
-        try:
-            if self.spec.lock_path is not None:
-                # Its own open file description (flock locks belong to those), not inherited by
-                # ptxas or other children, so it dies with this process.
-                self._lock_fd = os.open(
-                    self.spec.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-                )
-            self.evaluator = make_evaluator(
-                self.spec.mode, iterations=self.spec.iterations, cache=self.spec.cache
-            )
-            info = self.evaluator.device_info()
-        except Exception as e:  # noqa: BLE001 - reported to the engine, which gives up
-            self.send(("fatal", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-            sys.stderr.flush()
-            os._exit(2)
-        self.pool = concurrent.futures.ThreadPoolExecutor(
-            self.spec.compile_threads, thread_name_prefix="compile"
-        )
-        self.send(("ready", info, os.getpid()))
-        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-        threading.Thread(target=self._receive, name="receive", daemon=True).start()
-        while True:
-            item = self._ready.get()
-            if item is None:
-                break
-            self._measure(*item)
-            if not self.evaluator.healthy:
-                self.send(("retire", "the device failed after a run; replacing the process"))
-                sys.stderr.flush()
-                os._exit(_RETIRE_EXIT_CODE)
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-    def _heartbeat(self) -> None:
-        while True:
-            self.send(("hb", time.time()))
-            time.sleep(_HEARTBEAT_S)
-
-    def _receive(self) -> None:
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (OSError, EOFError):
-                os._exit(0)  # the engine is gone
-            if msg[0] == "stop":
-                self._ready.put(None)
-                return
-            task: _TaskMsg = msg[1]
-            if task.kind == "trial" or (task.kind == "retime" and task.config is not None):
-                self.pool.submit(self._compile, task)
-            else:
-                self._ready.put((task, None))
-
-    def _hook(self, task: _TaskMsg) -> Any:
-        def on_stage(stage: Any) -> None:
-            self.send(("stage", task.id, str(stage), time.time()))
-
-        return on_stage
-
-    def _kernel(self, name: str) -> Any:
-        from autotune.space.kernel import get_kernel
-
-        with self._kernel_lock:
-            if name not in self._kernels:
-                self._kernels[name] = get_kernel(name, allow_import=self.spec.allow_import)
-            return self._kernels[name]
-
-    def _error(self, task: _TaskMsg, e: BaseException) -> None:
-        exc: BaseException = e
-        try:
-            pickle.loads(pickle.dumps(e))
-        except Exception:  # noqa: BLE001
-            exc = EngineError(f"{type(e).__name__}: {e}")
-        self.send(("error", task.id, exc, traceback.format_exc(), time.time()))
-
-    def _compile(self, task: _TaskMsg) -> None:
-        from autotune.evaluation.contract import Compiled
-
-        assert task.config is not None
-        if task.kind == "retime":
-            kept = self._kept_executable(task.problem, task.config)
-            if kept is not None:
-                self.send(("stage", task.id, "compiled", time.time()))
-                self._ready.put((task, kept))
-                return
-        try:
-            kernel = self._kernel(task.kernel_name)
-            compiled = self.evaluator.compile(
-                kernel, task.problem, task.config, on_stage=self._hook(task)
-            )
-        except Exception as e:  # noqa: BLE001 - not the config's failure: the caller's
-            self._error(task, e)
-            return
-        if isinstance(compiled, Compiled):
-            self.send(("stage", task.id, "compiled", time.time()))
-            self._ready.put((task, compiled))
-        else:
-            self.send(("result", task.id, compiled, time.time()))
-
-    @contextlib.contextmanager
-    def _device(self) -> Any:
-        """Holds the GPU's lock: no other worker of this GPU uses it meanwhile.
-
-        ``flock`` blocks without the GIL (the heartbeat keeps going) and is released by the
-        kernel when this process dies, however it dies.
-        """
-        if self._lock_fd is None:
-            yield
-            return
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    def _measure(self, task: _TaskMsg, compiled: Any) -> None:
-        # The result (and its "done" time) is sent before the lock is released, so the device
-        # spans of a GPU's configs in the timeline never overlap.
-        with self._device():
-            self.send(("stage", task.id, "device", time.time()))
-            self._measure_locked(task, compiled)
-
-    def _keep(self, problem: Problem, compiled: Any, median_us: float) -> None:
-        """Keeps ``compiled`` if it is among the fastest ``keep_compiled`` of its problem."""
-        if self.spec.keep_compiled <= 0:
-            return
-        with self._kept_lock:
-            kept = self._kept.setdefault(problem, {})
-            self._kept.move_to_end(problem)
-            while len(self._kept) > 2:
-                self._kept.popitem(last=False)
-            kept[compiled.config.digest()] = (median_us, compiled)
-            if len(kept) > self.spec.keep_compiled:
-                slowest = max(kept, key=lambda d: kept[d][0])
-                del kept[slowest]
-
-    def _kept_executable(self, problem: Problem, config: Config) -> Any:
-        with self._kept_lock:
-            found = self._kept.get(problem, {}).get(config.digest())
-            return None if found is None else found[1]
-
-    def _measure_locked(self, task: _TaskMsg, compiled: Any) -> None:
-        try:
-            if task.kind == "trial":
-                result: Any = self.evaluator.run(compiled, on_stage=self._hook(task))
-                if result.ok and result.median_us is not None:
-                    self._keep(task.problem, compiled, result.median_us)
-            elif task.kind == "retime":
-                self._hook(task)("time")
-                iterations = int(task.extra["iterations"])
-                if task.config is None:
-                    kernel = self._kernel(task.kernel_name)
-                    result = self.evaluator.baseline(kernel, task.problem, iterations=iterations)
-                else:
-                    result = self.evaluator.retime(compiled, iterations=iterations)
-                    if result.ok and task.extra.get("median_us") is not None:
-                        self._keep(task.problem, compiled, float(task.extra["median_us"]))
-            else:
-                kernel = self._kernel(task.kernel_name)
-                self._hook(task)("run")
-                if task.kind == "baseline":
-                    result = self.evaluator.baseline(kernel, task.problem)
-                else:
-                    assert task.config is not None
-                    result = self.evaluator.trace(
-                        kernel,
-                        task.problem,
-                        task.config,
-                        task.extra["out_dir"],
-                        profile_space=task.extra["profile_space"],
-                    )
-        except Exception as e:  # noqa: BLE001
-            self._error(task, e)
-            return
-        self.send(("result", task.id, result, time.time()))
-
-
 # ---------------------------------------------------------------------------------------------
 # The engine side.
 
 
 @dataclasses.dataclass(eq=False)
 class _Task:
-    msg: _TaskMsg
+    msg: TaskMsg
     future: concurrent.futures.Future
     isolate: bool = False
     slot: int | None = None  # only this worker slot may take it (warm-ups)
@@ -546,7 +218,7 @@ class Engine:
       workers_per_gpu: worker processes per GPU. They compile in parallel (a GIL each) and take
         turns on the GPU, one config checked and timed at a time. Default: ``min(8, cores //
         (2 x GPUs))``, at least 1 (1 in fake mode); ``1`` is one worker whose compile threads
-        are pipelined with its timing. See :func:`_default_layout`.
+        are pipelined with its timing. See :func:`autotune.engine.layout._default_layout`.
       compile_threads: compile threads per worker (default: with one worker per GPU, the cores
         shared out among the GPUs, at most 8; with several, 1 or 2).
       trial_timeout_s: limit on a config's run (run, check, time); ``None`` derives it as
@@ -958,7 +630,7 @@ class Engine:
             if self._broken:
                 raise EngineError(self._broken)
             task = _Task(
-                _TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra),
+                TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra),
                 future,
                 slot=slot,
             )
@@ -995,7 +667,7 @@ class Engine:
         env.setdefault("PYTHONFAULTHANDLER", "1")
         n = next(self._incarnation)
         log_path = str(self._log_dir / f"worker-{slot}-{n}.log")
-        spec = _WorkerSpec(
+        spec = WorkerSpec(
             mode=self.mode,
             iterations=self.iterations,
             compile_threads=self.compile_threads,
@@ -1138,25 +810,24 @@ class Engine:
             if len(self._timeline) < 1_000_000:
                 self._timeline.append(StageEvent(task.id, w.slot, w.gpu, stage, t))
 
-    def _on_message(self, w: _WorkerHandle, msg: tuple) -> None:
-        kind = msg[0]
+    def _on_message(self, w: _WorkerHandle, msg: FromWorker) -> None:
         now = time.monotonic()
-        if kind == "hb":
+        if isinstance(msg, Heartbeat):
             w.last_hb = now
-        elif kind == "ready":
-            w.state, w.device, w.pid, w.last_hb = "ready", msg[1], msg[2], now
+        elif isinstance(msg, Ready):
+            w.state, w.device, w.pid, w.last_hb = "ready", msg.device, msg.pid, now
             self._startup_failures = 0
             self._ready_event.set()
-        elif kind == "fatal":
-            w.fatal = msg[1]
-        elif kind == "retire":
+        elif isinstance(msg, Fatal):
+            w.fatal = msg.error
+        elif isinstance(msg, Retire):
             w.state = "retiring"
-            log.info("Worker %d retires: %s", w.slot, msg[1])
-        elif kind == "stage":
-            task = w.tasks.get(msg[1])
+            log.info("Worker %d retires: %s", w.slot, msg.reason)
+        elif isinstance(msg, StageReached):
+            task = w.tasks.get(msg.task_id)
             if task is None:
                 return
-            stage = msg[2]
+            stage = msg.stage
             if stage == "build":
                 task.compile_t0 = now
             elif stage == "compiled":
@@ -1166,20 +837,20 @@ class Engine:
             elif stage == "device" or (stage == "run" and task.run_t0 is None):
                 task.run_t0 = now  # the run limit counts from here: lock waits are not hangs
             task.stage = stage
-            self._event(task, w, stage, msg[3])
-        elif kind in ("result", "error"):
-            task = w.tasks.pop(msg[1], None)
+            self._event(task, w, stage, msg.t)
+        elif isinstance(msg, (Result, Failed)):
+            task = w.tasks.pop(msg.task_id, None)
             if task is None:
                 return
-            self._event(task, w, "done", msg[-1])
+            self._event(task, w, "done", msg.t)
             if task.run_t0 is not None:
                 self._slowest_run_s = max(self._slowest_run_s, now - task.run_t0)
             elif task.compile_t0 is not None and task.compiled_t is None:
                 self._slowest_compile_s = max(self._slowest_compile_s, now - task.compile_t0)
             with self._lock:
                 self._by_worker[w.slot] += 1
-            if kind == "result":
-                result = msg[2]
+            if isinstance(msg, Result):
+                result = msg.result
                 if (
                     task.msg.kind in ("trial", "retime", "baseline")
                     and isinstance(result, TrialResult)
@@ -1190,9 +861,9 @@ class Engine:
                         self._timed_on[(task.msg.problem, digest)] = w.slot
                 self._resolve(task, result=result)
             else:
-                exc = msg[2]
-                if isinstance(exc, BaseException) and msg[3]:
-                    log.debug("Task %d failed in worker %d:\n%s", task.id, w.slot, msg[3])
+                exc = msg.error
+                if isinstance(exc, BaseException) and msg.traceback:
+                    log.debug("Task %d failed in worker %d:\n%s", task.id, w.slot, msg.traceback)
                 self._resolve(task, exc=exc)
 
     def _resolve(
@@ -1446,7 +1117,7 @@ class Engine:
         for w, task in sends:
             task.stage = "sent"
             try:
-                w.conn.send(("task", task.msg))
+                w.conn.send(RunTask(task.msg))
             except (OSError, EOFError, BrokenPipeError):
                 w.eof = True  # reaped on the next pass; the task is re-run
 
@@ -1480,7 +1151,7 @@ class Engine:
                 self._kill(w)
                 continue
             try:
-                w.conn.send(("stop",))
+                w.conn.send(Stop())
             except (OSError, EOFError):
                 pass
         deadline = time.monotonic() + 5

@@ -1,0 +1,286 @@
+"""A worker process: compiles configs in its compile threads, times them on its main thread.
+
+A worker is a fresh interpreter started by the engine (:mod:`.dispatcher`) with
+:data:`_BOOT`; it reads its :class:`~.messages.WorkerSpec`, answers with typed messages
+(:mod:`.messages`) and holds its GPU's lock (``flock`` on a file shared by the workers of one
+GPU) around everything it does on the device.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import faulthandler
+import fcntl
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from autotune.engine.messages import (
+    EngineError,
+    Failed,
+    Fatal,
+    FromWorker,
+    Heartbeat,
+    Ready,
+    Result,
+    Retire,
+    RunTask,
+    StageReached,
+    Stop,
+    TaskMsg,
+    WorkerSpec,
+)
+from autotune.space.problem import Config, Problem
+
+# A worker's heartbeat period; the engine calls a worker silent after _HEARTBEAT_STALE_S.
+_HEARTBEAT_S = 0.5
+# The exit code of a worker that retires (its device failed after a run).
+_RETIRE_EXIT_CODE = 3
+
+
+# A worker is a fresh interpreter (fork + exec, like multiprocessing's "spawn") started with
+# subprocess rather than multiprocessing: its environment (CUDA_VISIBLE_DEVICES) is set before
+# Python starts, the caller's __main__ is not re-imported (a job script without a main guard,
+# or one that touches the GPU at import, would otherwise run again in every worker), and its
+# stdout/stderr go to a log file from the first byte, so even an interpreter crash leaves a
+# tail to report.
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from autotune.engine.worker import _worker_entry; _worker_entry(int(sys.argv[2]))"
+)
+
+
+def _worker_entry(fd: int) -> None:
+    """Entry point of a worker process; ``fd`` is its end of the socket pair to the engine."""
+    os.set_inheritable(fd, False)  # ptxas and other children must not keep the pipe open
+    # The engine owns a worker's life: a Ctrl-C or a scheduler's SIGTERM sent to every process
+    # of the job must not kill a worker mid-config (its config would be stored as crashed);
+    # the engine kills it when the tuner stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = multiprocessing.connection.Connection(fd)
+    spec: WorkerSpec = conn.recv()
+    # On a crash, the crashing thread's Python stack (the tail the engine reports); on SIGUSR1
+    # (sent before a timed-out worker is killed) every thread's, to show where it hung.
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    logging.basicConfig(
+        level=spec.log_level, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    _Worker(conn, spec).serve()
+
+
+class _Worker:
+    def __init__(self, conn: multiprocessing.connection.Connection, spec: WorkerSpec) -> None:
+        self.conn = conn
+        self.spec = spec
+        self._send_lock = threading.Lock()
+        self._kernels: dict[str, Any] = {}
+        self._kernel_lock = threading.Lock()
+        self._ready: queue.Queue[tuple[TaskMsg, Any] | None] = queue.Queue()
+        self._lock_fd: int | None = None
+        # The compiled executables of the fastest configs this worker timed, per problem (the
+        # newest two problems), for the confirmation round to time again without compiling.
+        self._kept: collections.OrderedDict[Problem, dict[str, tuple[float, Any]]] = (
+            collections.OrderedDict()
+        )
+        self._kept_lock = threading.Lock()
+
+    def send(self, msg: FromWorker) -> None:
+        with self._send_lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, EOFError):
+                os._exit(0)  # the engine is gone
+
+    def serve(self) -> None:
+        from autotune.evaluation.contract import make_evaluator
+
+        try:
+            if self.spec.lock_path is not None:
+                # Its own open file description (flock locks belong to those), not inherited by
+                # ptxas or other children, so it dies with this process.
+                self._lock_fd = os.open(
+                    self.spec.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
+            self.evaluator = make_evaluator(
+                self.spec.mode, iterations=self.spec.iterations, cache=self.spec.cache
+            )
+            info = self.evaluator.device_info()
+        except Exception as e:  # noqa: BLE001 - reported to the engine, which gives up
+            self.send(Fatal(f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            sys.stderr.flush()
+            os._exit(2)
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            self.spec.compile_threads, thread_name_prefix="compile"
+        )
+        self.send(Ready(info, os.getpid()))
+        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._receive, name="receive", daemon=True).start()
+        while True:
+            item = self._ready.get()
+            if item is None:
+                break
+            self._measure(*item)
+            if not self.evaluator.healthy:
+                self.send(Retire("the device failed after a run; replacing the process"))
+                sys.stderr.flush()
+                os._exit(_RETIRE_EXIT_CODE)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def _heartbeat(self) -> None:
+        while True:
+            self.send(Heartbeat(time.time()))
+            time.sleep(_HEARTBEAT_S)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (OSError, EOFError):
+                os._exit(0)  # the engine is gone
+            if isinstance(msg, Stop):
+                self._ready.put(None)
+                return
+            assert isinstance(msg, RunTask), msg
+            task = msg.task
+            if task.kind == "trial" or (task.kind == "retime" and task.config is not None):
+                self.pool.submit(self._compile, task)
+            else:
+                self._ready.put((task, None))
+
+    def _hook(self, task: TaskMsg) -> Any:
+        def on_stage(stage: Any) -> None:
+            self.send(StageReached(task.id, str(stage), time.time()))
+
+        return on_stage
+
+    def _kernel(self, name: str) -> Any:
+        from autotune.space.kernel import get_kernel
+
+        with self._kernel_lock:
+            if name not in self._kernels:
+                self._kernels[name] = get_kernel(name, allow_import=self.spec.allow_import)
+            return self._kernels[name]
+
+    def _error(self, task: TaskMsg, e: BaseException) -> None:
+        exc: BaseException = e
+        try:
+            pickle.loads(pickle.dumps(e))
+        except Exception:  # noqa: BLE001
+            exc = EngineError(f"{type(e).__name__}: {e}")
+        self.send(Failed(task.id, exc, traceback.format_exc(), time.time()))
+
+    def _compile(self, task: TaskMsg) -> None:
+        from autotune.evaluation.contract import Compiled
+
+        assert task.config is not None
+        if task.kind == "retime":
+            kept = self._kept_executable(task.problem, task.config)
+            if kept is not None:
+                self.send(StageReached(task.id, "compiled", time.time()))
+                self._ready.put((task, kept))
+                return
+        try:
+            kernel = self._kernel(task.kernel_name)
+            compiled = self.evaluator.compile(
+                kernel, task.problem, task.config, on_stage=self._hook(task)
+            )
+        except Exception as e:  # noqa: BLE001 - not the config's failure: the caller's
+            self._error(task, e)
+            return
+        if isinstance(compiled, Compiled):
+            self.send(StageReached(task.id, "compiled", time.time()))
+            self._ready.put((task, compiled))
+        else:
+            self.send(Result(task.id, compiled, time.time()))
+
+    @contextlib.contextmanager
+    def _device(self) -> Any:
+        """Holds the GPU's lock: no other worker of this GPU uses it meanwhile.
+
+        ``flock`` blocks without the GIL (the heartbeat keeps going) and is released by the
+        kernel when this process dies, however it dies.
+        """
+        if self._lock_fd is None:
+            yield
+            return
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _measure(self, task: TaskMsg, compiled: Any) -> None:
+        # The result (and its "done" time) is sent before the lock is released, so the device
+        # spans of a GPU's configs in the timeline never overlap.
+        with self._device():
+            self.send(StageReached(task.id, "device", time.time()))
+            self._measure_locked(task, compiled)
+
+    def _keep(self, problem: Problem, compiled: Any, median_us: float) -> None:
+        """Keeps ``compiled`` if it is among the fastest ``keep_compiled`` of its problem."""
+        if self.spec.keep_compiled <= 0:
+            return
+        with self._kept_lock:
+            kept = self._kept.setdefault(problem, {})
+            self._kept.move_to_end(problem)
+            while len(self._kept) > 2:
+                self._kept.popitem(last=False)
+            kept[compiled.config.digest()] = (median_us, compiled)
+            if len(kept) > self.spec.keep_compiled:
+                slowest = max(kept, key=lambda d: kept[d][0])
+                del kept[slowest]
+
+    def _kept_executable(self, problem: Problem, config: Config) -> Any:
+        with self._kept_lock:
+            found = self._kept.get(problem, {}).get(config.digest())
+            return None if found is None else found[1]
+
+    def _measure_locked(self, task: TaskMsg, compiled: Any) -> None:
+        try:
+            if task.kind == "trial":
+                result: Any = self.evaluator.run(compiled, on_stage=self._hook(task))
+                if result.ok and result.median_us is not None:
+                    self._keep(task.problem, compiled, result.median_us)
+            elif task.kind == "retime":
+                self._hook(task)("time")
+                iterations = int(task.extra["iterations"])
+                if task.config is None:
+                    kernel = self._kernel(task.kernel_name)
+                    result = self.evaluator.baseline(kernel, task.problem, iterations=iterations)
+                else:
+                    result = self.evaluator.retime(compiled, iterations=iterations)
+                    if result.ok and task.extra.get("median_us") is not None:
+                        self._keep(task.problem, compiled, float(task.extra["median_us"]))
+            else:
+                kernel = self._kernel(task.kernel_name)
+                self._hook(task)("run")
+                if task.kind == "baseline":
+                    result = self.evaluator.baseline(kernel, task.problem)
+                else:
+                    assert task.config is not None
+                    result = self.evaluator.trace(
+                        kernel,
+                        task.problem,
+                        task.config,
+                        task.extra["out_dir"],
+                        profile_space=task.extra["profile_space"],
+                    )
+        except Exception as e:  # noqa: BLE001
+            self._error(task, e)
+            return
+        self.send(Result(task.id, result, time.time()))
