@@ -314,7 +314,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _db_text(db: str | None) -> str:
     """The database ``db`` resolves to, password masked, and whether a SQLite file exists."""
-    from autotune.storage.store import resolve_url, sqlite_path
+    from autotune.storage.urls import resolve_url, sqlite_path
 
     url = resolve_url(db)
     text = url.render_as_string(hide_password=True)
@@ -577,7 +577,8 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
 def _status(args: argparse.Namespace) -> int:
     from autotune.errors import JobError
     from autotune.queries.status import job_status
-    from autotune.storage.store import Store, resolve_url, sqlite_path
+    from autotune.storage.store import Store
+    from autotune.storage.urls import resolve_url, sqlite_path
     from autotune.tuning.jobs import load_job
 
     job = load_job(args.job, allow_import=args.allow_import)

@@ -59,8 +59,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.space.kernel import BuildOptions, Kernel
 from autotune.evaluation.lowering import H200_NUM_SMS
+from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import (
     MBARRIER_BYTES,

@@ -139,7 +139,7 @@ def _die() -> None:
 
 
 def sqlite_file(url: str) -> Path | None:
-    from autotune.storage.store import resolve_url, sqlite_path
+    from autotune.storage.urls import resolve_url, sqlite_path
 
     return sqlite_path(resolve_url(url))
 

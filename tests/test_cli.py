@@ -410,7 +410,7 @@ def test_effort_maps_to_trials_and_patience():
 
 def test_one_schema_for_a_result_in_best_results_and_export(fake_tune, capsys):
     """best --json, results --json and export --format json name a result's fields alike."""
-    from autotune.storage.store import RESULT_FIELDS
+    from autotune.storage.rows import RESULT_FIELDS
 
     write, db, _ = fake_tune
     assert main(["tune", write(trials=4), "--db", db, "--quiet"]) == 0

@@ -46,7 +46,7 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from autotune.space.problem import Config
-from autotune.storage.store import resolve_url
+from autotune.storage.urls import resolve_url
 from autotune.tuning import jobs as jobs_module
 from tests.fault_driver import KILL_EXIT, SLOW, STEADY, db_files, set_read_only, sqlite_file
 

@@ -15,8 +15,10 @@ import sqlalchemy as sa
 from autotune.errors import StorageError
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
+from autotune.storage import rows, schema, urls
 from autotune.storage import store as storage
-from autotune.storage.store import Store, resolve_url
+from autotune.storage.store import Store
+from autotune.storage.urls import resolve_url
 
 GPU = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
 OTHER_GPU = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
@@ -58,8 +60,8 @@ def record(store: Store, config: Config, result: TrialResult, device: DeviceInfo
 
 
 def test_public_api_is_pinned():
-    """storage exports exactly the documented names."""
-    assert sorted(storage.__all__) == sorted(
+    """storage (store, rows, urls) exports exactly the documented names."""
+    assert sorted(storage.__all__ + rows.__all__ + [n for n in urls.__all__ if n not in ("display_url", "MASK")]) == sorted(
         [
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
             "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
@@ -91,7 +93,7 @@ def test_trial_round_trips_every_field(store: Store):
         optuna_trial_number=7, worker="w3", started_at=started,
     )
     after = dt.datetime.now(dt.UTC)
-    assert recorded == storage.RecordedTrial(recorded.id, duplicate=False)
+    assert recorded == rows.RecordedTrial(recorded.id, duplicate=False)
 
     [row] = store.trials(problem)
     assert row.id == recorded.id
@@ -247,7 +249,7 @@ def test_trace_regions_round_trip(store: Store):
     store.record_trace_regions(trial.id, {"mainloop": (8.5, 32), "epilogue": (1.25, 1)}, "/tmp/t.json")
     store.record_trace_regions(trial.id, {"mainloop": (99.0, 1), "prologue": (0.5, 1)}, "/tmp/u.json")
     regions = {r.region: r for r in store.trace_regions(trial.id)}
-    assert regions["mainloop"] == storage.TraceRegionRow(trial.id, "mainloop", 8.5, 32, "/tmp/t.json")
+    assert regions["mainloop"] == rows.TraceRegionRow(trial.id, "mainloop", 8.5, 32, "/tmp/t.json")
     assert regions["epilogue"].median_us == 1.25 and regions["prologue"].trace_path == "/tmp/u.json"
     assert [row.traced for row in store.best(PROBLEM)] == [True]
     with pytest.raises(StorageError, match="no trial with that id"):
@@ -361,7 +363,7 @@ def test_migrations_create_the_schema_from_empty(db_url: str):
                 },
             )
             assert context.get_current_heads() == ("0003",)
-            assert compare_metadata(context, storage.Base.metadata) == []
+            assert compare_metadata(context, schema.Base.metadata) == []
     with Store(db_url) as store:  # reopening is a no-op
         assert store.trials() == []
 
@@ -445,17 +447,17 @@ def test_read_only_store_upgrades_an_older_schema_only_when_sound(tmp_path):
 def test_read_timeout_comes_from_the_argument_or_the_environment(monkeypatch):
     """read_timeout_s: the argument, else $AUTOTUNE_READ_TIMEOUT_S, else 5 s; nonsense is a
     StorageError naming the value."""
-    monkeypatch.delenv(storage.READ_TIMEOUT_ENV, raising=False)
-    assert storage.read_timeout_s() == 5.0
-    monkeypatch.setenv(storage.READ_TIMEOUT_ENV, "2.5")
-    assert storage.read_timeout_s() == 2.5
-    assert storage.read_timeout_s(1) == 1.0
+    monkeypatch.delenv(urls.READ_TIMEOUT_ENV, raising=False)
+    assert urls.read_timeout_s() == 5.0
+    monkeypatch.setenv(urls.READ_TIMEOUT_ENV, "2.5")
+    assert urls.read_timeout_s() == 2.5
+    assert urls.read_timeout_s(1) == 1.0
     for bad in (0, -1, float("inf"), float("nan"), True):
         with pytest.raises(StorageError, match="positive, finite"):
-            storage.read_timeout_s(bad)
-    monkeypatch.setenv(storage.READ_TIMEOUT_ENV, "soon")
+            urls.read_timeout_s(bad)
+    monkeypatch.setenv(urls.READ_TIMEOUT_ENV, "soon")
     with pytest.raises(StorageError, match="AUTOTUNE_READ_TIMEOUT_S.*'soon'"):
-        storage.read_timeout_s()
+        urls.read_timeout_s()
 
 
 # --------------------------------------------------------------------------- concurrency

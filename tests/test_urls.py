@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from autotune.errors import StorageError
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Problem
-from autotune.storage.store import Store, resolve_url
-from autotune.storage.urls import display_url, mask_text
+from autotune.storage.store import Store
+from autotune.storage.urls import display_url, mask_text, resolve_url
 
 PASSWORD = "S3cretPlant"
 REPO = Path(__file__).resolve().parents[1]

@@ -62,14 +62,9 @@ from autotune.errors import JobError, did_you_mean
 from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.problem import Problem, ShapeValue, canonical_dtype, parse_shape
 from autotune.space.validity import servable, violations
-from autotune.storage.store import (
-    ProblemSummary,
-    Store,
-    TrialRow,
-    read_timeout_s,
-    resolve_url,
-    sqlite_path,
-)
+from autotune.storage.rows import ProblemSummary, TrialRow
+from autotune.storage.store import Store
+from autotune.storage.urls import read_timeout_s, resolve_url, sqlite_path
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas

@@ -57,7 +57,8 @@ from autotune.errors import JobError, StorageError
 from autotune.queries import best as queries
 from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
 from autotune.space.problem import Config, Problem
-from autotune.storage.store import failure_reason, read_timeout_s, resolve_url
+from autotune.storage.store import failure_reason
+from autotune.storage.urls import read_timeout_s, resolve_url
 
 __all__ = [
     "tuned", "lookup_config", "clear_cache", "NEAREST_TRIES", "SOURCES", "RETRY_AFTER_S",

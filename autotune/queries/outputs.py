@@ -62,7 +62,7 @@ def check_output_dir(path: str | os.PathLike[str], *, flag: str) -> pathlib.Path
 
 def _database_files(db: str | None) -> list[pathlib.Path]:
     """The files of the SQLite database in use (none for a server)."""
-    from autotune.storage.store import resolve_url, sqlite_path
+    from autotune.storage.urls import resolve_url, sqlite_path
 
     path = sqlite_path(resolve_url(db))
     if path is None:

@@ -33,7 +33,8 @@ from typing import Any
 
 from autotune._paths import safe_path
 from autotune.errors import JobError, NothingTunedError
-from autotune.storage.store import ProblemSummary, Store, TrialRow
+from autotune.storage.rows import ProblemSummary, TrialRow
+from autotune.storage.store import Store
 
 __all__ = ["DEVICE_PEAKS", "DevicePeaks", "ProblemPage", "Report", "device_peaks", "write_report"]
 
@@ -137,8 +138,7 @@ def write_report(
     _require_matplotlib()
     from autotune.queries.best import _open, served_summaries
     from autotune.queries.outputs import check_output_dir
-    from autotune.storage.store import resolve_url
-    from autotune.storage.urls import display_url
+    from autotune.storage.urls import display_url, resolve_url
 
     out = check_output_dir(out_dir, flag="the report folder (--out)")
     with _open(db) as store:
@@ -662,8 +662,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
             f'<section id="{anchor}"><h2>{html.escape(str(s.problem))} on {html.escape(s.device)}</h2>'
             + (f"<ul>{notes}</ul>" if notes else "") + f'<div class="plots">{images}</div></section>'
         )
-    from autotune.storage.store import resolve_url
-    from autotune.storage.urls import display_url
+    from autotune.storage.urls import display_url, resolve_url
 
     source = html.escape(display_url(resolve_url(db)))
     return f"""<!doctype html>

@@ -19,21 +19,23 @@ session). After ``fork``, open a new Store in the child (or call
 ``store.engine.dispose(close=False)``) rather than reuse the parent's connections.
 
 This module does not import jax: :mod:`autotune.queries.best` uses it.
+
+The tables are in :mod:`.schema`, the row values in :mod:`.rows`, the URL policy in
+:mod:`.urls`. Why one piece (over 400 lines): every method of :class:`Store` is one transaction
+over the same tables, keys and software/device bookkeeping (``_get_or_create``, the device and
+software keys); the migration step on open shares the engine set-up.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import json
 import logging
 import math
-import os
 import pathlib
 import socket
 import statistics
-import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -41,46 +43,55 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import StorageError
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult, relative_spread
 from autotune.space.problem import Config, Problem
-from autotune.storage.urls import display_url
+from autotune.storage.rows import (
+    BaselineRow,
+    ConfirmationRow,
+    ConfirmedProgram,
+    ProblemSummary,
+    RecordedTrial,
+    RunRow,
+    TraceRegionRow,
+    TrialRow,
+)
+from autotune.storage.schema import (
+    Base,
+    _Baselines,
+    _Configs,
+    _ConfirmationPrograms,
+    _Confirmations,
+    _Devices,
+    _Kernels,
+    _Problems,
+    _Runs,
+    _Software,
+    _TraceRegions,
+    _Trials,
+)
+from autotune.storage.urls import (
+    _read_only_url,
+    display_url,
+    read_timeout_s,
+    resolve_url,
+    sqlite_path,
+)
 
 __all__ = [
     "Store",
-    "RecordedTrial",
-    "TrialRow",
-    "BaselineRow",
-    "TraceRegionRow",
-    "ProblemSummary",
-    "RESULT_FIELDS",
-    "RunRow",
-    "ConfirmationRow",
-    "ConfirmedProgram",
-    "resolve_url",
-    "sqlite_path",
     "failure_reason",
     "damaged_hint",
-    "DEFAULT_URL",
-    "ENV_VAR",
     "VERSION_TABLE",
-    "READ_TIMEOUT_ENV",
-    "read_timeout_s",
 ]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URL = "sqlite:///results/autotune.db"
-ENV_VAR = "AUTOTUNE_DB"
 # Optuna's RDB storage owns ``alembic_version``; ours must not collide with it.
 VERSION_TABLE = "at_alembic_version"
 SQLITE_BUSY_TIMEOUT_S = 30.0
-# Read-only stores (queries, read commands, the run-time lookup) wait this long at most to
-# connect, for a lock, or for one statement; ``$AUTOTUNE_READ_TIMEOUT_S`` overrides it.
-READ_TIMEOUT_S = 5.0
-READ_TIMEOUT_ENV = "AUTOTUNE_READ_TIMEOUT_S"
 # Key of the PostgreSQL advisory lock that serialises concurrent migrations ("autotune").
 _PG_MIGRATION_LOCK = 0x6175746F74756E65
 _MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent / "migrations"
@@ -91,619 +102,10 @@ _UTC = dt.UTC
 # ----------------------------------------------------------------------------- schema
 
 
-class Base(DeclarativeBase):
-    metadata = sa.MetaData(
-        naming_convention={
-            "pk": "pk_%(table_name)s",
-            "fk": "fk_%(table_name)s_%(column_0_name)s",
-            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        }
-    )
-
-
-class _UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
-    """A timezone-aware UTC datetime, also on SQLite (which stores it naive, in UTC)."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> Any:
-        if value is None:
-            return None
-        value = value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
-
-
-class _Samples(sa.types.TypeDecorator[tuple[float, ...]]):
-    """A list of floats as JSON text (exact round trip, NaN and infinity included)."""
-
-    impl = sa.Text
-    cache_ok = True
-
-    def process_bind_param(self, value: Sequence[float] | None, dialect: sa.Dialect) -> Any:
-        return json.dumps([float(v) for v in value or ()])
-
-    def process_result_value(self, value: Any, dialect: sa.Dialect) -> tuple[float, ...]:
-        return tuple(float(v) for v in json.loads(value or "[]"))
-
-
-class _Kernels(Base):
-    __tablename__ = "at_kernels"
-    __table_args__ = (sa.UniqueConstraint("name", name="uq_at_kernels_name"),)
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(200))
-
-
-class _Problems(Base):
-    __tablename__ = "at_problems"
-    __table_args__ = (
-        sa.UniqueConstraint("digest", name="uq_at_problems_digest"),
-        sa.Index("ix_at_problems_kernel", "kernel_id", "dtype"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    kernel_id: Mapped[int] = mapped_column(sa.ForeignKey("at_kernels.id"))
-    shape_json: Mapped[str] = mapped_column(sa.Text)
-    dtype: Mapped[str] = mapped_column(sa.String(32))
-    digest: Mapped[str] = mapped_column(sa.String(16))
-
-
-class _Devices(Base):
-    __tablename__ = "at_devices"
-    __table_args__ = (
-        sa.UniqueConstraint(
-            "name", "kind", "compute_capability", "driver", name="uq_at_devices_identity"
-        ),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(200))
-    kind: Mapped[str] = mapped_column(sa.String(16))
-    compute_capability: Mapped[str] = mapped_column(sa.String(32))
-    driver: Mapped[str] = mapped_column(sa.String(64))
-
-
-class _Software(Base):
-    __tablename__ = "at_software"
-    __table_args__ = (
-        sa.UniqueConstraint("jax", "jaxlib", "autotune", "extra", name="uq_at_software_versions"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    jax: Mapped[str] = mapped_column(sa.String(64))
-    jaxlib: Mapped[str] = mapped_column(sa.String(64))
-    autotune: Mapped[str] = mapped_column(sa.String(64))
-    # Any other version keys, as canonical JSON ("{}" when none).
-    extra: Mapped[str] = mapped_column(sa.String(1000))
-
-
-class _Configs(Base):
-    __tablename__ = "at_configs"
-    __table_args__ = (sa.UniqueConstraint("kernel_id", "digest", name="uq_at_configs_kernel_digest"),)
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    kernel_id: Mapped[int] = mapped_column(sa.ForeignKey("at_kernels.id"))
-    config_json: Mapped[str] = mapped_column(sa.Text)
-    digest: Mapped[str] = mapped_column(sa.String(16))
-
-
-class _Trials(Base):
-    __tablename__ = "at_trials"
-    __table_args__ = (
-        # The database's own guarantee that no config is measured twice.
-        sa.UniqueConstraint(
-            "problem_id", "config_id", "device_id", "software_id", "cache_policy",
-            name="uq_at_trials_measurement",
-        ),
-        # best(): ok trials of one problem on some devices, fastest first.
-        sa.Index("ix_at_trials_best", "problem_id", "device_id", "status", "median_us"),
-        # best() of a device kind or software version (revision 0002): walks one problem's ok
-        # trials fastest first, stopping at the first that matches, with no sort.
-        sa.Index("ix_at_trials_rank", "problem_id", "status", "median_us"),
-        sa.Index("ix_at_trials_study", "study_name", "optuna_trial_number"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    problem_id: Mapped[int] = mapped_column(sa.ForeignKey("at_problems.id"))
-    config_id: Mapped[int] = mapped_column(sa.ForeignKey("at_configs.id"))
-    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
-    software_id: Mapped[int] = mapped_column(sa.ForeignKey("at_software.id"))
-    status: Mapped[str] = mapped_column(sa.String(16))
-    median_us: Mapped[float | None] = mapped_column(sa.Double)
-    min_us: Mapped[float | None] = mapped_column(sa.Double)
-    max_us: Mapped[float | None] = mapped_column(sa.Double)
-    samples_us: Mapped[tuple[float, ...]] = mapped_column(_Samples)
-    compile_s: Mapped[float | None] = mapped_column(sa.Double)
-    rel_error: Mapped[float | None] = mapped_column(sa.Double)
-    timing: Mapped[str] = mapped_column(sa.String(32))
-    # Revision 0003: "cold" | "warm" (autotune.evaluation.trial.CachePolicy); (p90 - p10) / median.
-    cache_policy: Mapped[str] = mapped_column(sa.String(16), server_default="warm")
-    spread: Mapped[float | None] = mapped_column(sa.Double)
-    error: Mapped[str] = mapped_column(sa.Text)
-    study_name: Mapped[str | None] = mapped_column(sa.String(200))
-    optuna_trial_number: Mapped[int | None] = mapped_column(sa.Integer)
-    worker: Mapped[str] = mapped_column(sa.String(200))
-    host: Mapped[str] = mapped_column(sa.String(255))
-    started_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime)
-    finished_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
-
-
-class _Baselines(Base):
-    __tablename__ = "at_baselines"
-    __table_args__ = (
-        sa.UniqueConstraint(
-            "problem_id", "device_id", "software_id", "name", "cache_policy",
-            name="uq_at_baselines_measurement",
-        ),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    problem_id: Mapped[int] = mapped_column(sa.ForeignKey("at_problems.id"))
-    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
-    software_id: Mapped[int] = mapped_column(sa.ForeignKey("at_software.id"))
-    name: Mapped[str] = mapped_column(sa.String(64))
-    median_us: Mapped[float] = mapped_column(sa.Double)
-    min_us: Mapped[float] = mapped_column(sa.Double)
-    max_us: Mapped[float] = mapped_column(sa.Double)
-    samples_us: Mapped[tuple[float, ...]] = mapped_column(_Samples)
-    measured_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
-    cache_policy: Mapped[str] = mapped_column(sa.String(16), server_default="warm")
-    spread: Mapped[float | None] = mapped_column(sa.Double)
-
-
-class _TraceRegions(Base):
-    __tablename__ = "at_trace_regions"
-    __table_args__ = (
-        sa.UniqueConstraint("trial_id", "region", name="uq_at_trace_regions_trial_region"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
-    region: Mapped[str] = mapped_column(sa.String(500))
-    median_us: Mapped[float] = mapped_column(sa.Double)
-    count: Mapped[int] = mapped_column(sa.Integer)
-    trace_path: Mapped[str] = mapped_column(sa.Text)
-
-
-class _Rounds(sa.types.TypeDecorator[tuple[tuple[float, ...], ...]]):
-    """Per-round samples (a list of lists of floats) as JSON text."""
-
-    impl = sa.Text
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
-        return json.dumps([[float(v) for v in r] for r in value or ()])
-
-    def process_result_value(self, value: Any, dialect: sa.Dialect) -> Any:
-        return tuple(tuple(float(v) for v in r) for r in json.loads(value or "[]"))
-
-
-class _Runs(Base):
-    """One job run: where, with which cache policy, and the GPU's clocks around it (0003)."""
-
-    __tablename__ = "at_runs"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    job: Mapped[str] = mapped_column(sa.String(200))
-    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
-    host: Mapped[str] = mapped_column(sa.String(255))
-    cache_policy: Mapped[str] = mapped_column(sa.String(16))
-    started_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
-    finished_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime)
-    clocks_before: Mapped[str] = mapped_column(sa.Text)  # JSON of a ClockSnapshot
-    clocks_after: Mapped[str | None] = mapped_column(sa.Text)
-    warnings: Mapped[str] = mapped_column(sa.Text)  # JSON list of strings
-
-
-class _Confirmations(Base):
-    """One confirmation round of a problem (0003); its programs in _ConfirmationPrograms."""
-
-    __tablename__ = "at_confirmations"
-    __table_args__ = (
-        sa.Index("ix_at_confirmations_problem", "problem_id", "cache_policy", "id"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    run_id: Mapped[int | None] = mapped_column(sa.ForeignKey("at_runs.id"))
-    problem_id: Mapped[int] = mapped_column(sa.ForeignKey("at_problems.id"))
-    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
-    software_id: Mapped[int] = mapped_column(sa.ForeignKey("at_software.id"))
-    cache_policy: Mapped[str] = mapped_column(sa.String(16))
-    rounds: Mapped[int] = mapped_column(sa.Integer)
-    iterations: Mapped[int] = mapped_column(sa.Integer)
-    crowned_trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
-    fastest_trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
-    baseline_name: Mapped[str | None] = mapped_column(sa.String(64))
-    baseline_rounds_us: Mapped[tuple[tuple[float, ...], ...]] = mapped_column(_Rounds)
-    baseline_median_us: Mapped[float | None] = mapped_column(sa.Double)
-    baseline_spread: Mapped[float | None] = mapped_column(sa.Double)
-    speedup: Mapped[float | None] = mapped_column(sa.Double)
-    speedup_spread: Mapped[float | None] = mapped_column(sa.Double)
-    speedup_low: Mapped[float | None] = mapped_column(sa.Double)
-    speedup_high: Mapped[float | None] = mapped_column(sa.Double)
-    created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
-
-
-class _ConfirmationPrograms(Base):
-    __tablename__ = "at_confirmation_programs"
-    __table_args__ = (
-        sa.UniqueConstraint(
-            "confirmation_id", "position", name="uq_at_confirmation_programs_position"
-        ),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    confirmation_id: Mapped[int] = mapped_column(sa.ForeignKey("at_confirmations.id"))
-    trial_id: Mapped[int] = mapped_column(sa.ForeignKey("at_trials.id"))
-    position: Mapped[int] = mapped_column(sa.Integer)
-    rounds_us: Mapped[tuple[tuple[float, ...], ...]] = mapped_column(_Rounds)
-    median_us: Mapped[float] = mapped_column(sa.Double)
-    spread: Mapped[float] = mapped_column(sa.Double)
-    diff: Mapped[float] = mapped_column(sa.Double)
-    noise: Mapped[float] = mapped_column(sa.Double)
-    tie: Mapped[bool] = mapped_column(sa.Boolean)
-    crowned: Mapped[bool] = mapped_column(sa.Boolean)
-
-
 # ----------------------------------------------------------------------------- snapshots
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordedTrial:
-    """What :meth:`Store.record_trial` did: the row's id, and whether it already existed."""
-
-    id: int
-    duplicate: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialRow:
-    """One stored trial. Times in microseconds, compile time in seconds, datetimes in UTC."""
-
-    id: int
-    problem: Problem
-    config: Config
-    device: DeviceInfo
-    software: dict[str, str] = dataclasses.field(hash=False)
-    status: Outcome
-    median_us: float | None
-    min_us: float | None
-    max_us: float | None
-    samples_us: tuple[float, ...]
-    compile_s: float | None
-    rel_error: float | None
-    timing: str
-    error: str
-    study_name: str | None
-    optuna_trial_number: int | None
-    worker: str
-    host: str
-    started_at: dt.datetime | None
-    finished_at: dt.datetime
-    traced: bool = False  # trace regions are stored for this trial
-    cache_policy: str = "warm"  # "cold" | "warm": how the L2 was treated between iterations
-    stored_spread: float | None = None  # as stored (NULL on rows from before revision 0003)
-
-    @property
-    def ok(self) -> bool:
-        return self.status is Outcome.OK
-
-    @property
-    def spread(self) -> float | None:
-        """``(p90 - p10) / median`` of the samples: as stored, else computed from them."""
-        if self.stored_spread is not None:
-            return self.stored_spread
-        from autotune.evaluation.trial import relative_spread
-
-        return relative_spread(self.samples_us)
-
-    def result(self) -> TrialResult:
-        """The :class:`TrialResult` this row was recorded from."""
-        return TrialResult(
-            outcome=self.status,
-            samples_us=self.samples_us,
-            compile_s=self.compile_s,
-            error=self.error,
-            rel_error=self.rel_error,
-            timing=self.timing,
-            cache=self.cache_policy,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class BaselineRow:
-    """One stored baseline measurement (e.g. ``"xla"``) of a problem on a device."""
-
-    id: int
-    problem: Problem
-    device: DeviceInfo
-    software: dict[str, str] = dataclasses.field(hash=False)
-    name: str
-    median_us: float
-    min_us: float
-    max_us: float
-    samples_us: tuple[float, ...]
-    measured_at: dt.datetime
-    cache_policy: str = "warm"
-    spread: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RunRow:
-    """One job run with the GPU's clocks before and after (``autotune.evaluation.clocks`` JSON dicts)."""
-
-    id: int
-    job: str
-    device: DeviceInfo
-    host: str
-    cache_policy: str
-    started_at: dt.datetime
-    finished_at: dt.datetime | None
-    clocks_before: dict[str, Any] = dataclasses.field(hash=False)
-    clocks_after: dict[str, Any] | None = dataclasses.field(hash=False)
-    warnings: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class ConfirmedProgram:
-    """One config of a confirmation round, as stored (``autotune.tuning.confirmation.ProgramSummary``)."""
-
-    trial_id: int
-    config: Config
-    position: int  # its rank among the search's best when the round began
-    rounds_us: tuple[tuple[float, ...], ...]
-    median_us: float
-    spread: float
-    diff: float  # median paired ratio to the fastest config of the round, minus 1
-    noise: float  # the tie threshold
-    tie: bool
-    crowned: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class ConfirmationRow:
-    """One stored confirmation round of a problem: its crowned config and confirmed speedup."""
-
-    id: int
-    problem: Problem
-    device: DeviceInfo
-    software: dict[str, str] = dataclasses.field(hash=False)
-    cache_policy: str
-    rounds: int
-    iterations: int
-    crowned_trial_id: int
-    fastest_trial_id: int
-    baseline_name: str | None
-    baseline_median_us: float | None
-    baseline_spread: float | None
-    baseline_rounds_us: tuple[tuple[float, ...], ...]
-    speedup: float | None
-    speedup_spread: float | None
-    speedup_low: float | None
-    speedup_high: float | None
-    created_at: dt.datetime
-    run_id: int | None
-    programs: tuple[ConfirmedProgram, ...] = dataclasses.field(hash=False, default=())
-
-    @property
-    def crowned(self) -> ConfirmedProgram:
-        return next(p for p in self.programs if p.crowned)
-
-    def tied_with_winner(self) -> tuple[ConfirmedProgram, ...]:
-        """The configs tied with the crowned one: the round's fastest and the configs within
-        its noise, the crowned one left out (none when the fastest had no tie)."""
-        group = [p for p in self.programs if p.tie or p.trial_id == self.fastest_trial_id]
-        return tuple(p for p in group if not p.crowned) if len(group) > 1 else ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: the confirmed winner, speedup and spread, and the tie marks."""
-        crowned = self.crowned
-        return {
-            "confirmation_id": self.id,
-            "cache_policy": self.cache_policy,
-            "rounds": self.rounds,
-            "iterations": self.iterations,
-            "crowned_trial_id": self.crowned_trial_id,
-            "fastest_trial_id": self.fastest_trial_id,
-            "config": dict(crowned.config),
-            "median_us": crowned.median_us,
-            "spread": crowned.spread,
-            "baseline_name": self.baseline_name,
-            "baseline_us": self.baseline_median_us,
-            "baseline_spread": self.baseline_spread,
-            "speedup": self.speedup,
-            "speedup_spread": self.speedup_spread,
-            "speedup_low": self.speedup_low,
-            "speedup_high": self.speedup_high,
-            "programs": [
-                {"trial_id": p.trial_id, "config": dict(p.config), "median_us": p.median_us,
-                 "spread": p.spread, "diff": p.diff, "noise": p.noise, "tie": p.tie,
-                 "crowned": p.crowned}
-                for p in self.programs
-            ],
-            "created_at": self.created_at.isoformat(),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceRegionRow:
-    """The time one named region of a traced trial took (median over ``count`` occurrences)."""
-
-    trial_id: int
-    region: str
-    median_us: float
-    count: int
-    trace_path: str
-
-
-# The fields every result carries, under these names, in ``autotune best --json``,
-# ``autotune results --json`` and ``autotune export --format json`` alike.
-RESULT_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "config", "median_us",
-                 "trial_id")
-
-
-@dataclasses.dataclass(frozen=True)
-class ProblemSummary:
-    """What is stored for one problem on one device (name and kind)."""
-
-    problem: Problem
-    device: str
-    device_kind: str
-    by_status: dict[str, int] = dataclasses.field(hash=False)  # outcome value -> trials
-    best_us: float | None
-    best_config: dict[str, Any] | None = dataclasses.field(hash=False)
-    best_trial_id: int | None
-    baseline_name: str | None  # the fastest baseline on this device
-    baseline_us: float | None
-    cache_policy: str = "warm"  # every figure of a summary is of this one policy
-    # The newest confirmation round of this policy, when there is one (revision 0003).
-    confirmation: ConfirmationRow | None = dataclasses.field(default=None, hash=False)
-
-    @property
-    def total(self) -> int:
-        return sum(self.by_status.values())
-
-    @property
-    def problem_text(self) -> str:
-        return str(self.problem)
-
-    @property
-    def speedup(self) -> float | None:
-        """``baseline_us / best_us``: above 1 the tuned kernel is faster."""
-        if self.best_us is None or self.baseline_us is None:
-            return None
-        return self.baseline_us / self.best_us
-
-    @property
-    def confirmed_speedup(self) -> float | None:
-        """The speedup of the confirmation round (interleaved, paired), when there was one."""
-        return None if self.confirmation is None else self.confirmation.speedup
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict. The best trial's fields carry the names every result uses
-        (:data:`RESULT_FIELDS`: ``config``, ``median_us``, ``trial_id``, as in ``autotune best``
-        and ``autotune export``), plus ``by_status``, ``total`` and the confirmation round."""
-        confirmation = self.confirmation
-        return {
-            "cache_policy": self.cache_policy,
-            "confirmed": confirmation is not None,
-            "confirmed_speedup": None if confirmation is None else confirmation.speedup,
-            "confirmed_speedup_spread": None if confirmation is None else confirmation.speedup_spread,
-            "confirmation": None if confirmation is None else confirmation.to_dict(),
-            "kernel": self.problem.kernel,
-            "shape": self.problem.dims,
-            "dtype": self.problem.dtype,
-            "device": self.device,
-            "device_kind": self.device_kind,
-            "by_status": dict(self.by_status),
-            "total": self.total,
-            "median_us": self.best_us,
-            "config": self.best_config,
-            "trial_id": self.best_trial_id,
-            "baseline_name": self.baseline_name,
-            "baseline_us": self.baseline_us,
-            "speedup": self.speedup,
-        }
-
-
 # ----------------------------------------------------------------------------- URLs, engines
-
-
-def resolve_url(url: str | None = None) -> URL:
-    """The database URL to use: ``url``, else ``$AUTOTUNE_DB``, else ``sqlite:///results/autotune.db``.
-
-    ``postgresql://`` (and ``postgres://``) URLs are mapped to the psycopg 3 driver; a bare
-    path (no ``://``) means an SQLite file; a relative SQLite path is made absolute against
-    the current working directory.
-
-    Raises:
-      StorageError: the text is not a database URL.
-    """
-    text = url if url is not None else (os.environ.get(ENV_VAR) or DEFAULT_URL)
-    if not isinstance(text, str) or not text.strip():
-        raise StorageError(
-            f"The database URL must be a non-empty string such as {DEFAULT_URL!r}, but got {text!r}."
-        )
-    text = text.strip()
-    if "://" not in text:
-        text = "sqlite:///" + text
-    try:
-        parsed = sa.make_url(text)
-    except (sa_exc.ArgumentError, ValueError):
-        raise StorageError(
-            f"{display_url(text)!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
-            "'postgresql://user@host:5432/dbname'."
-        ) from None  # SQLAlchemy's message repeats the text, password included
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    path = sqlite_path(parsed)
-    if path is not None and not path.is_absolute():
-        parsed = parsed.set(database=str(pathlib.Path.cwd() / path))
-    return parsed
-
-
-def sqlite_path(url: URL | str) -> pathlib.Path | None:
-    """The file an SQLite URL names, or None (another backend, or an in-memory database)."""
-    url = sa.make_url(url) if isinstance(url, str) else url
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
-        return None
-    if url.query.get("uri") in ("true", "1") or url.database.startswith("file:"):
-        return None  # an sqlite URI: left to sqlite
-    return pathlib.Path(url.database).expanduser()
-
-
-def read_timeout_s(value: float | None = None) -> float:
-    """The timeout of read-only stores: ``value``, else ``$AUTOTUNE_READ_TIMEOUT_S``, else 5 s.
-
-    Raises:
-      StorageError: the value is not a positive, finite number of seconds.
-    """
-    if value is None:
-        text = os.environ.get(READ_TIMEOUT_ENV, "").strip()
-        if not text:
-            return READ_TIMEOUT_S
-        where, shown = f"${READ_TIMEOUT_ENV}", repr(text)
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-    else:
-        where, shown = "timeout_s", repr(value)
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
-        raise StorageError(
-            f"{where} must be a positive, finite number of seconds (default {READ_TIMEOUT_S:g}), "
-            f"but got {shown}."
-        )
-    return float(value)
-
-
-def _read_only_url(url: URL, timeout_s: float) -> URL:
-    """``url`` opened so that nothing can be written through it, with bounded waits.
-
-    SQLite: the file as a ``mode=ro`` URI (no journal or header is ever written) with a busy
-    timeout. PostgreSQL: ``connect_timeout``, ``statement_timeout`` and read-only transactions.
-    """
-    path = sqlite_path(url)
-    if path is not None:
-        return sa.make_url(
-            f"sqlite:///file:{urllib.parse.quote(str(path))}?mode=ro&uri=true&timeout={timeout_s:g}"
-        )
-    if url.get_backend_name() == "postgresql":
-        options = str(url.query.get("options") or "")
-        extra = (f"-c statement_timeout={max(1, int(timeout_s * 1000))} "
-                 "-c default_transaction_read_only=on")
-        return url.update_query_dict({
-            "connect_timeout": str(max(1, math.ceil(timeout_s))),
-            "options": f"{options} {extra}".strip(),
-        })
-    return url
 
 
 def _create_engine(url: URL, *, read_only: bool = False) -> Engine:

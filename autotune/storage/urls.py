@@ -1,4 +1,10 @@
-"""Database URLs as people see them: the one place a URL is turned into text for output.
+"""Database URLs: which database to use (:func:`resolve_url`), and how to show one.
+
+Which database: ``url``, else ``$AUTOTUNE_DB``, else ``sqlite:///results/autotune.db``
+(:func:`resolve_url`); the file an SQLite URL names (:func:`sqlite_path`); the bounded waits of
+read-only stores (:func:`read_timeout_s`) and the URL that opens a database read-only.
+
+Database URLs as people see them: the one place a URL is turned into text for output.
 
     display_url("postgresql+psycopg://me:S3cret@db:5432/tune?password=x")
     # -> 'postgresql+psycopg://me:***@db:5432/tune?password=***'
@@ -11,12 +17,35 @@ parameter) never appears in output. Only code that connects uses the full URL
 
 from __future__ import annotations
 
+import math
+import os
+import pathlib
 import re
+import urllib.parse
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
-__all__ = ["display_url", "MASK"]
+from autotune.errors import StorageError
+
+__all__ = [
+    "display_url",
+    "MASK",
+    "resolve_url",
+    "sqlite_path",
+    "read_timeout_s",
+    "DEFAULT_URL",
+    "ENV_VAR",
+    "READ_TIMEOUT_ENV",
+]
+
+DEFAULT_URL = "sqlite:///results/autotune.db"
+ENV_VAR = "AUTOTUNE_DB"
+# Read-only stores (queries, read commands, the run-time lookup) wait this long at most to
+# connect, for a lock, or for one statement; ``$AUTOTUNE_READ_TIMEOUT_S`` overrides it.
+READ_TIMEOUT_S = 5.0
+READ_TIMEOUT_ENV = "AUTOTUNE_READ_TIMEOUT_S"
 
 MASK = "***"
 _SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "sslpassword", "secret", "token"})
@@ -45,3 +74,93 @@ def display_url(url: str | URL | None) -> str:
 def mask_text(text: str) -> str:
     """``text`` (any message) with URL passwords and ``password=`` values masked."""
     return _QUERY.sub(lambda m: f"{m.group(1)}={MASK}", _USERINFO.sub(rf"\g<1>{MASK}\g<2>", text))
+
+
+def resolve_url(url: str | None = None) -> URL:
+    """The database URL to use: ``url``, else ``$AUTOTUNE_DB``, else ``sqlite:///results/autotune.db``.
+
+    ``postgresql://`` (and ``postgres://``) URLs are mapped to the psycopg 3 driver; a bare
+    path (no ``://``) means an SQLite file; a relative SQLite path is made absolute against
+    the current working directory.
+
+    Raises:
+      StorageError: the text is not a database URL.
+    """
+    text = url if url is not None else (os.environ.get(ENV_VAR) or DEFAULT_URL)
+    if not isinstance(text, str) or not text.strip():
+        raise StorageError(
+            f"The database URL must be a non-empty string such as {DEFAULT_URL!r}, but got {text!r}."
+        )
+    text = text.strip()
+    if "://" not in text:
+        text = "sqlite:///" + text
+    try:
+        parsed = sa.make_url(text)
+    except (sa_exc.ArgumentError, ValueError):
+        raise StorageError(
+            f"{display_url(text)!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
+            "'postgresql://user@host:5432/dbname'."
+        ) from None  # SQLAlchemy's message repeats the text, password included
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    path = sqlite_path(parsed)
+    if path is not None and not path.is_absolute():
+        parsed = parsed.set(database=str(pathlib.Path.cwd() / path))
+    return parsed
+
+
+def sqlite_path(url: URL | str) -> pathlib.Path | None:
+    """The file an SQLite URL names, or None (another backend, or an in-memory database)."""
+    url = sa.make_url(url) if isinstance(url, str) else url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    if url.query.get("uri") in ("true", "1") or url.database.startswith("file:"):
+        return None  # an sqlite URI: left to sqlite
+    return pathlib.Path(url.database).expanduser()
+
+
+def read_timeout_s(value: float | None = None) -> float:
+    """The timeout of read-only stores: ``value``, else ``$AUTOTUNE_READ_TIMEOUT_S``, else 5 s.
+
+    Raises:
+      StorageError: the value is not a positive, finite number of seconds.
+    """
+    if value is None:
+        text = os.environ.get(READ_TIMEOUT_ENV, "").strip()
+        if not text:
+            return READ_TIMEOUT_S
+        where, shown = f"${READ_TIMEOUT_ENV}", repr(text)
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+    else:
+        where, shown = "timeout_s", repr(value)
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
+        raise StorageError(
+            f"{where} must be a positive, finite number of seconds (default {READ_TIMEOUT_S:g}), "
+            f"but got {shown}."
+        )
+    return float(value)
+
+
+def _read_only_url(url: URL, timeout_s: float) -> URL:
+    """``url`` opened so that nothing can be written through it, with bounded waits.
+
+    SQLite: the file as a ``mode=ro`` URI (no journal or header is ever written) with a busy
+    timeout. PostgreSQL: ``connect_timeout``, ``statement_timeout`` and read-only transactions.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        return sa.make_url(
+            f"sqlite:///file:{urllib.parse.quote(str(path))}?mode=ro&uri=true&timeout={timeout_s:g}"
+        )
+    if url.get_backend_name() == "postgresql":
+        options = str(url.query.get("options") or "")
+        extra = (f"-c statement_timeout={max(1, int(timeout_s * 1000))} "
+                 "-c default_transaction_read_only=on")
+        return url.update_query_dict({
+            "connect_timeout": str(max(1, math.ceil(timeout_s))),
+            "options": f"{options} {extra}".strip(),
+        })
+    return url

@@ -30,7 +30,8 @@ from typing import Any
 
 from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
-from autotune.storage.store import Store, TrialRow
+from autotune.storage.rows import TrialRow
+from autotune.storage.store import Store
 
 __all__ = ["Remeasured", "Revalidation", "revalidate", "stale_configs", "CHANGED_RATIO"]
 

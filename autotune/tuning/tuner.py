@@ -126,7 +126,7 @@ class ProblemReport:
     cache_policy: str = "warm"
     # The confirmation round (None when there was none): best_config, best_us and
     # baseline_us are then its crowned config and medians, and speedup its paired speedup.
-    confirmation: Any = None  # autotune.storage.store.ConfirmationRow
+    confirmation: Any = None  # autotune.storage.rows.ConfirmationRow
     confirm_s: float | None = None  # wall time the confirmation round took in this run
 
     @property

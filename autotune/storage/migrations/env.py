@@ -12,7 +12,9 @@ from typing import Any
 
 from alembic import context
 
-from autotune.storage.store import VERSION_TABLE, Base, _create_engine, resolve_url
+from autotune.storage.schema import Base
+from autotune.storage.store import VERSION_TABLE, _create_engine
+from autotune.storage.urls import resolve_url
 
 config = context.config
 

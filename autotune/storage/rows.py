@@ -1,0 +1,283 @@
+"""Row values: frozen snapshots of what the store holds, handed to callers instead of ORM objects.
+
+No jax, no database session: a row is read once and never changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.problem import Config, Problem
+
+__all__ = [
+    "RecordedTrial",
+    "TrialRow",
+    "BaselineRow",
+    "TraceRegionRow",
+    "ProblemSummary",
+    "RESULT_FIELDS",
+    "RunRow",
+    "ConfirmationRow",
+    "ConfirmedProgram",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedTrial:
+    """What :meth:`Store.record_trial` did: the row's id, and whether it already existed."""
+
+    id: int
+    duplicate: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRow:
+    """One stored trial. Times in microseconds, compile time in seconds, datetimes in UTC."""
+
+    id: int
+    problem: Problem
+    config: Config
+    device: DeviceInfo
+    software: dict[str, str] = dataclasses.field(hash=False)
+    status: Outcome
+    median_us: float | None
+    min_us: float | None
+    max_us: float | None
+    samples_us: tuple[float, ...]
+    compile_s: float | None
+    rel_error: float | None
+    timing: str
+    error: str
+    study_name: str | None
+    optuna_trial_number: int | None
+    worker: str
+    host: str
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+    traced: bool = False  # trace regions are stored for this trial
+    cache_policy: str = "warm"  # "cold" | "warm": how the L2 was treated between iterations
+    stored_spread: float | None = None  # as stored (NULL on rows from before revision 0003)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Outcome.OK
+
+    @property
+    def spread(self) -> float | None:
+        """``(p90 - p10) / median`` of the samples: as stored, else computed from them."""
+        if self.stored_spread is not None:
+            return self.stored_spread
+        from autotune.evaluation.trial import relative_spread
+
+        return relative_spread(self.samples_us)
+
+    def result(self) -> TrialResult:
+        """The :class:`TrialResult` this row was recorded from."""
+        return TrialResult(
+            outcome=self.status,
+            samples_us=self.samples_us,
+            compile_s=self.compile_s,
+            error=self.error,
+            rel_error=self.rel_error,
+            timing=self.timing,
+            cache=self.cache_policy,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineRow:
+    """One stored baseline measurement (e.g. ``"xla"``) of a problem on a device."""
+
+    id: int
+    problem: Problem
+    device: DeviceInfo
+    software: dict[str, str] = dataclasses.field(hash=False)
+    name: str
+    median_us: float
+    min_us: float
+    max_us: float
+    samples_us: tuple[float, ...]
+    measured_at: dt.datetime
+    cache_policy: str = "warm"
+    spread: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRow:
+    """One job run with the GPU's clocks before and after (``autotune.evaluation.clocks`` JSON dicts)."""
+
+    id: int
+    job: str
+    device: DeviceInfo
+    host: str
+    cache_policy: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    clocks_before: dict[str, Any] = dataclasses.field(hash=False)
+    clocks_after: dict[str, Any] | None = dataclasses.field(hash=False)
+    warnings: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfirmedProgram:
+    """One config of a confirmation round, as stored (``autotune.tuning.confirmation.ProgramSummary``)."""
+
+    trial_id: int
+    config: Config
+    position: int  # its rank among the search's best when the round began
+    rounds_us: tuple[tuple[float, ...], ...]
+    median_us: float
+    spread: float
+    diff: float  # median paired ratio to the fastest config of the round, minus 1
+    noise: float  # the tie threshold
+    tie: bool
+    crowned: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfirmationRow:
+    """One stored confirmation round of a problem: its crowned config and confirmed speedup."""
+
+    id: int
+    problem: Problem
+    device: DeviceInfo
+    software: dict[str, str] = dataclasses.field(hash=False)
+    cache_policy: str
+    rounds: int
+    iterations: int
+    crowned_trial_id: int
+    fastest_trial_id: int
+    baseline_name: str | None
+    baseline_median_us: float | None
+    baseline_spread: float | None
+    baseline_rounds_us: tuple[tuple[float, ...], ...]
+    speedup: float | None
+    speedup_spread: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    created_at: dt.datetime
+    run_id: int | None
+    programs: tuple[ConfirmedProgram, ...] = dataclasses.field(hash=False, default=())
+
+    @property
+    def crowned(self) -> ConfirmedProgram:
+        return next(p for p in self.programs if p.crowned)
+
+    def tied_with_winner(self) -> tuple[ConfirmedProgram, ...]:
+        """The configs tied with the crowned one: the round's fastest and the configs within
+        its noise, the crowned one left out (none when the fastest had no tie)."""
+        group = [p for p in self.programs if p.tie or p.trial_id == self.fastest_trial_id]
+        return tuple(p for p in group if not p.crowned) if len(group) > 1 else ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the confirmed winner, speedup and spread, and the tie marks."""
+        crowned = self.crowned
+        return {
+            "confirmation_id": self.id,
+            "cache_policy": self.cache_policy,
+            "rounds": self.rounds,
+            "iterations": self.iterations,
+            "crowned_trial_id": self.crowned_trial_id,
+            "fastest_trial_id": self.fastest_trial_id,
+            "config": dict(crowned.config),
+            "median_us": crowned.median_us,
+            "spread": crowned.spread,
+            "baseline_name": self.baseline_name,
+            "baseline_us": self.baseline_median_us,
+            "baseline_spread": self.baseline_spread,
+            "speedup": self.speedup,
+            "speedup_spread": self.speedup_spread,
+            "speedup_low": self.speedup_low,
+            "speedup_high": self.speedup_high,
+            "programs": [
+                {"trial_id": p.trial_id, "config": dict(p.config), "median_us": p.median_us,
+                 "spread": p.spread, "diff": p.diff, "noise": p.noise, "tie": p.tie,
+                 "crowned": p.crowned}
+                for p in self.programs
+            ],
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceRegionRow:
+    """The time one named region of a traced trial took (median over ``count`` occurrences)."""
+
+    trial_id: int
+    region: str
+    median_us: float
+    count: int
+    trace_path: str
+
+
+# The fields every result carries, under these names, in ``autotune best --json``,
+# ``autotune results --json`` and ``autotune export --format json`` alike.
+RESULT_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "config", "median_us",
+                 "trial_id")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemSummary:
+    """What is stored for one problem on one device (name and kind)."""
+
+    problem: Problem
+    device: str
+    device_kind: str
+    by_status: dict[str, int] = dataclasses.field(hash=False)  # outcome value -> trials
+    best_us: float | None
+    best_config: dict[str, Any] | None = dataclasses.field(hash=False)
+    best_trial_id: int | None
+    baseline_name: str | None  # the fastest baseline on this device
+    baseline_us: float | None
+    cache_policy: str = "warm"  # every figure of a summary is of this one policy
+    # The newest confirmation round of this policy, when there is one (revision 0003).
+    confirmation: ConfirmationRow | None = dataclasses.field(default=None, hash=False)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
+
+    @property
+    def problem_text(self) -> str:
+        return str(self.problem)
+
+    @property
+    def speedup(self) -> float | None:
+        """``baseline_us / best_us``: above 1 the tuned kernel is faster."""
+        if self.best_us is None or self.baseline_us is None:
+            return None
+        return self.baseline_us / self.best_us
+
+    @property
+    def confirmed_speedup(self) -> float | None:
+        """The speedup of the confirmation round (interleaved, paired), when there was one."""
+        return None if self.confirmation is None else self.confirmation.speedup
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict. The best trial's fields carry the names every result uses
+        (:data:`RESULT_FIELDS`: ``config``, ``median_us``, ``trial_id``, as in ``autotune best``
+        and ``autotune export``), plus ``by_status``, ``total`` and the confirmation round."""
+        confirmation = self.confirmation
+        return {
+            "cache_policy": self.cache_policy,
+            "confirmed": confirmation is not None,
+            "confirmed_speedup": None if confirmation is None else confirmation.speedup,
+            "confirmed_speedup_spread": None if confirmation is None else confirmation.speedup_spread,
+            "confirmation": None if confirmation is None else confirmation.to_dict(),
+            "kernel": self.problem.kernel,
+            "shape": self.problem.dims,
+            "dtype": self.problem.dtype,
+            "device": self.device,
+            "device_kind": self.device_kind,
+            "by_status": dict(self.by_status),
+            "total": self.total,
+            "median_us": self.best_us,
+            "config": self.best_config,
+            "trial_id": self.best_trial_id,
+            "baseline_name": self.baseline_name,
+            "baseline_us": self.baseline_us,
+            "speedup": self.speedup,
+        }
