@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 
 from autotune.space.kernel import Kernel  # noqa: E402
 from autotune.space.search_space import Choice, Constraint, Space  # noqa: E402
-from autotune.tuning import scheduler  # noqa: E402
+from autotune.tuning import optuna_adapter, scheduler  # noqa: E402
 from autotune.tuning.jobs import Budget, ProblemSpec  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
 
@@ -95,7 +95,7 @@ def measure(name: str, stored: int, asks: int, seed: int = 0) -> list[tuple[floa
         times.append(((time.perf_counter() - t) * 1000, (time.thread_time() - c) * 1000))
         assert asked is not None, "the ask was refused"
         trial, config = asked
-        trial.storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok")
+        trial.storage.set_trial_system_attr(optuna_adapter.trial_id(trial), OUTCOME_ATTR, "ok")
         study.tell(trial, cost(config))
     return times
 

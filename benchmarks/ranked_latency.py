@@ -26,6 +26,7 @@ import optuna  # noqa: E402
 
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
+from autotune.tuning import optuna_adapter  # noqa: E402
 from autotune.tuning.ranked_sampler import Observation  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
 
@@ -71,7 +72,7 @@ def main() -> None:
             refits.append(dt)
         else:
             lookups.append(dt)
-        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok")
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
         study.tell(trial, synthetic_us(problem, Config(trial.params)))
     total = time.perf_counter() - started
     print(f"ranked sampler, model {base.backend}, {bound.count()} valid configs, pool "

@@ -63,6 +63,7 @@ from autotune.queries.best import shape_distance  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.space.search_space import Constraint, Space  # noqa: E402
+from autotune.tuning import optuna_adapter  # noqa: E402
 from autotune.tuning.ranked_sampler import Observation, model_backend  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 
@@ -185,7 +186,7 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
         except ExhaustedError:
             break
         t = rec.times[Config(trial.params).digest()]
-        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok" if t else "wrong_result")
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok" if t else "wrong_result")
         if t is None:
             study.tell(trial, state=TrialState.FAIL)
         else:

@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.space.search_space import Aligned, Bool, Choice, Constraint, PowerOfTwo, Space
+from autotune.tuning import optuna_adapter
 from autotune.tuning.ranked_sampler import (
     Features,
     Observation,
@@ -77,7 +78,7 @@ def _run(bound, sampler, objective, n, *, fails=lambda c: False):
         except ExhaustedError:
             break
         config = Config(trial.params)
-        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok")
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
         if fails(config):
             study.tell(trial, state=TrialState.FAIL)
             times.append(math.inf)

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 from autotune.evaluation.trial import TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
+from autotune.tuning import optuna_adapter
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
 from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
@@ -305,7 +306,7 @@ def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys
                               storage=tuner._optuna_storage(url))
     live = study.ask(distributions(TOY.valid_space(done_problem)))
     live.set_user_attr(tuner.WORKER_ATTR, "host-x:42")
-    study._storage.record_heartbeat(live._trial_id)
+    optuna_adapter.study_storage(study).record_heartbeat(optuna_adapter.trial_id(live))
     job = tmp_path / "job.toml"
     job.write_text('[defaults]\nsampler = "random"\n[[problem]]\nkernel = "tuner_toy"\n'
                    'dtype = "bf16"\nshapes = [{ m = 1024, n = 1024 }, { m = 512, n = 512 }]\n'

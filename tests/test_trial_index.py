@@ -8,7 +8,7 @@ import random
 import optuna
 from optuna.trial import TrialState
 
-from autotune.tuning import sampling
+from autotune.tuning import optuna_adapter, sampling
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler
 from autotune.tuning.tuner import _stagnated
 from tests.test_tuner import PROBLEM, TOY, fake_time
@@ -33,7 +33,7 @@ def test_index_matches_a_full_recount_as_trials_come_and_go():
             t = running.pop(rng.randrange(len(running)))
             fate = rng.choice(["ok", "ok", "failed", "released"])
             if fate != "released":
-                study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, fate)
+                optuna_adapter.set_trial_system_attr(study, t, OUTCOME_ATTR, fate)
             if fate == "ok":
                 study.tell(t, fake_time(t.params))
             else:
@@ -78,7 +78,7 @@ def test_base_sampler_proposes_from_a_capped_model_past_model_trials(monkeypatch
         key = space.key(trial.params)
         assert space.is_valid(trial.params) and key not in seen
         seen.add(key)
-        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, "ok")
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
         study.tell(trial, fake_time(trial.params))
         if sampler._model is not None:
             assert len(sampler._model.get_trials(deepcopy=False)) <= 2 * 8 + 1

@@ -20,6 +20,7 @@ from autotune.space.kernel import Kernel, get_kernel, register
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage.store import Store
+from autotune.tuning import optuna_adapter
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import WORKER_ATTR, run_job, study_name
 
@@ -253,7 +254,7 @@ def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, mo
     study.enqueue_trial(stale_config)
     other = study.ask(dists)
     other.set_user_attr(WORKER_ATTR, "another-host:1234")
-    storage.record_heartbeat(other._trial_id)
+    storage.record_heartbeat(optuna_adapter.trial_id(other))
     time.sleep(2.5)  # past the grace period: the other host is dead
     engine = FakeEngine()
     count = TOY.valid_space(PROBLEM).count()

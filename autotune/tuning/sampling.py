@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import JobError
 from autotune.space.problem import Config
 from autotune.space.search_space import BoundSpace
+from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
 if TYPE_CHECKING:
@@ -280,7 +281,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
         taken = self.taken_keys(study)
         config = self._next(study, trial, taken)
         if config is None:
-            self.exhausted_trial_id = trial._trial_id  # the runner closes this empty trial
+            self.exhausted_trial_id = oa.trial_id(trial)  # the runner closes this empty trial
             raise ExhaustedError(
                 f"all {self._space.count()} valid configs of {self._space.problem} are taken"
             )

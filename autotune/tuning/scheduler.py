@@ -28,6 +28,7 @@ from autotune._paths import safe_path
 from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config
+from autotune.tuning import optuna_adapter as oa
 from autotune.tuning import tuner as _t
 from autotune.tuning.jobs import Job, ProblemSpec
 from autotune.tuning.sampling import ExhaustedError, ValidSampler, distributions, valid_sampler
@@ -124,7 +125,7 @@ class _Run:
             except ExhaustedError:
                 trial_id = self.sampler.exhausted_trial_id
                 if trial_id is not None:
-                    _t._release(self.study, self.study._storage.get_trial_number_from_id(trial_id))
+                    _t._release(self.study, oa.trial_number(self.study, trial_id))
                 self.refresh()
                 if self.tally.running:
                     self.full = True  # others' configs in flight may yet be freed

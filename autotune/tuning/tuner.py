@@ -35,7 +35,6 @@ from typing import Any, Protocol
 
 import optuna
 import sqlalchemy.exc
-from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
@@ -46,6 +45,7 @@ from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage import store as storage_module
+from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
 from autotune.tuning.jobs import Job, ProblemSpec
 from autotune.tuning.ranked_sampler import stored_history
@@ -261,9 +261,9 @@ def _heartbeat(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
             del _last_beat[key]
     for trial in trials:
         # One write per trial every HEARTBEAT_S / 3 at most, however often the loop wakes.
-        key = (id(storage), trial._trial_id)
+        key = (id(storage), oa.trial_id(trial))
         if now - _last_beat.get(key, -HEARTBEAT_S) >= _beat_interval_s():
-            storage.record_heartbeat(trial._trial_id)
+            storage.record_heartbeat(oa.trial_id(trial))
             _last_beat[key] = now
 
 
@@ -276,13 +276,9 @@ def _beat_interval_s() -> float:
     return min(HEARTBEAT_S, GRACE_S / 2) / 3
 
 
-def _heartbeat_storage(study: optuna.Study) -> BaseHeartbeat | None:
-    """The study's storage if it keeps heartbeats (Optuna's cache around the RDBStorage is a
-    BaseHeartbeat too, though not an RDBStorage)."""
-    storage = study._storage
-    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval():
-        return storage
-    return None
+def _heartbeat_storage(study: optuna.Study) -> Any:
+    """The study's storage if it keeps heartbeats (:func:`optuna_adapter.heartbeat_storage`)."""
+    return oa.heartbeat_storage(study)
 
 
 def run_job(
@@ -651,7 +647,7 @@ def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.
         except ExhaustedError:
             trial_id = study.sampler.exhausted_trial_id
             if trial_id is not None:
-                _release(study, study._storage.get_trial_number_from_id(trial_id))
+                _release(study, oa.trial_number(study, trial_id))
             return None
         config = Config(trial.params)
         key = space.key(config)
@@ -679,15 +675,12 @@ def _new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
         user_attrs={WORKER_ATTR: _worker_id()}, system_attrs={}, intermediate_values={},
         trial_id=-1,
     )
-    study._thread_local.cached_all_trials = None  # as study.ask does: sample from fresh trials
-    trial = optuna.trial.Trial(
-        study, study._storage.create_new_trial(study._study_id, template_trial=template)
-    )
+    trial = oa.create_trial(study, template)  # as study.ask does: sample from fresh trials
     # Its first heartbeat before its params: a trial of a process killed before it (it has no
     # params) is closed by _close_orphans after GRACE_S; one killed after it goes stale.
     _heartbeat(study, [trial])
     for name, distribution in dists.items():
-        trial._suggest(name, distribution)
+        oa.suggest(trial, name, distribution)
     return trial
 
 
@@ -712,7 +705,7 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *
     """Reports a stored result to the study. The store is the record: if another host already
     closed the trial (its heartbeat looked stale), the result stays stored all the same."""
     try:
-        study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, result.outcome.value)
+        oa.set_trial_system_attr(study, trial, OUTCOME_ATTR, result.outcome.value)
         if result.ok and not duplicate:
             study.tell(trial, result.median_us)
         else:
@@ -738,7 +731,7 @@ def _close_orphans(
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get(WORKER_ATTR, "")
         owner_host, _, pid = owner.rpartition(":")
-        if t._trial_id in stale:
+        if oa.trial_id(t) in stale:
             pass
         elif not owner or (not t.params and owner_host != host):
             if _age_s(t.datetime_start) < GRACE_S:
@@ -755,7 +748,7 @@ def _close_orphans(
             _release(study, t.number)
         else:
             try:
-                study._storage.set_trial_system_attr(t._trial_id, OUTCOME_ATTR, row.status)
+                oa.set_trial_system_attr(study, t, OUTCOME_ATTR, row.status)
                 if row.status == Outcome.OK.value and row.median_us is not None:
                     study.tell(t.number, row.median_us)
                 else:
@@ -772,14 +765,13 @@ def running_owners(study: optuna.Study) -> list[tuple[str, bool]]:
     """The RUNNING trials of ``study``: ``(owner "host:pid", stale)`` each; stale when its
     heartbeat stopped more than GRACE_S ago (``autotune status``)."""
     stale = set(_stale_trial_ids(study))
-    return [(str(t.user_attrs.get(WORKER_ATTR, "")), t._trial_id in stale)
+    return [(str(t.user_attrs.get(WORKER_ATTR, "")), oa.trial_id(t) in stale)
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
 
 
 def _stale_trial_ids(study: optuna.Study) -> list[int]:
     """RUNNING trials whose heartbeat stopped more than GRACE_S ago (Optuna's rule)."""
-    storage = _heartbeat_storage(study)
-    return [] if storage is None else list(storage._get_stale_trial_ids(study._study_id))
+    return oa.stale_trial_ids(study)
 
 
 def _age_s(start: Any) -> float:

@@ -1,0 +1,110 @@
+"""The one place that touches Optuna's private names, pinned to the Optuna versions it is tested on.
+
+autotune relies on a few things Optuna does not export: a trial's storage id, a study's
+storage and id, the per-thread cache of a study's trials, ``Trial._suggest``, the heartbeat
+base class and its stale-trial query. Every use is a function here, and
+``tests/test_optuna_adapter.py`` pins exactly the behaviour relied on. Importing this module
+with an Optuna outside :data:`SUPPORTED` raises ImportError naming the range and the version
+found; ``pyproject.toml`` declares the same range.
+
+Public Optuna API (``study.tell``, ``study.get_trials``, ``RDBStorage``, ``fail_stale_trials``,
+samplers) is used directly by the tuning modules; only private names live here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.storages._heartbeat import BaseHeartbeat
+
+__all__ = [
+    "SUPPORTED",
+    "check_version",
+    "trial_id",
+    "study_storage",
+    "heartbeat_storage",
+    "stale_trial_ids",
+    "create_trial",
+    "suggest",
+    "set_trial_system_attr",
+    "trial_number",
+]
+
+# The Optuna versions the adapter's tests pass on: >= 5.0, < 5.2 (as in pyproject.toml).
+SUPPORTED = ((5, 0), (5, 2))
+SUPPORTED_TEXT = "optuna>=5.0,<5.2"
+
+
+def check_version(found: str) -> None:
+    """Raises ImportError unless Optuna ``found`` (a version string) is in :data:`SUPPORTED`."""
+    try:
+        major_minor = tuple(int(x) for x in found.split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    low, high = SUPPORTED
+    if not (len(major_minor) == 2 and low <= major_minor < high):
+        raise ImportError(
+            f"autotune needs {SUPPORTED_TEXT} (its Optuna adapter, autotune.tuning.optuna_adapter, "
+            f"uses private Optuna names tested on that range), but found optuna {found}. "
+            f"Install a supported version: pip install '{SUPPORTED_TEXT}'."
+        )
+
+
+check_version(optuna.__version__)
+
+
+def trial_id(trial: optuna.trial.Trial | optuna.trial.FrozenTrial) -> int:
+    """The storage's id of a trial (not its number), for a live or a frozen trial."""
+    return trial._trial_id
+
+
+def study_storage(study: optuna.Study) -> optuna.storages.BaseStorage:
+    """The storage a study reads and writes through (Optuna's cache around an RDBStorage)."""
+    return study._storage
+
+
+def heartbeat_storage(study: optuna.Study) -> BaseHeartbeat | None:
+    """The study's storage if it keeps heartbeats (Optuna's cache around the RDBStorage is a
+    BaseHeartbeat too, though not an RDBStorage); None otherwise."""
+    storage = study._storage
+    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval():
+        return storage
+    return None
+
+
+def stale_trial_ids(study: optuna.Study) -> list[int]:
+    """RUNNING trials whose heartbeat stopped more than the grace period ago (Optuna's rule);
+    empty when the storage keeps no heartbeats."""
+    storage = heartbeat_storage(study)
+    return [] if storage is None else list(storage._get_stale_trial_ids(study._study_id))
+
+
+def create_trial(study: optuna.Study, template: optuna.trial.FrozenTrial) -> optuna.trial.Trial:
+    """A new RUNNING trial of ``study`` created from ``template`` in one storage write (its
+    user attributes included), as ``study.ask`` creates one; the study's cached trials are
+    dropped first so that the sampler proposes from fresh trials."""
+    study._thread_local.cached_all_trials = None  # as study.ask does
+    return optuna.trial.Trial(
+        study, study._storage.create_new_trial(study._study_id, template_trial=template)
+    )
+
+
+def suggest(trial: optuna.trial.Trial, name: str, distribution: Any) -> Any:
+    """Asks the study's sampler for parameter ``name`` of ``trial`` (``Trial._suggest``: any
+    distribution, relative sampling first, as ``study.ask(fixed_distributions)`` does)."""
+    return trial._suggest(name, distribution)
+
+
+def set_trial_system_attr(
+    study: optuna.Study, trial: optuna.trial.Trial | optuna.trial.FrozenTrial | int,
+    key: str, value: Any,
+) -> None:
+    """Stores a system attribute on a trial (given as a trial or its storage id)."""
+    tid = trial if isinstance(trial, int) else trial_id(trial)
+    study._storage.set_trial_system_attr(tid, key, value)
+
+
+def trial_number(study: optuna.Study, trial_id_: int) -> int:
+    """The number (within its study) of the trial with storage id ``trial_id_``."""
+    return study._storage.get_trial_number_from_id(trial_id_)

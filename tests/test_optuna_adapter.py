@@ -1,0 +1,207 @@
+"""autotune.tuning.optuna_adapter: exactly the private Optuna behaviour autotune relies on.
+
+If an Optuna release breaks one of these, widen or move the range in pyproject.toml and
+``optuna_adapter.SUPPORTED`` only once the adapter is fixed and these pass again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+import re
+import subprocess
+import sys
+import time
+import warnings
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.tuning import optuna_adapter as oa
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _rdb(tmp_path, *, heartbeat: int | None = None, grace: int | None = None):
+    kwargs = {} if heartbeat is None else {"heartbeat_interval": heartbeat, "grace_period": grace}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/optuna.db", **kwargs)
+
+
+def _template(**user_attrs) -> FrozenTrial:
+    return FrozenTrial(
+        number=-1, state=TrialState.RUNNING, value=None, datetime_start=dt.datetime.now(),
+        datetime_complete=None, params={}, distributions={}, user_attrs=user_attrs,
+        system_attrs={}, intermediate_values={}, trial_id=-1,
+    )
+
+
+# -- the version range ----------------------------------------------------------------------------
+
+
+def test_the_installed_optuna_is_in_the_supported_range_and_pyproject_agrees():
+    oa.check_version(optuna.__version__)  # the module imported, so this holds
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'"{oa.SUPPORTED_TEXT}"' in pyproject
+    low, high = oa.SUPPORTED
+    assert oa.SUPPORTED_TEXT == f"optuna>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+
+
+@pytest.mark.parametrize("found", ["4.5.0", "5.2.0", "6.0.0", "3.6.1", "nonsense"])
+def test_a_version_outside_the_range_is_refused_by_name(found):
+    with pytest.raises(ImportError) as info:
+        oa.check_version(found)
+    message = str(info.value)
+    assert oa.SUPPORTED_TEXT in message and f"found optuna {found}" in message
+
+
+@pytest.mark.parametrize("found", ["5.0.0", "5.1.0", "5.1.3.dev0"])
+def test_a_version_inside_the_range_is_accepted(found):
+    oa.check_version(found)
+
+
+def test_importing_the_adapter_with_an_unsupported_optuna_raises_importerror():
+    code = (
+        "import optuna; optuna.__version__ = '4.0.0'\n"
+        "try:\n"
+        "    import autotune.tuning.optuna_adapter\n"
+        "except ImportError as e:\n"
+        "    print('refused:', e)\n"
+        "else:\n"
+        "    raise SystemExit('imported')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, check=True).stdout
+    assert "refused:" in out and oa.SUPPORTED_TEXT in out and "found optuna 4.0.0" in out
+
+
+# -- ids, storage, attributes ---------------------------------------------------------------------
+
+
+def test_trial_id_is_the_storage_id_for_live_and_frozen_trials(tmp_path):
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s")
+    a, b = study.ask(), study.ask()
+    assert oa.trial_id(a) != oa.trial_id(b)
+    frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert oa.trial_id(frozen[a.number]) == oa.trial_id(a)
+    assert storage.get_trial(oa.trial_id(b)).number == b.number
+    assert oa.trial_number(study, oa.trial_id(b)) == b.number
+
+
+def test_study_storage_is_what_the_study_writes_through(tmp_path):
+    study = optuna.create_study(storage=_rdb(tmp_path), study_name="s")
+    trial = study.ask()
+    oa.study_storage(study).set_trial_user_attr(oa.trial_id(trial), "k", 1)
+    assert study.get_trials(deepcopy=False)[0].user_attrs == {"k": 1}
+
+
+def test_set_trial_system_attr_by_trial_or_id(tmp_path):
+    study = optuna.create_study(storage=_rdb(tmp_path), study_name="s")
+    trial = study.ask()
+    oa.set_trial_system_attr(study, trial, "outcome", "ok")
+    oa.set_trial_system_attr(study, oa.trial_id(trial), "other", 2)
+    study.tell(trial, 1.0)
+    frozen = study.get_trials(deepcopy=False)[0]
+    assert frozen.system_attrs["outcome"] == "ok" and frozen.system_attrs["other"] == 2
+    assert frozen.state == TrialState.COMPLETE
+
+
+# -- creating a trial as study.ask does -----------------------------------------------------------
+
+
+class _Recording(optuna.samplers.RandomSampler):
+    """Random, recording what the study looked like when asked for each parameter."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.seen: list[int] = []
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        self.seen.append(len(study._get_trials(deepcopy=False, use_cache=True)))
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+def test_create_trial_writes_the_template_at_once_and_suggest_asks_the_sampler(tmp_path):
+    sampler = _Recording()
+    study = optuna.create_study(storage=_rdb(tmp_path), study_name="s", sampler=sampler)
+    trial = oa.create_trial(study, _template(owner="host:1"))
+    assert isinstance(trial, optuna.trial.Trial)
+    frozen = study.get_trials(deepcopy=False)
+    # One write: the trial exists, RUNNING, owned, with no params yet.
+    assert [(t.state, t.user_attrs, t.params) for t in frozen] == [
+        (TrialState.RUNNING, {"owner": "host:1"}, {})
+    ]
+    dists = {"tile": IntDistribution(16, 256, step=16), "swizzle": CategoricalDistribution([32, 64])}
+    for name, dist in dists.items():
+        oa.suggest(trial, name, dist)
+    params = study.get_trials(deepcopy=False)[0].params
+    assert set(params) == set(dists) and params["tile"] % 16 == 0 and params["swizzle"] in (32, 64)
+    assert trial.params == params
+    assert len(sampler.seen) == 2
+
+
+def test_create_trial_drops_the_study_s_cached_trials(tmp_path):
+    """A trial stored by another process after the cache was filled is seen by the sampler."""
+    sampler = _Recording()
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s", sampler=sampler)
+    other = optuna.load_study(study_name="s", storage=storage)
+    assert study._get_trials(deepcopy=False, use_cache=True) == []  # fills the cache
+    other.ask()  # another process's trial
+    trial = oa.create_trial(study, _template())
+    oa.suggest(trial, "x", IntDistribution(0, 3))
+    assert sampler.seen == [2]  # the other's trial and its own
+
+
+# -- heartbeats -----------------------------------------------------------------------------------
+
+
+def test_heartbeat_storage_only_when_heartbeats_are_kept(tmp_path):
+    (tmp_path / "a").mkdir()
+    plain = optuna.create_study(storage=_rdb(tmp_path / "a"), study_name="s")
+    assert oa.heartbeat_storage(plain) is None
+    assert oa.stale_trial_ids(plain) == []
+    assert oa.heartbeat_storage(optuna.create_study()) is None  # in memory
+    (tmp_path / "b").mkdir()
+    beating = optuna.create_study(storage=_rdb(tmp_path / "b", heartbeat=60, grace=120),
+                                  study_name="s")
+    storage = oa.heartbeat_storage(beating)
+    assert storage is not None and storage.get_heartbeat_interval() == 60
+    assert storage is oa.study_storage(beating)  # Optuna's cache around the RDBStorage
+
+
+def test_stale_trial_ids_are_running_trials_whose_heartbeat_stopped(tmp_path):
+    study = optuna.create_study(storage=_rdb(tmp_path, heartbeat=1, grace=1), study_name="s")
+    storage = oa.heartbeat_storage(study)
+    assert storage is not None
+    stopped, beating, never, done = study.ask(), study.ask(), study.ask(), study.ask()
+    for t in (stopped, beating, done):
+        storage.record_heartbeat(oa.trial_id(t))
+    study.tell(done, 1.0)
+    time.sleep(2.2)
+    storage.record_heartbeat(oa.trial_id(beating))
+    stale = oa.stale_trial_ids(study)
+    # Only a RUNNING trial with a heartbeat older than the grace period; never a trial that
+    # never beat (autotune closes those itself), a live one, or a finished one.
+    assert stale == [oa.trial_id(stopped)]
+    assert oa.trial_id(never) not in stale
+
+
+def test_the_adapter_is_the_only_module_that_names_optuna_privates():
+    pattern = re.compile(
+        r"optuna\.[\w.]*\._\w|\._(storage|study_id|trial_id|thread_local|suggest)\b"
+        r"|_get_stale_trial_ids|cached_all_trials"
+    )
+    offenders = []
+    for path in sorted((REPO / "autotune").rglob("*.py")):
+        if path.name == "optuna_adapter.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if pattern.search(code) and "self._storage" not in code:
+                offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not offenders, offenders
