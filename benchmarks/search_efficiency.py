@@ -59,9 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from autotune.queries.best import shape_distance  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
-from autotune.space.problem import Config  # noqa: E402
+from autotune.space.problem import (
+    Config,  # noqa: E402
+    shape_distance,  # noqa: E402
+)
 from autotune.space.search_space import Constraint, Space  # noqa: E402
 from autotune.tuning import optuna_adapter  # noqa: E402
 from autotune.tuning.ranked_sampler import Observation, model_backend  # noqa: E402

@@ -60,7 +60,13 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import JobError, did_you_mean
 from autotune.evaluation.trial import CACHE_POLICIES
-from autotune.space.problem import Problem, ShapeValue, canonical_dtype, parse_shape
+from autotune.space.problem import (
+    Problem,
+    ShapeValue,
+    canonical_dtype,
+    parse_shape,
+    shape_distance,  # re-exported: part of the query API
+)
 from autotune.space.validity import servable, violations
 from autotune.storage.rows import ProblemSummary, TrialRow
 from autotune.storage.store import Store
@@ -353,25 +359,6 @@ def _confirmed_result(
             for p in c.tied_with_winner()
         ),
     )
-
-
-def shape_distance(a: Mapping[str, ShapeValue], b: Mapping[str, ShapeValue]) -> float:
-    """How far apart two shapes are: ``sum_k |log2(a_k / b_k)|`` over the size keys.
-
-    Size keys are those with integer (not bool) values; every other key (``causal``) must be
-    equal, and both shapes must have the same keys, else the distance is infinite.
-    """
-    if set(a) != set(b):
-        return math.inf
-    total = 0.0
-    for key, x in a.items():
-        y = b[key]
-        sized = all(isinstance(v, int) and not isinstance(v, bool) for v in (x, y))
-        if sized:
-            total += abs(math.log2(x / y))
-        elif x != y:
-            return math.inf
-    return total
 
 
 def nearest_results(

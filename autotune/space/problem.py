@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -21,7 +22,7 @@ from autotune.errors import did_you_mean
 
 __all__ = [
     "Config", "Problem", "DTYPES", "MAX_SIZE", "dtype_bits", "dtype_bytes", "parse_shape",
-    "canonical_dtype",
+    "canonical_dtype", "shape_distance",
 ]
 
 ShapeValue = int | bool | str
@@ -280,3 +281,22 @@ def _parse_value(key: str, raw: str) -> ShapeValue:
             "(2**31 - 1)."
         )
     return value
+
+
+def shape_distance(a: Mapping[str, ShapeValue], b: Mapping[str, ShapeValue]) -> float:
+    """How far apart two shapes are: ``sum_k |log2(a_k / b_k)|`` over the size keys.
+
+    Size keys are those with integer (not bool) values; every other key (``causal``) must be
+    equal, and both shapes must have the same keys, else the distance is infinite.
+    """
+    if set(a) != set(b):
+        return math.inf
+    total = 0.0
+    for key, x in a.items():
+        y = b[key]
+        sized = all(isinstance(v, int) and not isinstance(v, bool) for v in (x, y))
+        if sized:
+            total += abs(math.log2(x / y))
+        elif x != y:
+            return math.inf
+    return total

@@ -801,10 +801,10 @@ def _related_winners(
 ) -> list[Mapping[str, Any]]:
     """Best configs of the nearest tuned problems of the same kernel and dtype.
 
-    Distance between shapes: :func:`autotune.queries.best.shape_distance` (the sum over size keys
+    Distance between shapes: :func:`autotune.space.problem.shape_distance` (the sum over size keys
     of |log2(a/b)|; non-size keys such as ``causal`` must match).
     """
-    from autotune.queries.best import shape_distance
+    from autotune.space.problem import shape_distance
 
     candidates = []
     for other in store.problems(problem.kernel):
