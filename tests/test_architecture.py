@@ -1,0 +1,163 @@
+"""The import layers of docs/architecture.md, enforced over every module's imports (ast).
+
+A module may import from its own layer and the layers below it, never from one above; the
+query side never imports jax. Every import counts, at module level or inside a function: a
+lazy import is still a dependency. Imports under ``if TYPE_CHECKING:`` are not run, and the
+root package (the lazy public API) may name anything there.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "autotune"
+
+# Lowest first. A module's layer is its subpackage's, or its own name's for top-level modules.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("core", {"autotune", "autotune.errors", "autotune._paths", "autotune._jax_compat"}),
+    ("space", {"autotune.space"}),
+    ("evaluation", {"autotune.evaluation"}),
+    ("engine", {"autotune.engine"}),
+    ("storage", {"autotune.storage"}),
+    ("tuning", {"autotune.tuning"}),
+    ("queries", {"autotune.queries"}),
+    ("front", {"autotune.api", "autotune.cli", "autotune.progress", "autotune.interrupts",
+               "autotune.__main__"}),
+]
+LEVEL = {name: i for i, (name, _) in enumerate(LAYERS)}
+# Modules of the query side (the run-time API included): none may import jax, even lazily
+# through the modules they import at module level.
+QUERY_SIDE = ["autotune.queries"]
+JAX = ("jax", "jaxlib")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str:
+    """The layer of an autotune module (or of a name imported from one)."""
+    best = None
+    for name, prefixes in LAYERS:
+        for prefix in prefixes:
+            if prefix == "autotune":
+                if module == "autotune" or module.startswith("autotune.__version__"):
+                    return name
+                continue
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > len(best[1])
+            ):
+                best = (name, prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of tests/test_architecture.py")
+    return best[0]
+
+
+def imports(path: pathlib.Path) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, at module level)`` for every import that runs."""
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for sub in child.orelse:
+                    visit(sub, top)
+                continue
+            inner = top and not isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                for a in child.names:
+                    # ``from autotune.x import y``: y may be a module (autotune.x.y) or a name.
+                    full = f"{child.module}.{a.name}"
+                    found.append((full if full in MODULES else child.module, child.lineno, top))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(), str(path)), True)
+    return found
+
+
+def test_every_module_is_in_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_a_layer_above_its_own(module):
+    own = LEVEL[layer_of(module)]
+    bad = [
+        f"{module_name(MODULES[module])}:{line} imports {target} ({layer_of(target)})"
+        for target, line, _top in imports(MODULES[module])
+        if target.startswith("autotune") and LEVEL[layer_of(target)] > own
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _module_level_closure(start: str) -> set[str]:
+    """Every module imported at module level from ``start``, transitively (autotune modules
+    followed; other packages recorded by their top-level name)."""
+    seen, todo, external = set(), [start], set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        # importing a.b.c runs a/__init__ and a/b/__init__ first
+        parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)]
+        todo.extend(p for p in parents if p in MODULES)
+        for target, _line, top in imports(MODULES[module]):
+            if not top:
+                continue
+            if target.startswith("autotune"):
+                while target not in MODULES and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                todo.append(target)
+            else:
+                external.add(target.split(".")[0])
+    return external
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if any(m.startswith(q) for q in QUERY_SIDE))
+)
+def test_the_query_side_never_imports_jax(module):
+    external = _module_level_closure(module)
+    assert not external & set(JAX), f"{module} imports jax at module level (through its imports)"
+    # ... nor inside a function of its own
+    lazy = [t for t, _line, _top in imports(MODULES[module]) if t.split(".")[0] in JAX]
+    assert not lazy, f"{module} imports {lazy}"
+
+
+def test_importing_the_query_side_and_best_config_loads_no_jax():
+    modules = sorted(m for m in MODULES if any(m.startswith(q) for q in QUERY_SIDE))
+    code = (
+        "import sys, autotune\n"
+        + "".join(f"import {m}\n" for m in modules)
+        + "autotune.best_config; autotune.best_result; autotune.tuned; autotune.lookup_config\n"
+        + "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib'))\n"
+        + "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_optuna_private_names_stay_in_tuning():
+    """Only the tuning layer and above import Optuna at all; its private names are the
+    adapter's alone (tests/test_optuna_adapter.py checks the names)."""
+    for module, path in MODULES.items():
+        uses = [t for t, _line, _top in imports(path) if t.split(".")[0] == "optuna"]
+        if uses:
+            assert LEVEL[layer_of(module)] >= LEVEL["tuning"], (module, uses)
