@@ -23,6 +23,9 @@ output went away (``autotune spaces | head -1``): like a Unix tool killed by SIG
 
 Output never shows a database password (:func:`autotune.storage.urls.display_url`) nor raw control
 characters from the database; docs/guarantees.md lists what is checked where.
+
+Why one piece (over 400 lines): the argument parser and one small handler per command; the
+handlers share the output conventions (the database named once, masked URLs, exit codes).
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ speedup and its spread, and the configs it found tied (``BestResult.confirmed``)
 
 This module must not import jax, directly or indirectly: asking for a config must not
 initialise CUDA.
+
+Why one piece (over 400 lines): every query answers from the same read-only store cache, the
+same servability check (stale versions, validity) and the same result values; split, each would
+reopen the database its own way.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ cache policies are never compared).
 Importing never replaces stored results: each record becomes an ok trial on its device
 through :meth:`Store.record_trial`, which keeps the first trial of a (problem, config,
 device, software). No jax here.
+
+Why one piece (over 400 lines): export and import are one format (JSON, CSV, Python) read and
+written in both directions; the record checks are shared by both.
 """
 
 from __future__ import annotations

@@ -39,6 +39,10 @@ lookup is a dict hit. :func:`clear_cache` forgets them (e.g. after tuning more).
 is logged at INFO level, with the jax/jaxlib versions the config was measured with and whether
 those are the running ones. Nothing here imports jax; shapes and dtypes are read as plain
 attributes.
+
+Why one piece (over 400 lines): the decorator (:func:`tuned`) and :func:`lookup_config` share
+one cache, one answer order (exact, nearest, the kernel's default) and one warning path; apart,
+each would re-implement the other's fallbacks.
 """
 
 from __future__ import annotations

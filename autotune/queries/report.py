@@ -17,6 +17,9 @@ of ``out_dir`` (default ``results/report/``):
 
 and ``index.html``: one summary row per problem and device, and the images. Needs matplotlib
 (``pip install 'autotune[report]'``); it draws with the Agg backend, off screen. No jax.
+
+Why one piece (over 400 lines): one report: the per-problem pages, their plots and the index
+share the device peaks, the Optuna study lookup and the output folder checks.
 """
 
 from __future__ import annotations

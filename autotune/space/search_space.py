@@ -12,6 +12,10 @@ multiples of 128 bytes, shared memory within the device limit) are here too, so 
 ``transfer_bytes(...)`` or ``threads(warpgroups=...)`` instead of redoing the arithmetic.
 
 Pure Python and numpy; never imports jax.
+
+Why one piece (over 400 lines): tunables, constraints, the space and its binding to a problem
+are one declaration language; the hardware helpers (alignment, shared memory) are what
+constraints are written with.
 """
 
 from __future__ import annotations

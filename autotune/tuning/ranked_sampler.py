@@ -30,6 +30,9 @@ per dim, the padding wasted, the tiles of every combination of dims in waves ove
 The model is scikit-learn's ``ExtraTreesRegressor`` (the ``[model]`` extra) when installed, with
 the spread of its trees as an uncertainty bonus; else ridge regression on the same features with
 ``numpy.linalg.lstsq``.
+
+Why one piece (over 400 lines): the features, the two cost-model backends and the sampler that
+ranks with them are one model; the stored history is its training data.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ and Optuna's soft constraints (which TPE ignores for FAIL trials) are not needed
 Optuna's own brute-force sampler does not know the constraints, so ``"brute"`` here walks the
 valid set itself, in order. Seed configs (JAX's defaults, winners of related problems) are
 proposed first, when valid and untaken.
+
+Why one piece (over 400 lines): the valid-config sampler, its distributions and the sampler
+registry (names, seeds) are one contract with Optuna's ``BaseSampler``: the distributions are
+what the wrapper claims as relative, and the registry is what job files name.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ problem's baseline and traces with the trials. Budgets (``trials``, ``seconds``,
 are counted in the problem's Optuna study, which every process shares: a trial is admitted only
 while fewer than ``trials`` trials numbered before it count (measured or in flight), so N hosts
 store exactly the budget.
+
+Why one piece (over 400 lines): one loop (:func:`run_scheduled`) and the per-problem run state
+it drives; its steps (open, ask, submit, collect, confirm) share that state and the engine's
+futures.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ moved is logged as a warning.
 Resuming is the normal case, not a special one: what the store and the study already hold is
 never measured again; a trial left RUNNING by a killed run is closed (from the store when its
 result made it there, otherwise released so its config can be proposed again).
+
+Why one piece (over 400 lines): the runner's pieces (study naming, ownership and heartbeats of
+trials, asking, telling, orphan handling, the confirmation round) share the study/store
+bookkeeping that makes a job resumable by any process; the scheduler reuses them.
 """
 
 from __future__ import annotations
