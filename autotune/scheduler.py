@@ -69,6 +69,8 @@ class _Run:
     orphans_at: float = 0.0  # when dead processes' trials were last looked for
     finished: bool = False
     side: dict[Future[Any], tuple[str, Any]] = dataclasses.field(default_factory=dict)
+    confirming: bool = False  # its confirmation round was started (on the confirm thread)
+    confirm_s: float | None = None
 
     @property
     def problem(self) -> Any:
@@ -179,6 +181,9 @@ class _Scheduler:
         self._versions: Future[dict[str, str]] | None = None
         self.runs: list[_Run] = []
         self.reports: dict[int, _t.ProblemReport] = {}
+        # Confirmation rounds run here, one at a time, so that the loop goes on asking and
+        # storing for the other problems meanwhile (a round takes about a second on the H200).
+        self._confirms = ThreadPoolExecutor(1, thread_name_prefix="autotune-confirm")
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -222,6 +227,7 @@ class _Scheduler:
                     future.cancel()
                     _t._release(r.study, trial)
                 r.in_flight.clear()
+            self._confirms.shutdown(wait=True, cancel_futures=True)
         return [self.reports[i] for i in range(len(self.job.problems))]
 
     def _neediest_first(self, to_open: list[tuple[int, ProblemSpec]]) -> list[tuple[int, ProblemSpec]]:
@@ -378,6 +384,8 @@ class _Scheduler:
             kind, what = r.side.pop(future)
             if kind == "baseline":
                 self._store_baseline(r, future)
+            elif kind == "confirm":
+                r.confirm_s = future.result()  # a database error propagates, as before
             else:
                 self._store_trace(r, future, what)
 
@@ -423,13 +431,19 @@ class _Scheduler:
             self._submit_traces(r)
         if r.side:
             return
-        r.finished = True
         assert self.device is not None
-        # The confirmation round re-times the best configs on the workers that kept them; the
-        # other problems' futures wait meanwhile (it costs a few seconds: docs/measurement.md).
-        confirm_s = _t.confirm_best(r.kernel, r.problem, r.spec, store=self.store,
-                                    engine=self.engine, device=self.device,
-                                    software=self.software, run_id=self.run_id)
+        if not r.confirming:
+            # The confirmation round re-times the best configs on the workers that kept them
+            # (docs/measurement.md), on the confirm thread; the problem ends when it is stored.
+            r.confirming = True
+            future = self._confirms.submit(
+                _t.confirm_best, r.kernel, r.problem, r.spec, store=self.store,
+                engine=self.engine, device=self.device, software=self.software,
+                run_id=self.run_id)
+            r.side[future] = ("confirm", None)
+            return
+        r.finished = True
+        confirm_s = r.confirm_s
         self.emit(_t.Event("done", r.problem, r.done_before + r.measured_now,
                            r.spec.budget.trials, r.best_us, message=r.stop_reason))
         self.reports[r.index] = _t._report(r.kernel, r.problem, self.device, self.store,

@@ -10,6 +10,7 @@ check what the database holds afterwards with plain SQL.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 import subprocess
@@ -256,6 +257,36 @@ def test_baseline_does_not_hold_back_trials(tmp_path):
     baseline_done = next(t for kind, t in engine.events if kind == "baseline done")
     assert first_trial < baseline_done
     assert report.baseline_us == 150.5
+
+
+def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkeypatch):
+    """One problem's confirmation round (slow here) runs while the others go on: trials of
+    the other problem are submitted during it, and its report keeps the round's time."""
+    import autotune.tuner as tuner
+
+    first = _problems(2).problems[0].problem
+    window: list[float] = []
+
+    def slow_confirm(kernel, problem, spec, **kw):
+        if problem != first:
+            return 0.0
+        window.append(time.monotonic())
+        time.sleep(1.5)
+        window.append(time.monotonic())
+        return 1.5
+
+    monkeypatch.setattr(tuner, "confirm_best", slow_confirm)
+    job = _problems(2, trials=2)
+    job = Job("t", (job.problems[0], dataclasses.replace(job.problems[1], budget=Budget(trials=40))))
+    engine = SlowEngine(delay_s=0.05)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        reports = run_job(job, store=store, engine=engine)
+        counts = [len(store.trials(spec.problem)) for spec in job.problems]
+    assert counts[0] == 2 and counts[1] > 2  # the second: its budget, or every valid config
+    start, end = window
+    during = [t for kind, t in engine.events if kind == "trial" and start < t < end]
+    assert during, "no trial was submitted while the first problem's round ran"
+    assert reports[0].confirm_s == 1.5
 
 
 def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path):
