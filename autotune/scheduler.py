@@ -69,6 +69,7 @@ class _Run:
     orphans_at: float = 0.0  # when dead processes' trials were last looked for
     finished: bool = False
     side: dict[Future[Any], tuple[str, Any]] = dataclasses.field(default_factory=dict)
+    baseline_due: bool = False  # its baseline is to be measured (after its first result)
     confirming: bool = False  # its confirmation round was started (on the confirm thread)
     confirm_s: float | None = None
 
@@ -340,10 +341,18 @@ class _Scheduler:
         run.full = not run.room()
         self.runs.append(run)
         self.emit(_t.Event("start", problem, len(rows), budget.trials, best_us))
-        if kernel.baseline is not None and self.store.baseline(
+        # Its baseline goes to the engine once its first result is in (_baseline_now), so that
+        # every worker's first task is a config: a fresh worker's first task pays its first-use
+        # costs, and on the H200 baselines queued first held the first compile back 25 s.
+        run.baseline_due = kernel.baseline is not None and self.store.baseline(
             problem, device_name=device.name, device_kind=device.kind, cache=self.policy
-        ) is None:
-            run.side[_submit_baseline(self.engine, problem)] = ("baseline", None)
+        ) is None
+
+    def _baseline_now(self, r: _Run) -> None:
+        """Submits ``r``'s baseline (at the front of the engine's queue) if it is still due."""
+        if r.baseline_due:
+            r.baseline_due = False
+            r.side[_submit_baseline(self.engine, r.problem)] = ("baseline", None)
 
     def _ask_one(self, r: _Run) -> None:
         """Asks ``r`` for one config and submits it, if the shared budget admits it."""
@@ -380,6 +389,8 @@ class _Scheduler:
         # Counted until the next read of the study (which the next ask makes): so a problem
         # whose budget our own results just completed is not asked again.
         r.unread_results += len(finished)
+        if finished:
+            self._baseline_now(r)
         for future in [f for f in r.side if f in done]:
             kind, what = r.side.pop(future)
             if kind == "baseline":
@@ -426,6 +437,7 @@ class _Scheduler:
             r.stop_reason = r.stop_rule()
         if not r.stop_reason:
             return  # more to ask, or other processes hold the rest of the budget: wait
+        self._baseline_now(r)  # a problem that ends with no result of this process's
         if not r.traced:
             r.traced = True
             self._submit_traces(r)

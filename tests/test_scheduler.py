@@ -259,6 +259,20 @@ def test_baseline_does_not_hold_back_trials(tmp_path):
     assert report.baseline_us == 150.5
 
 
+def test_every_first_task_is_a_config_and_baselines_follow_first_results(tmp_path):
+    """The engine's first tasks are configs (a fresh worker's first task pays its first-use
+    costs; baselines queued first held the H200's first compile back 25 s); each problem's
+    baseline is asked once its first result is in, and stored."""
+    engine = SlowEngine(delay_s=0.3)
+    job = _problems(3, trials=4)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        reports = run_job(job, store=store, engine=engine)
+    kinds = [kind for kind, _t in engine.events]
+    assert kinds[:3] == ["trial"] * 3, kinds[:8]
+    assert kinds.count("baseline asked") == 3
+    assert all(r.baseline_us == 150.5 for r in reports)
+
+
 def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkeypatch):
     """One problem's confirmation round (slow here) runs while the others go on: trials of
     the other problem are submitted during it, and its report keeps the round's time."""
