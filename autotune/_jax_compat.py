@@ -6,6 +6,7 @@ Import only from code that already needs jax (building, lowering, evaluating ker
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,3 +95,22 @@ def cupti_session(run: Any) -> list[tuple[str, float]]:
     finally:
         timings = ext._cupti_get_timings(True)
     return [(str(name), float(ms)) for name, ms in (timings or [])]
+
+
+def installed_versions() -> dict[str, str]:
+    """The installed jax and jaxlib versions, from package metadata (jax is not imported); a
+    package that is not installed is left out."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
+    out = []
+    for name in ("jax", "jaxlib"):
+        try:
+            out.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            pass
+    return tuple(out)

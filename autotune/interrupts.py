@@ -83,7 +83,10 @@ class Handler:
 @contextlib.contextmanager
 def handling() -> Iterator[Handler]:
     """Installs a :class:`Handler` for SIGINT and SIGTERM (in the main thread only; elsewhere
-    the handler is returned but not installed), and restores the previous handlers after."""
+    the handler is returned but not installed), and restores the previous handlers after,
+    unless a signal came: then it stays, so that a second signal during the shutdown that
+    follows (threads joined, workers reaped) still ends the process at once with 128 + its
+    number, never with Python's own KeyboardInterrupt exit."""
     handler = Handler()
     if threading.current_thread() is not threading.main_thread():
         yield handler
@@ -92,5 +95,6 @@ def handling() -> Iterator[Handler]:
     try:
         yield handler
     finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
+        if handler.received is None:
+            for s, old in previous.items():
+                signal.signal(s, old)

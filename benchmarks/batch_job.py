@@ -36,6 +36,7 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -121,6 +122,21 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
     engine = Engine(args.device, workers_per_gpu=args.workers_per_gpu,
                     compile_threads=args.compile_threads, allow_import=True,
                     log_dir=str(folder / "logs"))
+    # The path to the first compile: the first worker ready (its device known), the first
+    # config handed to the engine, and whether this process had imported jax by then.
+    marks: dict[str, Any] = {}
+    ready = threading.Thread(target=lambda: (engine.device_info(), marks.setdefault(
+        "first_worker_ready_s", time.time() - t0)), daemon=True)
+    ready.start()
+    submit = engine.submit
+
+    def first_submit(*a: Any, **k: Any) -> Any:
+        if "first_submit_s" not in marks:
+            marks["first_submit_s"] = time.time() - t0
+            marks["main_imported_jax_by_first_submit"] = "jax" in sys.modules
+        return submit(*a, **k)
+
+    engine.submit = first_submit  # type: ignore[method-assign]
     try:
         reports = run_job(job, store=store, engine=engine, results_dir=str(folder / "results"),
                           on_event=on_event, allow_import=True, sequential=sequential)
@@ -150,6 +166,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         "gpu_busy": _busy_s(timeline) / wall if wall else 0.0,
         "first_compile_s": (min(builds) - t0) if builds else None,
         "first_trial_s": (first_trial[0] - t0) if first_trial else None,
+        **marks,
         "measured_twice": len(digests) - len(set(digests)),
         "invalid": sum(p["by_status"].get("invalid", 0) for p in problems),
         "problems": problems,
@@ -166,6 +183,9 @@ def print_run(m: dict[str, Any]) -> None:
           f"GPU busy {m['gpu_busy']:.0%}, first compile {_fmt(m['first_compile_s'], '.2f')} s, "
           f"first trial {_fmt(m['first_trial_s'], '.2f')} s, measured twice {m['measured_twice']}, "
           f"invalid {m['invalid']}")
+    print(f"path to the first compile: first worker ready {_fmt(m.get('first_worker_ready_s'), '.2f')} s, "
+          f"first config submitted {_fmt(m.get('first_submit_s'), '.2f')} s (this process had "
+          f"{'' if m.get('main_imported_jax_by_first_submit') else 'not '}imported jax)")
     print(f"  {'problem':<60} {'trials':>6} {'best us':>9} {'baseline us':>12} {'speedup':>8}")
     for p in m["problems"]:
         print(f"  {p['problem'][:60]:<60} {p['trials']:>6} {_fmt(p['best_us'], '.1f'):>9} "

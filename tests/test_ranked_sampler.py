@@ -253,3 +253,30 @@ def test_stored_history_reads_every_shape_of_the_kernel_on_the_device(tmp_path):
         history = stored_history(store, a, device)
     assert sorted((str(o.problem), o.time_us) for o in history) == sorted(
         [(str(a), 5.0), (str(b), None)])
+
+
+@pytest.mark.skipif(not HAVE_SKLEARN, reason="scikit-learn is not installed")
+def test_choosing_the_model_does_not_wait_for_scikit_learn():
+    """Whether scikit-learn is there is found without importing it on the caller's thread
+    (seconds, before a job's first trial); it is imported on a background thread."""
+    import subprocess
+
+    code = """
+import sys, threading
+seen = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sklearn.ensemble":
+            seen.append(threading.current_thread().name)
+        return None
+sys.meta_path.insert(0, Watch())
+from autotune.tuning.ranked_sampler import model_backend
+assert model_backend("auto") == "sklearn"
+for t in threading.enumerate():
+    if t.name == "autotune-sklearn-import":
+        t.join(60)
+assert "sklearn.ensemble" in sys.modules, "not imported in the background"
+assert seen and "MainThread" not in seen, seen
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]

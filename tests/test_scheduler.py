@@ -10,6 +10,7 @@ check what the database holds afterwards with plain SQL.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 import subprocess
@@ -257,6 +258,50 @@ def test_baseline_does_not_hold_back_trials(tmp_path):
     baseline_done = next(t for kind, t in engine.events if kind == "baseline done")
     assert first_trial < baseline_done
     assert report.baseline_us == 150.5
+
+
+def test_every_first_task_is_a_config_and_baselines_follow_first_results(tmp_path):
+    """The engine's first tasks are configs (a fresh worker's first task pays its first-use
+    costs; baselines queued first held the H200's first compile back 25 s); each problem's
+    baseline is asked once its first result is in, and stored."""
+    engine = SlowEngine(delay_s=0.3)
+    job = _problems(3, trials=4)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        reports = run_job(job, store=store, engine=engine)
+    kinds = [kind for kind, _t in engine.events]
+    assert kinds[:3] == ["trial"] * 3, kinds[:8]
+    assert kinds.count("baseline asked") == 3
+    assert all(r.baseline_us == 150.5 for r in reports)
+
+
+def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkeypatch):
+    """One problem's confirmation round (slow here) runs while the others go on: trials of
+    the other problem are submitted during it, and its report keeps the round's time."""
+    from autotune.tuning import tuner
+
+    first = _problems(2).problems[0].problem
+    window: list[float] = []
+
+    def slow_confirm(kernel, problem, spec, **kw):
+        if problem != first:
+            return 0.0
+        window.append(time.monotonic())
+        time.sleep(1.5)
+        window.append(time.monotonic())
+        return 1.5
+
+    monkeypatch.setattr(tuner, "confirm_best", slow_confirm)
+    job = _problems(2, trials=2)
+    job = Job("t", (job.problems[0], dataclasses.replace(job.problems[1], budget=Budget(trials=40))))
+    engine = SlowEngine(delay_s=0.05)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        reports = run_job(job, store=store, engine=engine)
+        counts = [len(store.trials(spec.problem)) for spec in job.problems]
+    assert counts[0] == 2 and counts[1] > 2  # the second: its budget, or every valid config
+    start, end = window
+    during = [t for kind, t in engine.events if kind == "trial" and start < t < end]
+    assert during, "no trial was submitted while the first problem's round ran"
+    assert reports[0].confirm_s == 1.5
 
 
 def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path):

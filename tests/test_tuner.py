@@ -465,3 +465,18 @@ def test_auto_is_the_ranked_sampler_once_other_shapes_are_stored(tmp_path, caplo
     assert any("sampler ranked (auto)" in r.getMessage() for r in caplog.records)
     assert len(rows) == 10 == len({Config(r.config).digest() for r in rows})
     assert report.best_us == min(r.median_us for r in rows)
+
+
+def test_software_versions_do_not_import_jax():
+    """The versions stored with every result come from package metadata: the job's process
+    does not import jax (seconds) on its way to the first trial, and they are the versions
+    the lookup compares with."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from autotune.tuning.tuner import software_versions; v = software_versions(); "
+            "from autotune.queries.best import running_versions; r = running_versions(); "
+            "assert v['jax'] == r['jax'] and v['jaxlib'] == r['jaxlib'], (v, r); "
+            "assert 'jax' not in sys.modules, 'jax imported'")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]

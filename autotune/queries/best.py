@@ -54,7 +54,6 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
-import functools
 import logging
 import math
 import os
@@ -62,6 +61,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune._jax_compat import installed_versions
 from autotune.errors import JobError, did_you_mean
 from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.problem import (
@@ -212,20 +212,7 @@ def best_result(
 def running_versions() -> dict[str, str]:
     """The installed jax and jaxlib versions (from package metadata: jax is not imported);
     a package that is not installed is left out."""
-    return dict(_installed_versions())
-
-
-@functools.cache
-def _installed_versions() -> tuple[tuple[str, str], ...]:
-    from importlib import metadata
-
-    out = []
-    for name in ("jax", "jaxlib"):
-        try:
-            out.append((name, metadata.version(name)))
-        except metadata.PackageNotFoundError:
-            pass
-    return tuple(out)
+    return installed_versions()
 
 
 def _best_row(

@@ -9,8 +9,9 @@
 A call without ``config`` derives the problem from its arrays (the kernel's ``shape_of`` maps
 them to shape keys; the dtype is the first array's) and picks, in order:
 
-1. ``"exact"``: the best stored config of exactly that problem (GPU results preferred over
-   interpret-mode ones, and results measured with the running jax/jaxlib over those of other
+1. ``"exact"``: the best stored config of exactly that problem (GPU results; in a process
+   whose JAX has no GPU, where the kernel runs in interpret mode, interpret-mode results when
+   no GPU result is stored; results measured with the running jax/jaxlib before those of other
    versions, see :mod:`autotune.queries.best`);
 2. ``"nearest"``: the best config of the nearest tuned problem of the same kernel and dtype,
    by ``sum_k |log2(a_k / b_k)|`` over the size keys, if it is valid for the new problem
@@ -158,7 +159,7 @@ def lookup_config(
         return degraded[0]
     where = _database(db)
     try:
-        stored = _ask_database(where, strict=strict, timeout_s=timeout_s, ask=lambda t: _lookup(
+        stored = _ask_database(where, strict=strict, timeout_s=timeout_s, ask=lambda t: _lookup_here(
             resolved, shape, dtype, default=default, db=db, device=device, timeout_s=t))
     except _Unavailable as e:
         answer = _fallback(resolved, problem, default, table, device)
@@ -170,6 +171,29 @@ def lookup_config(
         _CACHE[key] = answer
         _DEGRADED.pop(key, None)
     return answer
+
+
+def _lookup_here(kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, device: str | None,
+                 **kw: Any) -> tuple[Config | None, str] | None:
+    """:func:`_lookup` for this process: with ``device=None``, GPU results; in a process whose
+    JAX has no GPU (the kernel runs in GPU interpret mode there), interpret-mode results after
+    them, since those are what ran on such a host."""
+    stored = _lookup(kernel, shape, dtype, device=device, **kw)
+    if stored is None and device is None and _runs_interpreted():
+        return _lookup(kernel, shape, dtype, device="interpret", **kw)
+    return stored
+
+
+def _runs_interpreted() -> bool:
+    """Whether this process's JAX (already imported by the caller; never imported here) has
+    no GPU backend, so that Pallas Mosaic GPU kernels run in interpret mode."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    try:
+        return jax.default_backend() not in ("gpu", "cuda", "rocm")
+    except Exception:  # noqa: BLE001 - no backend at all: nothing runs, GPU rows stay the rule
+        return False
 
 
 def _lookup(

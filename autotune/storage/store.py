@@ -328,6 +328,10 @@ def _check_times(result: TrialResult) -> None:
         )
 
 
+# SQLite files a writer found sound in this process: (path, size, mtime) as checked.
+_SOUND_FILES: set[tuple[str, int, int]] = set()
+
+
 class Store:
     """The results database (SQLite or PostgreSQL), migrated to the newest schema on open.
 
@@ -379,6 +383,8 @@ class Store:
         self._writes = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(self._read_engine)
         try:
+            if not read_only and path is not None:
+                self._check_sound(path)
             try:
                 _migrate(self.engine, self._read_engine, self._where, read_only=read_only)
             except _SchemaBehind:
@@ -402,17 +408,31 @@ class Store:
                 f"Cannot open the database {self._where}: {failure_reason(e)}.{_open_hint(path, failure_reason(e))}"
             ) from e
 
+    def _check_sound(self, path: pathlib.Path) -> None:
+        """A writer's first step on an existing SQLite file: SQLite's ``quick_check`` reads
+        every page, so that a damaged file is refused before anything (the schema, a run's
+        record, a trial) is written into it. Once per process for an unchanged file."""
+        try:
+            stat = path.stat()
+        except OSError:
+            return  # a new file: created by the migration
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if stat.st_size == 0 or key in _SOUND_FILES:
+            return
+        with self._read_engine.connect() as connection:
+            verdict = str(connection.exec_driver_sql("PRAGMA quick_check").scalar())
+        if verdict != "ok":
+            raise StorageError(
+                f"Cannot open the database {self._where}: database disk image is malformed "
+                f"(quick_check: {verdict[:200]}). {damaged_hint('malformed')}"
+            )
+        _SOUND_FILES.add(key)
+
     def _upgrade(self, url: str | None, path: pathlib.Path | None) -> None:
         """Upgrades an older schema found by a read-only store, through a writer, once the
         file has proven sound (a damaged file is never written to)."""
         if path is not None:
-            with self._read_engine.connect() as connection:
-                verdict = str(connection.exec_driver_sql("PRAGMA quick_check").scalar())
-            if verdict != "ok":
-                raise StorageError(
-                    f"Cannot open the database {self._where}: database disk image is malformed "
-                    f"(quick_check: {verdict[:200]}). {damaged_hint('malformed')}"
-                )
+            self._check_sound(path)
         Store(url).close()
 
     @property

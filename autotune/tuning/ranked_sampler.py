@@ -37,11 +37,16 @@ ranks with them are one model; the stored history is its training data.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import importlib.util
 import itertools
 import logging
 import math
 import random
+import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,16 +120,38 @@ def model_backend(model: str = "auto") -> str:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}.")
     if model == "numpy":
         return "numpy"
-    try:
-        import sklearn.ensemble  # noqa: F401
-    except ImportError:
+    # Found, not imported: importing scikit-learn takes seconds, which would delay a job's
+    # first trial. It is imported in the background (_prefetch) and where the model is fitted.
+    if not _sklearn_installed():
         if model == "sklearn":
             raise ImportError(
                 "the ranked sampler's model='sklearn' needs scikit-learn: "
                 "pip install 'autotune[model]' (or pip install scikit-learn), or use model='numpy'."
-            ) from None
+            )
         return "numpy"
+    _prefetch_sklearn()
     return "sklearn"
+
+
+def _sklearn_installed() -> bool:
+    if "sklearn" in sys.modules:  # imported, or blocked (None)
+        return sys.modules["sklearn"] is not None
+    try:
+        return importlib.util.find_spec("sklearn") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.cache
+def _prefetch_sklearn() -> None:
+    """Imports scikit-learn's trees on a daemon thread, once per process, so that the first
+    fit finds them loaded (an import already under way is waited for, not repeated)."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            import sklearn.ensemble  # noqa: F401
+
+    threading.Thread(target=load, name="autotune-sklearn-import", daemon=True).start()
 
 
 # ---------------------------------------------------------------------------------------------

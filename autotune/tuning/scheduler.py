@@ -74,6 +74,9 @@ class _Run:
     orphans_at: float = 0.0  # when dead processes' trials were last looked for
     finished: bool = False
     side: dict[Future[Any], tuple[str, Any]] = dataclasses.field(default_factory=dict)
+    baseline_due: bool = False  # its baseline is to be measured (after its first result)
+    confirming: bool = False  # its confirmation round was started (on the confirm thread)
+    confirm_s: float | None = None
 
     @property
     def problem(self) -> Any:
@@ -184,6 +187,9 @@ class _Scheduler:
         self._versions: Future[dict[str, str]] | None = None
         self.runs: list[_Run] = []
         self.reports: dict[int, _t.ProblemReport] = {}
+        # Confirmation rounds run here, one at a time, so that the loop goes on asking and
+        # storing for the other problems meanwhile (a round takes about a second on the H200).
+        self._confirms = ThreadPoolExecutor(1, thread_name_prefix="autotune-confirm")
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -227,6 +233,7 @@ class _Scheduler:
                     future.cancel()
                     _t._release(r.study, trial)
                 r.in_flight.clear()
+            self._confirms.shutdown(wait=True, cancel_futures=True)
         return [self.reports[i] for i in range(len(self.job.problems))]
 
     def _neediest_first(self, to_open: list[tuple[int, ProblemSpec]]) -> list[tuple[int, ProblemSpec]]:
@@ -339,10 +346,18 @@ class _Scheduler:
         run.full = not run.room()
         self.runs.append(run)
         self.emit(_t.Event("start", problem, len(rows), budget.trials, best_us))
-        if kernel.baseline is not None and self.store.baseline(
+        # Its baseline goes to the engine once its first result is in (_baseline_now), so that
+        # every worker's first task is a config: a fresh worker's first task pays its first-use
+        # costs, and on the H200 baselines queued first held the first compile back 25 s.
+        run.baseline_due = kernel.baseline is not None and self.store.baseline(
             problem, device_name=device.name, device_kind=device.kind, cache=self.policy
-        ) is None:
-            run.side[_submit_baseline(self.engine, problem)] = ("baseline", None)
+        ) is None
+
+    def _baseline_now(self, r: _Run) -> None:
+        """Submits ``r``'s baseline (at the front of the engine's queue) if it is still due."""
+        if r.baseline_due:
+            r.baseline_due = False
+            r.side[_submit_baseline(self.engine, r.problem)] = ("baseline", None)
 
     def _ask_one(self, r: _Run) -> None:
         """Asks ``r`` for one config and submits it, if the shared budget admits it."""
@@ -379,10 +394,14 @@ class _Scheduler:
         # Counted until the next read of the study (which the next ask makes): so a problem
         # whose budget our own results just completed is not asked again.
         r.unread_results += len(finished)
+        if finished:
+            self._baseline_now(r)
         for future in [f for f in r.side if f in done]:
             kind, what = r.side.pop(future)
             if kind == "baseline":
                 self._store_baseline(r, future)
+            elif kind == "confirm":
+                r.confirm_s = future.result()  # a database error propagates, as before
             else:
                 self._store_trace(r, future, what)
 
@@ -423,18 +442,25 @@ class _Scheduler:
             r.stop_reason = r.stop_rule()
         if not r.stop_reason:
             return  # more to ask, or other processes hold the rest of the budget: wait
+        self._baseline_now(r)  # a problem that ends with no result of this process's
         if not r.traced:
             r.traced = True
             self._submit_traces(r)
         if r.side:
             return
-        r.finished = True
         assert self.device is not None
-        # The confirmation round re-times the best configs on the workers that kept them; the
-        # other problems' futures wait meanwhile (it costs a few seconds: docs/measurement.md).
-        confirm_s = _t.confirm_best(r.kernel, r.problem, r.spec, store=self.store,
-                                    engine=self.engine, device=self.device,
-                                    software=self.software, run_id=self.run_id)
+        if not r.confirming:
+            # The confirmation round re-times the best configs on the workers that kept them
+            # (docs/measurement.md), on the confirm thread; the problem ends when it is stored.
+            r.confirming = True
+            future = self._confirms.submit(
+                _t.confirm_best, r.kernel, r.problem, r.spec, store=self.store,
+                engine=self.engine, device=self.device, software=self.software,
+                run_id=self.run_id)
+            r.side[future] = ("confirm", None)
+            return
+        r.finished = True
+        confirm_s = r.confirm_s
         self.emit(_t.Event("done", r.problem, r.done_before + r.measured_now,
                            r.spec.budget.trials, r.best_us, message=r.stop_reason))
         self.reports[r.index] = _t._report(r.kernel, r.problem, self.device, self.store,

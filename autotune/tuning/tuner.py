@@ -219,9 +219,16 @@ def _open_study(
 
 
 def software_versions() -> dict[str, str]:
-    from autotune._jax_compat import jax_versions
+    """The jax and jaxlib versions stored with every result, from the installed packages'
+    metadata (what the lookup compares with: :func:`autotune.queries.running_versions`), so
+    that the main process does not import jax (seconds, while the workers start) before its
+    first trial; imported only when a package has no metadata (a source checkout)."""
+    from autotune._jax_compat import installed_versions, jax_versions
 
-    return {**jax_versions(), "autotune": AUTOTUNE_VERSION}
+    versions = installed_versions()
+    if not versions.get("jax") or "jaxlib" not in versions:
+        versions = jax_versions()
+    return {**versions, "autotune": AUTOTUNE_VERSION}
 
 
 def _worker_id() -> str:
