@@ -106,7 +106,8 @@ SM_MAX_THREADS = 2048
 TRACE_REGIONS = 4  # Mosaic GPU's own "Init", then load, compute, store (first tile only)
 DEFAULT_NUM_SMS = 132
 
-RULE_KINDS: dict[str, str] = {
+# The kinds of the tunables' domain rules (a constraint carries its own kind).
+_DOMAIN_KINDS: dict[str, str] = {
     "slots_domain": "policy+lowering",  # <= 8: policy; Mosaic GPU takes at most 32 barriers
     "refill_lag_domain": "build",
     "vector_bytes_domain": "policy+build",  # 2 and 32 bytes lower (when whole elements)
@@ -115,15 +116,6 @@ RULE_KINDS: dict[str, str] = {
     # cross-lowering does not check (1056 threads lower on the CPU).
     "block_threads_domain": "policy+launch",
     "tile_elems_domain": "policy",
-    "trace_scope_threads": "lowering",
-    "tile_divides_n": "build",
-    "transfer_128b": "policy",
-    "smem_within_budget": "lowering",
-    "refill_needs_free_slot": "build",
-    "no_idle_threads": "policy",
-    "no_idle_slots": "policy",
-    "blocks_fit_sm": "policy",
-    "trace_regions_fit": "policy",
 }
 
 
@@ -180,6 +172,7 @@ CONSTRAINTS = (
             f"tracing needs profile_space >= {TRACE_REGIONS + 1} to hold the {TRACE_REGIONS} "
             f"regions of a block's first tile, got profile_space={env.profile_space}"
         ),
+        kind='policy',
     ),
     Constraint(
         "trace_scope_threads",
@@ -191,12 +184,14 @@ CONSTRAINTS = (
             f"and Mosaic GPU raises 'Block size is not a multiple of {env.trace_unit}' (seed "
             f"000); use a multiple of {env.trace_unit}"
         ),
+        kind='lowering',
     ),
     Constraint(
         "tile_divides_n",
         ("tile_elems",),
         lambda c, env: env["n"] % c["tile_elems"] == 0,
         lambda c, env: f"tile_elems={c['tile_elems']} must divide n={env['n']}",
+        kind='build',
     ),
     Constraint(
         "transfer_128b",
@@ -206,6 +201,7 @@ CONSTRAINTS = (
             f"a tile of {c['tile_elems']} {env.dtype} moves "
             f"{transfer_bytes((c['tile_elems'],), env.dtype)} bytes, not a whole multiple of 128"
         ),
+        kind='policy',
     ),
     Constraint(
         "no_idle_threads",
@@ -216,6 +212,7 @@ CONSTRAINTS = (
             f"{_vector_elems(c, env.dtype)} elements per vector exceed tile_elems="
             f"{c['tile_elems']} (policy: some threads would have nothing to do)"
         ),
+        kind='policy',
     ),
     Constraint(
         "no_idle_slots",
@@ -225,6 +222,7 @@ CONSTRAINTS = (
             f"slots={c['slots']} exceed the n/tile_elems={env['n'] // c['tile_elems']} tiles "
             "(policy: extra slots stay idle)"
         ),
+        kind='policy',
     ),
     Constraint(
         "smem_within_budget",
@@ -237,6 +235,7 @@ CONSTRAINTS = (
             f"+ barriers) exceeds the "
             f"{env.smem_budget(block_threads=c['block_threads'])}-byte budget"
         ),
+        kind='lowering',
     ),
     Constraint(
         "refill_needs_free_slot",
@@ -246,6 +245,7 @@ CONSTRAINTS = (
             f"refill_lag={c['refill_lag']} needs slots > {c['refill_lag']}: a lagged refill "
             "with one slot waits on a tile it has not fetched (deadlock)"
         ),
+        kind='build',
     ),
     Constraint(
         "blocks_fit_sm",
@@ -257,8 +257,11 @@ CONSTRAINTS = (
             f"do not fit one SM ({SM_SMEM_BYTES} bytes, {SM_MAX_THREADS} threads; policy: "
             "the extra blocks would only queue)"
         ),
+        kind='policy',
     ),
 )
+# Every rule's kind: the tunables' domains here, each constraint's its own.
+RULE_KINDS: dict[str, str] = {**_DOMAIN_KINDS, **{c.name: c.kind for c in CONSTRAINTS}}
 
 SPACE = Space(PARAMS, CONSTRAINTS)
 

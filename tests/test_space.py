@@ -317,3 +317,20 @@ def test_has_valid_finds_an_empty_space():
     assert not attention.bind(attention.problem(huge, "float16")).has_valid()
     matmul = get_kernel("hopper_matmul")
     assert matmul.bind(matmul.problem({"m": 4096, "n": 4096, "k": 4096}, "bfloat16")).has_valid()
+
+
+def test_a_constraint_carries_its_kind_and_a_bad_kind_is_refused():
+    """Each constraint says what kind of rule it is (no dict kept beside it); an unknown kind
+    names the rule, the value and the kinds allowed."""
+    from autotune.errors import SpaceError
+    from autotune.space.search_space import RULE_KINDS, Constraint
+    from search_spaces import hopper_matmul
+
+    assert Constraint("r", (), lambda c, env: True, "why").kind == "lowering"
+    assert Constraint("r", (), lambda c, env: True, "why", kind="policy+lowering").kind
+    with pytest.raises(SpaceError, match=r"'r'.*kind='polcy'.*expected one of lowering"):
+        Constraint("r", (), lambda c, env: True, "why", kind="polcy")
+    kinds = {c.name: c.kind for c in hopper_matmul.SPACE.constraints}
+    assert kinds["smem_within_limit"] == "lowering" and kinds["epi_canonical"] == "policy"
+    assert hopper_matmul.RULE_KINDS == kinds
+    assert all(set(k.split("+")) <= set(RULE_KINDS) for k in kinds.values())

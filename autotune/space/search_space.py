@@ -44,6 +44,7 @@ __all__ = [
     "Choice",
     "Bool",
     "Constraint",
+    "RULE_KINDS",
     "Violation",
     "Env",
     "Space",
@@ -291,6 +292,10 @@ Param = Aligned | PowerOfTwo | Choice | Bool
 # Constraints.
 
 
+# The kinds of rule a constraint may be (Constraint.kind); see the class for what each means.
+RULE_KINDS = ("lowering", "build", "launch", "correctness", "problem", "interpret", "policy")
+
+
 @dataclasses.dataclass(frozen=True)
 class Constraint:
     """A named rule over some tunables and the problem.
@@ -303,15 +308,31 @@ class Constraint:
         the :class:`Env` (``env["m"]``, ``env.dtype``, ``env.smem_budget(...)``).
       reason: why the rule exists, in words; or a function ``(config, env) -> str`` that
         says what is wrong with the given values.
+      kind: why a config breaking it is never proposed, one of :data:`RULE_KINDS` or several
+        joined by ``+`` (``"policy+lowering"``): ``lowering`` (Mosaic GPU refuses it),
+        ``build`` (the kernel's own code refuses it), ``launch`` (CUDA refuses the launch),
+        ``correctness`` (it runs and gives wrong results), ``problem`` (the problem itself
+        cannot be run), ``interpret`` (only GPU interpret mode cannot run it; binds only
+        there), ``policy`` (it runs, and is left out as never worth measuring). Default
+        ``lowering``. The cross-lowering tests read it: a config broken by ``lowering``
+        rules alone must fail to lower.
     """
 
     name: str
     reads: tuple[str, ...]
     check: Callable[[Mapping[str, Value], Env], bool]
     reason: str | Callable[[Mapping[str, Value], Env], str]
+    kind: str = "lowering"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads", tuple(self.reads))
+        words = self.kind.split("+") if isinstance(self.kind, str) else [self.kind]
+        unknown = [w for w in words if w not in RULE_KINDS]
+        if unknown:
+            raise SpaceError(
+                f"Constraint {self.name!r}: kind={self.kind!r} is not a rule kind; expected one "
+                f"of {', '.join(RULE_KINDS)}, or several joined by '+' (e.g. 'policy+lowering')."
+            )
 
     def explain(self, config: Mapping[str, Value], env: Env) -> str:
         if callable(self.reason):
