@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
+from autotune.evaluation.trial import DeviceKind
 
 __all__ = ["main", "EXIT_OK", "EXIT_NOTHING", "EXIT_USAGE", "EXIT_CRASHED", "EXIT_PIPE", "EFFORTS"]
 
@@ -521,7 +522,7 @@ def _on_interrupt(signals: Any, engine: Any, log_dir: str) -> None:
 
 def _report_dict(r: Any) -> dict[str, Any]:
     """A tuning report in the result schema (``RESULT_FIELDS``), plus this run's counts."""
-    interpret = r.device_kind == "interpret"
+    interpret = r.device_kind == DeviceKind.INTERPRET
     return {
         "kernel": r.problem.kernel, "shape": r.problem.dims, "dtype": r.problem.dtype,
         "device": r.device, "device_kind": r.device_kind,
@@ -542,17 +543,17 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
     from autotune.space.kernel import get_kernel
 
     device = detect_device() if args.device == "auto" else args.device
-    where = f"gpus {','.join(map(str, gpus))}" if gpus else ("the GPU" if device == "gpu" else "the CPU")
+    where = f"gpus {','.join(map(str, gpus))}" if gpus else ("the GPU" if device == DeviceKind.GPU else "the CPU")
     print(f"dry run: device {device} ({where}); database {_db_text(args.db)}")
     header = ["problem", "valid configs", "budget", "stored", "estimate"]
     rows = []
     for spec in job.problems:
         problem = spec.problem
         kernel = get_kernel(problem.kernel, allow_import=args.allow_import)
-        if device == "interpret" and not kernel.interpret_ok:
+        if device == DeviceKind.INTERPRET and not kernel.interpret_ok:
             rows.append([str(problem), "-", "-", "-", "skipped: does not run in GPU interpret mode"])
             continue
-        space = kernel.valid_space(problem, interpret=device == "interpret")
+        space = kernel.valid_space(problem, interpret=device == DeviceKind.INTERPRET)
         budget = spec.budget
         parts = []
         if budget.trials is not None:
@@ -647,7 +648,7 @@ def _speedup_text(speedup: float | None, spread: float | None, confirmed: bool) 
 
 
 def _print_reports(reports: Sequence[Any]) -> None:
-    gpu = any(r.device_kind != "interpret" for r in reports)
+    gpu = any(r.device_kind != DeviceKind.INTERPRET for r in reports)
     if gpu:
         header = ["problem", "device", "cache", "best us", "TFLOP/s", "GB/s", "baseline us",
                   "speedup", "ties", "trials", "invalid", "stop"]
@@ -656,7 +657,7 @@ def _print_reports(reports: Sequence[Any]) -> None:
     rows = []
     for r in reports:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items()))
-        interpret = r.device_kind == "interpret"
+        interpret = r.device_kind == DeviceKind.INTERPRET
         confirmed = r.confirmation is not None
         row = [str(r.problem), r.device]
         if gpu:
@@ -671,7 +672,7 @@ def _print_reports(reports: Sequence[Any]) -> None:
             ]
         rows.append([*row, statuses or "-", str(r.invalid), r.stop_reason or "-"])
     _table(header, rows)
-    if any(r.device_kind == "interpret" for r in reports):
+    if any(r.device_kind == DeviceKind.INTERPRET for r in reports):
         print(INTERPRET_NOTE)
 
 
@@ -725,7 +726,7 @@ def _best(args: argparse.Namespace) -> int:
             + (f" on {args.device}" if args.device else " on a GPU")
             + (hint or f"; run `autotune tune` with a job listing it (database {_db_text(args.db)}).")
         )
-    interpret = result.device_kind == "interpret"
+    interpret = result.device_kind == DeviceKind.INTERPRET
     if args.json:
         payload = result.to_dict()
         if interpret:
@@ -772,7 +773,7 @@ def _results(args: argparse.Namespace) -> int:
         out = []
         for r in rows:
             record = r.to_dict()
-            if r.device_kind == "interpret":
+            if r.device_kind == DeviceKind.INTERPRET:
                 record["speedup"] = None
             out.append(record)
         print(json.dumps(out, default=str))
@@ -782,11 +783,11 @@ def _results(args: argparse.Namespace) -> int:
               + f" in {_db_text(args.db)}")
         return EXIT_OK
     header = ["problem", "device", "cache", "trials", "best us", "speedup", "ties"]
-    table = [[r.problem_text, r.device + (" [interpret]" if r.device_kind == "interpret" else ""),
+    table = [[r.problem_text, r.device + (" [interpret]" if r.device_kind == DeviceKind.INTERPRET else ""),
               r.cache_policy,
               ", ".join(f"{k} {v}" for k, v in sorted(r.by_status.items())),
               _num(r.best_us if r.confirmation is None else r.confirmation.crowned.median_us, ".1f"),
-              "-" if r.device_kind == "interpret" else
+              "-" if r.device_kind == DeviceKind.INTERPRET else
               _speedup_text(r.confirmed_speedup if r.confirmation is not None else r.speedup,
                             None if r.confirmation is None else r.confirmation.speedup_spread,
                             r.confirmation is not None),
@@ -797,7 +798,7 @@ def _results(args: argparse.Namespace) -> int:
     if bad:
         print(f"{len(bad)} stored ok result(s) break today's rules and are never served: "
               "`autotune results --invalid` lists them.")
-    if any(r.device_kind == "interpret" for r in rows):
+    if any(r.device_kind == DeviceKind.INTERPRET for r in rows):
         print(INTERPRET_NOTE)
     return EXIT_OK
 

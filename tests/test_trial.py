@@ -11,7 +11,7 @@ from autotune.evaluation.trial import CachePolicy
 def test_public_api():
     """``__all__`` lists exactly the public names."""
     assert sorted(m.__all__) == sorted([
-        "Outcome", "TrialResult", "DeviceInfo", "CachePolicy", "CACHE_POLICIES",
+        "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy", "CACHE_POLICIES",
         "resolve_cache_policy", "relative_spread", "round_order",
     ])
 
@@ -46,3 +46,17 @@ def test_round_order_interleaves_and_rotates():
     assert m.round_order(3, 4) == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
     with pytest.raises(ValueError, match="at least one program"):
         m.round_order(0, 3)
+
+
+def test_device_kind_is_one_enum_and_a_plain_string_is_converted():
+    """The device kind is a StrEnum used everywhere (it still compares and stores as its plain
+    string); DeviceInfo converts a string, and refuses an unknown kind."""
+    from autotune.evaluation.trial import DEVICE_KINDS, DeviceInfo, DeviceKind
+
+    assert DEVICE_KINDS == ("gpu", "interpret", "fake")
+    info = DeviceInfo(name="NVIDIA H200", kind="gpu")
+    assert info.kind is DeviceKind.GPU and info.is_gpu and info.kind == "gpu"
+    assert DeviceInfo(name="x", kind=DeviceKind.INTERPRET).kind is DeviceKind.INTERPRET
+    assert f"{DeviceKind.FAKE}" == "fake"
+    with pytest.raises(ValueError, match="'tpu' is not a valid DeviceKind"):
+        DeviceInfo(name="x", kind="tpu")

@@ -95,14 +95,14 @@ from autotune.engine.messages import (
     WorkerSpec,
 )
 from autotune.engine.worker import _BOOT
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.evaluation.trial import DEVICE_KINDS, DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeout_s"]
 
 log = logging.getLogger(__name__)
 
-MODES = ("gpu", "interpret", "fake")
+MODES = DEVICE_KINDS
 
 # Stages (see autotune.evaluation.contract.Stage) in which a config's own code is executing. "device" is
 # the engine's own: the worker holds its GPU's lock and makes the inputs and the reference.
@@ -113,7 +113,8 @@ _ACTIVE_STAGES = _COMPILE_STAGES | _RUN_STAGES
 # Floors of the default time limits, by mode: (compile_s, run_s). The limit is the floor or 10x
 # the slowest stage seen so far, whichever is larger. Interpret-mode runs are slow (PLATFORM.md:
 # a 256^3 matmul takes 3.6 s per call), so its run floor is high.
-_TIMEOUT_FLOORS = {"gpu": (60.0, 30.0), "interpret": (120.0, 600.0), "fake": (30.0, 30.0)}
+_TIMEOUT_FLOORS = {DeviceKind.GPU: (60.0, 30.0), DeviceKind.INTERPRET: (120.0, 600.0),
+                   DeviceKind.FAKE: (30.0, 30.0)}
 _TIMEOUT_FACTOR = 10.0
 
 # A worker whose heartbeat is older than this when a stage overruns may be stuck in a thread
@@ -289,7 +290,7 @@ class Engine:
             raise ValueError(f"compile_threads must be >= 1, but got {compile_threads}.")
         devices: list[int | None] = list(gpus) if gpus is not None else [None]
         memory = None
-        if mode == "gpu" and workers_per_gpu is None:
+        if mode == DeviceKind.GPU and workers_per_gpu is None:
             sizes = [gpu_memory_mib(g) for g in devices]
             memory = min((m for m in sizes if m), default=None)
         workers_per_gpu, compile_threads = _default_layout(
@@ -659,10 +660,10 @@ class Engine:
         env = dict(os.environ)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        if self.mode == "gpu":
+        if self.mode == DeviceKind.GPU:
             # The tuner process may use the same GPU: a worker must not grab 75% of it.
             env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        if self.mode == "interpret":
+        if self.mode == DeviceKind.INTERPRET:
             env.setdefault("JAX_PLATFORMS", "cpu")
         env.setdefault("PYTHONFAULTHANDLER", "1")
         n = next(self._incarnation)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from autotune.evaluation.trial import DeviceKind
+
 
 def _cpu_count() -> int:
     """CPU cores this process may use (its affinity mask, e.g. a container's share)."""
@@ -76,7 +78,7 @@ def _default_layout(
     decide; a 16 GiB GPU allows 2).
     """
     if workers_per_gpu is None:
-        if mode == "fake":
+        if mode == DeviceKind.FAKE:
             workers_per_gpu = 1
         else:
             workers_per_gpu = max(1, min(_MAX_WORKERS_PER_GPU, cores // (2 * n_gpus)))

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem
 
@@ -242,12 +242,12 @@ def make_evaluator(
     from autotune.evaluation.pipeline import GpuEvaluator, InterpretEvaluator
     from autotune.evaluation.trial import resolve_cache_policy
 
-    if mode == "gpu":
-        return GpuEvaluator(iterations or 20, resolve_cache_policy(cache, "gpu").value)
-    if mode == "interpret":
-        return InterpretEvaluator(iterations or 3, resolve_cache_policy(cache, "interpret").value)
-    if mode == "fake":
-        return FakeEvaluator(iterations or 3, cache=resolve_cache_policy(cache, "fake").value)
+    if mode == DeviceKind.GPU:
+        return GpuEvaluator(iterations or 20, resolve_cache_policy(cache, DeviceKind.GPU).value)
+    if mode == DeviceKind.INTERPRET:
+        return InterpretEvaluator(iterations or 3, resolve_cache_policy(cache, DeviceKind.INTERPRET).value)
+    if mode == DeviceKind.FAKE:
+        return FakeEvaluator(iterations or 3, cache=resolve_cache_policy(cache, DeviceKind.FAKE).value)
     raise ValueError(f"Evaluator mode must be 'gpu', 'interpret' or 'fake', but got {mode!r}.")
 
 

@@ -27,7 +27,7 @@ from autotune.evaluation.contract import (
     _noop,
     _wrong,
 )
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel
 from autotune.space.problem import Config, Problem
 
@@ -116,7 +116,7 @@ class FakeEvaluator(Evaluator):
 
         self.iterations = iterations
         self.rule = rule
-        self.cache = resolve_cache_policy(cache, "fake").value
+        self.cache = resolve_cache_policy(cache, DeviceKind.FAKE).value
         self.healthy = True
         self._draws = 0
 
@@ -130,7 +130,7 @@ class FakeEvaluator(Evaluator):
 
     def device_info(self) -> DeviceInfo:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        return DeviceInfo(name=f"fake-gpu (CUDA_VISIBLE_DEVICES={visible})", kind="fake")
+        return DeviceInfo(name=f"fake-gpu (CUDA_VISIBLE_DEVICES={visible})", kind=DeviceKind.FAKE)
 
     def _act(self, b: FakeBehaviour, stage: Stage) -> None:
         if b.stage is not stage:

@@ -37,7 +37,7 @@ from autotune.evaluation.contract import (
     _wrong,
 )
 from autotune.evaluation.timing import _device_ok, _time
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import DEFAULT_TOLERANCE, BuildOptions, Kernel
 from autotune.space.problem import Config, Problem
 
@@ -373,7 +373,7 @@ def gpu_device_info(index: int = 0) -> DeviceInfo:
         pass
     return DeviceInfo(
         name=str(getattr(device, "device_kind", "gpu")),
-        kind="gpu",
+        kind=DeviceKind.GPU,
         compute_capability=str(getattr(device, "compute_capability", "") or ""),
         driver=driver,
     )
@@ -391,7 +391,7 @@ def _cpu_model() -> str:
 
 def interpret_device_info() -> DeviceInfo:
     """Interpret mode runs kernels numerically on the CPU; its rows say so."""
-    return DeviceInfo(name=f"cpu-interpret ({_cpu_model()})", kind="interpret")
+    return DeviceInfo(name=f"cpu-interpret ({_cpu_model()})", kind=DeviceKind.INTERPRET)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,7 +660,7 @@ class InterpretEvaluator(_JaxEvaluator):
     def __init__(self, iterations: int = 3, cache: str = "warm") -> None:
         from autotune.evaluation.trial import resolve_cache_policy
 
-        super().__init__(iterations, resolve_cache_policy(cache, "interpret").value)
+        super().__init__(iterations, resolve_cache_policy(cache, DeviceKind.INTERPRET).value)
 
     def device_info(self) -> DeviceInfo:
         return interpret_device_info()

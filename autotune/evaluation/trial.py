@@ -27,9 +27,22 @@ import statistics
 from collections.abc import Sequence
 
 __all__ = [
-    "Outcome", "TrialResult", "DeviceInfo", "CachePolicy", "CACHE_POLICIES",
+    "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy",
+    "CACHE_POLICIES",
     "resolve_cache_policy", "relative_spread", "round_order",
 ]
+
+
+class DeviceKind(enum.StrEnum):
+    """What a trial ran on: a GPU (CUPTI timing), GPU interpret mode on the CPU (functional
+    runs, wall-clock times that are not GPU timings) or the fake evaluator (tests)."""
+
+    GPU = "gpu"
+    INTERPRET = "interpret"
+    FAKE = "fake"
+
+
+DEVICE_KINDS = tuple(k.value for k in DeviceKind)
 
 
 class CachePolicy(enum.StrEnum):
@@ -49,13 +62,13 @@ def resolve_cache_policy(requested: str | None, device_kind: str) -> CachePolicy
       ValueError: an unknown policy, or ``cold`` where there is no GPU L2 to flush.
     """
     if requested is None or requested == "auto":
-        return CachePolicy.COLD if device_kind == "gpu" else CachePolicy.WARM
+        return CachePolicy.COLD if device_kind == DeviceKind.GPU else CachePolicy.WARM
     if requested not in CACHE_POLICIES:
         raise ValueError(
             f"cache must be one of {', '.join(CACHE_POLICIES)} (or auto), but got {requested!r}."
         )
     policy = CachePolicy(requested)
-    if policy is CachePolicy.COLD and device_kind == "interpret":
+    if policy is CachePolicy.COLD and device_kind == DeviceKind.INTERPRET:
         raise ValueError(
             "cache = 'cold' needs a GPU: GPU interpret mode runs on the CPU and has no L2 to "
             "flush. Use cache = 'warm' (or leave it out) in interpret mode."
@@ -115,13 +128,16 @@ class DeviceInfo:
     """The device a trial ran on. Interpret-mode rows say so in ``name`` and ``kind``."""
 
     name: str  # "NVIDIA H200", or "cpu-interpret (...)"
-    kind: str  # "gpu" | "interpret" | "fake"
+    kind: DeviceKind  # a plain string of one of DEVICE_KINDS is converted
     compute_capability: str = ""
     driver: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DeviceKind(self.kind))
+
     @property
     def is_gpu(self) -> bool:
-        return self.kind == "gpu"
+        return self.kind is DeviceKind.GPU
 
 
 @dataclasses.dataclass(frozen=True)

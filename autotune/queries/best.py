@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._jax_compat import installed_versions
 from autotune.errors import JobError, did_you_mean
-from autotune.evaluation.trial import CACHE_POLICIES
+from autotune.evaluation.trial import CACHE_POLICIES, DEVICE_KINDS, DeviceKind
 from autotune.space.problem import (
     Problem,
     ShapeValue,
@@ -88,7 +88,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEVICE_KINDS = ("gpu", "interpret", "fake")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +199,7 @@ def best_result(
         if store is None:
             return None
         if device is None:
-            found = _best_row(store, problem, None, "gpu", cache)
+            found = _best_row(store, problem, None, DeviceKind.GPU, cache)
         else:
             name, kind = _device_filter(store, device)
             found = _best_row(store, problem, name, kind, cache)
@@ -379,7 +378,7 @@ def nearest_results(
             and math.isfinite(d := shape_distance(p.dims, problem.dims))
         ]
         candidates.sort(key=lambda item: item[0])
-        filters = [(None, "gpu")] if device is None else [_device_filter(store, device)]
+        filters = [(None, DeviceKind.GPU)] if device is None else [_device_filter(store, device)]
         out: list[BestResult] = []
         for name, kind in filters:
             found = 0
@@ -685,7 +684,7 @@ def _device_filter(store: Store, device: str) -> tuple[str | None, str | None]:
     matches = [name for name in names if key.casefold() in name.casefold()]
     gpus = sorted({d.name for d in devices if d.is_gpu and d.name in matches})
     if len(matches) > 1 and len(gpus) == 1:
-        return gpus[0], "gpu"  # "h200" means the GPU, not an interpret run that names it
+        return gpus[0], DeviceKind.GPU  # "h200" means the GPU, not an interpret run that names it
     if len(matches) > 1:
         raise JobError(
             f"device {device!r} matches several stored devices ({', '.join(matches)}); "

@@ -44,7 +44,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.evaluation.trial import CACHE_POLICIES, DeviceInfo, TrialResult
+from autotune.evaluation.trial import (
+    CACHE_POLICIES,
+    DEVICE_KINDS,
+    DeviceInfo,
+    DeviceKind,
+    TrialResult,
+)
 from autotune.queries.best import _device_filter, _open, served_summaries
 from autotune.space.problem import Config, Problem
 from autotune.space.validity import servable
@@ -89,7 +95,7 @@ def export_records(
                 log.warning("%s on %s: skipping a non-finite stored time %r; it is never "
                             "exported.", summary.problem, summary.device, summary.best_us)
                 continue
-            if device is None and summary.device_kind == "interpret":
+            if device is None and summary.device_kind == DeviceKind.INTERPRET:
                 continue  # functional runs, not GPU timings: only when asked for
             confirmation = summary.confirmation
             trial = store.trial(summary.best_trial_id)
@@ -137,7 +143,7 @@ def skipped_interpret(db: str | None = None, *, kernel: str | None = None) -> in
     with _open(db) as store:
         if store is None:
             return 0
-        return sum(1 for s in store.summaries(kernel=kernel, device_kind="interpret")
+        return sum(1 for s in store.summaries(kernel=kernel, device_kind=DeviceKind.INTERPRET)
                    if s.best_config is not None)
 
 
@@ -181,7 +187,7 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
     for r in records:
         key = (r["kernel"], tuple(sorted(r["shape"].items())), r["dtype"])
         def rank(x: Mapping[str, Any]) -> tuple[bool, bool, float]:
-            return (x["device_kind"] != "gpu", x.get("cache_policy", "warm") != "cold",
+            return (x["device_kind"] != DeviceKind.GPU, x.get("cache_policy", "warm") != "cold",
                     x["median_us"])
 
         table = tables.setdefault(r["device"], {})
@@ -267,7 +273,7 @@ _KNOWN_KEYS = frozenset({
     # The measurement (issue 19): the cache policy is imported; the rest is informational.
     "cache_policy", "spread", "confirmed", "confirmed_speedup", "speedup_spread", "ties",
 })
-_DEVICE_KINDS = ("gpu", "interpret", "fake")
+_DEVICE_KINDS = DEVICE_KINDS
 
 
 def import_json(
@@ -420,7 +426,7 @@ def check_records(
                 why = _text_problem(field, r[field], empty_ok=field != "device")
                 if why:
                     errors.append(("text", why))
-        kind = r.get("device_kind") or "gpu"
+        kind = r.get("device_kind") or DeviceKind.GPU
         if isinstance(kind, str) and kind not in _DEVICE_KINDS:
             errors.append(("device_kind", f"device_kind = {_short(kind)}; expected one of {', '.join(_DEVICE_KINDS)}"))
         software = r.get("software") or {}

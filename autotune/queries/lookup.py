@@ -59,6 +59,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.errors import JobError, StorageError
+from autotune.evaluation.trial import DeviceKind
 from autotune.queries import best as queries
 from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
 from autotune.space.problem import Config, Problem
@@ -180,7 +181,7 @@ def _lookup_here(kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, device
     them, since those are what ran on such a host."""
     stored = _lookup(kernel, shape, dtype, device=device, **kw)
     if stored is None and device is None and _runs_interpreted():
-        return _lookup(kernel, shape, dtype, device="interpret", **kw)
+        return _lookup(kernel, shape, dtype, device=DeviceKind.INTERPRET, **kw)
     return stored
 
 

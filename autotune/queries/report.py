@@ -36,6 +36,7 @@ from typing import Any
 
 from autotune._paths import safe_path
 from autotune.errors import JobError, NothingTunedError
+from autotune.evaluation.trial import DeviceKind
 from autotune.storage.rows import ProblemSummary, TrialRow
 from autotune.storage.store import Store
 
@@ -81,7 +82,7 @@ DEVICE_PEAKS: tuple[tuple[str, DevicePeaks], ...] = (
 
 def device_peaks(device_name: str, device_kind: str) -> DevicePeaks | None:
     """The peaks of a stored device, or None (interpret or fake runs, unknown devices)."""
-    if device_kind != "gpu":
+    if device_kind != DeviceKind.GPU:
         return None
     for key, peaks in DEVICE_PEAKS:
         if key.casefold() in device_name.casefold():
@@ -210,7 +211,7 @@ def _problem_page(
         fig.savefig(path, dpi=_DPI)
         images[kind] = f"{folder}/{kind}.png"
 
-    interpret = summary.device_kind == "interpret"
+    interpret = summary.device_kind == DeviceKind.INTERPRET
     if interpret:
         notes.append(
             "Interpret mode: these are functional runs of the kernel in GPU interpret mode on a "
@@ -645,7 +646,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
             + _cell(s.problem.shape_text) + _cell(s.problem.dtype)
             + _cell(s.device) + _cell(s.cache_policy) + _cell(trials)
             + _cell("-" if best_us is None else _fmt_us(best_us)) + _cell(baseline)
-            + _cell("-" if s.device_kind == "interpret" else speedup) + _cell(ties)
+            + _cell("-" if s.device_kind == DeviceKind.INTERPRET else speedup) + _cell(ties)
             + _cell("-" if page.tflops is None else _rate(page.tflops, "FLOP/s"))
             + _cell("-" if page.gbps is None else _rate(page.gbps / 1e3, "B/s"))
             + _cell(page.versions)

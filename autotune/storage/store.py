@@ -46,7 +46,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import StorageError
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult, relative_spread
+from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult, relative_spread
 from autotune.space.problem import Config, Problem
 from autotune.storage.rows import (
     BaselineRow,
@@ -763,7 +763,7 @@ class Store:
         problem: Problem,
         *,
         device_name: str | None = None,
-        device_kind: str | None = "gpu",
+        device_kind: str | None = DeviceKind.GPU,
         n: int = 1,
         versions: Mapping[str, str] | None = None,
         cache: str | None = None,
@@ -803,7 +803,7 @@ class Store:
         problem: Problem,
         *,
         device_name: str | None = None,
-        device_kind: str | None = "gpu",
+        device_kind: str | None = DeviceKind.GPU,
     ) -> str:
         """The cache policy whose results answer for ``problem`` on these devices: ``cold``
         when it has an ok trial timed cold there, else ``warm`` (one query)."""
@@ -823,7 +823,7 @@ class Store:
         problem: Problem,
         *,
         device_name: str | None = None,
-        device_kind: str | None = "gpu",
+        device_kind: str | None = DeviceKind.GPU,
         name: str | None = None,
         cache: str | None = None,
     ) -> BaselineRow | None:
@@ -838,7 +838,7 @@ class Store:
         problem: Problem,
         *,
         device_name: str | None = None,
-        device_kind: str | None = "gpu",
+        device_kind: str | None = DeviceKind.GPU,
         name: str | None = None,
         cache: str | None = None,
     ) -> list[BaselineRow]:
@@ -1026,7 +1026,7 @@ class Store:
         problem: Problem,
         *,
         device_name: str | None = None,
-        device_kind: str | None = "gpu",
+        device_kind: str | None = DeviceKind.GPU,
         cache: str | None = None,
         limit: int | None = None,
     ) -> list[ConfirmationRow]:

@@ -29,7 +29,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune._paths import safe_path
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config
 from autotune.tuning import optuna_adapter as oa
@@ -293,7 +293,7 @@ class _Scheduler:
         if self.device is None:
             self.device = self.engine.device_info()
         device = self.device
-        space = kernel.valid_space(problem, interpret=device.kind == "interpret")
+        space = kernel.valid_space(problem, interpret=device.kind == DeviceKind.INTERPRET)
         budget = spec.budget
         safe_path(self.results_dir, "traces", problem.kernel)  # before anything is measured
 
@@ -306,7 +306,7 @@ class _Scheduler:
                                              repaired=0, skipped=True, stop_reason=reason,
                                              cache=self.policy, confirm_s=confirm_s)
 
-        if device.kind == "interpret" and not kernel.interpret_ok:
+        if device.kind == DeviceKind.INTERPRET and not kernel.interpret_ok:
             why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
             return skip(why, 0, why)
         rows = self.store.trials(problem, device_name=device.name, cache=self.policy)

@@ -45,7 +45,7 @@ from autotune import __version__ as AUTOTUNE_VERSION
 from autotune._paths import safe_path
 from autotune.errors import JobError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage import store as storage_module
@@ -410,11 +410,11 @@ def tune_problem(
     problem = spec.problem
     device = engine.device_info()
     policy = cache_policy_of(engine)
-    space = kernel.valid_space(problem, interpret=device.kind == "interpret")
+    space = kernel.valid_space(problem, interpret=device.kind == DeviceKind.INTERPRET)
     software = software_versions()
     budget = spec.budget
     safe_path(results_dir, "traces", problem.kernel)  # before anything is measured
-    if device.kind == "interpret" and not kernel.interpret_ok:
+    if device.kind == DeviceKind.INTERPRET and not kernel.interpret_ok:
         # Every config would only fail the same way; say so once instead of storing that.
         why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
         emit(Event("skip", problem, 0, budget.trials, message=why))
@@ -569,7 +569,7 @@ def confirm_best(
     confirm = getattr(engine, "confirm", None)
     n_top = spec.confirm_top
     if n_top is None:
-        n_top = 0 if device.kind == "interpret" else DEFAULT_CONFIRM_TOP
+        n_top = 0 if device.kind == DeviceKind.INTERPRET else DEFAULT_CONFIRM_TOP
     if confirm is None or n_top <= 0:
         return None
     policy = cache_policy_of(engine)
