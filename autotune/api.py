@@ -1,7 +1,7 @@
 """Tuning from Python: ``autotune.tune(...)`` for notebooks and scripts.
 
-The CLI's ``autotune tune JOB.toml`` and this function share one path: a :class:`Job` run by
-:func:`autotune.tuning.tuner.run_job` over an engine and a store.
+The CLI's ``autotune tune JOB.toml`` and this function share one path, :func:`run_tuning`: a
+:class:`Job` run by :func:`autotune.tuning.tuner.run_job` over an engine and a store.
 """
 
 from __future__ import annotations
@@ -117,9 +117,6 @@ def tune(
       JobError: a bad problem or setting, or a kernel object the worker processes cannot
         import (one that is not a global of an importable module).
     """
-    from autotune.storage.store import Store
-    from autotune.tuning.tuner import require_persistent, run_job
-
     if isinstance(kernel, Kernel):
         # Worker processes import the kernel by its path; passing the object is the consent.
         resolved = resolve_kernel(kernel)
@@ -173,11 +170,45 @@ def tune(
         if on_event is not None:
             on_event(event)
 
+    return run_tuning(job, db=db, device=device, allow_import=allow_import, observer=observer,
+                      on_event=events)
+
+
+def run_tuning(
+    job: Job,
+    *,
+    db: str | None,
+    device: str,
+    allow_import: bool,
+    observer: Any,
+    on_event: Callable[[Any], None],
+    results_dir: str = "results",
+    gpus: Sequence[int] | None = None,
+    log_dir: str | None = None,
+    layout: Mapping[str, int] | None = None,
+    on_store: Callable[[Any], None] | None = None,
+    on_engine: Callable[[Any], None] | None = None,
+) -> list[Any]:
+    """The one run path of ``autotune tune`` and :func:`tune`: opens the store (refusing an
+    in-memory one before any worker starts), the engine for ``device``, and runs ``job``
+    while ``observer`` is active; ``on_store(store)`` is called once the store is open (the
+    CLI names the database), ``on_engine(engine)`` once the engine is (the CLI hooks Ctrl-C to
+    it). The store is closed whatever happens."""
+    from autotune.storage.store import Store
+    from autotune.tuning.tuner import require_persistent, run_job
+
     store = Store(db)
     try:
-        require_persistent(store)  # before any worker process starts
-        with observer.active(), open_engine(device, allow_import=allow_import, cache=job.cache) as engine:
-            return run_job(job, store=store, engine=engine, on_event=events, allow_import=allow_import)
+        if on_store is not None:
+            on_store(store)
+        require_persistent(store)  # before any worker process starts or writes its logs
+        with observer.active(), open_engine(device, gpus=gpus, allow_import=allow_import,
+                                            log_dir=log_dir, cache=job.cache,
+                                            **dict(layout or {})) as engine:
+            if on_engine is not None:
+                on_engine(engine)
+            return run_job(job, store=store, engine=engine, results_dir=results_dir,
+                           on_event=on_event, allow_import=allow_import)
     finally:
         store.close()
 

@@ -448,11 +448,9 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from autotune.api import open_engine
+    from autotune.api import run_tuning
     from autotune.progress import make_progress
-    from autotune.storage.store import Store
     from autotune.tuning.jobs import load_job
-    from autotune.tuning.tuner import require_persistent, run_job
 
     job = _job_overrides(args, load_job(args.job, allow_import=args.allow_import))
     gpus = _parse_gpus(args.gpus)
@@ -461,25 +459,24 @@ def _tune(args: argparse.Namespace) -> int:
     check_output_dir(args.results_dir, flag="--results-dir")
     if args.dry_run:
         return _dry_run(args, job, gpus)
-    store = Store(args.db)
-    if not args.quiet and not args.jsonl:
-        print(f"autotune: database {_db_text(args.db)}", file=sys.stderr)
     progress = make_progress("quiet" if args.quiet else "jsonl" if args.jsonl else "auto")
+    # One folder per process: runners started in the same second on one host (a job shared
+    # by several processes) must not write each other's worker logs.
+    log_dir = str(Path(args.results_dir) / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    layout = {k: v for k, v in (("workers_per_gpu", args.workers_per_gpu),
+                                ("compile_threads", args.compile_threads)) if v is not None}
+
+    def say_db(store: Any) -> None:
+        if not args.quiet and not args.jsonl:
+            print(f"autotune: database {_db_text(args.db)}", file=sys.stderr)
+
     try:
-        require_persistent(store)  # before the engine writes its logs under --results-dir
-        # One folder per process: runners started in the same second on one host (a job shared
-        # by several processes) must not write each other's worker logs.
-        log_dir = str(Path(args.results_dir) / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        layout = {k: v for k, v in (("workers_per_gpu", args.workers_per_gpu),
-                                    ("compile_threads", args.compile_threads)) if v is not None}
-        with progress.active(), open_engine(args.device, gpus=gpus, allow_import=args.allow_import,
-                                            log_dir=log_dir, cache=job.cache, **layout) as engine:
-            _on_interrupt(args.signals, engine, log_dir)
-            reports = run_job(job, store=store, engine=engine, results_dir=args.results_dir,
-                              on_event=progress, allow_import=args.allow_import)
+        reports = run_tuning(job, db=args.db, device=args.device, allow_import=args.allow_import,
+                             observer=progress, on_event=progress, results_dir=args.results_dir,
+                             gpus=gpus, log_dir=log_dir, layout=layout, on_store=say_db,
+                             on_engine=lambda engine: _on_interrupt(args.signals, engine, log_dir))
     finally:
         args.signals.status = args.signals.abort = None
-        store.close()
     if args.jsonl:
         for r in reports:
             print(json.dumps({"event": "summary", **_report_dict(r)}, default=str))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import autotune
 
 PUBLIC = [
@@ -47,3 +49,32 @@ def test_unknown_attribute_is_an_attribute_error():
         assert "best_cofig" in str(e)
     else:
         raise AssertionError("no error")
+
+
+def test_the_cli_and_the_api_share_one_run_path(tmp_path, monkeypatch):
+    """`autotune tune` and `autotune.tune` both run through `autotune.api.run_tuning` (the
+    store, the engine and the job runner assembled once), with the job each built."""
+    import autotune.api as api
+    from autotune import cli
+
+    seen = []
+
+    class Reached(Exception):
+        pass
+
+    def spy(job, **kw):
+        seen.append((job.problems[0].problem.kernel, kw["device"], kw["db"]))
+        raise Reached
+
+    monkeypatch.setattr(api, "run_tuning", spy)
+    db = f"sqlite:///{tmp_path}/a.db"
+    with pytest.raises(Reached):
+        autotune.tune("softmax", [{"rows": 64, "cols": 512}], dtype="float32", trials=1, db=db,
+                      device="interpret", progress=False)
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\n'
+                   'shape = { rows = 64, cols = 512 }\n')
+    with pytest.raises(Reached):
+        cli.main(["tune", str(job), "--db", db, "--device", "interpret", "--quiet",
+                  "--results-dir", str(tmp_path / "results")])
+    assert seen == [("softmax", "interpret", db)] * 2
