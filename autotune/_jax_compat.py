@@ -1,6 +1,8 @@
 """The few places where JAX 0.10.2 (CPU machines, CI) and 0.11.2 (the H200) differ.
 
-Import only from code that already needs jax (building, lowering, evaluating kernels).
+Importing this module does not import jax: each function that needs it imports it when
+called (call those only from code that already needs jax: building, lowering, evaluating
+kernels). :func:`installed_versions` never imports it, so the query side may use it.
 """
 
 from __future__ import annotations
@@ -95,6 +97,14 @@ def cupti_session(run: Any) -> list[tuple[str, float]]:
     finally:
         timings = ext._cupti_get_timings(True)
     return [(str(name), float(ms)) for name, ms in (timings or [])]
+
+
+def default_backend_is_gpu() -> bool:
+    """Whether jax's default backend is a GPU, where Mosaic GPU kernels run natively (else
+    they lower for CUDA only, or run in GPU interpret mode)."""
+    import jax
+
+    return jax.default_backend() in ("gpu", "cuda")
 
 
 def installed_versions() -> dict[str, str]:

@@ -156,14 +156,14 @@ CONSTRAINTS = (
             "whatever the input dtype, so {dtype} inputs fail to lower ('Mixed input dtypes', "
             "JAX 0.10.2 and 0.11.2); pass float16 (cast bfloat16 inputs)"
         ),
-        kind='problem',
+        kind="problem",
     ),
     Constraint(
         "head_dim_multiple_of_64",
         (),
         lambda c, env: env["head_dim"] % 64 == 0,
         _says("head_dim={head_dim} must be a multiple of 64; the kernel checks it"),
-        kind='problem',
+        kind="problem",
     ),
     Constraint(
         "heads_grouped",
@@ -173,7 +173,7 @@ CONSTRAINTS = (
             "heads_q={heads_q} must be a multiple of heads_kv={heads_kv} (grouped-query "
             "attention); the kernel checks it"
         ),
-        kind='problem',
+        kind="problem",
     ),
     Constraint(
         "causal_seq_q_within_seq_kv",
@@ -183,7 +183,7 @@ CONSTRAINTS = (
             "causal attention needs seq_q={seq_q} <= seq_kv={seq_kv}: the kernel aligns query i "
             "with key i, so later query blocks would read K/V past seq_kv"
         ),
-        kind='correctness',
+        kind="correctness",
     ),
     Constraint(
         "q_divisible",
@@ -193,14 +193,14 @@ CONSTRAINTS = (
             "seq_q={seq_q} must be divisible by 2 x block_q={q_rows} (two compute warpgroups "
             "of block_q={block_q} rows per block); the kernel checks it"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "kv_divisible",
         ("block_kv",),
         lambda c, env: env["seq_kv"] % c["block_kv"] == 0,
         _says("seq_kv={seq_kv} must be divisible by block_kv={block_kv}; the kernel checks it"),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "qk_wgmma_n",
@@ -210,7 +210,7 @@ CONSTRAINTS = (
             "block_kv={block_kv} must be at most 256: it is the N dimension of the q @ k^T "
             "WGMMA ('N must be a multiple of 8 and <= 256')"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "q_transfer_128b",
@@ -220,7 +220,7 @@ CONSTRAINTS = (
             "the Q and O copies (block_q={block_q} x head_dim={head_dim} x 2 B) must move a "
             "multiple of 128 bytes (transfers split over a 128-thread warpgroup)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "kv_transfer_128b",
@@ -230,7 +230,7 @@ CONSTRAINTS = (
             "the K and V copies (block_kv={block_kv} x head_dim={head_dim} x 2 B) must move a "
             "multiple of 128 bytes (transfers split over a 128-thread warpgroup)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "no_clamped_steps",
@@ -242,7 +242,7 @@ CONSTRAINTS = (
             "clamps it to the KV steps, so the config would compile to the same kernel as a "
             "smaller one"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "smem_within_limit",
@@ -256,7 +256,7 @@ CONSTRAINTS = (
             "float16, plus reduction scratch and barriers) must fit the {budget} B a block may "
             "use (after the profiler's share when tracing)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "schedule_barrier_always_on",
@@ -267,7 +267,7 @@ CONSTRAINTS = (
             "_attention_forward always runs its schedule barrier (only the pipeline-emitter "
             "variant reads the flag)"
         ),
-        kind='policy',
+        kind="policy",
     ),
 )
 

@@ -298,7 +298,7 @@ CONSTRAINTS = (
             "floats (float32/float8 fail to lower with 'Only f16 WGMMA supports transposes'; "
             "int8 fails on the float32 accumulator)"
         ),
-        kind='problem',
+        kind="problem",
     ),
     Constraint(
         "m_divisible",
@@ -309,7 +309,7 @@ CONSTRAINTS = (
             "x2 when wg_dimension=M, x2 when cluster_dimension=M; got wg_dimension="
             "{wg_dimension}, cluster_dimension={cluster_dimension}); the kernel checks it"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "n_divisible",
@@ -320,14 +320,14 @@ CONSTRAINTS = (
             "x2 when wg_dimension=N, x2 when cluster_dimension=N; got wg_dimension="
             "{wg_dimension}, cluster_dimension={cluster_dimension}); the kernel checks it"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "k_divisible",
         ("tile_k",),
         lambda c, env: env["k"] % c["tile_k"] == 0,
         _says("k={k} must be divisible by tile_k={tile_k}; the kernel checks it"),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "operand_swizzle",
@@ -338,7 +338,7 @@ CONSTRAINTS = (
             "multiple of 32 bytes: Mosaic GPU swizzles shared memory by 32, 64 or 128 bytes "
             "('Swizzle 16 is not supported')"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "b_tile_swizzle",
@@ -350,7 +350,7 @@ CONSTRAINTS = (
             "get a {swizzle}-byte swizzle): each warpgroup slices B by tile_n columns "
             "(AssertionError / 'slice ... divisible by the tile size' otherwise)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "a_transfer_128b",
@@ -360,7 +360,7 @@ CONSTRAINTS = (
             "the A tile copy (cta_tile_m={cta_tile_m} x tile_k={tile_k} x {itemsize} B) must "
             "move a multiple of 128 bytes (TMA transfers split over a 128-thread warpgroup)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "b_transfer_128b",
@@ -370,7 +370,7 @@ CONSTRAINTS = (
             "the B tile copy (tile_k={tile_k} x cta_tile_n={cta_tile_n} x {itemsize} B) must "
             "move a multiple of 128 bytes (TMA transfers split over a 128-thread warpgroup)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "no_clamped_steps",
@@ -381,7 +381,7 @@ CONSTRAINTS = (
             "k/tile_k={k_iters}: the pipeline silently clamps it, so the config would compile "
             "to the same kernel as max_concurrent_steps={k_iters}"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "epi_tile_m_rows",
@@ -391,7 +391,7 @@ CONSTRAINTS = (
             "epi_tile_m={epi_tile_m} must be a multiple of 64, the accumulator's WGMMA row "
             "slab (epilogue pieces of 8, 16 or 32 rows fail layout inference)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "epi_tile_m_divides",
@@ -402,7 +402,7 @@ CONSTRAINTS = (
             "tile_m // epi_tile_m row pieces, so a larger piece lowers but never writes the "
             "output, and a non-dividing one leaves rows unwritten"
         ),
-        kind='correctness',
+        kind="correctness",
     ),
     Constraint(
         "epi_tile_n_divides",
@@ -413,7 +413,7 @@ CONSTRAINTS = (
             "tile_n // epi_tile_n column pieces, so a larger piece lowers but never writes the "
             "output (a smaller non-dividing one fails layout inference)"
         ),
-        kind='correctness',
+        kind="correctness",
     ),
     Constraint(
         "epi_swizzle",
@@ -424,7 +424,7 @@ CONSTRAINTS = (
             "the output staging buffer is swizzled by 32, 64 or 128 bytes ('Swizzle 16 is not "
             "supported')"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "out_transfer_128b",
@@ -434,7 +434,7 @@ CONSTRAINTS = (
             "each output store (epi_tile_m x epi_tile_n = {epi_m} x {epi_n} x {itemsize} B) "
             "must move a multiple of 128 bytes"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "epi_canonical",
@@ -445,7 +445,7 @@ CONSTRAINTS = (
             "{epi_tile_m}, tile_m={tile_m}, epi_tile_n={epi_tile_n}, tile_n={tile_n}): both "
             "spellings compile to the same kernel"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "smem_within_limit",
@@ -458,7 +458,7 @@ CONSTRAINTS = (
             "{itemsize} B, plus the output staging buffer and barriers) must fit the "
             "{budget} B a block may use (after the profiler's share when tracing)"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "interpret_no_cluster",
@@ -466,7 +466,7 @@ CONSTRAINTS = (
         lambda c, env: not env.interpret or c["cluster_dimension"] is None,
         "GPU interpret mode cannot run 2-block clusters (no cluster barrier in the interpreter): "
         "cluster_dimension must be None when tuning in interpret mode",
-        kind='interpret',
+        kind="interpret",
     ),
     Constraint(
         "interpret_two_tiles",
@@ -478,7 +478,7 @@ CONSTRAINTS = (
             "m_iters x n_iters = {m_iters} x {n_iters} must be at least 2 when tuning in "
             "interpret mode (benchmarks/interpret_crash_sweep.py); the GPU runs such configs"
         ),
-        kind='interpret',
+        kind="interpret",
     ),
     Constraint(
         "grid_tile_width_in_range",
@@ -489,7 +489,7 @@ CONSTRAINTS = (
             "grid_minor_dim={grid_minor_dim} (m_iters={m_iters}, n_iters={n_iters}): any wider "
             "strip walks the tiles in the same order as one exactly that wide"
         ),
-        kind='policy',
+        kind="policy",
     ),
 )
 

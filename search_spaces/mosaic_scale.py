@@ -172,7 +172,7 @@ CONSTRAINTS = (
             f"tracing needs profile_space >= {TRACE_REGIONS + 1} to hold the {TRACE_REGIONS} "
             f"regions of a block's first tile, got profile_space={env.profile_space}"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "trace_scope_threads",
@@ -184,14 +184,14 @@ CONSTRAINTS = (
             f"and Mosaic GPU raises 'Block size is not a multiple of {env.trace_unit}' (seed "
             f"000); use a multiple of {env.trace_unit}"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "tile_divides_n",
         ("tile_elems",),
         lambda c, env: env["n"] % c["tile_elems"] == 0,
         lambda c, env: f"tile_elems={c['tile_elems']} must divide n={env['n']}",
-        kind='build',
+        kind="build",
     ),
     Constraint(
         "transfer_128b",
@@ -201,7 +201,7 @@ CONSTRAINTS = (
             f"a tile of {c['tile_elems']} {env.dtype} moves "
             f"{transfer_bytes((c['tile_elems'],), env.dtype)} bytes, not a whole multiple of 128"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "no_idle_threads",
@@ -212,7 +212,7 @@ CONSTRAINTS = (
             f"{_vector_elems(c, env.dtype)} elements per vector exceed tile_elems="
             f"{c['tile_elems']} (policy: some threads would have nothing to do)"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "no_idle_slots",
@@ -222,7 +222,7 @@ CONSTRAINTS = (
             f"slots={c['slots']} exceed the n/tile_elems={env['n'] // c['tile_elems']} tiles "
             "(policy: extra slots stay idle)"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "smem_within_budget",
@@ -235,7 +235,7 @@ CONSTRAINTS = (
             f"+ barriers) exceeds the "
             f"{env.smem_budget(block_threads=c['block_threads'])}-byte budget"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "refill_needs_free_slot",
@@ -245,7 +245,7 @@ CONSTRAINTS = (
             f"refill_lag={c['refill_lag']} needs slots > {c['refill_lag']}: a lagged refill "
             "with one slot waits on a tile it has not fetched (deadlock)"
         ),
-        kind='build',
+        kind="build",
     ),
     Constraint(
         "blocks_fit_sm",
@@ -257,7 +257,7 @@ CONSTRAINTS = (
             f"do not fit one SM ({SM_SMEM_BYTES} bytes, {SM_MAX_THREADS} threads; policy: "
             "the extra blocks would only queue)"
         ),
-        kind='policy',
+        kind="policy",
     ),
 )
 # Every rule's kind: the tunables' domains here, each constraint's its own.

@@ -122,8 +122,8 @@ EXCHANGE_BYTES = 2 * 2 * WARPS * 4  # per worker: (row parity, max|sum, warp) fl
 TRACE_REGIONS = 4  # Mosaic GPU's own "Init", then load, compute, store (first tile only)
 DEFAULT_NUM_SMS = 132  # the H200, when no GPU can be asked (cross-lowering)
 
-# Every rule's kind (see the module docstring); ``*_domain`` rules come from tunable domains.
-# The kinds of the tunables' domain rules (a constraint carries its own kind).
+# The kinds of the tunables' domain rules (see the module docstring); each constraint carries
+# its own kind.
 _DOMAIN_KINDS: dict[str, str] = {
     "warps_per_row_domain": "build",  # only 1 and 4 are implemented
     "block_rows_domain": "policy",  # powers of two
@@ -199,14 +199,14 @@ CONSTRAINTS = (
             f"tracing needs profile_space >= {TRACE_REGIONS + 1} to hold the {TRACE_REGIONS} "
             f"regions of a warpgroup's first tile, got profile_space={env.profile_space}"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "rows_tile",
         ("block_rows",),
         lambda c, env: env["rows"] % c["block_rows"] == 0,
         lambda c, env: f"block_rows={c['block_rows']} must divide rows={env['rows']}",
-        kind='build',
+        kind="build",
     ),
     Constraint(
         "warp_rows",
@@ -217,7 +217,7 @@ CONSTRAINTS = (
             f"a row, so block_rows={c['block_rows']} must be a multiple of "
             f"{WARPS // c['warps_per_row']} (or use warps_per_row={WARPS})"
         ),
-        kind='build',
+        kind="build",
     ),
     Constraint(
         "transfer_128b",
@@ -228,7 +228,7 @@ CONSTRAINTS = (
             f"{transfer_bytes((c['block_rows'], env['cols']), env.dtype)} bytes, not a whole "
             "multiple of 128"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "chunk_divides_segment",
@@ -238,7 +238,7 @@ CONSTRAINTS = (
             f"chunk_cols={c['chunk_cols']} must divide the cols/warps_per_row="
             f"{env['cols']}/{c['warps_per_row']} columns each warp owns"
         ),
-        kind='build',
+        kind="build",
     ),
     Constraint(
         "no_idle_buffers",
@@ -249,7 +249,7 @@ CONSTRAINTS = (
             f"buffers exceed the rows/block_rows={_tiles(c, env)} tiles (policy: extra buffers "
             "stay idle)"
         ),
-        kind='policy',
+        kind="policy",
     ),
     Constraint(
         "smem_within_budget",
@@ -262,7 +262,7 @@ CONSTRAINTS = (
             f"max_concurrent_steps x block_rows x cols x itemsize, + barriers and scratch) "
             f"exceeds the {env.smem_budget(block_threads=_block_threads(c))}-byte budget"
         ),
-        kind='lowering',
+        kind="lowering",
     ),
     Constraint(
         "refill_needs_free_slot",
@@ -272,7 +272,7 @@ CONSTRAINTS = (
             f"refill_lag={c['refill_lag']} needs max_concurrent_steps > {c['refill_lag']}: a "
             "lagged refill with one slot waits on a tile it has not fetched (deadlock)"
         ),
-        kind='build',
+        kind="build",
     ),
 )
 # Every rule's kind: the tunables' domains here, each constraint's its own.

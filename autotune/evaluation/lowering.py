@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Iterator
 
+from autotune._jax_compat import default_backend_is_gpu
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem
 
@@ -82,7 +83,7 @@ def lower_for_cuda(
     try:
         fn = kernel.build(problem, config, options)
         specs = input_specs(kernel, problem)
-        no_gpu = jax.default_backend() not in ("gpu", "cuda")
+        no_gpu = not default_backend_is_gpu()
         with _without_trace_dump(bool(options.profile_space) and no_gpu):
             jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
     except Exception as e:  # noqa: BLE001 - the oracle reports every failure as a value

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune._jax_compat import default_backend_is_gpu
 from autotune.errors import JobError, StorageError
 from autotune.evaluation.trial import DeviceKind
 from autotune.queries import best as queries
@@ -188,11 +189,10 @@ def _lookup_here(kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, device
 def _runs_interpreted() -> bool:
     """Whether this process's JAX (already imported by the caller; never imported here) has
     no GPU backend, so that Pallas Mosaic GPU kernels run in interpret mode."""
-    jax = sys.modules.get("jax")
-    if jax is None:
+    if "jax" not in sys.modules:
         return False
     try:
-        return jax.default_backend() not in ("gpu", "cuda", "rocm")
+        return not default_backend_is_gpu()
     except Exception:  # noqa: BLE001 - no backend at all: nothing runs, GPU rows stay the rule
         return False
 

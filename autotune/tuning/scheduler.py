@@ -184,7 +184,8 @@ class _Scheduler:
         self.emit = on_event or (lambda e: None)
         self.allow_import = allow_import
         self.device: DeviceInfo | None = None
-        self._versions: Future[dict[str, str]] | None = None
+        # From package metadata (no jax import): stored with every result and baseline.
+        self.software = _t.software_versions()
         self.runs: list[_Run] = []
         self.reports: dict[int, _t.ProblemReport] = {}
         # Confirmation rounds run here, one at a time, so that the loop goes on asking and
@@ -195,11 +196,6 @@ class _Scheduler:
 
     def run(self) -> list[_t.ProblemReport]:
         to_open = list(enumerate(self.job.problems))
-        # Reading the versions imports jax (seconds): off the path to the first trial, needed
-        # only when the first result or baseline is stored.
-        versions = ThreadPoolExecutor(1, thread_name_prefix="versions")
-        self._versions = versions.submit(_t.software_versions)
-        versions.shutdown(wait=False)
         try:
             while True:
                 if to_open:
@@ -279,11 +275,6 @@ class _Scheduler:
             r.full = not r.room()
             changed = (r.tally.measured, r.tally.running) != before
             r.poll_s = POLL_S if changed or not r.full else min(MAX_POLL_S, 2 * r.poll_s)
-
-    @property
-    def software(self) -> dict[str, str]:
-        assert self._versions is not None
-        return self._versions.result()
 
     # -- one problem -----------------------------------------------------------------------
 
