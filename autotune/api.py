@@ -9,13 +9,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import JobError
 from autotune.space.kernel import BUNDLED, Kernel, resolve_kernel
 from autotune.tuning.jobs import Job, parse_job
 
-__all__ = ["tune", "detect_device", "open_engine", "count_gpus"]
+__all__ = ["tune", "detect_device", "open_engine", "count_gpus", "compilation_cache_folder"]
 
 
 def detect_device() -> str:
@@ -47,11 +48,13 @@ def open_engine(
     cache: str | None = None,
     workers_per_gpu: int | None = None,
     compile_threads: int | None = None,
+    compilation_cache: str | None = None,
 ) -> Any:
     """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``;
     ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode).
     ``workers_per_gpu`` and ``compile_threads`` default to the machine's cores and GPU memory
-    (:func:`autotune.engine.layout._default_layout`)."""
+    (:func:`autotune.engine.layout._default_layout`). ``compilation_cache``: the folder of JAX's
+    persistent compilation cache for the workers (None: off; :func:`compilation_cache_folder`)."""
     from autotune.engine.dispatcher import Engine
 
     if device not in ("auto", "gpu", "interpret"):
@@ -67,7 +70,22 @@ def open_engine(
         cache=cache,
         workers_per_gpu=workers_per_gpu,
         compile_threads=compile_threads,
+        compilation_cache=compilation_cache,
     )
+
+
+def compilation_cache_folder(choice: str, *, results_dir: str, device: str) -> str | None:
+    """Where the workers keep JAX's persistent compilation cache: ``choice`` is ``"auto"``
+    (``<results_dir>/jax_cache`` on a GPU, off in interpret mode), ``"off"``, or a folder.
+
+    On the H200 the cache saves the baselines' autotuned compiles of a job run again
+    (benchmarks/RESULTS.md section 9); interpret mode compiles in well under a second.
+    """
+    if choice == "off":
+        return None
+    if choice == "auto":
+        return str(Path(results_dir) / "jax_cache") if device == "gpu" else None
+    return choice
 
 
 def tune(
@@ -188,12 +206,14 @@ def run_tuning(
     layout: Mapping[str, int] | None = None,
     on_store: Callable[[Any], None] | None = None,
     on_engine: Callable[[Any], None] | None = None,
+    compilation_cache: str = "auto",
 ) -> list[Any]:
     """The one run path of ``autotune tune`` and :func:`tune`: opens the store (refusing an
     in-memory one before any worker starts), the engine for ``device``, and runs ``job``
     while ``observer`` is active; ``on_store(store)`` is called once the store is open (the
     CLI names the database), ``on_engine(engine)`` once the engine is (the CLI hooks Ctrl-C to
-    it). The store is closed whatever happens."""
+    it); ``compilation_cache`` as in :func:`compilation_cache_folder`. The store is closed
+    whatever happens."""
     from autotune.storage.store import Store
     from autotune.tuning.tuner import require_persistent, run_job
 
@@ -202,8 +222,13 @@ def run_tuning(
         if on_store is not None:
             on_store(store)
         require_persistent(store)  # before any worker process starts or writes its logs
+        if device == "auto":
+            device = detect_device()
+        folder = compilation_cache_folder(compilation_cache, results_dir=results_dir,
+                                          device=device)
         with observer.active(), open_engine(device, gpus=gpus, allow_import=allow_import,
                                             log_dir=log_dir, cache=job.cache,
+                                            compilation_cache=folder,
                                             **dict(layout or {})) as engine:
             if on_engine is not None:
                 on_engine(engine)

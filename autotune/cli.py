@@ -180,6 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--compile-threads", type=int, metavar="N",
                    help="compile threads per worker (default: from the cores)")
     t.add_argument("--results-dir", default="results", help="where traces and worker logs go (default: results)")
+    t.add_argument("--compilation-cache", default="auto", metavar="DIR",
+                   help="JAX's persistent compilation cache: auto (default: <results-dir>/jax_cache "
+                        "on a GPU, off in interpret mode), off, or a folder")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
     t.add_argument("--dry-run", action="store_true",
                    help="print per problem the valid configs, budget, device, database and an "
@@ -457,6 +460,8 @@ def _tune(args: argparse.Namespace) -> int:
     from autotune.queries.outputs import check_output_dir
 
     check_output_dir(args.results_dir, flag="--results-dir")
+    if args.compilation_cache not in ("auto", "off"):
+        check_output_dir(args.compilation_cache, flag="--compilation-cache")
     if args.dry_run:
         return _dry_run(args, job, gpus)
     progress = make_progress("quiet" if args.quiet else "jsonl" if args.jsonl else "auto")
@@ -474,7 +479,8 @@ def _tune(args: argparse.Namespace) -> int:
         reports = run_tuning(job, db=args.db, device=args.device, allow_import=args.allow_import,
                              observer=progress, on_event=progress, results_dir=args.results_dir,
                              gpus=gpus, log_dir=log_dir, layout=layout, on_store=say_db,
-                             on_engine=lambda engine: _on_interrupt(args.signals, engine, log_dir))
+                             on_engine=lambda engine: _on_interrupt(args.signals, engine, log_dir),
+                             compilation_cache=args.compilation_cache)
     finally:
         args.signals.status = args.signals.abort = None
     if args.jsonl:

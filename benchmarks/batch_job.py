@@ -20,8 +20,11 @@ empty), with a new engine, and prints:
 ``--sequential`` runs the earlier behaviour (one problem after another,
 ``run_job(sequential=True)``); ``--compare`` runs both, each on its own fresh database and
 engine (the scheduler first), and prints both and their ratios, with each problem's best of the
-two (the quality goal: within 0.5%). The persistent compilation cache is off, so neither run
-profits from the other's compiles. JSON of everything goes to ``--out``.
+two (the quality goal: within 0.5%). The persistent compilation cache is off unless
+``--compilation-cache DIR`` names its folder: run twice on one folder, the second run shows what
+the cache saves (with ``--compare``, the sequential run would profit from the scheduled one's
+compiles). ``--keep-db DIR`` keeps each run's database. JSON of everything goes to ``--out``,
+with where the time went (:func:`stage_breakdown`).
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import sqlite3  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -61,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers-per-gpu", type=int)
     p.add_argument("--compile-threads", type=int)
     p.add_argument("--db", help="an empty database URL (default: a new SQLite file)")
+    p.add_argument("--compilation-cache", metavar="DIR",
+                   help="JAX's persistent compilation cache for the workers (default: off)")
+    p.add_argument("--keep-db", metavar="DIR",
+                   help="copy each run's SQLite database here, as <mode>.db")
     p.add_argument("--out", help="write the figures as JSON here")
     return p.parse_args(argv)
 
@@ -97,6 +106,49 @@ def _busy_s(timeline: list[Any]) -> float:
     return total
 
 
+def stage_breakdown(timeline: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Where the time goes: per task kind, each step between two stage events of one task.
+
+    Steps are named ``a->b`` after the events that bound them (``build->compiled`` is the
+    compile, ``compiled->device`` the wait for the GPU's lock, the steps from ``device`` to
+    ``done`` are the time under the lock). Trials are split into ``trial first`` (a worker's
+    first trial of that problem, which pays its first-use costs) and ``trial``. Each step: how
+    many, their sum and their median in seconds.
+    """
+    by_task: dict[int, list[Any]] = {}
+    for e in timeline:
+        by_task.setdefault(e.task_id, []).append(e)
+    seen: set[tuple[int, Any]] = set()
+    steps: dict[str, dict[str, list[float]]] = {}
+    for events in by_task.values():
+        events.sort(key=lambda e: e.t)
+        head = events[0]
+        kind = getattr(head, "kind", "trial")
+        worker = next((e.worker for e in events if e.stage == "device"), head.worker)
+        if kind == "trial":
+            key = (worker, getattr(head, "problem", None))
+            kind = "trial" if key in seen else "trial first"
+            seen.add(key)
+        for a, b in zip(events, events[1:], strict=False):
+            steps.setdefault(kind, {}).setdefault(f"{a.stage}->{b.stage}", []).append(b.t - a.t)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for kind, named in steps.items():
+        out[kind] = {}
+        for name, values in named.items():
+            values.sort()
+            out[kind][name] = {"n": len(values), "sum_s": sum(values),
+                               "median_s": values[len(values) // 2]}
+    return out
+
+
+def print_breakdown(breakdown: dict[str, dict[str, dict[str, float]]]) -> None:
+    print(f"  {'where the time goes':<28} {'step':<22} {'n':>5} {'sum s':>8} {'median s':>9}")
+    for kind in sorted(breakdown):
+        for name, v in breakdown[kind].items():
+            print(f"  {kind:<28} {name:<22} {int(v['n']):>5} {v['sum_s']:>8.2f} "
+                  f"{v['median_s']:>9.3f}")
+
+
 def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> dict[str, Any]:
     import optuna
 
@@ -121,6 +173,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
     t0 = time.time()
     engine = Engine(args.device, workers_per_gpu=args.workers_per_gpu,
                     compile_threads=args.compile_threads, allow_import=True,
+                    compilation_cache=args.compilation_cache,
                     log_dir=str(folder / "logs"))
     # The path to the first compile: the first worker ready (its device known), the first
     # config handed to the engine, and whether this process had imported jax by then.
@@ -146,6 +199,13 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         engine.close(cancel_pending=True)
     rows = store.trials()
     store.close()
+    if args.keep_db and url.startswith("sqlite:///"):
+        Path(args.keep_db).mkdir(parents=True, exist_ok=True)
+        kept = Path(args.keep_db) / f"{'sequential' if sequential else 'scheduled'}.db"
+        # SQLite's backup, not a file copy: the newest pages may still be in the WAL file.
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as src, \
+                contextlib.closing(sqlite3.connect(kept)) as dst:
+            src.backup(dst)
     builds = [e.t for e in timeline if e.stage == "build"]
     problems = []
     for r in reports:
@@ -160,6 +220,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         "mode": "sequential" if sequential else "scheduled",
         "device": args.device,
         "layout": f"{engine.workers} workers x {engine.compile_threads} compile threads",
+        "compilation_cache": args.compilation_cache,
         "wall_s": wall,
         "trials": len(rows),
         "configs_per_min": 60 * len(rows) / wall if wall else 0.0,
@@ -170,6 +231,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         "measured_twice": len(digests) - len(set(digests)),
         "invalid": sum(p["by_status"].get("invalid", 0) for p in problems),
         "problems": problems,
+        "breakdown": stage_breakdown(timeline),
     }
 
 
@@ -190,6 +252,8 @@ def print_run(m: dict[str, Any]) -> None:
     for p in m["problems"]:
         print(f"  {p['problem'][:60]:<60} {p['trials']:>6} {_fmt(p['best_us'], '.1f'):>9} "
               f"{_fmt(p['baseline_us'], '.1f'):>12} {_fmt(p['speedup'], '.3f'):>8}")
+    if m.get("breakdown"):
+        print_breakdown(m["breakdown"])
 
 
 def print_compare(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:

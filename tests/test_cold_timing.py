@@ -38,3 +38,52 @@ def test_l2_size_comes_from_jax_then_the_driver_then_the_h200_constant(monkeypat
     monkeypatch.setattr(timing, "_l2_from_driver", lambda ordinal: None)
     assert timing.l2_cache_bytes() == (timing.L2_FALLBACK_BYTES, "constant")
     assert timing.L2_FALLBACK_BYTES == 50 * 2**20
+
+
+def _sessions(*records):
+    """A fake CUPTI session that runs the recorded function and answers the next record."""
+    answers = iter(records)
+
+    def session(fn):
+        fn()
+        return [(name, 0.01) for name in next(answers)]
+
+    return session
+
+
+def test_flush_calibration_ignores_a_launch_made_meanwhile_by_another_thread():
+    """Seen on the H200: a compile thread's XLA autotuning launched a comparison kernel in the
+    flush's calibration session, and every cold timing of that worker then failed. The flush's
+    launches are those two sessions in a row agree on."""
+    flush = timing.L2Flush(nbytes=1024)
+    flush.calibrate(_sessions(("xla_fp_comparison", "loop_add_fusion"), ("loop_add_fusion",),
+                              ("loop_add_fusion",)))
+    assert flush.names == ("loop_add_fusion",)
+
+
+def test_flush_calibration_that_never_settles_is_an_error_naming_what_it_saw():
+    flush = timing.L2Flush(nbytes=1024)
+    records = [("a", "f"), ("f",), ("b", "f"), ("f", "c")]
+    with pytest.raises(RuntimeError, match=r"4 CUPTI sessions .*\[\['a', 'f'\]"):
+        flush.calibrate(_sessions(*records))
+    assert flush.names is None
+
+
+def test_cold_timing_retries_once_when_a_foreign_launch_breaks_the_split(monkeypatch):
+    """One recorded window with a stray launch is measured again; the times are the retry's."""
+    import autotune._jax_compat as compat
+
+    flush = timing.L2Flush(nbytes=1024)
+    flush.names = ("f",)
+    records = iter([
+        [("f", 0.01), ("stray", 0.5), ("k", 0.2), ("f", 0.01), ("k", 0.2)],
+        [("f", 0.01), ("k", 0.2), ("f", 0.01), ("k", 0.3)],
+    ])
+
+    def session(fn):
+        fn()
+        return next(records)
+
+    monkeypatch.setattr(compat, "cupti_session", session)
+    samples, _ = timing.time_cold(lambda: 1, (), 2, flush, aggregate=True, select=None)
+    assert samples == pytest.approx([200.0, 300.0])

@@ -434,6 +434,39 @@ def test_interpret_engine_evaluates_a_real_kernel():
         assert eng.device_info().kind == "interpret"
 
 
+def test_workers_keep_compiles_in_the_persistent_compilation_cache(tmp_path, monkeypatch):
+    """``compilation_cache``: every worker compiles through JAX's persistent cache in that
+    folder (here every compile is kept; by default only those over 1 s), and a second engine
+    finds there what the first compiled."""
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    monkeypatch.setenv("JAX_LOG_COMPILES", "1")  # cache hits and misses logged as warnings
+    problem = Problem(SCALE_ADD, {"n": 512}, "float32")
+    folder = tmp_path / "jax_cache"
+
+    def run(logs):
+        with Engine("interpret", compile_threads=1, allow_import=True, iterations=1,
+                    compilation_cache=folder, log_dir=str(tmp_path / logs)) as eng:
+            assert eng.submit(SCALE_ADD, problem, Config(block=128)).result(timeout=120).ok
+        return "".join(p.read_text() for p in (tmp_path / logs).glob("worker-*.log"))
+
+    assert "Persistent compilation cache hit" not in run("first")
+    first = {p.name for p in folder.iterdir()}
+    assert first, "nothing was written to the compilation cache"
+    assert "Persistent compilation cache hit" in run("second")
+    assert {p.name for p in folder.iterdir()} == first  # everything found, nothing new
+
+
+def test_the_compilation_cache_is_on_for_gpus_and_named_by_choice(tmp_path):
+    from autotune.api import compilation_cache_folder
+
+    results = str(tmp_path / "results")
+    assert compilation_cache_folder("auto", results_dir=results, device="gpu") == str(
+        tmp_path / "results" / "jax_cache")
+    assert compilation_cache_folder("auto", results_dir=results, device="interpret") is None
+    assert compilation_cache_folder("off", results_dir=results, device="gpu") is None
+    assert compilation_cache_folder("/x/c", results_dir=results, device="interpret") == "/x/c"
+
+
 def test_public_api():
     """``__all__`` lists exactly the public names."""
     assert sorted(engine_mod.__all__) == sorted(

@@ -326,6 +326,58 @@ def test_interpret_inputs_are_fresh_for_each_run(interp, monkeypatch):
     assert all(np.abs(x).sum() > 0 for x in seen)
 
 
+def test_inputs_reference_and_check_are_compiled_ahead_without_autotuning(monkeypatch):
+    """Seen on the H200: 8 workers each compiling every problem's reference with XLA's
+    autotuning ran autotuning kernels on the GPU beside another worker's timed kernels, and
+    held the first compile back ~30 s. The input maker and the reference are compiled ahead,
+    outside the GPU's lock, with ``NO_AUTOTUNE`` (an option XLA accepts: a wrong name would
+    leave the reference uncompiled), and so is the output check, which a run then uses."""
+    import jax
+
+    options = []
+    original = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kw):
+        options.append(compiler_options)
+        return original(self, compiler_options, **kw)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    monkeypatch.setattr(ev, "_ERROR_TERMS_AOT", {})
+    evaluator = ev.InterpretEvaluator(iterations=1)
+    kernel = get_kernel(SCALE_ADD, allow_import=True)
+    problem = Problem(kernel.name, {"n": 384}, "float32")
+    evaluator._prepare(kernel, problem)
+    key = (kernel.name, problem)
+    assert evaluator._makers[key] is not None and key in evaluator._references
+    assert options[:2] == [ev.NO_AUTOTUNE, ev.NO_AUTOTUNE]
+    assert ((384,), "float32", (384,), "float32") in ev._ERROR_TERMS_AOT
+
+    calls = []
+    aot = ev._ERROR_TERMS_AOT[((384,), "float32", (384,), "float32")]
+    ev._ERROR_TERMS_AOT[((384,), "float32", (384,), "float32")] = lambda o, r: (
+        calls.append(1) or aot(o, r))
+    result = evaluator.run(evaluator.compile(kernel, problem, Config(block=128)))
+    assert result.outcome is Outcome.OK, result.error
+    assert calls, "the run's output check did not use the check compiled ahead"
+
+
+def test_a_low_precision_output_is_checked_by_the_check_compiled_ahead(monkeypatch):
+    """hopper_matmul's bfloat16 output against its float32 reference: both pairs are compiled
+    ahead, and the check answers what the jitted one does."""
+    import jax
+    import jax.numpy as jnp
+
+    monkeypatch.setattr(ev, "_ERROR_TERMS_AOT", {})
+    ev.prepare_error_terms(jax.ShapeDtypeStruct((64,), jnp.float32), "bfloat16")
+    assert set(ev._ERROR_TERMS_AOT) == {((64,), "float32", (64,), "float32"),
+                                        ((64,), "bfloat16", (64,), "float32")}
+    ref = jax.random.normal(jax.random.key(0), (64,), jnp.float32)
+    out = (ref * 1.01).astype(jnp.bfloat16)
+    ahead = ev.relative_error(out, ref)
+    monkeypatch.setattr(ev, "_ERROR_TERMS_AOT", {})
+    assert ahead == pytest.approx(ev.relative_error(out, ref)) and 0.005 < ahead < 0.02
+
+
 def test_run_compiled_cupti_path_selects_the_kernel(interp, monkeypatch):
     """With CUPTI timing, measure()'s per-launch list goes through select_kernel_time."""
     from jax.experimental.mosaic.gpu import profiler

@@ -141,6 +141,8 @@ class StageEvent:
     # inputs and reference), run, check, time, done (sent before the lock is released)
     stage: str
     t: float
+    kind: str = "trial"  # the task's kind: trial, baseline, trace, retime
+    problem: Problem | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +236,8 @@ class Engine:
         (:attr:`cache_policy`), so a job runs on an engine made with the policy it asks for.
       keep_compiled: executables of its fastest configs each worker keeps, per problem, so
         that :meth:`confirm` times them again without compiling them again.
+      compilation_cache: a folder for JAX's persistent compilation cache, shared by the
+        workers (:func:`autotune.engine.worker.use_compilation_cache`); None: off.
 
     Thread-safe: :meth:`submit` may be called from any thread; futures are resolved (and
     their callbacks run) on the engine's dispatcher thread, so a callback must not block.
@@ -254,6 +258,7 @@ class Engine:
         startup_timeout_s: float = _STARTUP_TIMEOUT_S,
         cache: str | None = None,
         keep_compiled: int = 5,
+        compilation_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         from autotune.evaluation.trial import resolve_cache_policy
 
@@ -308,6 +313,7 @@ class Engine:
         self.allow_import = allow_import
         self.iterations = iterations
         self.keep_compiled = max(0, int(keep_compiled))
+        self.compilation_cache = None if compilation_cache is None else str(compilation_cache)
         # (problem, config digest or None for the baseline) -> the worker slot that timed it
         # last: the confirmation round times it there again, with the executable it kept.
         self._timed_on: dict[tuple[Problem, str | None], int] = {}
@@ -677,6 +683,7 @@ class Engine:
             lock_path=self._lock_paths[gpu],
             cache=self.cache_policy,
             keep_compiled=self.keep_compiled,
+            compilation_cache=self.compilation_cache,
         )
         ours, theirs = socket.socketpair()
         try:
@@ -809,7 +816,8 @@ class Engine:
     def _event(self, task: _Task, w: _WorkerHandle, stage: str, t: float) -> None:
         with self._lock:
             if len(self._timeline) < 1_000_000:
-                self._timeline.append(StageEvent(task.id, w.slot, w.gpu, stage, t))
+                self._timeline.append(StageEvent(task.id, w.slot, w.gpu, stage, t,
+                                                 task.msg.kind, task.msg.problem))
 
     def _on_message(self, w: _WorkerHandle, msg: FromWorker) -> None:
         now = time.monotonic()

@@ -50,6 +50,7 @@ class WorkerSpec:
     lock_path: str | None = None  # the GPU's lock file, shared by the workers of that GPU
     cache: str = "warm"  # the cache policy of every timing (autotune.evaluation.trial)
     keep_compiled: int = 5  # executables of its fastest configs a worker keeps for re-timing
+    compilation_cache: str | None = None  # JAX's persistent compilation cache: its folder
 
 
 @dataclasses.dataclass(frozen=True)

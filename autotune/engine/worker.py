@@ -46,6 +46,10 @@ from autotune.space.problem import Config, Problem
 _HEARTBEAT_S = 0.5
 # The exit code of a worker that retires (its device failed after a run).
 _RETIRE_EXIT_CODE = 3
+# The problems whose fastest executables a worker keeps for re-timing (the newest ones). An
+# executable holds only the kernel's code on the GPU, so keeping every problem of a scheduled
+# job costs little; recompiling the confirmation round's configs costs 1-2 s each.
+KEPT_PROBLEMS = 32
 
 
 # A worker is a fresh interpreter (fork + exec, like multiprocessing's "spawn") started with
@@ -58,6 +62,21 @@ _BOOT = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
     "from autotune.engine.worker import _worker_entry; _worker_entry(int(sys.argv[2]))"
 )
+
+
+def use_compilation_cache(folder: str) -> None:
+    """Turns on JAX's persistent compilation cache in ``folder``, before anything compiles.
+
+    JAX keeps only compiles slower than ``jax_persistent_cache_min_compile_time_secs`` (1 s by
+    default): the baselines' autotuned XLA programs and the slowest configs, not the
+    references (compiled without autotuning) or most configs (under a second). Workers and
+    processes may share the folder: an entry is never rewritten once there, and JAX reads a
+    torn one (another process still writing it) as a miss, compiling instead with a warning.
+    """
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_enable_compilation_cache", True)
 
 
 def _worker_entry(fd: int) -> None:
@@ -90,7 +109,8 @@ class _Worker:
         self._ready: queue.Queue[tuple[TaskMsg, Any] | None] = queue.Queue()
         self._lock_fd: int | None = None
         # The compiled executables of the fastest configs this worker timed, per problem (the
-        # newest two problems), for the confirmation round to time again without compiling.
+        # newest KEPT_PROBLEMS problems: a scheduled job has all its problems in flight), for the
+        # confirmation round to time again without compiling.
         self._kept: collections.OrderedDict[Problem, dict[str, tuple[float, Any]]] = (
             collections.OrderedDict()
         )
@@ -113,6 +133,8 @@ class _Worker:
                 self._lock_fd = os.open(
                     self.spec.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
                 )
+            if self.spec.compilation_cache is not None:
+                use_compilation_cache(self.spec.compilation_cache)
             self.evaluator = make_evaluator(
                 self.spec.mode, iterations=self.spec.iterations, cache=self.spec.cache
             )
@@ -238,7 +260,7 @@ class _Worker:
         with self._kept_lock:
             kept = self._kept.setdefault(problem, {})
             self._kept.move_to_end(problem)
-            while len(self._kept) > 2:
+            while len(self._kept) > KEPT_PROBLEMS:
                 self._kept.popitem(last=False)
             kept[compiled.config.digest()] = (median_us, compiled)
             if len(kept) > self.spec.keep_compiled:

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 # reports 52,428,800 bytes on H100). Used only when the device cannot be asked.
 L2_FALLBACK_BYTES = 50 * 2**20
 FLUSH_FACTOR = 2
+# CUPTI sessions of the flush alone, at most, until two in a row agree on its launches.
+CALIBRATION_SESSIONS = 4
 _CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
 
 
@@ -106,12 +108,28 @@ class L2Flush:
         self._buf = self._fn(self._buf)
 
     def calibrate(self, session: Callable[[Callable[[], Any]], list[tuple[str, float]]]) -> None:
-        """Learns the names of the flush's own launches from one CUPTI ``session``."""
-        if self.names is None:
+        """Learns the names of the flush's own launches from CUPTI ``session``s.
+
+        A session records every launch of the process, so one made by another thread meanwhile
+        (XLA autotuning a compile) would be taken for the flush's: the names are those two
+        sessions in a row agree on (at most :data:`CALIBRATION_SESSIONS`).
+        """
+        if self.names is not None:
+            return
+        seen: list[tuple[str, ...]] = []
+        for _ in range(CALIBRATION_SESSIONS):
             names = tuple(name for name, _ in session(lambda: (self.launch(), self._buf)[1]))
             if not names:
                 raise RuntimeError("CUPTI recorded no launch of the L2 flush.")
-            self.names = names
+            if seen and names == seen[-1]:
+                self.names = names
+                return
+            seen.append(names)
+        raise RuntimeError(
+            f"cold timing: {CALIBRATION_SESSIONS} CUPTI sessions of the L2 flush alone recorded "
+            f"different launches each time ({[list(n) for n in seen]}): something else in this "
+            "process launches GPU work meanwhile."
+        )
 
 
 def split_flushed(
@@ -176,8 +194,13 @@ def time_cold(
             last[0] = fn(*inputs)  # earlier outputs are freed as the loop goes
         return last[0]
 
-    launches = cupti_session(loop)
-    per_iteration = split_flushed(launches, iterations, flush.names)
+    try:
+        per_iteration = split_flushed(cupti_session(loop), iterations, flush.names)
+    except RuntimeError:
+        # A launch by another thread of this process (an XLA autotuning compile) can land in
+        # the recorded window and break the split: once more, as warm timing does.
+        log.debug("Cold timing did not split; retrying once.", exc_info=True)
+        per_iteration = split_flushed(cupti_session(loop), iterations, flush.names)
     if aggregate:
         samples = [sum(float(ms) for _, ms in it) * 1000.0 for it in per_iteration]
     else:

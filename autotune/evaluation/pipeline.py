@@ -88,10 +88,40 @@ def relative_error(out: Any, ref: Any) -> float:
 
 
 def _error_terms(out: Any, ref: Any) -> tuple[Any, Any, Any]:
+    compiled = _ERROR_TERMS_AOT.get(_error_key(out, ref))
+    if compiled is not None:
+        try:
+            return compiled(out, ref)  # type: ignore[no-any-return]
+        except (TypeError, ValueError):  # placed or laid out otherwise than compiled for
+            pass
     return _error_terms_jit()(out, ref)
 
 
+def _error_key(out: Any, ref: Any) -> tuple[Any, ...]:
+    return (tuple(out.shape), str(out.dtype), tuple(ref.shape), str(ref.dtype))
+
+
+# Compiled ahead (prepare_error_terms) for the reference's output shapes, so that a worker's
+# first check of a problem does not compile under the GPU's lock (0.23 s each on the H200).
+_ERROR_TERMS_AOT: dict[tuple[Any, ...], Any] = {}
 _ERROR_TERMS: Any = None
+
+
+def prepare_error_terms(out_info: Any, dtype: str) -> None:
+    """Compiles the output check against a reference shaped as ``out_info`` (ShapeDtypeStructs)
+    for outputs of the reference's dtype or ``dtype`` (the problem's: a bfloat16 kernel is
+    checked against a float32 reference).
+
+    An output of another shape or dtype is checked all the same, by the jitted function.
+    """
+    import jax
+
+    for leaf in jax.tree.leaves(out_info):
+        ref = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+        for out in {ref, jax.ShapeDtypeStruct(leaf.shape, dtype)}:
+            key = _error_key(out, ref)
+            if key not in _ERROR_TERMS_AOT:
+                _ERROR_TERMS_AOT[key] = _error_terms_jit().lower(out, ref).compile()
 
 
 def _error_terms_jit() -> Any:
@@ -119,6 +149,10 @@ def tolerance_for(kernel: Kernel, dtype: str) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # Compile, run, time.
+
+# XLA compile options for programs whose speed does not matter (inputs, references, checks):
+# no autotuning, which would run kernels on the GPU while compiling.
+NO_AUTOTUNE: dict[str, Any] = {"xla_gpu_autotune_level": 0}
 
 
 def compile_config(
@@ -449,8 +483,11 @@ class _JaxEvaluator(Evaluator):
 
         Called from the compile stage, outside the GPU lock: XLA compiling them is host work,
         and several workers of one GPU would otherwise take turns for it under the lock (seen
-        on the H200: 8 workers' first configs finished ~9 s apart). Kernels whose
-        ``make_inputs`` or reference cannot be traced are left to run eagerly.
+        on the H200: 8 workers' first configs finished ~9 s apart). Compiled without XLA's
+        autotuning (:data:`NO_AUTOTUNE`): autotuning runs kernels on the GPU, which outside the
+        lock would run beside another worker's timed kernels, and a reference needs to be
+        right, not fast. The check of outputs against the reference is compiled here too.
+        Kernels whose ``make_inputs`` or reference cannot be traced are left to run eagerly.
         """
         import jax
         import numpy as np
@@ -462,11 +499,13 @@ class _JaxEvaluator(Evaluator):
             specs = self._input_specs(kernel, problem)
             try:
                 maker = jax.jit(lambda seed: tuple(kernel.make_inputs(problem, jax.random.key(seed))))
-                self._makers[key] = maker.lower(np.int32(0)).compile()
+                self._makers[key] = maker.lower(np.int32(0)).compile(NO_AUTOTUNE)
             except Exception:  # noqa: BLE001 - not traceable: inputs are made eagerly instead
                 self._makers[key] = None
             try:
-                self._references[key] = jax.jit(kernel.reference(problem)).lower(*specs).compile()
+                reference = jax.jit(kernel.reference(problem)).lower(*specs)
+                self._references[key] = reference.compile(NO_AUTOTUNE)
+                prepare_error_terms(reference.out_info, problem.dtype)
             except Exception:  # noqa: BLE001 - _expected reports a reference that really fails
                 self._references.pop(key, None)
 
