@@ -247,6 +247,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the cache policy whose winners to re-measure (default: cold on a GPU)")
     v.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
     v.add_argument("--top", type=int, default=3, metavar="N", help="stale configs per problem (default: 3)")
+    v.add_argument("--compilation-cache", default="auto", metavar="DIR",
+                   help="JAX's persistent compilation cache: auto (default: results/jax_cache on a "
+                        "GPU, off in interpret mode), off, or a folder")
     v.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
     v.add_argument("--json", action="store_true", help="print JSON")
     _globals(v, db=True)
@@ -834,17 +837,22 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _revalidate(args: argparse.Namespace) -> int:
-    from autotune.api import open_engine
+    from autotune.api import compilation_cache_folder, detect_device, open_engine
+    from autotune.queries.outputs import check_output_dir
     from autotune.storage.store import Store
     from autotune.tuning.revalidate import revalidate
 
     if args.top < 1:
         raise ValueError(f"--top must be 1 or more, got {args.top}.")
+    if args.compilation_cache not in ("auto", "off"):
+        check_output_dir(args.compilation_cache, flag="--compilation-cache")
     _kernel_filter(args.kernel, args.db)
     _say_db(args)
     cache = None if args.cache in (None, "auto") else args.cache
-    with Store(args.db) as store, open_engine(args.device, allow_import=args.allow_import,
-                                              cache=cache) as engine:
+    device = detect_device() if args.device == "auto" else args.device
+    folder = compilation_cache_folder(args.compilation_cache, results_dir="results", device=device)
+    with Store(args.db) as store, open_engine(device, allow_import=args.allow_import,
+                                              cache=cache, compilation_cache=folder) as engine:
         reports = revalidate(store, engine, kernel=args.kernel, top=args.top)
     if args.json:
         print(json.dumps([{

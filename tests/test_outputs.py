@@ -113,9 +113,9 @@ def test_export_writes_atomically(db, tmp_path, monkeypatch, capsys, campaign):
 
 @pytest.mark.parametrize("where", ["file", "under_file", "unwritable"])
 def test_output_folders_that_cannot_be_used_exit_2(db, tmp_path, capsys, where, campaign):
-    """`report --out`, `tune --results-dir`, `tune --compilation-cache` and `export --out`'s
-    folder naming a file, a path
-    under a file, or a folder that cannot be written: exit 2 naming the path and why."""
+    """`report --out`, `tune --results-dir`, `--compilation-cache` (tune, revalidate) and
+    `export --out`'s folder naming a file, a path under a file, or a folder that cannot be
+    written: exit 2 naming the path and why."""
     campaign.add(bad_inputs=3)
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
@@ -128,6 +128,7 @@ def test_output_folders_that_cannot_be_used_exit_2(db, tmp_path, capsys, where, 
         ["report", "--db", str(db), "--out", folder],
         ["tune", str(job), "--db", f"sqlite:///{tmp_path}/new.db", "--results-dir", folder],
         ["tune", str(job), "--db", f"sqlite:///{tmp_path}/new.db", "--compilation-cache", folder],
+        ["revalidate", "--db", str(db), "--device", "interpret", "--compilation-cache", folder],
         ["export", "--db", str(db), "--out", os.path.join(folder, "tuned.json")],
     ):
         code, err = _run(argv, capsys)

@@ -83,3 +83,47 @@ def test_base_sampler_proposes_from_a_capped_model_past_model_trials(monkeypatch
         if sampler._model is not None:
             assert len(sampler._model.get_trials(deepcopy=False)) <= 2 * 8 + 1
     assert sampler._model is not None  # the cap was reached and used
+
+
+def test_prefetch_makes_the_next_model_proposal_on_a_background_thread(monkeypatch):
+    """With ``prefetch`` (the scheduler's setting), past MODEL_TRIALS each proposal but the
+    first from the model, and every rebuild of the model but the first, was made on the
+    background proposer thread after the previous ask; proposals stay valid and untaken."""
+    import threading
+
+    monkeypatch.setattr(sampling, "MODEL_TRIALS", 8)
+    space = TOY.valid_space(PROBLEM)
+    dists = distributions(space)
+    sampler = valid_sampler("tpe", space, seed=0, local=0.0)
+    sampler.prefetch = True
+    threads = []
+    original = sampler._model_proposal
+
+    def spy(model, base):
+        threads.append(threading.current_thread().name)
+        return original(model, base)
+
+    monkeypatch.setattr(sampler, "_model_proposal", spy)
+    builds = []
+    build = sampler._new_model
+
+    def build_spy(window):
+        builds.append(threading.current_thread().name)
+        return build(window)
+
+    monkeypatch.setattr(sampler, "_new_model", build_spy)
+    study = optuna.create_study(sampler=sampler)
+    seen = set()
+    for _ in range(30):
+        trial = study.ask(dists)
+        key = space.key(trial.params)
+        assert space.is_valid(trial.params) and key not in seen
+        seen.add(key)
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
+        study.tell(trial, fake_time(trial.params))
+        assert sampler._model_size <= 2 * 8 + 1  # rebuilt ahead, before it outgrows its cap
+    assert threads[0] == threading.current_thread().name  # nothing made ahead yet
+    assert threads[1:] and all(name.startswith("autotune-propose") for name in threads[1:])
+    # The first model is built when first needed; every rebuild after it is made ahead.
+    assert builds[0] == threading.current_thread().name
+    assert builds[1:] and all(name.startswith("autotune-propose") for name in builds[1:])

@@ -320,6 +320,7 @@ class _Scheduler:
         stored_configs = [r.config for r in rows]
         sampler = valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,
                                 history=history, taken=lambda: stored_configs)
+        sampler.prefetch = True  # asks come as results arrive: the next proposal is made meanwhile
         study = _t._open_study(problem, device, self.storage, sampler, self.software, self.policy)
         _t._close_orphans(study, self.store, problem, device, self.policy)
         sampler.index.refresh(study.get_trials(deepcopy=False))
