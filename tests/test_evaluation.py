@@ -361,6 +361,35 @@ def test_inputs_reference_and_check_are_compiled_ahead_without_autotuning(monkey
     assert calls, "the run's output check did not use the check compiled ahead"
 
 
+def test_a_problems_first_config_compiles_while_its_reference_is_prepared(monkeypatch):
+    """The first trial waits for the longer of the two host jobs, not for both: the config's
+    compile starts before the preparation ends, and compile() returns once both are done."""
+    import time as _time
+
+    evaluator = ev.InterpretEvaluator(iterations=1)
+    kernel = get_kernel(SCALE_ADD, allow_import=True)
+    problem = Problem(kernel.name, {"n": 640}, "float32")
+    marks = {}
+    prepare, compile_config = evaluator._prepare, ev.compile_config
+
+    def slow_prepare(k, p):
+        _time.sleep(1.0)
+        prepare(k, p)
+        marks["prepared"] = _time.perf_counter()
+
+    def spy_compile(*args, **kwargs):
+        marks["compile_started"] = _time.perf_counter()
+        return compile_config(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator, "_prepare", slow_prepare)
+    monkeypatch.setattr(ev, "compile_config", spy_compile)
+    compiled = evaluator.compile(kernel, problem, Config(block=128))
+    assert isinstance(compiled, contract.Compiled)
+    assert marks["compile_started"] < marks["prepared"]
+    assert (kernel.name, problem) in evaluator._makers  # ready when compile() returns
+    assert evaluator.run(compiled).outcome is Outcome.OK
+
+
 def test_a_low_precision_output_is_checked_by_the_check_compiled_ahead(monkeypatch):
     """hopper_matmul's bfloat16 output against its float32 reference: both pairs are compiled
     ahead, and the check answers what the jitted one does."""

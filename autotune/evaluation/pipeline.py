@@ -13,6 +13,7 @@ each part would reach into the others' state.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -450,6 +451,7 @@ class _JaxEvaluator(Evaluator):
         self._references: dict[tuple[str, Problem], Any] = {}
         self._makers: dict[tuple[str, Problem], Any] = {}
         self._prepare_lock = threading.Lock()
+        self._preparer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prepare")
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
 
     # Subclasses: where arrays live, and what cannot run.
@@ -541,11 +543,23 @@ class _JaxEvaluator(Evaluator):
         if refused is not None:
             return refused
         specs = self._input_specs(kernel, problem)
+        # A problem's first config compiles while its inputs, reference and check are
+        # prepared on another thread (both are host work), so the first trial waits for the
+        # longer of the two, not for both.
+        prepared = (None if (kernel.name, problem) in self._makers
+                    else self._preparer.submit(self._prepare_here, kernel, problem))
+        try:
+            with self._device_context():
+                return compile_config(
+                    kernel, problem, config, self._options(), specs=specs, on_stage=on_stage
+                )
+        finally:
+            if prepared is not None:
+                prepared.result()
+
+    def _prepare_here(self, kernel: Kernel, problem: Problem) -> None:
         with self._device_context():
             self._prepare(kernel, problem)
-            return compile_config(
-                kernel, problem, config, self._options(), specs=specs, on_stage=on_stage
-            )
 
     def _flush(self) -> Any:
         """The L2 flush of cold CUPTI timing (made once per evaluator), else None."""
