@@ -29,9 +29,11 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune._paths import safe_path
+from autotune.engine.protocol import EngineLike
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
-from autotune.space.problem import Config
+from autotune.space.problem import Config, Problem
+from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning import tuner as _t
 from autotune.tuning.jobs import Job, ProblemSpec
@@ -79,7 +81,7 @@ class _Run:
     confirm_s: float | None = None
 
     @property
-    def problem(self) -> Any:
+    def problem(self) -> Problem:
         return self.spec.problem
 
     @property
@@ -169,8 +171,8 @@ class _Scheduler:
         self,
         job: Job,
         *,
-        store: Any,
-        engine: Any,
+        store: TrialStore,
+        engine: EngineLike,
         storage: optuna.storages.BaseStorage,
         results_dir: str | Path,
         on_event: Callable[[_t.Event], None] | None,
@@ -500,13 +502,13 @@ def _beat_s() -> float:
     return min(_t.HEARTBEAT_S, _t.GRACE_S / 2) / 3
 
 
-def _submit_baseline(engine: Any, problem: Any) -> Future[Any]:
+def _submit_baseline(engine: EngineLike, problem: Problem) -> Future[TrialResult]:
     """The engine's baseline without waiting; an engine without ``submit_baseline`` (a test
     double) measures it at once."""
     submit = getattr(engine, "submit_baseline", None)
     if submit is not None:
         return submit(problem.kernel, problem)
-    future: Future[Any] = Future()
+    future: Future[TrialResult] = Future()
     try:
         future.set_result(engine.baseline(problem.kernel, problem))
     except Exception as e:  # noqa: BLE001 - reported as the baseline's failure
@@ -517,8 +519,8 @@ def _submit_baseline(engine: Any, problem: Any) -> Future[Any]:
 def run_scheduled(
     job: Job,
     *,
-    store: Any,
-    engine: Any,
+    store: TrialStore,
+    engine: EngineLike,
     storage: optuna.storages.BaseStorage,
     results_dir: str | Path = "results",
     on_event: Callable[[_t.Event], None] | None = None,

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 import sqlalchemy.exc
@@ -43,12 +43,14 @@ from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
 from autotune._paths import safe_path
+from autotune.engine.protocol import EngineLike
 from autotune.errors import JobError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage import store as storage_module
+from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
 from autotune.tuning.jobs import Job, ProblemSpec
@@ -72,21 +74,6 @@ HEARTBEAT_S = 30
 # Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
 TRACE_PROFILE_SPACE = 64
 GRACE_S = 120
-
-
-class EngineLike(Protocol):
-    # Optional: ``cache_policy`` (default "warm"), ``gpus``, and ``confirm(...)`` (see
-    # autotune.engine.dispatcher.Engine.confirm): an engine without it gets no confirmation round.
-    def device_info(self) -> DeviceInfo: ...
-    def submit(self, kernel_name: str, problem: Problem, config: Config) -> Future[TrialResult]: ...
-    def baseline(self, kernel_name: str, problem: Problem) -> TrialResult: ...
-    # Optional, used when present: submit_baseline(kernel_name, problem) -> Future[TrialResult]
-    # and submit_trace(...) -> Future, so that baselines and traces interleave with trials.
-    def trace(
-        self, kernel_name: str, problem: Problem, config: Config, out_dir: str, profile_space: int
-    ) -> Mapping[str, tuple[float, int]]: ...
-    @property
-    def parallelism(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +168,7 @@ def legacy_study_name(problem: Problem, device: DeviceInfo, cache: str = "warm")
     return base if cache == "warm" else f"{base}|{cache}"
 
 
-def cache_policy_of(engine: Any) -> str:
+def cache_policy_of(engine: object) -> str:
     """The cache policy an engine times with (``warm`` for engines that do not say)."""
     return str(getattr(engine, "cache_policy", "warm"))
 
@@ -295,7 +282,7 @@ def _heartbeat_storage(study: optuna.Study) -> Any:
 def run_job(
     job: Job,
     *,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     results_dir: str | Path = "results",
     on_event: Callable[[Event], None] | None = None,
@@ -373,7 +360,7 @@ def _clocks(device: DeviceInfo, gpu: int) -> ClockSnapshot:
     return read_clocks(gpu)
 
 
-def require_persistent(store: Any) -> None:
+def require_persistent(store: TrialStore) -> None:
     """Refuses a store that keeps nothing (an in-memory SQLite database) before tuning into it.
 
     Raises:
@@ -397,7 +384,7 @@ def tune_problem(
     kernel: Kernel,
     spec: ProblemSpec,
     *,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     storage: optuna.storages.BaseStorage | str,
     results_dir: str | Path = "results",
@@ -552,7 +539,7 @@ def confirm_best(
     problem: Problem,
     spec: ProblemSpec,
     *,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     device: DeviceInfo,
     software: Mapping[str, str],
@@ -726,7 +713,7 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *
 
 
 def _close_orphans(
-    study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm"
+    study: optuna.Study, store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm"
 ) -> None:
     """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
     of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
@@ -808,7 +795,7 @@ def _alive(pid: int) -> bool:
 
 
 def _related_winners(
-    store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm", limit: int = 3
+    store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm", limit: int = 3
 ) -> list[Mapping[str, Any]]:
     """Best configs of the nearest tuned problems of the same kernel and dtype.
 
@@ -825,7 +812,7 @@ def _related_winners(
         if dist != float("inf"):
             candidates.append((dist, other))
     candidates.sort(key=lambda t: t[0])
-    out = []
+    out: list[Mapping[str, Any]] = []
     for _dist, other in candidates[:limit]:
         best = store.best(other, device_name=device.name, device_kind=device.kind, n=1)
         if best:  # of its own preferred policy: a winner's config is a good seed either way
@@ -837,7 +824,7 @@ def _trace_best(
     kernel: Kernel,
     problem: Problem,
     spec: ProblemSpec,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     device: DeviceInfo,
     results_dir: str | Path,
@@ -872,7 +859,7 @@ def _report(
     kernel: Kernel,
     problem: Problem,
     device: DeviceInfo,
-    store: Any,
+    store: TrialStore,
     *,
     measured_now: int,
     repaired: int,
