@@ -640,7 +640,7 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
     url = f"sqlite:///{tmp_path}/t.db"
     device = DeviceInfo(name="fake-gpu", kind="fake")
     study = optuna.create_study(study_name=tuner.study_name(TOY_PROBLEM, device),
-                                storage=tuner._optuna_storage(url))
+                                storage=tuner.optuna_storage(url))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         untagged = study.ask(tuner.distributions(TOY.valid_space(TOY_PROBLEM)))
@@ -650,7 +650,7 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
 
     with Store(url) as store:
         # What every runner does on opening a problem and while it waits for others' trials.
-        tuner._close_orphans(study, store, TOY_PROBLEM, device)
+        tuner.close_orphans(study, store, TOY_PROBLEM, device)
         assert state() == TrialState.RUNNING
         monkeypatch.setattr(tuner, "GRACE_S", 1)
         time.sleep(1.2)

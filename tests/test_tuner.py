@@ -247,7 +247,7 @@ def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, mo
     url = f"sqlite:///{tmp_path}/t.db"
     monkeypatch.setattr(tuner, "GRACE_S", 1)
     device = DeviceInfo(name="fake-gpu", kind="fake")
-    storage = tuner._optuna_storage(url)
+    storage = tuner.optuna_storage(url)
     study = optuna.create_study(study_name=study_name(PROBLEM, device), storage=storage)
     stale_config = {"bm": 256, "bn": 128, "stages": 2, "order": "M"}  # the optimum
     dists = tuner.distributions(TOY.valid_space(PROBLEM))

@@ -65,7 +65,7 @@ def job_status(job: Job, store: Store) -> JobStatus:
 
     summaries = {(s.problem, s.device): s for s in store.summaries()}
     try:
-        storage = tuner._optuna_storage(store.url)
+        storage = tuner.optuna_storage(store.url)
         names = set(optuna.get_all_study_names(storage=storage))
     except Exception as e:  # noqa: BLE001 - any database failure, worded once
         raise StorageError(f"Could not read the Optuna studies in {store!r}: {failure_reason(e)}.") from e
