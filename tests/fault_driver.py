@@ -229,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import autotune.api
     from autotune.cli import main as cli_main
     from autotune.engine.dispatcher import Engine
+    from autotune.storage import connection as storage_connection
     from autotune.storage import store as storage
 
     db_path = sqlite_file(_db_url(cli_args))
@@ -250,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     autotune._jax_compat.jax_versions = lambda: {"jax": version("jax"), "jaxlib": version("jaxlib")}
 
     if opts.busy_timeout_s is not None:
-        storage.SQLITE_BUSY_TIMEOUT_S = opts.busy_timeout_s
+        storage_connection.SQLITE_BUSY_TIMEOUT_S = opts.busy_timeout_s
     if opts.hostname is not None:
         import socket
 

@@ -474,7 +474,7 @@ def test_full_disk_stops_with_a_clear_error_and_rerun_completes(limit, tmp_path,
 def _head_revision() -> str:
     from alembic.script import ScriptDirectory
 
-    from autotune.storage.store import _alembic_config
+    from autotune.storage.connection import _alembic_config
 
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
@@ -496,7 +496,7 @@ def build_old_database(url: str, n_trials: int = 4) -> None:
     from alembic import command
 
     import autotune
-    from autotune.storage.store import _alembic_config
+    from autotune.storage.connection import _alembic_config
 
     engine = _engine(url)
     try:

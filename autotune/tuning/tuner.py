@@ -49,6 +49,7 @@ from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index,
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config, Problem
+from autotune.storage import connection as storage_connection
 from autotune.storage import store as storage_module
 from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
@@ -231,7 +232,7 @@ def worker_id() -> str:
 def optuna_storage(url: str) -> optuna.storages.BaseStorage:
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"timeout": 2 * storage_module.SQLITE_BUSY_TIMEOUT_S}
+        kwargs["connect_args"] = {"timeout": 2 * storage_connection.SQLITE_BUSY_TIMEOUT_S}
     else:
         kwargs["pool_pre_ping"] = True
     # The heartbeat lets other hosts see a dead host's trials as stale and redo them.
