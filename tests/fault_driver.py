@@ -79,7 +79,7 @@ STEADY = Kernel(
 )
 
 # Configs whose run takes RUN_MS on the (fake) GPU: jobs whose wall time is the GPU's, so that
-# N runners finish in about 1/N of one runner's time (tests/test_scheduler.py).
+# N runners finish in about 1/N of one runner's time (tests/tuning/test_scheduler.py).
 PACED_RUN_MS = 1000
 PACED = Kernel(
     name="tests.fault_driver:PACED",

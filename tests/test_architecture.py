@@ -156,7 +156,7 @@ def test_importing_the_query_side_and_best_config_loads_no_jax():
 
 def test_the_optuna_private_names_stay_in_tuning():
     """Only the tuning layer and above import Optuna at all; its private names are the
-    adapter's alone (tests/test_optuna_adapter.py checks the names)."""
+    adapter's alone (tests/tuning/test_optuna_adapter.py checks the names)."""
     for module, path in MODULES.items():
         uses = [t for t, _line, _top in imports(path) if t.split(".")[0] == "optuna"]
         if uses:

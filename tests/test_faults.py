@@ -634,8 +634,8 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
     import autotune.tuning.tuner as tuner
     from autotune.evaluation.trial import DeviceInfo
     from autotune.storage.store import Store
-    from tests.test_tuner import PROBLEM as TOY_PROBLEM
-    from tests.test_tuner import TOY, FakeEngine, _job
+    from tests.tuning.test_tuner import PROBLEM as TOY_PROBLEM
+    from tests.tuning.test_tuner import TOY, FakeEngine, _job
 
     url = f"sqlite:///{tmp_path}/t.db"
     device = DeviceInfo(name="fake-gpu", kind="fake")

@@ -303,7 +303,7 @@ def test_exports_and_results_carry_the_policy_the_confirmed_speedup_and_the_ties
     policy, the crowned config, the confirmed speedup with its spread and the tie marks; an
     import keeps the policy."""
     from autotune.tuning.tuner import run_job
-    from tests.test_tuner import PICK_PROBLEM, ConfirmingEngine, _pick_job
+    from tests.tuning.test_tuner import PICK_PROBLEM, ConfirmingEngine, _pick_job
 
     url = f"sqlite:///{tmp_path}/src.db"
     with Store(url) as store:

@@ -33,7 +33,7 @@ from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
 from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
 from tests.test_faults import REPO, stop_group, stored
-from tests.test_tuner import PROBLEM, TOY, FakeEngine
+from tests.tuning.test_tuner import PROBLEM, TOY, FakeEngine
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
