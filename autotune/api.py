@@ -10,11 +10,17 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import JobError
 from autotune.space.kernel import BUNDLED, Kernel, resolve_kernel
 from autotune.tuning.jobs import Job, parse_job
+
+if TYPE_CHECKING:
+    from autotune.engine.dispatcher import Engine
+    from autotune.progress import Progress
+    from autotune.storage.store import Store
+    from autotune.tuning.tuner import Event, ProblemReport
 
 __all__ = ["tune", "detect_device", "open_engine", "count_gpus", "compilation_cache_folder"]
 
@@ -49,7 +55,7 @@ def open_engine(
     workers_per_gpu: int | None = None,
     compile_threads: int | None = None,
     compilation_cache: str | None = None,
-) -> Any:
+) -> Engine:
     """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``;
     ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode).
     ``workers_per_gpu`` and ``compile_threads`` default to the machine's cores and GPU memory
@@ -101,10 +107,10 @@ def tune(
     db: str | None = None,
     device: str = "auto",
     allow_import: bool = False,
-    on_event: Callable[[Any], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
     progress: bool = True,
     cache: str | None = None,
-) -> list[Any]:
+) -> list[ProblemReport]:
     """Tunes ``kernel`` for each shape in ``problems``; returns one report per problem.
 
     Args:
@@ -181,9 +187,9 @@ def tune(
     job: Job = parse_job(data, name="api", allow_import=allow_import, where="tune()")
     from autotune.progress import BarProgress, Progress
 
-    observer = BarProgress() if progress and _watched() else Progress()
+    observer: Progress = BarProgress() if progress and _watched() else Progress()
 
-    def events(event: Any) -> None:
+    def events(event: Event) -> None:
         observer(event)
         if on_event is not None:
             on_event(event)
@@ -198,16 +204,16 @@ def run_tuning(
     db: str | None,
     device: str,
     allow_import: bool,
-    observer: Any,
-    on_event: Callable[[Any], None],
+    observer: Progress,
+    on_event: Callable[[Event], None],
     results_dir: str = "results",
     gpus: Sequence[int] | None = None,
     log_dir: str | None = None,
     layout: Mapping[str, int] | None = None,
-    on_store: Callable[[Any], None] | None = None,
-    on_engine: Callable[[Any], None] | None = None,
+    on_store: Callable[[Store], None] | None = None,
+    on_engine: Callable[[Engine], None] | None = None,
     compilation_cache: str = "auto",
-) -> list[Any]:
+) -> list[ProblemReport]:
     """The one run path of ``autotune tune`` and :func:`tune`: opens the store (refusing an
     in-memory one before any worker starts), the engine for ``device``, and runs ``job``
     while ``observer`` is active; ``on_store(store)`` is called once the store is open (the

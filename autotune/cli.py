@@ -40,10 +40,15 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
 from autotune.evaluation.trial import DeviceKind
+
+if TYPE_CHECKING:
+    from autotune.engine.protocol import EngineLike
+    from autotune.interrupts import Handler
+    from autotune.storage.store import Store
 
 __all__ = ["main", "EXIT_OK", "EXIT_NOTHING", "EXIT_USAGE", "EXIT_CRASHED", "EXIT_PIPE", "EFFORTS"]
 
@@ -474,7 +479,7 @@ def _tune(args: argparse.Namespace) -> int:
     layout = {k: v for k, v in (("workers_per_gpu", args.workers_per_gpu),
                                 ("compile_threads", args.compile_threads)) if v is not None}
 
-    def say_db(store: Any) -> None:
+    def say_db(store: Store) -> None:
         if not args.quiet and not args.jsonl:
             print(f"autotune: database {_db_text(args.db)}", file=sys.stderr)
 
@@ -513,7 +518,7 @@ def _tune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _on_interrupt(signals: Any, engine: Any, log_dir: str) -> None:
+def _on_interrupt(signals: Handler, engine: EngineLike, log_dir: str) -> None:
     """What the first Ctrl-C or SIGTERM says it waits for; the second kills the workers."""
 
     def status() -> str:

@@ -35,6 +35,7 @@ import sqlalchemy as sa
 from autotune.queries import best as queries
 from autotune.queries import lookup
 from autotune.space.problem import Config, Problem
+from autotune.storage import keys, schema
 from autotune.storage import store as storage
 from autotune.storage.store import Store
 
@@ -82,7 +83,7 @@ def build(url: str, *, trials: int, problems: int, seed: int) -> list[dict[str, 
     cpu = {"name": "cpu-interpret (bench)", "kind": "interpret", "compute_capability": "", "driver": ""}
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     with Store(url) as store, store.engine.begin() as conn:
-        t = storage.Base.metadata.tables
+        t = schema.Base.metadata.tables
         conn.execute(sa.insert(t["at_kernels"]), [{"id": 1, "name": KERNEL}])
         conn.execute(sa.insert(t["at_devices"]), [{"id": 1, **gpu}, {"id": 2, **cpu}])
         conn.execute(sa.insert(t["at_software"]), [
@@ -192,11 +193,11 @@ def query_plan(url: str, shape: dict[str, int]) -> list[str]:
         if store.engine.dialect.name != "sqlite":
             return []
         query = (
-            storage._trial_query()
-            .where(storage._Problems.digest == problem.digest())
-            .where(storage._Trials.status == "ok", storage._Trials.median_us.is_not(None))
-            .where(storage._Devices.kind == "gpu", storage._Software.jax == "0.10.2")
-            .order_by(storage._Trials.median_us, storage._Trials.id)
+            keys._trial_query()
+            .where(schema._Problems.digest == problem.digest())
+            .where(schema._Trials.status == "ok", schema._Trials.median_us.is_not(None))
+            .where(schema._Devices.kind == "gpu", schema._Software.jax == "0.10.2")
+            .order_by(schema._Trials.median_us, schema._Trials.id)
             .limit(1)
         )
         sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
                         sampler=args.sampler, seed=i, trace_top_k=0)
             for i in range(args.problems)))
         store = Store(url)  # creates the schema once, before the clock
-        # One Optuna storage for every runner thread, as tuner._optuna_storage makes it, with a
+        # One Optuna storage for every runner thread, as tuner.optuna_storage makes it, with a
         # pool large enough for 64 threads on a small machine (they wait for the GIL, not PG).
         with warnings.catch_warnings():  # heartbeat_interval is "experimental" since 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -179,8 +179,8 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
                 store.url, engine_kwargs={"pool_size": 30, "max_overflow": 0,
                                           "pool_timeout": 600, "pool_pre_ping": True},
                 heartbeat_interval=tuner.HEARTBEAT_S, grace_period=tuner.GRACE_S)
-        real = tuner._optuna_storage
-        tuner._optuna_storage = lambda _url: storage  # one pool for every runner thread
+        real = tuner.optuna_storage
+        tuner.optuna_storage = lambda _url: storage  # one pool for every runner thread
         errors: list[BaseException] = []
 
         def runner() -> None:
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        tuner._optuna_storage = real
+        tuner.optuna_storage = real
         counts = dict(counter.counts)
         server_s = _server_cpu_s(args.db, schema)  # before the pools close their connections
         released = 0  # trials asked and let go unmeasured (twins, or over the budget)

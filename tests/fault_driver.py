@@ -79,7 +79,7 @@ STEADY = Kernel(
 )
 
 # Configs whose run takes RUN_MS on the (fake) GPU: jobs whose wall time is the GPU's, so that
-# N runners finish in about 1/N of one runner's time (tests/test_scheduler.py).
+# N runners finish in about 1/N of one runner's time (tests/tuning/test_scheduler.py).
 PACED_RUN_MS = 1000
 PACED = Kernel(
     name="tests.fault_driver:PACED",
@@ -229,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import autotune.api
     from autotune.cli import main as cli_main
     from autotune.engine.dispatcher import Engine
+    from autotune.storage import connection as storage_connection
     from autotune.storage import store as storage
 
     db_path = sqlite_file(_db_url(cli_args))
@@ -250,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     autotune._jax_compat.jax_versions = lambda: {"jax": version("jax"), "jaxlib": version("jaxlib")}
 
     if opts.busy_timeout_s is not None:
-        storage.SQLITE_BUSY_TIMEOUT_S = opts.busy_timeout_s
+        storage_connection.SQLITE_BUSY_TIMEOUT_S = opts.busy_timeout_s
     if opts.hostname is not None:
         import socket
 

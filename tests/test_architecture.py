@@ -156,8 +156,30 @@ def test_importing_the_query_side_and_best_config_loads_no_jax():
 
 def test_the_optuna_private_names_stay_in_tuning():
     """Only the tuning layer and above import Optuna at all; its private names are the
-    adapter's alone (tests/test_optuna_adapter.py checks the names)."""
+    adapter's alone (tests/tuning/test_optuna_adapter.py checks the names)."""
     for module, path in MODULES.items():
         uses = [t for t, _line, _top in imports(path) if t.split(".")[0] == "optuna"]
         if uses:
             assert LEVEL[layer_of(module)] >= LEVEL["tuning"], (module, uses)
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """``module._name`` is that module's own: no autotune module reads an underscore name of
+    another autotune module it imports as a module (the scheduler uses the tuner's
+    non-underscore interface)."""
+    bad = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}  # local name -> autotune module imported as a module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    if full in MODULES:
+                        aliases[a.asname or a.name] = full
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                bad.append(f"{module}:{node.lineno} {aliases[node.value.id]}.{node.attr}")
+    assert not bad, "\n".join(bad)

@@ -593,7 +593,7 @@ def _gpu_run(tmp_path: Path, name: str) -> tuple[Any, Any, Any]:
 
     from autotune.space.kernel import register
     from autotune.tuning.jobs import Budget, Job, ProblemSpec
-    from tests.test_tuner import TOY, FakeEngine
+    from tests.tuning.test_tuner import TOY, FakeEngine
 
     kernel = dataclasses.replace(TOY, name=name, default_config=None)
     register(kernel)

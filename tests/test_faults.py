@@ -474,7 +474,7 @@ def test_full_disk_stops_with_a_clear_error_and_rerun_completes(limit, tmp_path,
 def _head_revision() -> str:
     from alembic.script import ScriptDirectory
 
-    from autotune.storage.store import _alembic_config
+    from autotune.storage.connection import _alembic_config
 
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
@@ -496,7 +496,7 @@ def build_old_database(url: str, n_trials: int = 4) -> None:
     from alembic import command
 
     import autotune
-    from autotune.storage.store import _alembic_config
+    from autotune.storage.connection import _alembic_config
 
     engine = _engine(url)
     try:
@@ -634,13 +634,13 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
     import autotune.tuning.tuner as tuner
     from autotune.evaluation.trial import DeviceInfo
     from autotune.storage.store import Store
-    from tests.test_tuner import PROBLEM as TOY_PROBLEM
-    from tests.test_tuner import TOY, FakeEngine, _job
+    from tests.tuning.test_tuner import PROBLEM as TOY_PROBLEM
+    from tests.tuning.test_tuner import TOY, FakeEngine, _job
 
     url = f"sqlite:///{tmp_path}/t.db"
     device = DeviceInfo(name="fake-gpu", kind="fake")
     study = optuna.create_study(study_name=tuner.study_name(TOY_PROBLEM, device),
-                                storage=tuner._optuna_storage(url))
+                                storage=tuner.optuna_storage(url))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         untagged = study.ask(tuner.distributions(TOY.valid_space(TOY_PROBLEM)))
@@ -650,7 +650,7 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
 
     with Store(url) as store:
         # What every runner does on opening a problem and while it waits for others' trials.
-        tuner._close_orphans(study, store, TOY_PROBLEM, device)
+        tuner.close_orphans(study, store, TOY_PROBLEM, device)
         assert state() == TrialState.RUNNING
         monkeypatch.setattr(tuner, "GRACE_S", 1)
         time.sleep(1.2)

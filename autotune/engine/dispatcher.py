@@ -1,9 +1,14 @@
 """The engine: keeps every GPU busy and survives kernels that crash or hang.
 
-Why one piece (over 400 lines): the dispatcher thread owns every task's state (stages, time
-limits, crash attribution, isolated re-runs) and every worker handle; split, each part would
-need the others' locks. The worker process is :mod:`.worker`, the pipe messages
-:mod:`.messages`, the default layout :mod:`.layout`.
+This module is the :class:`Engine` facade: its constructor and public API (submit, baseline,
+retime, confirm, trace, warm-up, stats, close). The dispatcher thread owns every task's state
+and every worker handle, under one lock, so the engine stays one object; its two halves are
+base classes in modules of their own: :mod:`.tasks` (``_TaskQueue``: the queue, handing tasks
+to workers, stages, time limits, resolving futures) and :mod:`.workers` (``_WorkerPool``:
+starting, killing, reaping and respawning worker processes). Over 400 lines because the
+public methods and the constructor's arguments are documented here, where users read them.
+The worker process is :mod:`.worker`, the pipe messages :mod:`.messages`, the default layout
+:mod:`.layout`.
 
 Kernels run in *worker processes*, ``workers_per_gpu`` of them per GPU, each a fresh interpreter
 (fork + exec, as multiprocessing's ``spawn`` does: no process is ever forked after importing
@@ -61,16 +66,10 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
-import json
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -81,21 +80,17 @@ from typing import Any
 from autotune.engine.layout import _cpu_count, _default_layout, gpu_memory_mib
 from autotune.engine.messages import (
     EngineError,
-    Failed,
-    Fatal,
-    FromWorker,
-    Heartbeat,
-    Ready,
-    Result,
-    Retire,
-    RunTask,
-    StageReached,
-    Stop,
-    TaskMsg,
-    WorkerSpec,
 )
-from autotune.engine.worker import _BOOT
-from autotune.evaluation.trial import DEVICE_KINDS, DeviceInfo, DeviceKind, Outcome, TrialResult
+from autotune.engine.tasks import (
+    _TIMEOUT_FLOORS as _TIMEOUT_FLOORS,
+)
+from autotune.engine.tasks import (
+    _Task,
+    _TaskQueue,
+    default_timeout_s,
+)
+from autotune.engine.workers import _STARTUP_TIMEOUT_S, _WorkerHandle, _WorkerPool
+from autotune.evaluation.trial import DEVICE_KINDS, DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeout_s"]
@@ -103,31 +98,6 @@ __all__ = ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeou
 log = logging.getLogger(__name__)
 
 MODES = DEVICE_KINDS
-
-# Stages (see autotune.evaluation.contract.Stage) in which a config's own code is executing. "device" is
-# the engine's own: the worker holds its GPU's lock and makes the inputs and the reference.
-_COMPILE_STAGES = frozenset({"build", "lower", "compile"})
-_RUN_STAGES = frozenset({"device", "run", "check", "time"})
-_ACTIVE_STAGES = _COMPILE_STAGES | _RUN_STAGES
-
-# Floors of the default time limits, by mode: (compile_s, run_s). The limit is the floor or 10x
-# the slowest stage seen so far, whichever is larger. Interpret-mode runs are slow (PLATFORM.md:
-# a 256^3 matmul takes 3.6 s per call), so its run floor is high.
-_TIMEOUT_FLOORS = {DeviceKind.GPU: (60.0, 30.0), DeviceKind.INTERPRET: (120.0, 600.0),
-                   DeviceKind.FAKE: (30.0, 30.0)}
-_TIMEOUT_FACTOR = 10.0
-
-# A worker whose heartbeat is older than this when a stage overruns may be stuck in a thread
-# that holds the GIL; then the overrunning config is not blamed but re-run alone.
-_HEARTBEAT_STALE_S = 2.0
-_STARTUP_TIMEOUT_S = 300.0
-_MAX_STARTUP_FAILURES = 3
-_STDERR_TAIL_CHARS = 2000
-
-
-def default_timeout_s(slowest_seen_s: float | None, *, floor_s: float) -> float:
-    """The time limit of a stage when none is given: ``max(floor_s, 10 x slowest seen)``."""
-    return max(floor_s, _TIMEOUT_FACTOR * (slowest_seen_s or 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,50 +136,7 @@ class EngineStats:
 # The engine side.
 
 
-@dataclasses.dataclass(eq=False)
-class _Task:
-    msg: TaskMsg
-    future: concurrent.futures.Future
-    isolate: bool = False
-    slot: int | None = None  # only this worker slot may take it (warm-ups)
-    done: bool = False
-    stage: str = "queued"
-    compile_t0: float | None = None  # monotonic, when building began
-    compiled_t: float | None = None
-    run_t0: float | None = None  # when its worker got the GPU (not when it began waiting)
-
-    @property
-    def id(self) -> int:
-        return self.msg.id
-
-    def reset(self) -> None:
-        self.stage = "queued"
-        self.compile_t0 = self.compiled_t = self.run_t0 = None
-
-
-@dataclasses.dataclass(eq=False)
-class _WorkerHandle:
-    slot: int
-    gpu: int | None
-    process: Any
-    conn: multiprocessing.connection.Connection
-    log_path: str
-    started: float
-    sentinel: int | None = None  # a pidfd: readable once the process has exited
-    state: str = "starting"  # starting | ready | retiring | killed
-    eof: bool = False  # its pipe closed: it is gone, or going
-    last_hb: float = 0.0
-    pid: int | None = None
-    device: DeviceInfo | None = None
-    fatal: str = ""
-    tasks: dict[int, _Task] = dataclasses.field(default_factory=dict)
-
-    @property
-    def isolating(self) -> bool:
-        return any(t.isolate for t in self.tasks.values())
-
-
-class Engine:
+class Engine(_TaskQueue, _WorkerPool):
     """Evaluates configs in worker processes: pipelined, isolated, over one or several GPUs.
 
     Args:
@@ -615,203 +542,10 @@ class Engine:
 
     # -- submission ---------------------------------------------------------------------------
 
-    def _submit(
-        self,
-        kind: str,
-        kernel_name: str,
-        problem: Problem,
-        config: Config | None,
-        extra: dict[str, Any],
-        *,
-        urgent: bool = False,
-        slot: int | None = None,
-    ) -> concurrent.futures.Future:
-        if not isinstance(problem, Problem):
-            raise TypeError(
-                f"problem must be an autotune.Problem, but got {type(problem).__name__}."
-            )
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            if self._closing:
-                raise EngineError("The engine is closed; create a new one to submit more work.")
-            if self._broken:
-                raise EngineError(self._broken)
-            task = _Task(
-                TaskMsg(next(self._ids), kind, kernel_name, problem, config, extra),
-                future,
-                slot=slot,
-            )
-            future.task_id = task.id  # type: ignore[attr-defined]
-            if urgent:
-                self._pending.appendleft(task)
-            else:
-                self._pending.append(task)
-            self._submitted += 1
-        self._wake()
-        return future
-
-    def _wake(self) -> None:
-        with self._lock:
-            if self._wake_w < 0:
-                return
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass  # already woken: the pipe is full
-
     # -- workers ------------------------------------------------------------------------------
 
-    def _spawn(self, slot: int) -> _WorkerHandle:
-        gpu = self._slots[slot]
-        env = dict(os.environ)
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        if self.mode == DeviceKind.GPU:
-            # The tuner process may use the same GPU: a worker must not grab 75% of it.
-            env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        if self.mode == DeviceKind.INTERPRET:
-            env.setdefault("JAX_PLATFORMS", "cpu")
-        env.setdefault("PYTHONFAULTHANDLER", "1")
-        n = next(self._incarnation)
-        log_path = str(self._log_dir / f"worker-{slot}-{n}.log")
-        spec = WorkerSpec(
-            mode=self.mode,
-            iterations=self.iterations,
-            compile_threads=self.compile_threads,
-            allow_import=self.allow_import,
-            log_level=logging.getLogger().getEffectiveLevel(),
-            lock_path=self._lock_paths[gpu],
-            cache=self.cache_policy,
-            keep_compiled=self.keep_compiled,
-            compilation_cache=self.compilation_cache,
-        )
-        ours, theirs = socket.socketpair()
-        try:
-            with open(log_path, "ab") as log_file:
-                process = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(theirs.fileno())],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(theirs.fileno(),),
-                    start_new_session=True,  # its own process group: killed with its children
-                )
-        finally:
-            theirs.close()
-        conn = multiprocessing.connection.Connection(ours.detach())
-        conn.send(spec)
-        try:
-            sentinel: int | None = os.pidfd_open(process.pid)
-        except (AttributeError, OSError):
-            sentinel = None  # polled instead
-        with self._lock:
-            self._worker_starts += 1
-        log.debug("Started worker %d (gpu %s, pid %s).", slot, gpu, process.pid)
-        return _WorkerHandle(
-            slot=slot,
-            gpu=gpu,
-            process=process,
-            conn=conn,
-            log_path=log_path,
-            started=time.monotonic(),
-            pid=process.pid,
-            sentinel=sentinel,
-        )
-
-    def _kill(self, w: _WorkerHandle, *, dump_stacks: bool = False) -> None:
-        w.state = "killed"
-        if w.process.poll() is not None:
-            return
-        if dump_stacks:
-            try:
-                w.process.send_signal(signal.SIGUSR1)  # faulthandler: where each thread is
-                time.sleep(0.3)
-            except OSError:
-                pass
-        try:
-            os.killpg(w.process.pid, signal.SIGKILL)  # the worker leads its own group
-        except OSError:
-            try:
-                w.process.kill()
-            except OSError:
-                pass
-
-    def _stderr_tail(self, w: _WorkerHandle) -> str:
-        try:
-            with open(w.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - 8 * _STDERR_TAIL_CHARS))
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return text[-_STDERR_TAIL_CHARS:].strip()
 
     # -- the dispatcher -----------------------------------------------------------------------
-
-    def _loop(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    closing, cancel, kill = self._closing, self._cancel_pending, self._kill_running
-                if cancel:
-                    self._cancel_queued()
-                if closing and (kill or not self._has_work()):
-                    break
-                live = [w for w in self._workers.values() if w is not None]
-                waitables: list[Any] = [self._wake_r]
-                for w in live:
-                    waitables.append(w.conn)
-                    if w.sentinel is not None:
-                        waitables.append(w.sentinel)
-                ready = multiprocessing.connection.wait(waitables, timeout=0.1)
-                if self._wake_r in ready:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                for w in live:
-                    if w.conn in ready or (w.sentinel is not None and w.sentinel in ready):
-                        self._drain(w)
-                self._reap()
-                self._check_timeouts()
-                self._respawn()
-                self._dispatch()
-        except Exception as e:  # noqa: BLE001 - never leave futures hanging
-            log.exception("The engine's dispatcher failed.")
-            with self._lock:
-                self._broken = f"The engine's dispatcher failed: {e!r}"
-            self._fail_all(EngineError(f"The engine's dispatcher failed: {e!r}"))
-        finally:
-            self._stop_workers()
-
-    def _has_work(self) -> bool:
-        with self._lock:
-            queued = bool(self._pending or self._isolation)
-        return queued or any(w is not None and w.tasks for w in self._workers.values())
-
-    def _cancel_queued(self) -> None:
-        with self._lock:
-            tasks = list(self._pending) + list(self._isolation)
-            self._pending.clear()
-            self._isolation.clear()
-        for task in tasks:
-            if not task.future.cancel():
-                self._resolve(task, exc=EngineError("The engine closed before this task ran."))
-            else:
-                task.done = True
-
-    def _drain(self, w: _WorkerHandle) -> None:
-        while True:
-            try:
-                if not w.conn.poll():
-                    return
-                msg = w.conn.recv()
-            except (EOFError, OSError):
-                w.eof = True
-                return
-            self._on_message(w, msg)
 
     def _event(self, task: _Task, w: _WorkerHandle, stage: str, t: float) -> None:
         with self._lock:
@@ -819,370 +553,4 @@ class Engine:
                 self._timeline.append(StageEvent(task.id, w.slot, w.gpu, stage, t,
                                                  task.msg.kind, task.msg.problem))
 
-    def _on_message(self, w: _WorkerHandle, msg: FromWorker) -> None:
-        now = time.monotonic()
-        if isinstance(msg, Heartbeat):
-            w.last_hb = now
-        elif isinstance(msg, Ready):
-            w.state, w.device, w.pid, w.last_hb = "ready", msg.device, msg.pid, now
-            self._startup_failures = 0
-            self._ready_event.set()
-        elif isinstance(msg, Fatal):
-            w.fatal = msg.error
-        elif isinstance(msg, Retire):
-            w.state = "retiring"
-            log.info("Worker %d retires: %s", w.slot, msg.reason)
-        elif isinstance(msg, StageReached):
-            task = w.tasks.get(msg.task_id)
-            if task is None:
-                return
-            stage = msg.stage
-            if stage == "build":
-                task.compile_t0 = now
-            elif stage == "compiled":
-                task.compiled_t = now
-                if task.compile_t0 is not None:
-                    self._slowest_compile_s = max(self._slowest_compile_s, now - task.compile_t0)
-            elif stage == "device" or (stage == "run" and task.run_t0 is None):
-                task.run_t0 = now  # the run limit counts from here: lock waits are not hangs
-            task.stage = stage
-            self._event(task, w, stage, msg.t)
-        elif isinstance(msg, (Result, Failed)):
-            task = w.tasks.pop(msg.task_id, None)
-            if task is None:
-                return
-            self._event(task, w, "done", msg.t)
-            if task.run_t0 is not None:
-                self._slowest_run_s = max(self._slowest_run_s, now - task.run_t0)
-            elif task.compile_t0 is not None and task.compiled_t is None:
-                self._slowest_compile_s = max(self._slowest_compile_s, now - task.compile_t0)
-            with self._lock:
-                self._by_worker[w.slot] += 1
-            if isinstance(msg, Result):
-                result = msg.result
-                if (
-                    task.msg.kind in ("trial", "retime", "baseline")
-                    and isinstance(result, TrialResult)
-                    and result.ok
-                ):
-                    digest = None if task.msg.config is None else task.msg.config.digest()
-                    with self._lock:
-                        self._timed_on[(task.msg.problem, digest)] = w.slot
-                self._resolve(task, result=result)
-            else:
-                exc = msg.error
-                if isinstance(exc, BaseException) and msg.traceback:
-                    log.debug("Task %d failed in worker %d:\n%s", task.id, w.slot, msg.traceback)
-                self._resolve(task, exc=exc)
 
-    def _resolve(
-        self, task: _Task, *, result: Any = None, exc: BaseException | None = None
-    ) -> None:
-        """Resolves a task's future, once; a cancelled future is left as it is."""
-        if task.done:
-            return
-        task.done = True
-        with self._lock:
-            self._resolved += 1
-        future = task.future
-        if future.done():
-            return
-        try:
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-        except concurrent.futures.InvalidStateError:
-            pass  # cancelled meanwhile
-
-    def _requeue(self, tasks: list[_Task], *, isolate: bool) -> None:
-        with self._lock:
-            for task in sorted(tasks, key=lambda t: t.id, reverse=True):
-                if task.done:
-                    continue
-                task.reset()
-                if isolate or task.isolate:
-                    if not task.isolate:
-                        self._isolated_reruns += 1
-                    task.isolate = True
-                    self._isolation.appendleft(task)
-                else:
-                    self._pending.appendleft(task)
-
-    def _limit_s(self, task: _Task, stage: str) -> float:
-        floor_compile, floor_run = _TIMEOUT_FLOORS[self.mode]
-        compile_limit = self.compile_timeout_s or default_timeout_s(
-            self._slowest_compile_s, floor_s=floor_compile
-        )
-        run_limit = self.trial_timeout_s or default_timeout_s(
-            self._slowest_run_s, floor_s=floor_run
-        )
-        if stage in _COMPILE_STAGES:
-            return compile_limit
-        if task.msg.kind == "retime":
-            # Times the program again with more iterations (and compiles a baseline anew).
-            return compile_limit + run_limit * max(1.0, task.msg.extra["iterations"] / 20)
-        if task.msg.kind != "trial":
-            return compile_limit + run_limit  # a baseline or trace compiles in its run
-        return run_limit
-
-    def _overdue(self, task: _Task, now: float) -> tuple[float, float] | None:
-        """(elapsed, limit) when the task's current stage is past its limit."""
-        if task.stage in _COMPILE_STAGES and task.compile_t0 is not None:
-            elapsed, limit = now - task.compile_t0, self._limit_s(task, task.stage)
-        elif task.stage in _RUN_STAGES and task.run_t0 is not None:
-            elapsed, limit = now - task.run_t0, self._limit_s(task, task.stage)
-        else:
-            return None
-        return (elapsed, limit) if elapsed > limit else None
-
-    def _check_timeouts(self) -> None:
-        now = time.monotonic()
-        for w in list(self._workers.values()):
-            if w is None:
-                continue
-            if w.state == "starting" and now - w.started > self.startup_timeout_s:
-                w.fatal = w.fatal or f"no sign of life {self.startup_timeout_s:.0f} s after start"
-                self._kill(w)
-                continue
-            if w.state != "ready":
-                continue
-            over = {t.id: o for t in w.tasks.values() if (o := self._overdue(t, now))}
-            if not over:
-                continue
-            active = [t for t in w.tasks.values() if t.stage in _ACTIVE_STAGES]
-            alive = now - w.last_hb < _HEARTBEAT_STALE_S
-            self._kill(w, dump_stacks=True)
-            with self._lock:
-                self._timeouts += 1
-            tasks = list(w.tasks.values())
-            w.tasks.clear()
-            if alive or len(active) == 1:
-                blamed = [t for t in tasks if t.id in over]
-                suspects: list[_Task] = []
-            else:
-                blamed, suspects = [], active
-            tail = self._stderr_tail(w)
-            for task in blamed:
-                elapsed, limit = over[task.id]
-                self._resolve(
-                    task,
-                    result=TrialResult.failed(
-                        Outcome.TIMEOUT,
-                        f"[{task.stage}] no result {elapsed:.1f} s after the "
-                        f"{'compile began' if task.stage in _COMPILE_STAGES else 'run got the GPU'} "
-                        f"(limit {limit:.1f} s); worker {w.slot} (gpu {w.gpu}, pid {w.pid}) "
-                        f"was killed and replaced.\n--- worker stderr tail ---\n{tail}",
-                        compile_s=self._compile_s(task),
-                    ),
-                )
-            self._requeue(suspects, isolate=True)
-            self._requeue(
-                [t for t in tasks if t not in blamed and t not in suspects], isolate=False
-            )
-
-    def _compile_s(self, task: _Task) -> float | None:
-        if task.compile_t0 is not None and task.compiled_t is not None:
-            return task.compiled_t - task.compile_t0
-        return None
-
-    def _reap(self) -> None:
-        """Handles workers that exited, or whose pipe closed."""
-        for slot, w in list(self._workers.items()):
-            if w is None:
-                continue
-            if w.process.poll() is None and not w.eof:
-                continue
-            self._drain(w)  # results sent just before dying still count
-            try:
-                w.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._kill(w)
-                w.process.wait(timeout=5)
-            self._on_death(w)
-            self._close_handle(w)
-            self._workers[slot] = None
-
-    def _close_handle(self, w: _WorkerHandle) -> None:
-        try:
-            w.conn.close()
-        except OSError:
-            pass
-        if w.sentinel is not None:
-            try:
-                os.close(w.sentinel)
-            except OSError:
-                pass
-            w.sentinel = None
-
-    def _on_death(self, w: _WorkerHandle) -> None:
-        code = w.process.returncode
-        tasks = sorted(w.tasks.values(), key=lambda t: t.id)
-        w.tasks.clear()
-        if w.state == "killed":
-            if w.fatal:  # killed during startup
-                self._startup_failed(w, w.fatal)
-            return  # blame was decided when it was killed
-        if w.state == "starting" or w.fatal or (w.device is None and not tasks):
-            self._startup_failed(w, w.fatal or f"exit code {code}")
-            self._requeue(tasks, isolate=False)
-            return
-        if w.state == "retiring":
-            self._requeue(tasks, isolate=False)
-            return
-        with self._lock:
-            self._crashes += 1
-        active = [t for t in tasks if t.stage in _ACTIVE_STAGES]
-        how = _describe_exit(code)
-        tail = self._stderr_tail(w)
-        log.warning("Worker %d (gpu %s, pid %s) died: %s; its log: %s", w.slot, w.gpu, w.pid,
-                    how, w.log_path)
-        if len(active) == 1:
-            (task,) = active
-            self._resolve(
-                task,
-                result=dataclasses.replace(TrialResult.failed(
-                    Outcome.CRASHED,
-                    f"[{task.stage}] worker {w.slot} (gpu {w.gpu}, pid {w.pid}) {how} while "
-                    f"this config was the only one executing (last stage: {task.stage}; "
-                    f"worker log {w.log_path})."
-                    f"\n--- worker stderr tail ---\n{tail}",
-                    compile_s=self._compile_s(task),
-                ), log_path=w.log_path),
-            )
-            self._requeue([t for t in tasks if t is not task], isolate=False)
-        else:
-            self._requeue(active, isolate=True)
-            self._requeue([t for t in tasks if t not in active], isolate=False)
-
-    def _startup_failed(self, w: _WorkerHandle, why: str) -> None:
-        self._startup_failures += 1
-        tail = self._stderr_tail(w)
-        log.warning("Worker %d failed to start (%s).", w.slot, why)
-        if self._startup_failures >= _MAX_STARTUP_FAILURES:
-            message = (
-                f"Engine workers (mode {self.mode!r}) failed to start {self._startup_failures} "
-                f"times in a row; last: {why.strip()}\n--- worker stderr tail ---\n{tail}"
-            )
-            with self._lock:
-                self._broken = message
-            self._fail_all(EngineError(message))
-            self._ready_event.set()
-
-    def _respawn(self) -> None:
-        if self._broken:
-            return
-        with self._lock:
-            closing = self._closing
-        if closing and not self._has_work():
-            return
-        for slot, w in self._workers.items():
-            if w is None:
-                self._workers[slot] = self._spawn(slot)
-
-    def _dispatch(self) -> None:
-        ready = [w for w in self._workers.values() if w is not None and w.state == "ready"]
-        if not ready:
-            return
-        capacity = self.compile_threads + 1  # one compiled config waiting while one is timed
-        sends: list[tuple[_WorkerHandle, _Task]] = []
-        with self._lock:
-            # Suspects of a crash run alone, on a worker with nothing else in flight; other work
-            # waits meanwhile so that a worker drains and takes them.
-            for w in ready:
-                if not self._isolation:
-                    break
-                if not w.tasks:
-                    task = self._pop_live(self._isolation)
-                    if task is not None:
-                        task.isolate = True
-                        w.tasks[task.id] = task
-                        sends.append((w, task))
-            if not self._isolation:
-                # The least loaded worker first (then the least loaded GPU), so no worker idles
-                # while work waits. A worker is full with a config per compile thread plus one
-                # compiled and waiting for (or using) its GPU.
-                gpu_load: collections.Counter[int | None] = collections.Counter()
-                for w in ready:
-                    gpu_load[w.gpu] += len(w.tasks)
-                skipped: list[_Task] = []  # pinned to a worker that is full or not ready
-                while self._pending:
-                    open_ = [w for w in ready if not w.isolating and len(w.tasks) < capacity]
-                    if not open_:
-                        break
-                    task = self._pop_live(self._pending)
-                    if task is None:
-                        break
-                    if task.slot is not None:
-                        open_ = [w for w in open_ if w.slot == task.slot]
-                        if not open_:
-                            skipped.append(task)
-                            continue
-                    w = min(open_, key=lambda w: (len(w.tasks), gpu_load[w.gpu], w.slot))
-                    gpu_load[w.gpu] += 1
-                    w.tasks[task.id] = task
-                    sends.append((w, task))
-                self._pending.extendleft(reversed(skipped))
-        for w, task in sends:
-            task.stage = "sent"
-            try:
-                w.conn.send(RunTask(task.msg))
-            except (OSError, EOFError, BrokenPipeError):
-                w.eof = True  # reaped on the next pass; the task is re-run
-
-    @staticmethod
-    def _pop_live(tasks: collections.deque[_Task]) -> _Task | None:
-        while tasks:
-            task = tasks.popleft()
-            if not task.done and not task.future.cancelled():
-                return task
-            task.done = True
-        return None
-
-    def _fail_all(self, exc: BaseException) -> None:
-        with self._lock:
-            tasks = list(self._pending) + list(self._isolation)
-            self._pending.clear()
-            self._isolation.clear()
-        for w in self._workers.values():
-            if w is not None:
-                tasks += list(w.tasks.values())
-                w.tasks.clear()
-        for task in tasks:
-            self._resolve(task, exc=exc)
-
-    def _stop_workers(self) -> None:
-        workers = [w for w in self._workers.values() if w is not None]
-        with self._lock:
-            kill = self._kill_running
-        for w in workers:
-            if kill:
-                self._kill(w)
-                continue
-            try:
-                w.conn.send(Stop())
-            except (OSError, EOFError):
-                pass
-        deadline = time.monotonic() + 5
-        for w in workers:
-            try:
-                w.process.wait(timeout=max(0.01, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self._kill(w)
-                w.process.wait(timeout=5)
-            self._close_handle(w)
-        for slot in self._workers:
-            self._workers[slot] = None
-        self._fail_all(EngineError("The engine stopped before this task ran."))
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"died with {name}"
-    return f"exited with code {code}"

@@ -77,6 +77,8 @@ from autotune.storage.store import Store
 from autotune.storage.urls import read_timeout_s, resolve_url, sqlite_path
 
 if TYPE_CHECKING:  # pragma: no cover
+    from types import FrameType
+
     import pandas
 
 __all__ = [
@@ -610,7 +612,8 @@ def _caller_level() -> int:
 
     # the autotune package (this module is in autotune/queries/)
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and (
         os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep)
         or frame.f_code.co_filename == contextlib.__file__

@@ -378,6 +378,7 @@ def _measured_with(result: queries.BestResult) -> str:
 
 
 def _default(kernel: Kernel, problem: Problem, default: Default) -> Config | None:
+    value: Mapping[str, Any] | None
     if default is None:
         if kernel.default_config is None:
             return None

@@ -304,11 +304,12 @@ class _StudyReader:
         import optuna
         import sqlalchemy.exc
 
-        from autotune.evaluation.trial import DeviceInfo
+        from autotune.evaluation.trial import DeviceInfo, DeviceKind
         from autotune.storage.store import failure_reason
         from autotune.tuning.tuner import study_name
 
-        name = name or study_name(problem, DeviceInfo(device, ""))
+        # The study's name reads the device's name only; the kind must still be a real one.
+        name = name or study_name(problem, DeviceInfo(device, DeviceKind.GPU))
         try:
             if self._storage is None:
                 self._storage = optuna.storages.RDBStorage(self._url, skip_table_creation=True)
@@ -423,8 +424,9 @@ def _convergence(rows: Sequence[TrialRow], baseline: Any, title: str) -> Any:
     best = math.inf
     # x: Optuna's trial number where the trial has one (the number optuna-dashboard shows),
     # else the position in the order measured.
-    numbered = all(r.optuna_trial_number is not None for r in rows)
-    where = [r.optuna_trial_number if numbered else i for i, r in enumerate(rows, start=1)]
+    numbers = [r.optuna_trial_number for r in rows if r.optuna_trial_number is not None]
+    numbered = len(numbers) == len(rows)
+    where = numbers if numbered else list(range(1, len(rows) + 1))
     for i, r in zip(where, rows, strict=True):
         if r.ok and r.median_us is not None:
             xs.append(i)

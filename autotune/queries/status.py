@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotune.errors import StorageError
 from autotune.tuning.jobs import Job
+
+if TYPE_CHECKING:
+    from autotune.storage.store import Store
 
 __all__ = ["ProblemStatus", "JobStatus", "job_status"]
 
@@ -48,7 +52,7 @@ class JobStatus:
                 "hosts": [{"host": h, "in_flight": n} for h, n in sorted(self.hosts.items())]}
 
 
-def job_status(job: Job, store: Any) -> JobStatus:
+def job_status(job: Job, store: Store) -> JobStatus:
     """The status of every problem of ``job`` in ``store``'s database (and its Optuna studies).
 
     Raises:
@@ -56,12 +60,12 @@ def job_status(job: Job, store: Any) -> JobStatus:
     """
     import optuna
 
-    from autotune.storage.store import StorageError, failure_reason
+    from autotune.storage.store import failure_reason
     from autotune.tuning import tuner
 
     summaries = {(s.problem, s.device): s for s in store.summaries()}
     try:
-        storage = tuner._optuna_storage(store.url)
+        storage = tuner.optuna_storage(store.url)
         names = set(optuna.get_all_study_names(storage=storage))
     except Exception as e:  # noqa: BLE001 - any database failure, worded once
         raise StorageError(f"Could not read the Optuna studies in {store!r}: {failure_reason(e)}.") from e

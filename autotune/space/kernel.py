@@ -263,7 +263,8 @@ def get_kernel(name: str, *, allow_import: bool = False) -> Kernel:
     """
     if name in BUNDLED:
         module = importlib.import_module(BUNDLED[name])
-        return module.KERNEL
+        kernel: Kernel = module.KERNEL
+        return kernel
     if name in _REGISTERED:
         return _REGISTERED[name]
     if ":" not in name:

@@ -254,6 +254,7 @@ def _parse_value(key: str, raw: str) -> ShapeValue:
     low = raw.lower()
     if low in ("true", "false"):
         return low == "true"
+    value: int  # int ** int is typed Any (a negative exponent makes a float); ours are not
     try:
         if "**" in raw:
             base, _, exp = raw.partition("**")
@@ -294,8 +295,9 @@ def shape_distance(a: Mapping[str, ShapeValue], b: Mapping[str, ShapeValue]) -> 
     total = 0.0
     for key, x in a.items():
         y = b[key]
-        sized = all(isinstance(v, int) and not isinstance(v, bool) for v in (x, y))
-        if sized:
+        if isinstance(x, int) and not isinstance(x, bool) and isinstance(y, int) and not isinstance(
+            y, bool
+        ):
             total += abs(math.log2(x / y))
         elif x != y:
             return math.inf

@@ -21,6 +21,7 @@ constraints are written with.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import random
@@ -784,7 +785,9 @@ class BoundSpace:
                     out.append(Violation(c.name, c.explain(full, self.env), alts))
         return out
 
-    def _nearest_in_domain(self, param: Param, domain: Sequence[Value], value: Value) -> tuple:
+    def _nearest_in_domain(
+        self, param: Param, domain: Sequence[Value], value: Value
+    ) -> tuple[Value, ...]:
         if not domain:
             return ()
         if param.ordinal and isinstance(value, int | float) and not isinstance(value, bool):
@@ -792,7 +795,9 @@ class BoundSpace:
             return tuple(sorted(ranked[:2]))
         return tuple(domain[:3])
 
-    def _nearest_fixing(self, c: Constraint, values: tuple[Value, ...]) -> tuple[Mapping, ...]:
+    def _nearest_fixing(
+        self, c: Constraint, values: tuple[Value, ...]
+    ) -> tuple[Mapping[str, Value], ...]:
         """Values of the tunables ``c`` reads that satisfy it, closest first (up to 2).
 
         Other tunables keep their values; rules reading only the same tunables must hold too,
@@ -872,7 +877,7 @@ class BoundSpace:
             return None
         orders = []
         for i, domain in enumerate(self.domains):
-            orders.append(sorted(domain, key=lambda v, i=i: self._distance(i, target[i], v)))
+            orders.append(sorted(domain, key=functools.partial(self._distance, i, target[i])))
         values: list[Value] = [None] * len(self.params)
 
         def rec(d: int) -> tuple[Value, ...] | None:

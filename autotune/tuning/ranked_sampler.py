@@ -56,8 +56,10 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.evaluation.trial import DeviceInfo
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import Aligned, BoundSpace, Choice, PowerOfTwo
+from autotune.storage.protocol import TrialStore
 
 __all__ = [
     "Observation",
@@ -101,7 +103,7 @@ class Observation:
     time_us: float | None
 
 
-def stored_history(store: Any, problem: Problem, device: Any) -> list[Observation]:
+def stored_history(store: TrialStore, problem: Problem, device: DeviceInfo) -> list[Observation]:
     """Every result ``store`` holds for ``problem``'s kernel on ``device`` (same name and
     kind), at any shape and dtype, as observations (failures with no time)."""
     rows = store.trials(kernel=problem.kernel, device_name=device.name, device_kind=device.kind)

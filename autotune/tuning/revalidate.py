@@ -26,12 +26,12 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
+from autotune.engine.protocol import EngineLike
 from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
+from autotune.storage.protocol import TrialStore
 from autotune.storage.rows import TrialRow
-from autotune.storage.store import Store
 
 __all__ = ["Remeasured", "Revalidation", "revalidate", "stale_configs", "CHANGED_RATIO"]
 
@@ -100,7 +100,7 @@ def _versions(software: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def stale_configs(
-    store: Store, problem: Problem, device: DeviceInfo, software: Mapping[str, str], *, top: int
+    store: TrialStore, problem: Problem, device: DeviceInfo, software: Mapping[str, str], *, top: int
 ) -> list[TrialRow]:
     """The ``top`` fastest distinct configs of ``problem`` that ran ok on ``device`` with other
     jax/jaxlib versions than ``software``'s, fastest (the stale winner) first, each as its
@@ -121,8 +121,8 @@ def _stale(rows: Sequence[TrialRow], running: tuple[str, ...], top: int) -> list
 
 
 def revalidate(
-    store: Store,
-    engine: Any,
+    store: TrialStore,
+    engine: EngineLike,
     *,
     kernel: str | None = None,
     top: int = 3,
@@ -195,8 +195,8 @@ def _earlier(old: TrialRow, new: TrialRow) -> Remeasured:
 
 
 def _measure(
-    store: Store,
-    engine: Any,
+    store: TrialStore,
+    engine: EngineLike,
     problem: Problem,
     device: DeviceInfo,
     software: Mapping[str, str],

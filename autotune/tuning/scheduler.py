@@ -29,13 +29,22 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune._paths import safe_path
+from autotune.engine.protocol import EngineLike
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
-from autotune.space.problem import Config
+from autotune.space.problem import Config, Problem
+from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning import tuner as _t
 from autotune.tuning.jobs import Job, ProblemSpec
-from autotune.tuning.sampling import ExhaustedError, ValidSampler, distributions, valid_sampler
+from autotune.tuning.ranked_sampler import stored_history
+from autotune.tuning.sampling import (
+    ExhaustedError,
+    ValidSampler,
+    distributions,
+    resolve_sampler,
+    valid_sampler,
+)
 from autotune.tuning.trial_index import TrialIndex
 
 __all__ = ["run_scheduled", "POLL_S"]
@@ -79,7 +88,7 @@ class _Run:
     confirm_s: float | None = None
 
     @property
-    def problem(self) -> Any:
+    def problem(self) -> Problem:
         return self.spec.problem
 
     @property
@@ -100,7 +109,7 @@ class _Run:
         if budget.patience and index.stagnated(budget.patience):
             return f"no better config in the last {budget.patience} trials (patience)"
         if budget.seconds is not None and index.first_start is not None:
-            if _t._age_s(index.first_start) >= budget.seconds:
+            if _t.age_s(index.first_start) >= budget.seconds:
                 return f"time budget ({budget.seconds:g} s) spent"
         return ""
 
@@ -128,11 +137,11 @@ class _Run:
             return None
         for _ in range(16):
             try:
-                trial = _t._new_trial(self.study, self.dists)
+                trial = _t.new_trial(self.study, self.dists)
             except ExhaustedError:
                 trial_id = self.sampler.exhausted_trial_id
                 if trial_id is not None:
-                    _t._release(self.study, oa.trial_number(self.study, trial_id))
+                    _t.release_trial(self.study, oa.trial_number(self.study, trial_id))
                 self.refresh()
                 if self.tally.running:
                     self.full = True  # others' configs in flight may yet be freed
@@ -143,11 +152,11 @@ class _Run:
             self.refresh()  # after the ask: every trial numbered before ours is visible
             twins = [n for n in self.tally.holders(self.space.key(config)) if n != trial.number]
             if twins:
-                _t._release(self.study, trial)
-                self.sampler.diverge(f"{_t._worker_id()}:{trial.number}")
+                _t.release_trial(self.study, trial)
+                self.sampler.diverge(f"{_t.worker_id()}:{trial.number}")
                 continue
             if not self._admitted(trial):
-                _t._release(self.study, trial)
+                _t.release_trial(self.study, trial)
                 self.full = True
                 return None
             return trial, config
@@ -169,8 +178,8 @@ class _Scheduler:
         self,
         job: Job,
         *,
-        store: Any,
-        engine: Any,
+        store: TrialStore,
+        engine: EngineLike,
         storage: optuna.storages.BaseStorage,
         results_dir: str | Path,
         on_event: Callable[[_t.Event], None] | None,
@@ -219,7 +228,7 @@ class _Scheduler:
                 for r in live:
                     self._collect(r, done)
                     if r.in_flight:
-                        _t._heartbeat(r.study, [trial for trial, _c, _s in r.in_flight.values()])
+                        _t.send_heartbeats(r.study, [trial for trial, _c, _s in r.in_flight.values()])
                 self._look_again()
                 for r in live:
                     self._maybe_finish(r)
@@ -227,7 +236,7 @@ class _Scheduler:
             for r in self.runs:
                 for future, (trial, _config, _s) in r.in_flight.items():
                     future.cancel()
-                    _t._release(r.study, trial)
+                    _t.release_trial(r.study, trial)
                 r.in_flight.clear()
             self._confirms.shutdown(wait=True, cancel_futures=True)
         return [self.reports[i] for i in range(len(self.job.problems))]
@@ -270,7 +279,7 @@ class _Scheduler:
             # A dead process of this host is seen at once (its pid is gone).
             if now - r.orphans_at >= _t.GRACE_S / 4 or _dead_here(r.tally.live):
                 r.orphans_at = now
-                _t._close_orphans(r.study, self.store, r.problem, self.device, self.policy)
+                _t.close_orphans(r.study, self.store, r.problem, self.device, self.policy)
                 r.refresh()
             r.full = not r.room()
             changed = (r.tally.measured, r.tally.running) != before
@@ -293,7 +302,7 @@ class _Scheduler:
             confirm_s = _t.confirm_best(kernel, problem, spec, store=self.store, engine=self.engine,
                                         device=device, software=self.software, run_id=self.run_id,
                                         only_if_missing=True) if done else None
-            self.reports[index] = _t._report(kernel, problem, device, self.store, measured_now=0,
+            self.reports[index] = _t.build_report(kernel, problem, device, self.store, measured_now=0,
                                              repaired=0, skipped=True, stop_reason=reason,
                                              cache=self.policy, confirm_s=confirm_s)
 
@@ -311,18 +320,18 @@ class _Scheduler:
         seeds: list[Mapping[str, Any]] = []
         if kernel.default_config is not None and spec.known_good:
             seeds.append(kernel.default_config(problem))
-        related = _t._related_winners(self.store, problem, device, self.policy)
-        history = (_t.stored_history(self.store, problem, device)
+        related = _t.related_winners(self.store, problem, device, self.policy)
+        history = (stored_history(self.store, problem, device)
                    if spec.sampler in ("auto", "ranked") else [])
-        sampler_name = _t.resolve_sampler(spec.sampler, history=history, problem=problem,
+        sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
                                           valid_count=space.count())
         logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
         stored_configs = [r.config for r in rows]
         sampler = valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,
                                 history=history, taken=lambda: stored_configs)
         sampler.prefetch = True  # asks come as results arrive: the next proposal is made meanwhile
-        study = _t._open_study(problem, device, self.storage, sampler, self.software, self.policy)
-        _t._close_orphans(study, self.store, problem, device, self.policy)
+        study = _t.open_study(problem, device, self.storage, sampler, self.software, self.policy)
+        _t.close_orphans(study, self.store, problem, device, self.policy)
         sampler.index.refresh(study.get_trials(deepcopy=False))
         outside = 0  # results stored that no measured trial of the study holds (imports)
         for row in rows:
@@ -357,7 +366,7 @@ class _Scheduler:
         if asked is None:
             return
         trial, config = asked
-        _t._heartbeat(r.study, [trial])
+        _t.send_heartbeats(r.study, [trial])
         future = self.engine.submit(r.problem.kernel, r.problem, config)
         r.in_flight[future] = (trial, config, time.time())
 
@@ -370,9 +379,9 @@ class _Scheduler:
             recorded = self.store.record_trial(
                 r.problem, config, result, device=self.device, software=self.software,
                 study_name=r.study.study_name, optuna_trial_number=trial.number,
-                worker=_t._worker_id(), started_at=_t._utc(started), cache=self.policy,
+                worker=_t.worker_id(), started_at=_t.utc(started), cache=self.policy,
             )
-            _t._tell(r.study, trial, result, duplicate=recorded.duplicate)
+            _t.tell_result(r.study, trial, result, duplicate=recorded.duplicate)
             r.measured_now += 0 if recorded.duplicate else 1
             if result.ok and (r.best_us is None or result.median_us < r.best_us):
                 r.best_us = result.median_us
@@ -455,7 +464,7 @@ class _Scheduler:
         confirm_s = r.confirm_s
         self.emit(_t.Event("done", r.problem, r.done_before + r.measured_now,
                            r.spec.budget.trials, r.best_us, message=r.stop_reason))
-        self.reports[r.index] = _t._report(r.kernel, r.problem, self.device, self.store,
+        self.reports[r.index] = _t.build_report(r.kernel, r.problem, self.device, self.store,
                                            measured_now=r.measured_now,
                                            repaired=r.sampler.repaired, stop_reason=r.stop_reason,
                                            cache=self.policy, confirm_s=confirm_s)
@@ -468,7 +477,7 @@ class _Scheduler:
             return
         submit = getattr(self.engine, "submit_trace", None)
         if submit is None:
-            _t._trace_best(r.kernel, problem, spec, self.store, self.engine, device,
+            _t.trace_best(r.kernel, problem, spec, self.store, self.engine, device,
                            self.results_dir)
             return
         traced_space = r.kernel.bind(problem, profile_space=_t.TRACE_PROFILE_SPACE)
@@ -490,7 +499,7 @@ def _dead_here(trials: Sequence[FrozenTrial]) -> bool:
     host = socket.gethostname()
     for t in trials:
         owner_host, _, pid = str(t.user_attrs.get(_t.WORKER_ATTR, "")).rpartition(":")
-        if owner_host == host and pid.isdigit() and not _t._alive(int(pid)):
+        if owner_host == host and pid.isdigit() and not _t.is_alive(int(pid)):
             return True
     return False
 
@@ -501,13 +510,13 @@ def _beat_s() -> float:
     return min(_t.HEARTBEAT_S, _t.GRACE_S / 2) / 3
 
 
-def _submit_baseline(engine: Any, problem: Any) -> Future[Any]:
+def _submit_baseline(engine: EngineLike, problem: Problem) -> Future[TrialResult]:
     """The engine's baseline without waiting; an engine without ``submit_baseline`` (a test
     double) measures it at once."""
     submit = getattr(engine, "submit_baseline", None)
     if submit is not None:
         return submit(problem.kernel, problem)
-    future: Future[Any] = Future()
+    future: Future[TrialResult] = Future()
     try:
         future.set_result(engine.baseline(problem.kernel, problem))
     except Exception as e:  # noqa: BLE001 - reported as the baseline's failure
@@ -518,8 +527,8 @@ def _submit_baseline(engine: Any, problem: Any) -> Future[Any]:
 def run_scheduled(
     job: Job,
     *,
-    store: Any,
-    engine: Any,
+    store: TrialStore,
+    engine: EngineLike,
     storage: optuna.storages.BaseStorage,
     results_dir: str | Path = "results",
     on_event: Callable[[_t.Event], None] | None = None,

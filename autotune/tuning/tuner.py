@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 import sqlalchemy.exc
@@ -43,12 +43,15 @@ from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
 from autotune._paths import safe_path
+from autotune.engine.protocol import EngineLike
 from autotune.errors import JobError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config, Problem
+from autotune.storage import connection as storage_connection
 from autotune.storage import store as storage_module
+from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
 from autotune.tuning.jobs import Job, ProblemSpec
@@ -63,6 +66,12 @@ from autotune.tuning.sampling import (
 
 __all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "legacy_study_name", "Event",
            "METRIC_NAME"]
+# Also used by autotune.tuning.scheduler (the many-problem runner), and so without an underscore
+# though not part of the API above: open_study, worker_id, optuna_storage, send_heartbeats,
+# new_trial, release_trial, tell_result, close_orphans, age_s, is_alive, utc, related_winners,
+# trace_best, build_report, confirm_best, cache_policy_of, software_versions, and the constants
+# WORKER_ATTR, HEARTBEAT_S, GRACE_S, TRACE_PROFILE_SPACE. Everything with an underscore is
+# this module's own.
 
 logger = logging.getLogger(__name__)
 
@@ -72,21 +81,6 @@ HEARTBEAT_S = 30
 # Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
 TRACE_PROFILE_SPACE = 64
 GRACE_S = 120
-
-
-class EngineLike(Protocol):
-    # Optional: ``cache_policy`` (default "warm"), ``gpus``, and ``confirm(...)`` (see
-    # autotune.engine.dispatcher.Engine.confirm): an engine without it gets no confirmation round.
-    def device_info(self) -> DeviceInfo: ...
-    def submit(self, kernel_name: str, problem: Problem, config: Config) -> Future[TrialResult]: ...
-    def baseline(self, kernel_name: str, problem: Problem) -> TrialResult: ...
-    # Optional, used when present: submit_baseline(kernel_name, problem) -> Future[TrialResult]
-    # and submit_trace(...) -> Future, so that baselines and traces interleave with trials.
-    def trace(
-        self, kernel_name: str, problem: Problem, config: Config, out_dir: str, profile_space: int
-    ) -> Mapping[str, tuple[float, int]]: ...
-    @property
-    def parallelism(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +175,7 @@ def legacy_study_name(problem: Problem, device: DeviceInfo, cache: str = "warm")
     return base if cache == "warm" else f"{base}|{cache}"
 
 
-def cache_policy_of(engine: Any) -> str:
+def cache_policy_of(engine: object) -> str:
     """The cache policy an engine times with (``warm`` for engines that do not say)."""
     return str(getattr(engine, "cache_policy", "warm"))
 
@@ -189,7 +183,7 @@ def cache_policy_of(engine: Any) -> str:
 METRIC_NAME = "median_us"  # the objective, as optuna-dashboard and Study.metric_names show it
 
 
-def _open_study(
+def open_study(
     problem: Problem, device: DeviceInfo, storage: optuna.storages.BaseStorage | str,
     sampler: Any, software: Mapping[str, str], cache: str = "warm",
 ) -> optuna.Study:
@@ -231,14 +225,14 @@ def software_versions() -> dict[str, str]:
     return {**versions, "autotune": AUTOTUNE_VERSION}
 
 
-def _worker_id() -> str:
+def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
+def optuna_storage(url: str) -> optuna.storages.BaseStorage:
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"timeout": 2 * storage_module.SQLITE_BUSY_TIMEOUT_S}
+        kwargs["connect_args"] = {"timeout": 2 * storage_connection.SQLITE_BUSY_TIMEOUT_S}
     else:
         kwargs["pool_pre_ping"] = True
     # The heartbeat lets other hosts see a dead host's trials as stale and redo them.
@@ -261,7 +255,7 @@ def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
     raise AssertionError("unreachable")
 
 
-def _heartbeat(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
+def send_heartbeats(study: optuna.Study, trials: list[optuna.trial.Trial]) -> None:
     """Marks in-flight trials alive, so other hosts' ``fail_stale_trials`` leaves them be."""
     storage = _heartbeat_storage(study)
     if storage is None:
@@ -295,7 +289,7 @@ def _heartbeat_storage(study: optuna.Study) -> Any:
 def run_job(
     job: Job,
     *,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     results_dir: str | Path = "results",
     on_event: Callable[[Event], None] | None = None,
@@ -323,7 +317,7 @@ def run_job(
             f"engine with cache={job.cache!r} (the CLI and autotune.tune do)."
         )
     try:
-        storage = _optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
+        storage = optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
         device = engine.device_info()
         gpu = gpu_index(getattr(engine, "gpus", None))
         before = _clocks(device, gpu)
@@ -373,7 +367,7 @@ def _clocks(device: DeviceInfo, gpu: int) -> ClockSnapshot:
     return read_clocks(gpu)
 
 
-def require_persistent(store: Any) -> None:
+def require_persistent(store: TrialStore) -> None:
     """Refuses a store that keeps nothing (an in-memory SQLite database) before tuning into it.
 
     Raises:
@@ -397,7 +391,7 @@ def tune_problem(
     kernel: Kernel,
     spec: ProblemSpec,
     *,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     storage: optuna.storages.BaseStorage | str,
     results_dir: str | Path = "results",
@@ -418,7 +412,7 @@ def tune_problem(
         # Every config would only fail the same way; say so once instead of storing that.
         why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
         emit(Event("skip", problem, 0, budget.trials, message=why))
-        return _report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
+        return build_report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
                        stop_reason=why, cache=policy)
 
     rows = store.trials(problem, device_name=device.name, cache=policy)
@@ -435,7 +429,7 @@ def tune_problem(
                                      device=device, software=software, run_id=run_id,
                                      only_if_missing=True)
             emit(Event("skip", problem, done_before, budget.trials, message=message))
-            return _report(kernel, problem, device, store, measured_now=0, repaired=0,
+            return build_report(kernel, problem, device, store, measured_now=0, repaired=0,
                            skipped=True, stop_reason=why, cache=policy, confirm_s=confirm_s)
 
     # Seeds: JAX's known-good default first (unless switched off), then the winners of
@@ -443,7 +437,7 @@ def tune_problem(
     seeds: list[Mapping[str, Any]] = []
     if kernel.default_config is not None and spec.known_good:
         seeds.append(kernel.default_config(problem))
-    related = _related_winners(store, problem, device, policy)
+    related = related_winners(store, problem, device, policy)
     history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
     sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
                                    valid_count=space.count())
@@ -460,8 +454,8 @@ def tune_problem(
         # and other hosts' live trials are in the shared study, which the sampler reads.
         taken=lambda: stored_configs,
     )
-    study = _open_study(problem, device, storage, sampler, software, policy)
-    _close_orphans(study, store, problem, device, policy)
+    study = open_study(problem, device, storage, sampler, software, policy)
+    close_orphans(study, store, problem, device, policy)
 
     if store.baseline(problem, device_name=device.name, device_kind=device.kind, cache=policy) is None and kernel.baseline is not None:
         result = engine.baseline(problem.kernel, problem)
@@ -499,14 +493,14 @@ def tune_problem(
                     stop_reason = f"every valid config ({space.count()}) measured"
                     break
                 trial, config = asked
-                _heartbeat(study, [trial])
+                send_heartbeats(study, [trial])
                 future = engine.submit(problem.kernel, problem, config)
                 in_flight[future] = (trial, config, time.time())
             if not in_flight:
                 stop_reason = stop_reason or out_of_budget()
                 break
             finished, _ = wait(list(in_flight), timeout=HEARTBEAT_S / 2, return_when=FIRST_COMPLETED)
-            _heartbeat(study, [trial for trial, _c, _t in in_flight.values()])
+            send_heartbeats(study, [trial for trial, _c, _t in in_flight.values()])
             for future in finished:
                 trial, config, started = in_flight.pop(future)
                 result = future.result()
@@ -518,11 +512,11 @@ def tune_problem(
                     software=software,
                     study_name=study.study_name,
                     optuna_trial_number=trial.number,
-                    worker=_worker_id(),
-                    started_at=_utc(started),
+                    worker=worker_id(),
+                    started_at=utc(started),
                     cache=policy,
                 )
-                _tell(study, trial, result, duplicate=recorded.duplicate)
+                tell_result(study, trial, result, duplicate=recorded.duplicate)
                 measured_now += 0 if recorded.duplicate else 1
                 if result.ok and (best_us is None or result.median_us < best_us):
                     best_us = result.median_us
@@ -536,13 +530,13 @@ def tune_problem(
         releasing = True
         for future, (trial, _config, _t) in in_flight.items():
             future.cancel()
-            releasing = releasing and _release(study, trial)
+            releasing = releasing and release_trial(study, trial)
 
     confirm_s = confirm_best(kernel, problem, spec, store=store, engine=engine, device=device,
                              software=software, run_id=run_id)
-    _trace_best(kernel, problem, spec, store, engine, device, results_dir, policy)
+    trace_best(kernel, problem, spec, store, engine, device, results_dir, policy)
     emit(Event("done", problem, done_before + measured_now, total, best_us, message=stop_reason))
-    return _report(kernel, problem, device, store, measured_now=measured_now,
+    return build_report(kernel, problem, device, store, measured_now=measured_now,
                    repaired=sampler.repaired, stop_reason=stop_reason, cache=policy,
                    confirm_s=confirm_s)
 
@@ -552,7 +546,7 @@ def confirm_best(
     problem: Problem,
     spec: ProblemSpec,
     *,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     device: DeviceInfo,
     software: Mapping[str, str],
@@ -638,7 +632,7 @@ def _stagnated(study: optuna.Study, patience: int) -> bool:
     return len(values) - 1 - best_at >= patience
 
 
-def _utc(ts: float) -> Any:
+def utc(ts: float) -> Any:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
@@ -654,11 +648,11 @@ def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.
     """
     for _ in range(16):
         try:
-            trial = _new_trial(study, dists)
+            trial = new_trial(study, dists)
         except ExhaustedError:
             trial_id = study.sampler.exhausted_trial_id
             if trial_id is not None:
-                _release(study, oa.trial_number(study, trial_id))
+                release_trial(study, oa.trial_number(study, trial_id))
             return None
         config = Config(trial.params)
         key = space.key(config)
@@ -670,11 +664,11 @@ def _ask(study: optuna.Study, dists: Mapping, space: Any) -> tuple[optuna.trial.
         ]
         if not twins:
             return trial, config
-        _release(study, trial)
+        release_trial(study, trial)
     return None
 
 
-def _new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
+def new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
     """``study.ask(dists)``, with the trial created already tagged with its owner (one
     transaction): a process killed anywhere in between leaves no RUNNING trial of unknown
     owner, which no later run could safely close."""
@@ -683,19 +677,19 @@ def _new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
     template = optuna.trial.FrozenTrial(
         number=-1, state=TrialState.RUNNING, value=None, datetime_start=dt.datetime.now(),
         datetime_complete=None, params={}, distributions={},
-        user_attrs={WORKER_ATTR: _worker_id()}, system_attrs={}, intermediate_values={},
+        user_attrs={WORKER_ATTR: worker_id()}, system_attrs={}, intermediate_values={},
         trial_id=-1,
     )
     trial = oa.create_trial(study, template)  # as study.ask does: sample from fresh trials
     # Its first heartbeat before its params: a trial of a process killed before it (it has no
-    # params) is closed by _close_orphans after GRACE_S; one killed after it goes stale.
-    _heartbeat(study, [trial])
+    # params) is closed by close_orphans after GRACE_S; one killed after it goes stale.
+    send_heartbeats(study, [trial])
     for name, distribution in dists.items():
         oa.suggest(trial, name, distribution)
     return trial
 
 
-def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> bool:
+def release_trial(study: optuna.Study, trial: optuna.trial.Trial | int) -> bool:
     """Closes a trial that was not measured, leaving its config free (FAIL without outcome).
 
     Returns False when the database cannot be written: the trial stays RUNNING until a later
@@ -712,7 +706,7 @@ def _release(study: optuna.Study, trial: optuna.trial.Trial | int) -> bool:
     return True
 
 
-def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *, duplicate: bool) -> None:
+def tell_result(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *, duplicate: bool) -> None:
     """Reports a stored result to the study. The store is the record: if another host already
     closed the trial (its heartbeat looked stale), the result stays stored all the same."""
     try:
@@ -725,8 +719,8 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult, *
         logger.warning("trial %d was closed by another process; its result is stored", trial.number)
 
 
-def _close_orphans(
-    study: optuna.Study, store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm"
+def close_orphans(
+    study: optuna.Study, store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm"
 ) -> None:
     """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
     of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
@@ -745,9 +739,9 @@ def _close_orphans(
         if oa.trial_id(t) in stale:
             pass
         elif not owner or (not t.params and owner_host != host):
-            if _age_s(t.datetime_start) < GRACE_S:
+            if age_s(t.datetime_start) < GRACE_S:
                 continue  # its owner may still be inside study.ask
-        elif owner_host != host or not pid.isdigit() or _alive(int(pid)):
+        elif owner_host != host or not pid.isdigit() or is_alive(int(pid)):
             continue
         orphans.append(t)
     # The store is read only when there are orphans (this runs every scheduler.POLL_S).
@@ -756,7 +750,7 @@ def _close_orphans(
     for t in orphans:
         row = stored.get(Config(t.params).digest()) if t.params else None
         if row is None:
-            _release(study, t.number)
+            release_trial(study, t.number)
         else:
             try:
                 oa.set_trial_system_attr(study, t, OUTCOME_ATTR, row.status)
@@ -785,7 +779,7 @@ def _stale_trial_ids(study: optuna.Study) -> list[int]:
     return oa.stale_trial_ids(study)
 
 
-def _age_s(start: Any) -> float:
+def age_s(start: Any) -> float:
     """Seconds since ``start`` (Optuna's datetimes are naive local time)."""
     import datetime as dt
 
@@ -795,7 +789,7 @@ def _age_s(start: Any) -> float:
     return (now - start).total_seconds()
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -807,8 +801,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _related_winners(
-    store: Any, problem: Problem, device: DeviceInfo, cache: str = "warm", limit: int = 3
+def related_winners(
+    store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm", limit: int = 3
 ) -> list[Mapping[str, Any]]:
     """Best configs of the nearest tuned problems of the same kernel and dtype.
 
@@ -825,7 +819,7 @@ def _related_winners(
         if dist != float("inf"):
             candidates.append((dist, other))
     candidates.sort(key=lambda t: t[0])
-    out = []
+    out: list[Mapping[str, Any]] = []
     for _dist, other in candidates[:limit]:
         best = store.best(other, device_name=device.name, device_kind=device.kind, n=1)
         if best:  # of its own preferred policy: a winner's config is a good seed either way
@@ -833,11 +827,11 @@ def _related_winners(
     return out
 
 
-def _trace_best(
+def trace_best(
     kernel: Kernel,
     problem: Problem,
     spec: ProblemSpec,
-    store: Any,
+    store: TrialStore,
     engine: EngineLike,
     device: DeviceInfo,
     results_dir: str | Path,
@@ -868,11 +862,11 @@ def _trace_best(
             store.record_trace_regions(row.id, regions, str(out_dir))
 
 
-def _report(
+def build_report(
     kernel: Kernel,
     problem: Problem,
     device: DeviceInfo,
-    store: Any,
+    store: TrialStore,
     *,
     measured_now: int,
     repaired: int,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from autotune.errors import JobError
 from autotune.space.kernel import Kernel, register
 from autotune.tuning.jobs import load_job, parse_job
-from tests.test_space import toy_space
+from tests.space.test_space import toy_space
 
 
 def _unused(*args, **kwargs):  # the job parser never builds or runs a kernel
@@ -189,7 +189,7 @@ def test_a_large_job_is_checked_and_every_problem_kept():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from job_check import job_text
 
     job = parse_job(tomllib.loads(job_text(2000)))

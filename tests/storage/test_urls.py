@@ -19,7 +19,7 @@ from autotune.storage.store import Store
 from autotune.storage.urls import display_url, mask_text, resolve_url
 
 PASSWORD = "S3cretPlant"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOFTMAX = Problem("softmax", {"rows": 64, "cols": 1024}, "float16")
 
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from autotune.errors import StorageError
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
-from autotune.storage import rows, schema, urls
+from autotune.storage import connection, rows, schema, urls
 from autotune.storage import store as storage
 from autotune.storage.store import Store
 from autotune.storage.urls import resolve_url
@@ -379,7 +379,7 @@ def test_migration_0001_to_0002_adds_the_lookup_index(db_url: str):
     with Store(db_url) as store:
         record(store, Config(tile=1), timed(5.0))
         with store.engine.begin() as conn:
-            command.downgrade(storage._alembic_config(conn), "0001")
+            command.downgrade(connection._alembic_config(conn), "0001")
         assert "ix_at_trials_rank" not in indexes(store)
     with Store(db_url) as store:  # opening migrates 0001 -> 0002
         assert indexes(store)["ix_at_trials_rank"] == ["problem_id", "status", "median_us"]
@@ -424,7 +424,7 @@ def test_read_only_store_upgrades_an_older_schema_only_when_sound(tmp_path):
         for i in range(300):
             record(store, Config(tile=i), timed(5.0 + i))
         with store.engine.begin() as conn:
-            command.downgrade(storage._alembic_config(conn), "0001")
+            command.downgrade(connection._alembic_config(conn), "0001")
     path = tmp_path / "a.db"
     healthy = path.read_bytes()
     with Store(url, read_only=True) as reader:
@@ -574,7 +574,7 @@ def test_migration_0002_to_0003_keeps_every_row_as_warm(db_url: str):
         first = record(store, Config(tile=1), timed(5.0, 6.0, 7.0))
         store.record_baseline(PROBLEM, "xla", [9.0, 10.0], device=GPU, software=SOFTWARE)
         with store.engine.begin() as conn:
-            command.downgrade(storage._alembic_config(conn), "0002")
+            command.downgrade(connection._alembic_config(conn), "0002")
     with Store(db_url) as store:  # opening migrates 0002 -> 0003
         [row] = store.trials(PROBLEM)
         assert (row.id, row.median_us, row.cache_policy, row.stored_spread) == (first.id, 6.0, "warm", None)

@@ -210,28 +210,28 @@ def test_import_is_one_transaction(db_url, tmp_path, monkeypatch, campaign):
     import sqlalchemy.exc
 
     from autotune.errors import StorageError
-    from autotune.storage import store as storage
+    from autotune.storage import schema, writing
 
     path = _export_file(tmp_path, [_record(config=c, median_us=50.0 + i)
                                    for i, c in enumerate((M1, M2, M3))])
     with Store(db_url):
         pass  # the schema exists: only the import's own writes are counted
-    real = storage._get_or_create
+    real = writing._get_or_create  # what the store's writes call
     calls = {"trials": 0}
 
     def failing(session, model, key, **extra):
-        if model is storage._Configs:
+        if model is schema._Configs:
             calls["trials"] += 1
             if calls["trials"] == 3:
                 raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("disk I/O error"))
         return real(session, model, key, **extra)
 
-    monkeypatch.setattr(storage, "_get_or_create", failing)
+    monkeypatch.setattr(writing, "_get_or_create", failing)
     campaign.add(faults=1)
     with pytest.raises(StorageError):
         import_json(path, db_url)
     assert calls["trials"] == 3
-    monkeypatch.setattr(storage, "_get_or_create", real)
+    monkeypatch.setattr(writing, "_get_or_create", real)
     assert _trial_count(db_url) == 0
     assert import_json(path, db_url) == (3, 0)
 
@@ -303,7 +303,7 @@ def test_exports_and_results_carry_the_policy_the_confirmed_speedup_and_the_ties
     policy, the crowned config, the confirmed speedup with its spread and the tie marks; an
     import keeps the policy."""
     from autotune.tuning.tuner import run_job
-    from tests.test_tuner import PICK_PROBLEM, ConfirmingEngine, _pick_job
+    from tests.tuning.test_tuner import PICK_PROBLEM, ConfirmingEngine, _pick_job
 
     url = f"sqlite:///{tmp_path}/src.db"
     with Store(url) as store:

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.tuning import optuna_adapter as oa
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _rdb(tmp_path, *, heartbeat: int | None = None, grace: int | None = None):

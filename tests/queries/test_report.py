@@ -25,7 +25,7 @@ from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

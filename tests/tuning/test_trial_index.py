@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from autotune.tuning import optuna_adapter, sampling
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler
 from autotune.tuning.tuner import _stagnated
-from tests.test_tuner import PROBLEM, TOY, fake_time
+from tests.tuning.test_tuner import PROBLEM, TOY, fake_time
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -33,7 +33,7 @@ from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
 from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
 from tests.test_faults import REPO, stop_group, stored
-from tests.test_tuner import PROBLEM, TOY, FakeEngine
+from tests.tuning.test_tuner import PROBLEM, TOY, FakeEngine
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -348,7 +348,7 @@ def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys
         run_job(Job("t", (ProblemSpec(done_problem, Budget(trials=6), sampler="random"),)),
                 store=store, engine=FakeEngine())
     study = optuna.load_study(study_name=tuner.study_name(done_problem, FakeEngine().device_info()),
-                              storage=tuner._optuna_storage(url))
+                              storage=tuner.optuna_storage(url))
     live = study.ask(distributions(TOY.valid_space(done_problem)))
     live.set_user_attr(tuner.WORKER_ATTR, "host-x:42")
     optuna_adapter.study_storage(study).record_heartbeat(optuna_adapter.trial_id(live))

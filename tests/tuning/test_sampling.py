@@ -15,7 +15,7 @@ from autotune.tuning.sampling import (
     make_sampler,
     valid_sampler,
 )
-from tests.test_space import PROBLEM, toy_space
+from tests.space.test_space import PROBLEM, toy_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -77,7 +77,7 @@ def test_importing_queries_does_not_import_jax():
         assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
         """
     )
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

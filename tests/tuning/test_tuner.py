@@ -207,7 +207,7 @@ def test_time_budget_stops(tmp_path):
 
 def _worker(url: str, trials: int, out: mp.Queue) -> None:
     try:
-        kernel = get_kernel("tests.test_tuner:TOY", allow_import=True)
+        kernel = get_kernel("tests.tuning.test_tuner:TOY", allow_import=True)
         problem = kernel.problem({"m": 1024, "n": 1024}, "bf16")
         engine = FakeEngine()
         with Store(url) as store:
@@ -234,7 +234,7 @@ def test_several_runners_share_one_job(db_url, workers):
         assert p.exitcode == 0
     flat = [c for m in measured for c in m]
     assert len(flat) == len(set(flat)), "a config was measured twice"
-    kernel = get_kernel("tests.test_tuner:TOY", allow_import=True)
+    kernel = get_kernel("tests.tuning.test_tuner:TOY", allow_import=True)
     with Store(db_url) as store:
         rows = store.trials(kernel.problem({"m": 1024, "n": 1024}, "bf16"))
     assert len(rows) == len(flat) and len(rows) >= 24
@@ -247,7 +247,7 @@ def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, mo
     url = f"sqlite:///{tmp_path}/t.db"
     monkeypatch.setattr(tuner, "GRACE_S", 1)
     device = DeviceInfo(name="fake-gpu", kind="fake")
-    storage = tuner._optuna_storage(url)
+    storage = tuner.optuna_storage(url)
     study = optuna.create_study(study_name=study_name(PROBLEM, device), storage=storage)
     stale_config = {"bm": 256, "bn": 128, "stages": 2, "order": "M"}  # the optimum
     dists = tuner.distributions(TOY.valid_space(PROBLEM))

@@ -1,0 +1,162 @@
+"""The connection to the results database: SQLAlchemy engines (SQLite PRAGMAs, read-only
+and busy timeouts, PostgreSQL), how a database failure is worded, and migrating the schema on
+open (alembic, the ``at_alembic_version`` table). Used by :class:`~.store.Store`."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine
+
+from autotune.errors import StorageError
+
+log = logging.getLogger(__name__)
+
+# Optuna's RDB storage owns ``alembic_version``; ours must not collide with it.
+VERSION_TABLE = "at_alembic_version"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+# Key of the PostgreSQL advisory lock that serialises concurrent migrations ("autotune").
+_PG_MIGRATION_LOCK = 0x6175746F74756E65
+_MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent / "migrations"
+
+
+
+
+def _create_engine(url: URL, *, read_only: bool = False) -> Engine:
+    if url.get_backend_name() != "sqlite":
+        kwargs: dict[str, Any] = {}
+        if url.get_backend_name() == "postgresql":
+            kwargs["pool_pre_ping"] = True  # workers hold a Store for hours
+        return sa.create_engine(url, **kwargs)
+
+    memory = url.database in (None, "", ":memory:")
+    connect_args: dict[str, Any] = {"check_same_thread": False}
+    if not read_only:
+        connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
+    if memory:
+        engine = sa.create_engine(url, connect_args=connect_args, poolclass=sa.pool.StaticPool)
+    else:
+        engine = sa.create_engine(url, connect_args=connect_args)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
+        # sqlite3 must not issue BEGIN itself: _on_begin does, as BEGIN IMMEDIATE for writes.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            if not read_only:  # a read-only URI carries its own timeout
+                cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            if not memory and not read_only:  # switching the journal mode writes the header
+                mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    log.warning("SQLite database %s is in %s mode, not WAL.", url.database, mode)
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: sa.Connection) -> None:
+        # Writers take the write lock up front, so two of them never deadlock on an upgrade
+        # from a read lock; readers in WAL mode never wait.
+        if read_only or connection.get_execution_options().get("autotune_read_only"):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def failure_reason(error: BaseException) -> str:
+    """The database's own words for a failure, under SQLAlchemy's (and Optuna's) wrapping."""
+    if getattr(error, "orig", None) is None and isinstance(error.__cause__, sa_exc.SQLAlchemyError):
+        error = error.__cause__  # Optuna raises its StorageInternalError from SQLAlchemy's
+    # SQLite rolls the whole transaction back on some errors (a full disk, an I/O error): the
+    # savepoint around the failed statement is gone, and "no such savepoint" would hide what
+    # happened. The error being handled when that one was raised says it.
+    while "no such savepoint" in str(error) and error.__context__ is not None:
+        error = error.__context__
+    orig = getattr(error, "orig", None)
+    text = str(orig if orig is not None else error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def damaged_hint(reason: str) -> str:
+    """What to do when ``reason`` (:func:`failure_reason`) says the file is damaged, else ""."""
+    if "malformed" in reason or "not a database" in reason:
+        return ("The database file is damaged and was left as it is: restore it from a backup, "
+                "or move it aside and point AUTOTUNE_DB at another file.")
+    return ""
+
+
+def _open_hint(path: pathlib.Path | None, reason: str) -> str:
+    """What to do when an SQLite file cannot be opened, or nothing for other backends."""
+    if path is None:
+        return ""
+    if damaged_hint(reason):
+        return " " + damaged_hint(reason)
+    if "locked" in reason:
+        return (f" Another process holds a lock on {path.name} for longer than the wait: re-run "
+                "once it is done.")
+    return (
+        f" SQLite must read and write {path.name} and create {path.name}-wal and "
+        f"{path.name}-shm beside it: check that the file and its folder are writable and the "
+        "disk has room, then re-run."
+    )
+
+
+# ----------------------------------------------------------------------------- migrations
+
+
+def _alembic_config(connection: sa.Connection | None = None) -> Any:
+    from alembic.config import Config as AlembicConfig
+
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(_MIGRATIONS_DIR).replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config
+
+
+class _SchemaBehind(StorageError):
+    """A read-only store found a schema older than head (it migrates through a writer)."""
+
+
+def _migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool = False) -> None:
+    """Brings the schema to head; refuses a schema newer than this code. ``read_only``: only
+    checks, raising :class:`_SchemaBehind` when the schema is older than head."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_alembic_config())
+    head = script.get_current_head()
+    known = {rev.revision for rev in script.walk_revisions()}
+
+    def current(connection: sa.Connection) -> set[str]:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        revisions = set(context.get_current_heads())
+        unknown = sorted(revisions - known)
+        if unknown:
+            raise StorageError(
+                f"The database {where} has schema version {', '.join(unknown)}, which this "
+                f"autotune does not know (it knows up to {head}): a newer autotune wrote it. "
+                "Upgrade autotune, or point AUTOTUNE_DB at another database."
+            )
+        return revisions
+
+    # Fast path: a read that takes no write lock, the common case of an up-to-date schema.
+    with read_engine.connect() as connection:
+        if current(connection) == {head}:
+            return
+    if read_only:
+        raise _SchemaBehind(f"The database {where} has an older autotune schema than {head}.")
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+        if current(connection) != {head}:
+            log.info("Upgrading the autotune schema of %s to %s.", where, head)
+            command.upgrade(_alembic_config(connection), "head")

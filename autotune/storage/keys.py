@@ -1,0 +1,194 @@
+"""What every :class:`~.store.Store` method shares: timestamps, the software and device keys,
+get-or-create of a keyed row, the checks of a result's times, and the trial query with the
+:class:`~.rows.TrialRow` it reads."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.problem import Config, Problem
+from autotune.storage.rows import (
+    TrialRow,
+)
+from autotune.storage.schema import (
+    Base,
+    _Configs,
+    _Devices,
+    _Kernels,
+    _Problems,
+    _Software,
+    _TraceRegions,
+    _Trials,
+)
+
+_SOFTWARE_COLUMNS = ("jax", "jaxlib", "autotune")
+_UTC = dt.UTC
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(_UTC)
+
+
+def _check_aware(name: str, value: dt.datetime | None) -> None:
+    if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+        raise ValueError(
+            f"{name} must be timezone-aware, e.g. datetime.now(timezone.utc), but got {value!r}."
+        )
+
+
+def _software_key(software: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(software, Mapping):
+        raise ValueError(
+            f"software must map names to versions, e.g. {{'jax': '0.10.2'}}, but got {software!r}."
+        )
+    for key, value in software.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(
+                f"software must map names to version strings, but got {key!r}: {value!r}."
+            )
+    columns = {name: software.get(name, "") for name in _SOFTWARE_COLUMNS}
+    extra = {k: v for k, v in software.items() if k not in _SOFTWARE_COLUMNS and v}
+    columns["extra"] = json.dumps(extra, sort_keys=True, separators=(",", ":"))
+    if len(columns["extra"]) > 1000:
+        raise ValueError(f"software has too many extra keys to store: {sorted(extra)}.")
+    return columns
+
+
+def _software_dict(row: _Software) -> dict[str, str]:
+    out = {name: getattr(row, name) for name in _SOFTWARE_COLUMNS if getattr(row, name)}
+    out.update(json.loads(row.extra or "{}"))
+    return out
+
+
+def _device_info(row: _Devices) -> DeviceInfo:
+    return DeviceInfo(
+        name=row.name, kind=row.kind, compute_capability=row.compute_capability, driver=row.driver
+    )
+
+
+def _problem(kernel: _Kernels, row: _Problems) -> Problem:
+    return Problem(kernel.name, json.loads(row.shape_json), row.dtype)
+
+
+def _get_or_create(session: Session, model: type[Base], key: Mapping[str, Any], **extra: Any) -> int:
+    """The id of the row matching ``key``, inserting it (with ``extra``) if missing.
+
+    Race-safe: of two transactions inserting the same row, the second waits for the first,
+    fails on the unique constraint inside a savepoint, and reads the first one's row.
+    """
+    query = sa.select(model.id).filter_by(**key)  # type: ignore[attr-defined]
+    found = session.scalar(query)
+    if found is not None:
+        return int(found)
+    row = model(**key, **extra)
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except sa_exc.IntegrityError:
+        found = session.scalar(query)
+        if found is None:
+            raise
+        return int(found)
+    return int(row.id)  # type: ignore[attr-defined]
+
+
+def _samples(samples_us: Sequence[float], what: str) -> tuple[float, ...]:
+    values = tuple(float(s) for s in samples_us)
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{what} must be a non-empty sequence of finite times, but got {values!r}.")
+    return values
+
+
+def _check_times(result: TrialResult) -> None:
+    """Non-finite times are never stored (they would break strict JSON and exports)."""
+    if not all(math.isfinite(float(v)) for v in result.samples_us):
+        raise ValueError(
+            f"a trial's times must be finite numbers of microseconds, but got {result.samples_us!r}."
+        )
+
+
+# SQLite files a writer found sound in this process: (path, size, mtime) as checked.
+
+
+def _policy(cache: str) -> str:
+    from autotune.evaluation.trial import CACHE_POLICIES
+
+    if cache not in CACHE_POLICIES:
+        raise ValueError(
+            f"cache policy must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}."
+        )
+    return cache
+
+
+def _device_key(device: DeviceInfo) -> dict[str, str]:
+    return {
+        "name": device.name,
+        "kind": device.kind,
+        "compute_capability": device.compute_capability,
+        "driver": device.driver,
+    }
+
+
+def _device_filter(query: Any, device_name: str | None, device_kind: str | None) -> Any:
+    if device_kind is not None:
+        query = query.where(_Devices.kind == device_kind)
+    if device_name is not None:
+        query = query.where(_Devices.name == device_name)
+    return query
+
+
+def _trial_query() -> Any:
+    traced = sa.exists().where(_TraceRegions.trial_id == _Trials.id).label("traced")
+    return (
+        sa.select(_Trials, _Problems, _Kernels, _Configs, _Devices, _Software, traced)
+        .join(_Problems, _Problems.id == _Trials.problem_id)
+        .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+        .join(_Configs, _Configs.id == _Trials.config_id)
+        .join(_Devices, _Devices.id == _Trials.device_id)
+        .join(_Software, _Software.id == _Trials.software_id)
+    )
+
+
+def _trial_row(
+    t: _Trials,
+    p: _Problems,
+    k: _Kernels,
+    c: _Configs,
+    d: _Devices,
+    s: _Software,
+    traced: bool,
+) -> TrialRow:
+    return TrialRow(
+        id=t.id,
+        problem=_problem(k, p),
+        config=Config.from_json(c.config_json),
+        device=_device_info(d),
+        software=_software_dict(s),
+        status=Outcome(t.status),
+        median_us=t.median_us,
+        min_us=t.min_us,
+        max_us=t.max_us,
+        samples_us=t.samples_us,
+        compile_s=t.compile_s,
+        rel_error=t.rel_error,
+        timing=t.timing,
+        error=t.error,
+        study_name=t.study_name,
+        optuna_trial_number=t.optuna_trial_number,
+        worker=t.worker,
+        host=t.host,
+        started_at=t.started_at,
+        finished_at=t.finished_at,
+        traced=bool(traced),
+        cache_policy=t.cache_policy,
+        stored_spread=t.spread,
+    )

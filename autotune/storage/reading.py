@@ -1,0 +1,466 @@
+"""Reading the results database: trials, the best configs, baselines, trace regions, problems,
+devices, job runs, confirmation rounds and per-problem summaries, as frozen rows.
+:class:`_StoreReads` is a part of :class:`~.store.Store` (its base class)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome
+from autotune.space.problem import Config, Problem
+from autotune.storage.keys import (
+    _SOFTWARE_COLUMNS,
+    _device_filter,
+    _device_info,
+    _device_key,
+    _policy,
+    _problem,
+    _software_dict,
+    _software_key,
+    _trial_query,
+    _trial_row,
+)
+from autotune.storage.rows import (
+    BaselineRow,
+    ConfirmationRow,
+    ConfirmedProgram,
+    ProblemSummary,
+    RunRow,
+    TraceRegionRow,
+    TrialRow,
+)
+from autotune.storage.schema import (
+    _Baselines,
+    _Configs,
+    _ConfirmationPrograms,
+    _Confirmations,
+    _Devices,
+    _Kernels,
+    _Problems,
+    _Runs,
+    _Software,
+    _TraceRegions,
+    _Trials,
+)
+
+log = logging.getLogger("autotune.storage.store")
+
+
+class _StoreReads:
+    """The reading half of :class:`~.store.Store`."""
+
+    if TYPE_CHECKING:  # provided by Store
+        _where: str
+
+        def _write(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
+        def _read(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
+
+    def finished_digests(
+        self,
+        problem: Problem,
+        *,
+        device: DeviceInfo | None = None,
+        software: Mapping[str, str] | None = None,
+        cache: str | None = None,
+    ) -> set[str]:
+        """Digests of the configs of ``problem`` with a stored trial (any outcome).
+
+        ``device``, ``software`` and ``cache``, when given, restrict to trials on exactly that
+        device and software, timed with that cache policy: the configs a worker there must not
+        measure again.
+        """
+        query = (
+            sa.select(_Configs.digest)
+            .join(_Trials, _Trials.config_id == _Configs.id)
+            .join(_Problems, _Problems.id == _Trials.problem_id)
+            .where(_Problems.digest == problem.digest())
+        )
+        if device is not None:
+            query = query.join(_Devices, _Devices.id == _Trials.device_id).filter_by(
+                **_device_key(device)
+            )
+        if software is not None:
+            query = query.join(_Software, _Software.id == _Trials.software_id).filter_by(
+                **_software_key(software)
+            )
+        if cache is not None:
+            query = query.where(_Trials.cache_policy == _policy(cache))
+        with self._read("read finished configs") as session:
+            return set(session.scalars(query))
+
+    def trials(
+        self,
+        problem: Problem | None = None,
+        *,
+        kernel: str | None = None,
+        device_name: str | None = None,
+        status: Outcome | str | None = None,
+        device_kind: str | None = None,
+        dtype: str | None = None,
+        cache: str | None = None,
+    ) -> list[TrialRow]:
+        """Stored trials, oldest first, filtered by problem, kernel, device name and kind,
+        outcome, dtype and cache policy."""
+        query = _trial_query()
+        if problem is not None:
+            query = query.where(_Problems.digest == problem.digest())
+        if kernel is not None:
+            query = query.where(_Kernels.name == kernel)
+        if dtype is not None:
+            query = query.where(_Problems.dtype == dtype)
+        query = _device_filter(query, device_name, device_kind)
+        if status is not None:
+            query = query.where(_Trials.status == Outcome(status).value)
+        if cache is not None:
+            query = query.where(_Trials.cache_policy == _policy(cache))
+        with self._read("read trials") as session:
+            return [_trial_row(*row) for row in session.execute(query.order_by(_Trials.id))]
+
+    def trial(self, trial_id: int) -> TrialRow | None:
+        """The trial with id ``trial_id``, or None."""
+        with self._read("read a trial") as session:
+            row = session.execute(_trial_query().where(_Trials.id == trial_id)).first()
+            return None if row is None else _trial_row(*row)
+
+    def best(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        n: int = 1,
+        versions: Mapping[str, str] | None = None,
+        cache: str | None = None,
+    ) -> list[TrialRow]:
+        """The ``n`` fastest ok trials of ``problem`` (lowest median first).
+
+        Only devices of ``device_kind`` count (None: any kind), so GPU and interpret-mode
+        times never mix; ``device_name`` further restricts to one device model. ``versions``
+        (``{"jax": ..., "jaxlib": ...}``) restricts to trials measured with exactly those
+        versions of the keys it gives. ``cache`` restricts to one cache policy; without it,
+        the policy is the one :meth:`preferred_policy` picks, so that times of two policies
+        are never ranked together.
+        """
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, but got {n!r}.")
+        query = (
+            _trial_query()
+            .where(_Problems.digest == problem.digest())
+            .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+        )
+        query = _device_filter(query, device_name, device_kind)
+        if cache is None:
+            cache = self.preferred_policy(problem, device_name=device_name, device_kind=device_kind)
+        query = query.where(_Trials.cache_policy == _policy(cache))
+        for key, value in (versions or {}).items():
+            if key not in _SOFTWARE_COLUMNS:
+                raise ValueError(
+                    f"versions may name {', '.join(_SOFTWARE_COLUMNS)}, but got {key!r}."
+                )
+            query = query.where(getattr(_Software, key) == value)
+        query = query.order_by(_Trials.median_us, _Trials.id).limit(n)
+        with self._read("read the best trials") as session:
+            return [_trial_row(*row) for row in session.execute(query)]
+
+    def preferred_policy(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+    ) -> str:
+        """The cache policy whose results answer for ``problem`` on these devices: ``cold``
+        when it has an ok trial timed cold there, else ``warm`` (one query)."""
+        query = (
+            sa.select(_Trials.id)
+            .join(_Problems, _Problems.id == _Trials.problem_id)
+            .join(_Devices, _Devices.id == _Trials.device_id)
+            .where(_Problems.digest == problem.digest())
+            .where(_Trials.status == Outcome.OK.value, _Trials.cache_policy == "cold")
+        )
+        query = _device_filter(query, device_name, device_kind).limit(1)
+        with self._read("read the cache policies") as session:
+            return "cold" if session.scalar(query) is not None else "warm"
+
+    def baseline(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        name: str | None = None,
+        cache: str | None = None,
+    ) -> BaselineRow | None:
+        """The fastest stored baseline of ``problem`` (of ``name``, if given), or None."""
+        rows = self.baselines(
+            problem, device_name=device_name, device_kind=device_kind, name=name, cache=cache
+        )
+        return rows[0] if rows else None
+
+    def baselines(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        name: str | None = None,
+        cache: str | None = None,
+    ) -> list[BaselineRow]:
+        """Stored baselines of ``problem``, fastest first (of one cache policy, if given)."""
+        query = (
+            sa.select(_Baselines, _Problems, _Kernels, _Devices, _Software)
+            .join(_Problems, _Problems.id == _Baselines.problem_id)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .join(_Devices, _Devices.id == _Baselines.device_id)
+            .join(_Software, _Software.id == _Baselines.software_id)
+            .where(_Problems.digest == problem.digest())
+        )
+        if name is not None:
+            query = query.where(_Baselines.name == name)
+        if cache is not None:
+            query = query.where(_Baselines.cache_policy == _policy(cache))
+        query = _device_filter(query, device_name, device_kind)
+        query = query.order_by(_Baselines.median_us, _Baselines.id)
+        with self._read("read baselines") as session:
+            return [
+                BaselineRow(
+                    id=b.id,
+                    problem=_problem(k, p),
+                    device=_device_info(d),
+                    software=_software_dict(s),
+                    name=b.name,
+                    median_us=b.median_us,
+                    min_us=b.min_us,
+                    max_us=b.max_us,
+                    samples_us=b.samples_us,
+                    measured_at=b.measured_at,
+                    cache_policy=b.cache_policy,
+                    spread=b.spread,
+                )
+                for b, p, k, d, s in session.execute(query)
+            ]
+
+    def trace_regions(self, trial_id: int) -> list[TraceRegionRow]:
+        """The trace regions stored for a trial, by region name."""
+        query = (
+            sa.select(_TraceRegions)
+            .where(_TraceRegions.trial_id == trial_id)
+            .order_by(_TraceRegions.region)
+        )
+        with self._read("read trace regions") as session:
+            return [
+                TraceRegionRow(r.trial_id, r.region, r.median_us, r.count, r.trace_path)
+                for r in session.scalars(query)
+            ]
+
+    def problems(self, kernel: str | None = None) -> list[Problem]:
+        """The problems with anything stored, by kernel name then insertion order."""
+        query = sa.select(_Kernels, _Problems).join(_Problems, _Problems.kernel_id == _Kernels.id)
+        if kernel is not None:
+            query = query.where(_Kernels.name == kernel)
+        query = query.order_by(_Kernels.name, _Problems.id)
+        with self._read("read problems") as session:
+            return [_problem(k, p) for k, p in session.execute(query)]
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every device with anything stored."""
+        query = sa.select(_Devices).order_by(_Devices.kind, _Devices.name, _Devices.id)
+        with self._read("read devices") as session:
+            return [_device_info(d) for d in session.scalars(query)]
+
+    def runs(self) -> list[RunRow]:
+        """Every job run, oldest first."""
+        query = sa.select(_Runs, _Devices).join(_Devices, _Devices.id == _Runs.device_id)
+        with self._read("read job runs") as session:
+            return [
+                RunRow(
+                    id=r.id, job=r.job, device=_device_info(d), host=r.host,
+                    cache_policy=r.cache_policy, started_at=r.started_at,
+                    finished_at=r.finished_at, clocks_before=json.loads(r.clocks_before),
+                    clocks_after=None if r.clocks_after is None else json.loads(r.clocks_after),
+                    warnings=tuple(json.loads(r.warnings or "[]")),
+                )
+                for r, d in session.execute(query.order_by(_Runs.id))
+            ]
+
+    def confirmations(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        cache: str | None = None,
+        limit: int | None = None,
+    ) -> list[ConfirmationRow]:
+        """The stored confirmation rounds of ``problem``, newest first (the newest ``limit``)."""
+        query = (
+            sa.select(_Confirmations.id)
+            .join(_Problems, _Problems.id == _Confirmations.problem_id)
+            .join(_Devices, _Devices.id == _Confirmations.device_id)
+            .where(_Problems.digest == problem.digest())
+        )
+        if cache is not None:
+            query = query.where(_Confirmations.cache_policy == _policy(cache))
+        query = _device_filter(query, device_name, device_kind)
+        query = query.order_by(_Confirmations.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read("read confirmation rounds") as session:
+            ids = [int(i) for i in session.scalars(query)]
+        rows = dict(self._confirmation_rows(ids)).values()
+        return sorted(rows, key=lambda r: -r.id)
+
+    def _confirmation_rows(self, ids: Sequence[int]) -> list[tuple[int, ConfirmationRow]]:
+        """(problem id, row) of the confirmations ``ids``, with their programs."""
+        if not ids:
+            return []
+        query = (
+            sa.select(_Confirmations, _Problems, _Kernels, _Devices, _Software)
+            .join(_Problems, _Problems.id == _Confirmations.problem_id)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .join(_Devices, _Devices.id == _Confirmations.device_id)
+            .join(_Software, _Software.id == _Confirmations.software_id)
+            .where(_Confirmations.id.in_(list(ids)))
+        )
+        programs_q = (
+            sa.select(_ConfirmationPrograms, _Configs)
+            .join(_Trials, _Trials.id == _ConfirmationPrograms.trial_id)
+            .join(_Configs, _Configs.id == _Trials.config_id)
+            .where(_ConfirmationPrograms.confirmation_id.in_(list(ids)))
+            .order_by(_ConfirmationPrograms.confirmation_id, _ConfirmationPrograms.position)
+        )
+        with self._read("read confirmation rounds") as session:
+            programs: dict[int, list[ConfirmedProgram]] = {}
+            for p, c in session.execute(programs_q):
+                programs.setdefault(p.confirmation_id, []).append(ConfirmedProgram(
+                    trial_id=p.trial_id, config=Config.from_json(c.config_json),
+                    position=p.position, rounds_us=p.rounds_us, median_us=p.median_us,
+                    spread=p.spread, diff=p.diff, noise=p.noise, tie=bool(p.tie),
+                    crowned=bool(p.crowned),
+                ))
+            out = []
+            for c, p, k, d, s in session.execute(query):
+                out.append((p.id, ConfirmationRow(
+                    id=c.id, problem=_problem(k, p), device=_device_info(d),
+                    software=_software_dict(s), cache_policy=c.cache_policy, rounds=c.rounds,
+                    iterations=c.iterations, crowned_trial_id=c.crowned_trial_id,
+                    fastest_trial_id=c.fastest_trial_id, baseline_name=c.baseline_name,
+                    baseline_median_us=c.baseline_median_us, baseline_spread=c.baseline_spread,
+                    baseline_rounds_us=c.baseline_rounds_us, speedup=c.speedup,
+                    speedup_spread=c.speedup_spread, speedup_low=c.speedup_low,
+                    speedup_high=c.speedup_high, created_at=c.created_at, run_id=c.run_id,
+                    programs=tuple(programs.get(c.id, ())),
+                )))
+        return out
+
+    def summaries(
+        self,
+        *,
+        kernel: str | None = None,
+        dtype: str | None = None,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+    ) -> list[ProblemSummary]:
+        """One summary per (problem, device name, device kind, cache policy) with stored trials;
+        each carries its policy's newest confirmation round, if any."""
+        group = (_Trials.problem_id, _Devices.name, _Devices.kind, _Trials.cache_policy)
+
+        def filtered(query: Any) -> Any:
+            query = (
+                query.join(_Devices, _Devices.id == _Trials.device_id)
+                .join(_Problems, _Problems.id == _Trials.problem_id)
+                .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            )
+            if kernel is not None:
+                query = query.where(_Kernels.name == kernel)
+            if dtype is not None:
+                query = query.where(_Problems.dtype == dtype)
+            return _device_filter(query, device_name, device_kind)
+
+        counts_q = filtered(sa.select(*group, _Trials.status, sa.func.count()).select_from(_Trials))
+        counts_q = counts_q.group_by(*group, _Trials.status)
+        rank = sa.func.row_number().over(partition_by=group, order_by=(_Trials.median_us, _Trials.id))
+        ranked = filtered(
+            sa.select(*group, _Trials.id, _Trials.median_us, _Configs.config_json, rank.label("rank"))
+            .select_from(_Trials)
+            .join(_Configs, _Configs.id == _Trials.config_id)
+            .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+        ).subquery()
+        best_q = sa.select(ranked).where(ranked.c.rank == 1)
+        base_rank = sa.func.row_number().over(
+            partition_by=(_Baselines.problem_id, _Devices.name, _Devices.kind,
+                          _Baselines.cache_policy),
+            order_by=(_Baselines.median_us, _Baselines.id),
+        )
+        base_sub = (
+            sa.select(
+                _Baselines.problem_id, _Devices.name, _Devices.kind, _Baselines.cache_policy,
+                _Baselines.name.label("baseline"), _Baselines.median_us, base_rank.label("rank"),
+            )
+            .join(_Devices, _Devices.id == _Baselines.device_id)
+            .subquery()
+        )
+        base_q = sa.select(base_sub).where(base_sub.c.rank == 1)
+
+        with self._read("summarise results") as session:
+            trials: dict[tuple[int, str, str, str], dict[str, int]] = {}
+            for problem_id, name, kind, policy, status, count in session.execute(counts_q):
+                trials.setdefault((problem_id, name, kind, policy), {})[status] = int(count)
+            best = {
+                (r.problem_id, r.name, r.kind, r.cache_policy):
+                    (r.id, r.median_us, json.loads(r.config_json))
+                for r in session.execute(best_q)
+            }
+            baselines = {
+                (r.problem_id, r.name, r.kind, r.cache_policy): (r.baseline, r.median_us)
+                for r in session.execute(base_q)
+            }
+            newest = (
+                sa.select(sa.func.max(_Confirmations.id))
+                .join(_Devices, _Devices.id == _Confirmations.device_id)
+                .where(_Confirmations.problem_id.in_(sorted({k[0] for k in trials})))
+                .group_by(_Confirmations.problem_id, _Devices.name, _Devices.kind,
+                          _Confirmations.cache_policy)
+            )
+            confirmation_ids = [int(i) for i in session.scalars(newest)]
+            problem_ids = sorted({key[0] for key in trials})
+            problems = {
+                p.id: _problem(k, p)
+                for k, p in session.execute(
+                    sa.select(_Kernels, _Problems)
+                    .join(_Problems, _Problems.kernel_id == _Kernels.id)
+                    .where(_Problems.id.in_(problem_ids))
+                )
+            }
+        confirmations = {
+            (problem_id, c.device.name, c.device.kind, c.cache_policy): c
+            for problem_id, c in self._confirmation_rows(confirmation_ids)
+        }
+        out = []
+        for key in sorted(trials, key=lambda k: (problems[k[0]].kernel, k[0], k[2], k[1], k[3])):
+            best_id, best_us, best_config = best.get(key, (None, None, None))
+            baseline_name, baseline_us = baselines.get(key, (None, None))
+            confirmation = confirmations.get(key)
+            out.append(
+                ProblemSummary(
+                    problem=problems[key[0]],
+                    device=key[1],
+                    device_kind=key[2],
+                    by_status=trials[key],
+                    best_us=best_us,
+                    best_config=best_config,
+                    best_trial_id=best_id,
+                    baseline_name=baseline_name,
+                    baseline_us=baseline_us,
+                    cache_policy=key[3],
+                    confirmation=confirmation,
+                )
+            )
+        return out
