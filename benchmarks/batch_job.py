@@ -207,6 +207,12 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
                 contextlib.closing(sqlite3.connect(kept)) as dst:
             src.backup(dst)
     builds = [e.t for e in timeline if e.stage == "build"]
+    # The first trial's path: each stage of the trial task that finished first, from the start.
+    dones = [e for e in timeline if e.stage == "done" and getattr(e, "kind", "trial") == "trial"]
+    first_done = min(dones, key=lambda e: e.t, default=None)
+    first_path = [] if first_done is None else [
+        (e.stage, round(e.t - t0, 3)) for e in sorted(timeline, key=lambda e: e.t)
+        if e.task_id == first_done.task_id]
     problems = []
     for r in reports:
         problems.append({
@@ -227,6 +233,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         "gpu_busy": _busy_s(timeline) / wall if wall else 0.0,
         "first_compile_s": (min(builds) - t0) if builds else None,
         "first_trial_s": (first_trial[0] - t0) if first_trial else None,
+        "first_trial_path": first_path,
         **marks,
         "measured_twice": len(digests) - len(set(digests)),
         "invalid": sum(p["by_status"].get("invalid", 0) for p in problems),
@@ -248,6 +255,9 @@ def print_run(m: dict[str, Any]) -> None:
     print(f"path to the first compile: first worker ready {_fmt(m.get('first_worker_ready_s'), '.2f')} s, "
           f"first config submitted {_fmt(m.get('first_submit_s'), '.2f')} s (this process had "
           f"{'' if m.get('main_imported_jax_by_first_submit') else 'not '}imported jax)")
+    if m.get("first_trial_path"):
+        print("path of the first trial: " + ", ".join(
+            f"{stage} {t:.2f}" for stage, t in m["first_trial_path"]))
     print(f"  {'problem':<60} {'trials':>6} {'best us':>9} {'baseline us':>12} {'speedup':>8}")
     for p in m["problems"]:
         print(f"  {p['problem'][:60]:<60} {p['trials']:>6} {_fmt(p['best_us'], '.1f'):>9} "

@@ -13,9 +13,11 @@ Per problem, with the engine of the tuner (worker processes, CUPTI, the L2 flush
    neighbours, ``--top`` in all) and the baseline, as a search does (``--iterations`` runs);
 2. **the confirmation round** of each policy (``Engine.confirm`` + ``analyse_confirmation``):
    ``--rounds`` interleaved rounds of ``--confirm-iterations`` runs per program; its wall time;
-3. **an independent re-time** in a fresh engine (new processes, new compiles and inputs, another
-   moment): the crowned config and the baseline, interleaved, ``--retime-rounds`` rounds; its
-   median per-round speedup against the confirmed one.
+3. **an independent re-time** in a fresh engine (new processes and inputs, another moment; the
+   same two programs, loaded from the run's compilation cache: compiled again, XLA's autotuning
+   may pick another cuBLAS algorithm, 171.7 against 174.0 us at 4096^3 on 2026-12-03): the
+   crowned config and the baseline, interleaved, ``--retime-rounds`` rounds; its median
+   per-round speedup against the confirmed one.
 
 In interpret mode (CPU; small shapes, wall-clock timing) only ``warm`` exists: there is no L2
 to flush. Prints a table and writes every figure to ``--out`` (JSON).
@@ -31,6 +33,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -40,7 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
-from autotune.tuning.confirmation import Candidate, analyse_confirmation  # noqa: E402
+from autotune.tuning.confirmation import (  # noqa: E402
+    CONFIRM_MIN_ROUNDS,
+    DEFAULT_CONFIRM_ROUNDS,
+    Candidate,
+    analyse_confirmation,
+    needs_another_round,
+    sized_iterations,
+)
 
 GPU_PROBLEMS = (
     "hopper_matmul:m=4096,n=4096,k=4096:bfloat16",
@@ -69,20 +79,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="use this config as the winner for every problem of KERNEL")
     p.add_argument("--top", type=int, help="configs confirmed per problem (default 5; 2 on CPU)")
     p.add_argument("--iterations", type=int, help="search timing runs (default 20; 2 on CPU)")
-    p.add_argument("--rounds", type=int, help="confirmation rounds (default 5; 2 on CPU)")
+    p.add_argument("--rounds", type=int,
+                   help="confirmation rounds (default: adaptive, as the tuner's; 2 on CPU)")
     p.add_argument("--confirm-iterations", type=int,
-                   help="runs per program per round (default 50; 2 on CPU)")
+                   help="runs per program per round (default: sized by each program's time, "
+                        "as the tuner's confirmation sizes them; 2 on CPU)")
     p.add_argument("--retime-rounds", type=int, help="independent re-time rounds (default 5; 2 on CPU)")
     p.add_argument("--workers-per-gpu", type=int, default=None)
+    p.add_argument("--compilation-cache", metavar="DIR",
+                   help="JAX's compilation cache shared by every engine of the run, keeping every "
+                        "compile (default: a new temporary folder; 'off': none). The independent "
+                        "re-time then times the same two programs: XLA's autotuning can pick "
+                        "another cuBLAS algorithm when the baseline is compiled again")
     p.add_argument("--out", required=True, help="JSON output path")
     args = p.parse_args(argv)
+    if args.compilation_cache is None:
+        args.compilation_cache = tempfile.mkdtemp(prefix="measurement-jax-cache-")
+    if args.compilation_cache == "off":
+        args.compilation_cache = None
+    else:
+        # Every compile is kept (JAX keeps only those over 1 s by default): the workers, started
+        # after this, inherit it.
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     cpu = args.device == "interpret"
-    for name, gpu_default, cpu_default in (("top", 5, 2), ("iterations", 20, 2), ("rounds", 5, 2),
-                                           ("confirm_iterations", 50, 2),
+    for name, gpu_default, cpu_default in (("top", 5, 2), ("iterations", 20, 2), ("rounds", None, 2),
+                                           ("confirm_iterations", None, 2),
                                            ("retime_rounds", 5, 2)):
         if getattr(args, name) is None:
             setattr(args, name, cpu_default if cpu else gpu_default)
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     args.problem = args.problem or list(CPU_PROBLEMS if cpu else GPU_PROBLEMS)
     return args
@@ -139,6 +164,37 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _analyse(ok: list[tuple[Config, Any]], table: list[list[Any]], default: Any) -> Any:
+    """The confirmation of ``table`` (None when a program failed in it)."""
+    n = len(ok)
+    kept = [i for i in range(n) if all(row[i].ok for row in table)]
+    if not (kept and all(row[n].ok for row in table)):
+        return None
+    return analyse_confirmation(
+        [Candidate(ok[i][0], tuple(row[i].samples_us for row in table),
+                   search_us=ok[i][1].median_us) for i in kept],
+        [row[n].samples_us for row in table], default_config=default)
+
+
+def confirm_like_the_tuner(engine: Any, kernel: Any, problem: Problem,
+                           ok: list[tuple[Config, Any]], counts: list[int], rounds: int | None,
+                           default: Any) -> tuple[list[list[Any]], Any]:
+    """The confirmation round as ``tuner.confirm_best`` times it: ``rounds`` rounds, or
+    (None) adaptive ones: CONFIRM_MIN_ROUNDS, then one more while ``needs_another_round``."""
+    def more(n_rounds: int, first: int) -> list[list[Any]]:
+        return engine.confirm(kernel.name, problem, [c for c, _ in ok], rounds=n_rounds,
+                              first_round=first, iterations=counts,
+                              medians_us=[r.median_us for _, r in ok])
+
+    table = more(rounds or CONFIRM_MIN_ROUNDS, 0)
+    conf = _analyse(ok, table, default)
+    while (rounds is None and conf is not None and len(table) < DEFAULT_CONFIRM_ROUNDS
+           and needs_another_round(conf)):
+        table += more(1, len(table))
+        conf = _analyse(ok, table, default)
+    return table, conf
+
+
 def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[Any, Problem]],
                    ) -> dict[str, Any]:
     """Search timings, baseline and confirmation round of every problem under ``policy``."""
@@ -146,7 +202,8 @@ def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[A
 
     out: dict[str, Any] = {}
     with Engine(args.device, cache=policy, iterations=args.iterations,
-                workers_per_gpu=args.workers_per_gpu) as engine:
+                workers_per_gpu=args.workers_per_gpu,
+                compilation_cache=args.compilation_cache) as engine:
         for kernel, problem in problems:
             configs = candidates(kernel, problem, args)
             t0 = time.monotonic()
@@ -169,19 +226,16 @@ def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[A
             if ok and baseline.ok:
                 ok.sort(key=lambda cr: cr[1].median_us)
                 t0 = time.monotonic()
-                table = engine.confirm(kernel.name, problem, [c for c, _ in ok],
-                                       rounds=args.rounds, iterations=args.confirm_iterations,
-                                       medians_us=[r.median_us for _, r in ok])
+                counts = [sized_iterations(r.median_us, args.confirm_iterations) for _, r in ok]
+                counts.append(sized_iterations(baseline.median_us, args.confirm_iterations))
+                entry["confirm_iterations"] = counts
+                default = kernel.default_config(problem) if kernel.default_config else None
+                table, conf = confirm_like_the_tuner(engine, kernel, problem, ok, counts,
+                                                     args.rounds, default)
                 confirm_s = time.monotonic() - t0
-                n = len(ok)
-                kept = [i for i in range(n) if all(row[i].ok for row in table)]
-                if kept and all(row[n].ok for row in table):
-                    default = kernel.default_config(problem) if kernel.default_config else None
-                    conf = analyse_confirmation(
-                        [Candidate(ok[i][0], tuple(row[i].samples_us for row in table),
-                                   search_us=ok[i][1].median_us) for i in kept],
-                        [row[n].samples_us for row in table], default_config=default)
+                if conf is not None:
                     entry["confirmation"] = {
+                        "rounds": len(table),
                         "seconds": confirm_s,
                         "crowned": dict(conf.winner.config or {}),
                         "crowned_is_winner": Config(conf.winner.config or {}).digest()
@@ -213,7 +267,7 @@ def independent_retime(args: argparse.Namespace, policy: str, problems: list[tup
 
     out: dict[str, Any] = {}
     with Engine(args.device, cache=policy, iterations=args.iterations,
-                workers_per_gpu=1) as engine:
+                workers_per_gpu=1, compilation_cache=args.compilation_cache) as engine:
         for kernel, problem in problems:
             config = crowned.get(str(problem))
             if config is None:
@@ -222,11 +276,16 @@ def independent_retime(args: argparse.Namespace, policy: str, problems: list[tup
             if not first.ok:
                 out[str(problem)] = {"error": first.error[-300:]}
                 continue
+            base_first = engine.baseline(kernel.name, problem)
+            base_first_us = base_first.median_us if base_first.ok else None
             ratios, kernel_us, base_us = [], [], []
             for _ in range(args.retime_rounds):
                 k = engine.retime(kernel.name, problem, Config(config),
-                                  iterations=args.confirm_iterations)
-                b = engine.retime(kernel.name, problem, None, iterations=args.confirm_iterations)
+                                  iterations=sized_iterations(first.median_us,
+                                                              args.confirm_iterations))
+                b = engine.retime(kernel.name, problem, None,
+                                  iterations=sized_iterations(base_first_us,
+                                                              args.confirm_iterations))
                 if not (k.ok and b.ok):
                     break
                 kernel_us.append(k.median_us)

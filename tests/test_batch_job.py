@@ -55,5 +55,8 @@ def test_a_fake_job_reports_rates_breakdown_and_keeps_its_database(batch_job, tm
     figures = json.loads(out.read_text())["scheduled"]
     assert figures["trials"] == 14 and figures["measured_twice"] == 0
     assert figures["breakdown"]["trial first"]["build->lower"]["n"] >= 1
+    path = [stage for stage, _ in figures["first_trial_path"]]
+    assert path[0] == "build" and path[-1] == "done" and "device" in path, path
+    assert figures["first_trial_path"][-1][1] == pytest.approx(figures["first_trial_s"], abs=1.0)
     with sqlite3.connect(tmp_path / "db" / "scheduled.db") as db:
         assert db.execute("select count(*) from at_trials").fetchone()[0] >= 14

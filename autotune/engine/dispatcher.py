@@ -342,12 +342,16 @@ class Engine(_TaskQueue, _WorkerPool):
         configs: Sequence[Config],
         *,
         rounds: int,
-        iterations: int,
+        iterations: int | Sequence[int],
         baseline: bool = True,
         medians_us: Sequence[float | None] | None = None,
+        first_round: int = 0,
     ) -> list[list[TrialResult]]:
         """The confirmation round's timings: per round, one :class:`TrialResult` per program
-        (``configs`` in order, then the baseline when ``baseline``).
+        (``configs`` in order, then the baseline when ``baseline``). ``iterations``: timed
+        runs per program and round, one count for all or one per program (the baseline last).
+        ``first_round``: the index of the first round timed here, so that rounds added later
+        go on with the rotation.
 
         Programs are timed one after another in the order of
         :func:`autotune.evaluation.trial.round_order` (A B C base, then B C base A, ...), each for
@@ -373,14 +377,19 @@ class Engine(_TaskQueue, _WorkerPool):
                     if slot is None or self._slots[slot] != gpu:
                         self._timed_on[key] = here[n % len(here)]
         medians = list(medians_us or [None] * len(configs)) + [None]
+        counts = ([int(iterations)] * len(programs) if isinstance(iterations, int)
+                  else [int(n) for n in iterations])
+        if len(counts) != len(programs):
+            raise ValueError(f"confirm() needs one iteration count per program ({len(programs)}), "
+                             f"but got {len(counts)}.")
         table: list[list[TrialResult | None]] = [[None] * len(programs) for _ in range(rounds)]
         failed: dict[int, TrialResult] = {}
-        for r, order in enumerate(round_order(len(programs), rounds)):
+        for r, order in enumerate(round_order(len(programs), first_round + rounds)[first_round:]):
             for i in order:
                 if i in failed:
                     table[r][i] = failed[i]
                     continue
-                result = self.retime(kernel_name, problem, programs[i], iterations=iterations,
+                result = self.retime(kernel_name, problem, programs[i], iterations=counts[i],
                                      median_us=medians[i])
                 if not result.ok:
                     failed[i] = result

@@ -39,7 +39,8 @@ log = logging.getLogger("autotune.engine.dispatcher")
 
 # Stages (see autotune.evaluation.contract.Stage) in which a config's own code is executing. "device" is
 # the engine's own: the worker holds its GPU's lock and makes the inputs and the reference.
-_COMPILE_STAGES = frozenset({"build", "lower", "compile"})
+# "prepare": a baseline's host work ahead of the GPU's lock (Evaluator.prepare), up to "prepared".
+_COMPILE_STAGES = frozenset({"build", "lower", "compile", "prepare"})
 _RUN_STAGES = frozenset({"device", "run", "check", "time"})
 _ACTIVE_STAGES = _COMPILE_STAGES | _RUN_STAGES
 
@@ -210,9 +211,9 @@ class _TaskQueue:
             if task is None:
                 return
             stage = msg.stage
-            if stage == "build":
+            if stage in ("build", "prepare"):
                 task.compile_t0 = now
-            elif stage == "compiled":
+            elif stage in ("compiled", "prepared"):
                 task.compiled_t = now
                 if task.compile_t0 is not None:
                     self._slowest_compile_s = max(self._slowest_compile_s, now - task.compile_t0)

@@ -42,6 +42,8 @@ from autotune.engine.messages import (
 )
 from autotune.space.problem import Config, Problem
 
+log = logging.getLogger(__name__)
+
 # A worker's heartbeat period; the engine calls a worker silent after _HEARTBEAT_STALE_S.
 _HEARTBEAT_S = 0.5
 # The exit code of a worker that retires (its device failed after a run).
@@ -181,8 +183,8 @@ class _Worker:
             task = msg.task
             if task.kind == "trial" or (task.kind == "retime" and task.config is not None):
                 self.pool.submit(self._compile, task)
-            else:
-                self._ready.put((task, None))
+            else:  # a baseline, its re-time, a trace: their host work first, then the GPU
+                self.pool.submit(self._prepare, task)
 
     def _hook(self, task: TaskMsg) -> Any:
         def on_stage(stage: Any) -> None:
@@ -229,6 +231,19 @@ class _Worker:
             self._ready.put((task, compiled))
         else:
             self.send(Result(task.id, compiled, time.time()))
+
+    def _prepare(self, task: TaskMsg) -> None:
+        """A problem's host work (inputs, reference, check; a baseline's lowering) on a compile
+        thread, outside the GPU's lock; the baseline's compile and timing (or the trace) follow
+        under the lock."""
+        self.send(StageReached(task.id, "prepare", time.time()))
+        try:
+            kernel = self._kernel(task.kernel_name)
+            self.evaluator.prepare(kernel, task.problem, on_stage=self._hook(task))
+        except Exception:  # noqa: BLE001 - the run under the lock meets it again and reports it
+            log.debug("Preparing task %d failed.", task.id, exc_info=True)
+        self.send(StageReached(task.id, "prepared", time.time()))
+        self._ready.put((task, None))
 
     @contextlib.contextmanager
     def _device(self) -> Any:

@@ -206,6 +206,14 @@ class Evaluator(abc.ABC):
         self, kernel: Kernel, problem: Problem, *, iterations: int | None = None
     ) -> TrialResult: ...
 
+    def prepare(
+        self, kernel: Kernel, problem: Problem, *, on_stage: StageHook | None = None
+    ) -> None:
+        """Host work for a problem's :meth:`baseline`, done ahead of it and outside the GPU's
+        lock (the engine calls it from a compile thread). Thread-safe; never raises for the
+        baseline's own failure, which :meth:`baseline` reports. Default: nothing."""
+        return None
+
     @abc.abstractmethod
     def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
         """Times a config compiled and checked before again, on fresh inputs (the

@@ -13,6 +13,7 @@ each part would reach into the others' state.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -122,7 +123,7 @@ def prepare_error_terms(out_info: Any, dtype: str) -> None:
         for out in {ref, jax.ShapeDtypeStruct(leaf.shape, dtype)}:
             key = _error_key(out, ref)
             if key not in _ERROR_TERMS_AOT:
-                _ERROR_TERMS_AOT[key] = _error_terms_jit().lower(out, ref).compile()
+                _ERROR_TERMS_AOT[key] = _error_terms_jit().lower(out, ref).compile(NO_AUTOTUNE)
 
 
 def _error_terms_jit() -> Any:
@@ -154,6 +155,9 @@ def tolerance_for(kernel: Kernel, dtype: str) -> float:
 # XLA compile options for programs whose speed does not matter (inputs, references, checks):
 # no autotuning, which would run kernels on the GPU while compiling.
 NO_AUTOTUNE: dict[str, Any] = {"xla_gpu_autotune_level": 0}
+# The baselines an evaluator keeps compiled, the newest problems' (a scheduled job has all its
+# problems in flight; the confirmation round times each problem's baseline again).
+KEPT_BASELINES = 32
 
 
 def compile_config(
@@ -301,14 +305,16 @@ def measure_baseline(
     cache: str = "warm",
     flush: Any = None,
     compiled: Any = None,
+    lowered: Any = None,
     on_compiled: Callable[[Any], None] | None = None,
 ) -> TrialResult:
     """Compiles and times a baseline (XLA, cuDNN) the way configs are timed.
 
     With CUPTI every launch counts (``aggregate=True``): the baseline *is* XLA's kernels.
     ``rel_error`` against ``expected`` is recorded when given, for information. ``compiled``:
-    an executable of ``fn`` compiled before (not compiled again); ``on_compiled`` receives the
-    executable compiled here, for re-use.
+    an executable of ``fn`` compiled before (not compiled again); ``lowered``: ``fn`` lowered
+    before (compiled here, with XLA's autotuning); ``on_compiled`` receives the executable
+    compiled here, for re-use.
     """
     import jax
 
@@ -317,7 +323,8 @@ def measure_baseline(
     compile_s = None
     try:
         if compiled is None:
-            lowered = jax.jit(fn).trace(*inputs).lower()
+            if lowered is None:
+                lowered = jax.jit(fn).trace(*inputs).lower()
             stage = Stage.COMPILE
             executable = lowered.compile()
             compile_s = time.perf_counter() - start
@@ -444,7 +451,13 @@ class _JaxEvaluator(Evaluator):
         self.iterations = iterations
         self.cache = cache
         self._l2_flush: Any = None
-        self._baseline_executables: dict[tuple[str, Problem], Any] = {}
+        # Per problem, the newest KEPT_BASELINES: the baseline lowered ahead (prepare) until it
+        # is compiled under the GPU's lock, then its executable (the confirmation round times
+        # the baseline again; XLA's autotuning makes its compile slow).
+        self._baseline_lowered: dict[tuple[str, Problem], Any] = {}
+        self._baseline_executables: collections.OrderedDict[tuple[str, Problem], Any] = (
+            collections.OrderedDict()
+        )
         self.healthy = True
         self._lock = threading.Lock()
         self._specs: dict[tuple[str, Problem], tuple[Any, ...]] = {}
@@ -592,8 +605,40 @@ class _JaxEvaluator(Evaluator):
         return result
 
     def _keep_baseline(self, key: tuple[str, Problem], executable: Any) -> None:
-        self._baseline_executables.clear()  # one problem's at a time
-        self._baseline_executables[key] = executable
+        with self._lock:
+            self._baseline_lowered.pop(key, None)
+            self._baseline_executables[key] = executable
+            while len(self._baseline_executables) > KEPT_BASELINES:
+                self._baseline_executables.popitem(last=False)
+
+    def prepare(
+        self, kernel: Kernel, problem: Problem, *, on_stage: StageHook | None = None
+    ) -> None:
+        """The host work of a problem's baseline ahead of the GPU's lock: its inputs, reference
+        and check compiled (:meth:`_prepare`), and the baseline traced and lowered.
+
+        Only the baseline's compile (XLA's autotuning runs kernels) and its timing are left for
+        :meth:`baseline`, under the lock. A failure here is left for :meth:`baseline` to report.
+        """
+        import jax
+
+        hook = on_stage or _noop
+        self._prepare_here(kernel, problem)
+        key = (kernel.name, problem)
+        with self._lock:
+            if (kernel.baseline is None or key in self._baseline_executables
+                    or key in self._baseline_lowered):
+                return
+        hook(Stage.LOWER)
+        try:
+            specs = self._input_specs(kernel, problem)
+            with self._device_context():
+                lowered = jax.jit(kernel.baseline(problem)).trace(*specs).lower()
+        except Exception:  # noqa: BLE001 - baseline() lowers it again and reports the failure
+            log.debug("The baseline of %s did not lower ahead.", problem, exc_info=True)
+            return
+        with self._lock:
+            self._baseline_lowered[key] = lowered
 
     def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
         with self._device_context():
@@ -627,8 +672,7 @@ class _JaxEvaluator(Evaluator):
                 fn, inputs, iterations=iterations or self.iterations, timing=self.timing,
                 expected=expected, cache=self.cache, flush=self._flush(),
                 compiled=self._baseline_executables.get(key),
-                # Kept for the confirmation round, which times the baseline again (XLA's
-                # autotuning makes its compile slow); one problem's at a time.
+                lowered=self._baseline_lowered.get(key),
                 on_compiled=lambda exe: self._keep_baseline(key, exe),
             )
         if result.outcome is Outcome.CRASHED:

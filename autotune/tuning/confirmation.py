@@ -34,6 +34,8 @@ __all__ = [
     "DEFAULT_CONFIRM_TOP",
     "DEFAULT_CONFIRM_ROUNDS",
     "DEFAULT_CONFIRM_ITERATIONS",
+    "sized_iterations",
+    "needs_another_round",
     "Candidate",
     "ProgramSummary",
     "Confirmation",
@@ -44,8 +46,19 @@ __all__ = [
 # The best configs of a problem that the confirmation round re-times, its rounds, and the timed
 # iterations of each program in each round (the search times 20 per config).
 DEFAULT_CONFIRM_TOP = 5
-DEFAULT_CONFIRM_ROUNDS = 5
-DEFAULT_CONFIRM_ITERATIONS = 50
+DEFAULT_CONFIRM_ROUNDS = 5  # the rounds of a job that fixes none, at most (adaptive_rounds)
+# Without a job's confirm_rounds: CONFIRM_MIN_ROUNDS rounds, then one more at a time while the
+# result is not clear (needs_another_round), up to DEFAULT_CONFIRM_ROUNDS.
+CONFIRM_MIN_ROUNDS = 3
+CONFIRM_CLEAR_SPREAD = 0.0025  # a confirmed speedup's spread (half its range) that is clear
+DEFAULT_CONFIRM_ITERATIONS = 50  # a program whose time is not known yet (sized_iterations)
+# Without a job's confirm_iterations, each program is timed for about CONFIRM_TARGET_US of GPU
+# time per round, within [CONFIRM_MIN_ITERATIONS, CONFIRM_MAX_ITERATIONS] runs: a 50 us
+# kernel, the noisiest, gets 160 runs, and a 600 us one 20 (50 each cost 17 s of a 45 s job's
+# GPU time on the H200: benchmarks/RESULTS.md section 10).
+CONFIRM_TARGET_US = 8000.0
+CONFIRM_MIN_ITERATIONS = 20  # the search's own count: a confirmation never times fewer
+CONFIRM_MAX_ITERATIONS = 400
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +172,28 @@ def _summary(
         round_medians_us=medians,
         search_us=search_us,
     )
+
+
+def sized_iterations(median_us: float | None, fixed: int | None = None) -> int:
+    """Timed runs per round for a program whose search median is ``median_us``: ``fixed`` when
+    the job sets ``confirm_iterations``, else about :data:`CONFIRM_TARGET_US` of GPU time,
+    clamped to [:data:`CONFIRM_MIN_ITERATIONS`, :data:`CONFIRM_MAX_ITERATIONS`];
+    :data:`DEFAULT_CONFIRM_ITERATIONS` for a program whose time is unknown."""
+    if fixed is not None:
+        return fixed
+    if median_us is None or not math.isfinite(median_us) or median_us <= 0:
+        return DEFAULT_CONFIRM_ITERATIONS
+    wanted = math.ceil(CONFIRM_TARGET_US / median_us)
+    return int(min(CONFIRM_MAX_ITERATIONS, max(CONFIRM_MIN_ITERATIONS, wanted)))
+
+
+def needs_another_round(confirmation: Confirmation) -> bool:
+    """Whether an adaptive confirmation times one more round: while the confirmed speedup's
+    spread (half the range of its per-round ratios; without a baseline, half the crowned
+    config's own spread) is above :data:`CONFIRM_CLEAR_SPREAD`."""
+    if confirmation.speedup_spread is not None:
+        return confirmation.speedup_spread > CONFIRM_CLEAR_SPREAD
+    return confirmation.winner.spread / 2 > CONFIRM_CLEAR_SPREAD
 
 
 def analyse_confirmation(

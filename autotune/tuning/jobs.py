@@ -33,7 +33,6 @@ from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.kernel import bundled_kernels, get_kernel
 from autotune.space.problem import Problem
-from autotune.tuning.confirmation import DEFAULT_CONFIRM_ITERATIONS, DEFAULT_CONFIRM_ROUNDS
 from autotune.tuning.sampling import SAMPLERS
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
@@ -89,8 +88,10 @@ class ProblemSpec:
     # where every run of an interpreted kernel takes seconds and its wall-clock time says
     # nothing about a GPU.
     confirm_top: int | None = None
-    confirm_rounds: int = DEFAULT_CONFIRM_ROUNDS
-    confirm_iterations: int = DEFAULT_CONFIRM_ITERATIONS
+    # None: adaptive (3 rounds, up to DEFAULT_CONFIRM_ROUNDS while the result is not clear).
+    confirm_rounds: int | None = None
+    # None: sized by each program's time (autotune.tuning.confirmation.sized_iterations).
+    confirm_iterations: int | None = None
     known_good: bool = True  # propose the kernel's known-good default config first
 
 
@@ -255,9 +256,8 @@ def _expand(
                     iterations=settings.get("iterations", 20),
                     trace_top_k=settings.get("trace_top_k", 1),
                     confirm_top=settings.get("confirm_top"),
-                    confirm_rounds=settings.get("confirm_rounds", DEFAULT_CONFIRM_ROUNDS),
-                    confirm_iterations=settings.get("confirm_iterations",
-                                                    DEFAULT_CONFIRM_ITERATIONS),
+                    confirm_rounds=settings.get("confirm_rounds"),
+                    confirm_iterations=settings.get("confirm_iterations"),
                     known_good=settings.get("known_good", True),
                 )
             )

@@ -26,6 +26,7 @@ bookkeeping that makes a job resumable by any process; the scheduler reuses them
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -33,7 +34,7 @@ import socket
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,16 @@ from autotune.storage import connection as storage_connection
 from autotune.storage import store as storage_module
 from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
-from autotune.tuning.confirmation import DEFAULT_CONFIRM_TOP, Candidate, analyse_confirmation
+from autotune.tuning.confirmation import (
+    CONFIRM_MIN_ROUNDS,
+    DEFAULT_CONFIRM_ROUNDS,
+    DEFAULT_CONFIRM_TOP,
+    Candidate,
+    Confirmation,
+    analyse_confirmation,
+    needs_another_round,
+    sized_iterations,
+)
 from autotune.tuning.jobs import Job, ProblemSpec
 from autotune.tuning.ranked_sampler import stored_history
 from autotune.tuning.sampling import (
@@ -286,6 +296,30 @@ def _heartbeat_storage(study: optuna.Study) -> Any:
     return oa.heartbeat_storage(study)
 
 
+def device_while_counting(engine: EngineLike, job: Job, *, allow_import: bool) -> DeviceInfo:
+    """The engine's device; while its first worker starts (2-5 s on the H200), the job's
+    problems' valid configs are counted, in job order, on this thread.
+
+    Opening a problem counts them (about 0.3 s for a hopper_matmul space), and on the H200
+    opening later problems held a first result back 0.9 s before it was stored; counted in a
+    thread of their own, they held the GIL against the scheduler's loop. This wait holds
+    nothing (the device is awaited on another thread). Only where the engine says its device
+    kind up front (its ``mode``); counting stops once the device is known; a problem that
+    fails here is left for the tuning to report.
+    """
+    mode = getattr(engine, "mode", None)
+    with ThreadPoolExecutor(1, thread_name_prefix="autotune-device") as waiter:
+        device = waiter.submit(engine.device_info)
+        if mode in (DeviceKind.GPU, DeviceKind.INTERPRET, DeviceKind.FAKE):
+            for spec in job.problems:
+                if device.done():
+                    break
+                with contextlib.suppress(Exception):
+                    kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
+                    kernel.valid_space(spec.problem, interpret=mode == DeviceKind.INTERPRET).count()
+        return device.result()
+
+
 def run_job(
     job: Job,
     *,
@@ -318,7 +352,7 @@ def run_job(
         )
     try:
         storage = optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
-        device = engine.device_info()
+        device = device_while_counting(engine, job, allow_import=allow_import)
         gpu = gpu_index(getattr(engine, "gpus", None))
         before = _clocks(device, gpu)
         run_id = store.start_run(job.name, device=device, cache=policy,
@@ -555,7 +589,7 @@ def confirm_best(
 ) -> float | None:
     """The confirmation round of ``problem``: its ``spec.confirm_top`` best configs (this
     software, this cache policy) and the baseline re-timed in ``spec.confirm_rounds``
-    interleaved rounds; stored with the tie marks as rows of their own. Returns the seconds it
+    interleaved rounds (None: adaptive, see the loop below); stored with the tie marks as rows of their own. Returns the seconds it
     took, or None when there was nothing to confirm (no ``confirm`` on the engine,
     ``confirm_top`` 0, no ok trial) or, with ``only_if_missing``, when the newest confirmation
     already covers the current best configs.
@@ -579,35 +613,43 @@ def confirm_best(
             return None
     start = time.monotonic()
     baseline = kernel.baseline is not None
-    table = confirm(problem.kernel, problem, [Config(r.config) for r in top],
-                    rounds=spec.confirm_rounds, iterations=spec.confirm_iterations,
-                    baseline=baseline, medians_us=[r.median_us for r in top])
-    n = len(top)
-    failed = [i for i in range(n) if not all(row[i].ok for row in table)]
-    for i in failed:
+    # Runs per round sized by each program's time (sized_iterations), unless the job fixes them.
+    iterations = [sized_iterations(r.median_us, spec.confirm_iterations) for r in top]
+    if baseline:
+        stored = store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                                cache=policy)
+        iterations.append(sized_iterations(getattr(stored, "median_us", None),
+                                           spec.confirm_iterations))
+    configs = [Config(r.config) for r in top]
+    default = kernel.default_config(problem) if kernel.default_config is not None else None
+    # A job's confirm_rounds is what it gets; else CONFIRM_MIN_ROUNDS, then one more round at a
+    # time while the result is not clear (needs_another_round), up to DEFAULT_CONFIRM_ROUNDS.
+    adaptive = spec.confirm_rounds is None
+    table = confirm(problem.kernel, problem, configs,
+                    rounds=CONFIRM_MIN_ROUNDS if adaptive else spec.confirm_rounds,
+                    iterations=iterations, baseline=baseline,
+                    medians_us=[r.median_us for r in top])
+    analysed = _analyse_confirmation_table(table, top, baseline, default)
+    while (adaptive and analysed.confirmation is not None
+           and len(table) < DEFAULT_CONFIRM_ROUNDS
+           and needs_another_round(analysed.confirmation)):
+        table += confirm(problem.kernel, problem, configs, rounds=1, first_round=len(table),
+                         iterations=iterations, baseline=baseline,
+                         medians_us=[r.median_us for r in top])
+        analysed = _analyse_confirmation_table(table, top, baseline, default)
+    for i in analysed.failed:
         bad = next(row[i] for row in table if not row[i].ok)
         logger.warning("%s: confirming %s failed (%s): %s; left out of the confirmation.",
                        problem, Config(top[i].config).to_json(), bad.outcome.value, bad.error)
-    kept = [i for i in range(n) if i not in failed]
-    if not kept:
+    if baseline and analysed.confirmation is not None and analysed.base_rounds is None:
+        logger.warning("%s: the baseline failed in the confirmation round; no confirmed "
+                       "speedup.", problem)
+    confirmation, kept, base_rounds = analysed.confirmation, analysed.kept, analysed.base_rounds
+    if confirmation is None:
         return time.monotonic() - start
-    base_rounds = None
-    if baseline:
-        if all(row[n].ok for row in table):
-            base_rounds = [row[n].samples_us for row in table]
-        else:
-            logger.warning("%s: the baseline failed in the confirmation round; no confirmed "
-                           "speedup.", problem)
-    candidates = [
-        Candidate(config=top[i].config, rounds_us=tuple(row[i].samples_us for row in table),
-                  trial_id=top[i].id, search_us=top[i].median_us)
-        for i in kept
-    ]
-    default = kernel.default_config(problem) if kernel.default_config is not None else None
-    confirmation = analyse_confirmation(candidates, base_rounds, default_config=default)
     store.record_confirmation(
         problem, confirmation, trial_ids=[top[i].id for i in kept], device=device,
-        software=software, cache=policy, iterations=spec.confirm_iterations,
+        software=software, cache=policy, iterations=max(iterations),
         baseline_name=kernel.baseline_name if base_rounds is not None else None, run_id=run_id,
     )
     winner = confirmation.winner
@@ -616,6 +658,37 @@ def confirm_best(
                     "%s", problem, Config(winner.config).to_json(), winner.median_us,
                     Config(top[kept[0]].config).to_json())
     return time.monotonic() - start
+
+
+@dataclasses.dataclass(frozen=True)
+class _AnalysedTable:
+    confirmation: Confirmation | None  # None: every config failed
+    kept: list[int]  # the configs (indices into top) that never failed
+    failed: list[int]
+    base_rounds: list[tuple[float, ...]] | None  # None: no baseline, or it failed
+
+
+def _analyse_confirmation_table(
+    table: list[list[TrialResult]], top: list[Any], baseline: bool,
+    default: Mapping[str, Any] | None,
+) -> _AnalysedTable:
+    """The confirmation of ``table`` (per round, one result per config of ``top``, then the
+    baseline's): configs that failed in any round are left out, and so is a failed baseline."""
+    n = len(top)
+    failed = [i for i in range(n) if not all(row[i].ok for row in table)]
+    kept = [i for i in range(n) if i not in failed]
+    base_rounds = None
+    if baseline and all(row[n].ok for row in table):
+        base_rounds = [row[n].samples_us for row in table]
+    if not kept:
+        return _AnalysedTable(None, kept, failed, base_rounds)
+    candidates = [
+        Candidate(config=top[i].config, rounds_us=tuple(row[i].samples_us for row in table),
+                  trial_id=top[i].id, search_us=top[i].median_us)
+        for i in kept
+    ]
+    confirmation = analyse_confirmation(candidates, base_rounds, default_config=default)
+    return _AnalysedTable(confirmation, kept, failed, base_rounds)
 
 
 def _stagnated(study: optuna.Study, patience: int) -> bool:

@@ -367,6 +367,16 @@ def test_baseline_and_trace_run_on_a_worker(tmp_path):
         assert eng.device_info().kind == "fake"
 
 
+def test_a_baseline_is_prepared_on_a_compile_thread_before_it_takes_the_gpu():
+    """A baseline's host work (Evaluator.prepare) runs before the worker takes the GPU's lock:
+    its stages are ``prepare``, ``prepared``, then ``device`` (the lock) and ``run``."""
+    with fake_engine() as eng:
+        before = {e.task_id for e in eng.timeline()}
+        assert eng.baseline(FAKE, PROBLEM).ok
+        stages = [e.stage for e in eng.timeline() if e.task_id not in before]
+    assert stages == ["prepare", "prepared", "device", "run", "done"], stages
+
+
 def test_close_with_cancel_drops_queued_work_and_refuses_more():
     """Closing cancels what has not started; every future ends; later submits raise."""
     eng = fake_engine(compile_threads=1)
@@ -488,6 +498,12 @@ def test_confirm_interleaves_rounds_on_the_kept_executables():
         table = eng.confirm(FAKE, problem, configs, rounds=3, iterations=40,
                             medians_us=[r.median_us for r in first])
         events = [e for e in eng.timeline() if e.task_id not in before]
+        # A round added later (adaptive rounds): one count of runs per program.
+        (more,) = eng.confirm(FAKE, problem, configs, rounds=1, first_round=3,
+                              iterations=[10, 20, 30], medians_us=[r.median_us for r in first])
+        with pytest.raises(ValueError, match="one iteration count per program"):
+            eng.confirm(FAKE, problem, configs, rounds=1, iterations=[10, 20])
+    assert [len(r.samples_us) for r in more] == [10, 20, 30]
     assert [[len(r.samples_us) for r in row] for row in table] == [[40, 40, 40]] * 3
     assert [round(r.median_us) for r in table[0]] == [100, 103, 150]
     assert all(r.cache == "cold" for row in table for r in row)

@@ -361,6 +361,72 @@ def test_inputs_reference_and_check_are_compiled_ahead_without_autotuning(monkey
     assert calls, "the run's output check did not use the check compiled ahead"
 
 
+def test_a_baselines_host_work_is_prepared_ahead_and_only_its_compile_is_left(monkeypatch):
+    """Seen on the H200: the 7 baselines of a job held the GPU's lock 36 s, though each one's
+    autotuned compile takes 0.05-0.7 s alone: its inputs, reference and check were made
+    eagerly under the lock, and so was its lowering. ``prepare`` (a compile thread, outside
+    the lock) does that host work; ``baseline`` then compiles what was lowered, with XLA's
+    autotuning (default options), and times it. Its executable is kept for the newest
+    ``KEPT_BASELINES`` problems, so the confirmation rounds of a job's problems in flight
+    compile no baseline again."""
+    import dataclasses
+
+    import jax
+
+    options, traced = [], []
+    original = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kw):
+        options.append(compiler_options)
+        return original(self, compiler_options, **kw)
+
+    def baseline(problem):
+        def fn(x, y):
+            traced.append(problem)
+            return x * 2.0 + y
+        return fn
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    monkeypatch.setattr(ev, "KEPT_BASELINES", 2)
+    evaluator = ev.InterpretEvaluator(iterations=1)
+    kernel = dataclasses.replace(get_kernel(SCALE_ADD, allow_import=True), baseline=baseline)
+    problems = [Problem(kernel.name, {"n": n}, "float32") for n in (256, 512, 768)]
+    evaluator.prepare(kernel, problems[0])
+    key = (kernel.name, problems[0])
+    assert evaluator._makers[key] is not None and key in evaluator._references
+    assert traced == [problems[0]], "the baseline was not lowered ahead"
+    ahead = len(options)
+    assert set(map(str, options)) == {str(ev.NO_AUTOTUNE)}, options
+    result = evaluator.baseline(kernel, problems[0])
+    assert result.outcome is Outcome.OK and result.rel_error == 0.0, result.error
+    assert traced == [problems[0]], "baseline() traced the baseline again"
+    assert options[ahead:] == [None], "the baseline was not compiled once, with autotuning"
+    for problem in problems[1:]:
+        evaluator.prepare(kernel, problem)
+        assert evaluator.baseline(kernel, problem).ok
+    compiles = len(options)
+    assert evaluator.baseline(kernel, problems[1]).ok   # kept: no compile
+    assert evaluator.baseline(kernel, problems[2]).ok
+    assert len(options) == compiles
+    assert evaluator.baseline(kernel, problems[0]).ok   # the oldest, dropped: compiled anew
+    assert options[compiles:] == [None]
+
+
+def test_a_baseline_that_fails_ahead_is_reported_by_baseline(monkeypatch):
+    """``prepare`` never raises for the baseline's own failure: ``baseline`` reports it."""
+    import dataclasses
+
+    def baseline(problem):
+        raise ValueError("no XLA program for this shape")
+
+    evaluator = ev.InterpretEvaluator(iterations=1)
+    kernel = dataclasses.replace(get_kernel(SCALE_ADD, allow_import=True), baseline=baseline)
+    problem = Problem(kernel.name, {"n": 256}, "float32")
+    evaluator.prepare(kernel, problem)
+    with pytest.raises(ev.EvaluationError, match="no XLA program for this shape"):
+        evaluator.baseline(kernel, problem)
+
+
 def test_a_problems_first_config_compiles_while_its_reference_is_prepared(monkeypatch):
     """The first trial waits for the longer of the two host jobs, not for both: the config's
     compile starts before the preparation ends, and compile() returns once both are done."""

@@ -26,7 +26,20 @@ def test_public_api():
     assert sorted(m.__all__) == sorted([
         "DEFAULT_CONFIRM_TOP", "DEFAULT_CONFIRM_ROUNDS", "DEFAULT_CONFIRM_ITERATIONS",
         "Candidate", "ProgramSummary", "Confirmation", "preference_key", "analyse_confirmation",
+        "sized_iterations", "needs_another_round",
     ])
+
+
+def test_confirmation_runs_are_sized_by_each_programs_time():
+    """About CONFIRM_TARGET_US of GPU time per program and round: a short kernel (the noisiest)
+    gets more runs, a long one fewer, never under the search's 20 nor over the cap; a job's
+    fixed count wins; a program of unknown time gets the old default."""
+    assert m.sized_iterations(50.0) == 160
+    assert m.sized_iterations(172.0) == 47
+    assert m.sized_iterations(630.0) == m.CONFIRM_MIN_ITERATIONS == 20
+    assert m.sized_iterations(5.0) == m.CONFIRM_MAX_ITERATIONS == 400
+    assert m.sized_iterations(50.0, fixed=7) == 7
+    assert m.sized_iterations(None) == m.sized_iterations(float("nan")) == 50
 
 
 def test_configs_within_the_noise_are_ties_and_the_default_is_crowned():

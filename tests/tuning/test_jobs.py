@@ -199,10 +199,11 @@ def test_a_large_job_is_checked_and_every_problem_kept():
 def test_cache_and_confirmation_settings_are_read():
     """``cache`` is the job's policy (``auto`` and absent: None, decided by the device); the
     confirmation settings default to the device's count of configs (None: 5 on a GPU, none in
-    interpret mode), 5 rounds, 50 runs, and may be set per problem."""
+    interpret mode), adaptive rounds and runs sized by each program's time (None: both), and
+    may be set per problem."""
     job = parse_job({"cache": "warm", "problem": [tomllib.loads(BASE + "\nconfirm_top = 0")]})
     assert job.cache == "warm" and job.problems[0].confirm_top == 0
     auto = parse_job({"cache": "auto", "problem": [tomllib.loads(BASE)]})
     spec = auto.problems[0]
     assert auto.cache is None
-    assert (spec.confirm_top, spec.confirm_rounds, spec.confirm_iterations) == (None, 5, 50)
+    assert (spec.confirm_top, spec.confirm_rounds, spec.confirm_iterations) == (None, None, None)

@@ -304,6 +304,42 @@ def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkey
     assert reports[0].confirm_s == 1.5
 
 
+def test_problems_are_counted_while_the_engine_starts(tmp_path, monkeypatch):
+    """Opening a problem counts its valid configs (about 0.3 s for a hopper_matmul space); on
+    the H200 a first result waited 0.9 s to be stored behind the opening of later problems.
+    While the engine's first worker starts, the loop counts the problems, in job order: every
+    count is done before the device is known when the start takes long enough."""
+    from autotune.space import kernel as kernel_module
+    from autotune.space.search_space import BoundSpace
+
+    monkeypatch.setattr(kernel_module, "_VALID_SPACES", {})  # no space counted before
+    counted: list[float] = []
+    count = BoundSpace.count
+
+    def spy(self):
+        if self._count is None:
+            counted.append(time.monotonic())
+        return count(self)
+
+    class Starting(SlowEngine):
+        mode = "fake"
+        known_at = None
+
+        def device_info(self):
+            if self.known_at is None:
+                time.sleep(1.0)  # the first worker starting
+                self.known_at = time.monotonic()
+            return super().device_info()
+
+    monkeypatch.setattr(BoundSpace, "count", spy)
+    engine = Starting(delay_s=0.05)
+    job = _problems(3, trials=2)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(job, store=store, engine=engine)
+        assert [len(store.trials(spec.problem)) for spec in job.problems] == [2, 2, 2]
+    assert len(counted) == 3 and max(counted) < engine.known_at, (counted, engine.known_at)
+
+
 def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path):
     """Two runners in threads of one process on one SQLite file: the problem's budget is
     stored once, not twice."""

@@ -6,6 +6,7 @@ these tests exercise the runner's bookkeeping: what it asks, stores, tells and s
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import time
@@ -21,6 +22,7 @@ from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage.store import Store
 from autotune.tuning import optuna_adapter
+from autotune.tuning.confirmation import sized_iterations
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import WORKER_ATTR, run_job, study_name
 
@@ -308,11 +310,14 @@ PICK_PROBLEM = PICK.problem({"m": 64}, "bf16")
 class ConfirmingEngine(FakeEngine):
     """Searches with the lucky times, confirms with the true ones (0.5% noise, cold +10%)."""
 
-    def __init__(self, cache="warm", **kwargs):
+    def __init__(self, cache="warm", drift=0.0, **kwargs):
         super().__init__(**kwargs)
         self.cache_policy = cache
         self.scale = 1.1 if cache == "cold" else 1.0
+        self.drift = drift  # the baseline's round medians alternate by +-drift (a noisy program)
         self.confirmed = []
+        self.iterations: list[list[int]] = []  # per confirmation, the runs per program and round
+        self.rounds = 0  # rounds timed in all
 
     def _samples(self, center, n, seed):
         rng = __import__("random").Random(seed)
@@ -331,15 +336,21 @@ class ConfirmingEngine(FakeEngine):
                                  timing="fake", cache=self.cache_policy)
 
     def confirm(self, kernel_name, problem, configs, *, rounds, iterations, baseline=True,
-                medians_us=None):
-        self.confirmed.append([c["v"] for c in configs])
+                medians_us=None, first_round=0):
+        counts = ([iterations] * (len(configs) + baseline) if isinstance(iterations, int)
+                  else list(iterations))
+        if first_round == 0:
+            self.confirmed.append([c["v"] for c in configs])
+            self.iterations.append(counts)
+        self.rounds += rounds
         table = []
-        for r in range(rounds):
-            row = [TrialResult.timed(self._samples(TRUE_US[c["v"]], iterations, 10 * r + c["v"]),
+        for r in range(first_round, first_round + rounds):
+            row = [TrialResult.timed(self._samples(TRUE_US[c["v"]], n, 10 * r + c["v"]),
                                      compile_s=0.1, rel_error=None, timing="fake",
-                                     cache=self.cache_policy) for c in configs]
+                                     cache=self.cache_policy) for c, n in zip(configs, counts, strict=False)]
             if baseline:
-                row.append(TrialResult.timed(self._samples(150.0, iterations, 10 * r + 9),
+                base_us = 150.0 * (1 + self.drift * (1 if r % 2 else -1))
+                row.append(TrialResult.timed(self._samples(base_us, counts[-1], 10 * r + 9),
                                              compile_s=0.0, rel_error=None, timing="fake",
                                              cache=self.cache_policy))
             table.append(row)
@@ -361,6 +372,7 @@ def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_pa
         (report,) = run_job(_pick_job(), store=store, engine=engine)
         rows = store.trials(PICK_PROBLEM)
         (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+        store_baseline_us = store.baseline(PICK_PROBLEM, device_kind=None).median_us
     assert engine.confirmed == [[3, 0, 1, 2, 4]]  # the search's best five, fastest first
     assert len(rows) == 6 and min(rows, key=lambda r: r.median_us).config == {"v": 3}
     assert report.best_config == {"v": 1} and report.confirmation is not None
@@ -371,7 +383,36 @@ def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_pa
     marks = {p.config["v"]: (p.tie, p.crowned) for p in conf.programs}
     assert marks == {3: (False, False), 0: (False, False), 1: (True, True), 2: (False, False),
                      4: (False, False)}
-    assert conf.rounds == 5 and conf.iterations == 50 and conf.baseline_name == "xla"
+    # Runs per round sized by each program's search median (the baseline's last): about 8 ms
+    # of GPU time each; the stored count is the largest.
+    (counts,) = engine.iterations
+    by_v = {r.config["v"]: r.median_us for r in rows}
+    assert counts == [sized_iterations(by_v[v]) for v in (3, 0, 1, 2, 4)] + [
+        sized_iterations(store_baseline_us)]
+    assert counts[0] == math.ceil(8000 / by_v[3]) and 20 <= min(counts)
+    # A clear result (the speedup's spread under 0.25%): the adaptive round stops at 3.
+    assert report.speedup_spread < 0.0025 and engine.rounds == 3
+    assert conf.rounds == 3 and conf.iterations == max(counts) and conf.baseline_name == "xla"
+
+
+def test_an_unclear_confirmation_times_more_rounds_up_to_the_default_and_a_fixed_count_wins(
+        tmp_path):
+    """Adaptive rounds (no confirm_rounds in the job): 3, then one more at a time while the
+    confirmed speedup's spread is over 0.25%, up to DEFAULT_CONFIRM_ROUNDS; a baseline whose
+    rounds differ by 2% gets all 5, each going on with the rotation. A job's confirm_rounds is
+    what it gets."""
+    from autotune.tuning.confirmation import DEFAULT_CONFIRM_ROUNDS
+
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        engine = ConfirmingEngine(drift=0.01)
+        run_job(_pick_job(), store=store, engine=engine)
+        (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+    assert engine.rounds == conf.rounds == DEFAULT_CONFIRM_ROUNDS == 5
+    with Store(f"sqlite:///{tmp_path}/fixed.db") as store:
+        engine = ConfirmingEngine(drift=0.01)
+        run_job(_pick_job(confirm_rounds=4), store=store, engine=engine)
+        (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+    assert engine.rounds == conf.rounds == 4
 
 
 def test_a_second_run_does_not_confirm_again_unless_the_best_changed(tmp_path):

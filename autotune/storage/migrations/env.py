@@ -12,8 +12,8 @@ from typing import Any
 
 from alembic import context
 
-from autotune.storage.schema import Base
 from autotune.storage.connection import VERSION_TABLE, _create_engine
+from autotune.storage.schema import Base
 from autotune.storage.urls import resolve_url
 
 config = context.config
