@@ -46,7 +46,7 @@ __all__ = [
 # The best configs of a problem that the confirmation round re-times, its rounds, and the timed
 # iterations of each program in each round (the search times 20 per config).
 DEFAULT_CONFIRM_TOP = 5
-DEFAULT_CONFIRM_ROUNDS = 5  # the rounds of a job that fixes none, at most (adaptive_rounds)
+DEFAULT_CONFIRM_ROUNDS = 5  # the rounds of a job that fixes none, at most (needs_another_round)
 # Without a job's confirm_rounds: CONFIRM_MIN_ROUNDS rounds, then one more at a time while the
 # result is not clear (needs_another_round), up to DEFAULT_CONFIRM_ROUNDS.
 CONFIRM_MIN_ROUNDS = 3
@@ -54,8 +54,8 @@ CONFIRM_CLEAR_SPREAD = 0.0025  # a confirmed speedup's spread (half its range) t
 DEFAULT_CONFIRM_ITERATIONS = 50  # a program whose time is not known yet (sized_iterations)
 # Without a job's confirm_iterations, each program is timed for about CONFIRM_TARGET_US of GPU
 # time per round, within [CONFIRM_MIN_ITERATIONS, CONFIRM_MAX_ITERATIONS] runs: a 50 us
-# kernel, the noisiest, gets 160 runs, and a 600 us one 20 (50 each cost 17 s of a 45 s job's
-# GPU time on the H200: benchmarks/RESULTS.md section 10).
+# kernel, the noisiest, gets 160 runs, and a 600 us one 20 (50 runs each held the H200 7.5-8 s
+# of a 41-45 s batch job: benchmarks/RESULTS.md sections 9 and 10).
 CONFIRM_TARGET_US = 8000.0
 CONFIRM_MIN_ITERATIONS = 20  # the search's own count: a confirmation never times fewer
 CONFIRM_MAX_ITERATIONS = 400
