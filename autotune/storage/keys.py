@@ -1,14 +1,15 @@
 """What every :class:`~.store.Store` method shares: timestamps, the software and device keys,
-get-or-create of a keyed row, the checks of a result's times, and the trial query with the
-:class:`~.rows.TrialRow` it reads."""
+get-or-create of a keyed row (race-safe inserts), the checks of a result's times, the trial
+query with the :class:`~.rows.TrialRow` it reads, and the sessions the store's halves use."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -75,21 +76,38 @@ def _device_info(row: _Devices) -> DeviceInfo:
     )
 
 
+class _StoreSessions:
+    """What :class:`~.store.Store` gives its reading and writing halves (``_StoreReads``,
+    ``_StoreWrites``): where it stores, and its read and write sessions."""
+
+    if TYPE_CHECKING:  # provided by Store
+        _where: str
+
+        def _write(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
+        def _read(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
+
+
 def _problem(kernel: _Kernels, row: _Problems) -> Problem:
     return Problem(kernel.name, json.loads(row.shape_json), row.dtype)
 
 
 def _get_or_create(session: Session, model: type[Base], key: Mapping[str, Any], **extra: Any) -> int:
-    """The id of the row matching ``key``, inserting it (with ``extra``) if missing.
-
-    Race-safe: of two transactions inserting the same row, the second waits for the first,
-    fails on the unique constraint inside a savepoint, and reads the first one's row.
-    """
+    """The id of the row matching ``key``, inserting it (with ``extra``) if missing
+    (race-safe: :func:`_insert_or_stored`)."""
     query = sa.select(model.id).filter_by(**key)  # type: ignore[attr-defined]
     found = session.scalar(query)
     if found is not None:
         return int(found)
-    row = model(**key, **extra)
+    return _insert_or_stored(session, model(**key, **extra), query)[0]
+
+
+def _insert_or_stored(session: Session, row: Base, query: Any) -> tuple[int, bool]:
+    """Inserts ``row``: ``(its id, False)``; or, where another transaction stored the same row
+    first, ``(that row's id, True)``, read with ``query``.
+
+    Race-safe: of two transactions inserting the same row, the second waits for the first,
+    fails on the unique constraint inside a savepoint, and reads the first one's row.
+    """
     try:
         with session.begin_nested():
             session.add(row)
@@ -97,8 +115,8 @@ def _get_or_create(session: Session, model: type[Base], key: Mapping[str, Any], 
         found = session.scalar(query)
         if found is None:
             raise
-        return int(found)
-    return int(row.id)  # type: ignore[attr-defined]
+        return int(found), True
+    return int(row.id), False  # type: ignore[attr-defined]
 
 
 def _samples(samples_us: Sequence[float], what: str) -> tuple[float, ...]:

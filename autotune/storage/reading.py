@@ -4,14 +4,12 @@ devices, job runs, confirmation rounds and per-problem summaries, as frozen rows
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
 
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome
 from autotune.space.problem import Config, Problem
@@ -24,6 +22,7 @@ from autotune.storage.keys import (
     _problem,
     _software_dict,
     _software_key,
+    _StoreSessions,
     _trial_query,
     _trial_row,
 )
@@ -53,14 +52,8 @@ from autotune.storage.schema import (
 log = logging.getLogger("autotune.storage.store")
 
 
-class _StoreReads:
+class _StoreReads(_StoreSessions):
     """The reading half of :class:`~.store.Store`."""
-
-    if TYPE_CHECKING:  # provided by Store
-        _where: str
-
-        def _write(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
-        def _read(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
 
     def finished_digests(
         self,

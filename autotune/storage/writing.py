@@ -4,17 +4,15 @@ regions, job runs and confirmation rounds. :class:`_StoreWrites` is a part of
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import logging
 import socket
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from autotune.errors import StorageError
@@ -25,10 +23,12 @@ from autotune.storage.keys import (
     _check_times,
     _device_key,
     _get_or_create,
+    _insert_or_stored,
     _now,
     _policy,
     _samples,
     _software_key,
+    _StoreSessions,
 )
 from autotune.storage.rows import (
     RecordedTrial,
@@ -50,14 +50,8 @@ from autotune.storage.schema import (
 log = logging.getLogger("autotune.storage.store")
 
 
-class _StoreWrites:
+class _StoreWrites(_StoreSessions):
     """The writing half of :class:`~.store.Store`."""
-
-    if TYPE_CHECKING:  # provided by Store
-        _where: str
-
-        def _write(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
-        def _read(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
 
     def _ids(
         self,
@@ -195,16 +189,9 @@ class _StoreWrites:
             started_at=started_at,
             finished_at=_now(),
         )
-        try:
-            with session.begin_nested():
-                session.add(row)
-        except sa_exc.IntegrityError:
-            # Another worker stored the same measurement between our check and insert.
-            existing = session.scalar(query)
-            if existing is None:
-                raise
-            return RecordedTrial(int(existing), duplicate=True)
-        return RecordedTrial(int(row.id), duplicate=False)
+        # Another worker may store the same measurement between our check and insert.
+        trial_id, duplicate = _insert_or_stored(session, row, query)
+        return RecordedTrial(trial_id, duplicate=duplicate)
 
     def record_baseline(
         self,
