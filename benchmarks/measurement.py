@@ -30,6 +30,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -44,12 +45,10 @@ from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 from autotune.tuning.confirmation import (  # noqa: E402
-    CONFIRM_MIN_ROUNDS,
-    DEFAULT_CONFIRM_ROUNDS,
     Candidate,
     analyse_confirmation,
-    needs_another_round,
     sized_iterations,
+    timed_rounds,
 )
 
 GPU_PROBLEMS = (
@@ -164,7 +163,15 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _analyse(ok: list[tuple[Config, Any]], table: list[list[Any]], default: Any) -> Any:
+def _time_rounds(engine: Any, kernel: Any, problem: Problem, ok: list[tuple[Config, Any]],
+                 counts: list[int], rounds: int, first: int) -> list[list[Any]]:
+    """``rounds`` rounds of the confirmation of the configs ``ok`` and the baseline."""
+    return engine.confirm(kernel.name, problem, [c for c, _ in ok], rounds=rounds,
+                          first_round=first, iterations=counts,
+                          medians_us=[r.median_us for _, r in ok])
+
+
+def _analyse(ok: list[tuple[Config, Any]], default: Any, table: list[list[Any]]) -> Any:
     """The confirmation of ``table`` (None when a program failed in it)."""
     n = len(ok)
     kept = [i for i in range(n) if all(row[i].ok for row in table)]
@@ -174,25 +181,6 @@ def _analyse(ok: list[tuple[Config, Any]], table: list[list[Any]], default: Any)
         [Candidate(ok[i][0], tuple(row[i].samples_us for row in table),
                    search_us=ok[i][1].median_us) for i in kept],
         [row[n].samples_us for row in table], default_config=default)
-
-
-def confirm_like_the_tuner(engine: Any, kernel: Any, problem: Problem,
-                           ok: list[tuple[Config, Any]], counts: list[int], rounds: int | None,
-                           default: Any) -> tuple[list[list[Any]], Any]:
-    """The confirmation round as ``tuner.confirm_best`` times it: ``rounds`` rounds, or
-    (None) adaptive ones: CONFIRM_MIN_ROUNDS, then one more while ``needs_another_round``."""
-    def more(n_rounds: int, first: int) -> list[list[Any]]:
-        return engine.confirm(kernel.name, problem, [c for c, _ in ok], rounds=n_rounds,
-                              first_round=first, iterations=counts,
-                              medians_us=[r.median_us for _, r in ok])
-
-    table = more(rounds or CONFIRM_MIN_ROUNDS, 0)
-    conf = _analyse(ok, table, default)
-    while (rounds is None and conf is not None and len(table) < DEFAULT_CONFIRM_ROUNDS
-           and needs_another_round(conf)):
-        table += more(1, len(table))
-        conf = _analyse(ok, table, default)
-    return table, conf
 
 
 def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[Any, Problem]],
@@ -230,8 +218,11 @@ def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[A
                 counts.append(sized_iterations(baseline.median_us, args.confirm_iterations))
                 entry["confirm_iterations"] = counts
                 default = kernel.default_config(problem) if kernel.default_config else None
-                table, conf = confirm_like_the_tuner(engine, kernel, problem, ok, counts,
-                                                     args.rounds, default)
+                # As the tuner does (tuner.confirm_best): --rounds, or adaptive rounds.
+                table = timed_rounds(
+                    functools.partial(_time_rounds, engine, kernel, problem, ok, counts),
+                    functools.partial(_analyse, ok, default), args.rounds)
+                conf = _analyse(ok, default, table)
                 confirm_s = time.monotonic() - t0
                 if conf is not None:
                     entry["confirmation"] = {

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.evaluation.trial import relative_spread
@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_CONFIRM_ITERATIONS",
     "sized_iterations",
     "needs_another_round",
+    "timed_rounds",
     "Candidate",
     "ProgramSummary",
     "Confirmation",
@@ -194,6 +195,28 @@ def needs_another_round(confirmation: Confirmation) -> bool:
     if confirmation.speedup_spread is not None:
         return confirmation.speedup_spread > CONFIRM_CLEAR_SPREAD
     return confirmation.winner.spread / 2 > CONFIRM_CLEAR_SPREAD
+
+
+def timed_rounds(
+    time_rounds: Callable[[int, int], list[list[Any]]],
+    analyse: Callable[[list[list[Any]]], Confirmation | None],
+    rounds: int | None,
+) -> list[list[Any]]:
+    """The rounds of a confirmation: ``rounds`` when a job fixes them; else (None)
+    :data:`CONFIRM_MIN_ROUNDS`, then one more at a time while :func:`needs_another_round`, up to
+    :data:`DEFAULT_CONFIRM_ROUNDS`.
+
+    ``time_rounds(n, first)`` times ``n`` rounds starting at round ``first`` (``Engine.confirm``,
+    one row per round); ``analyse`` turns the rows so far into a confirmation (None: nothing
+    to confirm, which stops the rounds).
+    """
+    table = time_rounds(rounds or CONFIRM_MIN_ROUNDS, 0)
+    while rounds is None and len(table) < DEFAULT_CONFIRM_ROUNDS:
+        confirmation = analyse(table)
+        if confirmation is None or not needs_another_round(confirmation):
+            break
+        table += time_rounds(1, len(table))
+    return table
 
 
 def analyse_confirmation(

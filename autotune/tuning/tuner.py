@@ -55,14 +55,12 @@ from autotune.storage import store as storage_module
 from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.confirmation import (
-    CONFIRM_MIN_ROUNDS,
-    DEFAULT_CONFIRM_ROUNDS,
     DEFAULT_CONFIRM_TOP,
     Candidate,
     Confirmation,
     analyse_confirmation,
-    needs_another_round,
     sized_iterations,
+    timed_rounds,
 )
 from autotune.tuning.jobs import Job, ProblemSpec
 from autotune.tuning.ranked_sampler import stored_history
@@ -622,21 +620,15 @@ def confirm_best(
                                            spec.confirm_iterations))
     configs = [Config(r.config) for r in top]
     default = kernel.default_config(problem) if kernel.default_config is not None else None
-    # A job's confirm_rounds is what it gets; else CONFIRM_MIN_ROUNDS, then one more round at a
-    # time while the result is not clear (needs_another_round), up to DEFAULT_CONFIRM_ROUNDS.
-    adaptive = spec.confirm_rounds is None
-    table = confirm(problem.kernel, problem, configs,
-                    rounds=CONFIRM_MIN_ROUNDS if adaptive else spec.confirm_rounds,
-                    iterations=iterations, baseline=baseline,
-                    medians_us=[r.median_us for r in top])
+    # A job's confirm_rounds is what it gets; else adaptive rounds (timed_rounds).
+    table = timed_rounds(
+        lambda n, first: confirm(problem.kernel, problem, configs, rounds=n, first_round=first,
+                                 iterations=iterations, baseline=baseline,
+                                 medians_us=[r.median_us for r in top]),
+        lambda rows: _analyse_confirmation_table(rows, top, baseline, default).confirmation,
+        spec.confirm_rounds,
+    )
     analysed = _analyse_confirmation_table(table, top, baseline, default)
-    while (adaptive and analysed.confirmation is not None
-           and len(table) < DEFAULT_CONFIRM_ROUNDS
-           and needs_another_round(analysed.confirmation)):
-        table += confirm(problem.kernel, problem, configs, rounds=1, first_round=len(table),
-                         iterations=iterations, baseline=baseline,
-                         medians_us=[r.median_us for r in top])
-        analysed = _analyse_confirmation_table(table, top, baseline, default)
     for i in analysed.failed:
         bad = next(row[i] for row in table if not row[i].ok)
         logger.warning("%s: confirming %s failed (%s): %s; left out of the confirmation.",

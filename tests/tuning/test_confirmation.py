@@ -26,7 +26,7 @@ def test_public_api():
     assert sorted(m.__all__) == sorted([
         "DEFAULT_CONFIRM_TOP", "DEFAULT_CONFIRM_ROUNDS", "DEFAULT_CONFIRM_ITERATIONS",
         "Candidate", "ProgramSummary", "Confirmation", "preference_key", "analyse_confirmation",
-        "sized_iterations", "needs_another_round",
+        "sized_iterations", "needs_another_round", "timed_rounds",
     ])
 
 

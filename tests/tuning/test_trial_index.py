@@ -63,6 +63,21 @@ def test_index_matches_a_full_recount_as_trials_come_and_go():
             assert index.best_keys(1) == [space.key(best.params)]
 
 
+def _asked_and_told(sampler, space, dists, n):
+    """Asks ``n`` trials of a new study of ``sampler`` and tells each its fake time, checking
+    that every proposal is valid and untaken; yields after each tell."""
+    study = optuna.create_study(sampler=sampler)
+    seen = set()
+    for _ in range(n):
+        trial = study.ask(dists)
+        key = space.key(trial.params)
+        assert space.is_valid(trial.params) and key not in seen
+        seen.add(key)
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
+        study.tell(trial, fake_time(trial.params))
+        yield trial
+
+
 def test_base_sampler_proposes_from_a_capped_model_past_model_trials(monkeypatch):
     """Past MODEL_TRIALS measured trials, TPE proposes from a model study of the best and the
     latest trials (never more than twice MODEL_TRIALS), and its proposals stay valid and
@@ -71,15 +86,7 @@ def test_base_sampler_proposes_from_a_capped_model_past_model_trials(monkeypatch
     space = TOY.valid_space(PROBLEM)
     dists = distributions(space)
     sampler = valid_sampler("tpe", space, seed=0)
-    study = optuna.create_study(sampler=sampler)
-    seen = set()
-    for _ in range(30):
-        trial = study.ask(dists)
-        key = space.key(trial.params)
-        assert space.is_valid(trial.params) and key not in seen
-        seen.add(key)
-        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
-        study.tell(trial, fake_time(trial.params))
+    for _ in _asked_and_told(sampler, space, dists, 30):
         if sampler._model is not None:
             assert len(sampler._model.get_trials(deepcopy=False)) <= 2 * 8 + 1
     assert sampler._model is not None  # the cap was reached and used
@@ -112,15 +119,7 @@ def test_prefetch_makes_the_next_model_proposal_on_a_background_thread(monkeypat
         return build(window)
 
     monkeypatch.setattr(sampler, "_new_model", build_spy)
-    study = optuna.create_study(sampler=sampler)
-    seen = set()
-    for _ in range(30):
-        trial = study.ask(dists)
-        key = space.key(trial.params)
-        assert space.is_valid(trial.params) and key not in seen
-        seen.add(key)
-        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
-        study.tell(trial, fake_time(trial.params))
+    for _ in _asked_and_told(sampler, space, dists, 30):
         assert sampler._model_size <= 2 * 8 + 1  # rebuilt ahead, before it outgrows its cap
     assert threads[0] == threading.current_thread().name  # nothing made ahead yet
     assert threads[1:] and all(name.startswith("autotune-propose") for name in threads[1:])
