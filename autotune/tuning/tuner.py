@@ -587,10 +587,12 @@ def confirm_best(
 ) -> float | None:
     """The confirmation round of ``problem``: its ``spec.confirm_top`` best configs (this
     software, this cache policy) and the baseline re-timed in ``spec.confirm_rounds``
-    interleaved rounds (None: adaptive, see the loop below); stored with the tie marks as rows of their own. Returns the seconds it
-    took, or None when there was nothing to confirm (no ``confirm`` on the engine,
-    ``confirm_top`` 0, no ok trial) or, with ``only_if_missing``, when the newest confirmation
-    already covers the current best configs.
+    interleaved rounds (None: adaptive, :func:`~autotune.tuning.confirmation.timed_rounds`),
+    each program for ``spec.confirm_iterations`` runs a round (None: sized by its time,
+    :func:`~autotune.tuning.confirmation.sized_iterations`); stored with the tie marks as rows
+    of their own. Returns the seconds it took, or None when there was nothing to confirm (no
+    ``confirm`` on the engine, ``confirm_top`` 0, no ok trial) or, with ``only_if_missing``,
+    when the newest confirmation already covers the current best configs.
     """
     confirm = getattr(engine, "confirm", None)
     n_top = spec.confirm_top
