@@ -498,6 +498,31 @@ class Engine(_TaskQueue, _WorkerPool):
                 isolated_reruns=self._isolated_reruns,
             )
 
+    def warm_problems(self) -> frozenset[Problem]:
+        """The problems that the workers next in line for a config have worked on.
+
+        The next config submitted goes to the least loaded worker with room (then the one on
+        the least loaded GPU), preferring among those one that has worked on its problem. A job
+        runner that asks one of these problems next spares that worker a problem's first-use
+        costs: its first compile of the problem (about a second more than the next ones on the
+        H200) and loading the inputs' and reference's programs under the GPU's lock. Empty when
+        no worker has room after the configs already queued.
+        """
+        capacity = self.compile_threads + 1
+        with self._lock:
+            ready = [w for w in self._workers.values()
+                     if w is not None and w.state == "ready" and not w.isolating]
+            room = sum(max(0, capacity - len(w.tasks)) for w in ready)
+            if room <= len(self._pending) + len(self._isolation):
+                return frozenset()
+            gpu_load: collections.Counter[int | None] = collections.Counter()
+            for w in ready:
+                gpu_load[w.gpu] += len(w.tasks)
+            open_ = [w for w in ready if len(w.tasks) < capacity]
+            first = min((len(w.tasks), gpu_load[w.gpu]) for w in open_)
+            return frozenset(p for w in open_ if (len(w.tasks), gpu_load[w.gpu]) == first
+                             for p in w.problems)
+
     @property
     def in_flight(self) -> int:
         """Tasks submitted and not finished (queued, compiling or running). Takes no lock: a

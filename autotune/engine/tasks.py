@@ -398,9 +398,13 @@ class _TaskQueue:
                         if not open_:
                             skipped.append(task)
                             continue
-                    w = min(open_, key=lambda w: (len(w.tasks), gpu_load[w.gpu], w.slot))
+                    # Of those, one that has worked on the problem: its first-use costs paid.
+                    problem = task.msg.problem
+                    w = min(open_, key=lambda w: (len(w.tasks), gpu_load[w.gpu],
+                                                  problem not in w.problems, w.slot))
                     gpu_load[w.gpu] += 1
                     w.tasks[task.id] = task
+                    w.problems.add(problem)
                     sends.append((w, task))
                 self._pending.extendleft(reversed(skipped))
         for w, task in sends:

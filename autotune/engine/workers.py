@@ -27,6 +27,7 @@ from autotune.engine.messages import (
 from autotune.engine.tasks import _ACTIVE_STAGES, _Task
 from autotune.engine.worker import _BOOT
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
+from autotune.space.problem import Problem
 
 log = logging.getLogger("autotune.engine.dispatcher")
 
@@ -52,6 +53,9 @@ class _WorkerHandle:
     device: DeviceInfo | None = None
     fatal: str = ""
     tasks: dict[int, _Task] = dataclasses.field(default_factory=dict)
+    # The problems it has been sent work of: their first-use costs (the problem's first
+    # compile, its inputs' and reference's programs loaded) are paid in this process.
+    problems: set[Problem] = dataclasses.field(default_factory=set)
 
     @property
     def isolating(self) -> bool:

@@ -57,6 +57,11 @@ POLL_S = 2.0
 MAX_POLL_S = 30.0
 
 
+# How many more configs in flight (over all processes) than the neediest problem has, a problem
+# that the engine's next free worker has worked on may have and still be asked first.
+AFFINITY_SLACK = 1
+
+
 @dataclasses.dataclass(eq=False)
 class _Run:
     """One problem of the job in this process."""
@@ -173,6 +178,18 @@ class _Run:
         return self.outside + self.tally.counting_before(trial.number) < budget.trials
 
 
+def next_to_ask(askable: Sequence[Any], warm: frozenset[Problem]) -> Any:
+    """The problem to ask next: the neediest (``need()``: fewest in flight, then fewest
+    measured); or, of the problems in ``warm`` (those the engine's next free worker has worked
+    on, :meth:`autotune.engine.dispatcher.Engine.warm_problems`), the neediest, where it has at
+    most :data:`AFFINITY_SLACK` more configs in flight than the neediest of all. A worker then
+    keeps to a few problems, and a job pays each problem's first-use costs in fewer workers."""
+    neediest = min(askable, key=lambda r: r.need())
+    familiar = [r for r in askable if r.problem in warm
+                and r.need()[0] <= neediest.need()[0] + AFFINITY_SLACK]
+    return min(familiar, key=lambda r: r.need()) if familiar else neediest
+
+
 class _Scheduler:
     def __init__(
         self,
@@ -258,7 +275,8 @@ class _Scheduler:
                        and (share is None or len(r.in_flight) < share)]
             if not askable:
                 return
-            self._ask_one(min(askable, key=_Run.need))
+            warm = getattr(self.engine, "warm_problems", None)
+            self._ask_one(next_to_ask(askable, warm() if warm is not None else frozenset()))
 
     def _look_again(self) -> None:
         """Closes dead processes' trials and re-reads the shared counts of a problem that

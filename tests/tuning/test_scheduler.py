@@ -28,7 +28,7 @@ from optuna.trial import TrialState
 from autotune.evaluation.trial import TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
-from autotune.tuning import optuna_adapter
+from autotune.tuning import optuna_adapter, scheduler
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
 from tests.fault_driver import KILL_EXIT, PACED, PACED_RUN_MS
@@ -246,6 +246,54 @@ def test_the_neediest_problem_is_asked_first(tmp_path):
         run_job(job, store=store, engine=engine)
     measured_before = job.problems[0].problem.digest()
     assert measured_before not in engine.order[:2], engine.order[:4]
+
+
+@dataclasses.dataclass
+class _Asked:
+    problem: str
+    running: int
+    measured: int
+    index: int
+
+    def need(self):
+        return (self.running, self.measured, self.index)
+
+
+def test_a_problem_the_next_free_worker_knows_is_asked_first_within_the_slack():
+    """next_to_ask: the neediest problem, unless one the engine's next free worker has worked
+    on has at most AFFINITY_SLACK more configs in flight; then the neediest of those."""
+    runs = [_Asked("a", 1, 5, 0), _Asked("b", 2, 0, 1), _Asked("c", 3, 0, 2)]
+    assert scheduler.AFFINITY_SLACK == 1
+    assert scheduler.next_to_ask(runs, frozenset()).problem == "a"
+    assert scheduler.next_to_ask(runs, frozenset({"b"})).problem == "b"
+    assert scheduler.next_to_ask(runs, frozenset({"c"})).problem == "a"  # 2 more in flight
+    assert scheduler.next_to_ask(runs, frozenset({"a", "b"})).problem == "a"
+    assert scheduler.next_to_ask(runs, frozenset({"x"})).problem == "a"
+
+
+class _WarmEngine(SlowEngine):
+    """Says its next free worker has always worked on one problem only."""
+
+    def __init__(self, warm) -> None:
+        super().__init__()
+        self.warm = frozenset({warm})
+
+    def warm_problems(self):
+        return self.warm
+
+
+def test_the_engines_warm_problems_lead_the_asks_without_starving_the_others(tmp_path):
+    """An engine whose free worker has always run problem 0: its configs are asked first where
+    the slack allows, and every problem still stores exactly its budget."""
+    job = _problems(3, trials=8)
+    engine = _WarmEngine(job.problems[0].problem)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(job, store=store, engine=engine)
+        counts = [len(store.trials(spec.problem)) for spec in job.problems]
+    assert counts == [8, 8, 8]
+    first = job.problems[0].problem.digest()
+    # Without the hint problem 0 gets a third of the first asks; with it, more.
+    assert engine.order[:12].count(first) > 4, engine.order[:12]
 
 
 def test_baseline_does_not_hold_back_trials(tmp_path):
