@@ -366,6 +366,22 @@ def test_interpret_mode_matches_reference():
     assert 0.5 < np.abs(ref).std() < 2  # inputs scaled so the output is O(1)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_reference_is_at_float32_precision_for_every_input_dtype(dtype):
+    """16-bit inputs are multiplied as they are (exact products) with float32 sums; the result
+    agrees with float64 arithmetic on the same values to float32 rounding, not 16-bit."""
+    import jax
+    import numpy as np
+
+    problem = _problem({"m": 128, "n": 256, "k": 512}, dtype)
+    a, b = KERNEL.make_inputs(problem, jax.random.key(1))
+    ref = KERNEL.reference(problem)(a, b)
+    assert ref.dtype == np.float32
+    exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    rel = np.linalg.norm(np.asarray(ref, np.float64) - exact) / np.linalg.norm(exact)
+    assert rel < 1e-5, rel
+
+
 def test_interpret_mode_excludes_clusters_only_there():
     """Bound for interpret mode, no config uses a cluster; bound for the GPU, some do."""
     problem = KERNEL.problem({"m": 512, "n": 512, "k": 256}, "bfloat16")
