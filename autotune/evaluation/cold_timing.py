@@ -86,7 +86,7 @@ def l2_cache_bytes(device: Any = None) -> tuple[int, str]:
 class L2Flush:
     """A program that evicts the L2: ``buffer + 1`` in place over ``FLUSH_FACTOR`` x L2 bytes.
 
-    ``launch()`` enqueues it (asynchronously, like any jax call); ``names`` are the kernel
+    Making one compiles its programs (host work); ``launch()`` enqueues it (asynchronously, like any jax call); ``names`` are the kernel
     launches CUPTI saw for one flush (set by :meth:`calibrate`).
     """
 
@@ -99,12 +99,18 @@ class L2Flush:
             nbytes = FLUSH_FACTOR * l2
             log.debug("L2 flush of %d bytes (L2 %d bytes, from %s).", nbytes, l2, source)
         self.nbytes = int(nbytes)
-        self._fn = jax.jit(lambda b: b + 1, donate_argnums=0)
-        self._buf = self._fn(jnp.zeros((max(1, self.nbytes // 4),), jnp.int32))
-        jax.block_until_ready(self._buf)
+        size = max(1, self.nbytes // 4)
+        # Compiled here and the buffer made at the first launch, so that it can be made ahead
+        # of the GPU's lock (Evaluator prepare): nothing runs on the device until then.
+        self._fn = jax.jit(lambda b: b + 1, donate_argnums=0).lower(
+            jax.ShapeDtypeStruct((size,), jnp.int32)).compile()
+        self._zeros = jax.jit(lambda: jnp.zeros((size,), jnp.int32)).lower().compile()
+        self._buf: Any = None
         self.names: tuple[str, ...] | None = None
 
     def launch(self) -> None:
+        if self._buf is None:
+            self._buf = self._zeros()
         self._buf = self._fn(self._buf)
 
     def calibrate(self, session: Callable[[Callable[[], Any]], list[tuple[str, float]]]) -> None:
@@ -116,6 +122,10 @@ class L2Flush:
         """
         if self.names is not None:
             return
+        if self._buf is None:  # made before the sessions, which must see the flush alone
+            import jax
+
+            self._buf = jax.block_until_ready(self._zeros())
         seen: list[tuple[str, ...]] = []
         for _ in range(CALIBRATION_SESSIONS):
             names = tuple(name for name, _ in session(lambda: (self.launch(), self._buf)[1]))

@@ -214,6 +214,19 @@ class Evaluator(abc.ABC):
         baseline's own failure, which :meth:`baseline` reports. Default: nothing."""
         return None
 
+    def warm_host(self) -> None:
+        """Host work every first config would wait for (importing the kernel language's
+        modules), done ahead: a worker calls it on a compile thread as it starts, before its
+        first config arrives. Default: nothing."""
+        return None
+
+    def warm_device(self) -> None:
+        """Pays once, ahead, what this evaluator's first timing would (CUPTI's start, the cold
+        policy's L2 flush made and its launches learnt). A worker calls it under the GPU's lock
+        as it starts, while its first config compiles; a failure here is met again, and
+        reported, by the first trial. Default: nothing."""
+        return None
+
     @abc.abstractmethod
     def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
         """Times a config compiled and checked before again, on fresh inputs (the

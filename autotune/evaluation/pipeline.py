@@ -451,6 +451,7 @@ class _JaxEvaluator(Evaluator):
         self.iterations = iterations
         self.cache = cache
         self._l2_flush: Any = None
+        self._flush_lock = threading.Lock()
         # Per problem, the newest KEPT_BASELINES: the baseline lowered ahead (prepare) until it
         # is compiled under the GPU's lock, then its executable (the confirmation round times
         # the baseline again; XLA's autotuning makes its compile slow).
@@ -494,7 +495,8 @@ class _JaxEvaluator(Evaluator):
             return self._specs[key]
 
     def _prepare(self, kernel: Kernel, problem: Problem) -> None:
-        """Compiles the problem's input maker and reference ahead of time, once per worker.
+        """Compiles the problem's input maker and reference ahead of time, once per worker
+        (and the evaluator's L2 flush, once).
 
         Called from the compile stage, outside the GPU lock: XLA compiling them is host work,
         and several workers of one GPU would otherwise take turns for it under the lock (seen
@@ -523,6 +525,7 @@ class _JaxEvaluator(Evaluator):
                 prepare_error_terms(reference.out_info, problem.dtype)
             except Exception:  # noqa: BLE001 - _expected reports a reference that really fails
                 self._references.pop(key, None)
+        self._flush()  # the L2 flush's programs too (0.1 s), once per evaluator
 
     def _fresh_inputs(self, kernel: Kernel, problem: Problem) -> tuple[Any, ...]:
         """New random inputs for every config (never zeros, never reused)."""
@@ -575,14 +578,24 @@ class _JaxEvaluator(Evaluator):
             self._prepare(kernel, problem)
 
     def _flush(self) -> Any:
-        """The L2 flush of cold CUPTI timing (made once per evaluator), else None."""
+        """The L2 flush of cold CUPTI timing (made once per evaluator, normally by
+        :meth:`_prepare`, off the GPU's lock), else None."""
         if self.cache != "cold" or self.timing != "cupti":
             return None
-        if self._l2_flush is None:
-            from autotune.evaluation.cold_timing import L2Flush
+        with self._flush_lock:
+            if self._l2_flush is None:
+                from autotune.evaluation.cold_timing import L2Flush
 
-            self._l2_flush = L2Flush()
-        return self._l2_flush
+                self._l2_flush = L2Flush()
+            return self._l2_flush
+
+    def warm_device(self) -> None:
+        flush = self._flush()
+        if flush is not None:
+            from autotune import _jax_compat
+
+            with self._device_context():
+                flush.calibrate(_jax_compat.cupti_session)
 
     def run(self, compiled: Compiled, *, on_stage: StageHook | None = None) -> TrialResult:
         kernel, problem = compiled.kernel, compiled.problem
@@ -719,6 +732,10 @@ class GpuEvaluator(_JaxEvaluator):
         if self._info is None:
             self._info = gpu_device_info()
         return self._info
+
+    def warm_host(self) -> None:
+        # Pallas' Mosaic GPU modules: 0.25-0.4 s of a fresh worker's first build on the H200.
+        import jax.experimental.pallas.mosaic_gpu  # noqa: F401
 
     def trace(self, *args: Any, clock_ghz: float | None = None, **kwargs: Any) -> dict[str, tuple[float, int]]:
         # Trace timestamps count SM cycles: convert with the clock the SMs run at under load.

@@ -222,6 +222,93 @@ def assert_one_at_a_time(spans):
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered)), ordered
 
 
+def test_a_config_goes_to_a_free_worker_that_has_worked_on_its_problem():
+    """Of the equally loaded workers, the one that has run the problem takes its next config,
+    and warm_problems() names the problems of the workers next in line."""
+    p0, p1, p2 = (Problem(FAKE, {"n": n}, "float32") for n in (10, 1, 2))
+    with fake_engine(workers_per_gpu=2, compile_threads=1) as eng:
+        eng.warm_up(FAKE, p0, cfg())  # both workers ready, both have run p0
+        first = [eng.submit(FAKE, p, cfg(compile_ms=300)) for p in (p1, p2)]
+        [f.result(timeout=60) for f in first]
+        assert eng.warm_problems() == {p0, p1, p2}  # both idle: either may take the next
+        later = [eng.submit(FAKE, p, cfg(compile_ms=300)) for p in (p2, p1)]
+        [f.result(timeout=60) for f in later]
+        busy = eng.submit(FAKE, p1, cfg(run_ms=1500))
+        time.sleep(0.5)
+        assert eng.warm_problems() == {p0, p2}  # the idle worker is next; it has not run p1
+        busy.result(timeout=60)
+        timeline = eng.timeline()
+    ran_on = {e.task_id: e.worker for e in timeline if e.stage == "done"}
+    ids = sorted(ran_on)[2:]  # after the warm-ups
+    assert ran_on[ids[0]] != ran_on[ids[1]]
+    # p2 then p1 were submitted to two idle workers: each went to the one that had run it.
+    assert ran_on[ids[2]] == ran_on[ids[1]] and ran_on[ids[3]] == ran_on[ids[0]]
+
+
+def test_a_worker_warms_its_device_up_under_the_gpus_lock(tmp_path):
+    """_warm_device calls the evaluator's warm_device holding the GPU's lock (another process
+    could not take it meanwhile), and a failure there is left for the first trial."""
+    import fcntl
+    import os
+
+    from autotune.engine.worker import _Worker
+
+    lock_path = tmp_path / "gpu-0.lock"
+    worker = _Worker.__new__(_Worker)
+    worker._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    held = []
+
+    class Evaluator:
+        def warm_device(self):
+            other = os.open(lock_path, os.O_RDWR)
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(other)
+
+    worker.evaluator = Evaluator()
+    worker._warm_device()
+    assert held == [True]
+
+    class Failing:
+        def warm_device(self):
+            raise RuntimeError("no CUPTI")
+
+    worker.evaluator = Failing()
+    worker._warm_device()  # logged, not raised
+    os.close(worker._lock_fd)
+
+
+def test_a_gpu_worker_imports_the_kernel_language_before_its_first_config():
+    """GpuEvaluator.warm_host imports Pallas' Mosaic GPU modules (a fresh process's first build
+    waited 0.25-0.4 s for them on the H200); the worker calls it, and a failure is left for the
+    first config."""
+    import subprocess
+    import sys
+
+    from autotune.engine.worker import _Worker
+
+    code = ("import sys; from autotune.evaluation.pipeline import GpuEvaluator; "
+            "assert 'jax.experimental.pallas.mosaic_gpu' not in sys.modules; "
+            "GpuEvaluator().warm_host(); "
+            "assert 'jax.experimental.pallas.mosaic_gpu' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    worker = _Worker.__new__(_Worker)
+    calls = []
+
+    class Evaluator:
+        def warm_host(self):
+            calls.append(1)
+            raise ImportError("no pallas")
+
+    worker.evaluator = Evaluator()
+    worker._warm_host()  # logged, not raised
+    assert calls == [1]
+
+
 def test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time():
     """workers_per_gpu=3: compiles overlap across worker processes; device stages never do."""
     n, compile_s, run_s = 9, 0.5, 0.1

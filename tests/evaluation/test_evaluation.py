@@ -361,6 +361,44 @@ def test_inputs_reference_and_check_are_compiled_ahead_without_autotuning(monkey
     assert calls, "the run's output check did not use the check compiled ahead"
 
 
+def test_the_l2_flush_is_compiled_when_a_problem_is_prepared_and_touches_the_device_later():
+    """The cold policy's L2 flush compiles with a problem's host work, off the GPU's lock (it
+    took 0.13 s of the H200's first trial); its buffer is made at its first launch."""
+    evaluator = ev.GpuEvaluator(iterations=1, cache="cold")
+    kernel = get_kernel(SCALE_ADD, allow_import=True)
+    evaluator._prepare(kernel, Problem(kernel.name, {"n": 384}, "float32"))
+    flush = evaluator._l2_flush
+    assert flush is not None and flush._buf is None
+    assert evaluator._flush() is flush  # one per evaluator
+    flush.launch()
+    assert flush._buf.shape == (flush.nbytes // 4,) and int(flush._buf[0]) == 1
+    warm = ev.GpuEvaluator(iterations=1, cache="warm")
+    warm._prepare(kernel, Problem(kernel.name, {"n": 384}, "float32"))
+    assert warm._l2_flush is None
+
+
+def test_warm_device_learns_the_flushs_launches_once_and_only_for_cold_cupti(monkeypatch):
+    """warm_device pays the first timing's once-only costs: the L2 flush made, its buffer on
+    the device and its launches learnt from CUPTI sessions (here a stand-in)."""
+    import autotune._jax_compat as compat
+
+    sessions = []
+
+    def session(run):
+        sessions.append(run())
+        return [("loop_add_fusion", 0.01)]
+
+    monkeypatch.setattr(compat, "cupti_session", session)
+    evaluator = ev.GpuEvaluator(iterations=1, cache="cold")
+    evaluator.warm_device()
+    assert evaluator._l2_flush.names == ("loop_add_fusion",) and len(sessions) == 2
+    evaluator.warm_device()
+    assert len(sessions) == 2  # once
+    warm = ev.GpuEvaluator(iterations=1, cache="warm")
+    warm.warm_device()
+    assert warm._l2_flush is None and len(sessions) == 2
+
+
 def test_a_baselines_host_work_is_prepared_ahead_and_only_its_compile_is_left(monkeypatch):
     """Seen on the H200: the 7 baselines of a job held the GPU's lock 36 s, though each one's
     autotuned compile takes 0.05-0.7 s alone: its inputs, reference and check were made
