@@ -80,13 +80,20 @@ def profile_params(options: Any) -> dict[str, Any]:
     }
 
 
-def cupti_session(run: Any) -> list[tuple[str, float]]:
+# Whether a CUPTI session detaches CUPTI from the process as it ends (``cuptiFinalize``), as
+# Mosaic GPU's ``profiler.measure`` does; its ``Cupti(finalize=False)`` does not. A worker times
+# session after session all its life: staying attached spares attaching again each time.
+CUPTI_DETACH = False
+
+
+def cupti_session(run: Any, *, detach: bool | None = None) -> list[tuple[str, float]]:
     """Every kernel launch of ``run()`` (waited for) as ``(name, ms)``, in launch order.
 
     What Mosaic GPU's ``profiler.measure`` does around its loop (same extension calls, in
     jax 0.10.2 and 0.11.2), without its warm-up call and its fixed arguments: cold timing
     (:mod:`autotune.evaluation.cold_timing`) launches an L2 flush between the timed calls. CUPTI takes one
-    subscriber per process; the session is detached when it ends.
+    subscriber per process; the session unsubscribes when it ends, and detaches CUPTI from the
+    process where ``detach`` (default :data:`CUPTI_DETACH`) says so.
     """
     import jax
     from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
@@ -96,7 +103,7 @@ def cupti_session(run: Any) -> list[tuple[str, float]]:
     try:
         jax.block_until_ready(run())  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in jax
     finally:
-        timings = ext._cupti_get_timings(True)
+        timings = ext._cupti_get_timings(CUPTI_DETACH if detach is None else detach)
     return [(str(name), float(ms)) for name, ms in (timings or [])]
 
 

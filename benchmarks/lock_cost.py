@@ -12,7 +12,8 @@ One process, as a worker has: an evaluator, ``--configs`` configs of the problem
 other configs of the problem in a loop meanwhile, as a worker's compile thread does. Per
 condition, the median and mean seconds of each step (the evaluator's stages: ``run`` = inputs
 and reference made, ``check``, ``time``, ``done``), of the CUPTI sessions inside the timing, and
-of an empty CUPTI session (its fixed cost). Prints a table; writes JSON to --out.
+of an empty CUPTI session (its fixed cost; staying attached, as the evaluator's sessions do, and
+detaching CUPTI from the process at its end, as ``profiler.measure`` does). Prints a table; writes JSON to --out.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.3)  # into its first compile
             steps: dict[str, list[float]] = {s: [] for s in STEPS}
             sessions.clear()
-            empty = []
+            empty: list[float] = []
+            empty_detached: list[float] = []
             for i in range(args.trials):
                 marks: dict[str, float] = {"device": time.perf_counter()}
                 evaluator.run(compiled[i % len(compiled)],
@@ -125,9 +127,16 @@ def main(argv: list[str] | None = None) -> int:
                         steps[step].append(marks[b] - marks[a])
                 steps["total"].append(marks["done"] - marks["device"])
                 if args.device == "gpu":
+                    # Attached (as the evaluator leaves it), detaching at its end, then the
+                    # session after a detach, which attaches again.
                     t0 = time.perf_counter()
-                    real_session(lambda: None)
-                    empty.append(time.perf_counter() - t0)
+                    real_session(lambda: None, detach=False)
+                    t1 = time.perf_counter()
+                    real_session(lambda: None, detach=True)
+                    t2 = time.perf_counter()
+                    real_session(lambda: None, detach=False)
+                    empty.append(t1 - t0)
+                    empty_detached.append(t2 - t1 + time.perf_counter() - t2 - (t1 - t0))
             stop.set()
             if busy:
                 worker.join()
@@ -135,13 +144,16 @@ def main(argv: list[str] | None = None) -> int:
                    "compiles_meanwhile": compiles[0],
                    "steps": {s: _summary(v) for s, v in steps.items()},
                    "cupti_session": _summary(list(sessions)),
-                   "empty_cupti_session": _summary(empty)}
+                   "empty_cupti_session": _summary(empty),
+                   "empty_cupti_session_detached": _summary(empty_detached)}
             results.append(row)
             print(f"switch {interval * 1000:.1f} ms, compile thread {row['compile_thread']:4}: "
                   + "  ".join(f"{s} {row['steps'][s]['median_s'] * 1000:.1f}/"
                               f"{row['steps'][s]['mean_s'] * 1000:.1f} ms" for s in STEPS)
                   + f"  session {row['cupti_session']['median_s'] * 1000:.1f} ms,"
                   f" empty {row['empty_cupti_session']['median_s'] * 1000:.1f} ms"
+                  f" ({row['empty_cupti_session_detached']['median_s'] * 1000:.1f} ms detaching"
+                  " and attaching again)"
                   " (median/mean)", flush=True)
     _jax_compat.cupti_session = real_session
     out = {"problem": str(problem), "device": args.device, "jax": jax.__version__,

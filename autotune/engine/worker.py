@@ -52,11 +52,13 @@ _RETIRE_EXIT_CODE = 3
 # executable holds only the kernel's code on the GPU, so keeping every problem of a scheduled
 # job costs little; recompiling the confirmation round's configs costs 1-2 s each.
 KEPT_PROBLEMS = 32
+# Queued for a worker's main thread by its warm-up thread (_Worker._warm_host).
+_WARM_DEVICE: Any = ("warm the device up",)
 # Python's GIL switch interval in a worker (Python's default: 5 ms). The thread that holds the
 # GPU's lock lets go of the GIL at every wait on the device (a block_until_ready, a CUPTI
 # flush) and must win it back from a compile thread tracing in Python, which keeps it for up
-# to the interval each time: a few of those waits per config made the lock's time per config
-# about twice its median.
+# to the interval each time. On the H200 a batch job's mean lock time per config went from
+# 101-104 ms to 88 ms at 0.5 ms (benchmarks/RESULTS.md section 9; 2 ms did worse).
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -115,7 +117,7 @@ class _Worker:
         self._send_lock = threading.Lock()
         self._kernels: dict[str, Any] = {}
         self._kernel_lock = threading.Lock()
-        self._ready: queue.Queue[tuple[TaskMsg, Any] | None] = queue.Queue()
+        self._ready: queue.Queue[Any] = queue.Queue()  # (task, compiled), _WARM_DEVICE, None
         self._lock_fd: int | None = None
         # The compiled executables of the fastest configs this worker timed, per problem (the
         # newest KEPT_PROBLEMS problems: a scheduled job has all its problems in flight), for the
@@ -159,11 +161,13 @@ class _Worker:
         self.pool.submit(self._warm_host)  # before the first config, which queues behind it
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._receive, name="receive", daemon=True).start()
-        self._warm_device()
         while True:
             item = self._ready.get()
             if item is None:
                 break
+            if item is _WARM_DEVICE:
+                self._warm_device()
+                continue
             self._measure(*item)
             if not self.evaluator.healthy:
                 self.send(Retire("the device failed after a run; replacing the process"))
@@ -175,14 +179,19 @@ class _Worker:
         os._exit(0)
 
     def _warm_host(self) -> None:
+        """The evaluator's once-per-process host work, on a compile thread as the worker
+        starts (imports in the order the first config would make them); then its device part,
+        queued for the main thread, which does it under the GPU's lock while the first config
+        compiles."""
         try:
             self.evaluator.warm_host()
         except Exception:  # noqa: BLE001 - the first config meets it again and reports it
             log.debug("Warming the host up failed.", exc_info=True)
+        self._ready.put(_WARM_DEVICE)
 
     def _warm_device(self) -> None:
-        """The evaluator's once-per-process device costs, under the GPU's lock, while the
-        first config compiles (on the H200 they took 0.1-0.25 s of a worker's first trial)."""
+        """The evaluator's once-per-process device costs, under the GPU's lock (on the H200
+        they took 0.1-0.25 s of a worker's first trial)."""
         try:
             with self._device():
                 self.evaluator.warm_device()

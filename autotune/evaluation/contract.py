@@ -215,16 +215,17 @@ class Evaluator(abc.ABC):
         return None
 
     def warm_host(self) -> None:
-        """Host work every first config would wait for (importing the kernel language's
-        modules), done ahead: a worker calls it on a compile thread as it starts, before its
-        first config arrives. Default: nothing."""
+        """Host work a worker's first config or first timing would wait for (importing the
+        kernel language's modules, compiling the L2 flush), done ahead: a worker calls it on a
+        thread of its own as it starts, then :meth:`warm_device`. Thread-safe. A failure here
+        is met again, and reported, by the first config. Default: nothing."""
         return None
 
     def warm_device(self) -> None:
-        """Pays once, ahead, what this evaluator's first timing would (CUPTI's start, the cold
-        policy's L2 flush made and its launches learnt). A worker calls it under the GPU's lock
-        as it starts, while its first config compiles; a failure here is met again, and
-        reported, by the first trial. Default: nothing."""
+        """Pays once, ahead, what this evaluator's first timing would on the device (CUPTI's
+        start, the L2 flush's buffer and its launches learnt). A worker calls it under the
+        GPU's lock after :meth:`warm_host`, while its first config compiles; a failure here is
+        met again, and reported, by the first trial. Default: nothing."""
         return None
 
     @abc.abstractmethod

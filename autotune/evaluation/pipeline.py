@@ -589,6 +589,9 @@ class _JaxEvaluator(Evaluator):
                 self._l2_flush = L2Flush()
             return self._l2_flush
 
+    def warm_host(self) -> None:
+        self._flush()  # compiled off the GPU's lock; warm_device puts its buffer on the GPU
+
     def warm_device(self) -> None:
         flush = self._flush()
         if flush is not None:
@@ -736,6 +739,8 @@ class GpuEvaluator(_JaxEvaluator):
     def warm_host(self) -> None:
         # Pallas' Mosaic GPU modules: 0.25-0.4 s of a fresh worker's first build on the H200.
         import jax.experimental.pallas.mosaic_gpu  # noqa: F401
+
+        super().warm_host()
 
     def trace(self, *args: Any, clock_ghz: float | None = None, **kwargs: Any) -> dict[str, tuple[float, int]]:
         # Trace timestamps count SM cycles: convert with the clock the SMs run at under load.

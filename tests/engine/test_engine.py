@@ -284,8 +284,8 @@ def test_a_worker_warms_its_device_up_under_the_gpus_lock(tmp_path):
 
 def test_a_gpu_worker_imports_the_kernel_language_before_its_first_config():
     """GpuEvaluator.warm_host imports Pallas' Mosaic GPU modules (a fresh process's first build
-    waited 0.25-0.4 s for them on the H200); the worker calls it, and a failure is left for the
-    first config."""
+    waited 0.25-0.4 s for them on the H200); the worker calls it, then queues the device part
+    for its main thread, and a failure is left for the first config."""
     import subprocess
     import sys
 
@@ -296,7 +296,12 @@ def test_a_gpu_worker_imports_the_kernel_language_before_its_first_config():
             "GpuEvaluator().warm_host(); "
             "assert 'jax.experimental.pallas.mosaic_gpu' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    import queue
+
+    from autotune.engine import worker as worker_mod
+
     worker = _Worker.__new__(_Worker)
+    worker._ready = queue.Queue()
     calls = []
 
     class Evaluator:
@@ -305,8 +310,8 @@ def test_a_gpu_worker_imports_the_kernel_language_before_its_first_config():
             raise ImportError("no pallas")
 
     worker.evaluator = Evaluator()
-    worker._warm_host()  # logged, not raised
-    assert calls == [1]
+    worker._warm_host()  # logged, not raised; the device part is still queued for the main thread
+    assert calls == [1] and worker._ready.get_nowait() is worker_mod._WARM_DEVICE
 
 
 def test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time():

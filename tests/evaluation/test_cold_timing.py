@@ -87,3 +87,28 @@ def test_cold_timing_retries_once_when_a_foreign_launch_breaks_the_split(monkeyp
     monkeypatch.setattr(compat, "cupti_session", session)
     samples, _ = timing.time_cold(lambda: 1, (), 2, flush, aggregate=True, select=None)
     assert samples == pytest.approx([200.0, 300.0])
+
+
+def test_a_cupti_session_stays_attached_unless_asked_to_detach(monkeypatch):
+    """A worker times session after session: CUPTI is left attached (the extension's
+    ``finalize`` False) unless ``detach`` asks, and a run that raises still ends its session."""
+    import sys
+    import types
+
+    import jax._src.lib
+
+    import autotune._jax_compat as compat
+
+    calls = []
+    ext = types.SimpleNamespace(
+        _cupti_init=lambda: calls.append("init"),
+        _cupti_get_timings=lambda finalize: calls.append(("end", finalize)) or [("k", 0.5)],
+    )
+    monkeypatch.delattr(jax._src.lib, "mosaic_gpu", raising=False)
+    monkeypatch.setitem(sys.modules, "jax._src.lib.mosaic_gpu",
+                        types.SimpleNamespace(_mosaic_gpu_ext=ext))
+    assert compat.cupti_session(lambda: None) == [("k", 0.5)]
+    assert compat.cupti_session(lambda: None, detach=True) == [("k", 0.5)]
+    with pytest.raises(ZeroDivisionError):
+        compat.cupti_session(lambda: 1 / 0)
+    assert calls == ["init", ("end", False), "init", ("end", True), "init", ("end", False)]

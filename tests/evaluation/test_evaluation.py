@@ -378,8 +378,9 @@ def test_the_l2_flush_is_compiled_when_a_problem_is_prepared_and_touches_the_dev
 
 
 def test_warm_device_learns_the_flushs_launches_once_and_only_for_cold_cupti(monkeypatch):
-    """warm_device pays the first timing's once-only costs: the L2 flush made, its buffer on
-    the device and its launches learnt from CUPTI sessions (here a stand-in)."""
+    """warm_host compiles the L2 flush (host work); warm_device pays the first timing's
+    once-only device costs: its buffer on the device and its launches learnt from CUPTI
+    sessions (here a stand-in)."""
     import autotune._jax_compat as compat
 
     sessions = []
@@ -390,6 +391,8 @@ def test_warm_device_learns_the_flushs_launches_once_and_only_for_cold_cupti(mon
 
     monkeypatch.setattr(compat, "cupti_session", session)
     evaluator = ev.GpuEvaluator(iterations=1, cache="cold")
+    evaluator.warm_host()  # the flush compiled, nothing on the device yet
+    assert evaluator._l2_flush is not None and evaluator._l2_flush._buf is None and not sessions
     evaluator.warm_device()
     assert evaluator._l2_flush.names == ("loop_add_fusion",) and len(sessions) == 2
     evaluator.warm_device()
