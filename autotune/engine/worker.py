@@ -266,13 +266,18 @@ class _Worker:
             self.send(Result(task.id, compiled, time.time()))
 
     def _prepare(self, task: TaskMsg) -> None:
-        """A problem's host work (inputs, reference, check; a baseline's lowering) on a compile
-        thread, outside the GPU's lock; the baseline's compile and timing (or the trace) follow
-        under the lock."""
+        """A problem's host work (inputs, reference, check; a baseline's lowering; a trace's
+        compile) on a compile thread, outside the GPU's lock; the baseline's compile and timing
+        (or the trace's run) follow under the lock."""
         self.send(StageReached(task.id, "prepare", time.time()))
         try:
             kernel = self._kernel(task.kernel_name)
             self.evaluator.prepare(kernel, task.problem, on_stage=self._hook(task))
+            if task.kind == "trace":
+                assert task.config is not None
+                self.evaluator.prepare_trace(kernel, task.problem, task.config,
+                                             task.extra["out_dir"],
+                                             profile_space=task.extra["profile_space"])
         except Exception:  # noqa: BLE001 - the run under the lock meets it again and reports it
             log.debug("Preparing task %d failed.", task.id, exc_info=True)
         self.send(StageReached(task.id, "prepared", time.time()))

@@ -214,6 +214,21 @@ class Evaluator(abc.ABC):
         baseline's own failure, which :meth:`baseline` reports. Default: nothing."""
         return None
 
+    def prepare_trace(
+        self,
+        kernel: Kernel,
+        problem: Problem,
+        config: Config,
+        out_dir: str | os.PathLike[str],
+        *,
+        profile_space: int,
+    ) -> None:
+        """Host work for :meth:`trace` with the same arguments (compiling the config with the
+        in-kernel profiler on), done ahead of it and outside the GPU's lock (the engine calls it
+        from a compile thread). Thread-safe; never raises: :meth:`trace` reports a failure.
+        Default: nothing."""
+        return None
+
     def warm_host(self) -> None:
         """Host work a worker's first config or first timing would wait for (importing the
         kernel language's modules, compiling the L2 flush), done ahead: a worker calls it on a

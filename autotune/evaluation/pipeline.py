@@ -357,11 +357,13 @@ def trace_config(
     inputs: Sequence[Any],
     interpret: bool = False,
     clock_ghz: float | None = None,
+    compiled: Compiled | TrialResult | None = None,
 ) -> dict[str, tuple[float, int]]:
     """Runs one config built with the in-kernel profiler; per-region ``(median, count)``.
 
-    Builds with ``BuildOptions(profile_space=..., profile_dir=out_dir)``, runs once, waits for
-    the trace files, and parses the files this run added (:mod:`autotune.evaluation.tracing`).
+    Builds with ``BuildOptions(profile_space=..., profile_dir=out_dir)`` (:func:`_compile_traced`;
+    or takes ``compiled``, its result made ahead), runs once, waits for the trace files, and
+    parses the files this run added (:mod:`autotune.evaluation.tracing`).
 
     Raises:
       EvaluationError: the config does not build, compile or run with the profiler on.
@@ -373,8 +375,9 @@ def trace_config(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.json"))
-    options = BuildOptions(interpret=interpret, profile_space=profile_space, profile_dir=str(out))
-    compiled = compile_config(kernel, problem, config, options)
+    if compiled is None:
+        compiled = _compile_traced(kernel, problem, config, out, profile_space=profile_space,
+                                  interpret=interpret)
     if isinstance(compiled, TrialResult):
         raise EvaluationError(
             f"Tracing {config} of {problem}: {compiled.outcome}: {compiled.error}"
@@ -385,6 +388,21 @@ def trace_config(
     except Exception as e:
         raise EvaluationError(f"Tracing {config} of {problem} failed to run: {e}") from e
     return parse_trace_files(sorted(set(out.glob("*.json")) - before), clock_ghz=clock_ghz)
+
+
+def _compile_traced(
+    kernel: Kernel,
+    problem: Problem,
+    config: Config,
+    out_dir: str | os.PathLike[str],
+    *,
+    profile_space: int,
+    interpret: bool = False,
+) -> Compiled | TrialResult:
+    """``config`` compiled with the in-kernel profiler writing its traces to ``out_dir``."""
+    options = BuildOptions(interpret=interpret, profile_space=profile_space,
+                           profile_dir=str(Path(out_dir)))
+    return compile_config(kernel, problem, config, options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,6 +483,8 @@ class _JaxEvaluator(Evaluator):
         self._references: dict[tuple[str, Problem], Any] = {}
         self._makers: dict[tuple[str, Problem], Any] = {}
         self._prepare_lock = threading.Lock()
+        # Traced programs compiled ahead (prepare_trace), until trace() takes them.
+        self._traced: dict[tuple[Any, ...], Compiled | TrialResult] = {}
         self._preparer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prepare")
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
 
@@ -695,6 +715,30 @@ class _JaxEvaluator(Evaluator):
             self.healthy = False
         return result
 
+    @staticmethod
+    def _trace_key(kernel: Kernel, problem: Problem, config: Config,
+                   out_dir: str | os.PathLike[str], profile_space: int) -> tuple[Any, ...]:
+        return (kernel.name, problem, config.digest(), str(Path(out_dir)), profile_space)
+
+    def prepare_trace(
+        self,
+        kernel: Kernel,
+        problem: Problem,
+        config: Config,
+        out_dir: str | os.PathLike[str],
+        *,
+        profile_space: int,
+    ) -> None:
+        """Compiles the traced program ahead (a Mosaic GPU compile: about a second of the
+        GPU's lock per trace on the H200 when it was compiled in :meth:`trace`)."""
+        if self._refuse(kernel) is not None:
+            return
+        with self._device_context():
+            compiled = _compile_traced(kernel, problem, config, out_dir,
+                                      profile_space=profile_space, interpret=self.interpret)
+        with self._lock:
+            self._traced[self._trace_key(kernel, problem, config, out_dir, profile_space)] = compiled
+
     def trace(
         self,
         kernel: Kernel,
@@ -708,6 +752,9 @@ class _JaxEvaluator(Evaluator):
         refused = self._refuse(kernel)
         if refused is not None:
             raise EvaluationError(refused.error)
+        with self._lock:
+            ahead = self._traced.pop(
+                self._trace_key(kernel, problem, config, out_dir, profile_space), None)
         with self._device_context():
             inputs = self._fresh_inputs(kernel, problem)
             return trace_config(
@@ -719,6 +766,7 @@ class _JaxEvaluator(Evaluator):
                 inputs=inputs,
                 interpret=self.interpret,
                 clock_ghz=clock_ghz,
+                compiled=ahead,
             )
 
 

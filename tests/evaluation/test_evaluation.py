@@ -569,6 +569,21 @@ def test_trace_in_interpret_mode_writes_nothing(interp, tmp_path):
     assert interp.trace(kernel, problem, Config(block=128), tmp_path, profile_space=16) == {}
 
 
+def test_a_trace_compiled_ahead_is_run_without_compiling_again(interp, tmp_path, monkeypatch):
+    """prepare_trace compiles the traced program outside the GPU's lock (a Mosaic GPU compile:
+    about a second under it per trace on the H200); trace() runs that program, once."""
+    kernel, problem = _scale_add()
+    compiles = []
+    real = ev.compile_config
+    monkeypatch.setattr(ev, "compile_config", lambda *a, **k: compiles.append(a[3]) or real(*a, **k))
+    interp.prepare_trace(kernel, problem, Config(block=128), tmp_path, profile_space=16)
+    assert compiles and compiles[-1].profile_space == 16
+    assert interp.trace(kernel, problem, Config(block=128), tmp_path, profile_space=16) == {}
+    assert len(compiles) == 1  # trace() took the program made ahead
+    interp.trace(kernel, problem, Config(block=128), tmp_path, profile_space=16)
+    assert len(compiles) == 2  # taken once: a second trace compiles its own
+
+
 # -- the module --------------------------------------------------------------------------------
 
 
