@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHILD = r"""
+# Both children: argv is (start time, kernel:shape:dtype, device); mark(step) notes the time.
+PRELUDE = r"""
 import os, sys, time, json
 t0 = float(sys.argv[1]); marks = {}
 def mark(name): marks[name] = time.time() - t0
@@ -32,6 +33,9 @@ import jax; mark("import jax")
 interpret = sys.argv[3] == "interpret"
 if interpret:
     jax.config.update("jax_platforms", "cpu")
+"""
+
+CHILD = PRELUDE + r"""
 jax.devices(); mark("backend up")
 if not interpret:
     import jax.experimental.pallas.mosaic_gpu  # noqa: F401
@@ -69,14 +73,7 @@ print(json.dumps(marks))
 # --path evaluator: a worker's own path, through its evaluator: warmed up as a worker starts
 # (one after the other here), the problem prepared while the first config compiles, then that
 # config's trial stage by stage, then a second config's.
-EVALUATOR_CHILD = r"""
-import os, sys, time, json
-t0 = float(sys.argv[1]); marks = {}
-def mark(name): marks[name] = time.time() - t0
-import jax
-interpret = sys.argv[3] == "interpret"
-if interpret:
-    jax.config.update("jax_platforms", "cpu")
+EVALUATOR_CHILD = PRELUDE + r"""
 from autotune.evaluation.contract import Compiled, make_evaluator
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Problem, parse_shape

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 from pathlib import Path
@@ -11,16 +10,14 @@ import pytest
 
 from autotune.engine.dispatcher import StageEvent
 from autotune.space.problem import Problem
+from tests import benchmark_scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def batch_job():
-    spec = importlib.util.spec_from_file_location("batch_job", ROOT / "benchmarks" / "batch_job.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("batch_job")
 
 
 def _events(task, worker, kind, problem, stages):

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import benchmark_scripts
 
 
 def test_lock_cost_reports_every_step_for_an_idle_and_a_busy_compile_thread(tmp_path):
-    spec = importlib.util.spec_from_file_location("lock_cost", ROOT / "benchmarks" / "lock_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_scripts.load("lock_cost")
     out = tmp_path / "lock_cost.json"
     assert module.main(["--device", "interpret", "--kernel", "softmax", "--shape",
                         "rows=64,cols=512", "--dtype", "float32", "--configs", "1", "--trials",

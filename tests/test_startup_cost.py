@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import benchmark_scripts
 
 
 def test_startup_cost_reports_every_step_in_order(tmp_path):
-    spec = importlib.util.spec_from_file_location("startup_cost", ROOT / "benchmarks" / "startup_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_scripts.load("startup_cost")
     out = tmp_path / "startup.json"
     assert module.main(["--device", "interpret", "--runs", "1", "--out", str(out)]) == 0
     figures = json.loads(out.read_text())
