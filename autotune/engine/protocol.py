@@ -11,7 +11,9 @@ them up with ``getattr``):
   baselines and traces interleave with trials;
 * ``confirm(...)`` (see :meth:`autotune.engine.dispatcher.Engine.confirm`): an engine without
   it gets no confirmation round;
-* ``in_flight`` and ``kill_workers`` (the CLI's interrupt handling).
+* ``in_flight`` and ``kill_workers`` (the CLI's interrupt handling);
+* ``warm_problems()`` (see :meth:`autotune.engine.dispatcher.Engine.warm_problems`): the
+  problems the engine's next free worker has worked on, which the scheduler asks first.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ _RETIRE_EXIT_CODE = 3
 # executable holds only the kernel's code on the GPU, so keeping every problem of a scheduled
 # job costs little; recompiling the confirmation round's configs costs 1-2 s each.
 KEPT_PROBLEMS = 32
-# Queued for a worker's main thread by its warm-up thread (_Worker._warm_host).
+# Queued for a worker's main thread by _Worker._warm_host (on a compile thread).
 _WARM_DEVICE: Any = ("warm the device up",)
 # Python's GIL switch interval in a worker (Python's default: 5 ms). The thread that holds the
 # GPU's lock lets go of the GIL at every wait on the device (a block_until_ready, a CUPTI

@@ -86,8 +86,9 @@ def l2_cache_bytes(device: Any = None) -> tuple[int, str]:
 class L2Flush:
     """A program that evicts the L2: ``buffer + 1`` in place over ``FLUSH_FACTOR`` x L2 bytes.
 
-    Making one compiles its programs (host work); ``launch()`` enqueues it (asynchronously, like any jax call); ``names`` are the kernel
-    launches CUPTI saw for one flush (set by :meth:`calibrate`).
+    Making one compiles its programs (host work); ``launch()`` enqueues it (asynchronously,
+    like any jax call; the first makes its buffer); ``names`` are the kernel launches CUPTI saw
+    for one flush (set by :meth:`calibrate`).
     """
 
     def __init__(self, nbytes: int | None = None) -> None:
@@ -101,7 +102,8 @@ class L2Flush:
         self.nbytes = int(nbytes)
         size = max(1, self.nbytes // 4)
         # Compiled here and the buffer made at the first launch, so that it can be made ahead
-        # of the GPU's lock (Evaluator prepare): nothing runs on the device until then.
+        # of the GPU's lock (Evaluator.warm_host, a problem's prepare): nothing runs on the
+        # device until then.
         self._fn = jax.jit(lambda b: b + 1, donate_argnums=0).lower(
             jax.ShapeDtypeStruct((size,), jnp.int32)).compile()
         self._zeros = jax.jit(lambda: jnp.zeros((size,), jnp.int32)).lower().compile()

@@ -232,7 +232,7 @@ class Evaluator(abc.ABC):
     def warm_host(self) -> None:
         """Host work a worker's first config or first timing would wait for (importing the
         kernel language's modules, compiling the L2 flush), done ahead: a worker calls it on a
-        thread of its own as it starts, then :meth:`warm_device`. Thread-safe. A failure here
+        compile thread as it starts, before its first config, then :meth:`warm_device`. Thread-safe. A failure here
         is met again, and reported, by the first config. Default: nothing."""
         return None
 

@@ -598,8 +598,8 @@ class _JaxEvaluator(Evaluator):
             self._prepare(kernel, problem)
 
     def _flush(self) -> Any:
-        """The L2 flush of cold CUPTI timing (made once per evaluator, normally by
-        :meth:`_prepare`, off the GPU's lock), else None."""
+        """The L2 flush of cold CUPTI timing (made once per evaluator, off the GPU's lock: in a
+        worker by :meth:`warm_host`, else by a problem's :meth:`_prepare`), else None."""
         if self.cache != "cold" or self.timing != "cupti":
             return None
         with self._flush_lock:
