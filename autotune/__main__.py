@@ -1,5 +1,5 @@
 """``python -m autotune``: the same as the ``autotune`` console script."""
 
-from autotune.cli import main
+from autotune.cli import run
 
-raise SystemExit(main())
+run()

@@ -940,5 +940,13 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if not report.failures else EXIT_NOTHING
 
 
+def run() -> None:
+    """The ``autotune`` console script and ``python -m autotune``: :func:`main`, then the exit
+    (:func:`autotune.interrupts.end_process`)."""
+    from autotune.interrupts import end_process
+
+    end_process(main())
+
+
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    run()

@@ -8,7 +8,10 @@ stored), and the engine kills its workers instead of waiting for them. A second 
 the process at once (``abort`` kills the workers first); the trials it leaves open are closed
 by the next run, as after ``kill -9``.
 
-Exit status: 128 + the signal's number, 130 for SIGINT and 143 for SIGTERM.
+Exit status: 128 + the signal's number, 130 for SIGINT and 143 for SIGTERM. After a signal the
+process ends by :func:`end_process` (``os._exit``), not through the interpreter's teardown, in
+which Python puts the default handlers back: a second signal then would end it by the signal
+itself rather than with 128 + its number.
 
 Only the command line installs these handlers (:func:`handling`); a program that calls
 ``autotune.tune`` keeps its own.
@@ -19,13 +22,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["Interrupted", "Handler", "handling", "SIGNALS"]
+__all__ = ["Interrupted", "Handler", "handling", "end_process", "SIGNALS"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The first signal a Handler of this process received (None: none).
+_received: int | None = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -68,6 +74,8 @@ class Handler:
                     self.abort()
             os._exit(128 + signum)
         self.received = signum
+        global _received
+        _received = _received or signum
         what = ""
         if self.status is not None:
             try:
@@ -98,3 +106,15 @@ def handling() -> Iterator[Handler]:
         if handler.received is None:
             for s, old in previous.items():
                 signal.signal(s, old)
+
+
+def end_process(code: int) -> NoReturn:
+    """Ends the process with exit status ``code``: after a signal, at once with ``os._exit``
+    once stdout and stderr are flushed (everything to close is closed by then); otherwise by
+    ``SystemExit``, through the interpreter's usual teardown."""
+    if _received is None:
+        raise SystemExit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -330,4 +330,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from autotune.interrupts import end_process
+
+    end_process(main())
