@@ -85,6 +85,9 @@ from autotune.engine.tasks import (
     _TIMEOUT_FLOORS as _TIMEOUT_FLOORS,
 )
 from autotune.engine.tasks import (
+    _gpu_load,
+    _next_in_line,
+    _open_workers,
     _Task,
     _TaskQueue,
     default_timeout_s,
@@ -463,7 +466,7 @@ class Engine(_TaskQueue, _WorkerPool):
         A job runner that keeps this many submitted keeps every GPU and compile thread busy;
         more only waits in the engine's queue.
         """
-        return len(self._slots) * (self.compile_threads + 1)
+        return len(self._slots) * self._capacity
 
     def warm_up(self, kernel_name: str, problem: Problem, config: Config) -> list[TrialResult]:
         """Evaluates ``config`` once on every worker; their results, by worker slot.
@@ -508,19 +511,16 @@ class Engine(_TaskQueue, _WorkerPool):
         H200) and loading the inputs' and reference's programs under the GPU's lock. Empty when
         no worker has room after the configs already queued.
         """
-        capacity = self.compile_threads + 1
+        capacity = self._capacity
         with self._lock:
-            ready = [w for w in self._workers.values()
-                     if w is not None and w.state == "ready" and not w.isolating]
-            room = sum(max(0, capacity - len(w.tasks)) for w in ready)
+            ready = [w for w in self._workers.values() if w is not None and w.state == "ready"]
+            open_ = _open_workers(ready, capacity)
+            room = sum(capacity - len(w.tasks) for w in open_)
             if room <= len(self._pending) + len(self._isolation):
                 return frozenset()
-            gpu_load: collections.Counter[int | None] = collections.Counter()
-            for w in ready:
-                gpu_load[w.gpu] += len(w.tasks)
-            open_ = [w for w in ready if len(w.tasks) < capacity]
-            first = min((len(w.tasks), gpu_load[w.gpu]) for w in open_)
-            return frozenset(p for w in open_ if (len(w.tasks), gpu_load[w.gpu]) == first
+            gpu_load = _gpu_load(ready)
+            first = min(_next_in_line(w, gpu_load) for w in open_)
+            return frozenset(p for w in open_ if _next_in_line(w, gpu_load) == first
                              for p in w.problems)
 
     @property

@@ -62,6 +62,25 @@ def default_timeout_s(slowest_seen_s: float | None, *, floor_s: float) -> float:
     return max(floor_s, _TIMEOUT_FACTOR * (slowest_seen_s or 0.0))
 
 
+def _gpu_load(workers: list[_WorkerHandle]) -> collections.Counter[int | None]:
+    """Tasks in flight per GPU, over ``workers``."""
+    load: collections.Counter[int | None] = collections.Counter()
+    for w in workers:
+        load[w.gpu] += len(w.tasks)
+    return load
+
+
+def _open_workers(workers: list[_WorkerHandle], capacity: int) -> list[_WorkerHandle]:
+    """The workers with room for another task (none running a crash suspect alone)."""
+    return [w for w in workers if not w.isolating and len(w.tasks) < capacity]
+
+
+def _next_in_line(w: _WorkerHandle, gpu_load: collections.Counter[int | None]) -> tuple[int, int]:
+    """The order in which open workers take tasks: the least loaded worker first, then the one
+    on the least loaded GPU, so no worker idles while work waits."""
+    return len(w.tasks), gpu_load[w.gpu]
+
+
 @dataclasses.dataclass(eq=False)
 class _Task:
     msg: TaskMsg
@@ -85,6 +104,12 @@ class _Task:
 
 class _TaskQueue:
     """The task half of :class:`~.dispatcher.Engine`."""
+
+    @property
+    def _capacity(self) -> int:
+        """Tasks a worker holds when full: a config per compile thread plus one compiled and
+        waiting for (or using) its GPU."""
+        return self.compile_threads + 1
 
     def _submit(
         self,
@@ -364,7 +389,7 @@ class _TaskQueue:
         ready = [w for w in self._workers.values() if w is not None and w.state == "ready"]
         if not ready:
             return
-        capacity = self.compile_threads + 1  # one compiled config waiting while one is timed
+        capacity = self._capacity
         sends: list[tuple[_WorkerHandle, _Task]] = []
         with self._lock:
             # Suspects of a crash run alone, on a worker with nothing else in flight; other work
@@ -379,15 +404,10 @@ class _TaskQueue:
                         w.tasks[task.id] = task
                         sends.append((w, task))
             if not self._isolation:
-                # The least loaded worker first (then the least loaded GPU), so no worker idles
-                # while work waits. A worker is full with a config per compile thread plus one
-                # compiled and waiting for (or using) its GPU.
-                gpu_load: collections.Counter[int | None] = collections.Counter()
-                for w in ready:
-                    gpu_load[w.gpu] += len(w.tasks)
+                gpu_load = _gpu_load(ready)
                 skipped: list[_Task] = []  # pinned to a worker that is full or not ready
                 while self._pending:
-                    open_ = [w for w in ready if not w.isolating and len(w.tasks) < capacity]
+                    open_ = _open_workers(ready, capacity)
                     if not open_:
                         break
                     task = self._pop_live(self._pending)
@@ -398,9 +418,10 @@ class _TaskQueue:
                         if not open_:
                             skipped.append(task)
                             continue
-                    # Of those, one that has worked on the problem: its first-use costs paid.
+                    # Next in line; of those, one that has worked on the problem (its first-use
+                    # costs paid).
                     problem = task.msg.problem
-                    w = min(open_, key=lambda w: (len(w.tasks), gpu_load[w.gpu],
+                    w = min(open_, key=lambda w: (*_next_in_line(w, gpu_load),
                                                   problem not in w.problems, w.slot))
                     gpu_load[w.gpu] += 1
                     w.tasks[task.id] = task

@@ -232,8 +232,9 @@ class Evaluator(abc.ABC):
     def warm_host(self) -> None:
         """Host work a worker's first config or first timing would wait for (importing the
         kernel language's modules, compiling the L2 flush), done ahead: a worker calls it on a
-        compile thread as it starts, before its first config, then :meth:`warm_device`. Thread-safe. A failure here
-        is met again, and reported, by the first config. Default: nothing."""
+        compile thread as it starts, before its first config, then :meth:`warm_device`.
+        Thread-safe. A failure here is met again, and reported, by the first config. Default:
+        nothing."""
         return None
 
     def warm_device(self) -> None:
