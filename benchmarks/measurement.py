@@ -11,7 +11,7 @@ Per problem, with the engine of the tuner (worker processes, CUPTI, the L2 flush
    config first, the "winner" unless ``--winner data`` puts the ground-truth best of
    ``benchmarks/data`` first; then the next best recorded configs and the default's
    neighbours, ``--top`` in all) and the baseline, as a search does (``--iterations`` runs);
-2. **the confirmation round** of each policy (``Engine.confirm`` + ``analyse_confirmation``):
+2. **the confirmation round** of each policy (``Engine.confirm`` + ``analyse_rounds``):
    ``--rounds`` interleaved rounds of ``--confirm-iterations`` runs per program; its wall time;
 3. **an independent re-time** in a fresh engine (new processes and inputs, another moment; the
    same two programs, loaded from the run's compilation cache: compiled again, XLA's autotuning
@@ -45,8 +45,7 @@ from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 from autotune.tuning.confirmation import (  # noqa: E402
-    Candidate,
-    analyse_confirmation,
+    analyse_rounds,
     sized_iterations,
     timed_rounds,
 )
@@ -172,15 +171,10 @@ def _time_rounds(engine: Any, kernel: Any, problem: Problem, ok: list[tuple[Conf
 
 
 def _analyse(ok: list[tuple[Config, Any]], default: Any, table: list[list[Any]]) -> Any:
-    """The confirmation of ``table`` (None when a program failed in it)."""
-    n = len(ok)
-    kept = [i for i in range(n) if all(row[i].ok for row in table)]
-    if not (kept and all(row[n].ok for row in table)):
-        return None
-    return analyse_confirmation(
-        [Candidate(ok[i][0], tuple(row[i].samples_us for row in table),
-                   search_us=ok[i][1].median_us) for i in kept],
-        [row[n].samples_us for row in table], default_config=default)
+    """The confirmation of ``table`` (None when every config or the baseline failed in it)."""
+    analysed = analyse_rounds(table, [c for c, _ in ok], search_us=[r.median_us for _, r in ok],
+                              baseline=True, default_config=default)
+    return analysed.confirmation if analysed.base_rounds is not None else None
 
 
 def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[Any, Problem]],

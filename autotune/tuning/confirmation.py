@@ -37,6 +37,8 @@ __all__ = [
     "sized_iterations",
     "needs_another_round",
     "timed_rounds",
+    "analyse_rounds",
+    "AnalysedRounds",
     "Candidate",
     "ProgramSummary",
     "Confirmation",
@@ -217,6 +219,45 @@ def timed_rounds(
             break
         table += time_rounds(1, len(table))
     return table
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysedRounds:
+    """What :func:`analyse_rounds` made of a table of rounds."""
+
+    confirmation: Confirmation | None  # None: every config failed
+    kept: list[int]  # the configs (indices) that never failed
+    failed: list[int]
+    base_rounds: list[tuple[float, ...]] | None  # None: no baseline, or it failed
+
+
+def analyse_rounds(
+    table: Sequence[Sequence[Any]],
+    configs: Sequence[Mapping[str, Any]],
+    *,
+    search_us: Sequence[float | None],
+    trial_ids: Sequence[int | None] | None = None,
+    baseline: bool,
+    default_config: Mapping[str, Any] | None = None,
+) -> AnalysedRounds:
+    """The confirmation of ``table`` (per round, one result per config of ``configs``, then the
+    baseline's when ``baseline``; results as ``Engine.confirm`` returns them): configs that
+    failed in any round are left out, and so is a failed baseline."""
+    n = len(configs)
+    failed = [i for i in range(n) if not all(row[i].ok for row in table)]
+    kept = [i for i in range(n) if i not in failed]
+    base_rounds = None
+    if baseline and all(row[n].ok for row in table):
+        base_rounds = [row[n].samples_us for row in table]
+    if not kept:
+        return AnalysedRounds(None, kept, failed, base_rounds)
+    candidates = [
+        Candidate(config=configs[i], rounds_us=tuple(row[i].samples_us for row in table),
+                  trial_id=None if trial_ids is None else trial_ids[i], search_us=search_us[i])
+        for i in kept
+    ]
+    confirmation = analyse_confirmation(candidates, base_rounds, default_config=default_config)
+    return AnalysedRounds(confirmation, kept, failed, base_rounds)
 
 
 def analyse_confirmation(

@@ -56,9 +56,8 @@ from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.confirmation import (
     DEFAULT_CONFIRM_TOP,
-    Candidate,
-    Confirmation,
-    analyse_confirmation,
+    AnalysedRounds,
+    analyse_rounds,
     sized_iterations,
     timed_rounds,
 )
@@ -623,14 +622,20 @@ def confirm_best(
     configs = [Config(r.config) for r in top]
     default = kernel.default_config(problem) if kernel.default_config is not None else None
     # A job's confirm_rounds is what it gets; else adaptive rounds (timed_rounds).
+    medians_us = [r.median_us for r in top]
+
+    def analyse(rows: list[list[TrialResult]]) -> AnalysedRounds:
+        return analyse_rounds(rows, [r.config for r in top], search_us=medians_us,
+                              trial_ids=[r.id for r in top], baseline=baseline,
+                              default_config=default)
+
     table = timed_rounds(
         lambda n, first: confirm(problem.kernel, problem, configs, rounds=n, first_round=first,
-                                 iterations=iterations, baseline=baseline,
-                                 medians_us=[r.median_us for r in top]),
-        lambda rows: _analyse_confirmation_table(rows, top, baseline, default).confirmation,
+                                 iterations=iterations, baseline=baseline, medians_us=medians_us),
+        lambda rows: analyse(rows).confirmation,
         spec.confirm_rounds,
     )
-    analysed = _analyse_confirmation_table(table, top, baseline, default)
+    analysed = analyse(table)
     for i in analysed.failed:
         bad = next(row[i] for row in table if not row[i].ok)
         logger.warning("%s: confirming %s failed (%s): %s; left out of the confirmation.",
@@ -652,37 +657,6 @@ def confirm_best(
                     "%s", problem, Config(winner.config).to_json(), winner.median_us,
                     Config(top[kept[0]].config).to_json())
     return time.monotonic() - start
-
-
-@dataclasses.dataclass(frozen=True)
-class _AnalysedTable:
-    confirmation: Confirmation | None  # None: every config failed
-    kept: list[int]  # the configs (indices into top) that never failed
-    failed: list[int]
-    base_rounds: list[tuple[float, ...]] | None  # None: no baseline, or it failed
-
-
-def _analyse_confirmation_table(
-    table: list[list[TrialResult]], top: list[Any], baseline: bool,
-    default: Mapping[str, Any] | None,
-) -> _AnalysedTable:
-    """The confirmation of ``table`` (per round, one result per config of ``top``, then the
-    baseline's): configs that failed in any round are left out, and so is a failed baseline."""
-    n = len(top)
-    failed = [i for i in range(n) if not all(row[i].ok for row in table)]
-    kept = [i for i in range(n) if i not in failed]
-    base_rounds = None
-    if baseline and all(row[n].ok for row in table):
-        base_rounds = [row[n].samples_us for row in table]
-    if not kept:
-        return _AnalysedTable(None, kept, failed, base_rounds)
-    candidates = [
-        Candidate(config=top[i].config, rounds_us=tuple(row[i].samples_us for row in table),
-                  trial_id=top[i].id, search_us=top[i].median_us)
-        for i in kept
-    ]
-    confirmation = analyse_confirmation(candidates, base_rounds, default_config=default)
-    return _AnalysedTable(confirmation, kept, failed, base_rounds)
 
 
 def _stagnated(study: optuna.Study, patience: int) -> bool:

@@ -26,8 +26,35 @@ def test_public_api():
     assert sorted(m.__all__) == sorted([
         "DEFAULT_CONFIRM_TOP", "DEFAULT_CONFIRM_ROUNDS", "DEFAULT_CONFIRM_ITERATIONS",
         "Candidate", "ProgramSummary", "Confirmation", "preference_key", "analyse_confirmation",
-        "sized_iterations", "needs_another_round", "timed_rounds",
+        "sized_iterations", "needs_another_round", "timed_rounds", "analyse_rounds",
+        "AnalysedRounds",
     ])
+
+
+def test_a_table_of_rounds_leaves_out_what_failed_in_any_round():
+    """analyse_rounds (the tuner's and measurement.py's): a config that failed in one round is
+    left out, a failed baseline gives no speedup, and with every config failed nothing is
+    confirmed."""
+    from autotune.evaluation.trial import Outcome, TrialResult
+
+    def ok(us):
+        return TrialResult.timed([us, us], compile_s=0.0, rel_error=None, timing="fake")
+
+    bad = TrialResult(outcome=Outcome.CRASHED, error="died")
+    configs = [{"t": 1}, {"t": 2}, {"t": 3}]
+    table = [[ok(100.0), ok(110.0), ok(120.0), ok(200.0)],
+             [ok(101.0), bad, ok(121.0), ok(201.0)]]
+    analysed = m.analyse_rounds(table, configs, search_us=[100.0, 110.0, 120.0],
+                                trial_ids=[7, 8, 9], baseline=True)
+    assert analysed.kept == [0, 2] and analysed.failed == [1]
+    assert analysed.base_rounds == [(200.0, 200.0), (201.0, 201.0)]
+    assert analysed.confirmation.winner.config == {"t": 1}
+    assert analysed.confirmation.speedup is not None
+    no_base = m.analyse_rounds([row[:3] + [bad] for row in table], configs,
+                               search_us=[100.0, 110.0, 120.0], baseline=True)
+    assert no_base.base_rounds is None and no_base.confirmation.speedup is None
+    none = m.analyse_rounds([[bad, bad, bad]], configs, search_us=[None] * 3, baseline=False)
+    assert none.confirmation is None and none.failed == [0, 1, 2]
 
 
 def test_confirmation_runs_are_sized_by_each_programs_time():
