@@ -411,6 +411,8 @@ class BoundSpace:
 
     # Above this many valid configs, nearest-config repair and sampling stay lazy.
     MATERIALIZE_LIMIT = 200_000
+    # sample(n) enumerates the valid set only when it holds at most this many times n configs.
+    ENUMERATE_TO_SAMPLE = 8
     _DRAW_MEMO_MAX = 1_000_000  # prefixes whose draw weights are kept
 
     def __init__(self, space: Space, env: Env) -> None:
@@ -675,14 +677,16 @@ class BoundSpace:
     ) -> list[Config]:
         """Up to ``n`` distinct valid configs drawn uniformly at random, none in ``exclude``.
 
-        Small spaces are enumerated; large ones (10^9 raw and more) are sampled lazily: each
-        tunable's value is drawn with probability proportional to its number of valid
-        completions (the memoised counts of :meth:`count`), which is exactly uniform over the
-        valid set and never materialises it.
+        Small spaces, and spaces already enumerated, are sampled from the valid set; others
+        lazily: each tunable's value is drawn with probability proportional to its number of
+        valid completions (the memoised counts of :meth:`count`), which is exactly uniform over
+        the valid set and never materialises it. (Enumerating 200,000 configs to draw 1,024 of
+        them took 2 s; the lazy draws take 0.2 s.)
         """
         rng = random.Random(seed)
         banned = {self._tuple_or_none(c) for c in exclude}
-        if self.count() <= self.MATERIALIZE_LIMIT:
+        count = self.count()
+        if self._valid is not None or count <= min(self.MATERIALIZE_LIMIT, self.ENUMERATE_TO_SAMPLE * max(n, 1)):
             pool = [t for t in self.valid_tuples() if t not in banned]
             picked = rng.sample(pool, min(n, len(pool)))
             return [self._config(t) for t in picked]
