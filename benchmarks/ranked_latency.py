@@ -1,13 +1,15 @@
 """How long the ranked sampler takes to propose: per ask, and per refit (CPU only).
 
     python3 benchmarks/ranked_latency.py [--trials 64] [--model auto|sklearn|numpy]
-        [--history N]
+        [--history N] [--no-cost-model]
 
 Runs a study of the ranked sampler (behind the valid-set wrapper, as the tuner does) over the
 full valid set of hopper_matmul at 4096^3 bf16 with a synthetic time per config, and prints the
 time of each ``study.ask``: those that refit the model, and those that only look up the ranked
 pool (the target: under 10 ms at the 99th percentile). ``--history N`` first stores N
-synthetic results at another shape, so the prior is fitted too (its time is printed).
+synthetic results at another shape, so the prior is fitted too (its time is printed). The
+kernel's cost model is passed as the tuner passes it (the first ask then also climbs on it);
+``--no-cost-model`` leaves it out.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--model", default="auto")
     ap.add_argument("--history", type=int, default=0)
+    ap.add_argument("--no-cost-model", action="store_true", help="rank without the kernel's cost model")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")
@@ -55,7 +58,9 @@ def main() -> None:
         history = [Observation(other, c, synthetic_us(other, c))
                    for c in kernel.valid_space(other).sample(args.history, seed=1)]
     started = time.perf_counter()
-    sampler = valid_sampler("ranked", bound, seed=0, history=history, ranked={"model": args.model})
+    estimate = None if args.no_cost_model else kernel.cost_model
+    sampler = valid_sampler("ranked", bound, seed=0, history=history, ranked={"model": args.model},
+                            estimate=estimate)
     base = sampler.base
     study = optuna.create_study(sampler=sampler)
     dists = distributions(bound)
@@ -76,8 +81,11 @@ def main() -> None:
         study.tell(trial, synthetic_us(problem, Config(trial.params)))
     total = time.perf_counter() - started
     print(f"ranked sampler, model {base.backend}, {bound.count()} valid configs, pool "
-          f"{len(base._pool)}, {args.trials} trials, history {len(history)} results")
-    print(f"first ask (draw the pool{', fit the prior' if history else ''}): {first_ask:.0f} ms")
+          f"{len(base._pool)}, {args.trials} trials, history {len(history)} results, cost model "
+          f"{'off' if estimate is None else 'on'}")
+    steps = ["draw the pool"] + (["climb on the cost model"] if estimate else []) + (
+        ["fit the prior"] if history and not estimate else [])
+    print(f"first ask ({', '.join(steps)}): {first_ask:.0f} ms")
     if refits:
         print(f"asks that refit ({len(refits)}): median {statistics.median(refits):.1f} ms, "
               f"max {max(refits):.1f} ms")

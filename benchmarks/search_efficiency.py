@@ -82,7 +82,8 @@ TUNED_ON = (
     "hopper_attention__batch1_causalfalse_head_dim64_heads_kv8_heads_q8_seq_kv8192_seq_q8192__float16.json",
 )
 RANKED_OPTIONS = {"explore": float, "kappa": float, "candidates": int, "model": str,
-                  "climb": float, "clip": lambda v: v not in ("0", "false")}
+                  "climb": float, "clip": lambda v: v not in ("0", "false"),
+                  "estimate": lambda v: v not in ("0", "false")}
 
 
 def ground_truth_files(folder: Path = DATA) -> list[str]:
@@ -125,6 +126,7 @@ class Recorded:
             for d in range(len(names))
         )
         self.bound = Space(base.space.params, base.space.constraints + rules).bind(self.problem)
+        self.full = base
         self.best = min(t for t in self.times.values() if t is not None)
         # The pool the ranked sampler may draw: the uniform sample, not the climb.
         self.drawable = [Config(r["config"]) for r in data["results"]
@@ -175,10 +177,13 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
     seeds = [rec.kernel.default_config(rec.problem)] if default and rec.kernel.default_config else []
     related = [o.winner() for o in sorted(others, key=lambda o: shape_distance(rec.problem.dims, o.problem.dims))[:3]]
     history = [obs for o in others for obs in o.observations()]
+    estimate = rec.kernel.cost_model if options.pop("estimate", True) else None
     if name == "ranked":
-        options = {"draw": rec.draw, **options}
+        # The climb on a cost model walks the whole valid set, as in a real study; only the
+        # recorded configs it finds can be replayed.
+        options = {"draw": rec.draw, "estimate_space": rec.full, **options}
     vs = valid_sampler(name, rec.bound, seed=seed, seeds=seeds, local=local, related=related,
-                       history=history, ranked=options)
+                       history=history, ranked=options, estimate=estimate)
     study = optuna.create_study(sampler=vs)
     dists = distributions(rec.bound)
     best, curve = math.inf, []

@@ -55,7 +55,9 @@ to justify the rules:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -86,6 +88,8 @@ __all__ = [
     "smem_bytes",
     "cta_tile",
     "cluster_tile",
+    "estimate_seconds",
+    "Hopper",
 ]
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
@@ -647,6 +651,117 @@ def baseline(problem: Problem) -> Callable[..., Any]:
     return xla_matmul
 
 
+# ---------------------------------------------------------------------------------------------
+# An analytic cost model (issue 17): the ranked sampler's prior, cold or warm.
+
+
+@dataclasses.dataclass(frozen=True)
+class Hopper:
+    """What :func:`estimate_seconds` knows of an H100/H200 SM. Datasheet or measured figures
+    (PLATFORM.md) where there is one; the rest are latencies of the right order, set once by
+    looking at the ranking over ``benchmarks/data`` (docs/ranked_sampler.md says which).
+
+    Attributes:
+      num_sms: SMs (132).
+      clock_hz: the SM clock (1980 MHz, the H200's maximum).
+      mma_flops: bf16 tensor-core flops per clock per SM, at the measured peak (cuBLAS 797
+        TFLOP/s on the H200 over 132 SMs at 1.98 GHz), not the datasheet's 4096.
+      smem_bytes: shared-memory bytes read per clock per SM.
+      l2_bytes: bytes per clock one SM can load from L2.
+      hbm_bytes_s: device memory bandwidth (the H200's measured copy rate).
+      l2_latency, dram_latency: clocks from a TMA load's issue to its data (hit in L2; from
+        device memory under load).
+      wg_step: clocks one consumer warpgroup spends per k-step besides its MMA (waiting on the
+        stage's barrier, issuing, ``wgmma_wait``, releasing the stage).
+      cluster_sync: clocks a 2-block cluster adds per k-step (both blocks release a shared stage).
+      epilogue_piece: clocks per epilogue piece (registers to shared memory, fence, TMA store).
+      accumulator_registers: float32 accumulator registers a consumer thread holds before
+        spilling (232 per thread for a consumer warpgroup, less about 40 for everything else).
+      soft: the exponent of the soft maximum that combines costs which overlap imperfectly.
+      calibration: a last factor, so that the estimate is in seconds: uncalibrated, it was 12-29%
+        above the measured time of the configs within 5% of each recorded shape's best (median
+        15%), and the ranked sampler trusts its scale a little.
+    """
+
+    num_sms: int = H200_NUM_SMS
+    clock_hz: float = 1.98e9
+    mma_flops: float = 3050.0
+    smem_bytes: float = 128.0
+    l2_bytes: float = 64.0
+    hbm_bytes_s: float = 4.3e12
+    l2_latency: float = 1200.0
+    dram_latency: float = 3000.0
+    wg_step: float = 350.0
+    cluster_sync: float = 100.0
+    epilogue_piece: float = 60.0
+    accumulator_registers: float = 192.0
+    soft: float = 4.0
+    calibration: float = 0.85
+
+
+H200 = Hopper()
+
+
+def _soft_max(p: float, *costs: float) -> float:
+    """Near the largest of ``costs``, more so the more they are alike (overlap is never
+    perfect)."""
+    top = max(costs)
+    return top * sum((c / top) ** p for c in costs) ** (1.0 / p)
+
+
+def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper = H200) -> float:
+    """An estimate of one call's run time, for ranking configs before compiling any (Triton's
+    ``perf_model``, TVM's cost model): only the order it puts configs in matters.
+
+    Per k-step of a block, the slowest of the tensor cores, the shared-memory reads of the
+    WGMMAs, a consumer warpgroup's fixed cost per step and the loads from L2, unless too few
+    stages are in flight to cover the loads' latency; per output tile, the pipeline's fill and
+    the epilogue; tiles in waves over the persistent grid; the whole bounded below by device
+    memory and L2 traffic. Accumulators past the register file spill, which costs several times
+    over. Over the H200 ground truth of ``benchmarks/data`` (7 shapes) it ranks configs with a
+    Spearman correlation of 0.95-0.97 (docs/ranked_sampler.md).
+    """
+    d = device
+    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
+    itemsize = problem.dtype_bytes
+    tile_m, tile_n, tile_k = config["tile_m"], config["tile_n"], config["tile_k"]
+    steps = config["max_concurrent_steps"]
+    cta_m, cta_n = cta_tiles(config)
+    cluster = config["cluster_dimension"]
+    blocks = 2 if cluster else 1
+    cl_m, cl_n = cluster_tiles(config)
+    tiles = (m // cl_m) * (n // cl_n)
+    clusters = d.num_sms // blocks
+    waves = math.ceil(tiles / clusters)
+    active = min(tiles, clusters) * blocks
+    k_steps = k // tile_k
+    # One k-step of a block, in clocks: both consumer warpgroups' MMAs.
+    mma = 2 * cta_m * cta_n * tile_k / d.mma_flops
+    wgmmas = 2 * (tile_m // WGMMA_ROWS) * (tile_k // 16)  # m64nNk16 instructions, both warpgroups
+    smem = wgmmas * (WGMMA_ROWS * 16 + tile_n * 16) * itemsize / d.smem_bytes
+    issue = mma / 2 + d.wg_step
+    # The operand a cluster shares is multicast: each block loads half of it.
+    loaded = (cta_m * (0.5 if cluster == "N" else 1.0) + cta_n * (0.5 if cluster == "M" else 1.0)) * tile_k * itemsize
+    step = _soft_max(d.soft, mma, smem, issue, loaded / d.l2_bytes) + (d.cluster_sync if cluster else 0.0)
+    spill = 1.0 + 8.0 * max(0.0, tile_m * tile_n / 128 - d.accumulator_registers) / d.accumulator_registers
+    epi_m, epi_n = epilogue_tiles(config)
+    pieces = (tile_m // epi_m) * (tile_n // epi_n)
+    write, store = cta_m * cta_n * itemsize / d.smem_bytes, cta_m * cta_n * itemsize / d.l2_bytes
+    # Two output slots overlap a piece's store with the next piece's write.
+    epilogue = pieces * d.epilogue_piece + (max(write, store) if pieces > 1 else write + store)
+
+    def tile_clocks(latency: float) -> float:
+        pipelined = max(step, (latency + step) / steps)  # stages in flight cover the latency
+        return latency + k_steps * pipelined * spill + epilogue
+
+    dram = (m * k + k * n + m * n) * itemsize / d.hbm_bytes_s
+    # Loads wait on device memory rather than L2 as far as the kernel is memory-bound.
+    streamed = min(1.0, dram / (waves * tile_clocks(d.l2_latency) / d.clock_hz))
+    blocks_s = waves * tile_clocks(d.l2_latency + (d.dram_latency - d.l2_latency) * streamed) / d.clock_hz
+    l2 = tiles * blocks * k_steps * loaded / (active * d.l2_bytes * d.clock_hz)
+    return d.calibration * _soft_max(d.soft, blocks_s, dram, l2)
+
+
 # Known-good on the H200 at 4096^3 bf16 (PLATFORM.md, "The peer to beat"): tune-jax's
 # exhaustive 648-config sweep found this best (171.5 us, 801 TFLOP/s, XLA 170.8 us). Its
 # epilogue (64x64, TuningConfig's default) is spelled canonically: epi_tile_m equal to
@@ -692,6 +807,7 @@ KERNEL = Kernel(
     interpret_ok=True,
     interpret_note="Runs in GPU interpret mode (256^3 bf16 takes a few seconds on a CPU).",
     shape_of=shape_of,
+    cost_model=estimate_seconds,
     description=(
         "JAX's warp-specialized Hopper matmul (hopper_matmul_mgpu): two consumer warpgroups, "
         "TMA pipeline, optional 2-block clusters, tiled epilogue"

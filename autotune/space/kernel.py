@@ -96,6 +96,10 @@ class Kernel:
       shape_of: ``shape_of(*inputs) -> shape`` mapping the call's input arrays to the
         problem's shape keys (``{"m": a.shape[0], ...}``), for run-time lookup
         (:func:`autotune.tuned`); None when the kernel does not declare one.
+      cost_model: ``cost_model(problem, config) -> seconds``, an analytic estimate of one
+        call's run time (Triton's ``perf_model``): only the order it puts configs in matters.
+        The ranked sampler ranks with it before anything is measured and learns from it as a
+        feature (docs/ranked_sampler.md); None when the kernel has none.
     """
 
     name: str
@@ -116,6 +120,7 @@ class Kernel:
     tolerance: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
     description: str = ""
     shape_of: Callable[..., Mapping[str, Any]] | None = None
+    cost_model: Callable[[Problem, Mapping[str, Any]], float] | None = None
 
     # -- problems ---------------------------------------------------------------------------
 

@@ -13,6 +13,10 @@ The model predicts the log of the run time, relative to the problem's typical ti
 * **Prior** (transfer across shapes): every result stored for the same kernel and device at
   other shapes (``history``), failures counted as twice as slow as that problem's slowest
   config. Fitted once per sampler (and cached for identical histories).
+* **A kernel's cost model** (``estimate``), where it declares one: the prior, cold or warm, after
+  a climb on it alone has brought its best configs into the pool; measurements correct it near
+  where they were made (their residuals spread by similarity), and it is dropped if they
+  contradict it.
 * **Online**: the study's own measured trials (and ``history`` rows of this very problem). With
   a prior, a second model learns the residual of the prior on them; without, it learns the
   times themselves. Refits happen in batches (every trial at first, then every ``n // 8``), so
@@ -88,6 +92,32 @@ FAIL_FACTOR = 2.0
 CLIMB_FROM = 3
 # How many of the study's own results the prior (other shapes) counts as.
 PRIOR_WEIGHT = 8.0
+# With a kernel's cost model: before the first proposal, a climb on the estimate alone from the
+# pool's best candidates (this many at a time, at most this many rounds) through two-tunable
+# moves; the best estimated configs it finds (this many) join the pool. 0.2-0.75 s per study.
+ESTIMATE_CLIMB_FROM = 8
+ESTIMATE_CLIMB_ROUNDS = 3
+ESTIMATE_POOL = 64
+# The cost model must order the measured configs better than chance (ESTIMATE_TRUST of the pairs
+# that differ by more than ESTIMATE_CLEAR in log time, both measured and estimated, once there
+# are ESTIMATE_TRUST_PAIRS such pairs), or the sampler stops using it as its prior.
+ESTIMATE_CLEAR = 0.1
+ESTIMATE_TRUST = 0.5
+ESTIMATE_TRUST_PAIRS = 6
+# With a cost model, the online correction: each measured config's residual (its log time less
+# the estimate's) spreads to the pool by similarity, exp(-LOCAL_DECAY x the tunables that
+# differ), shrunk towards none by LOCAL_SHRINK where nothing measured is near.
+LOCAL_DECAY = 1.0
+LOCAL_SHRINK = 0.5
+# A cost model in seconds is trusted to be within ESTIMATE_SCALE_SLACK (log) of the measured
+# times on a problem; one further off than ESTIMATE_SCALE_OFF is taken to be in other units.
+ESTIMATE_SCALE_SLACK = math.log(1.2)
+ESTIMATE_SCALE_OFF = math.log(4.0)
+# With a cost model, other shapes' winners rank as if this much faster (log): one goes first when
+# the estimate puts it within about 3% of its best.
+RELATED_BONUS = 0.03
+# The feature the cost model's estimate becomes (log seconds).
+ESTIMATE_FEATURE = "extra:estimate"
 
 # A trial's system attribute naming the measured outcome (written by the tuner and the replay;
 # the same name as ``autotune.tuning.sampling.OUTCOME_ATTR``, repeated to avoid an import cycle).
@@ -367,6 +397,63 @@ class _Ridge(_Model):
         return mean, np.zeros(len(x))
 
 
+class _EstimatePrior(_Model):
+    """The kernel's cost model as a prior: its log estimate, read from the feature matrix."""
+
+    def __init__(self, column: int) -> None:
+        self._column = column
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> _EstimatePrior:
+        return self
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return x[:, self._column].copy(), np.zeros(len(x))
+
+
+def _with_estimate(
+    extra: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None,
+    estimate: Callable[[Problem, Mapping[str, Any]], float] | None,
+) -> Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None:
+    """A kernel's own features plus its cost model's log estimate (:data:`ESTIMATE_FEATURE`)."""
+    if estimate is None:
+        return extra
+
+    def features(problem: Problem, config: Mapping[str, Any]) -> Mapping[str, float]:
+        seconds = float(estimate(problem, config))
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise ValueError(
+                f"a kernel's cost_model must return a positive, finite number of seconds; it "
+                f"returned {seconds!r} for {problem} with config {dict(config)}: fix the model "
+                "or leave cost_model unset"
+            )
+        out = dict(extra(problem, config)) if extra is not None else {}
+        out[ESTIMATE_FEATURE.removeprefix("extra:")] = math.log(seconds)
+        return out
+
+    return features
+
+
+def _log_seconds(times_us: Sequence[float | None]) -> np.ndarray:
+    """Measured times (microseconds) as log seconds; a failure twice the slowest."""
+    worst = max((t for t in times_us if t is not None and t > 0), default=1.0) * FAIL_FACTOR
+    return np.log([(t if t is not None and t > 0 else worst) * 1e-6 for t in times_us])
+
+
+def _concordance(predicted: np.ndarray, times: Sequence[float | None]) -> tuple[float, int]:
+    """How often the predicted order of two measured configs is right, over the pairs that
+    differ clearly in both (by more than :data:`ESTIMATE_CLEAR` in log time; failures count as
+    slowest), and how many such pairs there are. Near-ties say nothing either way."""
+    worst = max((t for t in times if t is not None), default=1.0) * FAIL_FACTOR
+    measured = np.log([t if t is not None else worst for t in times])
+    p = np.asarray(predicted, dtype=np.float64)
+    dp, dm = p[:, None] - p[None, :], measured[:, None] - measured[None, :]
+    clear = np.triu((np.abs(dp) > ESTIMATE_CLEAR) & (np.abs(dm) > ESTIMATE_CLEAR), k=1)
+    pairs = int(clear.sum())
+    if pairs == 0:
+        return 1.0, 0
+    return float(((dp * dm) > 0)[clear].mean()), pairs
+
+
 def _make_model(backend: str, *, trees: int, seed: int) -> _Model:
     return _Trees(trees=trees, seed=seed) if backend == "sklearn" else _Ridge()
 
@@ -407,6 +494,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
       extra_features: a kernel's own features, ``(problem, config) -> {name: float}``.
       draw: ``draw(n, seed) -> configs`` replaces the uniform draw of the pool (the replay
         draws from recorded configs).
+      estimate: the kernel's cost model, ``(problem, config) -> seconds``
+        (:attr:`~autotune.space.kernel.Kernel.cost_model`). Its log is a feature of every
+        model; the pool climbs on it before the first proposal; it is the prior, cold or warm
+        (other shapes' winners join the pool), until measurements contradict it.
 
     Thread safety: as Optuna's samplers; one instance per study and process.
     """
@@ -427,6 +518,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
         num_sms: int = DEFAULT_NUM_SMS,
         extra_features: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None = None,
         draw: Callable[[int, int], Sequence[Mapping[str, Any]]] | None = None,
+        estimate: Callable[[Problem, Mapping[str, Any]], float] | None = None,
+        estimate_space: BoundSpace | None = None,
     ) -> None:
         if not 0.0 <= explore <= 1.0:
             raise ValueError(f"explore must be a share between 0 and 1, got {explore!r}.")
@@ -445,8 +538,11 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._climb_credit = 0.0
         self._around: set[int] = set()
         self._clip = clip
+        self._estimate = estimate
+        self._estimate_space = estimate_space or space
         self._features = Features(
-            space.params, sorted(self._problem.dims), num_sms=num_sms, extra=extra_features
+            space.params, sorted(self._problem.dims), num_sms=num_sms,
+            extra=_with_estimate(extra_features, estimate),
         )
         history = list(history)
         self._here = [o for o in history if o.problem == self._problem]
@@ -463,7 +559,22 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._order: np.ndarray = np.zeros(0, dtype=np.int64)
         self._fitted_on = -1
         self._started = False
+        self._pool_codes: np.ndarray | None = None
+        self._value_codes: list[dict[str, int]] = [{} for _ in space.names]
+        self._start_lock = threading.Lock()
+        self._start_error: BaseException | None = None
+        self._preparing: threading.Thread | None = None
         self.fits = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_start_lock"]  # copies (the valid-set wrapper keeps one) get a lock of their own
+        state["_preparing"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start_lock = threading.Lock()
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 
@@ -500,8 +611,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
     def propose(self, study: optuna.Study) -> Config | None:
         """The next config to measure: the best-ranked untaken candidate, or an exploratory
         one; None when the pool holds no untaken candidate."""
-        if not self._started:
-            self._start()
+        self._ensure_started()
         measured, taken = self._measured(study)
         if len(measured) != self._fitted_on:
             if self._due(len(measured)):
@@ -531,18 +641,119 @@ class RankedSampler(optuna.samplers.BaseSampler):
             return True
         return n - self._fitted_on >= max(1, n // 8)
 
+    def prepare(self) -> None:
+        """Draws the pool (and climbs on the cost model) on a background thread now, so that
+        the first proposal, which would do it, finds it done: a scheduler calls this when it
+        opens a problem, and its first results are stored meanwhile instead of waiting."""
+        if not self._started and self._preparing is None:
+            self._preparing = threading.Thread(target=self._prepare_quietly, daemon=True,
+                                               name="autotune-ranked-prepare")
+            self._preparing.start()
+
+    def ready(self) -> bool:
+        """False while :meth:`prepare`'s thread is still at work: a proposal now would wait
+        for it (a scheduler asks another problem meanwhile)."""
+        return self._preparing is None or not self._preparing.is_alive()
+
+    def _prepare_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # raised again by the proposal that needs it
+            self._ensure_started()
+
+    def _ensure_started(self) -> None:
+        with self._start_lock:
+            if self._start_error is not None:
+                raise self._start_error
+            if not self._started:
+                try:
+                    self._start()
+                except BaseException as error:
+                    self._start_error = error
+                    raise
+
     def _start(self) -> None:
-        self._started = True
         space = self._space
         seed = self._rng.randrange(2**31)
         drawn = (self._draw or (lambda n, s: space.sample(n, seed=s)))(self._n_candidates, seed)
         self._extend_pool(list(self._related) + list(drawn) + [o.config for o in self._here])
-        if self._others:
+        if self._estimate is not None:
+            self._climb_estimate()
+            # The kernel's cost model is the prior, warm or cold: over the recorded shapes it
+            # ranked better than a model learnt from the other shapes' results (RESULTS.md 8).
+            self._prior = _EstimatePrior(self._estimate_column())
+        elif self._others:
             self._prior = self._fit_prior()
+        if self._prior is not None:
             self._rescore_prior(0)
+        if self._estimate is not None and self._related:
+            # Other shapes' winners go first where the estimate puts them near its best.
+            for c in self._related:
+                i = self._pool_index.get(self._space.key(c)) if self._space.is_valid(c) else None
+                if i is not None:
+                    self._prior_mean[i] -= RELATED_BONUS
         self._order = np.array(self._rng.sample(range(len(self._pool)), len(self._pool)), dtype=np.int64)
         if self._prior is not None:
             self._order = np.argsort(self._prior_mean - self._kappa * self._prior_spread, kind="stable")
+        self._started = True
+
+    def _codes(self) -> np.ndarray:
+        """The pool as an integer matrix (one column per tunable, one code per value)."""
+        have = 0 if self._pool_codes is None else len(self._pool_codes)
+        if have < len(self._pool):
+            lookup = self._value_codes
+            new = np.array([[lookup[i].setdefault(repr(v), len(lookup[i])) for i, v in enumerate(key)]
+                            for key in self._pool[have:]], dtype=np.int32).reshape(-1, len(self._space.names))
+            self._pool_codes = new if self._pool_codes is None else np.vstack([self._pool_codes, new])
+        return self._pool_codes
+
+    def _local_residual(self, measured: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        """The estimate's error near what was measured, for every pool candidate: each measured
+        config's residual spread by similarity, exp(-LOCAL_DECAY x the tunables that differ),
+        shrunk towards none (LOCAL_SHRINK) where no measured config is near."""
+        codes = self._codes()
+        differ = (codes[:, None, :] != codes[measured][None, :, :]).sum(axis=2)
+        weights = np.exp(-LOCAL_DECAY * differ)
+        return (weights @ residual) / (weights.sum(axis=1) + LOCAL_SHRINK)
+
+    def _estimate_column(self) -> int:
+        return self._features.names.index(ESTIMATE_FEATURE)
+
+    def _climb_estimate(self) -> None:
+        """Climbs on the kernel's cost model alone, before anything is measured: from the
+        pool's best-estimated candidates through their neighbours and their neighbours'
+        neighbours (two tunables at a time: a tile's shape changes in both dims at once),
+        round after round until the best stay the same; the best estimated configs found join
+        the pool. The uniform draw rarely holds the few configs a good estimate ranks first in
+        a space of 10^5, and a milliseconds-cheap estimate can look at thousands."""
+        assert self._estimate is not None
+        space, problem, estimate = self._estimate_space, self._problem, self._estimate
+        scores = {space.key(c): float(estimate(problem, c)) for c in
+                  (dict(zip(self._space.names, key, strict=True)) for key in self._pool)}
+        expanded: set[float] = set()
+        for _ in range(ESTIMATE_CLIMB_ROUNDS):
+            # One config per estimate: tunables the model ignores (grid order, say) make ties
+            # that would spend the climb on a single estimate.
+            fresh: dict[float, tuple[Any, ...]] = {}
+            for key in sorted(scores, key=scores.__getitem__):
+                if scores[key] not in expanded:
+                    fresh.setdefault(scores[key], key)
+                    if len(fresh) == ESTIMATE_CLIMB_FROM:
+                        break
+            for value, key in fresh.items():
+                expanded.add(value)
+                for near in space.neighbours(dict(zip(space.names, key, strict=True))):
+                    k1 = space.key(near)
+                    if k1 in scores:
+                        continue
+                    scores[k1] = float(estimate(problem, near))
+                    for far in space.neighbours(near):
+                        k2 = space.key(far)
+                        if k2 not in scores:
+                            scores[k2] = float(estimate(problem, far))
+        found = (dict(zip(space.names, k, strict=True)) for k in sorted(scores, key=scores.__getitem__))
+        # Valid here and not in the pool yet (the pool checks both), the best first.
+        self._extend_pool(itertools.islice(
+            (c for c in found if self._space.is_valid(c) and self._space.key(c) not in self._pool_index),
+            ESTIMATE_POOL))
 
     def _extend_pool(self, configs: Iterable[Mapping[str, Any]]) -> int:
         """Adds valid configs not yet in the pool; returns the index of the first added."""
@@ -644,6 +855,35 @@ class RankedSampler(optuna.samplers.BaseSampler):
             return
         idx = np.array([self._pool_index[k] for k, _ in measured])
         raw = _targets([t for _, t in measured])
+        right, pairs = (_concordance(self._prior_mean[idx], [t for _, t in measured])
+                        if isinstance(self._prior, _EstimatePrior) else (1.0, 0))
+        if pairs >= ESTIMATE_TRUST_PAIRS and right < ESTIMATE_TRUST:
+            # The estimate orders this problem's measured configs no better than chance: learn
+            # without it.
+            logger.info("%s: the kernel's cost model disagrees with %d measured configs; "
+                        "ranking without it", self._problem, n)
+            self._prior = None
+            self._prior_mean = np.zeros(0)
+            self._prior_spread = np.zeros(0)
+        if isinstance(self._prior, _EstimatePrior):
+            # The kernel's own estimate, corrected where it is known to be wrong: near measured
+            # configs, by their residuals; far from them, it keeps its order. (A tree model of
+            # the residuals spread a family's error everywhere alike and so never left it:
+            # RESULTS.md section 8, session 8.)
+            # Residuals in absolute terms (log seconds), less their common part (the estimate's
+            # scale on this problem): their median, but at most ESTIMATE_SCALE_SLACK either way,
+            # so that a first family measured far slower than estimated is seen as such rather
+            # than taken for the scale. A model off by more than ESTIMATE_SCALE_OFF (in other units
+            # than seconds, say) has no scale to trust: the median then, whatever it is.
+            measured_s = _log_seconds([t for _, t in measured])
+            error = measured_s - self._prior_mean[idx]
+            shift = float(np.median(error))
+            if abs(shift) <= ESTIMATE_SCALE_OFF:
+                shift = max(-ESTIMATE_SCALE_SLACK, min(ESTIMATE_SCALE_SLACK, shift))
+            self.fits += 1
+            residual = self._local_residual(idx, error - shift)
+            self._order = np.argsort(self._prior_mean + residual, kind="stable")
+            return
         # Tell the good apart: everything slower than the median is just "slow".
         y = np.minimum(raw, 0.0) if self._clip else raw
         model = _make_model(self.backend, trees=32, seed=self._seed + n).fit(self._x[idx], y)

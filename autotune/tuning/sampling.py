@@ -64,24 +64,29 @@ DIGEST_ATTR = "autotune_config"
 
 
 # Where the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
-# section 7) says the ranked sampler needs fewer trials than TPE with local moves, "auto" picks
-# it: when the database holds results of the same kernel and device at other shapes (warm), or
-# when the whole valid set fits in its candidate pool (the model then ranks every config).
+# section 8) says the ranked sampler needs fewer trials than TPE with local moves, "auto" picks
+# it: when the database holds results of the same kernel and device at other shapes (warm), when
+# the whole valid set fits in its candidate pool (the model then ranks every config), or when
+# the kernel declares a cost model (it ranks before anything is measured).
 RANKED_WHEN_WARM = True
 RANKED_MAX_VALID = 1024
+RANKED_WITH_COST_MODEL = True
 
 
 def resolve_sampler(
-    name: str, *, history: Iterable[Observation], problem: Any, valid_count: int | None = None
+    name: str, *, history: Iterable[Observation], problem: Any, valid_count: int | None = None,
+    cost_model: bool = False,
 ) -> str:
     """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
-    results of other shapes (:data:`RANKED_WHEN_WARM`) or the space has at most
-    :data:`RANKED_MAX_VALID` valid configs, else TPE with local moves."""
+    results of other shapes (:data:`RANKED_WHEN_WARM`), the space has at most
+    :data:`RANKED_MAX_VALID` valid configs, or the kernel has a cost model
+    (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves."""
     if name != "auto":
         return name
     warm = any(o.problem != problem for o in history)
     small = valid_count is not None and valid_count <= RANKED_MAX_VALID
-    return "ranked" if (warm and RANKED_WHEN_WARM) or small else "auto"
+    modelled = cost_model and RANKED_WITH_COST_MODEL
+    return "ranked" if (warm and RANKED_WHEN_WARM) or small or modelled else "auto"
 
 
 def valid_sampler(
@@ -95,6 +100,7 @@ def valid_sampler(
     related: Iterable[Mapping[str, Any]] = (),
     history: Iterable[Observation] = (),
     ranked: Mapping[str, Any] | None = None,
+    estimate: Callable[[Any, Mapping[str, Any]], float] | None = None,
 ) -> ValidSampler:
     """The :class:`ValidSampler` for sampler ``name`` over ``space``.
 
@@ -106,7 +112,9 @@ def valid_sampler(
     ``"ranked"`` is :class:`~autotune.tuning.ranked_sampler.RankedSampler`: a cost model, learnt from
     ``history`` (results of the same kernel and device, other shapes and this one) and the
     study's trials, ranks a pool of valid candidates; ``related`` configs join its pool instead
-    of being proposed first. ``ranked`` passes keyword options to it (``explore``, ``model``...).
+    of being proposed first. ``ranked`` passes keyword options to it (``explore``, ``model``...);
+    ``estimate`` is the kernel's cost model (:attr:`~autotune.space.kernel.Kernel.cost_model`),
+    which it ranks with before anything is measured. Other samplers ignore it.
     """
     if local is None:
         local = DEFAULT_LOCAL_SHARE if name == "auto" else 0.0
@@ -116,11 +124,12 @@ def valid_sampler(
 
         related = list(related)
         base: optuna.samplers.BaseSampler = RankedSampler(
-            space, seed=seed, history=history, related=related, **dict(ranked or {})
+            space, seed=seed, history=history, related=related, estimate=estimate,
+            **dict(ranked or {}),
         )
-        # The nearest related problem's winner first (a strong guess at a near shape); the
-        # others join the model's pool.
-        seeds = [*seeds, *related[:1]]
+        # The nearest related problem's winner first (a strong guess at a near shape) unless the
+        # kernel's cost model ranks; the others (all, with a cost model) join the model's pool.
+        seeds = [*seeds, *related[:1]] if estimate is None else list(seeds)
     else:
         base = make_sampler(name, seed=seed)
         seeds = [*seeds, *related]
@@ -284,6 +293,18 @@ class ValidSampler(optuna.samplers.BaseSampler):
         trial, so a process alone keeps its seeded sequence."""
         self._rng = random.Random(f"{self._seed}:{salt}")
         self._base.reseed_rng()
+    def prepare(self) -> None:
+        """Lets the base sampler make ready ahead of its first proposal, where it can (the
+        ranked sampler draws its pool on a background thread)."""
+        prepare = getattr(self._base, "prepare", None)
+        if callable(prepare):
+            prepare()
+
+    def ready(self) -> bool:
+        """Whether a proposal now would not wait on :meth:`prepare`'s background work."""
+        ready = getattr(self._base, "ready", None)
+        return bool(ready()) if callable(ready) else True
+
     @property
     def base(self) -> optuna.samplers.BaseSampler:
         """The wrapped sampler that proposes."""

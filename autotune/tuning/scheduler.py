@@ -229,6 +229,14 @@ class _Scheduler:
                         self.device = self.engine.device_info()
                         to_open = self._neediest_first(to_open)
                     self._open(*to_open.pop(0))
+                    if not to_open:
+                        # Every problem open, the first configs of all but the last one asked for:
+                        # the samplers that can make ready ahead (the ranked sampler draws its pool
+                        # and climbs on a cost model) do it now, on threads, while the first configs
+                        # compile in the workers. Started as each problem opened, they held the
+                        # first config back 0.8 s on the H200 (RESULTS.md section 9, session 8).
+                        for r in self.runs:
+                            r.sampler.prepare()
                 self._fill(share=-(-self.engine.parallelism // len(self.job.problems))
                            if to_open else None)
                 live = [r for r in self.runs if not r.finished]
@@ -275,6 +283,9 @@ class _Scheduler:
                        and (share is None or len(r.in_flight) < share)]
             if not askable:
                 return
+            # A problem whose sampler is still making ready (prepare) would hold the asks, and
+            # the results waiting to be stored, until it is: another problem is asked meanwhile.
+            askable = [r for r in askable if r.sampler.ready()] or askable
             warm = getattr(self.engine, "warm_problems", None)
             self._ask_one(next_to_ask(askable, warm() if warm is not None else frozenset()))
 
@@ -342,11 +353,13 @@ class _Scheduler:
         history = (stored_history(self.store, problem, device)
                    if spec.sampler in ("auto", "ranked") else [])
         sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
-                                          valid_count=space.count())
+                                          valid_count=space.count(),
+                                          cost_model=kernel.cost_model is not None)
         logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
         stored_configs = [r.config for r in rows]
         sampler = valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,
-                                history=history, taken=lambda: stored_configs)
+                                history=history, taken=lambda: stored_configs,
+                                estimate=kernel.cost_model)
         sampler.prefetch = True  # asks come as results arrive: the next proposal is made meanwhile
         study = _t.open_study(problem, device, self.storage, sampler, self.software, self.policy)
         _t.close_orphans(study, self.store, problem, device, self.policy)

@@ -471,7 +471,8 @@ def tune_problem(
     related = related_winners(store, problem, device, policy)
     history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
     sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
-                                   valid_count=space.count())
+                                   valid_count=space.count(),
+                                   cost_model=kernel.cost_model is not None)
     logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
 
     sampler = valid_sampler(
@@ -481,6 +482,7 @@ def tune_problem(
         seeds=seeds,
         related=related,
         history=history,
+        estimate=kernel.cost_model,
         # Results stored before this run (other studies, other processes); this run's own
         # and other hosts' live trials are in the shared study, which the sampler reads.
         taken=lambda: stored_configs,

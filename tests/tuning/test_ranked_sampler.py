@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 
 import numpy as np
 import optuna
@@ -280,3 +281,147 @@ assert seen and "MainThread" not in seen, seen
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+# -- a kernel's cost model (Kernel.cost_model) ---------------------------------------------------
+
+
+def _first_proposals(bound, sampler, n):
+    study = optuna.create_study(sampler=sampler)
+    dists = distributions(bound)
+    out = []
+    for _ in range(n):
+        trial = study.ask(dists)
+        out.append(Config(trial.params))
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
+        study.tell(trial, 1.0)
+    return out
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_cost_model_ranks_before_anything_is_measured(model):
+    """Cold (nothing stored), the first proposal is the config the kernel's cost model ranks
+    first, found by climbing on the estimate even when the uniform pool misses it."""
+    problem = user_problem(4096, 4096)
+    bound = USER_SPACE.bind(problem)
+    best = min(bound, key=lambda c: user_time(problem, c))
+    for seed in range(3):
+        sampler = RankedSampler(bound, seed=seed, model=model, candidates=8, estimate=user_time)
+        first = _first_proposals(bound, sampler, 1)[0]
+        assert first == best, (seed, first, best)
+    # Without the cost model, the first proposals are random pool candidates.
+    sampler = RankedSampler(bound, seed=0, model=model, candidates=8)
+    assert _first_proposals(bound, sampler, 1)[0] != best
+
+
+def test_the_cost_model_is_a_feature_of_every_model():
+    """The estimate's log joins the features (so a prior learnt from other shapes, and the online
+    model, can use it); without a cost model it is absent."""
+    problem = user_problem(256, 1024)
+    bound = USER_SPACE.bind(problem)
+    configs = list(bound)[:5]
+    with_model = RankedSampler(bound, seed=0, estimate=user_time)._features
+    x = with_model.matrix(problem, configs)
+    column = with_model.names.index("extra:estimate")
+    assert np.allclose(x[:, column], [math.log(user_time(problem, c)) for c in configs])
+    without = RankedSampler(bound, seed=0)._features
+    without.matrix(problem, configs)
+    assert "extra:estimate" not in without.names
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_a_cost_model_that_returns_no_time_is_refused_by_name(bad):
+    problem = user_problem(256, 1024)
+    bound = USER_SPACE.bind(problem)
+    sampler = RankedSampler(bound, seed=0, estimate=lambda p, c: bad)
+    with pytest.raises(ValueError, match="cost_model must return a positive, finite number of seconds"):
+        _first_proposals(bound, sampler, 1)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_wrong_cost_model_is_dropped_once_measurements_contradict_it(model):
+    """A cost model that orders the measured configs no better than chance (here: reversed)
+    stops being the prior, and the search finds the best anyway; a right one stays."""
+    problem = user_problem(4096, 4096)
+    bound = USER_SPACE.bind(problem)
+    best = min(user_time(problem, c) for c in bound)
+    wrong = lambda p, c: 1.0 / user_time(p, c)  # noqa: E731  (the order reversed)
+    gaps = []
+    for seed in range(3):
+        ranked = RankedSampler(bound, seed=seed, model=model, estimate=wrong)
+        _, t = _run(bound, valid_sampler("ranked", bound, seed=seed, ranked={"model": model}, estimate=wrong),
+                    lambda c: user_time(problem, c), 30)
+        gaps.append(min(t) / best)
+        _run(bound, ranked, lambda c: user_time(problem, c), 12)
+        assert ranked._prior is None  # dropped
+        right = RankedSampler(bound, seed=seed, model=model, estimate=user_time)
+        _run(bound, right, lambda c: user_time(problem, c), 12)
+        assert right._prior is not None  # kept
+    assert np.median(gaps) <= 1.05, gaps
+
+
+def test_auto_is_ranked_for_a_kernel_with_a_cost_model():
+    problem = user_problem(256, 1024)
+    assert resolve_sampler("auto", history=[], problem=problem, valid_count=10**5, cost_model=True) == "ranked"
+    assert resolve_sampler("auto", history=[], problem=problem, valid_count=10**5, cost_model=False) == "auto"
+    assert resolve_sampler("tpe", history=[], problem=problem, cost_model=True) == "tpe"
+
+
+def test_a_family_far_slower_than_estimated_is_left_after_two_trials(monkeypatch):
+    """Configs that differ only in what the cost model ignores (here ``order`` and
+    ``fast_math``) tie in its estimate: a family. When the top family is in truth 60% slower
+    than its estimate (in seconds) and the next ones (0.2% behind in the estimate, two tunables
+    away) are not, the search leaves the top family after two of its four members: its error is
+    measured against the estimate's scale (within ESTIMATE_SCALE_SLACK), not taken for the
+    scale. Taken for the scale (the control), every sibling comes first."""
+    from autotune.tuning import ranked_sampler
+
+    problem = user_problem(4096, 2048)
+    bound = USER_SPACE.bind(problem)
+
+    def estimate_us(c):  # only the block's area and the stages matter to it
+        return (10.0 * (1 + abs(math.log2(c["block_rows"] * c["block_cols"]) - 15))
+                * (1 + 0.1 * abs(math.log2(c["stages"]) - 1)) * (1 + 0.002 * (c["block_rows"] != 64)))
+
+    def family(c):
+        return c["block_rows"], c["block_cols"], c["stages"]
+
+    top = family(min(bound, key=estimate_us))
+    truth = lambda c: estimate_us(c) * (1.6 if family(c) == top else 1.0)  # noqa: E731
+    best = min(truth(c) for c in bound)
+
+    def trials_to_best():
+        found = []
+        for seed in range(3):
+            sampler = RankedSampler(bound, seed=seed, estimate=lambda p, c: estimate_us(c) * 1e-6)
+            _, times = _run(bound, sampler, truth, 8)
+            found.append(next(i + 1 for i, t in enumerate(times) if t <= best * (1 + 1e-9)))
+        return found
+
+    assert trials_to_best() == [3, 3, 3]
+    monkeypatch.setattr(ranked_sampler, "ESTIMATE_SCALE_SLACK", 100.0)
+    assert trials_to_best() == [5, 5, 5]
+
+
+def test_a_sampler_prepared_in_the_background_proposes_the_same_configs():
+    """prepare() draws the pool and climbs on the cost model on a background thread (the
+    scheduler calls it when it opens a problem); the proposals are those of a sampler that does
+    it at its first proposal, and an error there surfaces at the first proposal."""
+    problem = user_problem(4096, 4096)
+    bound = USER_SPACE.bind(problem)
+    plain = valid_sampler("ranked", bound, seed=3, estimate=user_time)
+    ahead = valid_sampler("ranked", bound, seed=3, estimate=user_time)
+    assert ahead.ready()  # nothing under way: a proposal would start it itself
+    ahead.prepare()
+    deadline = time.monotonic() + 30
+    while not ahead.ready():  # False while the thread works
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert ahead.base._started
+    _, a = _run(bound, plain, lambda c: user_time(problem, c), 6)
+    _, b = _run(bound, ahead, lambda c: user_time(problem, c), 6)
+    assert a == b
+    broken = valid_sampler("ranked", bound, seed=3, estimate=lambda p, c: -1.0)
+    broken.prepare()
+    with pytest.raises(ValueError, match="cost_model must return a positive"):
+        _run(bound, broken, lambda c: user_time(problem, c), 1)

@@ -500,3 +500,45 @@ def test_launch_recipes_run_autotune_tune_with_the_password_off_the_command_line
     assert (RECIPES / "k8s_indexed_job.yaml").read_text().split("apiVersion:", 1)[1] in doc
     assert "PGPASSWORD" in (RECIPES / "k8s_indexed_job.yaml").read_text()
     assert "PGPASSFILE" in (RECIPES / "slurm_array.sh").read_text()
+
+
+def test_samplers_make_ready_once_every_problem_is_open(tmp_path, monkeypatch):
+    """The scheduler lets each problem's sampler make ready ahead (``prepare()``: the ranked
+    sampler draws its pool on a thread) once, after the last problem is opened: started as each
+    problem opened, that work held the job's first config back on the H200."""
+    from autotune.tuning import sampling
+
+    opened, prepared = [], []
+    open_problem = scheduler._Scheduler._open
+
+    def counting_open(self, index, spec):
+        open_problem(self, index, spec)
+        opened.append(spec.problem)
+
+    monkeypatch.setattr(scheduler._Scheduler, "_open", counting_open)
+    monkeypatch.setattr(sampling.ValidSampler, "prepare", lambda self: prepared.append(len(opened)))
+    job = _problems(3, trials=2)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(job, store=store, engine=FakeEngine())
+    assert prepared == [3, 3, 3]
+
+
+def test_a_problem_whose_sampler_is_making_ready_waits_while_others_are_asked(tmp_path, monkeypatch):
+    """While a problem's sampler is still making ready (``ready()`` False: the ranked sampler's
+    pool on its thread), the scheduler asks the other problems, so that neither their asks nor
+    the storing of results wait on it; with nothing else to ask, it is asked anyway."""
+    from autotune.tuning import sampling
+
+    job = _problems(2, trials=6)
+    slow = job.problems[0].problem
+    monkeypatch.setattr(sampling.ValidSampler, "ready", lambda self: self._space.problem != slow)
+    engine = SlowEngine(delay_s=0.05)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(job, store=store, engine=engine)
+        assert [len(store.trials(s.problem)) for s in job.problems] == [6, 6]
+    # Opening the first problem asks it alone (nothing else is open yet); from then on the
+    # other problem's budget goes first.
+    after_open = [d for d in engine.order[engine.order.index(job.problems[1].problem.digest()):]]
+    first_slow = after_open.index(slow.digest())
+    assert after_open[:first_slow] == [job.problems[1].problem.digest()] * first_slow
+    assert first_slow >= 4  # the engine's 4 slots went to the ready problem first
