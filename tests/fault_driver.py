@@ -215,6 +215,9 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--hostname")
     p.add_argument("--grace-s", type=float)
     p.add_argument("--trial-timeout-s", type=float, default=1.0)
+    # An interrupted job's engine takes this long to close: a second signal then surely comes
+    # while the first one's shutdown is under way (it can otherwise be over in 30 ms).
+    p.add_argument("--slow-close-s", type=float, default=0.0)
     return p.parse_args(argv[:split]), argv[split + 1:]
 
 
@@ -235,8 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     db_path = sqlite_file(_db_url(cli_args))
     journal = open(opts.journal, "a", encoding="utf-8")  # noqa: SIM115 - open until exit
 
+    class SlowClosingEngine(Engine):
+        def close(self, *, cancel_pending: bool = False, kill_running: bool = False) -> None:
+            if kill_running:
+                time.sleep(opts.slow_close_s)
+            super().close(cancel_pending=cancel_pending, kill_running=kill_running)
+
     def fake_engine(device: str = "auto", **kwargs: Any) -> Engine:
-        return Engine(
+        return (SlowClosingEngine if opts.slow_close_s else Engine)(
             "fake", allow_import=True, workers_per_gpu=1, compile_threads=2,
             trial_timeout_s=opts.trial_timeout_s, compile_timeout_s=opts.trial_timeout_s,
             log_dir=kwargs.get("log_dir"),

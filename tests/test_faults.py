@@ -797,12 +797,13 @@ class _Lines:
         return "".join(line for _, line in self.lines)
 
 
-def _interrupted_mid_job(tmp_path: Path, signals: tuple[int, ...]) -> tuple[Job, dict[str, Any]]:
+def _interrupted_mid_job(tmp_path: Path, signals: tuple[int, ...],
+                         faults: tuple[str, ...] = ()) -> tuple[Job, dict[str, Any]]:
     """Starts a job of SLOW configs, and once some are stored and minute-long compiles are in
     flight sends ``signals`` (the next one once the first was answered)."""
     job = Job(tmp_path, f"sqlite:///{tmp_path}/autotune.db", kernel=SLOW.name, trials=8,
               sampler="random")
-    proc = job.start("--trial-timeout-s", "300")
+    proc = job.start("--trial-timeout-s", "300", *faults)
     lines = _Lines(proc.stderr)
     try:
         deadline = time.monotonic() + 120
@@ -859,8 +860,11 @@ def test_interrupt_says_what_it_waits_for_and_ends_within_5_s(signum, code, tmp_
 
 def test_a_second_ctrl_c_ends_at_once(tmp_path, campaign):
     """A second Ctrl-C ends the process at once (exit 130), its workers killed; the next run
-    closes the trials left open and completes the job with none lost or doubled."""
-    job, run = _interrupted_mid_job(tmp_path, (signal.SIGINT, signal.SIGINT))
+    closes the trials left open and completes the job with none lost or doubled. (The engine
+    takes 10 s to close here, so that the second Ctrl-C lands during the first one's shutdown:
+    otherwise that can be over before the second is sent, as in one CI run.)"""
+    job, run = _interrupted_mid_job(tmp_path, (signal.SIGINT, signal.SIGINT),
+                                    faults=("--slow-close-s", "10"))
     campaign.add(faults=1)
     assert run["said"] is not None, run["stderr"]
     assert run["code"] == 130, run
