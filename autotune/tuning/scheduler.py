@@ -37,13 +37,10 @@ from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning import tuner as _t
 from autotune.tuning.jobs import Job, ProblemSpec
-from autotune.tuning.ranked_sampler import stored_history
 from autotune.tuning.sampling import (
     ExhaustedError,
     ValidSampler,
     distributions,
-    resolve_sampler,
-    valid_sampler,
 )
 from autotune.tuning.trial_index import TrialIndex
 
@@ -344,22 +341,9 @@ class _Scheduler:
         if len(rows) >= space.count():
             return skip("space exhausted", len(rows), "every valid config measured")
 
-        # Seeds: the known-good default first (unless switched off), then related winners (the
-        # ranked sampler scores those with its model instead); the sampler as the tuner picks it.
-        seeds: list[Mapping[str, Any]] = []
-        if kernel.default_config is not None and spec.known_good:
-            seeds.append(kernel.default_config(problem))
-        related = _t.related_winners(self.store, problem, device, self.policy)
-        history = (stored_history(self.store, problem, device)
-                   if spec.sampler in ("auto", "ranked") else [])
-        sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
-                                          valid_count=space.count(),
-                                          cost_model=kernel.cost_model is not None)
-        logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
         stored_configs = [r.config for r in rows]
-        sampler = valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,
-                                history=history, taken=lambda: stored_configs,
-                                estimate=kernel.cost_model)
+        sampler = _t.problem_sampler(kernel, problem, spec, space, store=self.store, device=device,
+                                     policy=self.policy, stored_configs=stored_configs)
         sampler.prefetch = True  # asks come as results arrive: the next proposal is made meanwhile
         study = _t.open_study(problem, device, self.storage, sampler, self.software, self.policy)
         _t.close_orphans(study, self.store, problem, device, self.policy)

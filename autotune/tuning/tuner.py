@@ -33,7 +33,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index,
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.problem import Config, Problem
+from autotune.space.search_space import BoundSpace
 from autotune.storage import connection as storage_connection
 from autotune.storage import store as storage_module
 from autotune.storage.protocol import TrialStore
@@ -66,6 +67,7 @@ from autotune.tuning.ranked_sampler import stored_history
 from autotune.tuning.sampling import (
     OUTCOME_ATTR,
     ExhaustedError,
+    ValidSampler,
     distributions,
     resolve_sampler,
     valid_sampler,
@@ -463,30 +465,8 @@ def tune_problem(
             return build_report(kernel, problem, device, store, measured_now=0, repaired=0,
                            skipped=True, stop_reason=why, cache=policy, confirm_s=confirm_s)
 
-    # Seeds: JAX's known-good default first (unless switched off), then the winners of
-    # related problems (the ranked sampler scores those with its model instead).
-    seeds: list[Mapping[str, Any]] = []
-    if kernel.default_config is not None and spec.known_good:
-        seeds.append(kernel.default_config(problem))
-    related = related_winners(store, problem, device, policy)
-    history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
-    sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
-                                   valid_count=space.count(),
-                                   cost_model=kernel.cost_model is not None)
-    logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
-
-    sampler = valid_sampler(
-        sampler_name,
-        space,
-        seed=spec.seed,
-        seeds=seeds,
-        related=related,
-        history=history,
-        estimate=kernel.cost_model,
-        # Results stored before this run (other studies, other processes); this run's own
-        # and other hosts' live trials are in the shared study, which the sampler reads.
-        taken=lambda: stored_configs,
-    )
+    sampler = problem_sampler(kernel, problem, spec, space, store=store, device=device,
+                              policy=policy, stored_configs=stored_configs)
     study = open_study(problem, device, storage, sampler, software, policy)
     close_orphans(study, store, problem, device, policy)
 
@@ -842,6 +822,38 @@ def is_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def problem_sampler(
+    kernel: Kernel,
+    problem: Problem,
+    spec: ProblemSpec,
+    space: BoundSpace,
+    *,
+    store: TrialStore,
+    device: DeviceInfo,
+    policy: str,
+    stored_configs: Sequence[Mapping[str, Any]],
+) -> ValidSampler:
+    """The sampler a problem is tuned with, as the tuner and the scheduler pick it: the
+    known-good default first (unless switched off), then the winners of related problems (the
+    ranked sampler scores those with its model instead); ``auto`` resolved from what is stored
+    (:func:`~autotune.tuning.sampling.resolve_sampler`), with the kernel's cost model.
+    ``stored_configs``: results stored before this run (other studies, other processes), taken;
+    this run's own and other hosts' live trials are in the shared study, which the sampler
+    reads."""
+    seeds: list[Mapping[str, Any]] = []
+    if kernel.default_config is not None and spec.known_good:
+        seeds.append(kernel.default_config(problem))
+    related = related_winners(store, problem, device, policy)
+    history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
+    sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
+                                   valid_count=space.count(),
+                                   cost_model=kernel.cost_model is not None)
+    logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
+    return valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,
+                         history=history, estimate=kernel.cost_model,
+                         taken=lambda: stored_configs)
 
 
 def related_winners(
