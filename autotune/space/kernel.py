@@ -97,9 +97,9 @@ class Kernel:
         problem's shape keys (``{"m": a.shape[0], ...}``), for run-time lookup
         (:func:`autotune.tuned`); None when the kernel does not declare one.
       cost_model: ``cost_model(problem, config) -> seconds``, an analytic estimate of one
-        call's run time (Triton's ``perf_model``): only the order it puts configs in matters.
-        The ranked sampler ranks with it before anything is measured and learns from it as a
-        feature (docs/ranked_sampler.md); None when the kernel has none.
+        call's run time (Triton's ``perf_model``): its order matters most, its scale helps
+        where it is in seconds. The ranked sampler ranks with it before anything is measured
+        and corrects it with what is (docs/ranked_sampler.md); None when the kernel has none.
     """
 
     name: str

@@ -439,12 +439,11 @@ def _log_seconds(times_us: Sequence[float | None]) -> np.ndarray:
     return np.log([(t if t is not None and t > 0 else worst) * 1e-6 for t in times_us])
 
 
-def _concordance(predicted: np.ndarray, times: Sequence[float | None]) -> tuple[float, int]:
+def _concordance(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, int]:
     """How often the predicted order of two measured configs is right, over the pairs that
-    differ clearly in both (by more than :data:`ESTIMATE_CLEAR` in log time; failures count as
-    slowest), and how many such pairs there are. Near-ties say nothing either way."""
-    worst = max((t for t in times if t is not None), default=1.0) * FAIL_FACTOR
-    measured = np.log([t if t is not None else worst for t in times])
+    differ clearly in both (by more than :data:`ESTIMATE_CLEAR` in log time; ``measured`` as
+    :func:`_log_seconds` gives it, failures slowest), and how many such pairs there are.
+    Near-ties say nothing either way."""
     p = np.asarray(predicted, dtype=np.float64)
     dp, dm = p[:, None] - p[None, :], measured[:, None] - measured[None, :]
     clear = np.triu((np.abs(dp) > ESTIMATE_CLEAR) & (np.abs(dm) > ESTIMATE_CLEAR), k=1)
@@ -495,9 +494,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
       draw: ``draw(n, seed) -> configs`` replaces the uniform draw of the pool (the replay
         draws from recorded configs).
       estimate: the kernel's cost model, ``(problem, config) -> seconds``
-        (:attr:`~autotune.space.kernel.Kernel.cost_model`). Its log is a feature of every
-        model; the pool climbs on it before the first proposal; it is the prior, cold or warm
-        (other shapes' winners join the pool), until measurements contradict it.
+        (:attr:`~autotune.space.kernel.Kernel.cost_model`). The pool climbs on it before the
+        first proposal; it is the prior, cold or warm (other shapes' winners join the pool),
+        corrected near measured configs, until measurements contradict it; its log is a
+        feature of the models fitted without it as prior.
 
     Thread safety: as Optuna's samplers; one instance per study and process.
     """
@@ -643,8 +643,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
 
     def prepare(self) -> None:
         """Draws the pool (and climbs on the cost model) on a background thread now, so that
-        the first proposal, which would do it, finds it done: a scheduler calls this when it
-        opens a problem, and its first results are stored meanwhile instead of waiting."""
+        the first proposal, which would do it, finds it done: the scheduler calls this once
+        every problem of its job is open, while the first configs compile."""
         if not self._started and self._preparing is None:
             self._preparing = threading.Thread(target=self._prepare_quietly, daemon=True,
                                                name="autotune-ranked-prepare")
@@ -855,7 +855,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
             return
         idx = np.array([self._pool_index[k] for k, _ in measured])
         raw = _targets([t for _, t in measured])
-        right, pairs = (_concordance(self._prior_mean[idx], [t for _, t in measured])
+        measured_s = _log_seconds([t for _, t in measured])
+        right, pairs = (_concordance(self._prior_mean[idx], measured_s)
                         if isinstance(self._prior, _EstimatePrior) else (1.0, 0))
         if pairs >= ESTIMATE_TRUST_PAIRS and right < ESTIMATE_TRUST:
             # The estimate orders this problem's measured configs no better than chance: learn
@@ -875,7 +876,6 @@ class RankedSampler(optuna.samplers.BaseSampler):
             # so that a first family measured far slower than estimated is seen as such rather
             # than taken for the scale. A model off by more than ESTIMATE_SCALE_OFF (in other units
             # than seconds, say) has no scale to trust: the median then, whatever it is.
-            measured_s = _log_seconds([t for _, t in measured])
             error = measured_s - self._prior_mean[idx]
             shift = float(np.median(error))
             if abs(shift) <= ESTIMATE_SCALE_OFF:

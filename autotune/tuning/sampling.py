@@ -293,6 +293,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
         trial, so a process alone keeps its seeded sequence."""
         self._rng = random.Random(f"{self._seed}:{salt}")
         self._base.reseed_rng()
+
     def prepare(self) -> None:
         """Lets the base sampler make ready ahead of its first proposal, where it can (the
         ranked sampler draws its pool on a background thread)."""
