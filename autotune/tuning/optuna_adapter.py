@@ -13,10 +13,13 @@ samplers) is used directly by the tuning modules; only private names live here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
+from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages._rdb.storage import _create_scoped_session
 
 __all__ = [
     "SUPPORTED",
@@ -27,6 +30,7 @@ __all__ = [
     "stale_trial_ids",
     "create_trial",
     "suggest",
+    "suggest_all",
     "set_trial_system_attr",
     "trial_number",
 ]
@@ -94,6 +98,64 @@ def suggest(trial: optuna.trial.Trial, name: str, distribution: Any) -> Any:
     """Asks the study's sampler for parameter ``name`` of ``trial`` (``Trial._suggest``: any
     distribution, relative sampling first, as ``study.ask(fixed_distributions)`` does)."""
     return trial._suggest(name, distribution)
+
+
+def suggest_all(trial: optuna.trial.Trial, dists: Mapping[str, Any]) -> None:
+    """:func:`suggest` for every parameter of ``dists`` in order, the values chosen as
+    ``Trial._suggest`` chooses them (relative sampling first), and written to an RDB storage in
+    one transaction instead of one per parameter.
+
+    A dozen commits made each ask of the scheduler's loop cost 30-70 ms on SQLite (most of it
+    the commits); one costs a few. Other storages get one write per parameter, as before. If
+    the write fails, none of the parameters is stored and the error propagates.
+    """
+    storage = trial.storage
+    batch = _ParamBatch(storage)
+    trial.storage = batch  # what Trial._suggest writes through
+    try:
+        for name, distribution in dists.items():
+            trial._suggest(name, distribution)
+    finally:
+        trial.storage = storage
+    batch.flush(trial._trial_id)
+
+
+class _ParamBatch:
+    """A trial's storage that holds back ``set_trial_param`` until :meth:`flush`; every other
+    call goes through."""
+
+    def __init__(self, storage: Any) -> None:
+        self._storage = storage
+        self._params: list[tuple[str, float, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def set_trial_param(self, trial_id: int, name: str, value: float, distribution: Any) -> None:
+        self._params.append((name, value, distribution))
+
+    def flush(self, trial_id: int) -> None:
+        storage, params = self._storage, self._params
+        if not params:
+            return
+        backend = getattr(storage, "_backend", None)
+        if not (isinstance(storage, _CachedStorage)
+                and isinstance(backend, optuna.storages.RDBStorage)):
+            for name, value, distribution in params:
+                storage.set_trial_param(trial_id, name, value, distribution)
+            return
+        # _CachedStorage.set_trial_param for many parameters: the study's known distributions
+        # (the compatibility check) under its lock, and RDBStorage's write of each in one session.
+        with storage._lock:
+            study_id, _ = storage._trial_id_to_study_id_and_number[trial_id]
+            known = storage._studies[study_id].param_distribution
+            with _create_scoped_session(backend.scoped_session, True) as session, \
+                    session.no_autoflush:  # the rows go in together, at the commit
+                for name, value, distribution in params:
+                    backend._set_trial_param_without_commit(
+                        session, trial_id, name, value, distribution, known.get(name))
+            for name, _value, distribution in params:
+                known.setdefault(name, distribution)
 
 
 def set_trial_system_attr(

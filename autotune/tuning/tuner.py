@@ -707,8 +707,7 @@ def new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
     # Its first heartbeat before its params: a trial of a process killed before it (it has no
     # params) is closed by close_orphans after GRACE_S; one killed after it goes stale.
     send_heartbeats(study, [trial])
-    for name, distribution in dists.items():
-        oa.suggest(trial, name, distribution)
+    oa.suggest_all(trial, dists)  # its params in one transaction
     return trial
 
 

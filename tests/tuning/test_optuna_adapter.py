@@ -157,6 +157,64 @@ def test_create_trial_drops_the_study_s_cached_trials(tmp_path):
     assert sampler.seen == [2]  # the other's trial and its own
 
 
+def _commits(storage) -> list[int]:
+    """A counter of the RDB storage's commits (its SQLAlchemy engine's)."""
+    import sqlalchemy
+
+    count = [0]
+    sqlalchemy.event.listen(storage.engine, "commit", lambda conn: count.__setitem__(0, count[0] + 1))
+    return count
+
+
+_DISTS = {"tile": IntDistribution(16, 256, step=16), "swizzle": CategoricalDistribution([32, 64]),
+          "stages": IntDistribution(2, 5)}
+
+
+def test_suggest_all_stores_what_suggest_stores_in_one_commit(tmp_path):
+    storage = _rdb(tmp_path)
+    one_by_one = optuna.create_study(storage=storage, study_name="a",
+                                     sampler=optuna.samplers.RandomSampler(seed=3))
+    batched = optuna.create_study(storage=storage, study_name="b",
+                                  sampler=optuna.samplers.RandomSampler(seed=3))
+    commits = _commits(storage)
+    trial = oa.create_trial(one_by_one, _template())
+    before = commits[0]
+    for name, dist in _DISTS.items():
+        oa.suggest(trial, name, dist)
+    per_param = commits[0] - before
+    trial_b = oa.create_trial(batched, _template())
+    before = commits[0]
+    oa.suggest_all(trial_b, _DISTS)
+    assert commits[0] - before == 1 < per_param
+    # The same values (the same sampler, seed and order), distributions and cached trial.
+    fresh = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/optuna.db")
+    a, = optuna.load_study(study_name="a", storage=fresh).get_trials(deepcopy=False)
+    b, = optuna.load_study(study_name="b", storage=fresh).get_trials(deepcopy=False)
+    assert b.params == a.params == trial.params == trial_b.params
+    assert b.distributions == a.distributions == _DISTS
+    assert trial_b.storage is oa.study_storage(batched)  # its own storage again
+
+
+def test_suggest_all_writes_nothing_when_a_distribution_clashes_with_the_study(tmp_path):
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    oa.suggest_all(oa.create_trial(study, _template()), _DISTS)
+    clash = dict(_DISTS, swizzle=IntDistribution(0, 9))  # categorical before
+    trial = oa.create_trial(study, _template())
+    with pytest.raises(ValueError):
+        oa.suggest_all(trial, clash)
+    fresh = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/optuna.db")
+    assert optuna.load_study(study_name="s", storage=fresh).trials[1].params == {}
+
+
+def test_suggest_all_on_a_storage_in_memory(tmp_path):
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = oa.create_trial(study, _template())
+    oa.suggest_all(trial, _DISTS)
+    assert study.trials[0].params == trial.params and set(trial.params) == set(_DISTS)
+
+
 # -- heartbeats -----------------------------------------------------------------------------------
 
 
