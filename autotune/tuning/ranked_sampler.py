@@ -651,9 +651,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
             self._preparing.start()
 
     def ready(self) -> bool:
-        """False while :meth:`prepare`'s thread is still at work: a proposal now would wait
-        for it (a scheduler asks another problem meanwhile)."""
-        return self._preparing is None or not self._preparing.is_alive()
+        """Whether a proposal now would neither make the sampler ready (draw its pool, climb
+        on the cost model: 0.2-0.75 s for hopper_matmul on the H200 host) nor wait for
+        :meth:`prepare`'s thread to do it. A scheduler asks other problems meanwhile."""
+        return self._started or self._start_error is not None
 
     def _prepare_quietly(self) -> None:
         with contextlib.suppress(Exception):  # raised again by the proposal that needs it

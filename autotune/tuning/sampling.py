@@ -302,7 +302,10 @@ class ValidSampler(optuna.samplers.BaseSampler):
             prepare()
 
     def ready(self) -> bool:
-        """Whether a proposal now would not wait on :meth:`prepare`'s background work."""
+        """Whether a proposal now would be quick: a seed goes first without the base sampler;
+        else the base's ``ready()`` (the ranked sampler's False until its pool is drawn)."""
+        if self._seeds:
+            return True
         ready = getattr(self._base, "ready", None)
         return bool(ready()) if callable(ready) else True
 

@@ -57,6 +57,8 @@ MAX_POLL_S = 30.0
 # How many more configs in flight (over all processes) than the neediest problem has, a problem
 # that the engine's next free worker has worked on may have and still be asked first.
 AFFINITY_SLACK = 1
+# How often the loop looks again while slots are free only because samplers are making ready.
+SAMPLER_POLL_S = 0.02
 
 
 @dataclasses.dataclass(eq=False)
@@ -214,6 +216,7 @@ class _Scheduler:
         # Confirmation rounds run here, one at a time, so that the loop goes on asking and
         # storing for the other problems meanwhile (a round takes about a second on the H200).
         self._confirms = ThreadPoolExecutor(1, thread_name_prefix="autotune-confirm")
+        self._sampler_wait = False  # _fill left slots free for a sampler making ready
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -240,7 +243,8 @@ class _Scheduler:
                 if not to_open and not live:
                     break
                 futures = [f for r in live for f in (*r.in_flight, *r.side)]
-                timeout = 0.0 if to_open else min(POLL_S, _beat_s())
+                timeout = (0.0 if to_open else SAMPLER_POLL_S if self._sampler_wait
+                           else min(POLL_S, _beat_s()))
                 if futures:
                     done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
                 else:
@@ -275,14 +279,22 @@ class _Scheduler:
         """Fills the engine; ``share``: while problems are still to be opened, at most this
         many configs in flight per problem, so the ones opened first do not take every slot."""
         capacity = max(1, self.engine.parallelism)
+        self._sampler_wait = False
         while sum(len(r.in_flight) for r in self.runs) < capacity:
             askable = [r for r in self.runs if not r.finished and not r.stop_reason and not r.full
                        and (share is None or len(r.in_flight) < share)]
             if not askable:
                 return
-            # A problem whose sampler is still making ready (prepare) would hold the asks, and
-            # the results waiting to be stored, until it is: another problem is asked meanwhile.
-            askable = [r for r in askable if r.sampler.ready()] or askable
+            # A problem whose sampler is not ready (the ranked sampler's pool and climb, made on
+            # prepare()'s thread, or by the proposal itself before prepare() is called) would
+            # hold the asks, and the results waiting to be stored, until it is: other problems
+            # are asked meanwhile, and with none, the loop waits for a result or for the sampler
+            # (SAMPLER_POLL_S). Only with nothing in flight at all is it asked anyway.
+            ready = [r for r in askable if r.sampler.ready()]
+            if not ready and any(r.in_flight for r in self.runs):
+                self._sampler_wait = True
+                return
+            askable = ready or askable
             warm = getattr(self.engine, "warm_problems", None)
             self._ask_one(next_to_ask(askable, warm() if warm is not None else frozenset()))
 

@@ -411,13 +411,13 @@ def test_a_sampler_prepared_in_the_background_proposes_the_same_configs():
     bound = USER_SPACE.bind(problem)
     plain = valid_sampler("ranked", bound, seed=3, estimate=user_time)
     ahead = valid_sampler("ranked", bound, seed=3, estimate=user_time)
-    assert ahead.ready()  # nothing under way: a proposal would start it itself
+    assert not ahead.ready()  # a proposal now would draw the pool and climb itself
     ahead.prepare()
     deadline = time.monotonic() + 30
     while not ahead.ready():  # False while the thread works
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert ahead.base._started
+    assert ahead.base._started and ahead.ready()
     _, a = _run(bound, plain, lambda c: user_time(problem, c), 6)
     _, b = _run(bound, ahead, lambda c: user_time(problem, c), 6)
     assert a == b

@@ -523,10 +523,45 @@ def test_samplers_make_ready_once_every_problem_is_open(tmp_path, monkeypatch):
     assert prepared == [3, 3, 3]
 
 
+def test_a_sampler_that_is_not_ready_is_never_asked_while_configs_are_in_flight(tmp_path, monkeypatch):
+    """On the H200 a job's first result waited 0.5-1.9 s to be stored: while the problems were
+    being opened, each was asked up to its share (3 configs), and the ranked sampler drew its
+    pool and climbed for the second one on the loop's thread. A problem whose sampler is not
+    ready is asked only when nothing at all is in flight; otherwise the loop waits for a result
+    or for the sampler, and asks it once it is ready."""
+    from autotune.tuning import sampling
+
+    job = _problems(2, trials=6)
+    first_look: list[float] = []
+
+    def is_ready() -> bool:  # not ready for 1 s from the first look
+        first_look.append(time.monotonic())
+        return first_look[-1] >= first_look[0] + 1.0
+
+    monkeypatch.setattr(sampling.ValidSampler, "ready", lambda self: is_ready())
+    engine = SlowEngine(delay_s=0.5)
+    asked: list[tuple[bool, int]] = []  # (ready, configs in flight) at each ask
+    submit = engine.submit
+
+    def recording_submit(kernel_name, problem, config):
+        asked.append((is_ready(), sum(engine.in_flight.values())))
+        return submit(kernel_name, problem, config)
+
+    engine.submit = recording_submit
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(job, store=store, engine=engine)
+        assert [len(store.trials(s.problem)) for s in job.problems] == [6, 6]
+    early = [in_flight for ready, in_flight in asked if not ready]
+    assert early and all(n == 0 for n in early)  # only into an empty engine
+    assert len(early) < len(asked) - 4  # the rest once ready, several at a time
+    assert max(n for _ready, n in asked) >= 2, asked  # once ready, side by side
+
+
 def test_a_problem_whose_sampler_is_making_ready_waits_while_others_are_asked(tmp_path, monkeypatch):
     """While a problem's sampler is still making ready (``ready()`` False: the ranked sampler's
     pool on its thread), the scheduler asks the other problems, so that neither their asks nor
-    the storing of results wait on it; with nothing else to ask, it is asked anyway."""
+    the storing of results wait on it; with nothing else to ask and nothing in flight, it is
+    asked anyway."""
     from autotune.tuning import sampling
 
     job = _problems(2, trials=6)
