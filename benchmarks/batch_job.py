@@ -35,6 +35,7 @@ os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
@@ -190,6 +191,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         return submit(*a, **k)
 
     engine.submit = first_submit  # type: ignore[method-assign]
+    main_samples = _sample_main_thread(t0, MAIN_SAMPLE_S)
     try:
         reports = run_job(job, store=store, engine=engine, results_dir=str(folder / "results"),
                           on_event=on_event, allow_import=True, sequential=sequential)
@@ -239,7 +241,50 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         "invalid": sum(p["by_status"].get("invalid", 0) for p in problems),
         "problems": problems,
         "breakdown": stage_breakdown(timeline),
+        # What this process's main thread (the scheduler's loop) was doing from the first
+        # result done to its store: seconds per innermost autotune function, sampled every 5 ms.
+        "main_thread_before_first_store": _main_thread_between(
+            main_samples, first_done.t - t0 if first_done else None,
+            first_trial[0] - t0 if first_trial else None),
+        "main_thread_before_first_submit": _main_thread_between(
+            main_samples, marks.get("first_worker_ready_s"), marks.get("first_submit_s")),
     }
+
+
+MAIN_SAMPLE_S = 15.0  # the main thread is sampled for the job's first seconds
+
+
+def _sample_main_thread(t0: float, seconds: float) -> list[tuple[float, str]]:
+    """Samples, every 5 ms for ``seconds``, the innermost autotune (or search_spaces) function
+    on this process's main thread, on a daemon thread: ``(time since t0, "module:function")``."""
+    main = threading.main_thread().ident
+    samples: list[tuple[float, str]] = []
+
+    def run() -> None:
+        while time.time() - t0 < seconds:
+            frame = sys._current_frames().get(main)
+            where = "other"
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if "/autotune/" in name or "/search_spaces/" in name:
+                    where = f"{Path(name).stem}:{frame.f_code.co_name}"
+                    break
+                frame = frame.f_back
+            samples.append((time.time() - t0, where))
+            time.sleep(0.005)
+
+    threading.Thread(target=run, name="main-thread-sampler", daemon=True).start()
+    return samples
+
+
+def _main_thread_between(samples: list[tuple[float, str]], start: float | None,
+                         end: float | None) -> dict[str, float]:
+    if start is None or end is None:
+        return {}
+    window = [w for t, w in samples if start <= t <= end]
+    step = (end - start) / len(window) if window else 0.0
+    counts = collections.Counter(window)
+    return {w: round(n * step, 3) for w, n in counts.most_common(8)}
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -258,6 +303,12 @@ def print_run(m: dict[str, Any]) -> None:
     if m.get("first_trial_path"):
         print("path of the first trial: " + ", ".join(
             f"{stage} {t:.2f}" for stage, t in m["first_trial_path"]))
+    if m.get("main_thread_before_first_submit"):
+        print("main thread from the first worker ready to the first submission (s): " + ", ".join(
+            f"{w} {t:.2f}" for w, t in m["main_thread_before_first_submit"].items()))
+    if m.get("main_thread_before_first_store"):
+        print("main thread from the first result done to its store (s): " + ", ".join(
+            f"{w} {t:.2f}" for w, t in m["main_thread_before_first_store"].items()))
     print(f"  {'problem':<60} {'trials':>6} {'best us':>9} {'baseline us':>12} {'speedup':>8}")
     for p in m["problems"]:
         print(f"  {p['problem'][:60]:<60} {p['trials']:>6} {_fmt(p['best_us'], '.1f'):>9} "

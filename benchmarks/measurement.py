@@ -17,7 +17,9 @@ Per problem, with the engine of the tuner (worker processes, CUPTI, the L2 flush
    same two programs, loaded from the run's compilation cache: compiled again, XLA's autotuning
    may pick another cuBLAS algorithm, 171.7 against 174.0 us at 4096^3 on 2026-12-03): the
    crowned config and the baseline, interleaved, ``--retime-rounds`` rounds; its median
-   per-round speedup against the confirmed one.
+   per-round speedup against the confirmed one. ``--independent N`` repeats it in N fresh
+   engines: the range of their speedups is how far the same two programs move from one
+   process to the next, which no single confirmation can see.
 
 In interpret mode (CPU; small shapes, wall-clock timing) only ``warm`` exists: there is no L2
 to flush. Prints a table and writes every figure to ``--out`` (JSON).
@@ -83,6 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="runs per program per round (default: sized by each program's time, "
                         "as the tuner's confirmation sizes them; 2 on CPU)")
     p.add_argument("--retime-rounds", type=int, help="independent re-time rounds (default 5; 2 on CPU)")
+    p.add_argument("--independent", type=int, default=1, metavar="N",
+                   help="independent re-times, each in a fresh engine (new processes, inputs and "
+                        "moment): with N > 1 the table also shows how far the speedup moves from "
+                        "one process to the next (default 1)")
     p.add_argument("--workers-per-gpu", type=int, default=None)
     p.add_argument("--compilation-cache", metavar="DIR",
                    help="JAX's compilation cache shared by every engine of the run, keeping every "
@@ -102,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cpu = args.device == "interpret"
     for name, gpu_default, cpu_default in (("top", 5, 2), ("iterations", 20, 2), ("rounds", None, 2),
                                            ("confirm_iterations", None, 2),
-                                           ("retime_rounds", 5, 2)):
+                                           ("retime_rounds", 5, 2), ("independent", 1, 1)):
         if getattr(args, name) is None:
             setattr(args, name, cpu_default if cpu else gpu_default)
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -298,13 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     main_policy = policies[0]
     crowned = {k: v["confirmation"]["crowned"] for k, v in by_policy[main_policy].items()
                if v.get("confirmation")}
-    independent = independent_retime(args, main_policy, problems, crowned)
+    repeats = [independent_retime(args, main_policy, problems, crowned)
+               for _ in range(args.independent)]
+    independent = repeats[0]
     clocks_after = read_clocks(0) if args.device == "gpu" else None
     total_s = time.monotonic() - started
 
     header = ["problem", "winner cold us", "winner warm us", "cold/warm", "base cold us",
               "base warm us", "cold/warm", "confirmed speedup", "ties", "crowned", "independent",
-              "agree", "confirm s"]
+              "agree", "confirm s", "range over engines", "median of engines vs confirmed"]
     rows = []
     summary = []
     for _, problem in problems:
@@ -316,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         agree = None
         if conf.get("speedup") and ind.get("speedup"):
             agree = ind["speedup"] / conf["speedup"] - 1
+        # Each fresh engine's speedup: how much the same two programs move between processes.
+        each = [r[key]["speedup"] for r in repeats if (r.get(key) or {}).get("speedup")]
+        across = (max(each) / min(each) - 1) if len(each) > 1 else None
         wc, ww = cold.get("winner_us"), warm.get("winner_us")
         bc, bw = cold.get("baseline_us"), warm.get("baseline_us")
         rows.append([
@@ -328,8 +339,12 @@ def main(argv: list[str] | None = None) -> int:
             _fmt(ind.get("speedup"), ".4f"),
             "-" if agree is None else f"{100 * agree:+.2f}%",
             _fmt(conf.get("seconds"), ".2f"),
+            "-" if across is None else f"{100 * across:.2f}%",
+            "-" if not each or not conf.get("speedup") else
+            f"{100 * (statistics.median(each) / conf['speedup'] - 1):+.2f}%",
         ])
-        summary.append({"problem": key, "agreement": agree})
+        summary.append({"problem": key, "agreement": agree, "independent_speedups": each,
+                        "across_processes": across})
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print()
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
@@ -348,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total {total_s:.1f} s")
     doc = {
         "device": args.device, "policies": policies, "args": vars(args), "total_s": total_s,
-        "by_policy": by_policy, "independent": independent, "summary": summary,
+        "by_policy": by_policy, "independent": independent, "independent_repeats": repeats,
+        "summary": summary,
         "clocks_before": None if clocks_before is None else clocks_before.to_dict(),
         "clocks_after": None if clocks_after is None else clocks_after.to_dict(),
         "clock_warnings": warnings,
