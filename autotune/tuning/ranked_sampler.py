@@ -48,6 +48,7 @@ import importlib.util
 import itertools
 import logging
 import math
+import queue
 import random
 import sys
 import threading
@@ -476,6 +477,27 @@ _PRIOR_CACHE_SIZE = 16
 # The sampler.
 
 
+
+_PREPARER: queue.SimpleQueue[Callable[[], None]] | None = None
+_PREPARER_LOCK = threading.Lock()
+
+
+def _preparer() -> queue.SimpleQueue[Callable[[], None]]:
+    """The queue of the one daemon thread that makes samplers ready (:meth:`RankedSampler.prepare`)
+    for this process, one at a time."""
+    global _PREPARER
+    with _PREPARER_LOCK:
+        if _PREPARER is None:
+            work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+
+            def run() -> None:
+                while True:
+                    work.get()()
+
+            threading.Thread(target=run, name="autotune-ranked-prepare", daemon=True).start()
+            _PREPARER = work
+        return _PREPARER
+
 class RankedSampler(optuna.samplers.BaseSampler):
     """Proposes the untaken pool candidate the cost model ranks fastest (see the module doc).
 
@@ -563,13 +585,13 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._value_codes: list[dict[str, int]] = [{} for _ in space.names]
         self._start_lock = threading.Lock()
         self._start_error: BaseException | None = None
-        self._preparing: threading.Thread | None = None
+        self._preparing = False  # prepare() has queued the start
         self.fits = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_start_lock"]  # copies (the valid-set wrapper keeps one) get a lock of their own
-        state["_preparing"] = None
+        state["_preparing"] = False
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -644,11 +666,15 @@ class RankedSampler(optuna.samplers.BaseSampler):
     def prepare(self) -> None:
         """Draws the pool (and climbs on the cost model) on a background thread now, so that
         the first proposal, which would do it, finds it done: the scheduler calls this once
-        every problem of its job is open, while the first configs compile."""
-        if not self._started and self._preparing is None:
-            self._preparing = threading.Thread(target=self._prepare_quietly, daemon=True,
-                                               name="autotune-ranked-prepare")
-            self._preparing.start()
+        every problem of its job is open, while the first configs compile.
+
+        One thread makes every sampler of the process ready, one after another in the order
+        of these calls: side by side, four climbs (pure Python) each took four times as long
+        to finish and held the GIL against the scheduler's loop, whose asks and stores then
+        waited behind them (benchmarks/RESULTS.md section 9, session 9)."""
+        if not self._started and not self._preparing:
+            self._preparing = True
+            _preparer().put(self._prepare_quietly)
 
     def ready(self) -> bool:
         """Whether a proposal now would neither make the sampler ready (draw its pool, climb

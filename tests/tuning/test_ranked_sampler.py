@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 
 import numpy as np
@@ -401,6 +402,35 @@ def test_a_family_far_slower_than_estimated_is_left_after_two_trials(monkeypatch
     assert trials_to_best() == [3, 3, 3]
     monkeypatch.setattr(ranked_sampler, "ESTIMATE_SCALE_SLACK", 100.0)
     assert trials_to_best() == [5, 5, 5]
+
+
+def test_samplers_are_made_ready_one_at_a_time_in_the_order_of_prepare():
+    """One background thread makes every sampler ready, in the order prepare() was called: side
+    by side, their climbs (pure Python) each took as long as all of them and held the GIL
+    against the scheduler's loop."""
+    spans: dict[int, list[float]] = {}
+    threads: set[str] = set()
+
+    def timed(n):
+        def estimate(problem, config):
+            span = spans.setdefault(n, [time.monotonic(), 0.0])
+            span[1] = time.monotonic()
+            threads.add(threading.current_thread().name)
+            return user_time(problem, config)
+        return estimate
+
+    samplers = []
+    for n, size in enumerate((2048, 4096, 8192)):
+        bound = USER_SPACE.bind(user_problem(size, 4096))
+        samplers.append(valid_sampler("ranked", bound, seed=0, estimate=timed(n)))
+    for sampler in samplers:
+        sampler.prepare()
+    deadline = time.monotonic() + 60
+    while not all(s.ready() for s in samplers):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert threads == {"autotune-ranked-prepare"}
+    assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0]  # one after another
 
 
 def test_a_sampler_prepared_in_the_background_proposes_the_same_configs():
