@@ -283,11 +283,15 @@ class _Scheduler:
         while True:
             # Results that came back are stored before the next ask: on the H200 a burst of
             # asks (each slower while samplers make ready on another thread) held the job's
-            # first result back 2.5-4.7 s before it was stored.
-            done = {f for r in self.runs for f in r.in_flight if f.done()}
-            if done:
-                for r in self.runs:
+            # first result back 2.5-4.7 s before it was stored. A problem they end goes on to
+            # its traces and confirmation round here too: with results back faster than the
+            # asks (a loaded host), this loop does not return until the engine is full, and
+            # a round waited for the other problems' whole budgets.
+            done = {f for r in self.runs for f in (*r.in_flight, *r.side) if f.done()}
+            for r in self.runs:
+                if any(f in done for f in (*r.in_flight, *r.side)):
                     self._collect(r, done)
+                    self._maybe_finish(r)
             if sum(len(r.in_flight) for r in self.runs) >= capacity:
                 return
             askable = [r for r in self.runs if not r.finished and not r.stop_reason and not r.full

@@ -157,9 +157,9 @@ class SlowEngine(FakeEngine):
 
     parallelism = 4
 
-    def __init__(self, delay_s: float = 0.02, baseline_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.02, baseline_s: float = 0.0, submit_s: float = 0.0) -> None:
         super().__init__()
-        self.delay_s, self.baseline_s = delay_s, baseline_s
+        self.delay_s, self.baseline_s, self.submit_s = delay_s, baseline_s, submit_s
         self.in_flight: collections.Counter[str] = collections.Counter()
         self.together = 0  # most distinct problems in flight at once
         self.order: list[str] = []
@@ -183,6 +183,7 @@ class SlowEngine(FakeEngine):
             future.set_result(inner.result())
 
         threading.Thread(target=finish, daemon=True).start()
+        time.sleep(self.submit_s)  # the loop's own time per submission (an ask on a busy host)
         return future
 
     def submit_baseline(self, kernel_name, problem):
@@ -322,9 +323,14 @@ def test_every_first_task_is_a_config_and_baselines_follow_first_results(tmp_pat
     assert all(r.baseline_us == 150.5 for r in reports)
 
 
-def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkeypatch):
+@pytest.mark.parametrize("delay_s,submit_s", [(0.05, 0.0), (0.03, 0.01)])
+def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkeypatch, delay_s,
+                                                                submit_s):
     """One problem's confirmation round (slow here) runs while the others go on: trials of
-    the other problem are submitted during it, and its report keeps the round's time."""
+    the other problem are submitted during it, and its report keeps the round's time. With
+    results back before the next submission (a loaded machine: asks slower than results), the loop
+    stores them between asks and never fills the engine: a problem whose last result is stored
+    there still starts its round at once (it waited for the other problem's whole budget)."""
     from autotune.tuning import tuner
 
     first = _problems(2).problems[0].problem
@@ -341,7 +347,7 @@ def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkey
     monkeypatch.setattr(tuner, "confirm_best", slow_confirm)
     job = _problems(2, trials=2)
     job = Job("t", (job.problems[0], dataclasses.replace(job.problems[1], budget=Budget(trials=40))))
-    engine = SlowEngine(delay_s=0.05)
+    engine = SlowEngine(delay_s=delay_s, submit_s=submit_s)
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
         reports = run_job(job, store=store, engine=engine)
         counts = [len(store.trials(spec.problem)) for spec in job.problems]
