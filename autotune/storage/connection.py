@@ -25,8 +25,6 @@ _PG_MIGRATION_LOCK = 0x6175746F74756E65
 _MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent / "migrations"
 
 
-
-
 def _create_engine(url: URL, *, read_only: bool = False) -> Engine:
     if url.get_backend_name() != "sqlite":
         kwargs: dict[str, Any] = {}

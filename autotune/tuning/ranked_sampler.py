@@ -477,7 +477,6 @@ _PRIOR_CACHE_SIZE = 16
 # The sampler.
 
 
-
 _PREPARER: queue.SimpleQueue[Callable[[], None]] | None = None
 _PREPARER_LOCK = threading.Lock()
 
@@ -497,6 +496,7 @@ def _preparer() -> queue.SimpleQueue[Callable[[], None]]:
             threading.Thread(target=run, name="autotune-ranked-prepare", daemon=True).start()
             _PREPARER = work
         return _PREPARER
+
 
 class RankedSampler(optuna.samplers.BaseSampler):
     """Proposes the untaken pool candidate the cost model ranks fastest (see the module doc).
