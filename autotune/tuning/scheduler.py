@@ -287,9 +287,9 @@ class _Scheduler:
             # its traces and confirmation round here too: with results back faster than the
             # asks (a loaded host), this loop does not return until the engine is full, and
             # a round waited for the other problems' whole budgets.
-            done = {f for r in self.runs for f in (*r.in_flight, *r.side) if f.done()}
             for r in self.runs:
-                if any(f in done for f in (*r.in_flight, *r.side)):
+                done = {f for f in (*r.in_flight, *r.side) if f.done()}
+                if done:
                     self._collect(r, done)
                     self._maybe_finish(r)
             if sum(len(r.in_flight) for r in self.runs) >= capacity:
