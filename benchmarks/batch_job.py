@@ -188,7 +188,12 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         if "first_submit_s" not in marks:
             marks["first_submit_s"] = time.time() - t0
             marks["main_imported_jax_by_first_submit"] = "jax" in sys.modules
-        return submit(*a, **k)
+        future = submit(*a, **k)
+        # When this process got the first result (the engine's thread resolved its future),
+        # between the worker's "done" and the scheduler's store.
+        future.add_done_callback(lambda f: marks.setdefault(
+            "first_result_received_s", time.time() - t0))
+        return future
 
     engine.submit = first_submit  # type: ignore[method-assign]
     main_samples = _sample_main_thread(t0, MAIN_SAMPLE_S)
@@ -302,7 +307,9 @@ def print_run(m: dict[str, Any]) -> None:
           f"{'' if m.get('main_imported_jax_by_first_submit') else 'not '}imported jax)")
     if m.get("first_trial_path"):
         print("path of the first trial: " + ", ".join(
-            f"{stage} {t:.2f}" for stage, t in m["first_trial_path"]))
+            f"{stage} {t:.2f}" for stage, t in m["first_trial_path"])
+            + f"; received {_fmt(m.get('first_result_received_s'), '.2f')}"
+            + f", stored {_fmt(m.get('first_trial_s'), '.2f')}")
     if m.get("main_thread_before_first_submit"):
         print("main thread from the first worker ready to the first submission (s): " + ", ".join(
             f"{w} {t:.2f}" for w, t in m["main_thread_before_first_submit"].items()))

@@ -320,6 +320,7 @@ def reference(rows: Sequence[Mapping[str, Any]], files: Sequence[str], args: Any
 def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
     """Per problem in ``db`` (only ``job``'s problems when given): trials measured, the index
     (1-based, in the order measured) of the final best and of the first result within 1% of it."""
+    from autotune.queries.best import best_result
     from autotune.storage.store import Store
 
     wanted = None
@@ -339,14 +340,24 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
                 ok = [(i, r.median_us) for i, r in enumerate(rows, 1) if r.ok and r.median_us is not None]
                 if not ok:
                     out.append({"problem": str(problem), "device": device, "trials": len(rows),
-                                "best_us": None, "best_at": None, "within_half_pct_at": None,
+                                "best_us": None, "best_at": None, "served_at": None,
+                                "served_confirmed": False, "within_half_pct_at": None,
                                 "within_1pct_at": None})
                     continue
                 best = min(t for _, t in ok)
+                # What the job serves: its confirmation round's winner (the best configs
+                # re-timed side by side, docs/measurement.md), else the fastest trial.
+                served = best_result(problem.kernel, dict(problem.dims), problem.dtype,
+                                     device=device, db=db)
+                served_at = None if served is None else min(
+                    (i for i, r in enumerate(rows, 1) if r.ok and dict(r.config) == served.config),
+                    default=None)
                 out.append({
                     "problem": str(problem), "device": device, "trials": len(rows),
                     "best_us": best,
                     "best_at": min(i for i, t in ok if t == best),
+                    "served_at": served_at,
+                    "served_confirmed": served is not None and served.confirmed,
                     "within_half_pct_at": min(i for i, t in ok if t <= best * 1.005),
                     "within_1pct_at": min(i for i, t in ok if t <= best * 1.01),
                 })
@@ -381,17 +392,23 @@ def store_ground_truth(db: str, files: Sequence[str]) -> int:
 
 def print_live(rows: Sequence[Mapping[str, Any]]) -> None:
     print("| problem | device | trials | best (us) | final best first reached at trial "
-          "| within 0.5% at trial | within 1% at trial |")
-    print("|---|---|---|---|---|---|---|")
+          "| served best first measured at trial | within 0.5% at trial | within 1% at trial |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = "-" if r["best_us"] is None else f"{r['best_us']:.1f}"
+        served = "-" if r["served_at"] is None else (
+            f"{r['served_at']}{' (confirmed)' if r['served_confirmed'] else ''}")
         print(f"| {r['problem']} | {r['device']} | {r['trials']} | {best} | {r['best_at'] or '-'} "
-              f"| {r['within_half_pct_at'] or '-'} | {r['within_1pct_at'] or '-'} |")
+              f"| {served} | {r['within_half_pct_at'] or '-'} | {r['within_1pct_at'] or '-'} |")
     reached = [r["best_at"] for r in rows if r["best_at"] is not None]
     if reached:
         print()
         print(f"median trial index of the final best: {statistics.median(reached):g} "
               f"over {len(reached)} problems")
+        served_at = [r["served_at"] for r in rows if r["served_at"] is not None]
+        if served_at:
+            print(f"median trial index of the served best (the confirmation round's winner): "
+                  f"{statistics.median(served_at):g} over {len(served_at)} problems")
         # Configs within a measurement's noise of each other make the final best's index mostly
         # chance: the first within 0.5% of it says when the search got there.
         half = [r["within_half_pct_at"] for r in rows if r["within_half_pct_at"] is not None]

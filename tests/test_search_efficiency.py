@@ -132,3 +132,35 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     live = {r["problem"]: r for r in replay.live_rows(url)}
     new = next(r for p, r in live.items() if "batch=2" in p)
     assert (new["trials"], new["best_at"], new["within_half_pct_at"], new["within_1pct_at"]) == (4, 3, 3, 2)
+    assert (new["served_at"], new["served_confirmed"]) == (3, False)  # no round: the fastest
+
+
+def test_live_reader_reports_when_the_served_best_was_first_measured(tmp_path):
+    """--live: the served best is the confirmation round's winner, which need not be the
+    fastest single measurement; its index is the trial that first measured its config."""
+    from autotune.evaluation.trial import DeviceInfo, TrialResult
+    from autotune.space.problem import Problem
+    from autotune.storage.store import Store
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    replay = _replay_module()
+    url = f"sqlite:///{tmp_path}/live.db"
+    file = str(DATA / "hopper_attention__batch4_causalfalse_head_dim128_heads_kv16_heads_q16_seq_kv2048_seq_q2048__float16.json")
+    rec = replay.Recorded(replay.load([file])[0])
+    problem = Problem("hopper_attention", {**rec.problem.dims, "batch": 2}, rec.problem.dtype)
+    device = DeviceInfo(name="NVIDIA H200", kind="gpu")
+    configs = list(rec.bound)[:4]
+    with Store(url) as store:
+        ids = [store.record_trial(problem, config, TrialResult.timed([t], compile_s=1.0, rel_error=0.0,
+                                                                     timing="cupti"),
+                                  device=device, software={}, optuna_trial_number=number).id
+               for number, (config, t) in enumerate(zip(configs, (200.0, 100.8, 100.0, 150.0), strict=True))]
+        # Re-timed side by side, the second trial's config is the faster one: it is crowned.
+        confirmation = analyse_confirmation(
+            [Candidate(dict(configs[2]), ((101.0, 101.2), (101.1, 101.0))),
+             Candidate(dict(configs[1]), ((99.0, 99.1), (99.2, 99.0)))],
+            ((150.0, 150.0), (150.0, 150.0)), default_config=None)
+        store.record_confirmation(problem, confirmation, trial_ids=[ids[2], ids[1]], device=device,
+                                  software={}, cache="warm", iterations=2, baseline_name=None)
+    (row,) = replay.live_rows(url)
+    assert (row["best_at"], row["served_at"], row["served_confirmed"]) == (3, 2, True)

@@ -486,6 +486,9 @@ class _JaxEvaluator(Evaluator):
         # Traced programs compiled ahead (prepare_trace), until trace() takes them.
         self._traced: dict[tuple[Any, ...], Compiled | TrialResult] = {}
         self._preparer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prepare")
+        # The input maker compiles here while _prepare compiles the reference and the check.
+        self._maker_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="prepare-inputs")
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
 
     # Subclasses: where arrays live, and what cannot run.
@@ -525,27 +528,38 @@ class _JaxEvaluator(Evaluator):
         lock would run beside another worker's timed kernels, and a reference needs to be
         right, not fast. The check of outputs against the reference is compiled here too.
         Kernels whose ``make_inputs`` or reference cannot be traced are left to run eagerly.
+        The input maker compiles on a thread of its own meanwhile (XLA compiles without the
+        GIL), so a problem's first trial waits for the longer of the two, not for both.
         """
         import jax
-        import numpy as np
 
         key = (kernel.name, problem)
         with self._prepare_lock:
             if key in self._makers:
                 return
             specs = self._input_specs(kernel, problem)
-            try:
-                maker = jax.jit(lambda seed: tuple(kernel.make_inputs(problem, jax.random.key(seed))))
-                self._makers[key] = maker.lower(np.int32(0)).compile(NO_AUTOTUNE)
-            except Exception:  # noqa: BLE001 - not traceable: inputs are made eagerly instead
-                self._makers[key] = None
+            maker = self._maker_thread.submit(self._compile_maker, kernel, problem)
             try:
                 reference = jax.jit(kernel.reference(problem)).lower(*specs)
                 self._references[key] = reference.compile(NO_AUTOTUNE)
                 prepare_error_terms(reference.out_info, problem.dtype)
             except Exception:  # noqa: BLE001 - _expected reports a reference that really fails
                 self._references.pop(key, None)
+            finally:
+                self._makers[key] = maker.result()
         self._flush()  # the L2 flush's programs too (0.1 s), once per evaluator
+
+    def _compile_maker(self, kernel: Kernel, problem: Problem) -> Any:
+        """The problem's input maker compiled (None: not traceable; inputs are made eagerly)."""
+        import jax
+        import numpy as np
+
+        try:
+            with self._device_context():
+                maker = jax.jit(lambda seed: tuple(kernel.make_inputs(problem, jax.random.key(seed))))
+                return maker.lower(np.int32(0)).compile(NO_AUTOTUNE)
+        except Exception:  # noqa: BLE001 - not traceable: inputs are made eagerly instead
+            return None
 
     def _fresh_inputs(self, kernel: Kernel, problem: Problem) -> tuple[Any, ...]:
         """New random inputs for every config (never zeros, never reused)."""

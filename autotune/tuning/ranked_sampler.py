@@ -99,6 +99,17 @@ PRIOR_WEIGHT = 8.0
 ESTIMATE_CLIMB_FROM = 8
 ESTIMATE_CLIMB_ROUNDS = 3
 ESTIMATE_POOL = 64
+# Of configs whose estimates are this close (log), the climb's pool keeps the best one only:
+# tunables the cost model ignores (grid order, epilogue tiles) make families of equal
+# estimates, and on the H200's decode shape 64x4096x4096 one family's variants filled the 64
+# and took 10-16 of a live job's first 24 trials, 20% slower than the best (RESULTS.md
+# section 8, session 11). The measured family's neighbours still join the pool as it climbs.
+ESTIMATE_TWIN = math.log(1.005)
+# A proposal passes over a config whose estimate a config already taken (measured or in flight)
+# shares (within ESTIMATE_TWIN) for the next one of another estimate, while that one scores
+# within ESTIMATE_TWIN_MARGIN (log) of it: measuring a twin tells the estimate nothing new, and
+# the local moves (``climb``) still try the variants of the best measured configs.
+ESTIMATE_TWIN_MARGIN = math.log(1.1)
 # The cost model must order the measured configs better than chance (ESTIMATE_TRUST of the pairs
 # that differ by more than ESTIMATE_CLEAR in log time, both measured and estimated, once there
 # are ESTIMATE_TRUST_PAIRS such pairs), or the sampler stops using it as its prior.
@@ -579,6 +590,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._prior_spread = np.zeros(0)
         self._prior: _Model | None = None
         self._order: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._score: np.ndarray | None = None  # what _order sorts (lower first), if not random
         self._fitted_on = -1
         self._started = False
         self._pool_codes: np.ndarray | None = None
@@ -654,8 +666,41 @@ class RankedSampler(optuna.samplers.BaseSampler):
             self._climb_credit -= 1.0
             pick = next((i for i in free if i in self._around), None)
         if pick is None:
-            pick = free[0]
+            pick = self._untwinned(free, taken, measured)
         return Config(dict(zip(self._space.names, self._pool[pick], strict=True)))
+
+    def _rank(self, score: np.ndarray) -> None:
+        self._score = score
+        self._order = np.argsort(score, kind="stable")
+
+    def _untwinned(self, free: list[int], taken: set[tuple[Any, ...]],
+                   measured: Sequence[tuple[tuple[Any, ...], float | None]]) -> int:
+        """The first of ``free`` (in rank order) that is no twin (an estimate within
+        ESTIMATE_TWIN) of a config in flight, among those that score within
+        ESTIMATE_TWIN_MARGIN of the first; the first when there is none, or no cost model to tell
+        twins by. Once measured, a config's twins are ranked by what it measured (a twin of one
+        that measured as estimated may well be the best: the grid's order, which the estimate
+        ignores, still matters; replay, RESULTS.md section 8, session 11)."""
+        score = self._score
+        if (not isinstance(self._prior, _EstimatePrior) or score is None
+                or len(score) != len(self._pool)):
+            return free[0]
+        done = {key for key, _ in measured}
+        twins = [self._pool_index[k] for k in taken if k in self._pool_index and k not in done]
+        if not twins:
+            return free[0]
+        estimate = self._x[:, self._estimate_column()]
+        known = np.sort(estimate[twins])
+        limit = score[free[0]] + ESTIMATE_TWIN_MARGIN
+        for i in free:
+            if score[i] > limit:
+                break
+            j = int(np.searchsorted(known, estimate[i]))
+            near = min(estimate[i] - known[j - 1] if j else math.inf,
+                       known[j] - estimate[i] if j < len(known) else math.inf)
+            if near >= ESTIMATE_TWIN:
+                return i
+        return free[0]
 
     def _due(self, n: int) -> bool:
         """Refit in batches: after every result while few, then every n // 8 new ones."""
@@ -719,7 +764,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
                     self._prior_mean[i] -= RELATED_BONUS
         self._order = np.array(self._rng.sample(range(len(self._pool)), len(self._pool)), dtype=np.int64)
         if self._prior is not None:
-            self._order = np.argsort(self._prior_mean - self._kappa * self._prior_spread, kind="stable")
+            self._rank(self._prior_mean - self._kappa * self._prior_spread)
         self._started = True
 
     def _codes(self) -> np.ndarray:
@@ -776,11 +821,20 @@ class RankedSampler(optuna.samplers.BaseSampler):
                         k2 = space.key(far)
                         if k2 not in scores:
                             scores[k2] = float(estimate(problem, far))
-        found = (dict(zip(space.names, k, strict=True)) for k in sorted(scores, key=scores.__getitem__))
-        # Valid here and not in the pool yet (the pool checks both), the best first.
-        self._extend_pool(itertools.islice(
-            (c for c in found if self._space.is_valid(c) and self._space.key(c) not in self._pool_index),
-            ESTIMATE_POOL))
+        # Valid here and not in the pool yet (the pool checks both), the best first, one of each
+        # family of equal estimates (ESTIMATE_TWIN).
+        kept: list[dict[str, Any]] = []
+        last = -math.inf
+        for key in sorted(scores, key=scores.__getitem__):
+            if len(kept) == ESTIMATE_POOL:
+                break
+            if math.log(scores[key]) - last < ESTIMATE_TWIN:
+                continue
+            c = dict(zip(space.names, key, strict=True))
+            if self._space.is_valid(c) and self._space.key(c) not in self._pool_index:
+                kept.append(c)
+                last = math.log(scores[key])
+        self._extend_pool(kept)
 
     def _extend_pool(self, configs: Iterable[Mapping[str, Any]]) -> int:
         """Adds valid configs not yet in the pool; returns the index of the first added."""
@@ -876,9 +930,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._rescore_prior(first)
         if n < 2 or not ok:
             if self._prior is not None:
-                self._order = np.argsort(self._prior_mean - self._kappa * self._prior_spread, kind="stable")
+                self._rank(self._prior_mean - self._kappa * self._prior_spread)
             else:
                 self._order = np.array(self._rng.sample(range(len(self._pool)), len(self._pool)), dtype=np.int64)
+                self._score = None
             return
         idx = np.array([self._pool_index[k] for k, _ in measured])
         raw = _targets([t for _, t in measured])
@@ -909,7 +964,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
                 shift = max(-ESTIMATE_SCALE_SLACK, min(ESTIMATE_SCALE_SLACK, shift))
             self.fits += 1
             residual = self._local_residual(idx, error - shift)
-            self._order = np.argsort(self._prior_mean + residual, kind="stable")
+            self._rank(self._prior_mean + residual)
             return
         # Tell the good apart: everything slower than the median is just "slow".
         y = np.minimum(raw, 0.0) if self._clip else raw
@@ -923,4 +978,4 @@ class RankedSampler(optuna.samplers.BaseSampler):
             if self._clip:
                 prior = np.minimum(prior, 0.0)
             score = (PRIOR_WEIGHT * prior + n * score) / (PRIOR_WEIGHT + n)
-        self._order = np.argsort(score, kind="stable")
+        self._rank(score)

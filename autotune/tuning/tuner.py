@@ -31,6 +31,8 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -90,6 +92,13 @@ HEARTBEAT_S = 30
 # Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
 TRACE_PROFILE_SPACE = 64
 GRACE_S = 120
+# Python's GIL switch interval in the job's process while a job runs (Python's default: 5 ms).
+# The loop's every database statement lets go of the GIL and must win it back from the threads
+# that hold it in Python (the ranked samplers climbing on their cost model, proposals made
+# ahead): at 5 ms, storing a result took a median 58.8 ms instead of 6.5 ms while four
+# hopper_matmul samplers climbed, at 0.5 ms 9.7 ms (benchmarks/gil_contention.py,
+# RESULTS.md section 9, session 11).
+JOB_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +304,30 @@ def _heartbeat_storage(study: optuna.Study) -> Any:
     return oa.heartbeat_storage(study)
 
 
+_SWITCH_LOCK = threading.Lock()
+_SWITCH_USERS = 0
+_SWITCH_BEFORE = 0.0
+
+
+@contextlib.contextmanager
+def job_switch_interval() -> Any:
+    """Python's switch interval at :data:`JOB_SWITCH_INTERVAL_S` while the block runs, then as it
+    was; jobs that overlap in one process (threads) share it, and the last one out restores it."""
+    global _SWITCH_USERS, _SWITCH_BEFORE
+    with _SWITCH_LOCK:
+        if _SWITCH_USERS == 0:
+            _SWITCH_BEFORE = sys.getswitchinterval()
+            sys.setswitchinterval(min(_SWITCH_BEFORE, JOB_SWITCH_INTERVAL_S))
+        _SWITCH_USERS += 1
+    try:
+        yield
+    finally:
+        with _SWITCH_LOCK:
+            _SWITCH_USERS -= 1
+            if _SWITCH_USERS == 0:
+                sys.setswitchinterval(_SWITCH_BEFORE)
+
+
 def device_while_counting(engine: EngineLike, job: Job, *, allow_import: bool) -> DeviceInfo:
     """The engine's device; while its first worker starts (2-5 s on the H200), the job's
     problems' valid configs are counted, in job order, on this thread.
@@ -350,41 +383,10 @@ def run_job(
             f"engine with cache={job.cache!r} (the CLI and autotune.tune do)."
         )
     try:
-        storage = optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
-        device = device_while_counting(engine, job, allow_import=allow_import)
-        gpu = gpu_index(getattr(engine, "gpus", None))
-        before = _clocks(device, gpu)
-        run_id = store.start_run(job.name, device=device, cache=policy,
-                                 clocks_before=before.to_dict())
-        if not sequential:
-            from autotune.tuning.scheduler import run_scheduled
-
-            reports = run_scheduled(job, store=store, engine=engine, storage=storage,
-                                    results_dir=results_dir, on_event=on_event,
-                                    allow_import=allow_import, run_id=run_id)
-        else:
-            reports = []
-        for spec in job.problems if sequential else ():
-            kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
-            reports.append(
-                tune_problem(
-                    kernel,
-                    spec,
-                    store=store,
-                    engine=engine,
-                    storage=storage,
-                    results_dir=results_dir,
-                    on_event=on_event,
-                    run_id=run_id,
-                )
-            )
-        after = _clocks(device, gpu)
-        warned = clock_warnings(before, after)
-        for line in warned:
-            logger.warning("%s: the timings of this job may not compare with each other (%s).",
-                           job.name, line)
-        store.finish_run(run_id, clocks_after=after.to_dict(), warnings=warned)
-        return reports
+        with job_switch_interval():
+            return _run_job(job, store=store, engine=engine, results_dir=results_dir,
+                            on_event=on_event, allow_import=allow_import, sequential=sequential,
+                            policy=policy)
     except StorageError as e:
         raise StorageError(f"{e} {_what_now(str(e))}") from e
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
@@ -392,6 +394,61 @@ def run_job(
         raise StorageError(
             f"Could not use the Optuna study in {store!r}: {reason}. {_what_now(reason)}"
         ) from e
+
+
+def _run_job(job: Job, *, store: TrialStore, engine: EngineLike, results_dir: str | Path,
+             on_event: Callable[[Event], None] | None, allow_import: bool, sequential: bool,
+             policy: str) -> list[ProblemReport]:
+    """:func:`run_job` inside its switch interval; database errors are worded there."""
+    storage = optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
+    gpu = gpu_index(getattr(engine, "gpus", None))
+    device, before = _device_and_clocks(engine, job, gpu, allow_import=allow_import)
+    run_id = store.start_run(job.name, device=device, cache=policy,
+                             clocks_before=before.to_dict())
+    if not sequential:
+        from autotune.tuning.scheduler import run_scheduled
+
+        reports = run_scheduled(job, store=store, engine=engine, storage=storage,
+                                results_dir=results_dir, on_event=on_event,
+                                allow_import=allow_import, run_id=run_id)
+    else:
+        reports = []
+    for spec in job.problems if sequential else ():
+        kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
+        reports.append(
+            tune_problem(
+                kernel,
+                spec,
+                store=store,
+                engine=engine,
+                storage=storage,
+                results_dir=results_dir,
+                on_event=on_event,
+                run_id=run_id,
+            )
+        )
+    after = _clocks(device, gpu)
+    warned = clock_warnings(before, after)
+    for line in warned:
+        logger.warning("%s: the timings of this job may not compare with each other (%s).",
+                       job.name, line)
+    store.finish_run(run_id, clocks_after=after.to_dict(), warnings=warned)
+    return reports
+
+
+def _device_and_clocks(engine: EngineLike, job: Job, gpu: int, *,
+                       allow_import: bool) -> tuple[DeviceInfo, ClockSnapshot]:
+    """The engine's device, and its GPU's clocks before the job: read through NVML while the
+    first worker starts where the engine says up front that it times on a GPU (on the H200,
+    NVML's start and stop took 0.07-0.27 s of the path from the first worker ready to the first
+    config submitted), else once the device is known."""
+    with ThreadPoolExecutor(1, thread_name_prefix="autotune-clocks") as reader:
+        early = (reader.submit(read_clocks, gpu)
+                 if getattr(engine, "mode", None) == DeviceKind.GPU else None)
+        device = device_while_counting(engine, job, allow_import=allow_import)
+        if early is not None and device.is_gpu:
+            return device, early.result()
+    return device, _clocks(device, gpu)
 
 
 def _clocks(device: DeviceInfo, gpu: int) -> ClockSnapshot:

@@ -361,6 +361,39 @@ def test_inputs_reference_and_check_are_compiled_ahead_without_autotuning(monkey
     assert calls, "the run's output check did not use the check compiled ahead"
 
 
+def test_the_input_maker_compiles_while_the_reference_does():
+    """A problem's host work ahead of its first trial: the input maker and the reference (with
+    the check) compile side by side, so the first trial waits for the longer of them, not for
+    both. Here each one's tracing waits for the other's to begin: one after the other, the
+    maker would give up (and inputs would be made eagerly)."""
+    import dataclasses
+    import threading
+
+    base = get_kernel(SCALE_ADD, allow_import=True)
+    both = threading.Barrier(2, timeout=10)
+
+    def make_inputs(problem, key):
+        if threading.current_thread().name.startswith("prepare-inputs"):  # not the input specs
+            both.wait()
+        return base.make_inputs(problem, key)
+
+    def reference(problem):
+        fn = base.reference(problem)
+
+        def traced(*inputs):
+            both.wait()
+            return fn(*inputs)
+
+        return traced
+
+    kernel = dataclasses.replace(base, make_inputs=make_inputs, reference=reference)
+    evaluator = ev.InterpretEvaluator(iterations=1)
+    problem = Problem(kernel.name, {"n": 384}, "float32")
+    evaluator._prepare(kernel, problem)
+    key = (kernel.name, problem)
+    assert evaluator._makers[key] is not None and key in evaluator._references
+
+
 def test_the_l2_flush_is_compiled_when_a_problem_is_prepared_and_touches_the_device_later():
     """The cold policy's L2 flush compiles with a problem's host work, off the GPU's lock (it
     took 0.13 s of the H200's first trial); its buffer is made at its first launch."""

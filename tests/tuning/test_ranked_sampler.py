@@ -404,6 +404,60 @@ def test_a_family_far_slower_than_estimated_is_left_after_two_trials(monkeypatch
     assert trials_to_best() == [5, 5, 5]
 
 
+def test_the_climb_on_the_estimate_keeps_one_config_of_each_family_of_twins(monkeypatch):
+    """The configs the climb on the cost model adds to the pool have estimates at least
+    ESTIMATE_TWIN apart (tunables the estimate ignores made families of equal estimates that
+    filled its 64 places on the H200's decode shape); without the rule, twins fill it."""
+    from autotune.tuning import ranked_sampler
+
+    problem = user_problem(4096, 2048)
+    bound = USER_SPACE.bind(problem)
+
+    def estimate(p, c):  # ``order`` and ``fast_math`` ignored
+        return 1e-6 * (10 + 0.1 * abs(math.log2(c["block_rows"] * c["block_cols"]) - 15)
+                       + 0.03 * abs(math.log2(c["stages"]) - 1))
+
+    def climbed():
+        sampler = RankedSampler(bound, seed=0, estimate=estimate, candidates=1)
+        sampler._ensure_started()
+        logs = sorted(math.log(estimate(problem, dict(zip(bound.names, key, strict=True))))
+                      for key in sampler._pool[1:])  # after the one uniform candidate
+        return [b - a for a, b in zip(logs, logs[1:], strict=False)]
+
+    gaps = climbed()
+    assert gaps and min(gaps) >= ranked_sampler.ESTIMATE_TWIN - 1e-12
+    monkeypatch.setattr(ranked_sampler, "ESTIMATE_TWIN", 0.0)
+    assert min(climbed()) == 0.0
+
+
+def test_a_burst_of_proposals_before_any_result_has_no_twins_in_the_estimate(monkeypatch):
+    """Asked several times before any result is in (a job's workers all busy), the sampler hands
+    out configs of distinct estimates while one scores within ESTIMATE_TWIN_MARGIN: on the H200's
+    decode shape 64x4096x4096 the first 10 of 24 trials were one family's variants (tunables
+    the cost model ignores), all 20% slower than the best. Without the rule, twins come first."""
+    from autotune.tuning import ranked_sampler
+
+    problem = user_problem(4096, 2048)
+    bound = USER_SPACE.bind(problem)
+
+    def estimate(p, c):  # ``order`` and ``fast_math`` ignored: families of four twins
+        return 1e-6 * (10 + 0.1 * abs(math.log2(c["block_rows"] * c["block_cols"]) - 15)
+                       + 0.03 * abs(math.log2(c["stages"]) - 1))
+
+    def burst(seed):
+        sampler = RankedSampler(bound, seed=seed, estimate=estimate)
+        study = optuna.create_study(sampler=sampler)
+        dists = distributions(bound)
+        return [estimate(problem, study.ask(dists).params) for _ in range(4)]
+
+    for seed in range(3):
+        first = burst(seed)
+        assert len(set(first)) == 4, first
+        assert first == sorted(first)  # the best estimate of each family, in order
+    monkeypatch.setattr(ranked_sampler, "ESTIMATE_TWIN_MARGIN", 0.0)
+    assert all(len(set(burst(seed))) < 4 for seed in range(3))
+
+
 def test_samplers_are_made_ready_one_at_a_time_in_the_order_of_prepare():
     """One background thread makes every sampler ready, in the order prepare() was called: side
     by side, their climbs (pure Python) each took as long as all of them and held the GIL

@@ -126,6 +126,102 @@ def test_job_stores_budget_and_finds_best(tmp_path):
     assert engine.measured[0] == Config(TOY.default_config(PROBLEM))
 
 
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_job_runs_at_the_short_switch_interval_and_restores_it(tmp_path, sequential):
+    """While a job runs, its process switches threads every JOB_SWITCH_INTERVAL_S (the loop's
+    database statements wait for the GIL behind threads that climb in Python); after the job,
+    and after one that fails, the interval is what it was."""
+    import sys
+
+    from autotune.tuning import tuner
+
+    seen: list[float] = []
+
+    class Recording(FakeEngine):
+        def submit(self, kernel_name, problem, config):
+            seen.append(sys.getswitchinterval())
+            return super().submit(kernel_name, problem, config)
+
+    before = sys.getswitchinterval()
+    assert before > tuner.JOB_SWITCH_INTERVAL_S  # Python's default, 5 ms
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(_job(4), store=store, engine=Recording(), sequential=sequential)
+        assert seen and set(seen) == {tuner.JOB_SWITCH_INTERVAL_S}
+        assert sys.getswitchinterval() == before
+
+        class Failing(FakeEngine):
+            def submit(self, kernel_name, problem, config):
+                raise RuntimeError("engine broke")
+
+        with pytest.raises(RuntimeError, match="engine broke"):
+            run_job(_job(8, problem=TOY.problem({"m": 2048, "n": 64}, "bf16")), store=store,
+                    engine=Failing(), sequential=sequential)
+    assert sys.getswitchinterval() == before
+
+
+def test_overlapping_jobs_in_one_process_restore_the_switch_interval_once_both_end():
+    """Two jobs on threads of one process: the first to end leaves the short interval to the
+    other, the last restores the one from before."""
+    import sys
+
+    from autotune.tuning.tuner import JOB_SWITCH_INTERVAL_S, job_switch_interval
+
+    before = sys.getswitchinterval()
+    first, second = job_switch_interval(), job_switch_interval()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() == JOB_SWITCH_INTERVAL_S
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before
+
+
+def test_a_gpu_engines_clocks_are_read_while_its_first_worker_starts(tmp_path, monkeypatch):
+    """An engine that says up front it times on a GPU: the clocks before the job are read
+    while its device is awaited (NVML's start and stop held the first submission back), not
+    after; the snapshot is the run's "before". An engine that does not say reads them after."""
+    import threading
+
+    from autotune.evaluation.clocks import ClockSnapshot
+    from autotune.tuning import tuner
+
+    read = threading.Event()
+    order: list[str] = []
+
+    def fake_read_clocks(gpu=0, **kwargs):
+        order.append("clocks")
+        read.set()
+        return ClockSnapshot(available=True, gpu=gpu, taken_at="t", sm_clock_mhz=1980,
+                             sm_clock_max_mhz=1980)
+
+    class Gpu(FakeEngine):
+        mode = "gpu"
+
+        def device_info(self):
+            read.wait(5)  # the first worker starting
+            order.append("device")
+            return DeviceInfo(name="fake-h200", kind="gpu")
+
+    class Unsaid(Gpu):
+        mode = None
+
+        def device_info(self):
+            order.append("device")
+            return DeviceInfo(name="fake-h200", kind="gpu")
+
+    monkeypatch.setattr(tuner, "read_clocks", fake_read_clocks)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(_job(2), store=store, engine=Gpu())
+        assert order[:2] == ["clocks", "device"]
+        (run,) = store.runs()
+        assert run.clocks_before["sm_clock_mhz"] == 1980
+        read.clear()
+        order.clear()
+        run_job(_job(2, problem=TOY.problem({"m": 2048, "n": 64}, "bf16")), store=store,
+                engine=Unsaid())
+    assert order[:2] == ["device", "clocks"]
+
+
 def test_rerun_measures_nothing_new_and_study_is_loadable(tmp_path):
     """Re-running a finished job measures nothing; the Optuna study loads from the same URL."""
     url = f"sqlite:///{tmp_path}/t.db"
