@@ -34,8 +34,10 @@ tuned on the files in ``TUNED_ON`` only; every other problem is held out and rep
 separately.
 
 ``--live DB`` reads a live job's results instead: for each problem in the database (or in
-``--job``), the trial index at which its final best was first reached, and at which it was
-first within 0.5% and 1% of it (configs within noise of each other make the first mostly chance). ``--store-ground-truth DB`` writes the ground truth into a database first, so a
+``--job``), the trial index at which its final best was first reached, the trial that first
+measured its served best (the confirmation round's winner), and at which it was first within
+0.5% and 1% of the final best (configs within noise of each other make the first two mostly
+chance). ``--store-ground-truth DB`` writes the ground truth into a database first, so a
 live job over other shapes starts warm (``examples/h200_unseen.toml``).
 """
 
@@ -319,7 +321,9 @@ def reference(rows: Sequence[Mapping[str, Any]], files: Sequence[str], args: Any
 
 def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
     """Per problem in ``db`` (only ``job``'s problems when given): trials measured, the index
-    (1-based, in the order measured) of the final best and of the first result within 1% of it."""
+    (1-based, in the order measured) of the final best (the fastest single measurement), of
+    the served best (the confirmation round's winner, what ``autotune best`` answers) and of
+    the first results within 0.5% and 1% of the final best."""
     from autotune.queries.best import best_result
     from autotune.storage.store import Store
 

@@ -95,9 +95,9 @@ GRACE_S = 120
 # Python's GIL switch interval in the job's process while a job runs (Python's default: 5 ms).
 # The loop's every database statement lets go of the GIL and must win it back from the threads
 # that hold it in Python (the ranked samplers climbing on their cost model, proposals made
-# ahead): at 5 ms, storing a result took a median 58.8 ms instead of 6.5 ms while four
-# hopper_matmul samplers climbed, at 0.5 ms 9.7 ms (benchmarks/gil_contention.py,
-# RESULTS.md section 9, session 11).
+# ahead): on the H200 host, storing a result took a median 43.7-58.0 ms instead of 6.8-7.1 ms
+# while four hopper_matmul samplers climbed at 5 ms, 7.8-9.2 ms at 0.5 ms
+# (benchmarks/gil_contention.py, RESULTS.md section 9, session 11).
 JOB_SWITCH_INTERVAL_S = 0.0005
 
 
