@@ -666,17 +666,16 @@ class RankedSampler(optuna.samplers.BaseSampler):
             self._climb_credit -= 1.0
             pick = next((i for i in free if i in self._around), None)
         if pick is None:
-            pick = self._untwinned(free, taken, measured)
+            pick = self._untwinned(free, taken - {key for key, _ in measured})
         return Config(dict(zip(self._space.names, self._pool[pick], strict=True)))
 
     def _rank(self, score: np.ndarray) -> None:
         self._score = score
         self._order = np.argsort(score, kind="stable")
 
-    def _untwinned(self, free: list[int], taken: set[tuple[Any, ...]],
-                   measured: Sequence[tuple[tuple[Any, ...], float | None]]) -> int:
+    def _untwinned(self, free: list[int], in_flight: set[tuple[Any, ...]]) -> int:
         """The first of ``free`` (in rank order) that is no twin (an estimate within
-        ESTIMATE_TWIN) of a config in flight, among those that score within
+        ESTIMATE_TWIN) of a config ``in_flight``, among those that score within
         ESTIMATE_TWIN_MARGIN of the first; the first when there is none, or no cost model to tell
         twins by. Once measured, a config's twins are ranked by what it measured (a twin of one
         that measured as estimated may well be the best: the grid's order, which the estimate
@@ -685,8 +684,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         if (not isinstance(self._prior, _EstimatePrior) or score is None
                 or len(score) != len(self._pool)):
             return free[0]
-        done = {key for key, _ in measured}
-        twins = [self._pool_index[k] for k in taken if k in self._pool_index and k not in done]
+        twins = [self._pool_index[k] for k in in_flight if k in self._pool_index]
         if not twins:
             return free[0]
         estimate = self._x[:, self._estimate_column()]

@@ -404,6 +404,13 @@ def test_a_family_far_slower_than_estimated_is_left_after_two_trials(monkeypatch
     assert trials_to_best() == [5, 5, 5]
 
 
+def _twins_estimate(p, c):
+    """A cost model that ignores ``order`` and ``fast_math``: families of four twins, each
+    family's estimate 0.3-1% from the next ones'."""
+    return 1e-6 * (10 + 0.1 * abs(math.log2(c["block_rows"] * c["block_cols"]) - 15)
+                   + 0.03 * abs(math.log2(c["stages"]) - 1))
+
+
 def test_the_climb_on_the_estimate_keeps_one_config_of_each_family_of_twins(monkeypatch):
     """The configs the climb on the cost model adds to the pool have estimates at least
     ESTIMATE_TWIN apart (tunables the estimate ignores made families of equal estimates that
@@ -413,14 +420,10 @@ def test_the_climb_on_the_estimate_keeps_one_config_of_each_family_of_twins(monk
     problem = user_problem(4096, 2048)
     bound = USER_SPACE.bind(problem)
 
-    def estimate(p, c):  # ``order`` and ``fast_math`` ignored
-        return 1e-6 * (10 + 0.1 * abs(math.log2(c["block_rows"] * c["block_cols"]) - 15)
-                       + 0.03 * abs(math.log2(c["stages"]) - 1))
-
     def climbed():
-        sampler = RankedSampler(bound, seed=0, estimate=estimate, candidates=1)
+        sampler = RankedSampler(bound, seed=0, estimate=_twins_estimate, candidates=1)
         sampler._ensure_started()
-        logs = sorted(math.log(estimate(problem, dict(zip(bound.names, key, strict=True))))
+        logs = sorted(math.log(_twins_estimate(problem, dict(zip(bound.names, key, strict=True))))
                       for key in sampler._pool[1:])  # after the one uniform candidate
         return [b - a for a, b in zip(logs, logs[1:], strict=False)]
 
@@ -440,15 +443,11 @@ def test_a_burst_of_proposals_before_any_result_has_no_twins_in_the_estimate(mon
     problem = user_problem(4096, 2048)
     bound = USER_SPACE.bind(problem)
 
-    def estimate(p, c):  # ``order`` and ``fast_math`` ignored: families of four twins
-        return 1e-6 * (10 + 0.1 * abs(math.log2(c["block_rows"] * c["block_cols"]) - 15)
-                       + 0.03 * abs(math.log2(c["stages"]) - 1))
-
     def burst(seed):
-        sampler = RankedSampler(bound, seed=seed, estimate=estimate)
+        sampler = RankedSampler(bound, seed=seed, estimate=_twins_estimate)
         study = optuna.create_study(sampler=sampler)
         dists = distributions(bound)
-        return [estimate(problem, study.ask(dists).params) for _ in range(4)]
+        return [_twins_estimate(problem, study.ask(dists).params) for _ in range(4)]
 
     for seed in range(3):
         first = burst(seed)
