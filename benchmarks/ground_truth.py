@@ -8,8 +8,19 @@ the space is larger, and says so in the file) with the project's own measurement
 compile in parallel, CUPTI timing one kernel at a time, output checked against the reference),
 plus the baseline; with ``--climb``, then every valid one-tunable neighbour of the kernel's
 default and of the best configs so far, round after round (marked ``"stage": "neighbourhood"``);
-and writes ``<out>/<kernel>__<shape>__<dtype>.json``: config -> median time,
-with device, JAX version and date. Stops submitting after ``--seconds`` and writes what it has.
+with ``--estimated N``, then the N best configs by the kernel's cost model (found by the ranked
+sampler's climb on the estimate, :func:`autotune.tuning.ranked_sampler.climb_estimate`; marked
+``"stage": "estimated"``), so that the replay can follow a search led by that model to its first
+choices; and writes ``<out>/<kernel>__<shape>__<dtype>.json``: config -> median time, with
+device, JAX version and date. Stops submitting after ``--seconds`` and writes what it has.
+
+``--extend`` adds to that file instead of replacing it: configs it holds are not measured
+again, its results are kept, and the file is replaced in one step (written beside it, then
+renamed). With ``--max 0`` nothing is sampled: e.g. the first choices of a cost model with
+changed constants (``--constants``, as ``benchmarks/cost_model_check.py`` takes them),
+
+    python3 benchmarks/ground_truth.py --kernel hopper_matmul --shape m=4096,n=4096,k=4096 \
+        --max 0 --estimated 16 --extend --constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128
 """
 
 from __future__ import annotations
@@ -17,20 +28,67 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import wait
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cost_model_check import model_with, parse_constants  # noqa: E402
 
 from autotune._jax_compat import jax_versions  # noqa: E402
 from autotune.engine.dispatcher import Engine  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
-from autotune.space.problem import Config, parse_shape  # noqa: E402
+from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
+from autotune.space.search_space import BoundSpace  # noqa: E402
+from autotune.tuning.ranked_sampler import DEFAULT_CANDIDATES, climb_estimate  # noqa: E402
 
 
-def main() -> None:
+def estimated_configs(kernel: Any, space: BoundSpace, n: int, *, seed: int = 0,
+                      skip: Iterable[Mapping[str, Any]] = (),
+                      estimate: Callable[[Problem, Mapping[str, Any]], float] | None = None) -> list[Config]:
+    """The ``n`` best configs by ``estimate`` (default: ``kernel.cost_model``) that the ranked
+    sampler's climb finds from a uniform draw (and the kernel's default), best first, none of
+    ``skip``."""
+    estimate = estimate or kernel.cost_model
+    if estimate is None:
+        raise SystemExit(f"--estimated: kernel {kernel.name!r} declares no cost_model")
+    skipped = {Config(c).digest() for c in skip}
+    start = space.sample(DEFAULT_CANDIDATES, seed=seed)
+    if kernel.default_config is not None:
+        start.append(kernel.default_config(space.problem))
+    found = climb_estimate(space, estimate, start, keep=n + len(skipped),
+                           accept=lambda c: Config(c).digest() not in skipped)
+    return [Config(c) for c in found[:n]]
+
+
+def merge(previous: Mapping[str, Any] | None, payload: dict[str, Any], problem: Problem) -> dict[str, Any]:
+    """``payload`` with ``previous``'s results first (``--extend``): the counts cover both, the
+    time spent is the sum. Refuses a file of another problem."""
+    if previous is None:
+        return payload
+    theirs = (previous.get("kernel"), previous.get("shape"), previous.get("dtype"))
+    if theirs != (payload["kernel"], payload["shape"], payload["dtype"]):
+        raise SystemExit(f"--extend: the file holds {theirs}, not {problem}; give the matching "
+                         "--kernel/--shape/--dtype or another --out")
+    results = list(previous["results"]) + payload["results"]
+    return {**payload,
+            "sampled": bool(previous.get("sampled")) or payload["sampled"],
+            "uniform_sample": sum(r["stage"] == "uniform" for r in results),
+            "measured": len(results),
+            "seconds": round(float(previous.get("seconds", 0)) + payload["seconds"], 1),
+            "date": payload["date"] if previous.get("date") == payload["date"]
+            else f"{previous.get('date')}, {payload['date']}",
+            "baseline": payload["baseline"] or previous.get("baseline"),
+            "results": results}
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel", required=True)
     ap.add_argument("--shape", required=True)
@@ -42,29 +100,46 @@ def main() -> None:
     ap.add_argument("--centres", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=240, help="stop submitting after this long")
     ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--device", default="gpu", choices=("gpu", "interpret"))
+    ap.add_argument("--estimated", type=int, default=0,
+                    help="then measure this many of the best configs by the kernel's cost model")
+    ap.add_argument("--constants", default="",
+                    help="--estimated with the cost model's constants changed: NAME=VALUE,... "
+                         "(benchmarks/cost_model_check.py)")
+    ap.add_argument("--extend", action="store_true",
+                    help="add to the output file instead of replacing it (its configs are skipped)")
+    ap.add_argument("--device", default="gpu", choices=("gpu", "interpret", "fake"),
+                    help="fake: the fake evaluator (every config 100 us), to test this script")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/data")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.max < 0 or args.estimated < 0:
+        raise SystemExit(f"--max and --estimated must be 0 or more (got {args.max}, {args.estimated})")
 
+    if args.constants and not args.estimated:
+        raise SystemExit("--constants changes the cost model that --estimated follows; give --estimated N too")
     kernel = get_kernel(args.kernel)
+    # Checked before anything is measured: a bad name or value stops here.
+    estimate = model_with(kernel, parse_constants(args.constants)) if args.estimated else None
+    if args.estimated and estimate is None:
+        raise SystemExit(f"--estimated: kernel {kernel.name!r} declares no cost_model")
     problem = kernel.problem(parse_shape(args.shape), args.dtype)
     space = kernel.valid_space(problem)
     valid = space.count()
     sampled = valid > args.max
     configs = space.sample(args.max, seed=args.seed) if sampled else list(space)
+    out_dir = Path(args.out)
+    shape_tag = problem.shape_text.replace(",", "_").replace("=", "")
+    path = out_dir / f"{kernel.name}__{shape_tag}__{problem.dtype}.json"
+    previous = json.loads(path.read_text()) if args.extend and path.exists() else None
     print(f"{problem}: {valid} valid configs; measuring {'a uniform sample of ' if sampled else ''}{len(configs)}"
           + (f", then up to {args.climb} rounds of neighbourhoods" if sampled and args.climb else ""),
           flush=True)
 
-    out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    shape_tag = problem.shape_text.replace(",", "_").replace("=", "")
-    path = out_dir / f"{kernel.name}__{shape_tag}__{problem.dtype}.json"
 
     start = time.monotonic()
     results: list[dict] = []
-    measured: set[str] = set()
+    measured: set[str] = {Config(r["config"]).digest() for r in (previous or {}).get("results", ())}
 
     def measure(engine: Engine, batch: list, stage: str) -> None:
         """Measure ``batch`` (skipping configs already measured), appending to ``results``."""
@@ -116,6 +191,10 @@ def main() -> None:
             for centre in centres:
                 centred.add(centre.digest())
                 measure(engine, [centre, *space.neighbours(centre)], "neighbourhood")
+        if args.estimated:
+            already = [r["config"] for r in (previous or {}).get("results", ())] + [r["config"] for r in results]
+            measure(engine, estimated_configs(kernel, space, args.estimated, seed=args.seed, skip=already,
+                                              estimate=estimate), "estimated")
     elapsed = time.monotonic() - start
     ok = [r for r in results if r["status"] == "ok"]
     payload = {
@@ -134,7 +213,11 @@ def main() -> None:
         "baseline": {"name": kernel.baseline_name, "median_us": baseline.median_us} if baseline.ok else None,
         "results": results,
     }
-    path.write_text(json.dumps(payload, indent=1))
+    payload = merge(previous, payload, problem)
+    # Written beside the file, then renamed: an interrupted write leaves the old file whole.
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(payload, indent=1))
+    os.replace(partial, path)
     best = min(ok, key=lambda r: r["median_us"]) if ok else None
     by_status: dict[str, int] = {}
     for r in results:

@@ -130,9 +130,11 @@ class Recorded:
         self.bound = Space(base.space.params, base.space.constraints + rules).bind(self.problem)
         self.full = base
         self.best = min(t for t in self.times.values() if t is not None)
-        # The pool the ranked sampler may draw: the uniform sample, not the climb.
+        # The pool the ranked sampler may draw: the uniform sample, not the climb around the
+        # best ("neighbourhood") nor the cost model's first choices ("estimated"), which a
+        # search reaches only by climbing, as in the real space.
         self.drawable = [Config(r["config"]) for r in data["results"]
-                         if r.get("stage", "uniform") != "neighbourhood"]
+                         if r.get("stage", "uniform") == "uniform"]
         self.device = data.get("device", "")
         self.name = f"{data['kernel']} {self.problem.shape_text} {self.problem.dtype}"
 

@@ -89,6 +89,7 @@ __all__ = [
     "cta_tile",
     "cluster_tile",
     "estimate_seconds",
+    "cost_model",
     "Hopper",
 ]
 
@@ -681,6 +682,12 @@ class Hopper:
       calibration: a last factor, so that the estimate is in seconds: uncalibrated, it was 12-29%
         above the measured time of the configs within 5% of each recorded shape's best (median
         15%), and the ranked sampler trusts its scale a little.
+      stage_transfer: what else holds a pipeline stage's slot besides the load's latency and
+        the stage's consumption: ``"none"`` (the default), or the transfer of the stage's bytes
+        at ``l2_bytes`` per clock, as loaded (``"loaded"``: a multicast operand halved) or in
+        full (``"full"``). The variants rank the live measurements of deep pipelines better and
+        two recorded shapes worse (benchmarks/RESULTS.md section 8, session 12); they are here
+        to be measured (``benchmarks/cost_model_check.py --hopper``), not the default.
     """
 
     num_sms: int = H200_NUM_SMS
@@ -697,9 +704,31 @@ class Hopper:
     accumulator_registers: float = 192.0
     soft: float = 4.0
     calibration: float = 0.85
+    stage_transfer: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.stage_transfer not in STAGE_TRANSFERS:
+            raise ValueError(f"Hopper.stage_transfer must be one of {STAGE_TRANSFERS}, "
+                             f"got {self.stage_transfer!r}")
 
 
+STAGE_TRANSFERS = ("none", "loaded", "full")
 H200 = Hopper()
+
+
+def cost_model(**constants: Any) -> Callable[[Problem, Mapping[str, Any]], float]:
+    """:func:`estimate_seconds` with some of :data:`H200`'s constants replaced (a ``Kernel``'s
+    ``cost_model``), e.g. ``cost_model(stage_transfer="loaded", l2_latency=2000)``.
+
+    Raises:
+      ValueError: a name that is not a field of :class:`Hopper`, or a bad value.
+    """
+    fields = {f.name for f in dataclasses.fields(Hopper)}
+    unknown = sorted(set(constants) - fields)
+    if unknown:
+        raise ValueError(f"unknown Hopper constant(s) {unknown}; the constants are {sorted(fields)}")
+    device = dataclasses.replace(H200, **constants)
+    return functools.partial(estimate_seconds, device=device)
 
 
 def _soft_max(p: float, *costs: float) -> float:
@@ -750,8 +779,12 @@ def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper
     # Two output slots overlap a piece's store with the next piece's write.
     epilogue = pieces * d.epilogue_piece + (max(write, store) if pieces > 1 else write + store)
 
+    transfer = {"none": 0.0, "loaded": loaded,
+                "full": (cta_m + cta_n) * tile_k * itemsize}[d.stage_transfer] / d.l2_bytes
+
     def tile_clocks(latency: float) -> float:
-        pipelined = max(step, (latency + step) / steps)  # stages in flight cover the latency
+        # Stages in flight cover the latency (and, in a variant, the stage's own transfer).
+        pipelined = max(step, (latency + transfer + step) / steps)
         return latency + k_steps * pipelined * spill + epilogue
 
     dram = (m * k + k * n + m * n) * itemsize / d.hbm_bytes_s

@@ -481,6 +481,63 @@ def _targets(times: Sequence[float | None]) -> np.ndarray:
 
 # Priors fitted on identical histories are shared (a replay fits one per problem, not per seed).
 _PRIOR_CACHE: dict[str, _Model] = {}
+def climb_estimate(
+    space: BoundSpace,
+    estimate: Callable[[Problem, Mapping[str, Any]], float],
+    start: Iterable[Mapping[str, Any]],
+    *,
+    keep: int = ESTIMATE_POOL,
+    accept: Callable[[dict[str, Any]], bool] | None = None,
+) -> list[dict[str, Any]]:
+    """The ``keep`` best configs by a kernel's cost model that a climb from ``start`` finds,
+    best first, one of each family of twins (estimates within ESTIMATE_TWIN).
+
+    From the ESTIMATE_CLIMB_FROM best distinct estimates among those seen, through their
+    neighbours and their neighbours' neighbours in ``space`` (two tunables at a time: a tile's
+    shape changes in both dims at once), for ESTIMATE_CLIMB_ROUNDS rounds. A uniform draw rarely
+    holds the few configs a good estimate ranks first in a space of 10^5, and a
+    milliseconds-cheap estimate can look at thousands. ``accept`` filters what is kept (the
+    ranked sampler keeps configs valid in its own space and not in its pool yet); the start
+    configs are estimated but kept only if ``accept`` takes them.
+    """
+    problem = space.problem
+    scores = {space.key(c): float(estimate(problem, c)) for c in start}
+    expanded: set[float] = set()
+    for _ in range(ESTIMATE_CLIMB_ROUNDS):
+        # One config per estimate: tunables the model ignores (grid order, say) make ties
+        # that would spend the climb on a single estimate.
+        fresh: dict[float, tuple[Any, ...]] = {}
+        for key in sorted(scores, key=scores.__getitem__):
+            if scores[key] not in expanded:
+                fresh.setdefault(scores[key], key)
+                if len(fresh) == ESTIMATE_CLIMB_FROM:
+                    break
+        for value, key in fresh.items():
+            expanded.add(value)
+            for near in space.neighbours(dict(zip(space.names, key, strict=True))):
+                k1 = space.key(near)
+                if k1 in scores:
+                    continue
+                scores[k1] = float(estimate(problem, near))
+                for far in space.neighbours(near):
+                    k2 = space.key(far)
+                    if k2 not in scores:
+                        scores[k2] = float(estimate(problem, far))
+    # The best first, one of each family of equal estimates (ESTIMATE_TWIN).
+    kept: list[dict[str, Any]] = []
+    last = -math.inf
+    for key in sorted(scores, key=scores.__getitem__):
+        if len(kept) == keep:
+            break
+        if math.log(scores[key]) - last < ESTIMATE_TWIN:
+            continue
+        c = dict(zip(space.names, key, strict=True))
+        if accept is None or accept(c):
+            kept.append(c)
+            last = math.log(scores[key])
+    return kept
+
+
 _PRIOR_CACHE_SIZE = 16
 
 
@@ -788,51 +845,14 @@ class RankedSampler(optuna.samplers.BaseSampler):
         return self._features.names.index(ESTIMATE_FEATURE)
 
     def _climb_estimate(self) -> None:
-        """Climbs on the kernel's cost model alone, before anything is measured: from the
-        pool's best-estimated candidates through their neighbours and their neighbours'
-        neighbours (two tunables at a time: a tile's shape changes in both dims at once),
-        round after round until the best stay the same; the best estimated configs found join
-        the pool. The uniform draw rarely holds the few configs a good estimate ranks first in
-        a space of 10^5, and a milliseconds-cheap estimate can look at thousands."""
+        """The best estimated configs that the climb on the kernel's cost model finds from the
+        pool (:func:`climb_estimate`) join the pool."""
         assert self._estimate is not None
-        space, problem, estimate = self._estimate_space, self._problem, self._estimate
-        scores = {space.key(c): float(estimate(problem, c)) for c in
-                  (dict(zip(self._space.names, key, strict=True)) for key in self._pool)}
-        expanded: set[float] = set()
-        for _ in range(ESTIMATE_CLIMB_ROUNDS):
-            # One config per estimate: tunables the model ignores (grid order, say) make ties
-            # that would spend the climb on a single estimate.
-            fresh: dict[float, tuple[Any, ...]] = {}
-            for key in sorted(scores, key=scores.__getitem__):
-                if scores[key] not in expanded:
-                    fresh.setdefault(scores[key], key)
-                    if len(fresh) == ESTIMATE_CLIMB_FROM:
-                        break
-            for value, key in fresh.items():
-                expanded.add(value)
-                for near in space.neighbours(dict(zip(space.names, key, strict=True))):
-                    k1 = space.key(near)
-                    if k1 in scores:
-                        continue
-                    scores[k1] = float(estimate(problem, near))
-                    for far in space.neighbours(near):
-                        k2 = space.key(far)
-                        if k2 not in scores:
-                            scores[k2] = float(estimate(problem, far))
-        # Valid here and not in the pool yet (the pool checks both), the best first, one of each
-        # family of equal estimates (ESTIMATE_TWIN).
-        kept: list[dict[str, Any]] = []
-        last = -math.inf
-        for key in sorted(scores, key=scores.__getitem__):
-            if len(kept) == ESTIMATE_POOL:
-                break
-            if math.log(scores[key]) - last < ESTIMATE_TWIN:
-                continue
-            c = dict(zip(space.names, key, strict=True))
-            if self._space.is_valid(c) and self._space.key(c) not in self._pool_index:
-                kept.append(c)
-                last = math.log(scores[key])
-        self._extend_pool(kept)
+        self._extend_pool(climb_estimate(
+            self._estimate_space, self._estimate,
+            (dict(zip(self._space.names, key, strict=True)) for key in self._pool),
+            accept=lambda c: self._space.is_valid(c) and self._space.key(c) not in self._pool_index,
+        ))
 
     def _extend_pool(self, configs: Iterable[Mapping[str, Any]]) -> int:
         """Adds valid configs not yet in the pool; returns the index of the first added."""

@@ -25,6 +25,7 @@ from search_spaces.hopper_matmul import (
     KNOWN_GOOD,
     RULE_KINDS,
     SPACE,
+    cost_model,
     default_config,
     estimate_seconds,
     smem_bytes,
@@ -455,3 +456,34 @@ def test_the_cost_model_ranks_the_recorded_h200_configs(path):
     assert rho >= 0.9, rho
     first = min(range(len(rows)), key=estimates.__getitem__)
     assert times[first] <= 1.06 * min(times), (times[first], min(times), rows[first]["config"])
+
+
+def test_cost_model_changes_only_the_constants_it_is_given():
+    problem = KERNEL.problem({"m": 64, "n": 4096, "k": 4096}, "bfloat16")
+    configs = SPACE.bind(problem).sample(20, seed=3)
+    same = cost_model()
+    assert [same(problem, c) for c in configs] == [estimate_seconds(problem, c) for c in configs]
+    with pytest.raises(ValueError, match=r"unknown Hopper constant\(s\) \['l2_bites'\]"):
+        cost_model(l2_bites=64.0)
+    with pytest.raises(ValueError, match="stage_transfer must be one of"):
+        cost_model(stage_transfer="half")
+
+
+def test_a_stage_transfer_variant_charges_shallow_pipelines_of_big_stages_more():
+    """Live on the H200 at 64x4096x4096 (benchmarks/RESULTS.md section 8, session 12), tile_k 64
+    with 8 stages measured 17.7 us and tile_k 256 with 2 stages 22.2 us; the committed model
+    estimates the reverse. With the stage's transfer in its slot's cycle the shallow pipeline
+    of big stages loses most of its lead."""
+    problem = KERNEL.problem({"m": 64, "n": 4096, "k": 4096}, "bfloat16")
+    base = dict(tile_m=64, tile_n=64, epi_tile_m=None, epi_tile_n=32, grid_minor_dim="N",
+                grid_tile_width=4, wg_dimension="N", cluster_dimension="N")
+    deep = Config(base, tile_k=64, max_concurrent_steps=8)
+    shallow = Config(base, tile_k=256, max_concurrent_steps=2)
+    assert SPACE.bind(problem).is_valid(deep) and SPACE.bind(problem).is_valid(shallow)
+
+    def lead(model):  # how much faster the model says the shallow pipeline is
+        return model(problem, deep) / model(problem, shallow)
+
+    assert lead(estimate_seconds) > 1.2
+    for variant in ("loaded", "full"):
+        assert lead(cost_model(stage_transfer=variant)) < lead(estimate_seconds) - 0.1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -207,3 +208,12 @@ def test_cache_and_confirmation_settings_are_read():
     spec = auto.problems[0]
     assert auto.cache is None
     assert (spec.confirm_top, spec.confirm_rounds, spec.confirm_iterations) == (None, None, None)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "examples").rglob("*.toml")),
+                         ids=lambda p: p.name)
+def test_every_example_job_file_loads(path):
+    """Each job file under examples/ is a valid job: its fields parse and every problem has valid
+    configs (a shape no tile divides is refused at load time, not on the GPU)."""
+    job = load_job(path, allow_import=True)
+    assert job.problems

@@ -1,0 +1,250 @@
+"""How well a kernel's cost model ranks what was measured on the GPU (CPU only, seconds).
+
+    python3 benchmarks/cost_model_check.py [--kernel hopper_matmul] [--ground-truth FILES]
+        [--live FILES] [--constants NAME=VALUE,...] [--json OUT]
+
+The ranked sampler (docs/ranked_sampler.md) proposes first what the kernel's ``cost_model``
+ranks first, so the model's order near the best decides how many trials a search needs. This
+reads every measurement of the kernel there is:
+
+- ground truth (``benchmarks/data/<kernel>__*.json``, from ``benchmarks/ground_truth.py``):
+  a uniform sample of the valid set plus climbing around the best;
+- live jobs (``benchmarks/runs/h200_*live*.json`` and the ``--jsonl`` progress files
+  ``benchmarks/runs/h200_*.jsonl``): the configs that searches chose, measured once per run
+  (the median over runs is used). These lean towards what the model ranked well, so they test
+  its order near the top, where it matters.
+
+and prints, per problem: the configs measured, the rank correlation (Spearman) of the estimate
+with the measured times over all of them and over those within 30% of the fastest, the measured
+gap to the fastest of the model's first *family* (of its fastest member and of its median one),
+and how many families the model ranks ahead of the fastest config's. A family is the configs
+whose estimates fall in one bucket ``ESTIMATE_TWIN`` (0.5%) wide in log time: tunables the model
+ignores (a grid's order) make such twins, and measuring one tells the model as much as measuring
+all (the sampler passes over twins of configs in flight, docs/ranked_sampler.md item 5), so the
+families ahead of the fastest are about the trials a search led by the model alone needs before
+it measures the fastest.
+
+``--constants`` checks the model with some of its constants changed, for a kernel whose module
+defines ``cost_model(**constants)`` (``hopper_matmul``: the fields of ``Hopper``, e.g.
+``--constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.problem import Config, Problem  # noqa: E402
+from autotune.tuning.ranked_sampler import ESTIMATE_TWIN  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NEAR = 1.3  # "near the best": within 30% of the fastest measured
+
+
+def ground_truth(paths: Iterable[str]) -> list[dict[str, Any]]:
+    """Problems of ground-truth files: {"source", "kernel", "shape", "dtype", "times"}, where
+    times maps a config's canonical JSON to its median time (failures left out)."""
+    out = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        times = {_key(r["config"]): r["median_us"] for r in data["results"]
+                 if r["status"] == "ok" and r["median_us"]}
+        out.append({"source": "ground truth", "kernel": data["kernel"], "shape": data["shape"],
+                    "dtype": data["dtype"], "times": times})
+    return out
+
+
+def live(paths: Iterable[str]) -> list[dict[str, Any]]:
+    """Problems measured by live jobs, from the JSON written by the live runs (``{run: {"trials":
+    {problem: [{"config", "status", "median_us"}, ...]}}}``) or from ``--jsonl`` progress files
+    (``"event": "trial"`` lines): each config's median over the runs that measured it."""
+    seen: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    shapes: dict[tuple[str, str, str], tuple[str, dict[str, int], str]] = {}
+
+    def add(kernel: str, shape: Mapping[str, int], dtype: str, config: Mapping[str, Any],
+            ok: bool, time_us: float | None) -> None:
+        key = (kernel, json.dumps(dict(shape), sort_keys=True), dtype)
+        shapes[key] = (kernel, dict(shape), dtype)
+        times = seen.setdefault(key, {}).setdefault(_key(config), [])
+        if ok and time_us:
+            times.append(float(time_us))
+
+    for path in paths:
+        text = Path(path).read_text()
+        if path.endswith(".jsonl"):
+            for line in text.splitlines():
+                event = json.loads(line) if line.strip() else {}
+                if event.get("event") == "trial":
+                    add(event["kernel"], event["shape"], event["dtype"], event["config"],
+                        event.get("status") == "ok", event.get("time_us"))
+            continue
+        for run in json.loads(text).values():
+            for name, trials in run["trials"].items():
+                kernel, shape, dtype = _parse_problem(name)
+                for t in trials:
+                    add(kernel, shape, dtype, t["config"], t["status"] == "ok", t.get("median_us"))
+    return [{"source": "live", "kernel": kernel, "shape": shape, "dtype": dtype,
+             "times": {c: statistics.median(ts) for c, ts in seen[key].items() if ts}}
+            for key, (kernel, shape, dtype) in sorted(shapes.items())]
+
+
+def _parse_problem(name: str) -> tuple[str, dict[str, int], str]:
+    """``hopper_matmul[k=4096,m=64,n=4096; bfloat16]`` -> kernel, shape, dtype."""
+    kernel, _, rest = name.partition("[")
+    dims, _, dtype = rest.rstrip("]").partition(";")
+    shape = {k: int(v) for k, v in (part.split("=") for part in dims.split(","))}
+    return kernel, shape, dtype.strip()
+
+
+def _key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True)
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):  # ties share their mean rank
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation; NaN with fewer than three values or no spread."""
+    if len(a) < 3:
+        return math.nan
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var else math.nan
+
+
+def families(estimates: Sequence[float]) -> list[list[int]]:
+    """Indices grouped into families of near-equal estimates: buckets ESTIMATE_TWIN wide in log
+    time (not chained, so a family never spans more than that), best-estimated first."""
+    buckets: dict[int, list[int]] = {}
+    for i, e in enumerate(estimates):
+        buckets.setdefault(math.floor(math.log(e) / ESTIMATE_TWIN), []).append(i)
+    return [buckets[b] for b in sorted(buckets)]
+
+
+def check(problem: Problem, times: Mapping[str, float],
+          estimate: Callable[[Problem, Mapping[str, Any]], float]) -> dict[str, Any]:
+    """One problem's figures: configs and families measured, rank correlations (all, near the
+    best), the measured gap to the fastest of the model's first family (its fastest and its
+    median member), and how many families the model ranks ahead of the fastest config's."""
+    configs = [json.loads(c) for c in times]
+    measured = [times[c] for c in times]
+    estimates = [float(estimate(problem, c)) for c in configs]
+    best = min(measured)
+    near = [i for i, t in enumerate(measured) if t <= best * NEAR]
+    groups = families(estimates)
+    fastest = measured.index(best)
+    first = [measured[i] for i in groups[0]]
+    return {
+        "problem": str(problem), "configs": len(configs), "families": len(groups),
+        "rho": spearman(estimates, measured),
+        "rho_near": spearman([estimates[i] for i in near], [measured[i] for i in near]),
+        "first_family_gap": min(first) / best - 1,
+        "first_family_median_gap": statistics.median(first) / best - 1,
+        "families_ahead": next(n for n, g in enumerate(groups) if fastest in g),
+    }
+
+
+def parse_constants(text: str) -> dict[str, Any]:
+    """``"a=1,b=x"`` -> {"a": 1.0, "b": "x"}: numbers as floats, the rest as strings."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--constants: expected NAME=VALUE, got {part!r}")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            out[name] = value
+    return out
+
+
+def model_with(kernel: Any, constants: Mapping[str, Any]) -> Callable[[Problem, Mapping[str, Any]], float]:
+    """The kernel's cost model, or the one its module's ``cost_model(**constants)`` makes."""
+    if not constants:
+        return kernel.cost_model
+    module = sys.modules.get(getattr(kernel.cost_model, "__module__", ""), None)
+    factory = getattr(module, "cost_model", None)
+    if not callable(factory):
+        raise SystemExit(f"--constants: kernel {kernel.name!r}'s cost model has no "
+                         "cost_model(**constants) beside it to change them with")
+    try:
+        return factory(**constants)
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"--constants: {e}") from None
+
+
+def run(kernel_name: str, truth: Sequence[str], runs: Sequence[str],
+        constants: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    kernel = get_kernel(kernel_name)
+    if kernel.cost_model is None:
+        raise SystemExit(f"kernel {kernel_name!r} declares no cost_model: nothing to check")
+    estimate = model_with(kernel, constants or {})
+    rows = []
+    for rec in ground_truth(truth) + live(runs):
+        if rec["kernel"] != kernel_name or not rec["times"]:
+            continue
+        problem = kernel.problem(rec["shape"], rec["dtype"])
+        bound = kernel.bind(problem)
+        # Only configs valid under today's rules (an older run may hold one a rule now refuses).
+        times = {c: t for c, t in rec["times"].items() if bound.is_valid(Config(json.loads(c)))}
+        rows.append({"source": rec["source"], **check(problem, times, estimate)})
+    return rows
+
+
+def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
+    print("| source | problem | configs | families | rho (all) | rho (within 30%) "
+          "| first family: gap of its fastest / median | families ranked ahead of the fastest |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['source']} | {r['problem']} | {r['configs']} | {r['families']} | {r['rho']:.2f} "
+              f"| {r['rho_near']:.2f} | {r['first_family_gap']:.1%} / {r['first_family_median_gap']:.1%} "
+              f"| {r['families_ahead']} |")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernel", default="hopper_matmul")
+    ap.add_argument("--ground-truth", nargs="*", default=None,
+                    help="ground-truth files (default: benchmarks/data/<kernel>__*.json)")
+    ap.add_argument("--live", nargs="*", default=None,
+                    help="live runs (default: benchmarks/runs/h200_*live*.json, h200_*.jsonl)")
+    ap.add_argument("--constants", default="",
+                    help="check the model with these constants changed: NAME=VALUE,...")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args(argv)
+    truth = args.ground_truth if args.ground_truth is not None else sorted(
+        glob.glob(str(ROOT / "benchmarks" / "data" / f"{args.kernel}__*.json")))
+    runs = args.live if args.live is not None else sorted(
+        glob.glob(str(ROOT / "benchmarks" / "runs" / "h200_*live*.json"))
+        + glob.glob(str(ROOT / "benchmarks" / "runs" / "h200_*.jsonl")))
+    rows = run(args.kernel, truth, runs, parse_constants(args.constants))
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Fit hopper_matmul's cost-model constants to every H200 measurement, judged shape by shape
+held out (CPU only, about 10 s for the default grid).
+
+    python3 benchmarks/cost_model_fit.py [--grid NAME=V1/V2/...] ... [--per-family 0.01]
+
+Reads what ``benchmarks/cost_model_check.py`` reads (ground truth and live runs), evaluates
+``hopper_matmul.cost_model(**constants)`` for every point of a grid over some of the ``Hopper``
+constants, and scores each point on each shape by a loss: the measured gap to the fastest of the
+median config of the model's first family, plus ``--per-family`` (1%) for each family it ranks
+ahead of the fastest (cost_model_check's definitions). It prints:
+
+- leave one shape out: for each shape, the point that scores best on the *other* shapes, and its
+  loss on this one, beside the committed model's; summed, this says whether fitting the grid's
+  constants generalises to a shape it did not see (a fit that only learns its shapes scores
+  worse here than the committed model);
+- the point that scores best on all shapes.
+
+The default grid is the one of benchmarks/RESULTS.md section 8 (session 12): ``stage_transfer``
+none/loaded/full, ``l2_latency`` 800-2000 and ``l2_bytes`` 48-128; ``--grid`` replaces or adds
+dimensions (``--grid wg_step=250/350/450``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import itertools
+import json
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cost_model_check as check  # noqa: E402
+
+from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.problem import Config, Problem  # noqa: E402
+from search_spaces import hopper_matmul  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID: dict[str, list[Any]] = {
+    "stage_transfer": ["none", "loaded", "full"],
+    "l2_latency": [800.0, 1200.0, 1600.0, 2000.0],
+    "l2_bytes": [48.0, 64.0, 96.0, 128.0],
+}
+
+Shape = tuple[str, Problem, list[dict[str, Any]], list[float]]
+
+
+def shapes(truth: Sequence[str], runs: Sequence[str]) -> list[Shape]:
+    """(name, problem, configs, times) per measured hopper_matmul problem; configs invalid under
+    today's rules left out."""
+    kernel = get_kernel("hopper_matmul")
+    out = []
+    for rec in check.ground_truth(truth) + check.live(runs):
+        if rec["kernel"] != "hopper_matmul" or not rec["times"]:
+            continue
+        problem = kernel.problem(rec["shape"], rec["dtype"])
+        bound = kernel.bind(problem)
+        pairs = [(json.loads(c), t) for c, t in rec["times"].items()]
+        pairs = [(c, t) for c, t in pairs if bound.is_valid(Config(c))]
+        out.append((f"{rec['source']} {problem.shape_text}", problem, [c for c, _ in pairs], [t for _, t in pairs]))
+    return out
+
+
+def losses(estimate: Callable[[Problem, Mapping[str, Any]], float], data: Sequence[Shape],
+           per_family: float) -> list[float]:
+    """The loss of ``estimate`` on each shape (see the module's docstring)."""
+    out = []
+    for _name, problem, configs, times in data:
+        estimates = [float(estimate(problem, c)) for c in configs]
+        best = min(times)
+        fastest = times.index(best)
+        groups = check.families(estimates)
+        ahead = next(n for n, g in enumerate(groups) if fastest in g)
+        out.append(statistics.median(times[i] for i in groups[0]) / best - 1 + per_family * ahead)
+    return out
+
+
+def leave_one_out(table: Mapping[tuple[Any, ...], list[float]]) -> list[tuple[tuple[Any, ...], float]]:
+    """For each shape: the grid point best on the others, and its loss on this shape."""
+    n = len(next(iter(table.values())))
+    out = []
+    for held in range(n):
+        point = min(table, key=lambda p: sum(v for i, v in enumerate(table[p]) if i != held))
+        out.append((point, table[point][held]))
+    return out
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    grid = dict(GRID)
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not values:
+            raise SystemExit(f"--grid: expected NAME=V1/V2/..., got {item!r}")
+        grid[name] = [check.parse_constants(f"x={v}")["x"] for v in values.split("/")]
+    return grid
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--grid", action="append", default=[], help="NAME=V1/V2/... (repeatable)")
+    ap.add_argument("--per-family", type=float, default=0.01,
+                    help="loss per family ranked ahead of the fastest (default 0.01)")
+    args = ap.parse_args(argv)
+    grid = parse_grid(args.grid)
+    data = shapes(sorted(glob.glob(str(ROOT / "benchmarks" / "data" / "hopper_matmul__*.json"))),
+                  sorted(glob.glob(str(ROOT / "benchmarks" / "runs" / "h200_*live*.json")))
+                  + sorted(glob.glob(str(ROOT / "benchmarks" / "runs" / "h200_*.jsonl"))))
+    names = list(grid)
+    table: dict[tuple[Any, ...], list[float]] = {}
+    for values in itertools.product(*grid.values()):
+        try:
+            model = hopper_matmul.cost_model(**dict(zip(names, values, strict=True)))
+        except ValueError as e:
+            raise SystemExit(f"--grid: {e}") from None
+        table[values] = losses(model, data, args.per_family)
+    committed = losses(hopper_matmul.estimate_seconds, data, args.per_family)
+    print(f"{len(table)} grid points over {', '.join(names)}; {len(data)} shapes\n")
+    print("| held-out shape | committed model: loss | fitted on the others: loss | its constants |")
+    print("|---|---|---|---|")
+    picks = leave_one_out(table)
+    for (name, *_), base, (point, loss) in zip(data, committed, picks, strict=True):
+        print(f"| {name} | {base:.3f} | {loss:.3f} | {dict(zip(names, point, strict=True))} |")
+    print(f"| **sum** | **{sum(committed):.3f}** | **{sum(loss for _, loss in picks):.3f}** | |")
+    best = min(table, key=lambda p: sum(table[p]))
+    print(f"\nfitted on all {len(data)} shapes: {dict(zip(names, best, strict=True))}, loss {sum(table[best]):.3f} "
+          f"(committed {sum(committed):.3f}); per shape: "
+          + ", ".join(f"{v:.3f}" for v in table[best]))
+
+
+if __name__ == "__main__":
+    main()

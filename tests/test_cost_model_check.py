@@ -1,0 +1,82 @@
+"""benchmarks/cost_model_check.py: the cost model against every GPU measurement recorded."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from autotune.space.kernel import get_kernel
+from autotune.tuning.ranked_sampler import ESTIMATE_TWIN
+from tests.benchmark_scripts import ROOT, load
+
+check_script = load("cost_model_check")
+
+
+def test_families_are_buckets_of_near_equal_estimates_best_first():
+    estimates = [1.0, 1.001, 1.0015, 1.2, 1.0 * math.exp(ESTIMATE_TWIN) * 1.0001, 1.5]
+    groups = check_script.families(estimates)
+    assert groups[0] == [0, 1, 2]  # within one bucket of 0.5%
+    assert groups[-1] == [5]
+    assert groups.index([3]) > groups.index([4])  # 1.2 after 1.005: best-estimated first
+    for g in groups:  # a family never spans more than ESTIMATE_TWIN (no chaining)
+        logs = [math.log(estimates[i]) for i in g]
+        assert max(logs) - min(logs) < ESTIMATE_TWIN
+    assert sorted(i for g in groups for i in g) == list(range(6))
+
+
+def test_check_counts_the_families_the_model_ranks_ahead_of_the_fastest():
+    kernel = get_kernel("hopper_matmul")
+    problem = kernel.problem({"m": 256, "n": 256, "k": 256}, "bfloat16")
+    configs = [{"tile": t} for t in (1, 2, 3, 4)]
+    # The model ranks tile 1 first, then 2, 3, 4; the fastest is tile 3, tile 1 is 20% slower.
+    measured = {json.dumps(c, sort_keys=True): t for c, t in zip(configs, (12.0, 11.0, 10.0, 13.0), strict=True)}
+    row = check_script.check(problem, measured, lambda p, c: float(c["tile"]))
+    assert row["configs"] == 4 and row["families"] == 4
+    assert row["families_ahead"] == 2
+    assert math.isclose(row["first_family_gap"], 0.2)
+    assert row["rho"] < 0.5  # the order is mostly wrong
+    perfect = check_script.check(problem, measured, lambda p, c: measured[json.dumps(c, sort_keys=True)])
+    assert perfect["families_ahead"] == 0 and perfect["first_family_gap"] == 0.0
+    assert math.isclose(perfect["rho"], 1.0)
+
+
+def test_live_runs_are_read_from_both_formats_as_medians_over_runs(tmp_path):
+    config = {"tile_m": 64}
+    other = {"tile_m": 128}
+    shape = {"k": 512, "m": 64, "n": 256}
+    lines = [
+        {"event": "start", "problem": "x"},
+        {"event": "trial", "kernel": "hopper_matmul", "shape": shape, "dtype": "bfloat16",
+         "status": "ok", "time_us": 10.0, "config": config},
+        {"event": "trial", "kernel": "hopper_matmul", "shape": shape, "dtype": "bfloat16",
+         "status": "wrong_result", "time_us": None, "config": other},
+    ]
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    runs = tmp_path / "b_live.json"
+    name = "hopper_matmul[k=512,m=64,n=256; bfloat16]"
+    runs.write_text(json.dumps({
+        "cold0": {"table": "", "trials": {name: [{"index": 1, "status": "ok", "median_us": 14.0, "config": config}]}},
+        "cold1": {"table": "", "trials": {name: [{"index": 1, "status": "ok", "median_us": 12.0, "config": config},
+                                                  {"index": 2, "status": "ok", "median_us": 20.0, "config": other}]}},
+    }))
+    (rec,) = check_script.live([str(jsonl), str(runs)])
+    assert (rec["kernel"], rec["shape"], rec["dtype"]) == ("hopper_matmul", shape, "bfloat16")
+    assert rec["times"] == {json.dumps(config, sort_keys=True): 12.0,  # median of 10, 14, 12
+                            json.dumps(other, sort_keys=True): 20.0}  # the failure left out
+
+
+def test_every_recorded_h200_measurement_is_checked():
+    """The committed ground truth and live runs are all read: 7 ground-truth shapes of 700+
+    configs, 4 live shapes of 150+."""
+    rows = check_script.run(
+        "hopper_matmul",
+        sorted(str(p) for p in (ROOT / "benchmarks" / "data").glob("hopper_matmul__*.json")),
+        sorted(str(p) for p in (ROOT / "benchmarks" / "runs").glob("h200_*live*.json"))
+        + sorted(str(p) for p in (ROOT / "benchmarks" / "runs").glob("h200_*.jsonl")),
+    )
+    truth = [r for r in rows if r["source"] == "ground truth"]
+    live = [r for r in rows if r["source"] == "live"]
+    assert len(truth) == 7 and all(r["configs"] >= 700 for r in truth)
+    assert len(live) == 4 and all(r["configs"] >= 150 for r in live)
+    assert all(r["rho"] >= 0.9 for r in truth)
