@@ -21,6 +21,12 @@ changed constants (``--constants``, as ``benchmarks/cost_model_check.py`` takes 
 
     python3 benchmarks/ground_truth.py --kernel hopper_matmul --shape m=4096,n=4096,k=4096 \
         --max 0 --estimated 16 --extend --constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128
+
+``--files F ...`` extends each of these ground-truth files instead (its kernel, shape and dtype),
+one engine for all of them:
+
+    python3 benchmarks/ground_truth.py --files benchmarks/data/hopper_matmul__*.json --max 0 \
+        --estimated 16 --seconds 60
 """
 
 from __future__ import annotations
@@ -90,8 +96,8 @@ def merge(previous: Mapping[str, Any] | None, payload: dict[str, Any], problem: 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kernel", required=True)
-    ap.add_argument("--shape", required=True)
+    ap.add_argument("--kernel")
+    ap.add_argument("--shape")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max", type=int, default=600, help="measure a uniform sample above this many")
     ap.add_argument("--climb", type=int, default=0,
@@ -111,37 +117,63 @@ def main(argv: list[str] | None = None) -> None:
                     help="fake: the fake evaluator (every config 100 us), to test this script")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/data")
+    ap.add_argument("--files", nargs="+", metavar="FILE",
+                    help="instead of --kernel/--shape/--dtype: extend each of these ground-truth "
+                         "files (their problems, one engine for all; implies --extend)")
     args = ap.parse_args(argv)
     if args.max < 0 or args.estimated < 0:
         raise SystemExit(f"--max and --estimated must be 0 or more (got {args.max}, {args.estimated})")
-
     if args.constants and not args.estimated:
         raise SystemExit("--constants changes the cost model that --estimated follows; give --estimated N too")
-    kernel = get_kernel(args.kernel)
-    # Checked before anything is measured: a bad name or value stops here.
-    estimate = model_with(kernel, parse_constants(args.constants)) if args.estimated else None
-    if args.estimated and estimate is None:
-        raise SystemExit(f"--estimated: kernel {kernel.name!r} declares no cost_model")
-    problem = kernel.problem(parse_shape(args.shape), args.dtype)
+    if bool(args.files) == bool(args.kernel and args.shape):
+        raise SystemExit("give either --kernel and --shape (and --dtype), or --files")
+
+    # Everything is checked before anything is measured: a bad name, value or file stops here.
+    jobs: list[tuple[Any, Problem, Path, dict[str, Any] | None, Any]] = []
+    for source in args.files or [None]:
+        if source is None:
+            kernel = get_kernel(args.kernel)
+            problem = kernel.problem(parse_shape(args.shape), args.dtype)
+            shape_tag = problem.shape_text.replace(",", "_").replace("=", "")
+            path = Path(args.out) / f"{kernel.name}__{shape_tag}__{problem.dtype}.json"
+            previous = json.loads(path.read_text()) if args.extend and path.exists() else None
+        else:
+            path = Path(source)
+            try:
+                previous = json.loads(path.read_text())
+                kernel = get_kernel(previous["kernel"])
+                problem = kernel.problem(previous["shape"], previous["dtype"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise SystemExit(f"--files: {source} is not a ground-truth file "
+                                 f"({type(e).__name__}: {e})") from None
+        estimate = model_with(kernel, parse_constants(args.constants)) if args.estimated else None
+        if args.estimated and estimate is None:
+            raise SystemExit(f"--estimated: kernel {kernel.name!r} declares no cost_model")
+        jobs.append((kernel, problem, path, previous, estimate))
+
+    with Engine(mode=args.device, iterations=args.iterations) as engine:
+        for kernel, problem, path, previous, estimate in jobs:
+            record(engine, kernel, problem, path, previous, estimate, args)
+
+
+def record(engine: Engine, kernel: Any, problem: Problem, path: Path, previous: dict[str, Any] | None,
+           estimate: Any, args: argparse.Namespace) -> None:
+    """Measures one problem's configs (the stages ``args`` asks for) and writes its file."""
     space = kernel.valid_space(problem)
     valid = space.count()
     sampled = valid > args.max
     configs = space.sample(args.max, seed=args.seed) if sampled else list(space)
-    out_dir = Path(args.out)
-    shape_tag = problem.shape_text.replace(",", "_").replace("=", "")
-    path = out_dir / f"{kernel.name}__{shape_tag}__{problem.dtype}.json"
-    previous = json.loads(path.read_text()) if args.extend and path.exists() else None
     print(f"{problem}: {valid} valid configs; measuring {'a uniform sample of ' if sampled else ''}{len(configs)}"
-          + (f", then up to {args.climb} rounds of neighbourhoods" if sampled and args.climb else ""),
+          + (f", then up to {args.climb} rounds of neighbourhoods" if sampled and args.climb else "")
+          + (f", then the cost model's {args.estimated} first choices" if args.estimated else ""),
           flush=True)
-
-    out_dir.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
 
     start = time.monotonic()
     results: list[dict] = []
     measured: set[str] = {Config(r["config"]).digest() for r in (previous or {}).get("results", ())}
 
-    def measure(engine: Engine, batch: list, stage: str) -> None:
+    def measure(batch: list, stage: str) -> None:
         """Measure ``batch`` (skipping configs already measured), appending to ``results``."""
         futures = {}
         for config in batch:
@@ -172,29 +204,28 @@ def main(argv: list[str] | None = None) -> None:
                 "error": r.error[-300:] if r.error else "",
             })
 
-    with Engine(mode=args.device, iterations=args.iterations) as engine:
-        device = engine.device_info()
-        baseline = engine.baseline(kernel.name, problem)
-        measure(engine, configs, "uniform")
-        # Hill-climbing rounds: every valid one-tunable neighbour of the default and of the best
-        # configs so far, until no new best appears. A uniform sample of a space of 10^5 configs
-        # rarely holds its best; this adds the region around the best to the ground truth.
-        centred: set[str] = set()
-        for _ in range(args.climb if sampled else 0):
-            ok = sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["median_us"])
-            centres = [Config(r["config"]) for r in ok[: args.centres]]
-            if kernel.default_config is not None:
-                centres.insert(0, kernel.default_config(problem))
-            centres = [c for c in centres if c.digest() not in centred]
-            if not centres or time.monotonic() - start > args.seconds:
-                break
-            for centre in centres:
-                centred.add(centre.digest())
-                measure(engine, [centre, *space.neighbours(centre)], "neighbourhood")
-        if args.estimated:
-            already = [r["config"] for r in (previous or {}).get("results", ())] + [r["config"] for r in results]
-            measure(engine, estimated_configs(kernel, space, args.estimated, seed=args.seed, skip=already,
-                                              estimate=estimate), "estimated")
+    device = engine.device_info()
+    baseline = engine.baseline(kernel.name, problem)
+    measure(configs, "uniform")
+    # Hill-climbing rounds: every valid one-tunable neighbour of the default and of the best
+    # configs so far, until no new best appears. A uniform sample of a space of 10^5 configs
+    # rarely holds its best; this adds the region around the best to the ground truth.
+    centred: set[str] = set()
+    for _ in range(args.climb if sampled else 0):
+        ok = sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["median_us"])
+        centres = [Config(r["config"]) for r in ok[: args.centres]]
+        if kernel.default_config is not None:
+            centres.insert(0, kernel.default_config(problem))
+        centres = [c for c in centres if c.digest() not in centred]
+        if not centres or time.monotonic() - start > args.seconds:
+            break
+        for centre in centres:
+            centred.add(centre.digest())
+            measure([centre, *space.neighbours(centre)], "neighbourhood")
+    if args.estimated:
+        already = [r["config"] for r in (previous or {}).get("results", ())] + [r["config"] for r in results]
+        measure(estimated_configs(kernel, space, args.estimated, seed=args.seed, skip=already,
+                                  estimate=estimate), "estimated")
     elapsed = time.monotonic() - start
     ok = [r for r in results if r["status"] == "ok"]
     payload = {

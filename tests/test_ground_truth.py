@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,31 @@ def test_a_changed_cost_model_is_followed_and_a_bad_constant_stops_before_measur
         with pytest.raises(SystemExit, match=message):
             _run(tmp_path / "bad", *bad)
         assert not (tmp_path / "bad").exists()  # nothing measured, nothing written
+
+
+def test_files_extends_each_ground_truth_file_with_one_engine(tmp_path):
+    _run(tmp_path, "--max", "3")
+    ground_truth.main(["--kernel", "hopper_matmul", "--shape", "m=512,n=256,k=256", "--device", "fake",
+                       "--iterations", "3", "--out", str(tmp_path), "--max", "3"])
+    files = sorted(str(p) for p in tmp_path.glob("hopper_matmul__*.json"))
+    assert len(files) == 2
+    before = {f: json.loads(Path(f).read_text()) for f in files}
+    ground_truth.main(["--files", *files, "--device", "fake", "--iterations", "3", "--max", "0",
+                       "--estimated", "2"])
+    for f in files:
+        after = json.loads(Path(f).read_text())
+        assert after["shape"] == before[f]["shape"]
+        assert after["results"][:3] == before[f]["results"]
+        assert [r["stage"] for r in after["results"][3:]] == ["estimated"] * 2
+
+
+def test_files_refuses_a_file_that_is_not_ground_truth_before_measuring(tmp_path):
+    first = _run(tmp_path, "--max", "2")
+    bad = tmp_path / "notes.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(SystemExit, match="notes.json is not a ground-truth file"):
+        ground_truth.main(["--files", str(tmp_path / FILE), str(bad), "--device", "fake", "--max", "0",
+                           "--estimated", "2"])
+    assert json.loads((tmp_path / FILE).read_text()) == first  # nothing measured or written
+    with pytest.raises(SystemExit, match="either --kernel and --shape"):
+        ground_truth.main(["--files", str(tmp_path / FILE), "--kernel", "hopper_matmul", "--shape", SHAPE])
