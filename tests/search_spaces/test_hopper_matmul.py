@@ -8,7 +8,6 @@ raw-grid sweep the rules come from.
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from search_spaces.hopper_matmul import (
     estimate_seconds,
     smem_bytes,
 )
+from tests.benchmark_scripts import load
 
 OPTIONS = BuildOptions(num_sms=H200_NUM_SMS)
 
@@ -425,20 +425,6 @@ MATMUL_GROUND_TRUTH = sorted(
 )
 
 
-def _ranks(values):
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):  # ties share their mean rank
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2
-        i = j + 1
-    return ranks
-
-
 @pytest.mark.parametrize("path", MATMUL_GROUND_TRUTH, ids=lambda p: p.name.split("__")[1])
 def test_the_cost_model_ranks_the_recorded_h200_configs(path):
     """``estimate_seconds`` orders the H200 ground truth of every recorded shape (600-750 configs
@@ -449,10 +435,7 @@ def test_the_cost_model_ranks_the_recorded_h200_configs(path):
     rows = [r for r in data["results"] if r["status"] == "ok"]
     estimates = [estimate_seconds(problem, r["config"]) for r in rows]
     times = [r["median_us"] for r in rows]
-    a, b = _ranks(estimates), _ranks(times)
-    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
-    cov = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b, strict=True))
-    rho = cov / math.sqrt(sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b))
+    rho = load("cost_model_check").spearman(estimates, times)
     assert rho >= 0.9, rho
     first = min(range(len(rows)), key=estimates.__getitem__)
     assert times[first] <= 1.06 * min(times), (times[first], min(times), rows[first]["config"])
