@@ -164,3 +164,24 @@ def test_live_reader_reports_when_the_served_best_was_first_measured(tmp_path):
                                   software={}, cache="warm", iterations=2, baseline_name=None)
     (row,) = replay.live_rows(url)
     assert (row["best_at"], row["served_at"], row["served_confirmed"]) == (3, 2, True)
+
+
+def test_a_noisy_replay_measures_with_noise_and_reports_when_the_fastest_measurement_came():
+    """--noise: the study sees each recorded time times a seeded random factor; the curve keeps
+    the true times, and ``final_at`` is the trial of the fastest measurement. The oracle measures
+    configs fastest first: without noise its first trial is the best, with 1% noise a near-tie
+    measured later often looks faster (4096^3: many configs within 1% of the best)."""
+    replay = _replay_module()
+    rec = replay.Recorded(replay.load([str(DATA / "hopper_matmul__k4096_m4096_n4096__bfloat16.json")])[0])
+    exact = replay.replay_once(rec, "oracle", 0, 24)
+    assert exact.curve[0] == rec.best and (exact.final_at, exact.final_gap) == (1, 0.0)
+    noisy = [replay.replay_once(rec, "oracle", s, 24, noise=0.01) for s in range(12)]
+    assert all(r.curve == exact.curve for r in noisy)  # the same configs, in the same order
+    assert sum(r.final_at > 1 for r in noisy) >= 6
+    assert all(0.0 <= r.final_gap < 0.05 for r in noisy)
+    again = replay.replay_once(rec, "oracle", 3, 24, noise=0.01)
+    assert (again.final_at, again.final_gap) == (noisy[3].final_at, noisy[3].final_gap)  # seeded
+    # A searching sampler: without noise its fastest measurement is its best config.
+    study = replay.replay_once(rec, "ranked+model=numpy", 0, 8)
+    assert study.final_gap == pytest.approx(study.curve[-1] / rec.best - 1)
+    assert study.curve[study.final_at - 1] == study.curve[-1]
