@@ -687,7 +687,7 @@ class Hopper:
         at ``l2_bytes`` per clock, as loaded (``"loaded"``: a multicast operand halved) or in
         full (``"full"``). The variants rank the live measurements of deep pipelines better and
         two recorded shapes worse (benchmarks/RESULTS.md section 8, session 12); they are here
-        to be measured (``benchmarks/cost_model_check.py --hopper``), not the default.
+        to be measured (``benchmarks/cost_model_check.py --constants``), not the default.
     """
 
     num_sms: int = H200_NUM_SMS

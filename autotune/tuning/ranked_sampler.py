@@ -479,8 +479,6 @@ def _targets(times: Sequence[float | None]) -> np.ndarray:
     return np.array([math.log(t) - centre if t is not None and t > 0 else worst - centre for t in times])
 
 
-# Priors fitted on identical histories are shared (a replay fits one per problem, not per seed).
-_PRIOR_CACHE: dict[str, _Model] = {}
 def climb_estimate(
     space: BoundSpace,
     estimate: Callable[[Problem, Mapping[str, Any]], float],
@@ -538,6 +536,8 @@ def climb_estimate(
     return kept
 
 
+# Priors fitted on identical histories are shared (a replay fits one per problem, not per seed).
+_PRIOR_CACHE: dict[str, _Model] = {}
 _PRIOR_CACHE_SIZE = 16
 
 
