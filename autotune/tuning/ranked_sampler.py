@@ -801,6 +801,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
         space = self._space
         seed = self._rng.randrange(2**31)
         drawn = (self._draw or (lambda n, s: space.sample(n, seed=s)))(self._n_candidates, seed)
+        # A related problem's winner that this problem's rules refuse is repaired to its nearest
+        # valid config, as the valid-set wrapper repairs seeds: it keeps most of what made it
+        # good (live at 64x4096x4096 every nearer shape's winner was refused, and dropped).
+        self._related = [r for r in map(self._valid_or_nearest, self._related) if r is not None]
         self._extend_pool(list(self._related) + list(drawn) + [o.config for o in self._here])
         if self._estimate is not None:
             self._climb_estimate()
@@ -821,6 +825,16 @@ class RankedSampler(optuna.samplers.BaseSampler):
         if self._prior is not None:
             self._rank(self._prior_mean - self._kappa * self._prior_spread)
         self._started = True
+
+    def _valid_or_nearest(self, config: Config) -> Config | None:
+        """``config`` where it is valid here, else the nearest valid config (None if none, or
+        if it names other tunables)."""
+        try:
+            if self._space.is_valid(config):
+                return config
+            return self._space.nearest(config)
+        except (KeyError, ValueError, TypeError):
+            return None
 
     def _codes(self) -> np.ndarray:
         """The pool as an integer matrix (one column per tunable, one code per value)."""

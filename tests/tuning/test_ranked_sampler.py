@@ -508,3 +508,27 @@ def test_a_sampler_prepared_in_the_background_proposes_the_same_configs():
     broken.prepare()
     with pytest.raises(ValueError, match="cost_model must return a positive"):
         _run(bound, broken, lambda c: user_time(problem, c), 1)
+
+
+def test_a_related_winner_this_shape_refuses_is_repaired_and_goes_first_where_estimated_near_the_best():
+    """Warm, another shape's winner that this problem's rules refuse (its row block does not fit
+    64 rows) joins the pool as its nearest valid config, as the valid-set wrapper repairs seeds,
+    and goes first where the estimate puts it within RELATED_BONUS of its best; it was dropped."""
+    problem = user_problem(64, 4096)
+    bound = USER_SPACE.bind(problem)
+    winner = Config(block_rows=128, block_cols=512, stages=2, order="row", fast_math=True)
+    assert not bound.is_valid(winner)
+    repaired = bound.nearest(winner)
+    assert repaired is not None and repaired["block_cols"] == 512
+    best = Config(block_rows=32, block_cols=1024, stages=1, order="col", fast_math=False)
+    assert bound.is_valid(best) and best != repaired
+
+    def estimate(p, c):  # ``best`` first, the repaired winner 2% behind, the rest far behind
+        c = Config(c)
+        return 1e-6 * (1.0 if c == best else 1.02 if c == repaired else 1.5 + 0.01 * c["stages"])
+
+    firsts = []
+    for related in ([winner], []):
+        sampler = RankedSampler(bound, seed=0, candidates=8, estimate=estimate, related=related)
+        firsts.append(_first_proposals(bound, sampler, 1)[0])
+    assert firsts == [repaired, best]
