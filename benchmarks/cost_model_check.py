@@ -144,26 +144,34 @@ def families(estimates: Sequence[float]) -> list[list[int]]:
     return [buckets[b] for b in sorted(buckets)]
 
 
-def check(problem: Problem, times: Mapping[str, float],
-          estimate: Callable[[Problem, Mapping[str, Any]], float]) -> dict[str, Any]:
-    """One problem's figures: configs and families measured, rank correlations (all, near the
-    best), the measured gap to the fastest of the model's first family (its fastest and its
-    median member), and how many families the model ranks ahead of the fastest config's."""
-    configs = [json.loads(c) for c in times]
-    measured = [times[c] for c in times]
-    estimates = [float(estimate(problem, c)) for c in configs]
-    best = min(measured)
-    near = [i for i, t in enumerate(measured) if t <= best * NEAR]
+def family_figures(estimates: Sequence[float], times: Sequence[float]) -> dict[str, Any]:
+    """The model's families (:func:`families`) against the measured times: how many, the
+    measured gap to the fastest of the first family (its fastest and its median member), and
+    how many families the model ranks ahead of the fastest config's."""
+    best = min(times)
+    fastest = times.index(best)
     groups = families(estimates)
-    fastest = measured.index(best)
-    first = [measured[i] for i in groups[0]]
+    first = [times[i] for i in groups[0]]
     return {
-        "problem": str(problem), "configs": len(configs), "families": len(groups),
-        "rho": spearman(estimates, measured),
-        "rho_near": spearman([estimates[i] for i in near], [measured[i] for i in near]),
+        "families": len(groups),
         "first_family_gap": min(first) / best - 1,
         "first_family_median_gap": statistics.median(first) / best - 1,
         "families_ahead": next(n for n, g in enumerate(groups) if fastest in g),
+    }
+
+
+def check(problem: Problem, configs: Sequence[Mapping[str, Any]], times: Sequence[float],
+          estimate: Callable[[Problem, Mapping[str, Any]], float]) -> dict[str, Any]:
+    """One problem's figures: configs measured, rank correlations (all, near the best), and the
+    model's families against the times (:func:`family_figures`)."""
+    estimates = [float(estimate(problem, c)) for c in configs]
+    best = min(times)
+    near = [i for i, t in enumerate(times) if t <= best * NEAR]
+    return {
+        "problem": str(problem), "configs": len(configs),
+        "rho": spearman(estimates, times),
+        "rho_near": spearman([estimates[i] for i in near], [times[i] for i in near]),
+        **family_figures(estimates, times),
     }
 
 
@@ -196,22 +204,35 @@ def model_with(kernel: Any, constants: Mapping[str, Any]) -> Callable[[Problem, 
         raise SystemExit(f"--constants: {e}") from None
 
 
+Measured = tuple[str, Problem, list[dict[str, Any]], list[float]]
+
+
+def measured(kernel_name: str, truth: Sequence[str], runs: Sequence[str]) -> list[Measured]:
+    """(source, problem, configs, times) for every problem of the kernel measured in the
+    ground-truth files and live runs; only configs valid under today's rules (an older run may
+    hold one a rule now refuses)."""
+    kernel = get_kernel(kernel_name)
+    out = []
+    for rec in ground_truth(truth) + live(runs):
+        if rec["kernel"] != kernel_name:
+            continue
+        problem = kernel.problem(rec["shape"], rec["dtype"])
+        bound = kernel.bind(problem)
+        pairs = [(json.loads(c), t) for c, t in rec["times"].items()]
+        pairs = [(c, t) for c, t in pairs if bound.is_valid(Config(c))]
+        if pairs:
+            out.append((rec["source"], problem, [c for c, _ in pairs], [t for _, t in pairs]))
+    return out
+
+
 def run(kernel_name: str, truth: Sequence[str], runs: Sequence[str],
         constants: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     kernel = get_kernel(kernel_name)
     if kernel.cost_model is None:
         raise SystemExit(f"kernel {kernel_name!r} declares no cost_model: nothing to check")
     estimate = model_with(kernel, constants or {})
-    rows = []
-    for rec in ground_truth(truth) + live(runs):
-        if rec["kernel"] != kernel_name or not rec["times"]:
-            continue
-        problem = kernel.problem(rec["shape"], rec["dtype"])
-        bound = kernel.bind(problem)
-        # Only configs valid under today's rules (an older run may hold one a rule now refuses).
-        times = {c: t for c, t in rec["times"].items() if bound.is_valid(Config(json.loads(c)))}
-        rows.append({"source": rec["source"], **check(problem, times, estimate)})
-    return rows
+    return [{"source": source, **check(problem, configs, times, estimate)}
+            for source, problem, configs, times in measured(kernel_name, truth, runs)]
 
 
 def print_table(rows: Sequence[Mapping[str, Any]]) -> None:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import glob
 import itertools
-import json
-import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cost_model_check as check  # noqa: E402
 
-from autotune.space.kernel import get_kernel  # noqa: E402
-from autotune.space.problem import Config, Problem  # noqa: E402
+from autotune.space.problem import Problem  # noqa: E402
 from search_spaces import hopper_matmul  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,19 +49,10 @@ Shape = tuple[str, Problem, list[dict[str, Any]], list[float]]
 
 
 def shapes(truth: Sequence[str], runs: Sequence[str]) -> list[Shape]:
-    """(name, problem, configs, times) per measured hopper_matmul problem; configs invalid under
-    today's rules left out."""
-    kernel = get_kernel("hopper_matmul")
-    out = []
-    for rec in check.ground_truth(truth) + check.live(runs):
-        if rec["kernel"] != "hopper_matmul" or not rec["times"]:
-            continue
-        problem = kernel.problem(rec["shape"], rec["dtype"])
-        bound = kernel.bind(problem)
-        pairs = [(json.loads(c), t) for c, t in rec["times"].items()]
-        pairs = [(c, t) for c, t in pairs if bound.is_valid(Config(c))]
-        out.append((f"{rec['source']} {problem.shape_text}", problem, [c for c, _ in pairs], [t for _, t in pairs]))
-    return out
+    """(name, problem, configs, times) per measured hopper_matmul problem
+    (:func:`cost_model_check.measured`)."""
+    return [(f"{source} {problem.shape_text}", problem, configs, times)
+            for source, problem, configs, times in check.measured("hopper_matmul", truth, runs)]
 
 
 def losses(estimate: Callable[[Problem, Mapping[str, Any]], float], data: Sequence[Shape],
@@ -72,12 +60,8 @@ def losses(estimate: Callable[[Problem, Mapping[str, Any]], float], data: Sequen
     """The loss of ``estimate`` on each shape (see the module's docstring)."""
     out = []
     for _name, problem, configs, times in data:
-        estimates = [float(estimate(problem, c)) for c in configs]
-        best = min(times)
-        fastest = times.index(best)
-        groups = check.families(estimates)
-        ahead = next(n for n, g in enumerate(groups) if fastest in g)
-        out.append(statistics.median(times[i] for i in groups[0]) / best - 1 + per_family * ahead)
+        figures = check.family_figures([float(estimate(problem, c)) for c in configs], times)
+        out.append(figures["first_family_median_gap"] + per_family * figures["families_ahead"])
     return out
 
 
