@@ -32,12 +32,13 @@ defines ``cost_model(**constants)`` (``hopper_matmul``: the fields of ``Hopper``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,22 @@ def ground_truth(paths: Iterable[str]) -> list[dict[str, Any]]:
     times maps a config's canonical JSON to its median time (failures left out)."""
     out = []
     for path in paths:
-        data = json.loads(Path(path).read_text())
-        times = {_key(r["config"]): r["median_us"] for r in data["results"]
-                 if r["status"] == "ok" and r["median_us"]}
-        out.append({"source": "ground truth", "kernel": data["kernel"], "shape": data["shape"],
-                    "dtype": data["dtype"], "times": times})
+        with _reading(path, "a ground-truth file (benchmarks/ground_truth.py)"):
+            data = json.loads(Path(path).read_text())
+            times = {_key(r["config"]): r["median_us"] for r in data["results"]
+                     if r["status"] == "ok" and r["median_us"]}
+            out.append({"source": "ground truth", "kernel": data["kernel"], "shape": data["shape"],
+                        "dtype": data["dtype"], "times": times})
     return out
+
+
+@contextlib.contextmanager
+def _reading(path: str, what: str) -> Iterator[None]:
+    """A file that cannot be read, or is not ``what``, stops the script naming it."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"{path}: not {what} ({type(e).__name__}: {e})") from None
 
 
 def live(paths: Iterable[str]) -> list[dict[str, Any]]:
@@ -80,19 +91,20 @@ def live(paths: Iterable[str]) -> list[dict[str, Any]]:
             times.append(float(time_us))
 
     for path in paths:
-        text = Path(path).read_text()
-        if path.endswith(".jsonl"):
-            for line in text.splitlines():
-                event = json.loads(line) if line.strip() else {}
-                if event.get("event") == "trial":
-                    add(event["kernel"], event["shape"], event["dtype"], event["config"],
-                        event.get("status") == "ok", event.get("time_us"))
-            continue
-        for run in json.loads(text).values():
-            for name, trials in run["trials"].items():
-                kernel, shape, dtype = _parse_problem(name)
-                for t in trials:
-                    add(kernel, shape, dtype, t["config"], t["status"] == "ok", t.get("median_us"))
+        with _reading(path, "a live run's trials (JSON of runs, or --jsonl progress)"):
+            text = Path(path).read_text()
+            if path.endswith(".jsonl"):
+                for line in text.splitlines():
+                    event = json.loads(line) if line.strip() else {}
+                    if event.get("event") == "trial":
+                        add(event["kernel"], event["shape"], event["dtype"], event["config"],
+                            event.get("status") == "ok", event.get("time_us"))
+                continue
+            for run in json.loads(text).values():
+                for name, trials in run["trials"].items():
+                    kernel, shape, dtype = _parse_problem(name)
+                    for t in trials:
+                        add(kernel, shape, dtype, t["config"], t["status"] == "ok", t.get("median_us"))
     return [{"source": "live", "kernel": kernel, "shape": shape, "dtype": dtype,
              "times": {c: statistics.median(ts) for c, ts in seen[key].items() if ts}}
             for key, (kernel, shape, dtype) in sorted(shapes.items())]

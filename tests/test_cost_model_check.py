@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from autotune.space.kernel import get_kernel
 from autotune.tuning.ranked_sampler import ESTIMATE_TWIN
 from tests.benchmark_scripts import ROOT, load
@@ -80,3 +82,13 @@ def test_every_recorded_h200_measurement_is_checked():
     assert len(truth) == 7 and all(r["configs"] >= 700 for r in truth)
     assert len(live) == 4 and all(r["configs"] >= 150 for r in live)
     assert all(r["rho"] >= 0.9 for r in truth)
+
+
+def test_a_file_that_is_not_a_measurement_stops_the_check_naming_it(tmp_path):
+    missing = str(tmp_path / "gone.json")
+    with pytest.raises(SystemExit, match="gone.json: not a ground-truth file"):
+        check_script.ground_truth([missing])
+    notes = tmp_path / "notes_live.json"
+    notes.write_text(json.dumps({"run": {"no trials": []}}))
+    with pytest.raises(SystemExit, match="notes_live.json: not a live run's trials"):
+        check_script.live([str(notes)])
