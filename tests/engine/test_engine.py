@@ -179,6 +179,12 @@ def test_several_gpus_share_the_work():
     """One worker per GPU, pinned with CUDA_VISIBLE_DEVICES; every GPU gets work."""
     plan = [cfg(cost_us=i, run_ms=100) for i in range(12)]
     with fake_engine(gpus=[0, 1, 2], compile_threads=2) as eng:
+        # Every worker started before the work comes: on a loaded machine a worker that
+        # starts late finds the queue empty (its peers took all 12), which is right but is
+        # not what this test checks (CI once saw exactly that).
+        deadline = time.monotonic() + 60
+        while len(eng.device_infos()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         results = [f.result(timeout=60) for f in [eng.submit(FAKE, PROBLEM, c) for c in plan]]
         infos = eng.device_infos()
         stats = eng.stats()
