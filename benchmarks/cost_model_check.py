@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recorded_times import recorded_us  # noqa: E402
 
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
@@ -54,12 +57,13 @@ NEAR = 1.3  # "near the best": within 30% of the fastest measured
 
 def ground_truth(paths: Iterable[str]) -> list[dict[str, Any]]:
     """Problems of ground-truth files: {"source", "kernel", "shape", "dtype", "times"}, where
-    times maps a config's canonical JSON to its median time (failures left out)."""
+    times maps a config's canonical JSON to its recorded time (``recorded_times.recorded_us``:
+    the median of its re-timed rounds, else its median; failures left out)."""
     out = []
     for path in paths:
         with _reading(path, "a ground-truth file (benchmarks/ground_truth.py)"):
             data = json.loads(Path(path).read_text())
-            times = {_key(r["config"]): r["median_us"] for r in data["results"]
+            times = {_key(r["config"]): recorded_us(r) for r in data["results"]
                      if r["status"] == "ok" and r["median_us"]}
             out.append({"source": "ground truth", "kernel": data["kernel"], "shape": data["shape"],
                         "dtype": data["dtype"], "times": times})

@@ -42,6 +42,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recorded_times import recorded_us  # noqa: E402
 
 from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
@@ -131,14 +134,15 @@ def _problems(args: argparse.Namespace) -> list[tuple[Any, Problem]]:
 
 
 def _recorded(problem: Problem) -> list[Config]:
-    """Configs of the problem's ground-truth file (benchmarks/data), fastest first."""
+    """Configs of the problem's ground-truth file (benchmarks/data), fastest first (by their
+    recorded time, ``recorded_times.recorded_us``)."""
     name = "__".join([problem.kernel, "_".join(f"{k}{v}" for k, v in sorted(problem.dims.items())),
                       problem.dtype]) + ".json"
     path = DATA / name
     if not path.exists():
         return []
     rows = [r for r in json.loads(path.read_text())["results"] if r.get("status") == "ok"]
-    rows.sort(key=lambda r: r["median_us"])
+    rows.sort(key=recorded_us)
     return [Config(r["config"]) for r in rows]
 
 

@@ -68,9 +68,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
+from recorded_times import recorded_samples, recorded_us  # noqa: E402
 
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import (
@@ -125,7 +127,7 @@ class Recorded:
         self.problem = self.kernel.problem(data["shape"], data["dtype"])
         base = self.kernel.bind(self.problem)
         self.times = {
-            Config(r["config"]).digest(): (r["median_us"] if r["status"] == "ok" else None)
+            Config(r["config"]).digest(): (recorded_us(r) if r["status"] == "ok" else None)
             for r in data["results"]
         }
         # Only recorded configs: one rule per tunable, on the prefix fixed so far, so that
@@ -151,12 +153,12 @@ class Recorded:
 
     def observations(self) -> list[Observation]:
         return [Observation(self.problem, Config(r["config"]),
-                            r["median_us"] if r["status"] == "ok" else None)
+                            recorded_us(r) if r["status"] == "ok" else None)
                 for r in self.data["results"]]
 
     def winner(self) -> Config:
         return min((r for r in self.data["results"] if r["status"] == "ok"),
-                   key=lambda r: r["median_us"])["config"]
+                   key=recorded_us)["config"]
 
     def draw(self, n: int, seed: int) -> list[Config]:
         rng = random.Random(seed)
@@ -457,8 +459,7 @@ def store_ground_truth(db: str, files: Sequence[str]) -> int:
             software = {k: str(v) for k, v in data.get("jax", {}).items()}
             for r in data["results"]:
                 if r["status"] == "ok":
-                    samples = [r.get("min_us", r["median_us"]), r["median_us"], r.get("max_us", r["median_us"])]
-                    result = TrialResult.timed(samples, compile_s=r.get("compile_s"), rel_error=None,
+                    result = TrialResult.timed(recorded_samples(r), compile_s=r.get("compile_s"), rel_error=None,
                                                timing="cupti")
                 else:
                     result = TrialResult.failed(Outcome(r["status"]), r.get("error", ""))

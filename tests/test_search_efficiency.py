@@ -118,7 +118,7 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     rec = replay.Recorded(replay.load([file])[0])
     (row,) = replay.live_rows(url)
     assert row["trials"] == 14 and row["best_us"] == pytest.approx(rec.best)
-    order = [r["median_us"] for r in rec.data["results"]]
+    order = [replay.recorded_us(r) for r in rec.data["results"]]
     assert row["best_at"] == order.index(min(order)) + 1
 
     problem = rec.problem
@@ -185,3 +185,30 @@ def test_a_noisy_replay_measures_with_noise_and_reports_when_the_fastest_measure
     study = replay.replay_once(rec, "ranked+model=numpy", 0, 8)
     assert study.final_gap == pytest.approx(study.curve[-1] / rec.best - 1)
     assert study.curve[study.final_at - 1] == study.curve[-1]
+
+
+def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp_path):
+    """A record with ``retimed_us`` (ground_truth.py --retime): its time is the rounds' median,
+    for the replay's times, winner and observations and for --store-ground-truth."""
+    import statistics
+
+    from autotune.space.problem import Config
+
+    replay = _replay_module()
+    name = "hopper_attention__batch4_causalfalse_head_dim128_heads_kv16_heads_q16_seq_kv2048_seq_q2048__float16.json"
+    data = json.loads((DATA / name).read_text())
+    ok = sorted((r for r in data["results"] if r["status"] == "ok"), key=lambda r: r["median_us"])
+    best, second = ok[0], ok[1]
+    # The recorded best was a fast moment: re-timed, it is 10% slower than the second.
+    best["retimed_us"] = [second["median_us"] * 1.1, second["median_us"] * 1.12, second["median_us"] * 1.09]
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    rec = replay.Recorded(replay.load([str(path)])[0])
+    assert rec.times[Config(best["config"]).digest()] == statistics.median(best["retimed_us"])
+    assert rec.winner() == second["config"] and rec.best == second["median_us"]
+    observed = {Config(o.config).digest(): o.time_us for o in rec.observations()}
+    assert observed[Config(best["config"]).digest()] == statistics.median(best["retimed_us"])
+    url = f"sqlite:///{tmp_path}/warm.db"
+    replay.store_ground_truth(url, [str(path)])
+    (row,) = replay.live_rows(url)
+    assert row["best_us"] == pytest.approx(second["median_us"])
