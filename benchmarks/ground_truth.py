@@ -27,6 +27,16 @@ one engine for all of them:
 
     python3 benchmarks/ground_truth.py --files benchmarks/data/hopper_matmul__*.json --max 0 \
         --estimated 16 --seconds 60
+
+``--retime FRACTION`` then times again every config of the file within FRACTION of its best (at
+most ``--retime-max``, the fastest), in ``--rounds`` interleaved rounds (``Engine.confirm``, as
+the confirmation round does), and appends each round's median to the config's record as
+``retimed_us``: one timing per config, taken in a slow moment of the GPU, no longer decides the
+best (``benchmarks/recorded_times.py`` says which time a record has). A config whose re-timing
+fails gets ``retime_error`` and keeps its figures. Alone, on files already measured:
+
+    python3 benchmarks/ground_truth.py --files benchmarks/data/hopper_matmul__*.json --max 0 \
+        --retime 0.08 --retime-max 128
 """
 
 from __future__ import annotations
@@ -46,12 +56,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_model_check import model_with, parse_constants  # noqa: E402
+from recorded_times import RETIMED, recorded_us  # noqa: E402
 
 from autotune._jax_compat import jax_versions  # noqa: E402
 from autotune.engine.dispatcher import Engine  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 from autotune.space.search_space import BoundSpace  # noqa: E402
+from autotune.tuning.confirmation import sized_iterations  # noqa: E402
 from autotune.tuning.ranked_sampler import DEFAULT_CANDIDATES, climb_estimate  # noqa: E402
 
 
@@ -74,8 +86,8 @@ def estimated_configs(kernel: Any, space: BoundSpace, n: int, *, seed: int = 0,
 
 
 def merge(previous: Mapping[str, Any] | None, payload: dict[str, Any], problem: Problem) -> dict[str, Any]:
-    """``payload`` with ``previous``'s results first (``--extend``): the counts cover both, the
-    time spent is the sum. Refuses a file of another problem."""
+    """``payload`` with ``previous``'s results (and re-times) first (``--extend``): the counts
+    cover both, the time spent is the sum. Refuses a file of another problem."""
     if previous is None:
         return payload
     theirs = (previous.get("kernel"), previous.get("shape"), previous.get("dtype"))
@@ -84,6 +96,7 @@ def merge(previous: Mapping[str, Any] | None, payload: dict[str, Any], problem: 
                          "--kernel/--shape/--dtype or another --out")
     results = list(previous["results"]) + payload["results"]
     return {**payload,
+            **({"retimes": previous["retimes"]} if "retimes" in previous else {}),
             "sampled": bool(previous.get("sampled")) or payload["sampled"],
             "uniform_sample": sum(r["stage"] == "uniform" for r in results),
             "measured": len(results),
@@ -111,6 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--constants", default="",
                     help="--estimated with the cost model's constants changed: NAME=VALUE,... "
                          "(benchmarks/cost_model_check.py)")
+    ap.add_argument("--retime", type=float, metavar="FRACTION",
+                    help="then time again, in interleaved rounds, every config of the file within "
+                         "this fraction of its best (e.g. 0.08), appending the rounds' medians to "
+                         "its record (retimed_us)")
+    ap.add_argument("--rounds", type=int, help="--retime's rounds (default 5)")
+    ap.add_argument("--retime-max", type=int, help="--retime at most this many configs, the "
+                    f"fastest (default {RETIME_MAX})")
     ap.add_argument("--extend", action="store_true",
                     help="add to the output file instead of replacing it (its configs are skipped)")
     ap.add_argument("--device", default="gpu", choices=("gpu", "interpret", "fake"),
@@ -127,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--constants changes the cost model that --estimated follows; give --estimated N too")
     if bool(args.files) == bool(args.kernel and args.shape):
         raise SystemExit("give either --kernel and --shape (and --dtype), or --files")
+    check_retime(args)
 
     # Everything is checked before anything is measured: a bad name, value or file stops here.
     jobs: list[tuple[Any, Problem, Path, dict[str, Any] | None, Any]] = []
@@ -151,9 +172,88 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--estimated: kernel {kernel.name!r} declares no cost_model")
         jobs.append((kernel, problem, path, previous, estimate))
 
-    with Engine(mode=args.device, iterations=args.iterations) as engine:
+    # The executables of the configs re-timed stay on the workers (Engine.confirm times them).
+    with Engine(mode=args.device, iterations=args.iterations,
+                keep_compiled=max(5, args.retime_max)) as engine:
         for kernel, problem, path, previous, estimate in jobs:
             record(engine, kernel, problem, path, previous, estimate, args)
+
+
+RETIME_MAX = 96
+RETIME_ROUNDS = 5
+
+
+def check_retime(args: argparse.Namespace) -> None:
+    """--retime, --rounds and --retime-max, checked before anything is measured (defaults
+    filled in)."""
+    if args.retime is None:
+        if args.rounds is not None or args.retime_max is not None:
+            raise SystemExit("--rounds and --retime-max set how --retime re-times; give "
+                             "--retime FRACTION too (e.g. --retime 0.08)")
+        args.retime_max = 0
+        return
+    if not 0 < args.retime <= 1:
+        raise SystemExit(f"--retime {args.retime}: the fraction above the file's best to re-time "
+                         "within must be above 0 and at most 1; give e.g. --retime 0.08")
+    args.rounds = RETIME_ROUNDS if args.rounds is None else args.rounds
+    args.retime_max = RETIME_MAX if args.retime_max is None else args.retime_max
+    for flag, value in (("--rounds", args.rounds), ("--retime-max", args.retime_max)):
+        if value < 1:
+            raise SystemExit(f"{flag} {value}: must be at least 1")
+
+
+def write(path: Path, payload: Mapping[str, Any]) -> None:
+    """Writes ``payload`` beside ``path``, then renames it: an interrupted write leaves the old
+    file whole."""
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(payload, indent=1))
+    os.replace(partial, path)
+
+
+def retime(engine: Engine, kernel: Any, problem: Problem, payload: dict[str, Any],
+           compiled: set[str], args: argparse.Namespace) -> None:
+    """Times every ok config of ``payload`` within ``args.retime`` of its best again (at most
+    ``args.retime_max``, the fastest), ``args.rounds`` interleaved rounds (``Engine.confirm``),
+    and appends each round's median to its record (``retimed_us``); a config whose re-timing
+    fails gets ``retime_error`` instead. Configs not in ``compiled`` (digests of those measured
+    by this engine) are measured once first, so that the workers hold their executables."""
+    started = time.monotonic()
+    ok = sorted((r for r in payload["results"] if r["status"] == "ok" and r["median_us"]),
+                key=recorded_us)
+    best = recorded_us(ok[0]) if ok else 0.0
+    chosen = [r for r in ok if recorded_us(r) <= best * (1 + args.retime)][: args.retime_max]
+    medians = {id(r): recorded_us(r) for r in chosen}
+    earlier = {id(r): engine.submit(kernel.name, problem, Config(r["config"]))
+               for r in chosen if Config(r["config"]).digest() not in compiled}
+    timed = []
+    for r in chosen:
+        first = earlier[id(r)].result() if id(r) in earlier else None
+        if first is not None and not first.ok:
+            r["retime_error"] = (first.error or first.outcome.value)[-300:]
+            continue
+        if first is not None:
+            medians[id(r)] = first.median_us
+        timed.append(r)
+    table = engine.confirm(kernel.name, problem, [Config(r["config"]) for r in timed],
+                           rounds=args.rounds, baseline=False,
+                           iterations=[sized_iterations(recorded_us(r)) for r in timed],
+                           medians_us=[medians[id(r)] for r in timed]) if timed else []
+    for n, r in enumerate(timed):
+        rounds = [row[n] for row in table]
+        failed = next((t for t in rounds if not t.ok), None)
+        if failed is not None:
+            r["retime_error"] = (failed.error or failed.outcome.value)[-300:]
+        else:
+            r.setdefault(RETIMED, []).extend(t.median_us for t in rounds)
+            r.pop("retime_error", None)
+    failures = sum("retime_error" in r for r in chosen)
+    payload.setdefault("retimes", []).append({
+        "fraction": args.retime, "rounds": args.rounds, "configs": len(chosen),
+        "failed": failures, "seconds": round(time.monotonic() - started, 1),
+        "device": engine.device_info().name, "date": dt.date.today().isoformat()})
+    print(f"{problem}: re-timed {len(chosen) - failures} of the {len(chosen)} configs within "
+          f"{args.retime:.0%} of the best, {args.rounds} rounds"
+          + (f" ({failures} failed: retime_error)" if failures else ""), flush=True)
 
 
 def record(engine: Engine, kernel: Any, problem: Problem, path: Path, previous: dict[str, Any] | None,
@@ -212,7 +312,7 @@ def record(engine: Engine, kernel: Any, problem: Problem, path: Path, previous: 
     # rarely holds its best; this adds the region around the best to the ground truth.
     centred: set[str] = set()
     for _ in range(args.climb if sampled else 0):
-        ok = sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["median_us"])
+        ok = sorted((r for r in results if r["status"] == "ok"), key=recorded_us)
         centres = [Config(r["config"]) for r in ok[: args.centres]]
         if kernel.default_config is not None:
             centres.insert(0, kernel.default_config(problem))
@@ -245,11 +345,12 @@ def record(engine: Engine, kernel: Any, problem: Problem, path: Path, previous: 
         "results": results,
     }
     payload = merge(previous, payload, problem)
-    # Written beside the file, then renamed: an interrupted write leaves the old file whole.
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(payload, indent=1))
-    os.replace(partial, path)
-    best = min(ok, key=lambda r: r["median_us"]) if ok else None
+    write(path, payload)
+    if args.retime:
+        # What was measured is on disk first: a re-time cut short loses only itself.
+        retime(engine, kernel, problem, payload, {Config(r["config"]).digest() for r in results}, args)
+        write(path, payload)
+    best = min(ok, key=recorded_us) if ok else None
     by_status: dict[str, int] = {}
     for r in results:
         by_status[r["status"]] = by_status.get(r["status"], 0) + 1

@@ -119,3 +119,95 @@ def test_files_refuses_a_file_that_is_not_ground_truth_before_measuring(tmp_path
     assert json.loads((tmp_path / FILE).read_text()) == first  # nothing measured or written
     with pytest.raises(SystemExit, match="either --kernel and --shape"):
         ground_truth.main(["--files", str(tmp_path / FILE), "--kernel", "hopper_matmul", "--shape", SHAPE])
+
+
+def test_retime_appends_the_rounds_medians_to_the_configs_near_the_best(tmp_path):
+    data = _run(tmp_path, "--max", "6", "--retime", "0.08", "--rounds", "3", "--retime-max", "4")
+    # On the fake device every config measures about 100 us: all are near the best, and the
+    # four fastest are re-timed, three rounds each.
+    retimed = [r for r in data["results"] if "retimed_us" in r]
+    fastest = sorted(data["results"], key=lambda r: r["median_us"])[:4]
+    assert [r["config"] for r in retimed] == [r["config"] for r in data["results"] if r in fastest]
+    assert all(len(r["retimed_us"]) == 3 and all(t > 0 for t in r["retimed_us"]) for r in retimed)
+    assert not any("retime_error" in r for r in data["results"])
+    (entry,) = data["retimes"]
+    assert (entry["fraction"], entry["rounds"], entry["configs"], entry["failed"]) == (0.08, 3, 4, 0)
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_retime_alone_measures_an_earlier_runs_configs_once_first_and_appends(tmp_path, monkeypatch):
+    """--files F --max 0 --retime: the file's configs were compiled by another engine, so each
+    is submitted once first (the workers then hold its executable, kept_compiled large enough
+    for all), then re-timed; a second re-time appends to the first."""
+    first = _run(tmp_path, "--max", "3")
+    submitted, engines = [], []
+    real_engine, real_submit = ground_truth.Engine, ground_truth.Engine.submit
+
+    def engine(*args, **kwargs):
+        engines.append(kwargs)
+        return real_engine(*args, **kwargs)
+
+    def submit(self, kernel_name, problem, config):
+        submitted.append(dict(config))
+        return real_submit(self, kernel_name, problem, config)
+
+    monkeypatch.setattr(ground_truth, "Engine", engine)
+    monkeypatch.setattr(real_engine, "submit", submit)
+    argv = ["--files", str(tmp_path / FILE), "--device", "fake", "--iterations", "3", "--max", "0",
+            "--retime", "0.08", "--rounds", "2"]
+    ground_truth.main(argv)
+    assert engines[0]["keep_compiled"] == 96  # the default --retime-max
+    assert sorted(map(str, submitted)) == sorted(str(r["config"]) for r in first["results"])
+    ground_truth.main(argv)
+    data = json.loads((tmp_path / FILE).read_text())
+    assert [{k: v for k, v in r.items() if k != "retimed_us"} for r in data["results"]] == first["results"]
+    assert all(len(r["retimed_us"]) == 4 for r in data["results"])  # 2 rounds, twice
+    assert len(data["retimes"]) == 2
+
+
+def test_a_config_whose_retime_fails_gets_retime_error_and_keeps_its_figures(tmp_path, monkeypatch):
+    from autotune.evaluation.trial import Outcome, TrialResult
+
+    first = _run(tmp_path, "--max", "4")
+    broken = Config(first["results"][1]["config"]).digest()
+    real_retime = ground_truth.Engine.retime
+
+    def retime(self, kernel_name, problem, config, **kwargs):
+        if config is not None and config.digest() == broken:
+            return TrialResult.failed(Outcome.CRASHED, "the worker died (SIGSEGV)")
+        return real_retime(self, kernel_name, problem, config, **kwargs)
+
+    monkeypatch.setattr(ground_truth.Engine, "retime", retime)
+    ground_truth.main(["--files", str(tmp_path / FILE), "--device", "fake", "--iterations", "3",
+                       "--max", "0", "--retime", "0.08", "--rounds", "2"])
+    data = json.loads((tmp_path / FILE).read_text())
+    bad = data["results"][1]
+    assert bad["retime_error"] == "the worker died (SIGSEGV)" and "retimed_us" not in bad
+    assert {k: v for k, v in bad.items() if k != "retime_error"} == first["results"][1]
+    others = [r for i, r in enumerate(data["results"]) if i != 1]
+    assert all(len(r["retimed_us"]) == 2 and "retime_error" not in r for r in others)
+    assert data["retimes"][0]["failed"] == 1
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--retime", "0"], "--retime 0.0: the fraction above the file's best"),
+    (["--retime", "1.5"], "--retime 1.5: the fraction above the file's best"),
+    (["--retime", "0.08", "--rounds", "0"], "--rounds 0: must be at least 1"),
+    (["--retime", "0.08", "--retime-max", "-2"], "--retime-max -2: must be at least 1"),
+    (["--rounds", "3"], "give --retime FRACTION too"),
+])
+def test_bad_retime_flags_stop_before_anything_is_measured(tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=message):
+        _run(tmp_path / "bad", "--max", "2", *flags)
+    assert not (tmp_path / "bad").exists()  # nothing measured, nothing written
+
+
+def test_recorded_us_prefers_the_median_of_the_retimed_rounds():
+    recorded = load("recorded_times")
+    plain = {"config": {}, "status": "ok", "median_us": 86.5, "min_us": 85.0, "max_us": 90.0}
+    assert recorded.recorded_us(plain) == 86.5
+    assert recorded.recorded_samples(plain) == [85.0, 86.5, 90.0]
+    retimed = {**plain, recorded.RETIMED: [82.0, 81.0, 83.5, 82.5]}
+    assert recorded.recorded_us(retimed) == 82.25
+    assert recorded.recorded_samples(retimed) == [82.0, 81.0, 83.5, 82.5]
+    assert recorded.recorded_us({**plain, recorded.RETIMED: []}) == 86.5  # none yet: as recorded
