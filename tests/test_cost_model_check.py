@@ -42,6 +42,42 @@ def test_check_counts_the_families_the_model_ranks_ahead_of_the_fastest():
     assert math.isclose(perfect["rho"], 1.0)
 
 
+def test_family_outliers_counts_a_slow_twin_near_the_best():
+    """A slow moment on the GPU: one of 24 twins (configs the model estimates alike) measured at
+    86.5 us while the others measured 81-83; it is counted, a twin 1% above is not, and a
+    config far from the best is not looked at."""
+    kernel = get_kernel("hopper_matmul")
+    problem = kernel.problem({"m": 256, "n": 256, "k": 256}, "bfloat16")
+    twins = [81.0 + 2.0 * i / 22 for i in range(23)] + [86.5]
+    configs = [{"twin": i, "estimate": 1.0} for i in range(24)]
+    times = list(twins)
+    # Another family near the best, all alike; a far one (over 30% above the best) with a
+    # member 10% above its family's median.
+    configs += [{"twin": 30 + i, "estimate": 1.1} for i in range(3)]
+    times += [84.0, 84.5, 84.2]
+    configs += [{"twin": 40 + i, "estimate": 2.0} for i in range(3)]
+    times += [200.0, 200.0, 220.0]
+    row = check_script.check(problem, configs, times, lambda p, c: c["estimate"])
+    assert row["family_outliers"] == 1
+    times[5] = 82.0 * 1.01  # 1% above the family's median: noise, not counted
+    assert check_script.check(problem, configs, times, lambda p, c: c["estimate"])["family_outliers"] == 1
+    times[-1] = 86.0  # the far family, now near the best (within 30%), one 5% above its median
+    times[-2] = times[-3] = 82.0
+    assert check_script.check(problem, configs, times, lambda p, c: c["estimate"])["family_outliers"] == 2
+
+
+def test_ground_truth_times_are_the_retimed_medians_where_present(tmp_path):
+    """A record with re-timed rounds (ground_truth.py --retime) reads as their median."""
+    one, two = {"tile_m": 64}, {"tile_m": 128}
+    path = tmp_path / "hopper_matmul__k256_m256_n256__bfloat16.json"
+    path.write_text(json.dumps({"kernel": "hopper_matmul", "shape": {"m": 256, "n": 256, "k": 256},
+                                "dtype": "bfloat16", "results": [
+        {"config": one, "status": "ok", "median_us": 86.5, "retimed_us": [82.0, 81.5, 83.0]},
+        {"config": two, "status": "ok", "median_us": 84.0}]}))
+    (rec,) = check_script.ground_truth([str(path)])
+    assert rec["times"] == {json.dumps(one, sort_keys=True): 82.0, json.dumps(two, sort_keys=True): 84.0}
+
+
 def test_live_runs_are_read_from_both_formats_as_medians_over_runs(tmp_path):
     config = {"tile_m": 64}
     other = {"tile_m": 128}
