@@ -1,15 +1,20 @@
-"""benchmarks/ground_truth.py on the fake evaluator: the stages it measures and --extend."""
+"""benchmarks/ground_truth.py on the fake evaluator: the stages it measures, --extend and --retime;
+benchmarks/recorded_times.py; benchmarks/issue17_gpu.sh with DEVICE=fake."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config
-from tests.benchmark_scripts import load
+from tests.benchmark_scripts import ROOT, load
 
 ground_truth = load("ground_truth")
 SHAPE = "m=256,n=256,k=256"
@@ -211,3 +216,50 @@ def test_recorded_us_prefers_the_median_of_the_retimed_rounds():
     assert recorded.recorded_us(retimed) == 82.25
     assert recorded.recorded_samples(retimed) == [82.0, 81.0, 83.5, 82.5]
     assert recorded.recorded_us({**plain, recorded.RETIMED: []}) == 86.5  # none yet: as recorded
+
+
+SCRIPT = ROOT / "benchmarks" / "issue17_gpu.sh"
+MATMUL = "hopper_matmul__k8192_m128_n8192__bfloat16.json"
+
+
+def _gpu_script(tmp_path, step, **env):
+    """benchmarks/issue17_gpu.sh STEP on a copy of one recorded file, small settings."""
+    data = tmp_path / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "benchmarks" / "data" / MATMUL, data / MATMUL)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "DATA": str(data),
+           "ESTIMATED": "2", "RETIME_MAX": "3", "ROUNDS": "2", "GT_SECONDS": "20", **env}
+    return subprocess.run(["bash", str(SCRIPT), step], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_gpu_script_models_step_on_the_fake_device_packs_the_extended_and_retimed_files(tmp_path):
+    done = _gpu_script(tmp_path, "models", DEVICE="fake")
+    assert done.returncode == 0, done.stdout + done.stderr
+    before = json.loads((ROOT / "benchmarks" / "data" / MATMUL).read_text())["results"]
+    assert json.loads((tmp_path / "data" / MATMUL).read_text())["results"] == before  # a copy is extended
+    with tarfile.open(tmp_path / "out" / "issue17_models.tgz") as tgz:
+        after = json.load(tgz.extractfile(f"models/{MATMUL}"))["results"]
+        steps = tgz.extractfile("models/steps.txt").read().decode().splitlines()
+    # Both models' 2 first choices added, then the 3 fastest re-timed (2 rounds each).
+    assert [r["stage"] for r in after[len(before):]] == ["estimated"] * 4
+    assert [{k: v for k, v in r.items() if k != "retimed_us"} for r in after[:len(before)]] == before
+    fastest = sorted((r for r in before if r["status"] == "ok"), key=lambda r: r["median_us"])[:3]
+    assert [r["config"] for r in after if "retimed_us" in r] == [r["config"] for r in before if r in fastest]
+    assert all(len(r["retimed_us"]) == 2 for r in after if "retimed_us" in r)
+    assert [line.split(":")[0] for line in steps] == ["models_estimated", "models_estimated_fitted", "models_retime"]
+    assert all(": exit 0 after" in line for line in steps)
+
+
+def test_the_gpu_script_packs_what_it_has_when_its_budget_is_spent_and_refuses_bad_input(tmp_path):
+    done = _gpu_script(tmp_path, "models", DEVICE="fake", BUDGET_S="0")
+    assert done.returncode == 1
+    with tarfile.open(tmp_path / "out" / "issue17_models.tgz") as tgz:
+        steps = tgz.extractfile("models/steps.txt").read().decode()
+        assert json.load(tgz.extractfile(f"models/{MATMUL}")) == json.loads((ROOT / "benchmarks" / "data" / MATMUL).read_text())
+    assert steps.count("skipped, the step's budget of 0 s is spent") == 3
+    bad = _gpu_script(tmp_path / "bad", "model", DEVICE="fake")
+    assert bad.returncode == 2 and "usage:" in bad.stderr and not (tmp_path / "bad" / "out").exists()
+    # On a GPU, only the one the recorded files were measured on: times are not mixed.
+    other = _gpu_script(tmp_path / "gpu", "models", GPU_NAME="NoSuchGPU")
+    assert other.returncode == 2 and "measured on an NoSuchGPU" in other.stderr
+    assert not (tmp_path / "gpu" / "out").exists()

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Issue 17's next GPU session, one device call per step (benchmarks/RESULTS.md section 8,
+# "Next, on a GPU"):
+#
+#   OUT=... bash benchmarks/issue17_gpu.sh models   # both cost models' 16 first choices added to
+#                                                   # the 7 hopper_matmul files, then the configs
+#                                                   # within 8% of each file's best re-timed
+#   OUT=... bash benchmarks/issue17_gpu.sh shapes   # ground truth at 64x4096x4096, 512x14336x4096
+#   OUT=... bash benchmarks/issue17_gpu.sh live     # examples/h200_unseen2.toml: cold at seeds
+#                                                   # 0-2, then warm (the ground truth stored first)
+#
+# Each step copies the ground-truth files it adds to into a work folder, runs its commands one
+# after another, each under `timeout` with what is left of the step's budget (BUDGET_S, default
+# 560 s: one device call), and after every command packs $OUT/issue17_<step>.tgz (the work folder:
+# the files, each command's output as <name>.log (a tuning run's --jsonl progress as <name>.jsonl)
+# and its errors as <name>.err, steps.txt with
+# each command's exit status and seconds), so a call cut short still returns what it measured.
+#
+# DEVICE=fake runs it on the CPU with the fake device (every config about 100 us), to test it;
+# `autotune tune` has no fake device, so there the live step runs it with --dry-run. Settings
+# (environment; defaults as RESULTS.md names them): DATA (the ground-truth folder copied,
+# benchmarks/data), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
+# RETIME_MAX (models 128; shapes: ground_truth.py's default), ROUNDS (5), MAX (600), CLIMB (3),
+# SHAPE_SECONDS (120), SHAPES ("m=64,n=4096,k=4096 m=512,n=14336,k=4096"), JOB
+# (examples/h200_unseen2.toml), SEEDS ("0 1 2"), TRIALS (live: --trials, default the job's),
+# WORK (the scratch folder, default a new one under /tmp), PYTHON (python3), GPU_NAME (H200: on
+# a GPU, the step refuses to run on another, whose times would be mixed with the H200's).
+set -u
+
+STEP=${1:-}
+case "$STEP" in
+  models|shapes|live) ;;
+  *) echo "usage: OUT=DIR [DEVICE=gpu|fake] bash benchmarks/issue17_gpu.sh models|shapes|live" >&2; exit 2 ;;
+esac
+: "${OUT:?set OUT to the folder the results are packed into}"
+DEVICE=${DEVICE:-gpu}
+case "$DEVICE" in
+  gpu|fake) ;;
+  *) echo "issue17_gpu.sh: DEVICE must be gpu or fake, got '$DEVICE'" >&2; exit 2 ;;
+esac
+# The ground truth and the live runs it is compared with were measured on an H200: extending
+# them on another GPU (the device tool may lend an H100) would mix devices in one file.
+GPU_NAME=${GPU_NAME:-H200}
+if [[ $DEVICE == gpu ]]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  if [[ $gpu != *"$GPU_NAME"* ]]; then
+    echo "issue17_gpu.sh: the files were measured on an $GPU_NAME, but this machine's GPU is '${gpu:-none found}'; run it on an $GPU_NAME (GPU_NAME=... to override), or DEVICE=fake to test" >&2
+    exit 2
+  fi
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+DATA=${DATA:-benchmarks/data}
+BUDGET_S=${BUDGET_S:-560}
+DEADLINE=$(( $(date +%s) + BUDGET_S ))
+WORK=${WORK:-$(mktemp -d /tmp/issue17.XXXXXX)}
+W=$WORK/$STEP
+mkdir -p "$W" "$OUT"
+FAILED=0
+
+pack() {
+  tar czf "$OUT/issue17_$STEP.tgz.partial" -C "$WORK" "$STEP" && mv "$OUT/issue17_$STEP.tgz.partial" "$OUT/issue17_$STEP.tgz"
+}
+
+# run NAME COMMAND...: stdout to $W/NAME.log (to $W/NAME where NAME has an extension), stderr
+# to $W/NAME.err, under what is left of the budget; then packs.
+run() {
+  local name=$1; shift
+  local log=$W/$name
+  [[ $name == *.* ]] || log=$log.log
+  local left=$(( DEADLINE - $(date +%s) )) start rc
+  if (( left < 5 )); then
+    echo "== $name: skipped, the step's budget of $BUDGET_S s is spent" | tee -a "$W/steps.txt"
+    FAILED=1
+    return
+  fi
+  echo "== $name (at most $left s): $*"
+  start=$(date +%s)
+  timeout --kill-after=15 "$left" "$@" > "$log" 2> "$W/$name.err"
+  rc=$?
+  echo "$name: exit $rc after $(( $(date +%s) - start )) s: $*" >> "$W/steps.txt"
+  tail -n 8 "$log"
+  (( rc == 0 )) || { FAILED=1; echo "== $name: exit $rc (124: out of time); last errors:"; tail -n 5 "$W/$name.err"; }
+  pack
+}
+
+GT=("$PY" benchmarks/ground_truth.py --device "$DEVICE")
+case "$STEP" in
+  models)
+    cp "$DATA"/hopper_matmul__*.json "$W"/ || exit 2
+    FILES=("$W"/hopper_matmul__*.json)
+    run models_estimated "${GT[@]}" --files "${FILES[@]}" --max 0 --estimated "${ESTIMATED:-16}" \
+      --seconds "${GT_SECONDS:-60}"
+    run models_estimated_fitted "${GT[@]}" --files "${FILES[@]}" --max 0 --estimated "${ESTIMATED:-16}" \
+      --seconds "${GT_SECONDS:-60}" --constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128
+    run models_retime "${GT[@]}" --files "${FILES[@]}" --max 0 --retime "${RETIME:-0.08}" \
+      --retime-max "${RETIME_MAX:-128}" --rounds "${ROUNDS:-5}"
+    ;;
+  shapes)
+    for shape in ${SHAPES:-m=64,n=4096,k=4096 m=512,n=14336,k=4096}; do
+      run "shapes_${shape//[=,]/_}" "${GT[@]}" --kernel hopper_matmul --shape "$shape" --out "$W" \
+        --max "${MAX:-600}" --climb "${CLIMB:-3}" --estimated "${ESTIMATED:-16}" \
+        --seconds "${SHAPE_SECONDS:-120}" --retime "${RETIME:-0.08}" --rounds "${ROUNDS:-5}" \
+        ${RETIME_MAX:+--retime-max "$RETIME_MAX"}
+    done
+    ;;
+  live)
+    JOB=${JOB:-examples/h200_unseen2.toml}
+    TUNE=("$PY" -m autotune tune --jsonl --results-dir "$WORK/results" ${TRIALS:+--trials "$TRIALS"})
+    [[ $DEVICE == fake ]] && TUNE+=(--dry-run)
+    for seed in ${SEEDS:-0 1 2}; do
+      sed "s/^seed = .*/seed = $seed/" "$JOB" > "$W/job_s$seed.toml"
+    done
+    first=$(set -- ${SEEDS:-0 1 2}; echo "$1")
+    for seed in ${SEEDS:-0 1 2}; do
+      run "cold_s$seed.jsonl" "${TUNE[@]}" --db "sqlite:///$W/cold_s$seed.db" "$W/job_s$seed.toml"
+      run "cold_s${seed}_live" "$PY" benchmarks/search_efficiency.py --live "sqlite:///$W/cold_s$seed.db" \
+        --job "$W/job_s$seed.toml"
+    done
+    run warm_store "$PY" benchmarks/search_efficiency.py --store-ground-truth "sqlite:///$W/warm_s$first.db" \
+      "$DATA"/*__*__*.json
+    run "warm_s$first.jsonl" "${TUNE[@]}" --db "sqlite:///$W/warm_s$first.db" "$W/job_s$first.toml"
+    run "warm_s${first}_live" "$PY" benchmarks/search_efficiency.py --live "sqlite:///$W/warm_s$first.db" \
+      --job "$W/job_s$first.toml"
+    ;;
+esac
+pack
+echo "== packed $OUT/issue17_$STEP.tgz"
+cat "$W/steps.txt"
+exit $FAILED
