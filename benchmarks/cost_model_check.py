@@ -22,7 +22,10 @@ whose estimates fall in one bucket ``ESTIMATE_TWIN`` (0.5%) wide in log time: tu
 ignores (a grid's order) make such twins, and measuring one tells the model as much as measuring
 all (the sampler passes over twins of configs in flight, docs/ranked_sampler.md item 5), so the
 families ahead of the fastest are about the trials a search led by the model alone needs before
-it measures the fastest.
+it measures the fastest. Last, ``family_outliers``: the configs within 30% of the fastest that
+measured 3% or more above their family's median, mostly single timings taken in a slow moment of
+the GPU (``benchmarks/ground_truth.py --retime`` times them again; a ground-truth record's time
+is then the median of its re-timed rounds, ``benchmarks/recorded_times.py``).
 
 ``--constants`` checks the model with some of its constants changed, for a kernel whose module
 defines ``cost_model(**constants)`` (``hopper_matmul``: the fields of ``Hopper``, e.g.
