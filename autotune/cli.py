@@ -761,9 +761,10 @@ def _best(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    from autotune.queries.best import list_results, unservable_results
+    from autotune.queries.best import check_device, list_results, unservable_results
 
     _kernel_filter(args.kernel, args.db)
+    check_device(args.device, args.db)
     _say_db(args)
     if args.invalid:
         bad = unservable_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
@@ -815,10 +816,13 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from autotune.queries.best import check_device
     from autotune.queries.exchange import export_records, render, skipped_interpret
     from autotune.queries.outputs import write_export_file
 
     _kernel_filter(args.kernel, args.db)
+    check_device(args.device, args.db)
+    _say_db(args)  # on stderr: `autotune export > FILE` stays clean
     text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
     if args.device is None and not args.quiet:
         left = skipped_interpret(args.db, kernel=args.kernel)
