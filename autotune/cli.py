@@ -16,7 +16,8 @@
     autotune report [--kernel K] [--out DIR]
 
 Exit codes: 0 success; 1 nothing tuned (``best``, ``report``) or configs failed (``check``);
-2 bad input or a database that cannot be used; 3 a ``tune`` job ran to its end but some trials crashed (stored as crashed; the
+2 bad input, a database that cannot be used, or output that cannot be written (``> /dev/full``);
+3 a ``tune`` job ran to its end but some trials crashed (stored as crashed; the
 last line says how many and where the worker logs are); 130 Ctrl-C (SIGINT); 143 SIGTERM
 (see :mod:`autotune.interrupts`); 141 the reader of the
 output went away (``autotune spaces | head -1``): like a Unix tool killed by SIGPIPE, quietly.
@@ -270,17 +271,32 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit code (see the module's docstring)."""
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()  # a full disk shows here, not in the interpreter's last flush
+        return code
     except BrokenPipeError:
-        # The reader went away (`autotune spaces | head -1`): end quietly, as Unix tools do.
-        # Python's recipe: point stdout at devnull so the interpreter's final flush does not
-        # raise again, and exit 141 (128 + SIGPIPE, what a shell shows for a tool killed so).
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
-            pass
+        # The reader went away (`autotune spaces | head -1`): end quietly, as Unix tools do,
+        # and exit 141 (128 + SIGPIPE, what a shell shows for a tool killed so).
+        _stdout_to_devnull()
         return EXIT_PIPE
+    except OSError as e:
+        if e.filename is not None:  # a file's error, not the output's: a bug to show
+            raise
+        # Writing the output failed (`autotune results > /dev/full`: no space left).
+        _stdout_to_devnull()
+        print(f"autotune: error: cannot write the output (stdout): {e.strerror or e}; "
+              "free space or send it elsewhere.", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _stdout_to_devnull() -> None:
+    """Points stdout at devnull, so that the interpreter's final flush of what could not be
+    written does not raise again (Python's recipe for broken pipes)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -761,9 +777,10 @@ def _best(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    from autotune.queries.best import list_results, unservable_results
+    from autotune.queries.best import check_device, list_results, unservable_results
 
     _kernel_filter(args.kernel, args.db)
+    check_device(args.device, args.db)
     _say_db(args)
     if args.invalid:
         bad = unservable_results(args.db, kernel=args.kernel, dtype=args.dtype, device=args.device)
@@ -815,10 +832,13 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from autotune.queries.best import check_device
     from autotune.queries.exchange import export_records, render, skipped_interpret
     from autotune.queries.outputs import write_export_file
 
     _kernel_filter(args.kernel, args.db)
+    check_device(args.device, args.db)
+    _say_db(args)  # on stderr: `autotune export > FILE` stays clean
     text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
     if args.device is None and not args.quiet:
         left = skipped_interpret(args.db, kernel=args.kernel)

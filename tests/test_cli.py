@@ -381,6 +381,22 @@ def test_broken_pipe_exit_code_is_141(monkeypatch):
     assert dup2_calls == [cli.sys.stdout.fileno()]
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["results"], ["export"], ["spaces"]])
+def test_output_that_cannot_be_written_exits_2_naming_why(command, tmp_path):
+    """stdout that cannot be written (`> /dev/full`: no space left) gives one `autotune:
+    error:` line naming why, and exit 2; no traceback."""
+    with open("/dev/full", "w") as full:  # noqa: PTH123
+        proc = subprocess.run([sys.executable, "-m", "autotune", "--db", str(tmp_path / "none.db"),
+                               *command], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("autotune: error:")]
+    assert len(errors) == 1 and "No space left on device" in errors[0], proc.stderr
+
+
 def test_spaces_json_without_a_kernel_lists_kernels(capsys):
     """`autotune spaces --json` prints the bundled kernels as JSON, with optional shape keys."""
     assert main(["spaces", "--json"]) == 0

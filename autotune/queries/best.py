@@ -85,7 +85,7 @@ __all__ = [
     "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
     "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
     "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
-    "stored_kernels", "stored_trial_seconds",
+    "stored_kernels", "stored_trial_seconds", "check_device",
 ]
 
 log = logging.getLogger(__name__)
@@ -668,6 +668,30 @@ def close_stores() -> None:
     with _STORES_LOCK:
         while _STORES:
             _close(*_STORES.popitem())
+
+
+def check_device(device: str | None, db: str | None = None) -> None:
+    """Checks a device filter against the devices stored in ``db``, as the queries match it
+    (:func:`_device_filter`: a kind, a name, or part of one); None, and a database that does
+    not exist, pass.
+
+    Raises:
+      JobError: ``device`` is blank, matches several stored devices, or matches none (the
+        message names it and lists the stored devices).
+    """
+    if device is None:
+        return
+    with _open(db) as store:
+        if store is None:
+            return
+        name, kind = _device_filter(store, device)
+        names = sorted({d.name for d in store.devices()})
+    if kind is None and name not in names:
+        raise JobError(
+            f"device {device!r} matches no stored device; the stored devices are "
+            f"{', '.join(map(repr, names)) or 'none'} (or give a kind: {', '.join(DEVICE_KINDS)})."
+            + did_you_mean(device, names)
+        )
 
 
 def _device_filter(store: Store, device: str) -> tuple[str | None, str | None]:

@@ -375,8 +375,9 @@ def check_records(
     Rules: ``record`` (an object with the known keys), ``kernel_known``, ``shape`` (the
     kernel's keys, positive sizes), ``dtype`` (one the kernel supports), ``config`` (valid for
     the kernel's space bound to the problem: :func:`autotune.space.validity.violations`),
-    ``median_us`` (a finite, positive number), ``text`` (device, driver and version strings of
-    at most 256 printable characters), ``device_kind`` (gpu, interpret or fake).
+    ``median_us`` (a finite, positive number), ``device`` (a name, not null or blank),
+    ``text`` (device, driver and version strings of at most 256 printable characters),
+    ``device_kind`` (gpu, interpret or fake).
     """
     from autotune.space.kernel import get_kernel
     from autotune.space.validity import violations
@@ -421,9 +422,15 @@ def check_records(
             errors.append(("median_us", f"median_us must be a number, got {_short(median)}"))
         elif not (math.isfinite(median) and median > 0):
             errors.append(("median_us", f"median_us must be positive and finite, got {median!r}"))
-        for field in ("device", "device_kind", "compute_capability", "driver", "jax_version"):
+        device_name = r["device"]
+        if not isinstance(device_name, str) or not device_name.strip():
+            errors.append(("device", f"device = {_short(device_name)}; each record must name the "
+                                     "device it was measured on (e.g. 'NVIDIA H200')"))
+        elif why := _text_problem("device", device_name):
+            errors.append(("text", why))
+        for field in ("device_kind", "compute_capability", "driver", "jax_version"):
             if field in r and r[field] is not None:
-                why = _text_problem(field, r[field], empty_ok=field != "device")
+                why = _text_problem(field, r[field])
                 if why:
                     errors.append(("text", why))
         kind = r.get("device_kind") or DeviceKind.GPU

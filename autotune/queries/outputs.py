@@ -5,9 +5,12 @@
 
 Nothing the user did not ask to replace is replaced: ``export --out`` refuses an existing file
 that is not one of our exports unless ``force``, and always refuses the database in use (and
-its ``-wal``/``-shm``/``-journal`` files), whatever path or symbolic link leads to it. Files are
-written to a temporary file in the same folder and renamed over the target, so a reader never
-sees half a file and a failed write leaves the old file as it was.
+its ``-wal``/``-shm``/``-journal`` files), whatever path or symbolic link leads to it, and
+never a target that is not a regular file (a device such as ``/dev/null``, a FIFO, a socket, a
+folder): renaming over it would replace the device node itself. Files are written to a
+temporary file in the same folder and renamed over the target, so a reader never sees half a
+file and a failed write leaves the old file as it was. A blank path (``--out ""``) is refused
+rather than taken as the working directory.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import stat
 import tempfile
 
 from autotune.errors import JobError
@@ -24,14 +28,37 @@ __all__ = ["check_output_dir", "write_export_file", "atomic_write_text"]
 _HEAD_BYTES = 4096
 
 
+def _check_not_blank(path: str | os.PathLike[str], *, flag: str, what: str) -> None:
+    """Refuses an empty or blank path, which would otherwise mean the working directory."""
+    if not str(path).strip():
+        raise JobError(f"{flag} {str(path)!r} is blank; give a {what} name.")
+
+
+def _not_a_regular_file(path: pathlib.Path) -> str | None:
+    """What ``path`` is when it exists and is not a regular file (``"a folder"``, ``"a
+    character device"``, ...), through symbolic links; None for a regular file or no file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # missing, or not reachable: the write itself says why
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def check_output_dir(path: str | os.PathLike[str], *, flag: str) -> pathlib.Path:
     """``path`` if it is (or can be created as) a writable folder; leaves nothing behind
     (a probe file is created and removed in the nearest existing folder).
 
     Raises:
-      JobError: ``path`` (or the nearest existing folder above it) is a file, or is not
-        writable; the message names ``flag``, the path and why.
+      JobError: ``path`` is blank, or it (or the nearest existing folder above it) is a file,
+        a device or anything else that is not a folder, or is not writable; the message names
+        ``flag``, the path and why.
     """
+    _check_not_blank(path, flag=flag, what="folder")
     target = pathlib.Path(path)
     existing = target
     while not existing.exists() and not existing.is_symlink():
@@ -42,9 +69,10 @@ def check_output_dir(path: str | os.PathLike[str], *, flag: str) -> pathlib.Path
     if existing.is_symlink() and not existing.exists():
         raise JobError(f"{flag} {str(path)!r}: {existing} is a broken symbolic link; give a folder.")
     if not existing.is_dir():
-        what = "is" if existing == target else f"is under {existing}, which is"
+        where = "is" if existing == target else f"is under {existing}, which is"
+        what = _not_a_regular_file(existing) or "a file"
         raise JobError(
-            f"{flag} {str(path)!r} {what} a file, not a folder; give a folder (it is created if "
+            f"{flag} {str(path)!r} {where} {what}, not a folder; give a folder (it is created if "
             "missing)."
         )
     try:  # a real probe: permissions, read-only file systems and root all answer truly
@@ -85,12 +113,13 @@ def write_export_file(
     """Writes ``text`` to ``path`` atomically; returns the file written.
 
     Raises:
-      JobError: ``path`` is the database in use (even with ``force``), a folder, an existing
-        file that is not an autotune export (without ``force``), or in a folder that is
-        missing, a file, or not writable.
+      JobError: ``path`` is blank, the database in use (even with ``force``), a folder, a
+        device, FIFO or socket (even with ``force``), an existing file that is not an autotune
+        export (without ``force``), or in a folder that is missing, a file, or not writable.
     """
     from autotune.queries.exchange import is_export
 
+    _check_not_blank(path, flag=flag, what="file")
     target = pathlib.Path(path).expanduser()
     for db_file in _database_files(db):
         if _same_file(target, db_file):
@@ -98,8 +127,15 @@ def write_export_file(
                 f"{flag} {str(path)!r} is the database in use ({db_file}); an export never "
                 "replaces it (not even with --force). Give another file name."
             )
-    if target.is_dir():
+    what = _not_a_regular_file(target)
+    if what == "a folder":
         raise JobError(f"{flag} {str(path)!r} is a folder; give a file name inside it.")
+    if what is not None:  # renamed over, /dev/null itself would be replaced by a file
+        raise JobError(
+            f"{flag} {str(path)!r} is {what}, not a regular file; an export replaces its target "
+            f"with a new file, so it never writes there (not even with --force). Give a file "
+            f"name, or leave out {flag} to write to stdout."
+        )
     if target.exists() and not force:
         try:
             with target.open("rb") as f:
@@ -129,9 +165,14 @@ def atomic_write_text(path: pathlib.Path, text: str) -> None:
     """Writes ``text`` to a temporary file beside ``path``, then renames it over ``path``.
 
     Raises:
-      JobError: the file cannot be written (the message names it and why); ``path`` is as it
-        was and no temporary file is left.
+      JobError: ``path`` exists and is not a regular file (renaming over a device such as
+        ``/dev/null`` would replace it), or the file cannot be written (the message names it
+        and why); ``path`` is as it was and no temporary file is left.
     """
+    what = _not_a_regular_file(path)
+    if what is not None:
+        raise JobError(f"cannot write {path}: it is {what}, not a regular file, and renaming a "
+                       "new file over it would replace it.")
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:

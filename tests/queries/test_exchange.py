@@ -204,6 +204,46 @@ def test_import_refuses_the_whole_file_naming_each_bad_record(db_url, tmp_path, 
     assert _trial_count(db_url) == 2
 
 
+@pytest.mark.parametrize("device", [None, "", "   ", _DROP])
+def test_import_refuses_a_record_without_a_device(device, tmp_path, capsys, campaign):
+    """A record whose device is null, blank or missing is refused naming its index, the field
+    and the value; nothing of the file is imported (no database is even created)."""
+    campaign.add(bad_inputs=1)
+    path = _export_file(tmp_path, [_record(), _record(config=dict(M2), device=device)])
+    db = tmp_path / "x.db"
+    assert cli.main(["import", path, "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "nothing was imported" in err
+    (line,) = [line for line in err.splitlines() if line.strip().startswith("record 1: ")]
+    assert "'device'" in line if device is _DROP else f"[device] device = {device!r}" in line, line
+    assert not db.exists()
+
+
+def test_unknown_device_filter_exits_2_naming_the_stored_devices(source, tmp_path, capsys, campaign):
+    """`results --device X` and `export --device X` where X matches no stored device exit 2
+    with one line naming X and the stored devices (instead of printing nothing); a kind, a
+    name, part of a name, and a database that does not exist yet still answer."""
+    campaign.add(bad_inputs=2)
+    for command in (["results"], ["export"]):
+        assert cli.main([*command, "--db", source, "--device", "a100"]) == 2
+        out, err = capsys.readouterr()
+        (line,) = err.splitlines()
+        assert not out and line.startswith("autotune: error: ") and "'a100'" in line
+        assert "'NVIDIA H200'" in line and "'cpu-interpret (x86_64)'" in line, line
+        for device in ("gpu", "interpret", "h200", "NVIDIA H200"):
+            assert cli.main([*command, "--db", source, "--device", device]) == 0, device
+        assert cli.main([*command, "--db", f"sqlite:///{tmp_path}/none.db", "--device", "a100"]) == 0
+        capsys.readouterr()
+
+
+def test_export_names_the_database_on_stderr_only(source, capsys):
+    """`export` to stdout names the database it read on stderr; stdout is the export alone."""
+    assert cli.main(["export", "--db", source]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["format"] == "autotune-export"
+    assert f"autotune: database {source}" in err
+
+
 def test_import_is_one_transaction(db_url, tmp_path, monkeypatch, campaign):
     """A database error on the third record of an import keeps none of the first two
     (SQLite and PostgreSQL): the import is all or nothing."""

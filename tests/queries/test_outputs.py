@@ -8,6 +8,8 @@ import errno
 import json
 import os
 import pathlib
+import socket
+import stat
 
 import pytest
 
@@ -135,6 +137,68 @@ def test_output_folders_that_cannot_be_used_exit_2(db, tmp_path, capsys, where, 
         assert code == 2, (argv, err)
         assert folder in err and why in err, (argv, err)
     assert not (tmp_path / "new.db").exists()
+
+
+def test_export_never_replaces_a_device_fifo_or_socket(db, tmp_path, capsys, campaign, monkeypatch):
+    """`export --out` naming a character device (a copy of /dev/null's node, and /dev/null
+    itself without --force), a FIFO or a socket exits 2 naming what it is, even with --force:
+    renaming the export over it would replace the node itself. Nothing is written, the node is
+    unchanged, and `tune --results-dir` naming one says what it is too."""
+    work = tmp_path / "out"
+    work.mkdir()
+    monkeypatch.chdir(work)  # a socket's path must be short
+    nodes = {"fifo": stat.S_ISFIFO, "sock": stat.S_ISSOCK}
+    os.mkfifo("fifo")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind("sock")
+    try:
+        os.mknod("null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+        nodes["null"] = stat.S_ISCHR
+    except PermissionError:  # not root: the FIFO and the socket still tell
+        pass
+    before = sorted(os.listdir())
+    campaign.add(bad_inputs=2 * len(nodes) + 1)
+    for name, is_kind in nodes.items():
+        for force in (["--force"], []):  # --force first: without the check, a FIFO's read blocks
+            code, err = _run(["export", "--db", str(db), "--out", name, *force], capsys)
+            assert code == 2 and "not a regular file" in err and "stdout" in err, (name, force, err)
+            assert is_kind(os.stat(name).st_mode), name
+    code, err = _run(["export", "--db", str(db), "--out", os.devnull], capsys)
+    assert code == 2 and "character device" in err
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float16"\nshape = { rows = 64, cols = 1024 }\n')
+    code, err = _run(["tune", str(job), "--db", f"sqlite:///{work}/new.db", "--results-dir",
+                      "fifo", "--dry-run"], capsys)
+    assert code == 2 and "is a FIFO (named pipe), not a folder" in err
+    listener.close()
+    assert sorted(os.listdir()) == before  # no temporary file, no database
+    with pytest.raises(outputs.JobError, match="not a regular file"):
+        outputs.atomic_write_text(work / "fifo", "text")
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_blank_output_paths_exit_2(db, tmp_path, capsys, campaign, monkeypatch, blank):
+    """A blank `export --out`, `report --out`, `tune --results-dir` or `--compilation-cache`
+    exits 2 naming the flag, instead of writing into the working directory."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    job = work / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float16"\nshape = { rows = 64, cols = 1024 }\n')
+    before = sorted(os.listdir())
+    argvs = [
+        ["export", "--db", str(db), "--out", blank],
+        ["report", "--db", str(db), "--out", blank],
+        ["tune", str(job), "--db", str(db), "--results-dir", blank, "--dry-run"],
+        ["tune", str(job), "--db", str(db), "--compilation-cache", blank, "--dry-run"],
+    ]
+    campaign.add(bad_inputs=len(argvs))
+    for argv in argvs:
+        code, err = _run(argv, capsys)
+        flag = argv[argv.index(blank) - 1]
+        assert code == 2 and f"{flag} {blank!r} is blank" in err, (argv, err)
+    assert sorted(os.listdir()) == before
 
 
 def test_check_output_dir_accepts_a_new_folder_and_creates_nothing(tmp_path):
