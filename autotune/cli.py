@@ -329,10 +329,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _db_text(db: str | None) -> str:
     """The database ``db`` resolves to, password masked, and whether a SQLite file exists."""
-    from autotune.storage.urls import resolve_url, sqlite_path
+    from autotune.storage.urls import display_url, resolve_url, sqlite_path
 
     url = resolve_url(db)
-    text = url.render_as_string(hide_password=True)
+    text = display_url(url)
     path = sqlite_path(url)
     if path is not None and not path.exists():
         text += " (no such file yet"
