@@ -584,3 +584,68 @@ def test_tune_refuses_a_cold_cache_in_interpret_mode(tmp_path, capsys):
                  "--db", f"sqlite:///{tmp_path}/t.db", "--results-dir", str(tmp_path / "r")])
     assert code == 2
     assert "cache = 'cold' needs a GPU" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the edges of the database
+
+MATMUL_DIMS = {"m": 256, "n": 256, "k": 256}
+MATMUL_SHAPE = "m=256,n=256,k=256"
+
+
+def _export(tmp_path: Path) -> str:
+    """An export file holding one valid hopper_matmul result on an H200."""
+    from autotune.space.kernel import get_kernel
+    from autotune.space.problem import Problem
+
+    problem = Problem("hopper_matmul", MATMUL_DIMS, "bfloat16")
+    (config,) = get_kernel(problem.kernel).valid_space(problem).sample(1, seed=1)
+    record = {"kernel": problem.kernel, "shape": dict(problem.dims), "dtype": problem.dtype,
+              "device": "NVIDIA H200", "device_kind": "gpu", "compute_capability": "9.0",
+              "driver": "570.86", "median_us": 70.0, "jax_version": "0.11.2",
+              "software": {"jax": "0.11.2", "jaxlib": "0.11.2", "autotune": "0.1.0"},
+              "config": dict(config)}
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"format": "autotune-export", "version": 1, "records": [record]}))
+    return str(path)
+
+
+def _matmul_job(tmp_path: Path) -> str:
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "hopper_matmul"\ndtype = "bfloat16"\n'
+                   "shape = { m = 256, n = 256, k = 256 }\n")
+    return str(job)
+
+
+ODD_NAME = "odd?name#1%:x .db"
+
+
+def test_a_bare_db_path_is_exactly_that_file_whatever_its_characters(tmp_path, monkeypatch, capsys):
+    """`--db PATH`, db=PATH and $AUTOTUNE_DB=PATH name the SQLite file of exactly that name,
+    with ?, #, %, : and a space in it: `import` writes it, `results`, `best` and the Python
+    queries (which open it read-only, as an SQLite URI) read it, and no other file appears."""
+    import autotune
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOTUNE_DB", raising=False)
+    expected = {"export.json", ODD_NAME, ODD_NAME + "-wal", ODD_NAME + "-shm"}
+    assert main(["import", _export(tmp_path), "--db", ODD_NAME, "-q"]) == 0
+    assert (tmp_path / ODD_NAME).is_file()
+    assert {p.name for p in tmp_path.iterdir()} <= expected
+    capsys.readouterr()
+    assert main(["results", "--db", ODD_NAME, "--json", "-q"]) == 0
+    assert [r["kernel"] for r in json.loads(capsys.readouterr().out)] == ["hopper_matmul"]
+    assert main(["best", "hopper_matmul", "--shape", MATMUL_SHAPE, "--db", ODD_NAME, "-q"]) == 0
+    assert autotune.best_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=ODD_NAME) is not None
+    monkeypatch.setenv("AUTOTUNE_DB", str(tmp_path / ODD_NAME))
+    assert autotune.best_config("hopper_matmul", MATMUL_DIMS, "bfloat16") is not None
+    assert {p.name for p in tmp_path.iterdir()} <= expected
+
+
+def test_import_into_an_in_memory_database_exits_2(tmp_path, capsys):
+    """`import --db sqlite://` is refused (the import would vanish at exit): exit 2, one line
+    naming the database and the way out."""
+    assert main(["import", _export(tmp_path), "--db", "sqlite://"]) == 2
+    err = capsys.readouterr().err
+    assert "autotune: error: The database sqlite:// is in memory" in err and "Give a file" in err
+
+

@@ -14,6 +14,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from autotune.errors import StorageError
+from autotune.storage.urls import in_memory
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def _create_engine(url: URL, *, read_only: bool = False) -> Engine:
             kwargs["pool_pre_ping"] = True  # workers hold a Store for hours
         return sa.create_engine(url, **kwargs)
 
-    memory = url.database in (None, "", ":memory:")
+    memory = in_memory(url)
     connect_args: dict[str, Any] = {"check_same_thread": False}
     if not read_only:
         connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
