@@ -590,7 +590,7 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from autotune.errors import JobError
+    from autotune.errors import EmptyDatabaseError, JobError
     from autotune.queries.status import job_status
     from autotune.storage.store import Store
     from autotune.storage.urls import resolve_url, sqlite_path
@@ -602,7 +602,11 @@ def _status(args: argparse.Namespace) -> int:
         raise JobError(f"No database at {path}: nothing of job {job.name!r} has run there yet; "
                        "give the --db the job runs with.")
     _say_db(args)
-    with Store(args.db, read_only=True) as store:
+    try:
+        store = Store(args.db, read_only=True)
+    except EmptyDatabaseError as e:
+        raise JobError(f"{e} Nothing of job {job.name!r} has run there.") from None
+    with store:
         status = job_status(job, store)
     if args.json:
         print(json.dumps(status.to_dict(), default=str))

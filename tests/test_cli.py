@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import optuna
@@ -647,5 +647,61 @@ def test_import_into_an_in_memory_database_exits_2(tmp_path, capsys):
     assert main(["import", _export(tmp_path), "--db", "sqlite://"]) == 2
     err = capsys.readouterr().err
     assert "autotune: error: The database sqlite:// is in memory" in err and "Give a file" in err
+
+
+@pytest.mark.parametrize("kind", ["an empty file", "another program's database"])
+def test_read_only_queries_never_write_a_database_without_autotune_tables(kind, tmp_path, capsys):
+    """`best`, `results`, `export`, `report`, `status` and the Python queries on an SQLite
+    file without autotune's tables answer "nothing stored" (`status`: exit 2, one line) and
+    leave the file byte for byte as it was, with no file beside it."""
+    import sqlite3
+
+    import autotune
+
+    path = tmp_path / "app.db"
+    if kind == "an empty file":
+        path.write_bytes(b"")
+    else:
+        with closing(sqlite3.connect(path)) as conn:
+            conn.execute("CREATE TABLE notes (text TEXT)")
+            conn.execute("INSERT INTO notes VALUES ('mine')")
+            conn.commit()
+    before, db, job = path.read_bytes(), str(path), _matmul_job(tmp_path)
+    assert main(["best", "hopper_matmul", "--shape", MATMUL_SHAPE, "--db", db]) == 1
+    assert "nothing tuned" in capsys.readouterr().err
+    assert main(["results", "--db", db]) == 0
+    assert "no results stored" in capsys.readouterr().out
+    assert main(["export", "--db", db]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == []
+    assert main(["report", "--db", db, "--out", str(tmp_path / "report")]) == 1
+    assert main(["status", job, "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert "holds no autotune tables" in err.splitlines()[-1] and "Traceback" not in err
+    assert autotune.best_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=db) is None
+    assert autotune.list_results(db) == []
+    assert autotune.lookup_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=db,
+                                  strict=True)[1] == "default"
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "job.toml"]
+
+
+def test_a_folder_as_the_database_exits_2_naming_it(tmp_path, capsys):
+    """`--db FOLDER` (and db=FOLDER): exit 2, one line naming the folder and the fix (a file
+    in it); nothing is created in it."""
+    from autotune.errors import StorageError
+    from autotune.queries.best import best_config
+
+    folder = tmp_path / "dbs"
+    folder.mkdir()
+    export, job = _export(tmp_path), _matmul_job(tmp_path)
+    for argv in (["results"], ["best", "hopper_matmul", "--shape", MATMUL_SHAPE],
+                 ["import", export], ["status", job], ["export"]):
+        assert main([*argv, "--db", str(folder), "-q"]) == 2, argv
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == (f"autotune: error: The database {folder} is a folder, not a file: name a "
+                        f"file in it, e.g. {folder / 'autotune.db'}."), argv
+    with pytest.raises(StorageError, match="is a folder"):
+        best_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=str(folder))
+    assert not list(folder.iterdir())
 
 
