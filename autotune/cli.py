@@ -15,7 +15,8 @@
     autotune revalidate [--kernel K] [--device auto|gpu|interpret] [--top N] [--json]
     autotune report [--kernel K] [--out DIR]
 
-Exit codes: 0 success; 1 nothing tuned (``best``, ``report``) or configs failed (``check``);
+Exit codes: 0 success; 1 nothing tuned (``best``, ``report``; ``revalidate`` on a missing
+database) or configs failed (``check``);
 2 bad input or a database that cannot be used; 3 a ``tune`` job ran to its end but some trials crashed (stored as crashed; the
 last line says how many and where the worker logs are); 130 Ctrl-C (SIGINT); 143 SIGTERM
 (see :mod:`autotune.interrupts`); 141 the reader of the
@@ -849,6 +850,7 @@ def _revalidate(args: argparse.Namespace) -> int:
     from autotune.api import compilation_cache_folder, detect_device, open_engine
     from autotune.queries.outputs import check_output_dir
     from autotune.storage.store import Store
+    from autotune.storage.urls import resolve_url, sqlite_path
     from autotune.tuning.revalidate import revalidate
 
     if args.top < 1:
@@ -857,6 +859,9 @@ def _revalidate(args: argparse.Namespace) -> int:
         check_output_dir(args.compilation_cache, flag="--compilation-cache")
     _kernel_filter(args.kernel, args.db)
     _say_db(args)
+    path = sqlite_path(resolve_url(args.db))
+    if path is not None and not path.exists():  # not created: there is nothing to re-measure
+        raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to revalidate.")
     cache = None if args.cache in (None, "auto") else args.cache
     device = detect_device() if args.device == "auto" else args.device
     folder = compilation_cache_folder(args.compilation_cache, results_dir="results", device=device)

@@ -705,3 +705,28 @@ def test_a_folder_as_the_database_exits_2_naming_it(tmp_path, capsys):
     assert not list(folder.iterdir())
 
 
+def test_status_of_a_database_only_import_wrote_shows_what_there_is(tmp_path, capsys):
+    """`status` on a database with autotune's tables but no Optuna tables (made by `import`)
+    shows the stored results and no studies, hosts or trials in flight."""
+    db = str(tmp_path / "imported.db")
+    assert main(["import", _export(tmp_path), "--db", db, "-q"]) == 0
+    job = _matmul_job(tmp_path)
+    capsys.readouterr()
+    assert main(["status", job, "--db", db, "--json", "-q"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["hosts"] == []
+    (problem,) = status["problems"]
+    assert (problem["done"], problem["in_flight"], problem["best_us"]) == (1, 0, 70.0)
+    assert main(["status", job, "--db", db]) == 0
+    captured = capsys.readouterr()
+    assert "hosts with a live heartbeat: none" in captured.out and "Traceback" not in captured.err
+
+
+def test_revalidate_on_a_missing_database_exits_1_and_creates_nothing(tmp_path, capsys):
+    """`revalidate` on an SQLite file that does not exist: exit 1, one line saying nothing is
+    stored there; the file is not created."""
+    db = tmp_path / "missing.db"
+    assert main(["revalidate", "--db", str(db), "--device", "interpret", "-q"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"autotune: nothing stored in sqlite:///{db} (no such file yet)")
+    assert not list(tmp_path.iterdir())
