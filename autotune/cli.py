@@ -15,7 +15,8 @@
     autotune revalidate [--kernel K] [--device auto|gpu|interpret] [--top N] [--json]
     autotune report [--kernel K] [--out DIR]
 
-Exit codes: 0 success; 1 nothing tuned (``best``, ``report``) or configs failed (``check``);
+Exit codes: 0 success; 1 nothing tuned (``best``, ``report``; ``revalidate`` on a missing
+database) or configs failed (``check``);
 2 bad input, a database that cannot be used, or output that cannot be written (``> /dev/full``);
 3 a ``tune`` job ran to its end but some trials crashed (stored as crashed; the
 last line says how many and where the worker logs are); 130 Ctrl-C (SIGINT); 143 SIGTERM
@@ -345,10 +346,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _db_text(db: str | None) -> str:
     """The database ``db`` resolves to, password masked, and whether a SQLite file exists."""
-    from autotune.storage.urls import resolve_url, sqlite_path
+    from autotune.storage.urls import display_url, resolve_url, sqlite_path
 
     url = resolve_url(db)
-    text = url.render_as_string(hide_password=True)
+    text = display_url(url)
     path = sqlite_path(url)
     if path is not None and not path.exists():
         text += " (no such file yet"
@@ -606,7 +607,7 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from autotune.errors import JobError
+    from autotune.errors import EmptyDatabaseError, JobError
     from autotune.queries.status import job_status
     from autotune.storage.store import Store
     from autotune.storage.urls import resolve_url, sqlite_path
@@ -618,7 +619,11 @@ def _status(args: argparse.Namespace) -> int:
         raise JobError(f"No database at {path}: nothing of job {job.name!r} has run there yet; "
                        "give the --db the job runs with.")
     _say_db(args)
-    with Store(args.db, read_only=True) as store:
+    try:
+        store = Store(args.db, read_only=True)
+    except EmptyDatabaseError as e:
+        raise JobError(f"{e} Nothing of job {job.name!r} has run there.") from None
+    with store:
         status = job_status(job, store)
     if args.json:
         print(json.dumps(status.to_dict(), default=str))
@@ -865,6 +870,7 @@ def _revalidate(args: argparse.Namespace) -> int:
     from autotune.api import compilation_cache_folder, detect_device, open_engine
     from autotune.queries.outputs import check_output_dir
     from autotune.storage.store import Store
+    from autotune.storage.urls import resolve_url, sqlite_path
     from autotune.tuning.revalidate import revalidate
 
     if args.top < 1:
@@ -873,6 +879,9 @@ def _revalidate(args: argparse.Namespace) -> int:
         check_output_dir(args.compilation_cache, flag="--compilation-cache")
     _kernel_filter(args.kernel, args.db)
     _say_db(args)
+    path = sqlite_path(resolve_url(args.db))
+    if path is not None and not path.exists():  # not created: there is nothing to re-measure
+        raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to revalidate.")
     cache = None if args.cache in (None, "auto") else args.cache
     device = detect_device() if args.device == "auto" else args.device
     folder = compilation_cache_folder(args.compilation_cache, results_dir="results", device=device)

@@ -6,6 +6,7 @@
     ├── JobError (ValueError)            a job file or CLI input is malformed
     ├── KernelNotFoundError (LookupError) a kernel name or import path does not resolve
     ├── StorageError                     the database cannot be opened, migrated or written
+    │   └── EmptyDatabaseError           a read-only store found no autotune tables
     └── NothingTunedError (LookupError)  a query found no stored result
 
     MissingDatabaseWarning (UserWarning)  a query's database file does not exist
@@ -26,6 +27,7 @@ __all__ = [
     "JobError",
     "KernelNotFoundError",
     "StorageError",
+    "EmptyDatabaseError",
     "NothingTunedError",
     "did_you_mean",
     "MissingDatabaseWarning",
@@ -54,6 +56,11 @@ class KernelNotFoundError(AutotuneError, LookupError):
 
 class StorageError(AutotuneError):
     """The database cannot be opened, migrated or written."""
+
+
+class EmptyDatabaseError(StorageError):
+    """A read-only store was pointed at a database without autotune's tables (an empty file,
+    another program's database): nothing is stored there, and nothing was written to it."""
 
 
 class NothingTunedError(AutotuneError, LookupError):

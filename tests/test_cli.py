@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import optuna
@@ -600,3 +600,149 @@ def test_tune_refuses_a_cold_cache_in_interpret_mode(tmp_path, capsys):
                  "--db", f"sqlite:///{tmp_path}/t.db", "--results-dir", str(tmp_path / "r")])
     assert code == 2
     assert "cache = 'cold' needs a GPU" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the edges of the database
+
+MATMUL_DIMS = {"m": 256, "n": 256, "k": 256}
+MATMUL_SHAPE = "m=256,n=256,k=256"
+
+
+def _export(tmp_path: Path) -> str:
+    """An export file holding one valid hopper_matmul result on an H200."""
+    from autotune.space.kernel import get_kernel
+    from autotune.space.problem import Problem
+
+    problem = Problem("hopper_matmul", MATMUL_DIMS, "bfloat16")
+    (config,) = get_kernel(problem.kernel).valid_space(problem).sample(1, seed=1)
+    record = {"kernel": problem.kernel, "shape": dict(problem.dims), "dtype": problem.dtype,
+              "device": "NVIDIA H200", "device_kind": "gpu", "compute_capability": "9.0",
+              "driver": "570.86", "median_us": 70.0, "jax_version": "0.11.2",
+              "software": {"jax": "0.11.2", "jaxlib": "0.11.2", "autotune": "0.1.0"},
+              "config": dict(config)}
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"format": "autotune-export", "version": 1, "records": [record]}))
+    return str(path)
+
+
+def _matmul_job(tmp_path: Path) -> str:
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "hopper_matmul"\ndtype = "bfloat16"\n'
+                   "shape = { m = 256, n = 256, k = 256 }\n")
+    return str(job)
+
+
+ODD_NAME = "odd?name#1%:x .db"
+
+
+def test_a_bare_db_path_is_exactly_that_file_whatever_its_characters(tmp_path, monkeypatch, capsys):
+    """`--db PATH`, db=PATH and $AUTOTUNE_DB=PATH name the SQLite file of exactly that name,
+    with ?, #, %, : and a space in it: `import` writes it, `results`, `best` and the Python
+    queries (which open it read-only, as an SQLite URI) read it, and no other file appears."""
+    import autotune
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOTUNE_DB", raising=False)
+    expected = {"export.json", ODD_NAME, ODD_NAME + "-wal", ODD_NAME + "-shm"}
+    assert main(["import", _export(tmp_path), "--db", ODD_NAME, "-q"]) == 0
+    assert (tmp_path / ODD_NAME).is_file()
+    assert {p.name for p in tmp_path.iterdir()} <= expected
+    capsys.readouterr()
+    assert main(["results", "--db", ODD_NAME, "--json", "-q"]) == 0
+    assert [r["kernel"] for r in json.loads(capsys.readouterr().out)] == ["hopper_matmul"]
+    assert main(["best", "hopper_matmul", "--shape", MATMUL_SHAPE, "--db", ODD_NAME, "-q"]) == 0
+    assert autotune.best_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=ODD_NAME) is not None
+    monkeypatch.setenv("AUTOTUNE_DB", str(tmp_path / ODD_NAME))
+    assert autotune.best_config("hopper_matmul", MATMUL_DIMS, "bfloat16") is not None
+    assert {p.name for p in tmp_path.iterdir()} <= expected
+
+
+def test_import_into_an_in_memory_database_exits_2(tmp_path, capsys):
+    """`import --db sqlite://` is refused (the import would vanish at exit): exit 2, one line
+    naming the database and the way out."""
+    assert main(["import", _export(tmp_path), "--db", "sqlite://"]) == 2
+    err = capsys.readouterr().err
+    assert "autotune: error: The database sqlite:// is in memory" in err and "Give a file" in err
+
+
+@pytest.mark.parametrize("kind", ["an empty file", "another program's database"])
+def test_read_only_queries_never_write_a_database_without_autotune_tables(kind, tmp_path, capsys):
+    """`best`, `results`, `export`, `report`, `status` and the Python queries on an SQLite
+    file without autotune's tables answer "nothing stored" (`status`: exit 2, one line) and
+    leave the file byte for byte as it was, with no file beside it."""
+    import sqlite3
+
+    import autotune
+
+    path = tmp_path / "app.db"
+    if kind == "an empty file":
+        path.write_bytes(b"")
+    else:
+        with closing(sqlite3.connect(path)) as conn:
+            conn.execute("CREATE TABLE notes (text TEXT)")
+            conn.execute("INSERT INTO notes VALUES ('mine')")
+            conn.commit()
+    before, db, job = path.read_bytes(), str(path), _matmul_job(tmp_path)
+    assert main(["best", "hopper_matmul", "--shape", MATMUL_SHAPE, "--db", db]) == 1
+    assert "nothing tuned" in capsys.readouterr().err
+    assert main(["results", "--db", db]) == 0
+    assert "no results stored" in capsys.readouterr().out
+    assert main(["export", "--db", db]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == []
+    assert main(["report", "--db", db, "--out", str(tmp_path / "report")]) == 1
+    assert main(["status", job, "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert "holds no autotune tables" in err.splitlines()[-1] and "Traceback" not in err
+    assert autotune.best_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=db) is None
+    assert autotune.list_results(db) == []
+    assert autotune.lookup_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=db,
+                                  strict=True)[1] == "default"
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "job.toml"]
+
+
+def test_a_folder_as_the_database_exits_2_naming_it(tmp_path, capsys):
+    """`--db FOLDER` (and db=FOLDER): exit 2, one line naming the folder and the fix (a file
+    in it); nothing is created in it."""
+    from autotune.errors import StorageError
+    from autotune.queries.best import best_config
+
+    folder = tmp_path / "dbs"
+    folder.mkdir()
+    export, job = _export(tmp_path), _matmul_job(tmp_path)
+    for argv in (["results"], ["best", "hopper_matmul", "--shape", MATMUL_SHAPE],
+                 ["import", export], ["status", job], ["export"]):
+        assert main([*argv, "--db", str(folder), "-q"]) == 2, argv
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == (f"autotune: error: The database {folder} is a folder, not a file: name a "
+                        f"file in it, e.g. {folder / 'autotune.db'}."), argv
+    with pytest.raises(StorageError, match="is a folder"):
+        best_config("hopper_matmul", MATMUL_DIMS, "bfloat16", db=str(folder))
+    assert not list(folder.iterdir())
+
+
+def test_status_of_a_database_only_import_wrote_shows_what_there_is(tmp_path, capsys):
+    """`status` on a database with autotune's tables but no Optuna tables (made by `import`)
+    shows the stored results and no studies, hosts or trials in flight."""
+    db = str(tmp_path / "imported.db")
+    assert main(["import", _export(tmp_path), "--db", db, "-q"]) == 0
+    job = _matmul_job(tmp_path)
+    capsys.readouterr()
+    assert main(["status", job, "--db", db, "--json", "-q"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["hosts"] == []
+    (problem,) = status["problems"]
+    assert (problem["done"], problem["in_flight"], problem["best_us"]) == (1, 0, 70.0)
+    assert main(["status", job, "--db", db]) == 0
+    captured = capsys.readouterr()
+    assert "hosts with a live heartbeat: none" in captured.out and "Traceback" not in captured.err
+
+
+def test_revalidate_on_a_missing_database_exits_1_and_creates_nothing(tmp_path, capsys):
+    """`revalidate` on an SQLite file that does not exist: exit 1, one line saying nothing is
+    stored there; the file is not created."""
+    db = tmp_path / "missing.db"
+    assert main(["revalidate", "--db", str(db), "--device", "interpret", "-q"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"autotune: nothing stored in sqlite:///{db} (no such file yet)")
+    assert not list(tmp_path.iterdir())

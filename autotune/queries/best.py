@@ -10,7 +10,8 @@ waits at most ``$AUTOTUNE_READ_TIMEOUT_S`` (default 5 s) to connect, for a lock 
 statement. The few databases used last stay open in this process (a
 run-time lookup must not pay for opening and checking the schema each time); a database file
 that was replaced is opened afresh. A missing SQLite file answers "nothing tuned" (None, or an
-empty list) and is not created.
+empty list) and is not created; so does a database without autotune's tables (an empty file,
+another program's database), which is left as it is.
 
 Devices: ``device`` names a device kind (``"gpu"``, ``"interpret"``, ``"fake"``) or a device
 (``"NVIDIA H200"``, or any unambiguous part of the name, such as ``"h200"``). By default only
@@ -62,7 +63,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune._jax_compat import installed_versions
-from autotune.errors import JobError, did_you_mean
+from autotune.errors import EmptyDatabaseError, JobError, did_you_mean
 from autotune.evaluation.trial import CACHE_POLICIES, DEVICE_KINDS, DeviceKind
 from autotune.space.problem import (
     Problem,
@@ -74,7 +75,7 @@ from autotune.space.problem import (
 from autotune.space.validity import servable, violations
 from autotune.storage.rows import ProblemSummary, TrialRow
 from autotune.storage.store import Store
-from autotune.storage.urls import read_timeout_s, resolve_url, sqlite_path
+from autotune.storage.urls import display_url, read_timeout_s, resolve_url, sqlite_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import FrameType
@@ -547,7 +548,8 @@ _MAX_OPEN_STORES = 4
 @contextlib.contextmanager
 def _open(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store | None]:
     """The database ``db``, opened read-only (never written to, every wait bounded by
-    ``timeout_s``, see :class:`Store`), or None when its SQLite file does not exist."""
+    ``timeout_s``, see :class:`Store`), or None when its SQLite file does not exist or it
+    holds no autotune tables (:class:`~autotune.errors.EmptyDatabaseError`)."""
     timeout_s = read_timeout_s(timeout_s)
     url = resolve_url(db)
     path = sqlite_path(url)
@@ -566,7 +568,12 @@ def _open(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store |
         if store is not None:
             _STORES.move_to_end(key)
     if store is None:
-        store = Store(db, read_only=True, timeout_s=timeout_s)
+        try:
+            store = Store(db, read_only=True, timeout_s=timeout_s)
+        except EmptyDatabaseError:  # an empty file, another program's: nothing stored there
+            log.info("No autotune tables in %s: nothing has been tuned there.", display_url(url))
+            yield None
+            return
         with _STORES_LOCK:
             _STORES[key] = store
             while len(_STORES) > _MAX_OPEN_STORES:

@@ -55,6 +55,7 @@ from autotune.queries.best import _device_filter, _open, served_summaries
 from autotune.space.problem import Config, Problem
 from autotune.space.validity import servable
 from autotune.storage.store import Store
+from autotune.storage.urls import display_url, in_memory, resolve_url
 
 __all__ = [
     "FORMATS", "export_records", "render", "import_json", "import_records", "check_records",
@@ -276,6 +277,16 @@ _KNOWN_KEYS = frozenset({
 _DEVICE_KINDS = DEVICE_KINDS
 
 
+def _refuse_in_memory(db: str | None) -> None:
+    """Raises JobError when ``db`` is an in-memory database: an import there vanishes at once."""
+    url = resolve_url(db)
+    if in_memory(url):
+        raise JobError(
+            f"The database {display_url(url)} is in memory: the imported records would be lost "
+            "at once. Give a file (e.g. --db sqlite:///results/autotune.db) or a server URL."
+        )
+
+
 def import_json(
     path: str | pathlib.Path, db: str | None = None, *, allow_import: bool = False
 ) -> tuple[int, int]:
@@ -286,8 +297,10 @@ def import_json(
 
     Raises:
       JobError: the file is missing, too large, not JSON, nested too deeply, not an autotune
-        export, or holds bad records (each named with its index, the rule and the value).
+        export, or holds bad records (each named with its index, the rule and the value);
+        ``db`` is an in-memory database (the import would be lost at once).
     """
+    _refuse_in_memory(db)  # before the file is read
     path = pathlib.Path(path)
     hint = "`autotune import` reads a JSON export made by `autotune export --format json`."
     try:
@@ -509,9 +522,11 @@ def import_records(
     transaction: on any bad record or database error, nothing is written.
 
     Raises:
-      JobError: a record breaks a rule; the message names each (index, rule, value).
+      JobError: a record breaks a rule (the message names each: index, rule, value), or
+        ``db`` is an in-memory database.
       StorageError: the database could not be written; nothing was.
     """
+    _refuse_in_memory(db)
     parsed, bad = check_records(records, allow_import=allow_import)
     if bad:
         shown = "\n".join(f"  {b}" for b in bad[:_ERRORS_SHOWN])

@@ -287,10 +287,9 @@ class _StudyReader:
     MIN_TRIALS = 10
 
     def __init__(self, store: Store) -> None:
-        import sqlalchemy as sa
+        from autotune.tuning.optuna_adapter import has_studies_table
 
-        with store.engine.connect() as conn:
-            self._present = "studies" in sa.inspect(conn).get_table_names()
+        self._present = has_studies_table(store.engine)
         self._url = store.url
         self._storage: Any = None
 

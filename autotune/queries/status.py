@@ -62,11 +62,17 @@ def job_status(job: Job, store: Store) -> JobStatus:
 
     from autotune.storage.store import failure_reason
     from autotune.tuning import tuner
+    from autotune.tuning.optuna_adapter import has_studies_table
 
     summaries = {(s.problem, s.device): s for s in store.summaries()}
+    storage: Any = None
+    names: set[str] = set()
     try:
-        storage = tuner.optuna_storage(store.url)
-        names = set(optuna.get_all_study_names(storage=storage))
+        # Without Optuna's tables (a database only `autotune import` wrote) there are no
+        # studies, and opening Optuna's storage would try to create its tables.
+        if has_studies_table(store.engine):
+            storage = tuner.optuna_storage(store.url)
+            names = set(optuna.get_all_study_names(storage=storage))
     except Exception as e:  # noqa: BLE001 - any database failure, worded once
         raise StorageError(f"Could not read the Optuna studies in {store!r}: {failure_reason(e)}.") from e
     hosts: dict[str, int] = {}
@@ -109,5 +115,6 @@ def job_status(job: Job, store: Store) -> JobStatus:
                 str(problem), device, done, in_flight, stale, budget,
                 summary.best_us if summary else None,
                 dict(summary.best_config) if summary and summary.best_config else None, state))
-    storage.engine.dispose()  # type: ignore[attr-defined]
+    if storage is not None:
+        storage.engine.dispose()
     return JobStatus(job.name, tuple(out), hosts)

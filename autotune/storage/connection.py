@@ -13,7 +13,8 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
-from autotune.errors import StorageError
+from autotune.errors import EmptyDatabaseError, StorageError
+from autotune.storage.urls import in_memory
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def _create_engine(url: URL, *, read_only: bool = False) -> Engine:
             kwargs["pool_pre_ping"] = True  # workers hold a Store for hours
         return sa.create_engine(url, **kwargs)
 
-    memory = url.database in (None, "", ":memory:")
+    memory = in_memory(url)
     connect_args: dict[str, Any] = {"check_same_thread": False}
     if not read_only:
         connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
@@ -148,8 +149,15 @@ def _migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool
 
     # Fast path: a read that takes no write lock, the common case of an up-to-date schema.
     with read_engine.connect() as connection:
-        if current(connection) == {head}:
-            return
+        revisions = current(connection)
+    if revisions == {head}:
+        return
+    if read_only and not revisions:  # never given autotune's tables: a reader leaves it so
+        raise EmptyDatabaseError(
+            f"The database {where} holds no autotune tables (an empty file, or another "
+            "program's database): nothing is stored there, and it was left as it is. Point --db "
+            "or AUTOTUNE_DB at the database autotune stores its results in."
+        )
     if read_only:
         raise _SchemaBehind(f"The database {where} has an older autotune schema than {head}.")
     with engine.begin() as connection:

@@ -90,8 +90,10 @@ class Store(_StoreWrites, _StoreReads):
       timeout_s: the bound on those waits (read-only stores; default :func:`read_timeout_s`).
 
     Raises:
-      StorageError: the database cannot be reached, is not a database (the file is left
-        untouched), or has a schema newer than this code.
+      EmptyDatabaseError: ``read_only`` and the database holds no autotune tables (an empty
+        file, another program's database); nothing was written to it.
+      StorageError: the database cannot be reached, is a folder, is not a database (the file
+        is left untouched), or has a schema newer than this code.
     """
 
     def __init__(
@@ -100,6 +102,11 @@ class Store(_StoreWrites, _StoreReads):
         self._url = resolve_url(url)
         path = sqlite_path(self._url)
         self._where = str(path) if path is not None else display_url(self._url)
+        if path is not None and path.is_dir():
+            raise StorageError(
+                f"The database {path} is a folder, not a file: name a file in it, e.g. "
+                f"{path / 'autotune.db'}."
+            )
         # Read-only applies to SQLite files and PostgreSQL; an in-memory database is private
         # to its store, so it is opened (and created) as usual.
         read_only = read_only and (path is not None or self._url.get_backend_name() == "postgresql")

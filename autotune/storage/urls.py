@@ -31,6 +31,7 @@ from autotune.errors import StorageError
 
 __all__ = [
     "display_url",
+    "in_memory",
     "MASK",
     "resolve_url",
     "sqlite_path",
@@ -80,8 +81,8 @@ def resolve_url(url: str | None = None) -> URL:
     """The database URL to use: ``url``, else ``$AUTOTUNE_DB``, else ``sqlite:///results/autotune.db``.
 
     ``postgresql://`` (and ``postgres://``) URLs are mapped to the psycopg 3 driver; a bare
-    path (no ``://``) means an SQLite file; a relative SQLite path is made absolute against
-    the current working directory.
+    path (no ``://``) means the SQLite file of exactly that name (``?``, ``#``, ``%`` and all);
+    a relative SQLite path is made absolute against the current working directory.
 
     Raises:
       StorageError: the text is not a database URL.
@@ -92,10 +93,9 @@ def resolve_url(url: str | None = None) -> URL:
             f"The database URL must be a non-empty string such as {DEFAULT_URL!r}, but got {text!r}."
         )
     text = text.strip()
-    if "://" not in text:
-        text = "sqlite:///" + text
     try:
-        parsed = sa.make_url(text)
+        # A bare path is the SQLite file of exactly that name, even with ``?``, ``#`` or ``%``.
+        parsed = URL.create("sqlite", database=text) if "://" not in text else sa.make_url(text)
     except (sa_exc.ArgumentError, ValueError):
         raise StorageError(
             f"{display_url(text)!r} is not a database URL; expected e.g. {DEFAULT_URL!r} or "
@@ -112,11 +112,22 @@ def resolve_url(url: str | None = None) -> URL:
 def sqlite_path(url: URL | str) -> pathlib.Path | None:
     """The file an SQLite URL names, or None (another backend, or an in-memory database)."""
     url = sa.make_url(url) if isinstance(url, str) else url
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+    database = url.database
+    if url.get_backend_name() != "sqlite" or database is None or in_memory(url):
         return None
-    if url.query.get("uri") in ("true", "1") or url.database.startswith("file:"):
+    if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
         return None  # an sqlite URI: left to sqlite
-    return pathlib.Path(url.database).expanduser()
+    return pathlib.Path(database).expanduser()
+
+
+def in_memory(url: URL | str) -> bool:
+    """Whether ``url`` is an in-memory SQLite database, which keeps nothing once closed."""
+    url = sa.make_url(url) if isinstance(url, str) else url
+    database = url.database or ""
+    return url.get_backend_name() == "sqlite" and (
+        database in ("", ":memory:") or database.startswith("file::memory:")
+        or url.query.get("mode") == "memory"
+    )
 
 
 def read_timeout_s(value: float | None = None) -> float:
@@ -151,10 +162,9 @@ def _read_only_url(url: URL, timeout_s: float) -> URL:
     timeout. PostgreSQL: ``connect_timeout``, ``statement_timeout`` and read-only transactions.
     """
     path = sqlite_path(url)
-    if path is not None:
-        return sa.make_url(
-            f"sqlite:///file:{urllib.parse.quote(str(path))}?mode=ro&uri=true&timeout={timeout_s:g}"
-        )
+    if path is not None:  # quoted: SQLite reads ``?``, ``#`` and ``%`` in a URI's path as syntax
+        return URL.create("sqlite", database=f"file:{urllib.parse.quote(str(path))}",
+                          query={"mode": "ro", "uri": "true", "timeout": f"{timeout_s:g}"})
     if url.get_backend_name() == "postgresql":
         options = str(url.query.get("options") or "")
         extra = (f"-c statement_timeout={max(1, int(timeout_s * 1000))} "

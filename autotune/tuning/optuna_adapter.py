@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
+import sqlalchemy as sa
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages._rdb.storage import _create_scoped_session
@@ -33,6 +34,7 @@ __all__ = [
     "suggest_all",
     "set_trial_system_attr",
     "trial_number",
+    "has_studies_table",
 ]
 
 # The Optuna versions the adapter's tests pass on: >= 5.0, < 5.2 (as in pyproject.toml).
@@ -170,3 +172,9 @@ def set_trial_system_attr(
 def trial_number(study: optuna.Study, trial_id_: int) -> int:
     """The number (within its study) of the trial with storage id ``trial_id_``."""
     return study._storage.get_trial_number_from_id(trial_id_)
+
+
+def has_studies_table(bind: sa.Engine | sa.Connection) -> bool:
+    """Whether the database holds Optuna's RDB tables (its ``studies`` table), so that reading
+    its studies creates nothing; false for one only ``autotune import`` wrote."""
+    return sa.inspect(bind).has_table("studies")

@@ -56,6 +56,7 @@ from autotune.space.search_space import BoundSpace
 from autotune.storage import connection as storage_connection
 from autotune.storage import store as storage_module
 from autotune.storage.protocol import TrialStore
+from autotune.storage.urls import in_memory
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.confirmation import (
     DEFAULT_CONFIRM_TOP,
@@ -463,8 +464,7 @@ def require_persistent(store: TrialStore) -> None:
     Raises:
       JobError: naming the URL and what to give instead.
     """
-    url = sqlalchemy.make_url(store.url)
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+    if in_memory(store.url):
         raise JobError(
             f"The database {store!r} is in memory: every result would be lost when the job "
             "ends. Give a file (e.g. --db sqlite:///results/autotune.db) or a server URL."

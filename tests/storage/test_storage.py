@@ -64,7 +64,7 @@ def test_public_api_is_pinned():
     assert sorted(storage.__all__ + rows.__all__ + [n for n in urls.__all__ if n not in ("display_url", "MASK")]) == sorted(
         [
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
-            "ProblemSummary", "resolve_url", "sqlite_path", "failure_reason", "damaged_hint",
+            "ProblemSummary", "resolve_url", "sqlite_path", "in_memory", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
             "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s", "RESULT_FIELDS",
             "RunRow", "ConfirmationRow", "ConfirmedProgram",

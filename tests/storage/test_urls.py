@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from autotune.errors import StorageError
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Problem
+from autotune.storage import urls
 from autotune.storage.store import Store
 from autotune.storage.urls import display_url, mask_text, resolve_url
 
@@ -121,3 +122,15 @@ def test_no_cli_command_shows_a_planted_password(db_url, tmp_path, campaign):
         for table in sa.inspect(conn).get_table_names():
             for row in conn.execute(sa.text(f'SELECT * FROM "{table}"')):
                 assert PASSWORD not in repr(tuple(row)), table
+
+
+@pytest.mark.parametrize("key", sorted(urls._SECRET_QUERY_KEYS))
+def test_the_cli_database_line_masks_a_secret_in_the_query_string(key, tmp_path, capsys):
+    """The line naming the database (and `results`' "no results stored in ...") masks a
+    secret given as a query parameter (?password=..., ?token=...), as display_url does."""
+    from autotune.cli import main
+
+    assert main(["results", "--db", f"sqlite:///{tmp_path}/x.db?{key}={PASSWORD}"]) == 0
+    captured = capsys.readouterr()
+    assert f"autotune: database sqlite:///{tmp_path}/x.db?{key}=***" in captured.err
+    assert PASSWORD not in captured.out + captured.err
