@@ -62,7 +62,7 @@ def test_public_api_is_pinned():
             "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
             "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
             "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
-            "stored_kernels", "stored_trial_seconds",
+            "stored_kernels", "stored_trial_seconds", "check_device",
         ]
     )
 
