@@ -461,6 +461,24 @@ def test_jsonl_progress_is_one_json_object_per_line(fake_tune, capsys):
     assert events[-1]["config"] is not None and events[-1]["median_us"] > 0
 
 
+def test_a_finished_problem_is_skipped_with_its_stored_best_time(fake_tune, capsys):
+    """Re-running a finished job: the skip line and the skip event show the stored best time
+    (the summary's), not "best -"."""
+    write, db, _ = fake_tune
+    job = write(trials=3)
+    assert main(["tune", job, "--db", db, "-q"]) == 0
+    capsys.readouterr()
+    with Store(db) as store:
+        best = min(t.median_us for t in store.trials())
+    assert main(["tune", job, "--db", db]) == 0
+    (skip,) = [line for line in capsys.readouterr().err.splitlines() if ": skip " in line]
+    assert skip.endswith(f"skip 3/3, best {best:.1f} us (already tuned)"), skip
+    assert main(["tune", job, "--db", db, "--jsonl"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["skip", "summary"]
+    assert events[0]["best_us"] == events[1]["median_us"] == best
+
+
 def test_quiet_prints_no_progress(fake_tune, capsys):
     """--quiet: no progress and no database line; the results table only."""
     write, db, _ = fake_tune
