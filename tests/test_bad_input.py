@@ -195,6 +195,8 @@ CLI = [
         "'all' or ids like 0,1"),
     Bad("--gpus repeated", ["tune", "{job}", "--gpus", "0,0"], "--gpus", "'0,0'",
         "distinct non-negative ids"),
+    Bad("--gpus in interpret mode", ["tune", "{job}", "--gpus", "0,1", "--device", "interpret"],
+        "--gpus", "0,1", "--device interpret runs on the CPU"),
     Bad("--device unknown", ["tune", "{job}", "--device", "cpu"], "--device", "'cpu'",
         "choose from"),
     Bad("import file missing", ["import", "{tmp}/missing.json"], "cannot read",

@@ -506,6 +506,56 @@ def test_dry_run_measures_nothing_and_estimates_from_stored_trials(fake_tune, ca
         assert len(store.trials()) == 2
 
 
+def test_dry_run_jsonl_prints_one_json_object_per_problem(fake_tune, capsys):
+    """--dry-run --jsonl: one JSON object per problem on stdout (no table), the database on
+    stderr; nothing is created."""
+    write, db, tmp_path = fake_tune
+    assert main(["tune", write(trials=6), "--db", db, "--dry-run", "--jsonl", "--device", "gpu"]) == 0
+    captured = capsys.readouterr()
+    (record,) = [json.loads(line) for line in captured.out.splitlines()]
+    assert record["kernel"] == "cli_toy" and record["shape"] == {"m": 512} and record["device"] == "gpu"
+    assert record["budget"]["trials"] == 6 and record["valid"] > 0 and record["stored"] == 0
+    assert record["estimate_s"] is None and record["skipped"] is None
+    assert f"{tmp_path}/cli.db" in captured.err
+    assert not (tmp_path / "cli.db").exists()
+
+
+@pytest.mark.parametrize("jsonl", [[], ["--jsonl"]], ids=["table", "jsonl"])
+def test_dry_run_prints_nothing_before_a_late_bad_problem(jsonl, tmp_path, capsys):
+    """A problem late in the job that cannot run (here: none of its configs runs in interpret
+    mode) stops the dry run before anything is printed: no header, no earlier problem's line."""
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\nshape = { rows = 64, cols = 512 }\n'
+                   '[[problem]]\nkernel = "hopper_matmul"\ndtype = "bfloat16"\n'
+                   'shape = { m = 64, n = 32, k = 64 }\n')
+    code = main(["tune", str(job), "--db", f"sqlite:///{tmp_path}/a.db", "--device", "interpret",
+                 "--dry-run", *jsonl])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "[interpret_two_tiles]" in captured.err
+
+
+def test_gpus_without_a_gpu_or_in_interpret_mode_exit_2(fake_tune, capsys, monkeypatch):
+    """--gpus where interpret mode would run (--device auto and jax sees no GPU) exits 2 naming
+    the way out; with --device gpu the ids are taken as given, nothing probed."""
+    import autotune.api
+
+    write, db, tmp_path = fake_tune
+    job = write(trials=2)
+    monkeypatch.setattr(autotune.api, "count_gpus", lambda: 0)
+    assert main(["tune", job, "--db", db, "--gpus", "0,1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus 0,1: jax sees no GPU" in err and "--device gpu" in err
+    assert not (tmp_path / "cli.db").exists()
+
+    def probed():
+        raise AssertionError("--device gpu must not probe for GPUs")
+
+    monkeypatch.setattr(autotune.api, "count_gpus", probed)
+    assert main(["tune", job, "--db", db, "--gpus", "0,1", "--device", "gpu", "--dry-run"]) == 0
+    assert "dry run: device gpu (gpus 0,1)" in capsys.readouterr().out
+
+
 def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys):
     """Interpret-mode results: no TFLOP/s or speedup in the summary, labelled in `results`,
     and `best`/`export` leave them out unless asked for with --device interpret."""
