@@ -479,6 +479,26 @@ def test_a_finished_problem_is_skipped_with_its_stored_best_time(fake_tune, caps
     assert events[0]["best_us"] == events[1]["median_us"] == best
 
 
+def test_workers_that_cannot_start_end_tune_with_one_line_naming_the_log_and_the_fix(tmp_path):
+    """`tune --device gpu` where jax sees no GPU: the workers fail at startup; tune exits 2 with
+    one line naming what failed, `--device interpret` and the worker log (which holds the
+    traceback), and no traceback on the terminal."""
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\nshape = { rows = 64, cols = 512 }\n')
+    done = run_cli("tune", str(job), "--device", "gpu", "--db", f"sqlite:///{tmp_path}/a.db",
+                   "--results-dir", str(tmp_path / "results"), env={"CUDA_VISIBLE_DEVICES": ""},
+                   timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("autotune: database ") and len(lines) == 2, done.stderr
+    assert lines[1].startswith("autotune: error: Engine workers (mode 'gpu') failed to start")
+    assert "No GPU visible to jax" in lines[1] and "--device interpret" in lines[1]
+    log_path = lines[1].split("worker log ")[1].rstrip(")")
+    assert log_path.startswith(str(tmp_path / "results" / "logs"))
+    assert "Traceback" in Path(log_path).read_text()
+
+
 def test_quiet_prints_no_progress(fake_tune, capsys):
     """--quiet: no progress and no database line; the results table only."""
     write, db, _ = fake_tune
