@@ -218,8 +218,8 @@ class Aligned(_Param):
 
     def describe(self, env: Env | None = None) -> str:
         if env is None:
-            unit = "a dtype-derived unit" if callable(self.unit) else str(self.unit)
-            return f"a multiple of {unit}" + (f" dividing {self.divides}" if self.divides else "")
+            named = "a dtype-derived unit" if callable(self.unit) else str(self.unit)
+            return f"a multiple of {named}" + (f" dividing {self.divides}" if self.divides else "")
         unit, low, high = (_resolve(s, env) for s in (self.unit, self.low, self.high))
         text = f"a multiple of {unit}"
         if self.divides:
