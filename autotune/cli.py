@@ -481,14 +481,14 @@ def _tune(args: argparse.Namespace) -> int:
     from autotune.tuning.jobs import load_job
 
     job = _job_overrides(args, load_job(args.job, allow_import=args.allow_import))
-    gpus = _parse_gpus(args.gpus)
+    gpus, device = _check_gpus(args.gpus, args.device)
     from autotune.queries.outputs import check_output_dir
 
     check_output_dir(args.results_dir, flag="--results-dir")
     if args.compilation_cache not in ("auto", "off"):
         check_output_dir(args.compilation_cache, flag="--compilation-cache")
     if args.dry_run:
-        return _dry_run(args, job, gpus)
+        return _dry_run(args, job, gpus, device)
     progress = make_progress("quiet" if args.quiet else "jsonl" if args.jsonl else "auto")
     # One folder per process: runners started in the same second on one host (a job shared
     # by several processes) must not write each other's worker logs.
@@ -501,7 +501,7 @@ def _tune(args: argparse.Namespace) -> int:
             print(f"autotune: database {_db_text(args.db)}", file=sys.stderr)
 
     try:
-        reports = run_tuning(job, db=args.db, device=args.device, allow_import=args.allow_import,
+        reports = run_tuning(job, db=args.db, device=device, allow_import=args.allow_import,
                              observer=progress, on_event=progress, results_dir=args.results_dir,
                              gpus=gpus, log_dir=log_dir, layout=layout, on_store=say_db,
                              on_engine=lambda engine: _on_interrupt(args.signals, engine, log_dir),
@@ -563,46 +563,71 @@ def _report_dict(r: Any) -> dict[str, Any]:
     }
 
 
-def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None) -> int:
-    """Per problem: the valid space, budget, device, database and an estimated time; measures
-    and writes nothing (a missing database is not created)."""
+def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None, device: str) -> int:
+    """Per problem: the valid space, budget, device, database and an estimated time, as a
+    table or (``--jsonl``) one JSON object per problem; measures and writes nothing (a missing
+    database is not created). Every problem is checked before anything is printed."""
     from autotune.api import detect_device
     from autotune.queries.best import stored_trial_seconds
     from autotune.space.kernel import get_kernel
 
-    device = detect_device() if args.device == "auto" else args.device
-    where = f"gpus {','.join(map(str, gpus))}" if gpus else ("the GPU" if device == DeviceKind.GPU else "the CPU")
-    print(f"dry run: device {device} ({where}); database {_db_text(args.db)}")
-    header = ["problem", "valid configs", "budget", "stored", "estimate"]
-    rows = []
+    device = detect_device() if device == "auto" else device
+    records: list[dict[str, Any]] = []
     for spec in job.problems:
-        problem = spec.problem
+        problem, budget = spec.problem, spec.budget
+        record: dict[str, Any] = {
+            "problem": str(problem), "kernel": problem.kernel, "shape": problem.dims,
+            "dtype": problem.dtype, "device": device, "gpus": gpus,
+            "budget": {"trials": budget.trials, "seconds": budget.seconds,
+                       "patience": budget.patience},
+            "valid": None, "raw": None, "stored": None, "to_go": None,
+            # the median seconds per trial of the kernel on this device kind, and of how many
+            "per_trial_s": None, "median_of": None, "estimate_s": None, "skipped": None,
+        }
+        records.append(record)
         kernel = get_kernel(problem.kernel, allow_import=args.allow_import)
         if device == DeviceKind.INTERPRET and not kernel.interpret_ok:
-            rows.append([str(problem), "-", "-", "-", "skipped: does not run in GPU interpret mode"])
+            record["skipped"] = "does not run in GPU interpret mode"
             continue
         space = kernel.valid_space(problem, interpret=device == DeviceKind.INTERPRET)
-        budget = spec.budget
-        parts = []
-        if budget.trials is not None:
-            parts.append(f"{budget.trials} trials")
-        if budget.seconds is not None:
-            parts.append(f"{budget.seconds:g} s")
-        if budget.patience:
-            parts.append(f"patience {budget.patience}")
         per_trial, known, stored = stored_trial_seconds(problem, device_kind=device, db=args.db)
         trials = min(x for x in (budget.trials, space.count()) if x is not None)
         trials = max(0, trials - stored)
-        if per_trial is None:
-            estimate = "unknown (no stored trials of this kernel on this device kind)"
-        else:
+        seconds = None
+        if per_trial is not None:
             seconds = trials * per_trial
             if budget.seconds is not None:
                 seconds = min(seconds, budget.seconds)
-            estimate = f"~{_duration(seconds)} ({trials} to go x {per_trial:.1f} s, median of {known} stored)"
-        rows.append([str(problem), f"{space.count()} of {space.raw_count}", ", ".join(parts) or "-",
-                     str(stored), estimate])
-    _table(header, rows)
+        record.update(valid=space.count(), raw=space.raw_count, stored=stored, to_go=trials,
+                      per_trial_s=per_trial, median_of=known, estimate_s=seconds)
+    if args.jsonl:
+        _say_db(args)
+        for record in records:
+            print(json.dumps(record, default=str))
+        return EXIT_OK
+    where = f"gpus {','.join(map(str, gpus))}" if gpus else ("the GPU" if device == DeviceKind.GPU else "the CPU")
+    print(f"dry run: device {device} ({where}); database {_db_text(args.db)}")
+    rows = []
+    for r in records:
+        if r["skipped"]:
+            rows.append([r["problem"], "-", "-", "-", f"skipped: {r['skipped']}"])
+            continue
+        budget = r["budget"]
+        parts = []
+        if budget["trials"] is not None:
+            parts.append(f"{budget['trials']} trials")
+        if budget["seconds"] is not None:
+            parts.append(f"{budget['seconds']:g} s")
+        if budget["patience"]:
+            parts.append(f"patience {budget['patience']}")
+        if r["per_trial_s"] is None:
+            estimate = "unknown (no stored trials of this kernel on this device kind)"
+        else:
+            estimate = (f"~{_duration(r['estimate_s'])} ({r['to_go']} to go x {r['per_trial_s']:.1f} s, "
+                        f"median of {r['median_of']} stored)")
+        rows.append([r["problem"], f"{r['valid']} of {r['raw']}", ", ".join(parts) or "-",
+                     str(r["stored"]), estimate])
+    _table(["problem", "valid configs", "budget", "stored", "estimate"], rows)
     return EXIT_OK
 
 
@@ -646,6 +671,27 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _check_gpus(text: str | None, device: str) -> tuple[list[int] | None, str]:
+    """``--gpus`` against ``--device``: (the GPU ids, the device to tune on). With ``--device
+    gpu`` the user's word is taken (nothing is probed); with ``interpret``, or ``auto`` on a
+    machine where jax sees no GPU, ``--gpus`` is refused, since interpret mode runs on the CPU."""
+    if text is None:
+        return None, device
+    if device == DeviceKind.INTERPRET:
+        raise JobError(f"--gpus {text} names GPUs, but --device interpret runs on the CPU (GPU "
+                       "interpret mode); leave --gpus out, or give --device gpu to tune on those GPUs.")
+    gpus = _parse_gpus(text)
+    if device == "auto":
+        from autotune.api import count_gpus
+
+        if count_gpus() == 0:
+            raise JobError(f"--gpus {text}: jax sees no GPU on this machine, so --device auto would "
+                           "run in GPU interpret mode on the CPU, which takes no --gpus; leave --gpus "
+                           "out to tune in interpret mode, or give --device gpu to use them anyway.")
+        device = DeviceKind.GPU
+    return gpus, device
+
+
 def _parse_gpus(text: str | None) -> list[int] | None:
     from autotune.errors import JobError
 
@@ -659,7 +705,11 @@ def _parse_gpus(text: str | None) -> list[int] | None:
             return [int(x) for x in visible.split(",") if x.strip().isdigit()]
         from autotune.api import count_gpus
 
-        return list(range(count_gpus()))
+        ids = list(range(count_gpus()))
+        if not ids:
+            raise JobError("--gpus all: jax sees no GPU on this machine (and CUDA_VISIBLE_DEVICES "
+                           "is not set); leave --gpus out, or name the ids, such as --gpus 0,1.")
+        return ids
     try:
         ids = [int(x) for x in text.split(",")]
     except ValueError:

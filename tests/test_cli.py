@@ -477,6 +477,44 @@ def test_jsonl_progress_is_one_json_object_per_line(fake_tune, capsys):
     assert events[-1]["config"] is not None and events[-1]["median_us"] > 0
 
 
+def test_a_finished_problem_is_skipped_with_its_stored_best_time(fake_tune, capsys):
+    """Re-running a finished job: the skip line and the skip event show the stored best time
+    (the summary's), not "best -"."""
+    write, db, _ = fake_tune
+    job = write(trials=3)
+    assert main(["tune", job, "--db", db, "-q"]) == 0
+    capsys.readouterr()
+    with Store(db) as store:
+        best = min(t.median_us for t in store.trials())
+    assert main(["tune", job, "--db", db]) == 0
+    (skip,) = [line for line in capsys.readouterr().err.splitlines() if ": skip " in line]
+    assert skip.endswith(f"skip 3/3, best {best:.1f} us (already tuned)"), skip
+    assert main(["tune", job, "--db", db, "--jsonl"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["skip", "summary"]
+    assert events[0]["best_us"] == events[1]["median_us"] == best
+
+
+def test_workers_that_cannot_start_end_tune_with_one_line_naming_the_log_and_the_fix(tmp_path):
+    """`tune --device gpu` where jax sees no GPU: the workers fail at startup; tune exits 2 with
+    one line naming what failed, `--device interpret` and the worker log (which holds the
+    traceback), and no traceback on the terminal."""
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\nshape = { rows = 64, cols = 512 }\n')
+    done = run_cli("tune", str(job), "--device", "gpu", "--db", f"sqlite:///{tmp_path}/a.db",
+                   "--results-dir", str(tmp_path / "results"), env={"CUDA_VISIBLE_DEVICES": ""},
+                   timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("autotune: database ") and len(lines) == 2, done.stderr
+    assert lines[1].startswith("autotune: error: Engine workers (mode 'gpu') failed to start")
+    assert "No GPU visible to jax" in lines[1] and "--device interpret" in lines[1]
+    log_path = lines[1].split("worker log ")[1].rstrip(")")
+    assert log_path.startswith(str(tmp_path / "results" / "logs"))
+    assert "Traceback" in Path(log_path).read_text()
+
+
 def test_quiet_prints_no_progress(fake_tune, capsys):
     """--quiet: no progress and no database line; the results table only."""
     write, db, _ = fake_tune
@@ -502,6 +540,56 @@ def test_dry_run_measures_nothing_and_estimates_from_stored_trials(fake_tune, ca
     assert "4 to go" in out and "median of 2 stored" in out
     with Store(db) as store:
         assert len(store.trials()) == 2
+
+
+def test_dry_run_jsonl_prints_one_json_object_per_problem(fake_tune, capsys):
+    """--dry-run --jsonl: one JSON object per problem on stdout (no table), the database on
+    stderr; nothing is created."""
+    write, db, tmp_path = fake_tune
+    assert main(["tune", write(trials=6), "--db", db, "--dry-run", "--jsonl", "--device", "gpu"]) == 0
+    captured = capsys.readouterr()
+    (record,) = [json.loads(line) for line in captured.out.splitlines()]
+    assert record["kernel"] == "cli_toy" and record["shape"] == {"m": 512} and record["device"] == "gpu"
+    assert record["budget"]["trials"] == 6 and record["valid"] > 0 and record["stored"] == 0
+    assert record["estimate_s"] is None and record["skipped"] is None
+    assert f"{tmp_path}/cli.db" in captured.err
+    assert not (tmp_path / "cli.db").exists()
+
+
+@pytest.mark.parametrize("jsonl", [[], ["--jsonl"]], ids=["table", "jsonl"])
+def test_dry_run_prints_nothing_before_a_late_bad_problem(jsonl, tmp_path, capsys):
+    """A problem late in the job that cannot run (here: none of its configs runs in interpret
+    mode) stops the dry run before anything is printed: no header, no earlier problem's line."""
+    job = tmp_path / "job.toml"
+    job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\nshape = { rows = 64, cols = 512 }\n'
+                   '[[problem]]\nkernel = "hopper_matmul"\ndtype = "bfloat16"\n'
+                   'shape = { m = 64, n = 32, k = 64 }\n')
+    code = main(["tune", str(job), "--db", f"sqlite:///{tmp_path}/a.db", "--device", "interpret",
+                 "--dry-run", *jsonl])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "[interpret_two_tiles]" in captured.err
+
+
+def test_gpus_without_a_gpu_or_in_interpret_mode_exit_2(fake_tune, capsys, monkeypatch):
+    """--gpus where interpret mode would run (--device auto and jax sees no GPU) exits 2 naming
+    the way out; with --device gpu the ids are taken as given, nothing probed."""
+    import autotune.api
+
+    write, db, tmp_path = fake_tune
+    job = write(trials=2)
+    monkeypatch.setattr(autotune.api, "count_gpus", lambda: 0)
+    assert main(["tune", job, "--db", db, "--gpus", "0,1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus 0,1: jax sees no GPU" in err and "--device gpu" in err
+    assert not (tmp_path / "cli.db").exists()
+
+    def probed():
+        raise AssertionError("--device gpu must not probe for GPUs")
+
+    monkeypatch.setattr(autotune.api, "count_gpus", probed)
+    assert main(["tune", job, "--db", db, "--gpus", "0,1", "--device", "gpu", "--dry-run"]) == 0
+    assert "dry run: device gpu (gpus 0,1)" in capsys.readouterr().out
 
 
 def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys):

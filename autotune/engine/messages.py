@@ -93,7 +93,8 @@ class Ready:
 
 @dataclasses.dataclass(frozen=True)
 class Fatal:
-    """The worker could not start (``error``: the exception and its traceback); it exits."""
+    """The worker could not start (``error``: the exception, in one line; its traceback is in
+    the worker's log); it exits."""
 
     error: str
 

@@ -151,8 +151,10 @@ class _Worker:
             )
             info = self.evaluator.device_info()
         except Exception as e:  # noqa: BLE001 - reported to the engine, which gives up
-            self.send(Fatal(f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            # The traceback goes to this worker's log (its stderr); the engine gets one line.
+            traceback.print_exc(file=sys.stderr)
             sys.stderr.flush()
+            self.send(Fatal(" ".join(f"{type(e).__name__}: {e}".split())))
             os._exit(2)
         self.pool = concurrent.futures.ThreadPoolExecutor(
             self.spec.compile_threads, thread_name_prefix="compile"

@@ -234,13 +234,20 @@ class _WorkerPool:
             self._requeue([t for t in tasks if t not in active], isolate=False)
 
     def _startup_failed(self, w: _WorkerHandle, why: str) -> None:
+        """Counts a worker that did not start; after _MAX_STARTUP_FAILURES in a row the engine
+        is broken, with one line: what failed and the worker's log, which holds the traceback
+        (a worker that died before it could say why: its log's last line, e.g. an import
+        error)."""
         self._startup_failures += 1
-        tail = self._stderr_tail(w)
-        log.warning("Worker %d failed to start (%s).", w.slot, why)
+        if not w.fatal:
+            last = [line for line in self._stderr_tail(w).splitlines() if line.strip()]
+            if last:
+                why = f"{why}: {' '.join(last[-1].split())}"
+        log.info("Worker %d failed to start (%s); its log: %s", w.slot, why, w.log_path)
         if self._startup_failures >= _MAX_STARTUP_FAILURES:
             message = (
                 f"Engine workers (mode {self.mode!r}) failed to start {self._startup_failures} "
-                f"times in a row; last: {why.strip()}\n--- worker stderr tail ---\n{tail}"
+                f"times in a row; last: {why.strip()} (traceback in the worker log {w.log_path})"
             )
             with self._lock:
                 self._broken = message

@@ -420,7 +420,10 @@ def gpu_device_info(index: int = 0) -> DeviceInfo:
     try:
         device = jax.devices("gpu")[index]
     except RuntimeError as e:
-        raise EvaluationError(f"No GPU visible to jax ({e}); use interpret mode on a CPU.") from e
+        raise EvaluationError(
+            f"No GPU visible to jax ({e}); --device interpret (device=\"interpret\" in "
+            "autotune.tune) runs the kernels on the CPU in GPU interpret mode."
+        ) from e
     driver = ""
     try:
         from jax._src.lib import cuda_versions

@@ -184,7 +184,8 @@ class _Param:
     def domain(self, env: Env) -> tuple[Value, ...]:
         raise NotImplementedError
 
-    def describe(self) -> str:
+    def describe(self, env: Env | None = None) -> str:
+        """What a value must be, in words; with ``env``, the problem's own numbers."""
         raise NotImplementedError
 
 
@@ -215,12 +216,15 @@ class Aligned(_Param):
             return tuple(v for v in values if total % v == 0)
         return tuple(values)
 
-    def describe(self) -> str:
-        unit = "a dtype-derived unit" if callable(self.unit) else str(self.unit)
+    def describe(self, env: Env | None = None) -> str:
+        if env is None:
+            named = "a dtype-derived unit" if callable(self.unit) else str(self.unit)
+            return f"a multiple of {named}" + (f" dividing {self.divides}" if self.divides else "")
+        unit, low, high = (_resolve(s, env) for s in (self.unit, self.low, self.high))
         text = f"a multiple of {unit}"
         if self.divides:
-            text += f" dividing {self.divides}"
-        return text
+            text += f" dividing {self.divides}={env[self.divides]}"
+        return text + f", from {low} to {high}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +245,10 @@ class PowerOfTwo(_Param):
             v *= 2
         return tuple(out)
 
-    def describe(self) -> str:
-        return "a power of two"
+    def describe(self, env: Env | None = None) -> str:
+        if env is None:
+            return "a power of two"
+        return f"a power of two from {_resolve(self.low, env)} to {_resolve(self.high, env)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +274,7 @@ class Choice(_Param):
     def domain(self, env: Env) -> tuple[Value, ...]:
         return self.values
 
-    def describe(self) -> str:
+    def describe(self, env: Env | None = None) -> str:
         return "one of " + ", ".join(map(repr, self.values))
 
 
@@ -282,7 +288,7 @@ class Bool(_Param):
     def domain(self, env: Env) -> tuple[bool, ...]:
         return (False, True)
 
-    def describe(self) -> str:
+    def describe(self, env: Env | None = None) -> str:
         return "true or false"
 
 
@@ -474,11 +480,25 @@ class BoundSpace:
             if not domain:
                 return (
                     f"[{param.name}_domain] tunable {param.name!r} has no value for {self.problem}: "
-                    f"it must be {param.describe()}"
+                    f"it must be {param.describe(self.env)}; give a shape that has one"
                 )
         if not self.has_valid():
-            return f"[{self._binding_rule()}] no config satisfies it for {self.problem}"
+            rules = "; ".join(f"[{c.name}] {c.explain(example, self.env)}"
+                              for c, example in self._binding_rules())
+            return (f"no config satisfies {rules}. The tunables' values for this problem: "
+                    f"{self._bounds()}; give a shape these rules allow")
         return None
+
+    def _bounds(self) -> str:
+        """Each tunable's values for this problem, in brief: ``tile_m 64..512 (8 values)``."""
+        parts = []
+        for param, domain in zip(self.params, self.domains, strict=True):
+            if len(domain) > 4 and param.kind in ("aligned", "pow2"):
+                text = f"{domain[0]}..{domain[-1]} ({len(domain)} values)"
+            else:
+                text = ", ".join(map(repr, domain[:4])) + (", ..." if len(domain) > 4 else "")
+            parts.append(f"{param.name} {text}")
+        return ", ".join(parts)
 
     def has_valid(self) -> bool:
         """Whether any config is valid: a depth-first search that stops at the first one, so
@@ -516,17 +536,28 @@ class BoundSpace:
         if reason is not None:
             raise NoValidConfigError(f"No valid config for {self.problem}: {reason}.")
 
-    def _binding_rule(self) -> str:
-        """The constraint that rejects the most raw prefixes: the one to relax first."""
+    def _binding_rules(self) -> list[tuple[Constraint, dict[str, Value]]]:
+        """The constraints that reject the most of 2,000 random raw configs (every one that
+        rejects all of them, else the one rejecting most: the rules to relax first), each with
+        an example config it rejects (of the smallest values found)."""
         fails: dict[str, int] = {}
+        examples: dict[str, tuple[int, dict[str, Value]]] = {}
+        rules = {c.name: c for level in self._by_level for c in level}
         rng = random.Random(0)
-        for _ in range(2000):
-            values = [rng.choice(d) for d in self.domains]
-            for level in self._by_level:
-                for c in level:
-                    if not c.check(dict(zip(self.names, values, strict=True)), self.env):
-                        fails[c.name] = fails.get(c.name, 0) + 1
-        return max(fails, key=lambda k: fails[k]) if fails else "unknown"
+        samples = 2000
+        for i in range(samples):  # the first: every tunable's first (smallest) value
+            picks = [0 if i == 0 else rng.randrange(len(d)) for d in self.domains]
+            config = {n: d[j] for n, d, j in zip(self.names, self.domains, picks, strict=True)}
+            broken = [name for name, c in rules.items() if not c.check(config, self.env)]
+            rank = sum(picks)  # small values read best
+            for name in broken:
+                fails[name] = fails.get(name, 0) + 1
+                if name not in examples or rank < examples[name][0]:
+                    examples[name] = (rank, config)
+        if not fails:  # pragma: no cover - an empty space breaks some rule on every config
+            return []
+        top = [n for n, k in fails.items() if k == samples] or [max(fails, key=lambda n: fails[n])]
+        return [(rules[n], examples[n][1]) for n in top[:3]]
 
     # -- sizes ------------------------------------------------------------------------------
 

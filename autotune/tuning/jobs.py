@@ -43,13 +43,15 @@ MAX_JOB_BYTES = 16 * 1024 * 1024  # a 100,000-problem job file is about 8 MB
 # Stop after this many measured configs in a row without a new best; chosen by the replay over
 # recorded ground truth (benchmarks/search_efficiency.py --patience, RESULTS.md section 3).
 DEFAULT_PATIENCE = 24
+MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers refuse larger seeds, and negative ones
 _SETTINGS = {
     "trials": "a positive whole number of configs to measure per problem",
     "seconds": "a positive number of seconds to spend per problem",
     "patience": "a whole number of measured configs without a better one after which tuning stops "
                 "(0: never stop early)",
     "sampler": f"one of {', '.join(SAMPLERS)}",
-    "seed": "a whole number (or omit it for a random seed)",
+    "seed": "a whole number from 0 to 2**32 - 1 (4294967295), the seeds numpy's and Optuna's "
+            "samplers accept (default 0)",
     "iterations": "a whole number of timed runs per config, 1 to 10000",
     "trace_top_k": "how many of the best configs get an in-kernel trace (0 to 100)",
     "confirm_top": "how many of the best configs the confirmation round re-times (0: none, "
@@ -301,7 +303,7 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
         fail("seconds")
     if "sampler" in s and s["sampler"] not in SAMPLERS:
         fail("sampler")
-    if "seed" in s and not _is_int(s["seed"]):
+    if "seed" in s and not (_is_int(s["seed"]) and 0 <= s["seed"] <= MAX_SEED):
         fail("seed")
     if "iterations" in s and not (_is_int(s["iterations"]) and 1 <= s["iterations"] <= 10_000):
         fail("iterations")

@@ -349,13 +349,15 @@ class _Scheduler:
         safe_path(self.results_dir, "traces", problem.kernel)  # before anything is measured
 
         def skip(why: str, done: int, reason: str) -> None:
-            self.emit(_t.Event("skip", problem, done, budget.trials, message=why))
             confirm_s = _t.confirm_best(kernel, problem, spec, store=self.store, engine=self.engine,
                                         device=device, software=self.software, run_id=self.run_id,
                                         only_if_missing=True) if done else None
-            self.reports[index] = _t.build_report(kernel, problem, device, self.store, measured_now=0,
-                                             repaired=0, skipped=True, stop_reason=reason,
-                                             cache=self.policy, confirm_s=confirm_s)
+            report = _t.build_report(kernel, problem, device, self.store, measured_now=0,
+                                     repaired=0, skipped=True, stop_reason=reason,
+                                     cache=self.policy, confirm_s=confirm_s)
+            self.reports[index] = report
+            # The stored best (the summary's), so a resumed job's skip line does not say "best -".
+            self.emit(_t.Event("skip", problem, done, budget.trials, report.best_us, message=why))
 
         if device.kind == DeviceKind.INTERPRET and not kernel.interpret_ok:
             why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"

@@ -501,9 +501,10 @@ def tune_problem(
     if device.kind == DeviceKind.INTERPRET and not kernel.interpret_ok:
         # Every config would only fail the same way; say so once instead of storing that.
         why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
-        emit(Event("skip", problem, 0, budget.trials, message=why))
-        return build_report(kernel, problem, device, store, measured_now=0, repaired=0, skipped=True,
-                       stop_reason=why, cache=policy)
+        report = build_report(kernel, problem, device, store, measured_now=0, repaired=0,
+                              skipped=True, stop_reason=why, cache=policy)
+        emit(Event("skip", problem, 0, budget.trials, report.best_us, message=why))
+        return report
 
     rows = store.trials(problem, device_name=device.name, cache=policy)
     stored_configs = [r.config for r in rows]
@@ -518,9 +519,11 @@ def tune_problem(
             confirm_s = confirm_best(kernel, problem, spec, store=store, engine=engine,
                                      device=device, software=software, run_id=run_id,
                                      only_if_missing=True)
-            emit(Event("skip", problem, done_before, budget.trials, message=message))
-            return build_report(kernel, problem, device, store, measured_now=0, repaired=0,
-                           skipped=True, stop_reason=why, cache=policy, confirm_s=confirm_s)
+            report = build_report(kernel, problem, device, store, measured_now=0, repaired=0,
+                                  skipped=True, stop_reason=why, cache=policy, confirm_s=confirm_s)
+            # The stored best (the summary's), so a resumed job's skip line does not say "best -".
+            emit(Event("skip", problem, done_before, budget.trials, report.best_us, message=message))
+            return report
 
     sampler = problem_sampler(kernel, problem, spec, space, store=store, device=device,
                               policy=policy, stored_configs=stored_configs)

@@ -527,6 +527,23 @@ def test_workers_that_cannot_start_break_the_engine_clearly():
             eng.submit(FAKE, PROBLEM, cfg())
 
 
+def test_a_worker_that_dies_at_startup_is_one_line_naming_its_log(monkeypatch, tmp_path):
+    """A worker that cannot even import (here: a module that does not exist) breaks the engine
+    with one line: the error's last line and the worker's log, which holds the traceback."""
+    from autotune.engine import workers
+
+    monkeypatch.setattr(workers, "_BOOT", "import autotune_no_such_module")
+    with Engine("fake", log_dir=tmp_path) as eng:
+        with pytest.raises(EngineError) as info:
+            eng.device_info(timeout_s=120)
+    message = str(info.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    assert "failed to start 3 times" in message
+    assert "ModuleNotFoundError: No module named 'autotune_no_such_module'" in message
+    log_path = re.search(r"worker log (\S+?)\)", message).group(1)
+    assert log_path.startswith(str(tmp_path)) and "Traceback" in open(log_path).read()
+
+
 def test_interpret_engine_evaluates_a_real_kernel():
     """Interpret mode in a worker: the real Pallas kernel is OK, its wrong twin is caught."""
     problem = Problem(SCALE_ADD, {"n": 512}, "float32")

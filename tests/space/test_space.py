@@ -121,10 +121,25 @@ def test_problem_rule_names_binding_rule():
 
 
 def test_empty_domain_names_the_tunable():
-    """A shape no tile divides reports the tunable and what it must be."""
+    """A shape no tile divides reports the tunable and what it must be, with the problem's
+    value and the tunable's bounds."""
     bound = toy_space().bind(Problem("toy", {"m": 100, "n": 768}, "bf16"))
-    with pytest.raises(NoValidConfigError, match=r"bm_domain.*multiple of 64 dividing m"):
+    with pytest.raises(NoValidConfigError,
+                       match=r"bm_domain.*multiple of 64 dividing m=100, from 64 to 512"):
         bound.require_nonempty()
+
+
+def test_no_valid_config_shows_the_binding_rule_with_values_and_the_bounds():
+    """A space its rules empty: the message names each binding rule explained with example
+    values, every tunable's values for the problem, and the way out."""
+    bound = toy_space().bind(Problem("toy", {"m": 1024, "n": 100}, "bf16"))
+    with pytest.raises(NoValidConfigError) as info:
+        bound.require_nonempty()
+    message = str(info.value)
+    assert "[bn_divides_n] bn must divide n (got bn=64)" in message, message
+    assert ("values for this problem: bm 64, 128, 256, 512, bn 64..512 (8 values), width 1..16 (5 "
+            "values), order 'M', 'N', flag False, True") in message
+    assert "give a shape these rules allow" in message
 
 
 def test_validate_names_rule_value_and_nearest():

@@ -235,6 +235,21 @@ def test_rerun_measures_nothing_new_and_study_is_loadable(tmp_path):
     assert len([t for t in study.trials if t.state == TrialState.COMPLETE]) == 10
 
 
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_skipped_problem_reports_its_stored_best(tmp_path, sequential):
+    """The skip event of a finished problem carries its stored best (the report's), in both
+    runners."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    events = []
+    with Store(url) as store:
+        run_job(_job(6), store=store, engine=FakeEngine(), sequential=sequential)
+        (report,) = run_job(_job(6), store=store, engine=FakeEngine(), on_event=events.append,
+                            sequential=sequential)
+    (skip,) = [e for e in events if e.kind == "skip"]
+    assert report.skipped and report.best_us is not None
+    assert skip.best_us == report.best_us
+
+
 def test_larger_budget_resumes_without_repeats(tmp_path):
     """Raising the budget continues the study and never re-measures a stored config."""
     url = f"sqlite:///{tmp_path}/t.db"
