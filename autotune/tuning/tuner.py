@@ -47,7 +47,7 @@ from optuna.trial import TrialState
 from autotune import __version__ as AUTOTUNE_VERSION
 from autotune._paths import safe_path
 from autotune.engine.protocol import EngineLike
-from autotune.errors import JobError, StorageError
+from autotune.errors import JobError, NoValidConfigError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
@@ -404,6 +404,8 @@ def _run_job(job: Job, *, store: TrialStore, engine: EngineLike, results_dir: st
     storage = optuna_storage(store.url)  # already resolved: postgresql:// means psycopg 3
     gpu = gpu_index(getattr(engine, "gpus", None))
     device, before = _device_and_clocks(engine, job, gpu, allow_import=allow_import)
+    if device.kind == DeviceKind.INTERPRET:
+        require_interpret_configs(job, allow_import=allow_import)
     run_id = store.start_run(job.name, device=device, cache=policy,
                              clocks_before=before.to_dict())
     if not sequential:
@@ -435,6 +437,29 @@ def _run_job(job: Job, *, store: TrialStore, engine: EngineLike, results_dir: st
                        job.name, line)
     store.finish_run(run_id, clocks_after=after.to_dict(), warnings=warned)
     return reports
+
+
+def require_interpret_configs(job: Job, *, allow_import: bool) -> None:
+    """Checks, before anything is tuned, that every problem of ``job`` that runs in GPU
+    interpret mode has a valid config under the interpret-only rules too (the job file is
+    checked for the GPU's rules alone, before the device is known); bound spaces are cached,
+    so the tuning does not bind them again.
+
+    Raises:
+      NoValidConfigError: a problem has none; the message names it, the rule and the fix.
+    """
+    for spec in job.problems:
+        kernel = get_kernel(spec.problem.kernel, allow_import=allow_import)
+        if not kernel.interpret_ok:  # skipped with its reason when its turn comes
+            continue
+        try:
+            kernel.valid_space(spec.problem, interpret=True)
+        except NoValidConfigError as e:
+            raise NoValidConfigError(
+                f"{e} Checked for GPU interpret mode (this job runs on the CPU) before "
+                "anything was tuned: tune this problem on a GPU (--device gpu), or leave it out "
+                "of the job for interpret mode."
+            ) from None
 
 
 def _device_and_clocks(engine: EngineLike, job: Job, gpu: int, *,

@@ -6,6 +6,7 @@ these tests exercise the runner's bookkeeping: what it asks, stores, tells and s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -632,3 +633,35 @@ def test_software_versions_do_not_import_jax():
             "assert 'jax' not in sys.modules, 'jax imported'")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+INTERPRET_TOY = dataclasses.replace(
+    TOY,
+    name="tuner_toy_interpret",
+    space=dataclasses.replace(SPACE, constraints=SPACE.constraints + (
+        Constraint("interpret_small", ("bm",), lambda c, e: not e.interpret or e["m"] <= 512,
+                   "m must be at most 512 in interpret mode", kind="interpret"),
+    )),
+)
+register(INTERPRET_TOY)
+
+
+def test_an_interpret_job_checks_every_problem_for_interpret_rules_before_tuning_any(tmp_path):
+    """In GPU interpret mode, a problem that only the interpret-only rules leave without a valid
+    config stops the job before its first problem is tuned (the job file was checked for the
+    GPU's rules alone): nothing is measured or stored, and the message names the problem, the
+    rule and the fix."""
+    from autotune.errors import NoValidConfigError
+
+    small = INTERPRET_TOY.problem({"m": 256, "n": 256}, "bf16")
+    large = INTERPRET_TOY.problem({"m": 1024, "n": 256}, "bf16")
+    assert INTERPRET_TOY.valid_space(large).count() > 0  # valid on a GPU
+    job = Job("t", tuple(ProblemSpec(p, Budget(trials=4), sampler="random", seed=0)
+                         for p in (small, large)))
+    engine = FakeEngine(device="interpret-cpu")
+    engine._device = DeviceInfo(name="interpret-cpu", kind="interpret")
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        with pytest.raises(NoValidConfigError, match=r"interpret_small.*--device gpu"):
+            run_job(job, store=store, engine=engine)
+        assert store.trials(small) == [] and store.trials(large) == []
+    assert engine.measured == []
