@@ -22,6 +22,7 @@ database) or configs failed (``check``);
 last line says how many and where the worker logs are); 130 Ctrl-C (SIGINT); 143 SIGTERM
 (see :mod:`autotune.interrupts`); 141 the reader of the
 output went away (``autotune spaces | head -1``): like a Unix tool killed by SIGPIPE, quietly.
+70 an internal error (a bug): one line naming the file that holds its traceback.
 
 Output never shows a database password (:func:`autotune.storage.urls.display_url`) nor raw control
 characters from the database; docs/guarantees.md lists what is checked where.
@@ -52,10 +53,11 @@ if TYPE_CHECKING:
     from autotune.interrupts import Handler
     from autotune.storage.store import Store
 
-__all__ = ["main", "EXIT_OK", "EXIT_NOTHING", "EXIT_USAGE", "EXIT_CRASHED", "EXIT_PIPE", "EFFORTS"]
+__all__ = ["main", "EXIT_OK", "EXIT_NOTHING", "EXIT_USAGE", "EXIT_CRASHED", "EXIT_PIPE", "EXIT_BUG", "EFFORTS"]
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_CRASHED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # 128 + SIGINT, 128 + SIGPIPE, as a shell reports them
+EXIT_BUG = 70  # EX_SOFTWARE (sysexits.h): an internal error, a bug in autotune
 
 # --effort presets, as Helion's autotune_effort: (trials per problem, patience).
 EFFORTS: dict[str, tuple[int, int]] = {"quick": (16, 8), "full": (256, 48)}
@@ -1021,10 +1023,40 @@ def _check(args: argparse.Namespace) -> int:
 
 def run() -> None:
     """The ``autotune`` console script and ``python -m autotune``: :func:`main`, then the exit
-    (:func:`autotune.interrupts.end_process`)."""
+    (:func:`autotune.interrupts.end_process`). An exception that no handler expects (a bug)
+    ends it as :func:`_internal_error` says, never with a traceback on the terminal."""
     from autotune.interrupts import end_process
 
-    end_process(main())
+    try:
+        code = main()
+    except Exception as e:  # noqa: BLE001 - the last resort: what main() did not expect
+        code = _internal_error(e, sys.argv[1:])
+    end_process(code)
+
+
+def _internal_error(error: Exception, argv: Sequence[str]) -> int:
+    """Reports a bug: one line on stderr naming the exception and a file holding its traceback
+    (with the command line and version; secrets masked), the traceback on stderr too with
+    ``-v``; returns :data:`EXIT_BUG`."""
+    import tempfile
+    import traceback
+
+    from autotune.storage.urls import mask_text
+
+    text = mask_text(f"autotune {_version()}; command line: {list(argv)!r}\n"
+                     + "".join(traceback.format_exception(error)))
+    try:
+        fd, where = tempfile.mkstemp(prefix="autotune-bug-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        where = f"(not written: {e.strerror or e})"
+    if {"-v", "--verbose"} & set(argv):
+        print(text, file=sys.stderr, end="")
+    _say(f"autotune: internal error: {type(error).__name__}: {error}. This is a bug in autotune, "
+         f"not in what you gave it; its traceback is in {where}: please report it with that "
+         "file.", file=sys.stderr)
+    return EXIT_BUG
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -834,3 +834,35 @@ def test_revalidate_on_a_missing_database_exits_1_and_creates_nothing(tmp_path, 
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"autotune: nothing stored in sqlite:///{db} (no such file yet)")
     assert not list(tmp_path.iterdir())
+
+
+def test_an_unexpected_exception_is_one_line_naming_the_file_that_holds_its_traceback(
+    tmp_path, monkeypatch, capsys
+):
+    """A bug (an exception no handler expects) ends the command with exit 70 and one line that
+    names the exception and a file holding its traceback and the command line, secrets masked;
+    ``-v`` prints the traceback too. Never a traceback alone on the terminal."""
+    import tempfile
+
+    import autotune.cli as cli
+
+    def bug(args):
+        raise RuntimeError("boom at postgresql://me:S3cret@db/tune")
+
+    monkeypatch.setattr(cli, "_results", bug)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for argv, verbose in ((["results"], False), (["results", "-v"], True)):
+        monkeypatch.setattr(sys, "argv", ["autotune", *argv, "--db", str(tmp_path / "x.db")])
+        with pytest.raises(SystemExit) as ended:
+            cli.run()
+        assert ended.value.code == cli.EXIT_BUG == 70
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("autotune: internal error: RuntimeError: boom at ")
+        assert "S3cret" not in err and "This is a bug in autotune" in last
+        (report,) = tmp_path.glob("autotune-bug-*.txt")
+        text = report.read_text()
+        assert str(report) in last and "Traceback" in text and "in bug" in text
+        assert "S3cret" not in text and "'results'" in text
+        assert ("Traceback" in err) is verbose
+        report.unlink()
