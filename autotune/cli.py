@@ -263,6 +263,22 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print JSON")
     _globals(v, db=True)
 
+    w = sub.add_parser("verify", help="re-time stored winners and baselines by a second method")
+    w.add_argument("--kernel")
+    w.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
+    w.add_argument("--rounds", type=int, default=5, metavar="N",
+                   help="interleaved rounds (default: 5)")
+    w.add_argument("--calls", type=int, default=20, metavar="N",
+                   help="calls per program, block and round (default: 20)")
+    w.add_argument("--others", type=int, default=2, metavar="N",
+                   help="other stored configs re-timed beside the winner (default: 2)")
+    w.add_argument("--compilation-cache", default="auto", metavar="DIR",
+                   help="where the job kept XLA's autotune picks: auto (default: "
+                        "results/jax_cache on a GPU), off, or a folder")
+    w.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
+    w.add_argument("--json", action="store_true", help="print JSON")
+    _globals(w, db=True)
+
     o = sub.add_parser("report", help="plots per problem and an index.html")
     o.add_argument("--kernel")
     o.add_argument("--out", default="results/report", metavar="DIR", help="(default: results/report)")
@@ -325,7 +341,8 @@ def _main(argv: Sequence[str] | None) -> int:
     # The CLI names the database itself (_say_db); the API's warning would say it twice.
     warnings.simplefilter("ignore", MissingDatabaseWarning)
     handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
-               "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
+               "export": _export, "import": _import, "revalidate": _revalidate, "report": _report,
+               "verify": _verify}
     from autotune.interrupts import Interrupted, handling
 
     with handling() as signals:
@@ -964,6 +981,76 @@ def _revalidate(args: argparse.Namespace) -> int:
         rows.append([str(r.problem), r.device, f"{old.old_us:.1f}", old.old_software.get("jax", "?"),
                      _num(old.new_us, ".1f") if old.result.ok else old.result.outcome.value,
                      _num(old.ratio, ".3f"), holds, "yes" if r.changed else "no"])
+    _table(header, rows)
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from autotune.api import compilation_cache_folder, detect_device
+    from autotune.evaluation.independent import METHOD
+    from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
+    from autotune.queries.outputs import check_output_dir
+    from autotune.storage.store import Store
+    from autotune.storage.urls import resolve_url, sqlite_path
+    from autotune.tuning.tuner import software_versions
+    from autotune.tuning.verify import timing_on_this_machine, verify
+
+    for flag, value, low in (("--rounds", args.rounds, 1), ("--calls", args.calls, 1),
+                             ("--others", args.others, 0)):
+        if value < low:
+            raise ValueError(f"{flag} must be {low} or more, got {value}.")
+    if args.compilation_cache not in ("auto", "off"):
+        check_output_dir(args.compilation_cache, flag="--compilation-cache")
+    _kernel_filter(args.kernel, args.db)
+    _say_db(args)
+    path = sqlite_path(resolve_url(args.db))
+    if path is not None and not path.exists():
+        raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to verify.")
+    device = detect_device() if args.device == "auto" else args.device
+    if device == "gpu":
+        # The baseline compiled here must be the program the job timed: XLA's autotune pick
+        # from the job's folder (evaluation.xla_autotune), before jax starts its backend.
+        folder = compilation_cache_folder(args.compilation_cache, results_dir="results",
+                                          device=device)
+        pin_in(os.environ, autotune_cache_folder(folder, tempfile.mkdtemp(prefix="autotune-")))
+        from autotune.evaluation.pipeline import gpu_device_info
+
+        info = gpu_device_info()
+    else:
+        from autotune.evaluation.pipeline import interpret_device_info
+
+        info = interpret_device_info()
+
+    def progress(result: Any, target: Any, why: str | None) -> None:
+        if why is not None:
+            print(f"autotune: {target.problem}: not verified: {why}", file=sys.stderr)
+
+    with Store(args.db) as store:
+        results = verify(
+            store, info, software_versions(),
+            time_target=timing_on_this_machine(interpret=device == "interpret",
+                                               allow_import=args.allow_import),
+            method=METHOD, kernel=args.kernel, rounds=args.rounds, calls=args.calls,
+            others=args.others, on_result=progress,
+        )
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], default=str))
+        return EXIT_OK
+    if not results:
+        print(f"nothing verified: no problem stored for {info.name}")
+        return EXIT_OK
+    header = ["problem", "winner us", "baseline us", "stored", "re-timed [interval]", "diff",
+              "still wins", "verdict"]
+    rows = []
+    for r in results:
+        interval = ("-" if r.speedup is None else
+                    f"{r.speedup:.4f} [{r.speedup_low:.4f}, {r.speedup_high:.4f}]")
+        rows.append([str(r.problem), f"{r.winner_median_us:.2f}",
+                     _num(r.baseline_median_us, ".2f"), _num(r.stored_speedup, ".4f"), interval,
+                     "-" if r.difference is None else f"{100 * r.difference:+.2f}%",
+                     {None: "-", True: "yes", False: "no"}[r.still_wins], r.words() or "-"])
     _table(header, rows)
     return EXIT_OK
 

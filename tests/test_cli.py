@@ -866,3 +866,41 @@ def test_an_unexpected_exception_is_one_line_naming_the_file_that_holds_its_trac
         assert "S3cret" not in text and "'results'" in text
         assert ("Traceback" in err) is verbose
         report.unlink()
+
+
+def test_verify_prints_stored_and_retimed_speedups_and_stores_a_row(tmp_path, capsys, monkeypatch):
+    """`verify`: per problem stored for this device, the winner and baseline re-timed (here by a
+    fake second method), the stored and re-timed speedups, their difference and the verdict in
+    words; exit 0; the row is stored. A missing database exits 1; a bad --rounds exits 2."""
+    from autotune.evaluation.pipeline import interpret_device_info
+    from autotune.evaluation.trial import TrialResult
+    from autotune.space.problem import Config, Problem
+    from autotune.storage.store import Store
+    from autotune.tuning import verify
+
+    db = f"sqlite:///{tmp_path}/v.db"
+    problem = Problem("softmax", {"rows": 16, "cols": 256}, "float32")
+    device = interpret_device_info()
+    software = {"jax": "9", "jaxlib": "9", "autotune": "0"}
+    with Store(db) as store:
+        store.record_trial(problem, Config(block_rows=8), TrialResult.timed(
+            [100.0], compile_s=0.1, rel_error=0.0, timing="wallclock"), device=device,
+            software=software)
+        store.record_baseline(problem, "xla", [150.0], device=device, software=software)
+
+    def fake(**kwargs):
+        return lambda target, rounds, calls: ([(100.0,)] * rounds, [(160.0,)] * rounds, [])
+
+    monkeypatch.setattr(verify, "timing_on_this_machine", fake)
+    assert main(["verify", "--db", db, "--device", "interpret", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "1.5000" in out and "1.6000" in out and "+6.67%" in out
+    assert "60.0% faster than xla" in out
+    assert main(["verify", "--db", db, "--device", "interpret", "--json", "-q"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["speedup"] == pytest.approx(1.6) and row["stored_speedup"] == pytest.approx(1.5)
+    with Store(db) as store:
+        assert len(store.verifications(problem)) == 2
+    assert main(["verify", "--db", str(tmp_path / "none.db"), "--device", "interpret", "-q"]) == 1
+    assert main(["verify", "--db", db, "--rounds", "0", "-q"]) == 2
+    assert "--rounds must be 1 or more, got 0" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from autotune.engine.messages import (
 from autotune.engine.tasks import _ACTIVE_STAGES, _Task
 from autotune.engine.worker import _BOOT
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
+from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
 from autotune.space.problem import Problem
 
 log = logging.getLogger("autotune.engine.dispatcher")
@@ -85,6 +86,8 @@ class _WorkerPool:
         if self.mode == DeviceKind.GPU:
             # The tuner process may use the same GPU: a worker must not grab 75% of it.
             env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+            # Every worker times the same XLA program for a baseline (evaluation.xla_autotune).
+            pin_in(env, autotune_cache_folder(self.compilation_cache, self._log_dir))
         if self.mode == DeviceKind.INTERPRET:
             env.setdefault("JAX_PLATFORMS", "cpu")
         env.setdefault("PYTHONFAULTHANDLER", "1")

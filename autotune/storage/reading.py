@@ -34,6 +34,7 @@ from autotune.storage.rows import (
     RunRow,
     TraceRegionRow,
     TrialRow,
+    VerificationRow,
 )
 from autotune.storage.schema import (
     _Baselines,
@@ -47,6 +48,7 @@ from autotune.storage.schema import (
     _Software,
     _TraceRegions,
     _Trials,
+    _Verifications,
 )
 
 log = logging.getLogger("autotune.storage.store")
@@ -352,6 +354,48 @@ class _StoreReads(_StoreSessions):
                     programs=tuple(programs.get(c.id, ())),
                 )))
         return out
+
+    def verifications(
+        self,
+        problem: Problem | None = None,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+        limit: int | None = None,
+    ) -> list[VerificationRow]:
+        """The stored ``autotune verify`` rows (of ``problem``, or of every problem), newest
+        first (the newest ``limit``)."""
+        query = (
+            sa.select(_Verifications, _Problems, _Kernels, _Devices, _Software, _Configs)
+            .join(_Problems, _Problems.id == _Verifications.problem_id)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .join(_Devices, _Devices.id == _Verifications.device_id)
+            .join(_Software, _Software.id == _Verifications.software_id)
+            .join(_Configs, _Configs.id == _Verifications.config_id)
+        )
+        if problem is not None:
+            query = query.where(_Problems.digest == problem.digest())
+        query = _device_filter(query, device_name, device_kind)
+        query = query.order_by(_Verifications.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read("read verifications") as session:
+            return [
+                VerificationRow(
+                    id=v.id, problem=_problem(k, p), device=_device_info(d),
+                    software=_software_dict(s), confirmation_id=v.confirmation_id,
+                    config=Config.from_json(c.config_json), method=v.method, rounds=v.rounds,
+                    calls=v.calls, baseline_name=v.baseline_name,
+                    winner_rounds_us=v.winner_rounds_us, baseline_rounds_us=v.baseline_rounds_us,
+                    others=tuple(json.loads(v.others_json)),
+                    winner_median_us=v.winner_median_us,
+                    baseline_median_us=v.baseline_median_us, speedup=v.speedup,
+                    speedup_low=v.speedup_low, speedup_high=v.speedup_high,
+                    stored_speedup=v.stored_speedup, still_wins=v.still_wins,
+                    created_at=v.created_at,
+                )
+                for v, p, k, d, s, c in session.execute(query)
+            ]
 
     def summaries(
         self,

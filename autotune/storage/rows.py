@@ -281,3 +281,31 @@ class ProblemSummary:
             "baseline_us": self.baseline_us,
             "speedup": self.speedup,
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class VerificationRow:
+    """One stored ``autotune verify`` of a problem: its winner and baseline re-timed by the
+    independent method (autotune.tuning.verify), beside the stored speedup."""
+
+    id: int
+    problem: Problem
+    device: DeviceInfo
+    software: dict[str, str] = dataclasses.field(hash=False)
+    confirmation_id: int | None
+    config: Config = dataclasses.field(hash=False)
+    method: str
+    rounds: int
+    calls: int
+    baseline_name: str | None
+    winner_rounds_us: tuple[tuple[float, ...], ...]
+    baseline_rounds_us: tuple[tuple[float, ...], ...]
+    others: tuple[dict[str, Any], ...] = dataclasses.field(hash=False)
+    winner_median_us: float
+    baseline_median_us: float | None
+    speedup: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    stored_speedup: float | None
+    still_wins: bool | None
+    created_at: dt.datetime

@@ -277,3 +277,33 @@ class _ConfirmationPrograms(Base):
     noise: Mapped[float] = mapped_column(sa.Double)
     tie: Mapped[bool] = mapped_column(sa.Boolean)
     crowned: Mapped[bool] = mapped_column(sa.Boolean)
+
+
+class _Verifications(Base):
+    """One independent re-time of a problem's stored winner and baseline (0004):
+    ``autotune verify`` (autotune.tuning.verify), rows of their own; nothing else changes."""
+
+    __tablename__ = "at_verifications"
+    __table_args__ = (sa.Index("ix_at_verifications_problem", "problem_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(sa.ForeignKey("at_problems.id"))
+    device_id: Mapped[int] = mapped_column(sa.ForeignKey("at_devices.id"))
+    software_id: Mapped[int] = mapped_column(sa.ForeignKey("at_software.id"))
+    confirmation_id: Mapped[int | None] = mapped_column(sa.ForeignKey("at_confirmations.id"))
+    config_id: Mapped[int] = mapped_column(sa.ForeignKey("at_configs.id"))
+    method: Mapped[str] = mapped_column(sa.String(32))
+    rounds: Mapped[int] = mapped_column(sa.Integer)
+    calls: Mapped[int] = mapped_column(sa.Integer)
+    baseline_name: Mapped[str | None] = mapped_column(sa.String(64))
+    winner_rounds_us: Mapped[tuple[tuple[float, ...], ...]] = mapped_column(_Rounds)
+    baseline_rounds_us: Mapped[tuple[tuple[float, ...], ...]] = mapped_column(_Rounds)
+    others_json: Mapped[str] = mapped_column(sa.Text)  # the other configs re-timed, JSON
+    winner_median_us: Mapped[float] = mapped_column(sa.Double)
+    baseline_median_us: Mapped[float | None] = mapped_column(sa.Double)
+    speedup: Mapped[float | None] = mapped_column(sa.Double)
+    speedup_low: Mapped[float | None] = mapped_column(sa.Double)
+    speedup_high: Mapped[float | None] = mapped_column(sa.Double)
+    stored_speedup: Mapped[float | None] = mapped_column(sa.Double)
+    still_wins: Mapped[bool | None] = mapped_column(sa.Boolean)
+    created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)

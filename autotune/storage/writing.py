@@ -45,6 +45,7 @@ from autotune.storage.schema import (
     _Software,
     _TraceRegions,
     _Trials,
+    _Verifications,
 )
 
 log = logging.getLogger("autotune.storage.store")
@@ -357,4 +358,48 @@ class _StoreWrites(_StoreSessions):
                     rounds_us=p.rounds_us, median_us=p.median_us, spread=p.spread,
                     diff=p.diff, noise=p.noise, tie=bool(p.tie), crowned=bool(p.crowned),
                 ))
+            return int(row.id)
+
+    def record_verification(
+        self,
+        problem: Problem,
+        verification: Any,
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+    ) -> int:
+        """Stores an independent re-time (an :class:`autotune.tuning.verify.Verification`) as a
+        row of its own, in one transaction; returns its id. Nothing stored before changes.
+
+        Raises:
+          ValueError: a time that is not a positive finite number.
+        """
+        v = verification
+        for t in [t for r in (*v.winner_rounds_us, *v.baseline_rounds_us) for t in r]:
+            if not (isinstance(t, int | float) and t > 0 and t != float("inf")):
+                raise ValueError(f"a verification stores positive finite times, but got {t!r}.")
+        config = v.config if isinstance(v.config, Config) else Config(v.config)
+        with self._write("record a verification") as session:
+            kernel_id, problem_id, device_id, software_id = self._ids(
+                session, problem, device, software)
+            config_id = _get_or_create(
+                session, _Configs, {"kernel_id": kernel_id, "digest": config.digest()},
+                config_json=config.to_json(),
+            )
+            row = _Verifications(
+                problem_id=problem_id, device_id=device_id, software_id=software_id,
+                confirmation_id=v.confirmation_id, config_id=config_id, method=v.method,
+                rounds=len(v.winner_rounds_us), calls=int(v.calls),
+                baseline_name=v.baseline_name, winner_rounds_us=v.winner_rounds_us,
+                baseline_rounds_us=v.baseline_rounds_us,
+                others_json=json.dumps([
+                    {"config": dict(o.config), "rounds_us": [list(r) for r in o.rounds_us],
+                     "median_us": o.median_us} for o in v.others
+                ], sort_keys=True),
+                winner_median_us=v.winner_median_us, baseline_median_us=v.baseline_median_us,
+                speedup=v.speedup, speedup_low=v.speedup_low, speedup_high=v.speedup_high,
+                stored_speedup=v.stored_speedup, still_wins=v.still_wins, created_at=_now(),
+            )
+            session.add(row)
+            session.flush()
             return int(row.id)

@@ -16,8 +16,19 @@ configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in i
   ``tie_floor``;
 * among the fastest and its ties, the **crowned** config is the one nearest to the kernel's
   default config, then the simplest (:func:`preference_key`), then the fastest;
-* the **speedup** is the median over rounds of ``median_i(baseline) / median_i(crowned)`` (the
-  same pairing), with its spread: half the range of those round ratios, relative to it.
+* the **speedup** is the baseline's pooled median over the crowned config's pooled median: the
+  two times shown beside it, so the three figures always agree. Its interval is the
+  distribution-free confidence interval of the median of the per-round paired ratios
+  ``median_i(baseline) / median_i(crowned)`` (:func:`median_interval`: their range up to 5
+  rounds, order statistics at about 95% beyond), widened to hold the speedup itself; its
+  spread is half the interval's width, relative to it. :func:`speedup_words` says in words
+  whether the crowned config is faster than the baseline, no faster (the interval holds 1.0),
+  or slower (the interval lies below 1.0);
+* a config is **settled** against the fastest when the interval of its paired ratios lies above
+  1.0 (slower in the rounds: separated) or is narrower than ``2 x`` :data:`CONFIRM_TIE_BAND`
+  (equal within half a percent: a tie cannot move the answer by more). Adaptive rounds
+  (:func:`timed_rounds`) go on while a config is unsettled or the speedup's interval is wide,
+  up to :data:`MAX_CONFIRM_ROUNDS`; what is still unsettled then is decided by the tie rule.
 """
 
 from __future__ import annotations
@@ -34,6 +45,12 @@ __all__ = [
     "DEFAULT_CONFIRM_TOP",
     "DEFAULT_CONFIRM_ROUNDS",
     "DEFAULT_CONFIRM_ITERATIONS",
+    "MAX_CONFIRM_ROUNDS",
+    "CONFIRM_TIE_BAND",
+    "CONFIRM_JOIN_MAX",
+    "median_interval",
+    "speedup_words",
+    "joining_configs",
     "sized_iterations",
     "needs_another_round",
     "timed_rounds",
@@ -49,11 +66,21 @@ __all__ = [
 # The best configs of a problem that the confirmation round re-times, its rounds, and the timed
 # iterations of each program in each round (the search times 20 per config).
 DEFAULT_CONFIRM_TOP = 5
-DEFAULT_CONFIRM_ROUNDS = 5  # the rounds of a job that fixes none, at most (needs_another_round)
+DEFAULT_CONFIRM_ROUNDS = 5  # the rounds of a job that fixes none while its answer is clear
 # Without a job's confirm_rounds: CONFIRM_MIN_ROUNDS rounds, then one more at a time while the
-# result is not clear (needs_another_round), up to DEFAULT_CONFIRM_ROUNDS.
+# result is not clear (needs_another_round): up to DEFAULT_CONFIRM_ROUNDS while only the
+# speedup's interval is wide, up to MAX_CONFIRM_ROUNDS while a config is unsettled.
 CONFIRM_MIN_ROUNDS = 3
-CONFIRM_CLEAR_SPREAD = 0.0025  # a confirmed speedup's spread (half its range) that is clear
+MAX_CONFIRM_ROUNDS = 15
+CONFIRM_CLEAR_SPREAD = 0.0025  # a confirmed speedup's spread (half its interval) that is clear
+# Two configs whose paired ratio is known to within this (either way) are settled: whichever is
+# crowned, the answer moves by less than the goal's 0.5%.
+CONFIRM_TIE_BAND = 0.005
+# Configs ranked below the top ones join the round when their search time is within this
+# fraction (or half the fastest's own spread, if larger) of the fastest's: at most
+# CONFIRM_JOIN_MAX of them.
+CONFIRM_JOIN_BAND = 0.005
+CONFIRM_JOIN_MAX = 3
 DEFAULT_CONFIRM_ITERATIONS = 50  # a program whose time is not known yet (sized_iterations)
 # Without a job's confirm_iterations, each program is timed for about CONFIRM_TARGET_US of GPU
 # time per round, within [CONFIRM_MIN_ITERATIONS, CONFIRM_MAX_ITERATIONS] runs: a 50 us
@@ -90,6 +117,7 @@ class ProgramSummary:
     diff: float = 0.0  # median paired ratio to the fastest config, minus 1 (configs only)
     noise: float = 0.0  # the tie threshold used for this config
     tie: bool = False  # within the noise of the fastest (the fastest itself: False)
+    settled: bool = True  # separated from the fastest or equal to it within the tie band
     crowned: bool = False
     search_us: float | None = None
 
@@ -112,8 +140,68 @@ class Confirmation:
         return self.configs[self.crowned]
 
     @property
+    def settled(self) -> bool:
+        """Whether every config is settled against the fastest (see the module docstring)."""
+        return all(c.settled for c in self.configs)
+
+    @property
     def ties(self) -> tuple[ProgramSummary, ...]:
         return tuple(c for c in self.configs if c.tie)
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of ``values`` (at least 95% where
+    the count allows it): the order statistics ``(k, n + 1 - k)`` with the largest ``k`` whose
+    binomial tail ``P(Bin(n, 1/2) < k)`` is at most 2.5%; the range (min, max) for up to 5
+    values, where no narrower interval reaches that confidence.
+
+    Raises:
+      ValueError: no value.
+    """
+    ordered = sorted(float(v) for v in values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("median_interval needs at least one value.")
+    k, tail = 1, 0.0
+    while True:  # the tail below k + 1: P(Bin(n, 1/2) <= k)
+        tail += math.comb(n, k - 1) / 2**n
+        if tail + math.comb(n, k) / 2**n > 0.025 or k + 1 > (n + 1) / 2:
+            break
+        k += 1
+    return ordered[k - 1], ordered[n - k]
+
+
+def speedup_words(speedup: float | None, low: float | None, high: float | None,
+                  baseline: str | None) -> str:
+    """The verdict on a speedup in words: faster than the baseline (the interval lies above
+    1.0), no faster (it holds 1.0) or slower (it lies below); "" without a speedup."""
+    if speedup is None:
+        return ""
+    name = baseline or "the baseline"
+    low = speedup if low is None else low
+    high = speedup if high is None else high
+    if low > 1.0:
+        return f"{100 * (speedup - 1):.1f}% faster than {name}"
+    if high < 1.0:
+        return f"slower than {name}: {name} is {100 * (1 / speedup - 1):.1f}% faster"
+    return f"no faster than {name} (within the measured noise)"
+
+
+def joining_configs(
+    top: Sequence[tuple[float, float | None]],
+    below: Sequence[tuple[float, float | None]],
+) -> list[int]:
+    """Which configs ranked below the top ones join the confirmation round: the indices into
+    ``below`` (``(search median, spread)`` each, fastest first) whose median is within
+    :data:`CONFIRM_JOIN_BAND` of the fastest top config's (or half its spread, if larger), at
+    most :data:`CONFIRM_JOIN_MAX`. A config the search could not tell from the fastest gets
+    its chance in the interleaved rounds instead of being left out by rank alone."""
+    if not top:
+        return []
+    fastest, spread = top[0]
+    band = max(CONFIRM_JOIN_BAND, (spread or 0.0) / 2)
+    joined = [i for i, (median, _) in enumerate(below) if median <= fastest * (1 + band)]
+    return joined[:CONFIRM_JOIN_MAX]
 
 
 def _complexity(config: Mapping[str, Any]) -> float:
@@ -190,10 +278,15 @@ def sized_iterations(median_us: float | None, fixed: int | None = None) -> int:
     return int(min(CONFIRM_MAX_ITERATIONS, max(CONFIRM_MIN_ITERATIONS, wanted)))
 
 
-def needs_another_round(confirmation: Confirmation) -> bool:
-    """Whether an adaptive confirmation times one more round: while the confirmed speedup's
-    spread (half the range of its per-round ratios; without a baseline, half the crowned
-    config's own spread) is above :data:`CONFIRM_CLEAR_SPREAD`."""
+def needs_another_round(confirmation: Confirmation, rounds: int = CONFIRM_MIN_ROUNDS) -> bool:
+    """Whether an adaptive confirmation of ``rounds`` rounds so far times one more: while a
+    config is unsettled (up to :data:`MAX_CONFIRM_ROUNDS`), or while the confirmed speedup's
+    spread (half its interval; without a baseline, half the crowned config's own spread) is
+    above :data:`CONFIRM_CLEAR_SPREAD` (up to :data:`DEFAULT_CONFIRM_ROUNDS`)."""
+    if not confirmation.settled and rounds < MAX_CONFIRM_ROUNDS:
+        return True
+    if rounds >= DEFAULT_CONFIRM_ROUNDS:
+        return False
     if confirmation.speedup_spread is not None:
         return confirmation.speedup_spread > CONFIRM_CLEAR_SPREAD
     return confirmation.winner.spread / 2 > CONFIRM_CLEAR_SPREAD
@@ -206,16 +299,16 @@ def timed_rounds(
 ) -> list[list[Any]]:
     """The rounds of a confirmation: ``rounds`` when a job fixes them; else (None)
     :data:`CONFIRM_MIN_ROUNDS`, then one more at a time while :func:`needs_another_round`, up to
-    :data:`DEFAULT_CONFIRM_ROUNDS`.
+    :data:`MAX_CONFIRM_ROUNDS`.
 
     ``time_rounds(n, first)`` times ``n`` rounds starting at round ``first`` (``Engine.confirm``,
     one row per round); ``analyse`` turns the rows so far into a confirmation (None: nothing
     to confirm, which stops the rounds).
     """
     table = time_rounds(rounds or CONFIRM_MIN_ROUNDS, 0)
-    while rounds is None and len(table) < DEFAULT_CONFIRM_ROUNDS:
+    while rounds is None and len(table) < MAX_CONFIRM_ROUNDS:
         confirmation = analyse(table)
-        if confirmation is None or not needs_another_round(confirmation):
+        if confirmation is None or not needs_another_round(confirmation, len(table)):
             break
         table += time_rounds(1, len(table))
     return table
@@ -299,8 +392,11 @@ def analyse_confirmation(
             continue
         ratios = [c / w for c, w in zip(s.round_medians_us, f.round_medians_us, strict=True)]
         diff = statistics.median(ratios) - 1.0
-        noise = max(f.spread / 2, s.spread / 2, (max(ratios) - min(ratios)) / 2, tie_floor)
-        marked.append(dataclasses.replace(s, diff=diff, noise=noise, tie=diff <= noise))
+        low, high = median_interval(ratios)
+        noise = max(f.spread / 2, s.spread / 2, (high - low) / 2, tie_floor)
+        settled = low > 1.0 or high - low <= 2 * CONFIRM_TIE_BAND
+        marked.append(dataclasses.replace(s, diff=diff, noise=noise, tie=diff <= noise,
+                                          settled=settled))
     pool = [i for i, s in enumerate(marked) if i == fastest or s.tie]
     crowned = min(
         pool,
@@ -319,8 +415,10 @@ def analyse_confirmation(
             for b, w in zip(baseline.round_medians_us, marked[crowned].round_medians_us,
                             strict=True)
         ]
-        speedup = statistics.median(ratios)
-        low, high = min(ratios), max(ratios)
+        # The two times shown beside it; the paired rounds give its interval.
+        speedup = baseline.median_us / marked[crowned].median_us
+        low, high = median_interval(ratios)
+        low, high = min(low, speedup), max(high, speedup)
         spread = (high - low) / 2 / speedup
     return Confirmation(
         configs=tuple(marked),

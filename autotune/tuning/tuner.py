@@ -59,9 +59,11 @@ from autotune.storage.protocol import TrialStore
 from autotune.storage.urls import in_memory
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.confirmation import (
+    CONFIRM_JOIN_MAX,
     DEFAULT_CONFIRM_TOP,
     AnalysedRounds,
     analyse_rounds,
+    joining_configs,
     sized_iterations,
     timed_rounds,
 )
@@ -668,10 +670,15 @@ def confirm_best(
         return None
     policy = cache_policy_of(engine)
     versions = {k: software[k] for k in ("jax", "jaxlib") if software.get(k)}
-    top = store.best(problem, device_name=device.name, device_kind=device.kind,
-                     n=n_top, versions=versions, cache=policy)
-    if not top:
+    ranked = store.best(problem, device_name=device.name, device_kind=device.kind,
+                        n=n_top + CONFIRM_JOIN_MAX, versions=versions, cache=policy)
+    if not ranked:
         return None
+    # Below the top ones, configs the search could not tell from the fastest join the round.
+    top = ranked[:n_top]
+    below = ranked[n_top:]
+    top += [below[i] for i in joining_configs([(r.median_us, r.spread) for r in top],
+                                              [(r.median_us, r.spread) for r in below])]
     if only_if_missing:
         done = store.confirmations(problem, device_name=device.name, device_kind=device.kind,
                                    cache=policy)

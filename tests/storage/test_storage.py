@@ -25,7 +25,10 @@ OTHER_GPU = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
 INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
 SOFTWARE = {"jax": "0.10.2", "jaxlib": "0.10.2", "autotune": "0.1.0"}
 PROBLEM = Problem("matmul", {"m": 256, "n": 256, "k": 128}, "bf16")
+# The newest schema revision (autotune/storage/migrations/versions).
+HEAD = "0004"
 AT_TABLES = {
+    "at_verifications",
     "at_kernels",
     "at_problems",
     "at_devices",
@@ -362,7 +365,7 @@ def test_migrations_create_the_schema_from_empty(db_url: str):
                     or name.startswith("at_"),
                 },
             )
-            assert context.get_current_heads() == ("0003",)
+            assert context.get_current_heads() == (HEAD,)
             assert compare_metadata(context, schema.Base.metadata) == []
     with Store(db_url) as store:  # reopening is a no-op
         assert store.trials() == []
@@ -384,7 +387,7 @@ def test_migration_0001_to_0002_adds_the_lookup_index(db_url: str):
     with Store(db_url) as store:  # opening migrates 0001 -> 0002
         assert indexes(store)["ix_at_trials_rank"] == ["problem_id", "status", "median_us"]
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0003"
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == HEAD
         assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
 
 
@@ -430,7 +433,7 @@ def test_read_only_store_upgrades_an_older_schema_only_when_sound(tmp_path):
     with Store(url, read_only=True) as reader:
         assert [r.median_us for r in reader.best(PROBLEM)][:1] == [5.0]
         with reader.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0003"
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == HEAD
     path.write_bytes(healthy)
     for sidecar in tmp_path.glob("a.db-*"):
         sidecar.unlink()
@@ -648,3 +651,29 @@ def test_job_runs_keep_the_clocks_before_and_after(store: Store):
     assert run.warnings == ("the SM clock moved",) and run.finished_at >= run.started_at
     with pytest.raises(StorageError, match="no job run 99"):
         store.finish_run(99, clocks_after={})
+
+
+def test_migration_0003_to_0004_adds_verifications_and_keeps_every_row(db_url: str):
+    """A database at revision 0003 gets at_verifications when opened; its trials and baselines
+    read back unchanged, and a verification is then stored as a row of its own."""
+    from alembic import command
+
+    from autotune.tuning.verify import VerifyTarget, analyse
+
+    with Store(db_url) as store:
+        first = record(store, Config(tile=1), timed(5.0, 6.0, 7.0))
+        store.record_baseline(PROBLEM, "xla", [9.0, 10.0], device=GPU, software=SOFTWARE)
+        with store.engine.begin() as conn:
+            command.downgrade(connection._alembic_config(conn), "0003")
+            assert "at_verifications" not in sa.inspect(conn).get_table_names()
+    with Store(db_url) as store:  # opening migrates 0003 -> 0004
+        [row] = store.trials(PROBLEM)
+        assert (row.id, row.median_us) == (first.id, 6.0)
+        assert store.verifications() == []
+        target = VerifyTarget(PROBLEM, Config(tile=1), (), 1.5, 6.0, 9.0, "xla", None)
+        v = analyse(target, [(6.0,), (6.1,)], [(9.0,), (9.2,)], method="fake", calls=3)
+        vid = store.record_verification(PROBLEM, v, device=GPU, software=SOFTWARE)
+        [stored] = store.verifications(PROBLEM)
+        assert (stored.id, stored.config, stored.rounds, stored.stored_speedup) == (
+            vid, Config(tile=1), 2, 1.5)
+        assert [r.id for r in store.trials(PROBLEM)] == [first.id]

@@ -27,7 +27,8 @@ def test_public_api():
         "DEFAULT_CONFIRM_TOP", "DEFAULT_CONFIRM_ROUNDS", "DEFAULT_CONFIRM_ITERATIONS",
         "Candidate", "ProgramSummary", "Confirmation", "preference_key", "analyse_confirmation",
         "sized_iterations", "needs_another_round", "timed_rounds", "analyse_rounds",
-        "AnalysedRounds",
+        "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
+        "speedup_words", "joining_configs",
     ])
 
 
@@ -145,3 +146,82 @@ def test_bad_confirmation_input_is_refused_with_the_rule():
         analyse_confirmation([Candidate({}, ((float("nan"),),))])
     with pytest.raises(ValueError, match="tie_floor"):
         analyse_confirmation([Candidate({}, ((1.0,),))], tie_floor=-1)
+
+
+def test_the_speedup_is_the_ratio_of_the_two_times_shown_beside_it():
+    """Winner time, baseline time and speedup come from one measurement: the speedup is the
+    baseline's pooled median over the crowned config's, even where a swinging baseline makes the
+    median per-round ratio differ (172, 178.7, 175.4, 178.6, 178.9 us: the swing seen on an H100
+    beside a config that held 176.0-176.5 us), and its interval holds it."""
+    base = tuple((t,) * 20 for t in (172.0, 178.7, 175.4, 178.6, 178.9))
+    cand = Candidate({"tile": 64}, tuple((t,) * 20 for t in (176.0, 176.5, 176.2, 176.1, 176.3)))
+    c = analyse_confirmation([cand], base)
+    assert c.speedup == pytest.approx(c.baseline.median_us / c.winner.median_us)
+    assert c.speedup_low <= c.speedup <= c.speedup_high
+    assert c.speedup_low < 1.0 < c.speedup_high
+    assert "no faster than xla" in m.speedup_words(c.speedup, c.speedup_low, c.speedup_high, "xla")
+
+
+def test_speedup_words_say_faster_no_faster_or_slower():
+    """Faster only where the interval lies above 1.0; slower where it lies below."""
+    assert m.speedup_words(1.021, 1.015, 1.03, "xla") == "2.1% faster than xla"
+    assert m.speedup_words(1.004, 0.998, 1.01, "xla").startswith("no faster than xla")
+    assert m.speedup_words(0.98, 0.975, 0.985, "cudnn") == (
+        "slower than cudnn: cudnn is 2.0% faster")
+    assert m.speedup_words(None, None, None, "xla") == ""
+
+
+def test_median_interval_is_the_range_up_to_five_rounds_then_order_statistics():
+    """Up to 5 values no interval narrower than the range reaches 95%; at 15 the 4th and 12th
+    order statistics do (binomial tail 1.8%), so one wild round no longer sets the width."""
+    assert m.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    assert m.median_interval([5, 1, 4, 2, 3]) == (1.0, 5.0)
+    values = [float(v) for v in range(1, 16)]
+    assert m.median_interval(values) == (4.0, 12.0)
+    assert m.median_interval(values[:-1] + [1000.0]) == (4.0, 12.0)
+    with pytest.raises(ValueError, match="at least one value"):
+        m.median_interval([])
+
+
+def test_unsettled_configs_get_more_rounds_up_to_the_cap_and_clear_ones_stop_at_three():
+    """Two configs 0.6% apart whose round medians swing by 3% cross each other: unsettled, the
+    adaptive confirmation adds rounds up to MAX_CONFIRM_ROUNDS. Configs 5% apart (separated) or
+    0.1% apart with steady rounds (equal within the band) stop after CONFIRM_MIN_ROUNDS."""
+    def run(center_b: float, noise: float) -> int:
+        rng = random.Random(1)
+
+        def time_rounds(n: int, first: int) -> list[list[tuple[float, ...]]]:
+            return [[(c * (1 + noise * rng.gauss(0, 1)),) * 20 for c in (100.0, center_b, 120.0)]
+                    for _ in range(n)]
+
+        def analyse(rows: list[list[tuple[float, ...]]]) -> m.Confirmation:
+            cands = [Candidate({"t": i}, tuple(r[i] for r in rows)) for i in range(2)]
+            return analyse_confirmation(cands, tuple(r[2] for r in rows))
+
+        return len(m.timed_rounds(time_rounds, analyse, None))
+
+    assert run(100.6, 0.03) == m.MAX_CONFIRM_ROUNDS
+    assert run(105.0, 0.001) == m.CONFIRM_MIN_ROUNDS
+    assert run(100.1, 0.0005) == m.CONFIRM_MIN_ROUNDS
+
+
+def test_a_separated_or_tied_config_is_settled_and_a_straddling_one_is_not():
+    """Slower in every round: separated; within half a percent either way: settled as equal;
+    1% apart with rounds that cross: unsettled."""
+    fast = Candidate({"t": 0}, tuple((100.0,) for _ in range(3)))
+    slow = Candidate({"t": 1}, tuple((t,) for t in (103.0, 102.0, 104.0)))
+    equal = Candidate({"t": 2}, tuple((t,) for t in (100.2, 99.9, 100.3)))
+    cross = Candidate({"t": 3}, tuple((t,) for t in (99.5, 101.5, 102.0)))
+    c = analyse_confirmation([fast, slow, equal, cross])
+    assert [p.settled for p in c.configs] == [True, True, True, False]
+    assert not c.settled
+
+
+def test_configs_the_search_could_not_tell_from_the_fastest_join_the_round():
+    """Below the top five, a config within half a percent of the fastest's search time (or half
+    its spread, if larger) joins, at most CONFIRM_JOIN_MAX; one 2% slower does not."""
+    top = [(100.0, 0.004), (100.3, 0.004)]
+    below = [(100.4, None), (102.0, None), (100.45, None), (100.2, None), (100.1, None)]
+    assert m.joining_configs(top, below) == [0, 2, 3]
+    assert m.joining_configs([(100.0, 0.03)], [(101.4, None)]) == [0]
+    assert m.joining_configs([], below) == []

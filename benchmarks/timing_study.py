@@ -1,0 +1,370 @@
+"""Why a cold timing moves: the flush's effect per program, XLA's algorithm per process, clocks.
+
+    python3 benchmarks/timing_study.py --out $OUT/timing_study.json          # a GPU, ~3 min
+    python3 benchmarks/timing_study.py --child xla --problem ...              # (internal)
+
+Per problem (default 4096^3 bf16 hopper_matmul) and per program (the XLA baseline, the
+kernel's default config, the best configs recorded for the problem in benchmarks/data), in
+``--rounds`` interleaved rounds with fresh random inputs each round:
+
+* ``cold``: the search's method (:func:`autotune.evaluation.cold_timing.time_cold`): one CUPTI
+  session over N x (L2 flush, program); per-iteration samples, so the first iteration can be
+  held against the later ones;
+* ``cold4x``: the same with a flush of 4x the L2 instead of 2x;
+* ``isolated``: per call, a different flush (a write-only pass over 4x the L2), a host sync, and
+  a CUPTI session of that one call (no warm-up call in between, unlike ``profiler.measure``);
+* ``warm``: N calls back to back in one CUPTI session, no flush;
+* NVML's SM clock, power and clock-event reasons before each program's block.
+
+Then, in ``--processes`` fresh child processes each, the baseline is compiled (XLA autotunes
+its GEMM at compile time) and timed warm: the CUPTI kernel names and the time per process show
+whether XLA picks a different algorithm from one process to the next; ``--autotune-cache``
+children share XLA's per-fusion autotune cache folder, which should pin the choice.
+
+Prints a table; writes every sample to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+DATA = ROOT / "benchmarks" / "data"
+
+
+def _nvml() -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def nvml_reading(nv: Any) -> dict[str, Any]:
+    if nv is None:
+        return {}
+    pynvml, h = nv
+    out: dict[str, Any] = {}
+    for key, call in (
+        ("sm_mhz", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+        ("mem_mhz", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+        ("power_w", lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+        ("temp_c", lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+        ("reasons", lambda: int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(h))),
+    ):
+        try:
+            out[key] = call()
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def device_facts() -> dict[str, Any]:
+    """What the CUDA driver and NVML say about GPU 0 (no jax)."""
+    import ctypes
+
+    facts: dict[str, Any] = {}
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        cuda.cuInit(0)
+        dev = ctypes.c_int()
+        cuda.cuDeviceGet(ctypes.byref(dev), 0)
+        name = ctypes.create_string_buffer(256)
+        cuda.cuDeviceGetName(name, 256, dev)
+        facts["name"] = name.value.decode()
+        for key, attr in (("sms", 16), ("smem_per_block_optin", 97), ("smem_per_sm", 81),
+                          ("l2_bytes", 38), ("sm_clock_khz", 13), ("mem_clock_khz", 36),
+                          ("bus_width_bits", 37), ("cc_major", 75), ("cc_minor", 76),
+                          ("max_persisting_l2", 108)):
+            v = ctypes.c_int()
+            if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) == 0:
+                facts[key] = v.value
+    except OSError as e:
+        facts["error"] = str(e)
+    nv = _nvml()
+    if nv is not None:
+        pynvml, h = nv
+        for key, call in (
+            ("nvml_name", lambda: pynvml.nvmlDeviceGetName(h)),
+            ("max_sm_mhz", lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+            ("max_mem_mhz", lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+            ("power_limit_w", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
+            ("memory_total", lambda: pynvml.nvmlDeviceGetMemoryInfo(h).total),
+        ):
+            try:
+                facts[key] = call()
+            except Exception:  # noqa: BLE001
+                pass
+    return facts
+
+
+def recorded_best(problem: Any, n: int) -> list[dict[str, Any]]:
+    from recorded_times import recorded_us
+
+    for path in DATA.glob(f"{problem.kernel}__*.json"):
+        data = json.loads(path.read_text())
+        if data.get("shape") == dict(problem.shape) and data.get("dtype") == problem.dtype:
+            rows = [r for r in data["results"] if r.get("median_us")]
+            rows.sort(key=recorded_us)
+            return [r["config"] for r in rows[:n]]
+    return []
+
+
+def parse_problem(text: str) -> tuple[Any, Any]:
+    from autotune.space.kernel import get_kernel
+    from autotune.space.problem import parse_shape
+
+    name, shape, dtype = text.split(":")
+    kernel = get_kernel(name)
+    return kernel, kernel.problem(parse_shape(shape), dtype)
+
+
+def child_xla(args: argparse.Namespace) -> None:
+    """One fresh process: compile the baseline (XLA autotunes), report its kernels and time."""
+    import jax
+
+    from autotune._jax_compat import cupti_session
+
+    kernel, problem = parse_problem(args.problem)
+    inputs = kernel.make_inputs(problem, jax.random.key(1))
+    start = time.perf_counter()
+    exe = jax.jit(kernel.baseline(problem)).trace(*inputs).lower().compile()
+    compile_s = time.perf_counter() - start
+    jax.block_until_ready(exe(*inputs))
+    samples = []
+    names: list[str] = []
+    for _ in range(args.iterations):
+        launches = cupti_session(lambda: exe(*inputs))
+        names = [n for n, _ in launches]
+        samples.append(sum(ms for _, ms in launches) * 1000.0)
+    print(json.dumps({"names": names, "compile_s": compile_s,
+                      "median_us": statistics.median(samples)}))
+
+
+def child_ncu(args: argparse.Namespace) -> None:
+    """Under Nsight Compute: 3 x (flush, baseline) then 3 x (flush, best recorded config), so
+    that ncu reads each program's L2 hit rate and DRAM bytes right after the flush."""
+    import jax
+
+    from autotune.evaluation.cold_timing import L2Flush
+    from autotune.evaluation.pipeline import compile_config
+    from autotune.space.kernel import BuildOptions
+    from autotune.space.problem import Config
+
+    kernel, problem = parse_problem(args.problem)
+    inputs = kernel.make_inputs(problem, jax.random.key(1))
+    flush = L2Flush()
+    exes = [jax.jit(kernel.baseline(problem)).trace(*inputs).lower().compile()]
+    best = recorded_best(problem, 1)
+    if best:
+        compiled = compile_config(kernel, problem, Config(best[0]), BuildOptions())
+        exes.append(compiled.executable)
+    for exe in exes:
+        jax.block_until_ready(exe(*inputs))
+        for _ in range(3):
+            flush.launch()
+            jax.block_until_ready(exe(*inputs))
+        for _ in range(2):  # warm: no flush
+            jax.block_until_ready(exe(*inputs))
+
+
+def run_children(args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    cache = tempfile.mkdtemp(prefix="xla-autotune-cache-")
+    for i in range(args.processes + 2):
+        shared = i >= args.processes
+        env = dict(os.environ)
+        if shared:
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                                f" --xla_gpu_per_fusion_autotune_cache_dir={cache}").strip()
+        cmd = [sys.executable, __file__, "--child", "xla", "--problem", args.problem,
+               "--iterations", "30"]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        row: dict[str, Any] = {"process": i, "autotune_cache": shared, "rc": p.returncode}
+        try:
+            row.update(json.loads(p.stdout.strip().splitlines()[-1]))
+        except Exception:  # noqa: BLE001
+            row["stderr"] = p.stderr[-2000:]
+        out.append(row)
+        print(f"  child {i} cache={shared}: {row.get('median_us')} us {row.get('names')}",
+              flush=True)
+    return out
+
+
+def study(args: argparse.Namespace) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from autotune._jax_compat import cupti_session
+    from autotune.evaluation.cold_timing import L2Flush, l2_cache_bytes, time_cold
+    from autotune.evaluation.pipeline import compile_config
+    from autotune.evaluation.timing import select_kernel_time
+    from autotune.space.kernel import BuildOptions
+    from autotune.space.problem import Config
+
+    kernel, problem = parse_problem(args.problem)
+    l2, source = l2_cache_bytes(jax.devices()[0])
+    flush2 = L2Flush()
+    flush4 = L2Flush(4 * l2)
+    size = 4 * l2 // 4
+    other = jax.jit(lambda: jnp.full((size,), 3, jnp.int32))  # write-only, another program
+    jax.block_until_ready(other())
+
+    programs: list[tuple[str, Any, bool]] = []
+    specs = kernel.make_inputs(problem, jax.random.key(0))
+    programs.append(("xla", jax.jit(kernel.baseline(problem)).trace(*specs).lower().compile(),
+                     True))
+    configs = []
+    if kernel.default_config is not None:
+        configs.append(("default", dict(kernel.default_config(problem))))
+    for i, c in enumerate(recorded_best(problem, args.best)):
+        configs.append((f"best{i}", c))
+    for label, c in configs:
+        compiled = compile_config(kernel, problem, Config(c), BuildOptions())
+        if hasattr(compiled, "executable"):
+            programs.append((label, compiled.executable, False))
+        else:
+            print(f"  {label} failed: {compiled.error[:200]}", flush=True)
+    del specs
+
+    def isolated(fn: Any, inputs: Any, aggregate: bool, n: int) -> list[float]:
+        samples = []
+        for _ in range(n):
+            jax.block_until_ready(other())
+            launches = cupti_session(lambda: fn(*inputs))
+            if aggregate:
+                samples.append(sum(ms for _, ms in launches) * 1000.0)
+            else:
+                samples.extend(select_kernel_time([launches]))
+        return samples
+
+    def wall(fn: Any, inputs: Any, n: int) -> list[float]:
+        """Host clock, no profiler: n x (flush, program) minus n x (flush, flush-sized gap)."""
+        out = []
+        for _ in range(3):
+            jax.block_until_ready(fn(*inputs))
+            t0 = time.perf_counter()
+            for _ in range(n):
+                flush2.launch()
+                last = fn(*inputs)
+            jax.block_until_ready(last)
+            t1 = time.perf_counter()
+            for _ in range(n):
+                flush2.launch()
+            jax.block_until_ready(flush2._buf)
+            t2 = time.perf_counter()
+            out.append(((t1 - t0) - (t2 - t1)) / n * 1e6)
+        return out
+
+    def warm(fn: Any, inputs: Any, aggregate: bool, n: int) -> list[float]:
+        jax.block_until_ready(fn(*inputs))
+        launches = cupti_session(lambda: [fn(*inputs) for _ in range(n)][-1])
+        per = len(launches) // n
+        its = [launches[i * per:(i + 1) * per] for i in range(n)]
+        if aggregate:
+            return [sum(ms for _, ms in it) * 1000.0 for it in its]
+        return select_kernel_time(its)
+
+    nv = _nvml()
+    rows: list[dict[str, Any]] = []
+    n = args.iterations
+    for r in range(args.rounds):
+        inputs = kernel.make_inputs(problem, jax.random.key(100 + r))
+        jax.block_until_ready(inputs)
+        order = [(r + i) % len(programs) for i in range(len(programs))]
+        for i in order:
+            label, fn, aggregate = programs[i]
+            row: dict[str, Any] = {"round": r, "program": label, "nvml_before": nvml_reading(nv)}
+            row["cold"], _ = time_cold(fn, inputs, n, flush2, aggregate=aggregate,
+                                       select=select_kernel_time)
+            row["cold4x"], _ = time_cold(fn, inputs, n, flush4, aggregate=aggregate,
+                                         select=select_kernel_time)
+            row["isolated"] = isolated(fn, inputs, aggregate, args.isolated)
+            row["warm"] = warm(fn, inputs, aggregate, n)
+            row["wall"] = wall(fn, inputs, n)
+            row["nvml_after"] = nvml_reading(nv)
+            rows.append(row)
+        del inputs
+        print(f"  round {r} done", flush=True)
+    return {"problem": args.problem, "l2": l2, "l2_source": source,
+            "programs": [p[0] for p in programs], "configs": dict(configs), "rows": rows}
+
+
+def summarize(result: dict[str, Any]) -> None:
+    methods = ("cold", "cold4x", "isolated", "warm", "wall")
+    print(f"\n{result['problem']}: per program and method, the median of round medians (us), "
+          "the range of round medians (% of it), and first/later iteration ratio (cold)")
+    print(f"{'program':10s} " + " ".join(f"{m:>22s}" for m in methods) + "   first/rest")
+    base = {}
+    for prog in result["programs"]:
+        rows = [r for r in result["rows"] if r["program"] == prog]
+        cells = []
+        for m in methods:
+            meds = [statistics.median(r[m]) for r in rows]
+            mid = statistics.median(meds)
+            base[(prog, m)] = meds
+            cells.append(f"{mid:10.2f} ±{(max(meds) - min(meds)) / mid * 100:5.2f}%")
+        first = statistics.median([r["cold"][0] / statistics.median(r["cold"][1:]) for r in rows])
+        print(f"{prog:10s} " + " ".join(f"{c:>22s}" for c in cells) + f"   {first:.4f}")
+    print("\nspeedup xla/program per method: median of per-round ratios [min, max]")
+    for prog in result["programs"][1:]:
+        cells = []
+        for m in methods:
+            ratios = [x / y for x, y in zip(base[("xla", m)], base[(prog, m)], strict=True)]
+            cells.append(f"{statistics.median(ratios):.4f} [{min(ratios):.3f},{max(ratios):.3f}]")
+        print(f"{prog:10s} " + " ".join(f"{c:>22s}" for c in cells))
+    clocks = [r["nvml_before"].get("sm_mhz") for r in result["rows"] if r["nvml_before"]]
+    if clocks:
+        print(f"\nSM clock before blocks: min {min(clocks)} max {max(clocks)} MHz; reasons seen: "
+              f"{sorted({r['nvml_before'].get('reasons') for r in result['rows']})}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--problem", action="append", metavar="KERNEL:SHAPE:DTYPE")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=40)
+    p.add_argument("--isolated", type=int, default=12)
+    p.add_argument("--best", type=int, default=2)
+    p.add_argument("--processes", type=int, default=4)
+    p.add_argument("--child", choices=("xla", "ncu"))
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    problems = args.problem or ["hopper_matmul:m=4096,n=4096,k=4096:bfloat16"]
+    if args.child:
+        args.problem = problems[0]
+        (child_xla if args.child == "xla" else child_ncu)(args)
+        return 0
+    out: dict[str, Any] = {"facts": device_facts(), "problems": []}
+    print(json.dumps(out["facts"]), flush=True)
+    for text in problems:
+        args.problem = text
+        result = study(args)
+        summarize(result)
+        result["children"] = run_children(args) if args.processes else []
+        out["problems"].append(result)
+        if args.out:
+            args.out.write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""``autotune verify``: stored winners and baselines re-timed by the second method, stored as
+rows of their own (autotune.tuning.verify, autotune.evaluation.independent)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.space.problem import Config, Problem
+from autotune.storage.store import Store
+from autotune.tuning import verify as m
+from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+DEVICE = DeviceInfo("fake-gpu", "gpu")
+SOFTWARE = {"jax": "9.9.9", "jaxlib": "9.9.9", "autotune": "0.1.0"}
+P1 = Problem("toy", {"n": 1024}, "float32")  # a confirmation stored
+P2 = Problem("toy", {"n": 2048}, "float32")  # trials and a baseline only
+A, B, C = (Config(block=b) for b in (64, 128, 256))
+
+
+def timed(us: float) -> TrialResult:
+    return TrialResult.timed([us], compile_s=0.1, rel_error=0.0, timing="fake", cache="cold")
+
+
+@pytest.fixture
+def db(db_url: str) -> str:
+    with Store(db_url) as store:
+        ids = [store.record_trial(P1, c, timed(us), device=DEVICE, software=SOFTWARE).id
+               for c, us in ((A, 100.0), (B, 101.0), (C, 104.0))]
+        cands = [Candidate(dict(c), ((us,) * 5,) * 3, trial_id=i)
+                 for c, us, i in zip((A, B, C), (100.0, 101.0, 104.0), ids, strict=True)]
+        confirmation = analyse_confirmation(cands, ((110.0,) * 5,) * 3)
+        store.record_confirmation(P1, confirmation, trial_ids=ids, device=DEVICE,
+                                  software=SOFTWARE, cache="cold", iterations=5,
+                                  baseline_name="xla")
+        for c, us in ((A, 50.0), (B, 55.0)):
+            store.record_trial(P2, c, timed(us), device=DEVICE, software=SOFTWARE)
+        store.record_baseline(P2, "xla", [45.0], device=DEVICE, software=SOFTWARE, cache="cold")
+    return db_url
+
+
+def fake_timing(times: dict[tuple[Problem, Config | None], float]):
+    """A time_target that reads every program at the time ``times`` gives it, each round."""
+    def time_target(target, rounds, calls):
+        def r(config):
+            return [(times[(target.problem, config)],)] * rounds
+
+        base = r(None) if target.baseline_name else None
+        return r(target.winner), base, [r(c) for c in target.others]
+
+    return time_target
+
+
+def test_targets_are_the_confirmed_winner_else_the_fastest_trial(db: str):
+    """P1 re-times its confirmation's crowned config against its stored speedup; P2, without a
+    confirmation, its fastest trial against the stored baseline over it."""
+    with Store(db) as store:
+        targets = {t.problem: t for t in m.targets(store, DEVICE, others=2)}
+    assert targets[P1].winner == A and targets[P1].others == (B, C)
+    assert targets[P1].stored_speedup == pytest.approx(1.1)
+    assert targets[P1].confirmation_id is not None and targets[P1].baseline_name == "xla"
+    assert targets[P2].winner == A and targets[P2].others == (B,)
+    assert targets[P2].stored_speedup == pytest.approx(0.9)
+    assert targets[P2].confirmation_id is None
+
+
+def test_verify_stores_the_retimed_speedup_its_difference_and_whether_the_winner_holds(db: str):
+    """P1 re-times at 100 vs 112 us (1.12 against the stored 1.10: +1.8%), B now faster than A by
+    2%: the stored winner no longer wins. P2 holds. Rows of their own; trials untouched."""
+    times = {(P1, A): 100.0, (P1, B): 98.0, (P1, C): 104.0, (P1, None): 112.0,
+             (P2, A): 50.0, (P2, B): 55.0, (P2, None): 46.0}
+    with Store(db) as store:
+        before = [r.id for r in store.best(P1, device_name="fake-gpu", n=5)]
+        results = {r.problem: r for r in m.verify(
+            store, DEVICE, SOFTWARE, time_target=fake_timing(times), method="fake", rounds=3,
+            calls=7)}
+        rows = {r.problem: r for r in store.verifications(device_name="fake-gpu")}
+        assert [r.id for r in store.best(P1, device_name="fake-gpu", n=5)] == before
+    one = results[P1]
+    assert one.speedup == pytest.approx(1.12) and one.difference == pytest.approx(1.12 / 1.1 - 1)
+    assert one.still_wins is False
+    assert one.words() == "12.0% faster than xla"
+    assert results[P2].still_wins is True and results[P2].speedup == pytest.approx(0.92)
+    assert "slower than xla" in results[P2].words()
+    stored = rows[P1]
+    assert (stored.config, stored.rounds, stored.calls, stored.method) == (A, 3, 7, "fake")
+    assert stored.speedup == pytest.approx(1.12) and stored.stored_speedup == pytest.approx(1.1)
+    assert stored.still_wins is False and stored.confirmation_id == one.confirmation_id
+    assert [o["median_us"] for o in stored.others] == [98.0, 104.0]
+
+
+def test_a_problem_the_method_cannot_time_is_left_out_and_nothing_is_stored_for_it(db: str):
+    """A differenced time at or below zero (a program shorter than the host's dispatch) is no
+    time: that problem is reported, not stored; the others go on."""
+    times = {(P1, A): 100.0, (P1, B): 98.0, (P1, C): 104.0, (P1, None): 112.0,
+             (P2, A): -3.0, (P2, B): 55.0, (P2, None): 46.0}
+    failed = []
+    with Store(db) as store:
+        done = m.verify(store, DEVICE, SOFTWARE, time_target=fake_timing(times), method="fake",
+                        on_result=lambda r, t, why: why and failed.append((t.problem, why)))
+        assert [r.problem for r in store.verifications()] == [P1]
+    assert [r.problem for r in done] == [P1]
+    assert failed and failed[0][0] == P2 and "positive finite" in failed[0][1]
+
+
+def test_analyse_interval_holds_the_speedup_and_refuses_bad_rounds():
+    target = m.VerifyTarget(P1, A, (), 1.0, 100.0, 100.0, "xla", None)
+    v = m.analyse(target, [(100.0,), (101.0,), (99.0,)], [(100.0,), (103.0,), (101.0,)],
+                  method="fake", calls=1)
+    assert v.speedup_low <= v.speedup <= v.speedup_high
+    assert v.speedup == pytest.approx(101.0 / 100.0)
+    with pytest.raises(ValueError, match="same number of rounds"):
+        m.analyse(target, [(1.0,)], [(1.0,), (1.0,)], method="fake", calls=1)
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        m.verify(None, DEVICE, SOFTWARE, time_target=None, method="x", rounds=0)
+
+
+def test_the_wall_clock_timer_measures_the_work_not_the_flush():
+    """The real method on the CPU: a program doing 16x the matrix products of another reads
+    several times longer, and a program's times are positive."""
+    import jax
+    import jax.numpy as jnp
+
+    from autotune.evaluation.independent import WallClockTimer
+
+    x = jax.random.normal(jax.random.key(0), (192, 192), jnp.float32)
+    small = jax.jit(lambda a: a @ a)
+    big = jax.jit(lambda a: jax.lax.fori_loop(0, 16, lambda i, b: (b @ a) * 0.01, a))
+    table = WallClockTimer().rounds([(small, (x,)), (big, (x,))], rounds=2, calls=4)
+    assert len(table) == 2 and all(len(row) == 2 for row in table)
+    assert all(t > 0 for row in table for t in row[1:])
+    assert min(row[1] for row in table) > 3 * max(row[0] for row in table)
+
+
+def test_time_configs_compiles_checks_and_times_a_real_kernel_in_interpret_mode():
+    """The real time_target's core on the CPU: a softmax config in GPU interpret mode is
+    compiled, checked against the reference and timed by the second method."""
+    from autotune.evaluation.independent import WallClockTimer, time_configs
+    from autotune.space.kernel import get_kernel
+
+    kernel = get_kernel("softmax")
+    problem = kernel.problem({"rows": 16, "cols": 256}, "float32")
+    config = Config(kernel.default_config(problem))
+    per_config, base = time_configs(problem, [config], baseline=False, rounds=1, calls=1,
+                                    interpret=True, timer=WallClockTimer(blocks=1))
+    assert base is None and len(per_config) == 1 and len(per_config[0]) == 1
+    assert per_config[0][0][0] > 0
