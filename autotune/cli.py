@@ -14,9 +14,11 @@
     autotune import FILE
     autotune revalidate [--kernel K] [--device auto|gpu|interpret] [--top N] [--json]
     autotune report [--kernel K] [--out DIR]
+    autotune verify [--kernel K] [--device auto|gpu|interpret] [--rounds N] [--calls N]
+                    [--others N] [--json]
 
-Exit codes: 0 success; 1 nothing tuned (``best``, ``report``; ``revalidate`` on a missing
-database) or configs failed (``check``);
+Exit codes: 0 success; 1 nothing tuned (``best``, ``report``; ``revalidate`` and ``verify`` on a
+missing database) or configs failed (``check``);
 2 bad input, a database that cannot be used, or output that cannot be written (``> /dev/full``);
 3 a ``tune`` job ran to its end but some trials crashed (stored as crashed; the
 last line says how many and where the worker logs are); 130 Ctrl-C (SIGINT); 143 SIGTERM
@@ -844,6 +846,8 @@ def _best(args: argparse.Namespace) -> int:
     if result.baseline_us and not interpret:
         speedup = _speedup_text(result.speedup, result.speedup_spread, result.confirmed)
         _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {speedup})")
+        if result.verdict:
+            _say(f"  the tuned kernel is {result.verdict}")
     print("  config: " + json.dumps(result.config))
     for tie in result.ties:
         print(f"  tied within the noise ({100 * tie['diff']:+.2f}%): " + json.dumps(tie["config"]))

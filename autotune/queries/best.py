@@ -119,8 +119,10 @@ class BestResult:
     spread: float | None = None  # (p90 - p10) / median of the samples behind median_us
     # From the confirmation round (None / () when the answer was not confirmed):
     confirmation_id: int | None = None
-    confirmed_speedup: float | None = None  # median of the per-round paired speedups
-    speedup_spread: float | None = None  # half their range, relative to it
+    confirmed_speedup: float | None = None  # the baseline's median over the crowned config's
+    speedup_spread: float | None = None  # half its interval's width, relative to it
+    speedup_low: float | None = None  # the interval of the per-round paired speedups
+    speedup_high: float | None = None
     # The other configs of the winner's tied group: within the measured noise of the fastest.
     ties: tuple[dict[str, Any], ...] = dataclasses.field(default=(), hash=False)
 
@@ -135,6 +137,17 @@ class BestResult:
         if self.confirmed_speedup is not None:
             return self.confirmed_speedup
         return None if self.ratio is None else 1.0 / self.ratio
+
+    @property
+    def verdict(self) -> str:
+        """The confirmed speedup in words: faster than the baseline, no faster (its interval
+        holds 1.0) or slower (it lies below); "" when not confirmed against a baseline."""
+        from autotune.tuning.confirmation import speedup_words
+
+        if self.confirmed_speedup is None:
+            return ""
+        return speedup_words(self.confirmed_speedup, self.speedup_low, self.speedup_high,
+                             self.baseline_name)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``measured_at`` as ISO 8601 text)."""
@@ -161,6 +174,9 @@ class BestResult:
             "confirmation_id": self.confirmation_id,
             "confirmed_speedup": self.confirmed_speedup,
             "speedup_spread": self.speedup_spread,
+            "speedup_low": self.speedup_low,
+            "speedup_high": self.speedup_high,
+            "verdict": self.verdict,
             "ties": [dict(t) for t in self.ties],
         }
 
@@ -346,6 +362,8 @@ def _confirmed_result(
         confirmation_id=c.id,
         confirmed_speedup=c.speedup,
         speedup_spread=c.speedup_spread,
+        speedup_low=c.speedup_low,
+        speedup_high=c.speedup_high,
         ties=tuple(
             {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff,
              "trial_id": p.trial_id}
