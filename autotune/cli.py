@@ -581,6 +581,7 @@ def _report_dict(r: Any) -> dict[str, Any]:
         "speedup": None if interpret else r.speedup,
         "tflops": None if interpret else r.tflops, "gbps": None if interpret else r.gbps,
         "measured_now": r.measured_now, "stop_reason": r.stop_reason,
+        "confirm_s": r.confirm_s,  # the confirmation round's wall time in this run
     }
 
 

@@ -264,7 +264,7 @@ def verify(
             winner, base, rest = time_target(target, rounds, calls)
             result = analyse(target, winner, base, rest, method=method, calls=calls)
         except ValueError as e:
-            log.warning("%s: not verified: %s", target.problem, e)
+            log.info("%s: not verified: %s", target.problem, e)
             if on_result is not None:
                 on_result(None, target, str(e))
             continue

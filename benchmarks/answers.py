@@ -1,0 +1,211 @@
+"""Answers that hold up: the same winner and the same speedup, run after run, checked by a
+second method (benchmarks/RESULTS.md, "Answers that hold up").
+
+    python3 benchmarks/answers.py --runs 5 --out $OUT          # a GPU; ~1.5 min a run
+    python3 benchmarks/answers.py --runs 1 --device interpret --job J --out /tmp/a   # CPU smoke
+
+1. ``--runs`` fresh default jobs of ``--job`` (default ``benchmarks/answers.toml``: 4096^3,
+   2048x14336x4096 and 128x8192x8192 bf16 matmuls), each in a results folder and database of
+   its own, then ``autotune verify`` on that database (the second timing method), so each run
+   gives per problem: its crowned config, the stored (confirmed) speedup with its interval, the
+   re-timed speedup, their difference, and the confirmation round's share of the job's time;
+2. a final re-time, in one process by the second method, of every run's winner per problem
+   beside the best configs recorded for the problem on this device (``benchmarks/data``, when a
+   file of this device holds the shape): how far each run's winner is from the best known, and
+   the spread of the runs' winners, measured side by side.
+
+Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` (every figure)
+and ``answers.tgz`` (the databases and logs) to ``--out``; prints the tables last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+DATA = ROOT / "benchmarks" / "data"
+
+
+def autotune(db: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "autotune", "--db", db, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def one_run(i: int, args: argparse.Namespace, left: float) -> dict[str, Any]:
+    folder = args.out / f"run{i}"
+    folder.mkdir(parents=True, exist_ok=True)
+    db = f"sqlite:///{folder / 'answers.db'}"
+    start = time.monotonic()
+    tune = autotune(db, "tune", str(args.job), "--results-dir", str(folder), "--jsonl",
+                    "--device", args.device, timeout=left)
+    wall = time.monotonic() - start
+    (folder / "tune.jsonl").write_text(tune.stdout)
+    (folder / "tune.err").write_text(tune.stderr)
+    verify = autotune(db, "verify", "--device", args.device, "--json",
+                      "--compilation-cache", str(folder / "jax_cache"),
+                      "--rounds", str(args.rounds), timeout=max(60.0, left - wall))
+    (folder / "verify.err").write_text(verify.stderr)
+    verified = json.loads(verify.stdout or "[]") if verify.returncode == 0 else []
+    results = autotune(db, "results", "--json", timeout=120)
+    stored = json.loads(results.stdout or "[]") if results.returncode == 0 else []
+    return {"run": i, "tune_rc": tune.returncode, "wall_s": wall, "verify_rc": verify.returncode,
+            "verified": verified, "stored": stored, "confirm_s": confirm_seconds(tune.stdout)}
+
+
+def confirm_seconds(jsonl: str) -> dict[str, float]:
+    """Per problem, the confirmation round's seconds from the job's JSON lines, where given."""
+    out: dict[str, float] = {}
+    for line in jsonl.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("confirm_s") is not None:
+            out[str(event.get("problem"))] = float(event["confirm_s"])
+    return out
+
+
+def recorded_best(kernel: str, shape: dict[str, Any], dtype: str, device: str, n: int) -> list:
+    from recorded_times import recorded_us
+
+    for path in sorted(DATA.glob(f"{kernel}__*.json")):
+        data = json.loads(path.read_text())
+        if (data.get("shape") == shape and data.get("dtype") == dtype
+                and data.get("device") == device):
+            rows = sorted((r for r in data["results"] if r.get("median_us")), key=recorded_us)
+            return [r["config"] for r in rows[:n]]
+    return []
+
+
+def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every run's winner per problem, and the recorded best, re-timed together (step 2)."""
+    from autotune.evaluation.independent import time_configs
+    from autotune.space.kernel import get_kernel
+    from autotune.space.problem import Config
+
+    by_problem: dict[tuple, dict[str, Any]] = {}
+    for run in runs:
+        for v in run["verified"]:
+            key = (v["kernel"], json.dumps(v["shape"], sort_keys=True), v["dtype"])
+            entry = by_problem.setdefault(key, {"winners": {}})
+            entry["winners"][run["run"]] = Config(v["config"])
+    device = device_name()
+    out = []
+    for (kernel_name, shape_text, dtype), entry in by_problem.items():
+        shape = json.loads(shape_text)
+        problem = get_kernel(kernel_name).problem(shape, dtype)
+        distinct: list[Config] = []
+        for c in entry["winners"].values():
+            if c not in distinct:
+                distinct.append(c)
+        known = [Config(c) for c in recorded_best(kernel_name, shape, dtype, device, 3)]
+        configs = distinct + [c for c in known if c not in distinct]
+        try:
+            per_config, base = time_configs(problem, configs, baseline=True, rounds=args.rounds,
+                                            calls=20, interpret=args.device == "interpret")
+        except ValueError as e:
+            out.append({"problem": str(problem), "error": str(e)})
+            continue
+        medians = [statistics.median(t for r in rounds for t in r) for rounds in per_config]
+        best = min(medians)
+        base_us = statistics.median(t for r in base for t in r) if base else None
+        winners = {run: medians[distinct.index(c)] for run, c in entry["winners"].items()}
+        out.append({
+            "problem": str(problem), "configs": [dict(c) for c in configs],
+            "medians_us": medians, "recorded": len(configs) - len(distinct),
+            "best_us": best, "baseline_us": base_us, "winner_us": winners,
+            "winner_vs_best": {run: us / best - 1 for run, us in winners.items()},
+            "winners_spread": (max(winners.values()) / min(winners.values()) - 1)
+            if winners else None,
+        })
+    return out
+
+
+def device_name() -> str:
+    from autotune.evaluation.pipeline import gpu_device_info, interpret_device_info
+
+    try:
+        return gpu_device_info().name
+    except Exception:  # noqa: BLE001
+        return interpret_device_info().name
+
+
+def report(result: dict[str, Any]) -> None:
+    print(f"\ndevice {result['device']}; {len(result['runs'])} runs of {result['job']}")
+    print(f"{'run':>3} {'problem':48s} {'stored':>22s} {'verified':>22s} {'diff':>7s} "
+          f"{'wins':>5s} {'conf%':>6s}")
+    for run in result["runs"]:
+        for v in run["verified"]:
+            stored = v.get("stored_speedup")
+            cell = ("-" if v["speedup"] is None else
+                    f"{v['speedup']:.4f} [{v['speedup_low']:.3f},{v['speedup_high']:.3f}]")
+            diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
+            share = sum(run["confirm_s"].values()) / run["wall_s"] * 100 if run["wall_s"] else 0
+            problem = f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}"
+            print(f"{run['run']:>3} {problem:48s} {stored if stored is None else round(stored, 4)!s:>22s} "
+                  f"{cell:>22s} {diff:>7s} {v['still_wins']!s:>5s} {share:6.1f}")
+    print("\nside by side (second method, one process): each run's winner against the best known")
+    for p in result["side_by_side"]:
+        if "error" in p:
+            print(f"  {p['problem']}: {p['error']}")
+            continue
+        gaps = ", ".join(f"run{r}: {100 * g:+.2f}%" for r, g in sorted(p["winner_vs_best"].items()))
+        print(f"  {p['problem']}: best {p['best_us']:.2f} us (of {len(p['configs'])} configs, "
+              f"{p['recorded']} recorded), baseline {p['baseline_us']:.2f} us; {gaps}; winners "
+              f"spread {100 * (p['winners_spread'] or 0):.2f}%")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--job", type=Path, default=ROOT / "benchmarks" / "answers.toml")
+    p.add_argument("--device", default="gpu", choices=("gpu", "interpret"))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=540.0,
+                   help="stop starting runs past this (default: 540)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    args.out = args.out.resolve()
+    args.job = args.job.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    runs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"job": str(args.job.relative_to(ROOT)) if args.job.is_relative_to(ROOT)
+                              else str(args.job), "runs": runs, "side_by_side": []}
+    for i in range(args.runs):
+        left = args.seconds - (time.monotonic() - start)
+        per_run = (time.monotonic() - start) / i if i else 0.0
+        if left < max(60.0, 1.2 * per_run) and i:
+            print(f"stopping after {i} runs: {left:.0f} s left", flush=True)
+            break
+        runs.append(one_run(i, args, left))
+        print(f"run {i}: tune rc {runs[-1]['tune_rc']} in {runs[-1]['wall_s']:.0f} s, verify rc "
+              f"{runs[-1]['verify_rc']}", flush=True)
+        (args.out / "answers.json").write_text(json.dumps(result, default=str))
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    result["device"] = device_name()
+    result["side_by_side"] = side_by_side(runs, args)
+    (args.out / "answers.json").write_text(json.dumps(result, default=str))
+    with tarfile.open(args.out / "answers.tgz", "w:gz") as tar:
+        for run in sorted(args.out.glob("run*")):
+            for f in sorted(run.iterdir()):
+                if f.is_file():
+                    tar.add(f, arcname=f"{run.name}/{f.name}")
+    report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

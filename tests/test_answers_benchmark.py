@@ -1,0 +1,28 @@
+"""benchmarks/answers.py: the pieces that read a job's output and the recorded data."""
+
+from __future__ import annotations
+
+import json
+
+from benchmark_scripts import load
+
+
+def test_confirm_seconds_are_read_from_the_summary_events():
+    answers = load("answers")
+    lines = "\n".join([
+        json.dumps({"event": "trial", "problem": "p1"}),
+        json.dumps({"event": "summary", "problem": "p1", "confirm_s": 1.5}),
+        json.dumps({"event": "summary", "problem": "p2", "confirm_s": None}),
+        "not json",
+    ])
+    assert answers.confirm_seconds(lines) == {"p1": 1.5}
+
+
+def test_recorded_best_keeps_each_device_apart():
+    """The H200's recorded configs answer for the H200 only: another device gets none."""
+    answers = load("answers")
+    shape = {"k": 4096, "m": 4096, "n": 4096}
+    h200 = answers.recorded_best("hopper_matmul", shape, "bfloat16", "NVIDIA H200", 2)
+    assert len(h200) == 2 and all("tile_m" in c for c in h200)
+    assert answers.recorded_best("hopper_matmul", shape, "bfloat16", "NVIDIA H100 80GB HBM3",
+                                 2) == []
