@@ -272,6 +272,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="interleaved rounds (default: 5)")
     w.add_argument("--calls", type=int, default=20, metavar="N",
                    help="calls per program, block and round (default: 20)")
+    w.add_argument("--method", default="auto", choices=("auto", "cupti-isolated",
+                                                        "wallclock-difference"),
+                   help="the second timing method: auto (default): cupti-isolated on a GPU, "
+                        "wallclock-difference in interpret mode")
     w.add_argument("--others", type=int, default=2, metavar="N",
                    help="other stored configs re-timed beside the winner (default: 2)")
     w.add_argument("--compilation-cache", default="auto", metavar="DIR",
@@ -994,7 +998,7 @@ def _verify(args: argparse.Namespace) -> int:
     import tempfile
 
     from autotune.api import compilation_cache_folder, detect_device
-    from autotune.evaluation.independent import METHOD
+    from autotune.evaluation.independent import CUPTI_METHOD, METHOD
     from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
     from autotune.queries.outputs import check_output_dir
     from autotune.storage.store import Store
@@ -1032,12 +1036,18 @@ def _verify(args: argparse.Namespace) -> int:
         if why is not None:
             print(f"autotune: {target.problem}: not verified: {why}", file=sys.stderr)
 
+    method = args.method
+    if method == "auto":
+        method = CUPTI_METHOD if device == "gpu" else METHOD
+    if method == CUPTI_METHOD and device != "gpu":
+        raise ValueError(f"--method {CUPTI_METHOD} needs a GPU (CUPTI); in interpret mode use "
+                         f"--method {METHOD}.")
     with Store(args.db) as store:
         results = verify(
             store, info, software_versions(),
-            time_target=timing_on_this_machine(interpret=device == "interpret",
+            time_target=timing_on_this_machine(interpret=device == "interpret", method=method,
                                                allow_import=args.allow_import),
-            method=METHOD, kernel=args.kernel, rounds=args.rounds, calls=args.calls,
+            method=method, kernel=args.kernel, rounds=args.rounds, calls=args.calls,
             others=args.others, on_result=progress,
         )
     if args.json:

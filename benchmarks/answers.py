@@ -90,7 +90,7 @@ def recorded_best(kernel: str, shape: dict[str, Any], dtype: str, device: str, n
 
 def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every run's winner per problem, and the recorded best, re-timed together (step 2)."""
-    from autotune.evaluation.independent import time_configs
+    from autotune.evaluation.independent import CUPTI_METHOD, METHOD, make_timer, time_configs
     from autotune.space.kernel import get_kernel
     from autotune.space.problem import Config
 
@@ -101,6 +101,7 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
             entry = by_problem.setdefault(key, {"winners": {}})
             entry["winners"][run["run"]] = Config(v["config"])
     device = device_name()
+    timer = make_timer(METHOD if args.device == "interpret" else CUPTI_METHOD)
     out = []
     for (kernel_name, shape_text, dtype), entry in by_problem.items():
         shape = json.loads(shape_text)
@@ -113,7 +114,8 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
         configs = distinct + [c for c in known if c not in distinct]
         try:
             per_config, base = time_configs(problem, configs, baseline=True, rounds=args.rounds,
-                                            calls=20, interpret=args.device == "interpret")
+                                            calls=20, interpret=args.device == "interpret",
+                                            timer=timer)
         except ValueError as e:
             out.append({"problem": str(problem), "error": str(e)})
             continue

@@ -1,9 +1,22 @@
-"""The second timing method (``autotune verify``): the host's clock, no profiler.
+"""The second timing methods (``autotune verify``), sharing no timing code with the search.
 
-The search times with CUPTI, the kernel's own launches, inside one session per config, with the
-L2 flushed by :mod:`autotune.evaluation.cold_timing` between iterations. This method shares none
-of that: no CUPTI, no launch names, no session, a flush of its own. For each program it times,
-with ``time.perf_counter`` around ``jax.block_until_ready``:
+The search times with CUPTI, the kernel's own launches picked by name, inside one session of
+many iterations per config, with the L2 flushed by :mod:`autotune.evaluation.cold_timing`
+between iterations. Two methods here share none of that:
+
+:class:`CuptiIsolatedTimer` (``cupti-isolated``, the default on a GPU): each call on its own,
+after a flush of its own (an in-place xor over :data:`FLUSH_L2_MULTIPLE` x the L2) and a host
+sync, in a CUPTI session of that one call; every launch of the call counts (no names picked,
+nothing split); a round's time is the median of ``calls`` such calls. What it shares with the
+search is jax's CUPTI extension, reached through the one adapter module
+(:func:`autotune._jax_compat.cupti_session`). Each call starts on an idle GPU, after the session
+opens: on the H100 that read 1.1-1.2% above the search's back-to-back cold timing for XLA and
+the kernel alike, so their ratio held within 0.1-0.4% at 4096^3 and 128x8192x8192
+(benchmarks/RESULTS.md, "Answers that hold up").
+
+:class:`WallClockTimer` (``wallclock-difference``, the method where there is no CUPTI: interpret
+mode) uses no profiler at all. For each program it times, with ``time.perf_counter`` around
+``jax.block_until_ready``:
 
 * ``calls`` x (flush, program), enqueued back to back, and
 * ``calls`` x (flush) alone,
@@ -11,13 +24,14 @@ with ``time.perf_counter`` around ``jax.block_until_ready``:
 and takes the difference over ``calls`` as the program's time per call: the GPU stays busy
 throughout (each call is queued while the previous one runs), as in a program's own loop, and
 the flush's cost cancels out. Each round times every program once (in a rotating order),
-:data:`BLOCKS` times, and keeps the median of the blocks; rounds repeat so that their spread
-and the paired ratios between programs show how far the figures can be trusted.
+:data:`BLOCKS` times, and keeps the median of the blocks. It needs the GPU to stay ahead of the
+host: on the H100 a flush-only loop came close to the host's dispatch pace, and its round
+medians moved by up to 12-17%, so it is no GPU method there.
 
-The flush is an in-place ``x ^ 0x5A5A5A5A`` over an int32 buffer of :data:`FLUSH_L2_MULTIPLE`
-times the L2 (asked of the CUDA driver; a small buffer on a CPU-only machine), another program
-than the search's. What the method cannot see: a program shorter than the host's dispatch
-time (about 10-20 us per call on the lent GPUs) is timed as the host's pace, not the GPU's.
+Both: rounds repeat so that their spread and the paired ratios between programs show how far
+the figures can be trusted. The flush is an in-place ``x ^ 0x5A5A5A5A`` over an int32 buffer
+(asked of the CUDA driver for the L2's size; a small buffer on a CPU-only machine), another
+program than the search's.
 
 jax is imported inside functions only.
 """
@@ -29,9 +43,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["METHOD", "BLOCKS", "FLUSH_L2_MULTIPLE", "WallClockTimer", "rotation", "time_configs"]
+__all__ = [
+    "METHOD",
+    "CUPTI_METHOD",
+    "BLOCKS",
+    "FLUSH_L2_MULTIPLE",
+    "WallClockTimer",
+    "CuptiIsolatedTimer",
+    "make_timer",
+    "rotation",
+    "time_configs",
+]
 
 METHOD = "wallclock-difference"
+CUPTI_METHOD = "cupti-isolated"
 BLOCKS = 3  # blocks per program and round; the round keeps their median
 FLUSH_L2_MULTIPLE = 4
 _CPU_FLUSH_BYTES = 1 << 20  # no L2 to speak of: the method's shape, at a small cost
@@ -40,6 +65,88 @@ _CPU_FLUSH_BYTES = 1 << 20  # no L2 to speak of: the method's shape, at a small 
 def rotation(n_programs: int, round_index: int) -> list[int]:
     """The order of the programs in round ``round_index``: each round starts one later."""
     return [(round_index + i) % n_programs for i in range(n_programs)]
+
+
+def _flush_program(flush_bytes: int | None) -> tuple[Any, Any, int]:
+    """The flush: (jitted in-place xor, its buffer, bytes); the buffer sized from the L2."""
+    import jax
+    import jax.numpy as jnp
+
+    if flush_bytes is None:
+        flush_bytes = _CPU_FLUSH_BYTES
+        if jax.default_backend() in ("gpu", "cuda"):
+            from autotune.evaluation.cold_timing import l2_cache_bytes
+
+            flush_bytes = FLUSH_L2_MULTIPLE * l2_cache_bytes(jax.devices()[0])[0]
+    size = max(1, int(flush_bytes) // 4)
+    flip = jax.jit(lambda b: b ^ jnp.int32(0x5A5A5A5A), donate_argnums=0)
+    buf = jax.block_until_ready(jnp.arange(size, dtype=jnp.int32))
+    buf = jax.block_until_ready(flip(buf))  # compiled, warm
+    return flip, buf, size * 4
+
+
+def _check_table(programs: Sequence[Any], rounds: int, calls: int) -> None:
+    if rounds < 1 or calls < 1 or not programs:
+        raise ValueError(
+            f"a re-time needs at least one program, round and call, but got "
+            f"{len(programs)} program(s), {rounds} round(s) and {calls} call(s)."
+        )
+
+
+class CuptiIsolatedTimer:
+    """Times each call alone: flush, host sync, a CUPTI session of the one call, every launch
+    counted (module docstring). ``flush_bytes`` as for :class:`WallClockTimer`."""
+
+    method = CUPTI_METHOD
+
+    def __init__(self, flush_bytes: int | None = None) -> None:
+        self._flip, self._buf, self.flush_bytes = _flush_program(flush_bytes)
+
+    def call_us(self, fn: Callable[..., Any], inputs: Sequence[Any]) -> float:
+        import jax
+
+        from autotune._jax_compat import cupti_session
+
+        self._buf = jax.block_until_ready(self._flip(self._buf))
+        launches = cupti_session(lambda: fn(*inputs))
+        if not launches:
+            raise ValueError("CUPTI recorded no launch of the program.")
+        return sum(ms for _, ms in launches) * 1000.0
+
+    def rounds(
+        self,
+        programs: Sequence[tuple[Callable[..., Any], Sequence[Any]]],
+        *,
+        rounds: int,
+        calls: int,
+    ) -> list[list[float]]:
+        """Per round, per program, the median time of ``calls`` isolated calls in us."""
+        import jax
+
+        _check_table(programs, rounds, calls)
+        for fn, inputs in programs:
+            jax.block_until_ready(fn(*inputs))  # warm-up, excluded
+        table: list[list[float]] = []
+        for r in range(rounds):
+            row = [0.0] * len(programs)
+            for i in rotation(len(programs), r):
+                fn, inputs = programs[i]
+                row[i] = statistics.median(self.call_us(fn, inputs) for _ in range(calls))
+            table.append(row)
+        return table
+
+
+def make_timer(method: str) -> WallClockTimer | CuptiIsolatedTimer:
+    """The timer of ``method`` (:data:`CUPTI_METHOD` or :data:`METHOD`).
+
+    Raises:
+      ValueError: another name.
+    """
+    if method == CUPTI_METHOD:
+        return CuptiIsolatedTimer()
+    if method == METHOD:
+        return WallClockTimer()
+    raise ValueError(f"the re-time method must be {CUPTI_METHOD!r} or {METHOD!r}, got {method!r}.")
 
 
 class WallClockTimer:
@@ -52,21 +159,8 @@ class WallClockTimer:
     method = METHOD
 
     def __init__(self, flush_bytes: int | None = None, *, blocks: int = BLOCKS) -> None:
-        import jax
-        import jax.numpy as jnp
-
-        if flush_bytes is None:
-            flush_bytes = _CPU_FLUSH_BYTES
-            if jax.default_backend() in ("gpu", "cuda"):
-                from autotune.evaluation.cold_timing import l2_cache_bytes
-
-                flush_bytes = FLUSH_L2_MULTIPLE * l2_cache_bytes(jax.devices()[0])[0]
-        size = max(1, int(flush_bytes) // 4)
-        self.flush_bytes = size * 4
+        self._flip, self._buf, self.flush_bytes = _flush_program(flush_bytes)
         self.blocks = int(blocks)
-        self._flip = jax.jit(lambda b: b ^ jnp.int32(0x5A5A5A5A), donate_argnums=0)
-        self._buf = jax.block_until_ready(jnp.arange(size, dtype=jnp.int32))
-        self._buf = jax.block_until_ready(self._flip(self._buf))  # compiled, warm
 
     def _flush(self) -> None:
         self._buf = self._flip(self._buf)
@@ -100,11 +194,7 @@ class WallClockTimer:
     ) -> list[list[float]]:
         """Per round, per program (in the order given), its time per call in us: the median
         of ``blocks`` blocks; programs in :func:`rotation` order within each round."""
-        if rounds < 1 or calls < 1 or not programs:
-            raise ValueError(
-                f"a re-time needs at least one program, round and call, but got "
-                f"{len(programs)} program(s), {rounds} round(s) and {calls} call(s)."
-            )
+        _check_table(programs, rounds, calls)
         table: list[list[float]] = []
         for r in range(rounds):
             row = [0.0] * len(programs)
@@ -126,11 +216,11 @@ def time_configs(
     interpret: bool = False,
     allow_import: bool = False,
     seed: int = 0,
-    timer: WallClockTimer | None = None,
+    timer: WallClockTimer | CuptiIsolatedTimer | None = None,
 ) -> tuple[list[tuple[tuple[float, ...], ...]], tuple[tuple[float, ...], ...] | None]:
     """Compiles ``configs`` of ``problem`` (and its baseline when ``baseline``) in this process,
     checks each on fresh random inputs against the reference, then times them all with
-    :class:`WallClockTimer` in ``rounds`` interleaved rounds. Returns per config its per-round
+    ``timer`` (default: :class:`WallClockTimer`) in ``rounds`` interleaved rounds. Returns per config its per-round
     times (one value a round), and the baseline's (None without one).
 
     Raises:

@@ -3,8 +3,9 @@
 The search and its confirmation round time with CUPTI (:mod:`autotune.evaluation.timing`,
 :mod:`autotune.evaluation.cold_timing`); a bias of that path would show in both. Verification
 times the same programs with a method that shares none of its timing code
-(:mod:`autotune.evaluation.independent`: the host's clock, flush-differenced), on this machine,
-in interleaved rounds:
+(:mod:`autotune.evaluation.independent`: each call alone in its own CUPTI session after a flush
+and a sync, or, without CUPTI, the host's clock, flush-differenced), on this machine, in
+interleaved rounds:
 
 1. per problem stored for this device, the winner (the newest confirmation's crowned config,
    else the fastest stored trial), up to ``others`` next configs (the confirmation's other
@@ -275,16 +276,22 @@ def verify(
     return done
 
 
-def timing_on_this_machine(*, interpret: bool, allow_import: bool = False) -> TimeTarget:
-    """The real ``time_target``: :func:`autotune.evaluation.independent.time_configs` (the
-    winner first, then the others, and the baseline when one was stored)."""
-    from autotune.evaluation.independent import time_configs
+def timing_on_this_machine(*, interpret: bool, method: str,
+                           allow_import: bool = False) -> TimeTarget:
+    """The real ``time_target``: :func:`autotune.evaluation.independent.time_configs` with the
+    timer of ``method`` (the winner first, then the others, and the baseline when one was
+    stored)."""
+    from autotune.evaluation.independent import make_timer, time_configs
+
+    timer: list[Any] = []  # made once, at the first target (it compiles its flush)
 
     def time_target(target: VerifyTarget, rounds: int, calls: int) -> tuple[Any, Any, Any]:
         configs = [target.winner, *target.others]
+        if not timer:
+            timer.append(make_timer(method))
         per_config, base = time_configs(
             target.problem, configs, baseline=target.baseline_name is not None, rounds=rounds,
-            calls=calls, interpret=interpret, allow_import=allow_import,
+            calls=calls, interpret=interpret, allow_import=allow_import, timer=timer[0],
         )
         return per_config[0], base, per_config[1:]
 
