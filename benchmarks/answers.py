@@ -72,7 +72,8 @@ def confirm_seconds(jsonl: str) -> dict[str, float]:
         except ValueError:
             continue
         if isinstance(event, dict) and event.get("confirm_s") is not None:
-            out[str(event.get("problem"))] = float(event["confirm_s"])
+            key = f"{event.get('kernel')}{json.dumps(event.get('shape'), sort_keys=True)}"
+            out[key] = float(event["confirm_s"])
     return out
 
 
@@ -146,17 +147,18 @@ def device_name() -> str:
 def report(result: dict[str, Any]) -> None:
     print(f"\ndevice {result['device']}; {len(result['runs'])} runs of {result['job']}")
     print(f"{'run':>3} {'problem':48s} {'stored':>22s} {'verified':>22s} {'diff':>7s} "
-          f"{'wins':>5s} {'conf%':>6s}")
+          f"{'wins':>5s} {'conf s':>7s} {'wall s':>7s}")
     for run in result["runs"]:
         for v in run["verified"]:
             stored = v.get("stored_speedup")
             cell = ("-" if v["speedup"] is None else
                     f"{v['speedup']:.4f} [{v['speedup_low']:.3f},{v['speedup_high']:.3f}]")
             diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
-            share = sum(run["confirm_s"].values()) / run["wall_s"] * 100 if run["wall_s"] else 0
+            confirm = run["confirm_s"].get(f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}")
             problem = f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}"
             print(f"{run['run']:>3} {problem:48s} {stored if stored is None else round(stored, 4)!s:>22s} "
-                  f"{cell:>22s} {diff:>7s} {v['still_wins']!s:>5s} {share:6.1f}")
+                  f"{cell:>22s} {diff:>7s} {v['still_wins']!s:>5s} "
+                  f"{'-' if confirm is None else f'{confirm:.1f}':>7s} {run['wall_s']:7.1f}")
     print("\nside by side (second method, one process): each run's winner against the best known")
     for p in result["side_by_side"]:
         if "error" in p:

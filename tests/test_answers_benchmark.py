@@ -10,12 +10,13 @@ from benchmark_scripts import load
 def test_confirm_seconds_are_read_from_the_summary_events():
     answers = load("answers")
     lines = "\n".join([
-        json.dumps({"event": "trial", "problem": "p1"}),
-        json.dumps({"event": "summary", "problem": "p1", "confirm_s": 1.5}),
-        json.dumps({"event": "summary", "problem": "p2", "confirm_s": None}),
+        json.dumps({"event": "trial", "kernel": "k", "shape": {"n": 1}}),
+        json.dumps({"event": "summary", "kernel": "k", "shape": {"n": 1}, "confirm_s": 1.5}),
+        json.dumps({"event": "summary", "kernel": "k", "shape": {"n": 2}, "confirm_s": 2.5}),
+        json.dumps({"event": "summary", "kernel": "k", "shape": {"n": 3}, "confirm_s": None}),
         "not json",
     ])
-    assert answers.confirm_seconds(lines) == {"p1": 1.5}
+    assert answers.confirm_seconds(lines) == {'k{"n": 1}': 1.5, 'k{"n": 2}': 2.5}
 
 
 def test_recorded_best_keeps_each_device_apart():
