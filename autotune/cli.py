@@ -745,14 +745,24 @@ def _parse_gpus(text: str | None) -> list[int] | None:
     return ids
 
 
-def _speedup_text(speedup: float | None, spread: float | None, confirmed: bool) -> str:
-    """``1.013 ±0.2% (confirmed)``, ``0.990``, or ``-``."""
+def _speedup_text(speedup: float | None, spread: float | None, confirmed: bool,
+                  confirmation: Any = None) -> str:
+    """``1.013 ±0.2% (confirmed, faster)``, ``0.990``, or ``-``: a confirmed speedup says in a
+    word whether its interval lies above 1.0 (faster), holds it (no faster) or lies below
+    (slower)."""
     if speedup is None:
         return "-"
     text = f"{speedup:.3f}"
     if spread is not None:
         text += f" ±{100 * spread:.1f}%"
-    return text + (" (confirmed)" if confirmed else "")
+    if not confirmed:
+        return text
+    low = getattr(confirmation, "speedup_low", None)
+    high = getattr(confirmation, "speedup_high", None)
+    if low is None or high is None:
+        return text + " (confirmed)"
+    word = "faster" if low > 1.0 else "slower" if high < 1.0 else "no faster"
+    return text + f" (confirmed, {word})"
 
 
 def _print_reports(reports: Sequence[Any]) -> None:
@@ -775,7 +785,7 @@ def _print_reports(reports: Sequence[Any]) -> None:
             row += ["-", "-", "-", "-", "-"] if interpret else [
                 _num(r.tflops, ".0f"), _num(r.gbps, ".0f"),
                 _num(r.baseline_us, ".1f") + (f" ({r.baseline_name})" if r.baseline_name else ""),
-                _speedup_text(r.speedup, r.speedup_spread, confirmed),
+                _speedup_text(r.speedup, r.speedup_spread, confirmed, r.confirmation),
                 str(r.ties) if confirmed else "-",
             ]
         rows.append([*row, statuses or "-", str(r.invalid), r.stop_reason or "-"])
@@ -901,7 +911,7 @@ def _results(args: argparse.Namespace) -> int:
               "-" if r.device_kind == DeviceKind.INTERPRET else
               _speedup_text(r.confirmed_speedup if r.confirmation is not None else r.speedup,
                             None if r.confirmation is None else r.confirmation.speedup_spread,
-                            r.confirmation is not None),
+                            r.confirmation is not None, r.confirmation),
               "-" if r.confirmation is None else str(len(r.confirmation.tied_with_winner()))]
              for r in rows]
     _table(header, table)

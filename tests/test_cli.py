@@ -904,3 +904,17 @@ def test_verify_prints_stored_and_retimed_speedups_and_stores_a_row(tmp_path, ca
     assert main(["verify", "--db", str(tmp_path / "none.db"), "--device", "interpret", "-q"]) == 1
     assert main(["verify", "--db", db, "--rounds", "0", "-q"]) == 2
     assert "--rounds must be 1 or more, got 0" in capsys.readouterr().err
+
+
+def test_a_confirmed_speedup_says_faster_no_faster_or_slower_in_the_tables():
+    """`tune` and `results` tables: a confirmed speedup carries a word from its interval."""
+    import types
+
+    def row(low, high):
+        return types.SimpleNamespace(speedup_low=low, speedup_high=high)
+
+    assert cli._speedup_text(1.02, 0.002, True, row(1.01, 1.03)) == "1.020 ±0.2% (confirmed, faster)"
+    assert cli._speedup_text(1.001, 0.004, True, row(0.997, 1.005)).endswith("(confirmed, no faster)")
+    assert cli._speedup_text(0.965, 0.002, True, row(0.96, 0.97)).endswith("(confirmed, slower)")
+    assert cli._speedup_text(0.99, None, False) == "0.990"
+    assert cli._speedup_text(None, None, True) == "-"
