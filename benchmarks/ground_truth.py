@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_model_check import model_with, parse_constants  # noqa: E402
-from recorded_times import RETIMED, recorded_us  # noqa: E402
+from recorded_times import RETIMED, device_folder, recorded_us  # noqa: E402
 
 from autotune._jax_compat import jax_versions  # noqa: E402
 from autotune.engine.dispatcher import Engine  # noqa: E402
@@ -136,7 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="gpu", choices=("gpu", "interpret", "fake"),
                     help="fake: the fake evaluator (every config 100 us), to test this script")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="benchmarks/data")
+    ap.add_argument("--out", default="auto",
+                    help="the folder of the files: auto (default): this device's "
+                         "(recorded_times.device_folder: benchmarks/data/<device>/, the H200's "
+                         "directly in benchmarks/data)")
     ap.add_argument("--files", nargs="+", metavar="FILE",
                     help="instead of --kernel/--shape/--dtype: extend each of these ground-truth "
                          "files (their problems, one engine for all; implies --extend)")
@@ -157,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
             problem = kernel.problem(parse_shape(args.shape), args.dtype)
             shape_tag = problem.shape_text.replace(",", "_").replace("=", "")
             path = Path(args.out) / f"{kernel.name}__{shape_tag}__{problem.dtype}.json"
-            previous = json.loads(path.read_text()) if args.extend and path.exists() else None
+            previous = (json.loads(path.read_text()) if args.out != "auto" and args.extend
+                        and path.exists() else None)
         else:
             path = Path(source)
             try:
@@ -175,8 +179,32 @@ def main(argv: list[str] | None = None) -> None:
     # The executables of the configs re-timed stay on the workers (Engine.confirm times them).
     with Engine(mode=args.device, iterations=args.iterations,
                 keep_compiled=max(5, args.retime_max)) as engine:
+        info = engine.device_info()
+        jobs = on_this_device(jobs, info.name, args, gpu=info.kind == "gpu")
         for kernel, problem, path, previous, estimate in jobs:
             record(engine, kernel, problem, path, previous, estimate, args)
+
+
+def on_this_device(jobs: list[Any], device: str, args: argparse.Namespace, *,
+                   gpu: bool) -> list[Any]:
+    """The jobs' files in ``device``'s folder (``--out auto``), and on a GPU a file of another
+    device refused: one file never mixes two devices' times. The fake device (tests) stands in
+    for the device of the files it is given, and needs ``--out DIR`` for new ones."""
+    out = []
+    for kernel, problem, path, previous, estimate in jobs:
+        if args.out == "auto" and not args.files:
+            if not gpu:
+                raise SystemExit(f"--out auto is the folder of the GPU's device; on the {device} "
+                                 "device give --out DIR")
+            path = device_folder(device) / path.name
+            previous = json.loads(path.read_text()) if args.extend and path.exists() else None
+        recorded = (previous or {}).get("device")
+        if gpu and recorded and recorded != device:
+            raise SystemExit(f"{path}: measured on {recorded}, but this device is {device}: "
+                             "one file never mixes two devices; record this device's in "
+                             f"{device_folder(device)} (--out auto)")
+        out.append((kernel, problem, path, previous, estimate))
+    return out
 
 
 RETIME_MAX = 96

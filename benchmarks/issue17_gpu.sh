@@ -19,12 +19,12 @@
 # DEVICE=fake runs it on the CPU with the fake device (every config about 100 us), to test it;
 # `autotune tune` has no fake device, so there the live step runs it with --dry-run. Settings
 # (environment; defaults as RESULTS.md names them): DATA (the ground-truth folder copied,
-# benchmarks/data), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
+# default the device's: benchmarks/data/<device>/, the H200's benchmarks/data), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
 # RETIME_MAX (models 128; shapes: ground_truth.py's default), ROUNDS (5), MAX (600), CLIMB (3),
 # SHAPE_SECONDS (120), SHAPES ("m=64,n=4096,k=4096 m=512,n=14336,k=4096"), JOB
 # (examples/h200_unseen2.toml), SEEDS ("0 1 2"), TRIALS (live: --trials, default the job's),
-# WORK (the scratch folder, default a new one under /tmp), PYTHON (python3), GPU_NAME (H200: on
-# a GPU, the step refuses to run on another, whose times would be mixed with the H200's).
+# WORK (the scratch folder, default a new one under /tmp), PYTHON (python3), GPU_NAME (default:
+# nvidia-smi's name of the GPU; it picks DATA, the device's own folder, when DATA is not set).
 set -u
 
 STEP=${1:-}
@@ -38,13 +38,14 @@ case "$DEVICE" in
   gpu|fake) ;;
   *) echo "issue17_gpu.sh: DEVICE must be gpu or fake, got '$DEVICE'" >&2; exit 2 ;;
 esac
-# The ground truth and the live runs it is compared with were measured on an H200: extending
-# them on another GPU (the device tool may lend an H100) would mix devices in one file.
-GPU_NAME=${GPU_NAME:-H200}
-if [[ $DEVICE == gpu ]]; then
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-  if [[ $gpu != *"$GPU_NAME"* ]]; then
-    echo "issue17_gpu.sh: the files were measured on an $GPU_NAME, but this machine's GPU is '${gpu:-none found}'; run it on an $GPU_NAME (GPU_NAME=... to override), or DEVICE=fake to test" >&2
+# Any GPU: the step works on that device's own ground truth (benchmarks/recorded_times.py's
+# device_folder: benchmarks/data/<device>/, the H200's directly in benchmarks/data), never on
+# another device's; ground_truth.py refuses to extend a file of another device.
+GPU_NAME=${GPU_NAME:-}
+if [[ $DEVICE == gpu && -z $GPU_NAME ]]; then
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  if [[ -z $GPU_NAME ]]; then
+    echo "issue17_gpu.sh: no GPU found (nvidia-smi); DEVICE=fake runs it on the CPU" >&2
     exit 2
   fi
 fi
@@ -52,7 +53,14 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-DATA=${DATA:-benchmarks/data}
+if [[ -z ${DATA:-} ]]; then
+  DATA=benchmarks/data
+  [[ -n $GPU_NAME ]] && DATA=$("$PY" benchmarks/recorded_times.py "$GPU_NAME")
+fi
+if ! compgen -G "$DATA/hopper_matmul__*.json" > /dev/null; then
+  echo "issue17_gpu.sh: no ground truth of ${GPU_NAME:-this device} in $DATA: record it first with benchmarks/ground_truth.py (--out auto)" >&2
+  exit 2
+fi
 BUDGET_S=${BUDGET_S:-560}
 DEADLINE=$(( $(date +%s) + BUDGET_S ))
 WORK=${WORK:-$(mktemp -d /tmp/issue17.XXXXXX)}

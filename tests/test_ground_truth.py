@@ -17,6 +17,7 @@ from autotune.space.problem import Config
 from tests.benchmark_scripts import ROOT, load
 
 ground_truth = load("ground_truth")
+recorded = load("recorded_times")
 SHAPE = "m=256,n=256,k=256"
 FILE = "hopper_matmul__k256_m256_n256__bfloat16.json"
 
@@ -259,7 +260,36 @@ def test_the_gpu_script_packs_what_it_has_when_its_budget_is_spent_and_refuses_b
     assert steps.count("skipped, the step's budget of 0 s is spent") == 3
     bad = _gpu_script(tmp_path / "bad", "model", DEVICE="fake")
     assert bad.returncode == 2 and "usage:" in bad.stderr and not (tmp_path / "bad" / "out").exists()
-    # On a GPU, only the one the recorded files were measured on: times are not mixed.
-    other = _gpu_script(tmp_path / "gpu", "models", GPU_NAME="NoSuchGPU")
-    assert other.returncode == 2 and "measured on an NoSuchGPU" in other.stderr
+    # Another GPU works on its own folder: with no ground truth of it there, the step says so.
+    env = {k: v for k, v in os.environ.items() if k != "DATA"}
+    other = subprocess.run(["bash", str(SCRIPT), "models"], capture_output=True, text=True,
+                           timeout=120, env={**env, "OUT": str(tmp_path / "gpu" / "out"),
+                                             "DEVICE": "fake", "GPU_NAME": "No Such GPU"})
+    assert other.returncode == 2, other.stderr
+    assert "no ground truth of No Such GPU in" in other.stderr and "no-such-gpu" in other.stderr
     assert not (tmp_path / "gpu" / "out").exists()
+
+
+def test_each_device_has_its_own_folder_and_a_file_of_another_device_is_refused(tmp_path):
+    """The H200's files sit in benchmarks/data, another device's in benchmarks/data/<device>/;
+    on a GPU, ground_truth.py refuses to extend a file another device measured."""
+    import argparse
+
+    assert recorded.device_folder("NVIDIA H200") == ROOT / "benchmarks" / "data"
+    assert recorded.device_folder("NVIDIA H100 80GB HBM3") == (
+        ROOT / "benchmarks" / "data" / "nvidia-h100-80gb-hbm3")
+    assert {json.loads(p.read_text())["device"] for p in recorded.device_folder(
+        "NVIDIA H100 80GB HBM3").glob("*.json")} == {"NVIDIA H100 80GB HBM3"}
+    with pytest.raises(ValueError, match="letter or digit"):
+        recorded.device_slug(" -- ")
+    args = argparse.Namespace(out="auto", files=None, extend=False)
+    job = (None, None, tmp_path / "x.json", {"device": "NVIDIA H200"}, None)
+    with pytest.raises(SystemExit, match="measured on NVIDIA H200, but this device is NVIDIA H100"):
+        ground_truth.on_this_device([job], "NVIDIA H100 80GB HBM3",
+                                    argparse.Namespace(out=str(tmp_path), files=None,
+                                                       extend=True), gpu=True)
+    [(_, _, path, previous, _)] = ground_truth.on_this_device(
+        [(None, None, tmp_path / "x.json", None, None)], "NVIDIA H100 80GB HBM3", args, gpu=True)
+    assert path == recorded.device_folder("NVIDIA H100 80GB HBM3") / "x.json"
+    with pytest.raises(SystemExit, match="give --out DIR"):
+        ground_truth.on_this_device([job], "fake-gpu", args, gpu=False)
