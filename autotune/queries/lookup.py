@@ -48,6 +48,7 @@ each would re-implement the other's fallbacks.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -68,13 +69,26 @@ from autotune.storage.store import failure_reason
 from autotune.storage.urls import read_timeout_s, resolve_url
 
 __all__ = [
-    "tuned", "lookup_config", "clear_cache", "NEAREST_TRIES", "SOURCES", "RETRY_AFTER_S",
-    "RETRY_ENV",
+    "tuned", "lookup_config", "lookup_choice", "LookupChoice", "clear_cache", "NEAREST_TRIES",
+    "SOURCES", "RETRY_AFTER_S", "RETRY_ENV", "PREFER",
 ]
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("exact", "nearest", "table", "default")
+PREFER = ("fastest", "kernel")  # tuned(prefer=...): the faster implementation, or the kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupChoice:
+    """What the lookup answers for one problem: the kernel's config and where it came from, and
+    which implementation the stored confirmation found faster: ``"kernel"``, ``"baseline"``
+    (its speedup's interval lies below 1.0) or ``"tie"`` (it holds 1.0, or nothing confirmed
+    for exactly this problem)."""
+
+    config: Config | None
+    source: str
+    faster: str = "tie"
 NEAREST_TRIES = 5  # nearest tuned problems tried before falling back to the default
 # A database that failed a lookup is left alone this long (``$AUTOTUNE_LOOKUP_RETRY_S``).
 RETRY_AFTER_S = 60.0
@@ -82,12 +96,16 @@ RETRY_ENV = "AUTOTUNE_LOOKUP_RETRY_S"
 
 Default = Mapping[str, Any] | Callable[[Problem], Mapping[str, Any] | None] | None
 
-_CACHE: dict[tuple[Any, ...], tuple[Config | None, str]] = {}
+# (config, source, faster): ``faster`` is "baseline" where the stored confirmation puts the
+# baseline ahead beyond its interval, "kernel" where it puts the kernel ahead, else "tie".
+_Answer = tuple[Config | None, str, str]
+_CACHE: dict[tuple[Any, ...], _Answer] = {}
 _LOCK = threading.Lock()
 # Answers given while the database was unusable, kept until it is asked again.
-_DEGRADED: dict[tuple[Any, ...], tuple[tuple[Config | None, str], float]] = {}
+_DEGRADED: dict[tuple[Any, ...], tuple[_Answer, float]] = {}
 _DOWN: dict[str, tuple[float, str]] = {}  # database -> (when to ask it again, why it failed)
 _WARNED: set[tuple[str, str]] = set()  # (database, reason) already warned about
+_BASELINES: dict[tuple[Any, ...], Callable[..., Any]] = {}  # the kernels' own, per problem
 
 
 def clear_cache() -> None:
@@ -97,6 +115,7 @@ def clear_cache() -> None:
         _DEGRADED.clear()
         _DOWN.clear()
         _WARNED.clear()
+        _BASELINES.clear()
 
 
 _RESOLVED: dict[int, tuple[Kernel, Kernel]] = {}  # id(object) -> (object, under its stored name)
@@ -149,16 +168,35 @@ def lookup_config(
     Raises:
       StorageError: ``strict=True`` and the database cannot answer (the reason is named).
     """
+    choice = lookup_choice(kernel, shape, dtype, default=default, db=db, device=device,
+                           table=table, strict=strict, timeout_s=timeout_s)
+    return choice.config, choice.source
+
+
+def lookup_choice(
+    kernel: str | Kernel,
+    shape: Mapping[str, Any],
+    dtype: str,
+    *,
+    default: Default = None,
+    db: str | None = None,
+    device: str | None = None,
+    table: Any = None,
+    strict: bool = False,
+    timeout_s: float | None = None,
+) -> LookupChoice:
+    """:func:`lookup_config`'s answer with the stored verdict on the baseline (:class:`LookupChoice`).
+    Same cache, bounds and fallbacks."""
     name = _kernel(kernel).name if isinstance(kernel, Kernel) else kernel
     key = (name, tuple(sorted(shape.items())), dtype, device, db, id(default), id(table))
     hit = _CACHE.get(key)
     if hit is not None:
-        return hit
+        return LookupChoice(*hit)
     resolved = _kernel(kernel)
     problem = resolved.problem(shape, dtype)  # a bad shape or dtype is the caller's: it raises
     degraded = _DEGRADED.get(key)
     if degraded is not None and not strict and time.monotonic() < degraded[1]:
-        return degraded[0]
+        return LookupChoice(*degraded[0])
     where = _database(db)
     try:
         stored = _ask_database(where, strict=strict, timeout_s=timeout_s, ask=lambda t: _lookup_here(
@@ -167,16 +205,16 @@ def lookup_config(
         answer = _fallback(resolved, problem, default, table, device)
         with _LOCK:
             _DEGRADED[key] = (answer, e.retry_at)
-        return answer
+        return LookupChoice(*answer)
     answer = stored if stored is not None else _fallback(resolved, problem, default, table, device)
     with _LOCK:
         _CACHE[key] = answer
         _DEGRADED.pop(key, None)
-    return answer
+    return LookupChoice(*answer)
 
 
 def _lookup_here(kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, device: str | None,
-                 **kw: Any) -> tuple[Config | None, str] | None:
+                 **kw: Any) -> _Answer | None:
     """:func:`_lookup` for this process: with ``device=None``, GPU results; in a process whose
     JAX has no GPU (the kernel runs in GPU interpret mode there), interpret-mode results after
     them, since those are what ran on such a host."""
@@ -206,7 +244,7 @@ def _lookup(
     db: str | None,
     device: str | None,
     timeout_s: float | None = None,
-) -> tuple[Config | None, str] | None:
+) -> _Answer | None:
     """The stored answer (exact, else nearest), or None when nothing stored is usable."""
     problem = kernel.problem(shape, dtype)
     exact = queries.best_result(kernel.name, problem.dims, problem.dtype, device=device, db=db,
@@ -214,7 +252,7 @@ def _lookup(
     if exact is not None:
         log.info("%s: using the stored best config (%s, %.1f us, %s).", problem, exact.device,
                  exact.median_us, _measured_with(exact))
-        return Config(exact.config), "exact"
+        return Config(exact.config), "exact", _faster(exact)
     neighbours = queries.nearest_results(
         kernel.name, problem.dims, problem.dtype, device=device, db=db, limit=NEAREST_TRIES,
         timeout_s=timeout_s,
@@ -225,23 +263,32 @@ def _lookup(
             if bound.is_valid(result.config):
                 log.info("%s: using the best config of the nearest tuned problem %s (%s, %s).",
                          problem, result.problem, result.device, _measured_with(result))
-                return Config(result.config), "nearest"
+                return Config(result.config), "nearest", "tie"
             log.debug("%s: the best config of %s is not valid here; trying the next.",
                       problem, result.problem)
     log.info("%s: nothing tuned nearby is usable.", problem)
     return None
 
 
+def _faster(result: queries.BestResult) -> str:
+    """Which implementation the stored confirmation found faster beyond its interval."""
+    if result.confirmed_speedup is None or result.speedup_low is None or result.speedup_high is None:
+        return "tie"
+    if result.speedup_high < 1.0:
+        return "baseline"
+    return "kernel" if result.speedup_low > 1.0 else "tie"
+
+
 def _fallback(
     kernel: Kernel, problem: Problem, default: Default, table: Any, device: str | None = None
-) -> tuple[Config | None, str]:
+) -> _Answer:
     """The answer without the database: ``table``'s config of the problem, else the default."""
     config = _from_table(kernel, problem, table, device)
     if config is not None:
         log.info("%s: using the config of the exported table.", problem)
-        return config, "table"
+        return config, "table", "tie"
     log.info("%s: using the default config.", problem)
-    return _default(kernel, problem, default), "default"
+    return _default(kernel, problem, default), "default", "tie"
 
 
 def _from_table(
@@ -399,6 +446,8 @@ def tuned(
     table: Any = None,
     strict: bool = False,
     timeout_s: float | None = None,
+    baseline: Callable[..., Any] | bool | None = None,
+    prefer: str = "fastest",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorates ``fn(*arrays, config=None, **kw)`` so that a call without ``config`` runs
     with the looked-up config (see the module docstring). A given ``config`` is used as is.
@@ -407,10 +456,21 @@ def tuned(
     ``"package.module:NAME"`` or the :class:`Kernel` object itself. ``table``, ``strict`` and
     ``timeout_s`` are :func:`lookup_config`'s.
 
-    Raises (on a call without config):
-      JobError: the kernel declares no ``shape_of``, or the arrays do not fit it.
+    ``baseline``: what to call instead of the kernel, ``baseline(*arrays, **kw)``, for a shape
+    whose stored confirmation found the baseline faster beyond its interval (the speedup's whole
+    interval below 1.0); ``True`` takes the kernel's own (``Kernel.baseline``: XLA, cuDNN).
+    Elsewhere (the kernel faster, a tie, nothing confirmed for the shape) the kernel runs.
+    ``prefer="kernel"`` always runs the kernel. The choice is cached with the config.
+
+    Raises:
+      ValueError: ``prefer`` is not one of :data:`PREFER` (at decoration).
+      JobError (on a call without config): the kernel declares no ``shape_of``, or the arrays
+        do not fit it; ``baseline=True`` for a kernel that declares none.
       StorageError: ``strict=True`` and the database cannot answer.
     """
+    if prefer not in PREFER:
+        raise ValueError(f"prefer must be one of {list(PREFER)}, but got {prefer!r}.")
+    routes = baseline is not None and baseline is not False and prefer == "fastest"
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -425,12 +485,33 @@ def tuned(
                 if not arrays:
                     raise JobError(f"{fn.__name__} was called without input arrays.")
                 shape = dict(kernel.shape_of(*arrays))
-                config, _ = lookup_config(
+                choice = lookup_choice(
                     kernel, shape, _dtype_name(arrays[0]), default=default, db=db, device=device,
                     table=table, strict=strict, timeout_s=timeout_s,
                 )
+                if routes and choice.faster == "baseline":
+                    return _baseline_fn(kernel, shape, _dtype_name(arrays[0]), baseline)(
+                        *arrays, **kw)
+                config = choice.config
             return fn(*arrays, config=config, **kw)
 
         return wrapper
 
     return decorate
+
+
+def _baseline_fn(kernel: Kernel, shape: Mapping[str, Any], dtype: str,
+                 baseline: Callable[..., Any] | bool) -> Callable[..., Any]:
+    """The baseline to call for this problem: the caller's, or the kernel's own (cached)."""
+    if baseline is not True:
+        return baseline  # type: ignore[return-value]
+    if kernel.baseline is None:
+        raise JobError(f"tuned(baseline=True): kernel {kernel.name!r} declares no baseline; pass "
+                       "the function to call instead (baseline=fn).")
+    key = (kernel.name, tuple(sorted(shape.items())), dtype)
+    fn = _BASELINES.get(key)
+    if fn is None:
+        fn = kernel.baseline(kernel.problem(shape, dtype))
+        with _LOCK:
+            _BASELINES[key] = fn
+    return fn

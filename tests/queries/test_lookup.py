@@ -491,3 +491,81 @@ def test_healthy_database_on_both_backends_is_read_read_only(db_url, configs, ca
                                 timeout_s=TIMEOUT_S) == (ok, "exact")
     assert lookup.lookup_config("hopper_matmul", {"m": 128, "n": 128, "k": 256}, "bf16",
                                 db=db_url)[1] == "nearest"
+
+
+def _confirmed(url, shape, config, kernel_us, baseline_us, device=GPU):
+    """A search trial of ``config`` and a confirmation of it against the baseline, 3 rounds."""
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    problem = _problem(shape)
+    with Store(url) as store:
+        tid = store.record_trial(problem, config, timed(kernel_us[0]), device=device,
+                                 software=SOFTWARE).id
+        confirmation = analyse_confirmation(
+            [Candidate(dict(config), tuple((t,) * 5 for t in kernel_us), trial_id=tid)],
+            tuple((t,) * 5 for t in baseline_us))
+        store.record_confirmation(problem, confirmation, trial_ids=[tid], device=device,
+                                  software=SOFTWARE, cache="warm", iterations=5,
+                                  baseline_name="xla")
+
+
+def test_tuned_routes_to_the_baseline_where_it_is_confirmed_faster(tmp_path, configs):
+    """With baseline=fn: the baseline runs for a shape whose confirmed speedup lies wholly below
+    1.0; the kernel where it lies above, where it holds 1.0 (a tie) and where nothing is
+    confirmed; prefer="kernel" always runs the kernel; a given config is used as is."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, _ = configs
+    _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # XLA faster
+    _confirmed(url, MID, everywhere, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # a tie
+    _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))  # kernel faster
+    calls = []
+
+    def xla(a, b, **kw):
+        calls.append(("xla", a.shape[0], kw))
+        return "xla"
+
+    def kernel_fn(a, b, *, config=None, **kw):
+        calls.append(("kernel", a.shape[0], config))
+        return "kernel"
+
+    def arrays(n):
+        return (types.SimpleNamespace(shape=(n, n), dtype="bfloat16"),
+                types.SimpleNamespace(shape=(n, n), dtype="bfloat16"))
+
+    fast = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
+    assert [fast(*arrays(n)) for n in (64, 128, 256, 512)] == ["xla", "kernel", "kernel", "kernel"]
+    assert fast(*arrays(64), precision="high") == "xla" and calls[-1] == ("xla", 64, {"precision": "high"})
+    assert fast(*arrays(64), config={"tile_m": 64}) == "kernel"
+    forced = autotune.tuned("hopper_matmul", db=url, baseline=xla, prefer="kernel")(kernel_fn)
+    assert forced(*arrays(64)) == "kernel"
+    plain = autotune.tuned("hopper_matmul", db=url)(kernel_fn)
+    assert plain(*arrays(64)) == "kernel"
+    choice = lookup.lookup_choice("hopper_matmul", SMALL, "bfloat16", db=url)
+    assert (choice.config, choice.source, choice.faster) == (everywhere, "exact", "baseline")
+    assert lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url).faster == "kernel"
+    with pytest.raises(ValueError, match="prefer must be one of"):
+        autotune.tuned("hopper_matmul", prefer="xla")
+
+
+def test_tuned_baseline_true_calls_the_kernels_own_baseline(tmp_path, configs, monkeypatch):
+    """baseline=True takes the kernel's own baseline for the problem (made once, cached)."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, _ = configs
+    _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))
+    made = []
+
+    def fake_baseline(problem):
+        made.append(problem)
+        return lambda a, b: f"baseline of {problem.dims['m']}"
+
+    monkeypatch.setattr(lookup, "_kernel", lambda k: dataclasses_replace(KERNEL, baseline=fake_baseline))
+    fn = autotune.tuned("hopper_matmul", db=url, baseline=True)(lambda a, b, *, config=None: "kernel")
+    a = types.SimpleNamespace(shape=(64, 64), dtype="bfloat16")
+    assert fn(a, a) == fn(a, a) == "baseline of 64"
+    assert len(made) == 1
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
