@@ -392,7 +392,9 @@ class _Scheduler:
         # Its baseline goes to the engine once its first result is in (_baseline_now), so that
         # every worker's first task is a config: a fresh worker's first task pays its first-use
         # costs, and on the H200 baselines queued first held the first compile back 25 s.
-        run.baseline_due = kernel.baseline is not None and self.store.baseline(
+        # In interpret mode there is none: a CPU XLA time says nothing beside an interpreted
+        # kernel's (docs/measurement.md, "Interpret mode").
+        run.baseline_due = device.kind != DeviceKind.INTERPRET and kernel.baseline is not None and self.store.baseline(
             problem, device_name=device.name, device_kind=device.kind, cache=self.policy
         ) is None
 

@@ -555,7 +555,10 @@ def tune_problem(
     study = open_study(problem, device, storage, sampler, software, policy)
     close_orphans(study, store, problem, device, policy)
 
-    if store.baseline(problem, device_name=device.name, device_kind=device.kind, cache=policy) is None and kernel.baseline is not None:
+    # No baseline in interpret mode: a CPU XLA time says nothing beside an interpreted kernel's.
+    if (device.kind != DeviceKind.INTERPRET and kernel.baseline is not None
+            and store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                               cache=policy) is None):
         result = engine.baseline(problem.kernel, problem)
         if result.ok:
             store.record_baseline(
