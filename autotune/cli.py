@@ -818,6 +818,10 @@ def _best(args: argparse.Namespace) -> int:
         print(json.dumps(payload, default=str))
         return EXIT_OK
     kind = " (interpret mode: a functional run on the CPU, not a GPU timing)" if interpret else ""
+    if interpret and args.device is None and not args.quiet:
+        print("autotune: no GPU on this machine and no GPU result stored for this problem: "
+              "answering with its interpret-mode result; --device gpu asks for GPU results "
+              "only.", file=sys.stderr)
     spread = "" if result.spread is None else f" (spread {100 * result.spread:.1f}%)"
     _say(f"{problem} on {result.device}: {result.median_us:.1f} us{spread}{kind}, cache "
          f"{result.cache_policy}" + (", confirmed" if result.confirmed else ""))
@@ -890,7 +894,7 @@ def _results(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from autotune.queries.best import check_device
-    from autotune.queries.exchange import export_records, render, skipped_interpret
+    from autotune.queries.exchange import export_records, interpret_export_counts, render
     from autotune.queries.outputs import write_export_file
 
     _kernel_filter(args.kernel, args.db)
@@ -898,10 +902,15 @@ def _export(args: argparse.Namespace) -> int:
     _say_db(args)  # on stderr: `autotune export > FILE` stays clean
     text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
     if args.device is None and not args.quiet:
-        left = skipped_interpret(args.db, kernel=args.kernel)
+        left, included = interpret_export_counts(args.db, kernel=args.kernel)
         if left:
             print(f"autotune: left out {left} interpret-mode result(s) (functional runs, not GPU "
                   "timings); --device interpret exports them.", file=sys.stderr)
+        if included:
+            print(f"autotune: exported {included} interpret-mode result(s) (device_kind "
+                  "\"interpret\": functional runs on a CPU, not GPU timings): this machine has no "
+                  "GPU and the database holds no GPU result for those problems; --device gpu "
+                  "exports GPU results only.", file=sys.stderr)
     if args.out is None:
         sys.stdout.write(text)
         sys.stdout.flush()

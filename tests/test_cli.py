@@ -592,9 +592,14 @@ def test_gpus_without_a_gpu_or_in_interpret_mode_exit_2(fake_tune, capsys, monke
     assert "dry run: device gpu (gpus 0,1)" in capsys.readouterr().out
 
 
-def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys):
+def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys,
+                                                                      monkeypatch):
     """Interpret-mode results: no TFLOP/s or speedup in the summary, labelled in `results`,
-    and `best`/`export` leave them out unless asked for with --device interpret."""
+    and on a machine with a GPU `best`/`export` leave them out unless asked for with
+    --device interpret."""
+    from autotune.queries import best as best_queries
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
     write, db, _ = fake_tune
     assert main(["tune", write(trials=3, kind="interpret"), "--db", db, "-q"]) == 0
     out = capsys.readouterr().out
@@ -613,6 +618,33 @@ def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, 
     assert json.loads(captured.out)["records"] == [] and "left out 1 interpret" in captured.err
     assert main(["export", "--db", db, "--device", "interpret"]) == 0
     assert len(json.loads(capsys.readouterr().out)["records"]) == 1
+
+
+def test_without_a_gpu_best_and_export_answer_with_interpret_results_labelled(
+        fake_tune, capsys, monkeypatch):
+    """On a machine without a GPU whose database holds only interpret results, `best`
+    (text and --json) and `export` answer with them, labelled as interpret results, exit 0;
+    `--device gpu` still asks for GPU results only."""
+    from autotune.queries import best as best_queries
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3, kind="interpret"), "--db", db, "-q"]) == 0
+    capsys.readouterr()
+    best = ["best", "cli_toy", "--shape", "m=512", "--dtype", "f32", "--db", db]
+    assert main(best) == 0
+    captured = capsys.readouterr()
+    assert "interpret mode: a functional run on the CPU" in captured.out
+    assert "no GPU on this machine" in captured.err and "--device gpu" in captured.err
+    assert main([*best, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["device_kind"] == "interpret" and payload["speedup"] is None
+    assert main([*best, "--device", "gpu"]) == 1
+    capsys.readouterr()
+    assert main(["export", "--db", db]) == 0
+    captured = capsys.readouterr()
+    [record] = json.loads(captured.out)["records"]
+    assert record["device_kind"] == "interpret" and "exported 1 interpret-mode" in captured.err
 
 
 def test_results_best_and_report_print_the_database(fake_tune, capsys):

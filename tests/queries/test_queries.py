@@ -62,7 +62,7 @@ def test_public_api_is_pinned():
             "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
             "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
             "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
-            "stored_kernels", "stored_trial_seconds", "check_device",
+            "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
         ]
     )
 
@@ -114,9 +114,11 @@ def test_nothing_stored_is_none(db: str):
     assert best_result("flash", SHAPE, "bf16", db=db) is None
 
 
-def test_default_leaves_interpret_results_out_unless_asked_for(db: str):
-    """Interpret-mode rows are functional runs, not GPU timings: the default answer (GPU only)
-    is None without GPU results; device='interpret' returns them, labelled as such."""
+def test_default_leaves_interpret_results_out_unless_asked_for(db: str, monkeypatch):
+    """Interpret-mode rows are functional runs, not GPU timings: on a machine with a GPU the
+    default answer (GPU only) is None without GPU results; device='interpret' returns them,
+    labelled as such."""
+    monkeypatch.setattr(queries, "host_has_gpu", lambda: True)
     small = {"m": 128, "n": 128, "k": 128}
     assert best_result("matmul", small, "f16", db=db) is None
     assert nearest_results("matmul", small, "f16", db=db) == [] or all(
@@ -124,6 +126,27 @@ def test_default_leaves_interpret_results_out_unless_asked_for(db: str):
     result = best_result("matmul", small, "f16", device="interpret", db=db)
     assert result is not None and result.device_kind == "interpret"
     assert result.config == {"tile_m": 32, "tile_n": 32} and result.baseline_name is None
+
+
+def test_without_a_gpu_the_default_answers_with_interpret_results_labelled(db: str, monkeypatch):
+    """On a machine without a GPU, a problem with no GPU result is answered from its
+    interpret-mode results (what ran there), labelled as interpret; a problem with GPU results
+    still gets those."""
+    monkeypatch.setattr(queries, "host_has_gpu", lambda: False)
+    small = {"m": 128, "n": 128, "k": 128}
+    result = best_result("matmul", small, "f16", db=db)
+    assert result is not None and result.device_kind == "interpret"
+    assert best_config("matmul", small, "f16", db=db) == {"tile_m": 32, "tile_n": 32}
+    assert best_result("matmul", SHAPE, "bf16", db=db).device_kind == "gpu"
+    assert best_config("matmul", small, "f16", device="gpu", db=db) is None
+
+
+def test_host_has_gpu_is_told_without_jax(monkeypatch):
+    """CUDA_VISIBLE_DEVICES set to nothing hides every GPU; the answer never imports jax."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert queries.host_has_gpu() is False
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert queries.host_has_gpu() is False
 
 
 def test_results_frame_bad_status_lists_the_allowed_ones(db: str):
