@@ -143,3 +143,44 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"{c['duplicates']} duplicates" + (" (must be 0: FAILED)" if bad else ""),
         red=bad, green=not bad, bold=True,
     )
+
+
+# Nothing the suite runs may write into the checkout: results go to tmp paths, Hypothesis keeps
+# no example database here. Checked at the end of the run (the controller, under xdist).
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WATCHED = ("results", ".hypothesis")
+
+
+def _checkout_files() -> set[str]:
+    found = set()
+    for name in _WATCHED:
+        for root, dirs, files in os.walk(os.path.join(_REPO, name)):
+            found.update(os.path.relpath(os.path.join(root, f), _REPO) for f in (*dirs, *files))
+    return found
+
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("autotune-tests", database=None)
+    _hypothesis_settings.load_profile("autotune-tests")
+except ImportError:  # hypothesis is in the test extra; without it its tests are not collected
+    pass
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._autotune_checkout_before = _checkout_files()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller checks
+        return
+    before = getattr(session.config, "_autotune_checkout_before", set())
+    added = sorted(_checkout_files() - before)
+    if added:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = (f"the tests wrote {len(added)} path(s) into the checkout (use tmp paths): "
+                + ", ".join(added[:10]))
+        if reporter is not None:
+            reporter.write_line(text, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -758,6 +758,7 @@ class _JaxEvaluator(Evaluator):
         GPU's lock per trace on the H200 when it was compiled in :meth:`trace`)."""
         if self._refuse(kernel) is not None:
             return
+        Path(out_dir).mkdir(parents=True, exist_ok=True)  # where the profiler will write
         with self._device_context():
             compiled = _compile_traced(kernel, problem, config, out_dir,
                                       profile_space=profile_space, interpret=self.interpret)

@@ -533,7 +533,7 @@ class _Scheduler:
             config = Config(row.config)
             out_dir = safe_path(self.results_dir, "traces", problem.kernel, problem.digest(),
                                 config.digest())
-            out_dir.mkdir(parents=True, exist_ok=True)
+            # made by the evaluator that writes the trace (none for an engine that writes none)
             future = submit(problem.kernel, problem, config, str(out_dir), _t.TRACE_PROFILE_SPACE)
             r.side[future] = ("trace", (row.id, str(out_dir)))
 

@@ -994,7 +994,7 @@ def trace_best(
             continue
         config = Config(row.config)
         out_dir = safe_path(results_dir, "traces", problem.kernel, problem.digest(), config.digest())
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # made by the evaluator that writes the trace (none for an engine that writes none)
         try:
             regions = engine.trace(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)
         except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning
