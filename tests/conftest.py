@@ -128,8 +128,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller prints the totals
         workeroutput["reliability_campaign"] = dict(_campaign_counts)
-    elif _campaign_counts["lost"] or _campaign_counts["duplicates"]:
+        return
+    if _campaign_counts["lost"] or _campaign_counts["duplicates"]:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _check_checkout(session)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -172,9 +174,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config._autotune_checkout_before = _checkout_files()  # type: ignore[attr-defined]
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller checks
-        return
+def _check_checkout(session: pytest.Session) -> None:
+    """Fails the run naming any path the suite added under the watched folders."""
     before = getattr(session.config, "_autotune_checkout_before", set())
     added = sorted(_checkout_files() - before)
     if added:
