@@ -898,3 +898,18 @@ def test_an_unexpected_exception_is_one_line_naming_the_file_that_holds_its_trac
         assert "S3cret" not in text and "'results'" in text
         assert ("Traceback" in err) is verbose
         report.unlink()
+
+
+@pytest.mark.parametrize("kernel, shape, dtype", [
+    ("hopper_matmul", "m=256,n=256,k=256", "bf16"),
+    ("hopper_matmul", "m=256,n=256,k=256", "f16"),
+    ("hopper_attention", "batch=1,seq_q=128,seq_kv=128,heads_q=1,heads_kv=1,head_dim=64", "f16"),
+])
+def test_spaces_lists_dtype_rules_without_refusing_the_dtype_it_has(kernel, shape, dtype, capsys):
+    """`autotune spaces` lists a kernel's dtype rule for a supported dtype without saying the
+    dtype is refused (it said "supports bfloat16 and float16 inputs, not bfloat16")."""
+    assert main(["spaces", kernel, "--shape", shape, "--dtype", dtype]) == 0
+    out = capsys.readouterr().out
+    full = {"bf16": "bfloat16", "f16": "float16"}[dtype]
+    assert f"not {full}" not in out and f"so {full} inputs fail" not in out
+    assert f"(here {full})" in out
