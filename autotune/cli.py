@@ -570,10 +570,16 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None, device:
     table or (``--jsonl``) one JSON object per problem; measures and writes nothing (a missing
     database is not created). Every problem is checked before anything is printed."""
     from autotune.api import detect_device
-    from autotune.queries.best import stored_trial_seconds
+    from autotune.queries.best import host_has_gpu, stored_trial_seconds
     from autotune.space.kernel import get_kernel
 
     device = detect_device() if device == "auto" else device
+    if device == DeviceKind.GPU and not host_has_gpu():  # told without probing jax
+        raise JobError(
+            "--device gpu: this machine has no GPU (the NVIDIA driver lists none, or "
+            "CUDA_VISIBLE_DEVICES hides them), so the job would stop at its start; leave "
+            "--device out (or give --device interpret) to tune in GPU interpret mode on the CPU, "
+            "or dry-run it on the GPU machine.")
     records: list[dict[str, Any]] = []
     for spec in job.problems:
         problem, budget = spec.problem, spec.budget

@@ -278,6 +278,10 @@ def fake_tune(monkeypatch, tmp_path):
         yield _FakeEngine(state["kind"], state["crash"])
 
     monkeypatch.setattr(autotune.api, "open_engine", fake_open_engine)
+    from autotune.queries import best as best_queries
+
+    # The machine is what the fake engine says it is: a GPU one unless it runs interpreted.
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: state["kind"] == "gpu")
     db = f"sqlite:///{tmp_path}/cli.db"
     job = tmp_path / "job.toml"
 
@@ -587,9 +591,25 @@ def test_gpus_without_a_gpu_or_in_interpret_mode_exit_2(fake_tune, capsys, monke
     def probed():
         raise AssertionError("--device gpu must not probe for GPUs")
 
+    from autotune.queries import best as best_queries
+
     monkeypatch.setattr(autotune.api, "count_gpus", probed)
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)  # read from the driver
     assert main(["tune", job, "--db", db, "--gpus", "0,1", "--device", "gpu", "--dry-run"]) == 0
     assert "dry run: device gpu (gpus 0,1)" in capsys.readouterr().out
+
+
+def test_dry_run_for_a_gpu_on_a_machine_without_one_exits_2(fake_tune, capsys, monkeypatch):
+    """`tune --device gpu --dry-run` on a machine without a GPU says so and exits 2 (it said
+    "device gpu" and exit 0, and the real run then stopped at its start)."""
+    from autotune.queries import best as best_queries
+
+    write, db, tmp_path = fake_tune
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    assert main(["tune", write(trials=2), "--db", db, "--device", "gpu", "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert "this machine has no GPU" in captured.err and "--device interpret" in captured.err
+    assert captured.out == "" and not (tmp_path / "cli.db").exists()
 
 
 def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys,

@@ -718,7 +718,14 @@ def check_device(device: str | None, db: str | None = None) -> None:
         if store is None:
             return
         name, kind = _device_filter(store, device)
-        names = sorted({d.name for d in store.devices()})
+        devices = store.devices()
+        names = sorted({d.name for d in devices})
+    if kind is not None and names and kind not in {d.kind for d in devices}:
+        stored = ", ".join(f"{d.name!r} ({d.kind})" for d in sorted(devices, key=lambda d: d.name))
+        raise JobError(
+            f"device {device!r} matches no stored device: none of kind {kind} is stored; the "
+            f"stored devices are {stored} (give one of them, or its kind)."
+        )
     if kind is None and name not in names:
         raise JobError(
             f"device {device!r} matches no stored device; the stored devices are "

@@ -236,6 +236,24 @@ def test_unknown_device_filter_exits_2_naming_the_stored_devices(source, tmp_pat
         capsys.readouterr()
 
 
+def test_a_device_kind_with_nothing_stored_exits_2_naming_the_stored_devices(tmp_path, capsys,
+                                                                             campaign):
+    """`results --device gpu` (and `export`) on a database holding interpret results only
+    exit 2 with one line naming the kind and the stored devices (it said "no results stored",
+    exit 0, against docs/cli.md)."""
+    campaign.add(bad_inputs=2)
+    url = f"sqlite:///{tmp_path}/cpu.db"
+    with Store(url) as store:
+        store.record_trial(MATMUL, Config(M3), timed(5.0), device=INTERPRET, software=SOFTWARE)
+    for command in (["results"], ["export"]):
+        assert cli.main([*command, "--db", url, "--device", "gpu"]) == 2
+        out, err = capsys.readouterr()
+        (line,) = err.splitlines()
+        assert not out and "'gpu'" in line and "'cpu-interpret (x86_64)' (interpret)" in line
+        assert cli.main([*command, "--db", url, "--device", "interpret"]) == 0
+        capsys.readouterr()
+
+
 def test_export_names_the_database_on_stderr_only(source, capsys):
     """`export` to stdout names the database it read on stderr; stdout is the export alone."""
     assert cli.main(["export", "--db", source]) == 0
