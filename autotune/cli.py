@@ -803,6 +803,8 @@ def _best(args: argparse.Namespace) -> int:
     result = best_result(problem.kernel, problem.dims, problem.dtype, device=args.device, db=args.db,
                          cache=args.cache)
     if result is None:
+        if args.json:  # stdout stays valid JSON for a reader: nothing is null (and exit 1)
+            print("null")
         others = [] if args.device else [
             s for s in list_results(args.db, kernel=problem.kernel, dtype=problem.dtype)
             if s.problem == problem and s.best_us is not None]

@@ -93,6 +93,15 @@ def test_best_exits_1_when_nothing_is_tuned(tmp_path, capsys):
     assert code == 1 and "nothing tuned" in capsys.readouterr().err
 
 
+def test_best_json_with_nothing_tuned_prints_null(tmp_path, capsys):
+    """`best --json` with nothing tuned prints valid JSON (null) on stdout, the reason on
+    stderr, exit 1 (it printed nothing, which a JSON reader cannot parse)."""
+    code = main(["best", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--dtype", "bf16",
+                 "--db", f"sqlite:///{tmp_path}/empty.db", "--json"])
+    captured = capsys.readouterr()
+    assert code == 1 and json.loads(captured.out) is None and "nothing tuned" in captured.err
+
+
 def test_bad_db_url_exits_2(tmp_path, capsys):
     """An unusable --db URL is a clear error with exit code 2."""
     code = main(["results", "--db", "notadialect://x"])
