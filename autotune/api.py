@@ -185,9 +185,12 @@ def tune(
     if cache is not None:
         data["cache"] = cache
     job: Job = parse_job(data, name="api", allow_import=allow_import, where="tune()")
-    from autotune.progress import BarProgress, Progress
+    from autotune.progress import BarProgress, Progress, make_progress
 
-    observer: Progress = BarProgress() if progress and _watched() else Progress()
+    observer: Progress = Progress()
+    if progress and _watched():
+        # A terminal gets bars, or lines where it has no size; a notebook gets its bars.
+        observer = make_progress("auto") if _stderr_is_terminal() else BarProgress()
 
     def events(event: Event) -> None:
         observer(event)
@@ -242,6 +245,13 @@ def run_tuning(
                            on_event=on_event, allow_import=allow_import)
     finally:
         store.close()
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _watched() -> bool:
