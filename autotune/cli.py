@@ -451,6 +451,12 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
         if args.sampler not in SAMPLERS:
             raise JobError(f"--sampler {args.sampler!r} is unknown; expected one of {', '.join(SAMPLERS)}."
                            + did_you_mean(args.sampler, SAMPLERS))
+        from autotune.tuning.sampling import require_sampler_packages
+
+        try:
+            require_sampler_packages(args.sampler)
+        except JobError as e:
+            raise JobError(f"--sampler {args.sampler}: {e}") from None
     trials, patience = args.trials, args.patience
     if args.effort is not None:
         effort_trials, effort_patience = EFFORTS[args.effort]

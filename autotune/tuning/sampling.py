@@ -196,10 +196,10 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
-        _require("cmaes", "cmaes")
+        require_sampler_packages("cmaes")
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=6, warn_independent_sampling=False)
     if name == "gp":
-        _require("gp", "torch", "scipy")
+        require_sampler_packages("gp")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
     if name == "qmc":
         with warnings.catch_warnings():
@@ -212,14 +212,29 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
     raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")
 
 
-def _require(sampler: str, *modules: str) -> None:
+# The samplers that need packages outside autotune's dependencies: the modules, and the extra
+# of pyproject.toml that installs them.
+SAMPLER_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "cmaes": (("cmaes",), "cmaes"),
+    "gp": (("torch", "scipy"), "gp"),
+}
+
+
+def require_sampler_packages(name: str) -> None:
+    """Raises a JobError naming the extra to install when sampler ``name`` needs packages that
+    are missing; job files, ``--sampler`` and ``autotune.tune`` check it before anything runs
+    (``--dry-run`` included). Finds the modules without importing them."""
     import importlib.util
 
+    if name not in SAMPLER_PACKAGES:
+        return
+    modules, extra = SAMPLER_PACKAGES[name]
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise JobError(
-            f"sampler {sampler!r} needs {', '.join(missing)} installed "
-            f"(pip install {' '.join(missing)}); or use one of tpe, random, qmc, brute."
+            f"sampler {name!r} needs {', '.join(missing)}, which is not installed: "
+            f"pip install 'autotune[{extra}]' (or pip install {' '.join(missing)}); or use one "
+            "of auto, tpe, random, qmc, brute, ranked."
         )
 
 
