@@ -317,6 +317,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if ours:
         for h in root.handlers:
             h.setFormatter(_MaskingFormatter(_LOG_FORMAT))
+    # alembic's INFO lines are its own plumbing (a dozen "setup plugin ..." per database
+    # opened); a migration autotune applies is logged by autotune.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     import optuna
 
     from autotune.errors import MissingDatabaseWarning

@@ -126,7 +126,11 @@ def test_interpret_job_end_to_end(tmp_path):
     assert len(rows) == 3 and all(r.status == "ok" for r in rows), [(r.status, r.error[-300:]) for r in rows]
     assert {r.device.kind for r in rows} == {"interpret"}
 
-    assert run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db).returncode == 1
+    from autotune.queries.best import host_has_gpu
+
+    # GPU results only on a machine with a GPU; on this one's CPU, the interpret results.
+    plain = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db)
+    assert plain.returncode == (1 if host_has_gpu() else 0), plain.stderr
     best = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db, "--json",
                    "--device", "interpret")
     assert best.returncode == 0, best.stderr
@@ -942,3 +946,14 @@ def test_spaces_lists_dtype_rules_without_refusing_the_dtype_it_has(kernel, shap
     full = {"bf16": "bfloat16", "f16": "float16"}[dtype]
     assert f"not {full}" not in out and f"so {full} inputs fail" not in out
     assert f"(here {full})" in out
+
+
+def test_verbose_does_not_flood_with_alembic_plugin_lines(tmp_path):
+    """`-v` logs autotune's steps, not alembic's plumbing (a dozen "setup plugin ..." lines
+    per database opened); a schema upgrade is logged by autotune itself."""
+    db = f"sqlite:///{tmp_path}/v.db"
+    with Store(db):
+        pass
+    done = run_cli("-v", "results", "--db", db)
+    assert done.returncode == 0, done.stderr
+    assert "alembic" not in done.stderr, done.stderr
