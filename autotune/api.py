@@ -197,8 +197,17 @@ def tune(
         if on_event is not None:
             on_event(event)
 
-    return run_tuning(job, db=db, device=device, allow_import=allow_import, observer=observer,
-                      on_event=events)
+    import optuna
+
+    # A library does not print: Optuna's "A new study created ..." lines (INFO, to stderr) are
+    # its bookkeeping; its warnings still show. The caller's verbosity is restored after.
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(max(verbosity, optuna.logging.WARNING))
+    try:
+        return run_tuning(job, db=db, device=device, allow_import=allow_import,
+                          observer=observer, on_event=events)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def run_tuning(

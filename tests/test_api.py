@@ -78,3 +78,39 @@ def test_the_cli_and_the_api_share_one_run_path(tmp_path, monkeypatch):
         cli.main(["tune", str(job), "--db", db, "--device", "interpret", "--quiet",
                   "--results-dir", str(tmp_path / "results")])
     assert seen == [("softmax", "interpret", db)] * 2
+
+
+def test_tune_prints_no_optuna_study_lines(tmp_path, monkeypatch):
+    """autotune.tune() is silent about Optuna's "A new study created ..." (a library does not
+    print its bookkeeping); the caller's Optuna verbosity is restored afterwards."""
+    import logging
+    from contextlib import contextmanager
+
+    import optuna
+
+    from autotune import api
+    from tests.test_cli import _FakeEngine  # the CLI tests' in-process engine and toy kernel
+
+    @contextmanager
+    def fake_open_engine(device="auto", **kwargs):
+        yield _FakeEngine("gpu")
+
+    monkeypatch.setattr(api, "open_engine", fake_open_engine)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    keep = Keep()
+    optuna_root = logging.getLogger("optuna")
+    optuna_root.addHandler(keep)
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's default
+    try:
+        api.tune("cli_toy", [{"m": 512}], dtype="float32", trials=2,
+                 db=f"sqlite:///{tmp_path}/t.db", progress=False)
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    finally:
+        optuna_root.removeHandler(keep)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    assert not [r for r in records if "A new study created" in r.getMessage()], records
