@@ -552,7 +552,16 @@ def results_frame(
             config_keys[f"config.{key}"] = None
         records.append(record)
     columns = [*FRAME_COLUMNS, *shape_keys, *config_keys]
-    return pd.DataFrame.from_records(records, columns=columns)
+    frame = pd.DataFrame.from_records(records, columns=columns)
+    for column in columns:
+        # Whole numbers with a gap (a config value of None, a key another kernel lacks) stay
+        # whole: pandas' nullable Int64, not float64 (64 read as 64.0).
+        values = [record.get(column) for record in records]
+        present = [v for v in values if v is not None]
+        if (present and len(present) < len(values)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in present)):
+            frame[column] = pd.array(values, dtype="Int64")
+    return frame
 
 
 def _frame_rows(

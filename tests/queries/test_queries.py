@@ -296,6 +296,20 @@ def test_results_frame_has_one_row_per_trial_with_shape_and_config_columns(db: s
     assert row["finished_at"].tzinfo is not None
 
 
+def test_results_frame_keeps_whole_numbers_whole_where_some_are_missing(db: str):
+    """A config or shape column of whole numbers with gaps (None, or a key another kernel
+    lacks) is pandas' nullable Int64, not float64 (64 read as 64.0); strings stay objects."""
+    import pandas as pd
+
+    frame = queries.results_frame(db)
+    for column in ("config.tile_m", "config.block_q", "shape.m"):
+        assert frame[column].dtype == pd.Int64Dtype(), (column, frame[column].dtype)
+    matmul = frame[frame.kernel == "matmul"]
+    assert sorted(int(v) for v in matmul["config.tile_m"]) == [16, 32, 64, 64, 128, 128, 256]
+    assert frame[frame.kernel == "attention"]["config.tile_m"].isna().all()
+    assert str(int(frame["config.block_q"].dropna().iloc[0])) == "64"
+
+
 def test_results_frame_filters(db: str):
     """kernel, dtype (aliases too), device (kind or name) and status narrow the rows."""
     assert set(queries.results_frame(db, kernel="attention")["kernel"]) == {"attention"}
