@@ -886,9 +886,34 @@ def test_status_of_a_database_only_import_wrote_shows_what_there_is(tmp_path, ca
     assert status["hosts"] == []
     (problem,) = status["problems"]
     assert (problem["done"], problem["in_flight"], problem["best_us"]) == (1, 0, 70.0)
+    assert problem["state"] == "imported"  # stored, no study here: not "waiting"
     assert main(["status", job, "--db", db]) == 0
     captured = capsys.readouterr()
     assert "hosts with a live heartbeat: none" in captured.out and "Traceback" not in captured.err
+
+
+def test_export_then_import_keeps_the_spread(fake_tune, tmp_path, capsys):
+    """An export carries each result's spread and `import` stores it (it stored 0.0%: the
+    median alone has none); a bad spread is refused with the rest of the file."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3), "--db", db, "-q"]) == 0
+    out = tmp_path / "e.json"
+    assert main(["export", "--db", db, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    data["records"][0]["spread"] = 0.478  # as measured on a noisy GPU
+    out.write_text(json.dumps(data))
+    target = f"sqlite:///{tmp_path}/target.db"
+    assert main(["import", str(out), "--db", target]) == 0
+    with Store(target) as store:
+        [row] = store.trials()
+    assert row.spread == pytest.approx(0.478)
+    capsys.readouterr()
+    assert main(["best", "cli_toy", "--shape", "m=512", "--dtype", "f32", "--db", target]) == 0
+    assert "spread 47.8%" in capsys.readouterr().out
+    data["records"][0]["spread"] = -1
+    out.write_text(json.dumps(data))
+    assert main(["import", str(out), "--db", f"sqlite:///{tmp_path}/bad.db"]) == 2
+    assert "spread" in capsys.readouterr().err and not (tmp_path / "bad.db").exists()
 
 
 def test_revalidate_on_a_missing_database_exits_1_and_creates_nothing(tmp_path, capsys):

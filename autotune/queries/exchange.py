@@ -413,7 +413,8 @@ def check_records(
     the kernel's space bound to the problem: :func:`autotune.space.validity.violations`),
     ``median_us`` (a finite, positive number), ``device`` (a name, not null or blank),
     ``text`` (device, driver and version strings of at most 256 printable characters),
-    ``device_kind`` (gpu, interpret or fake).
+    ``device_kind`` (gpu, interpret or fake), ``spread`` (null or a finite number >= 0),
+    ``cache_policy``.
     """
     from autotune.space.kernel import get_kernel
     from autotune.space.validity import violations
@@ -518,6 +519,11 @@ def check_records(
             if broken:
                 errors.append(("config_valid", f"config {_short(dict(config), 200)} breaks "
                                                f"{'; '.join(broken)}"))
+        spread = r.get("spread")
+        if spread is not None and (isinstance(spread, bool) or not isinstance(spread, int | float)
+                                   or not (math.isfinite(spread) and spread >= 0)):
+            errors.append(("spread", f"spread must be null or a finite number >= 0, got "
+                                     f"{_short(spread)}"))
         cache = r.get("cache_policy") or "warm"
         if cache not in CACHE_POLICIES:
             errors.append(("cache_policy", f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, "
@@ -567,7 +573,9 @@ def import_records(
          device, software)
         for problem, config, median, device, software, cache in parsed
     ]
+    # The spread measured where the samples were taken (an export carries the median only).
+    spreads = [None if r.get("spread") is None else float(r["spread"]) for r in records]
     with Store(db) as store:
-        recorded = store.record_trials(trials, worker="import")
+        recorded = store.record_trials(trials, worker="import", spreads=spreads)
     duplicates = sum(r.duplicate for r in recorded)
     return len(recorded) - duplicates, duplicates
