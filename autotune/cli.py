@@ -268,7 +268,40 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default="results/report", metavar="DIR", help="(default: results/report)")
     o.add_argument("--allow-import", action="store_true", help="FLOP counts of import-path kernels")
     _globals(o, db=True)
+    _add_completers(p)
     return p
+
+
+def _complete_kernels(prefix: str = "", **_: Any) -> list[str]:
+    """Shell completion (argcomplete) of a kernel: the bundled kernels' names."""
+    from autotune.space.kernel import bundled_kernels
+
+    return [k for k in bundled_kernels() if k.startswith(prefix)]
+
+
+def _complete_dtypes(prefix: str = "", **_: Any) -> list[str]:
+    """Shell completion of ``--dtype``: the canonical dtype names."""
+    from autotune.space.problem import DTYPES
+
+    return [d for d in DTYPES if d.startswith(prefix)]
+
+
+def _add_completers(parser: argparse.ArgumentParser) -> None:
+    """Gives argcomplete the kernel names (the ``kernel`` argument and ``--kernel``), the dtypes
+    and the samplers; inert without argcomplete."""
+    from autotune.tuning.sampling import SAMPLERS
+
+    def complete_samplers(prefix: str = "", **_: Any) -> list[str]:
+        return [name for name in SAMPLERS if name.startswith(prefix)]
+
+    completers = {"kernel": _complete_kernels, "dtype": _complete_dtypes,
+                  "sampler": complete_samplers}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _add_completers(sub)
+        elif action.dest in completers:
+            action.completer = completers[action.dest]  # type: ignore[attr-defined]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

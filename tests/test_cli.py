@@ -982,3 +982,35 @@ def test_verbose_does_not_flood_with_alembic_plugin_lines(tmp_path):
     done = run_cli("-v", "results", "--db", db)
     assert done.returncode == 0, done.stderr
     assert "alembic" not in done.stderr, done.stderr
+
+
+def test_shell_completion_completes_kernel_names_dtypes_and_samplers():
+    """Shell completion (argcomplete, `autotune[completion]`) completes the kernel argument and
+    --kernel with the bundled kernels' names, --dtype with dtypes, --sampler with samplers."""
+    import argparse
+
+    parser = cli._parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    def completer(command, dest):
+        action = next(a for a in subs.choices[command]._actions if a.dest == dest)
+        return action.completer
+
+    for command in ("spaces", "best", "check"):
+        assert completer(command, "kernel")(prefix="hop") == ["hopper_matmul", "hopper_attention"]
+    for command in ("results", "export", "report", "revalidate"):
+        assert "softmax" in completer(command, "kernel")(prefix="")
+    assert completer("best", "dtype")(prefix="bf") == ["bfloat16"]
+    assert completer("tune", "sampler")(prefix="c") == ["cmaes"]
+
+
+def test_shell_completion_of_a_kernel_name_end_to_end(tmp_path):
+    """With argcomplete installed, `autotune best hop<TAB>` completes to the bundled kernels
+    (the shell's request, as argcomplete's bash hook sends it)."""
+    pytest.importorskip("argcomplete")
+    line = "autotune best hop"
+    out = tmp_path / "completions.txt"
+    done = run_cli(env={"_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n", "COMP_LINE": line,
+                        "COMP_POINT": str(len(line)), "_ARGCOMPLETE_STDOUT_FILENAME": str(out)})
+    assert done.returncode == 0, done.stderr
+    assert sorted(out.read_text().split()) == ["hopper_attention", "hopper_matmul"]
