@@ -218,7 +218,7 @@ def run_tuning(
     allow_import: bool,
     observer: Progress,
     on_event: Callable[[Event], None],
-    results_dir: str = "results",
+    results_dir: str | None = None,
     gpus: Sequence[int] | None = None,
     log_dir: str | None = None,
     layout: Mapping[str, int] | None = None,
@@ -231,8 +231,11 @@ def run_tuning(
     while ``observer`` is active; ``on_store(store)`` is called once the store is open (the
     CLI names the database), ``on_engine(engine)`` once the engine is (the CLI hooks Ctrl-C to
     it); ``compilation_cache`` as in :func:`compilation_cache_folder`. The store is closed
-    whatever happens."""
+    whatever happens. ``results_dir`` None: :func:`autotune._paths.default_results_dir`."""
+    from autotune._paths import default_results_dir
     from autotune.storage.store import Store
+
+    results_dir = results_dir or default_results_dir()
     from autotune.tuning.tuner import require_persistent, run_job
 
     store = Store(db)

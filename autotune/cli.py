@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune._paths import default_results_dir
 from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
 from autotune.evaluation.trial import DeviceKind
 
@@ -188,7 +189,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="compiling worker processes per GPU (default: from the cores and GPU memory)")
     t.add_argument("--compile-threads", type=int, metavar="N",
                    help="compile threads per worker (default: from the cores)")
-    t.add_argument("--results-dir", default="results", help="where traces and worker logs go (default: results)")
+    t.add_argument("--results-dir", default=default_results_dir(),
+                   help="where traces and worker logs go (default: $AUTOTUNE_RESULTS_DIR, else results)")
     t.add_argument("--compilation-cache", default="auto", metavar="DIR",
                    help="JAX's persistent compilation cache: auto (default: <results-dir>/jax_cache "
                         "on a GPU, off in interpret mode), off, or a folder")
@@ -265,7 +267,8 @@ def _parser() -> argparse.ArgumentParser:
 
     o = sub.add_parser("report", help="plots per problem and an index.html")
     o.add_argument("--kernel")
-    o.add_argument("--out", default="results/report", metavar="DIR", help="(default: results/report)")
+    o.add_argument("--out", default=str(Path(default_results_dir()) / "report"), metavar="DIR",
+                   help="(default: results/report, or report under $AUTOTUNE_RESULTS_DIR)")
     o.add_argument("--allow-import", action="store_true", help="FLOP counts of import-path kernels")
     _globals(o, db=True)
     _add_completers(p)
@@ -995,7 +998,8 @@ def _revalidate(args: argparse.Namespace) -> int:
         raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to revalidate.")
     cache = None if args.cache in (None, "auto") else args.cache
     device = detect_device() if args.device == "auto" else args.device
-    folder = compilation_cache_folder(args.compilation_cache, results_dir="results", device=device)
+    folder = compilation_cache_folder(args.compilation_cache, results_dir=default_results_dir(),
+                                      device=device)
     with Store(args.db) as store, open_engine(device, allow_import=args.allow_import,
                                               cache=cache, compilation_cache=folder) as engine:
         reports = revalidate(store, engine, kernel=args.kernel, top=args.top)

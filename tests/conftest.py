@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -161,9 +164,17 @@ def _checkout_files() -> set[str]:
     return found
 
 
+# Traces, worker logs and reports of commands run without a folder (and the CLI processes the
+# tests start, which inherit it) go to a scratch folder of this process, removed at its end.
+_SCRATCH = tempfile.mkdtemp(prefix="autotune-tests-")
+os.environ["AUTOTUNE_RESULTS_DIR"] = os.path.join(_SCRATCH, "results")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+
 try:
     from hypothesis import settings as _hypothesis_settings
+    from hypothesis.configuration import set_hypothesis_home_dir
 
+    set_hypothesis_home_dir(os.path.join(_SCRATCH, "hypothesis"))  # its caches, not .hypothesis/
     _hypothesis_settings.register_profile("autotune-tests", database=None)
     _hypothesis_settings.load_profile("autotune-tests")
 except ImportError:  # hypothesis is in the test extra; without it its tests are not collected

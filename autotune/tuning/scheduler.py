@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune._paths import safe_path
+from autotune._paths import default_results_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
@@ -574,7 +574,7 @@ def run_scheduled(
     store: TrialStore,
     engine: EngineLike,
     storage: optuna.storages.BaseStorage,
-    results_dir: str | Path = "results",
+    results_dir: str | Path | None = None,
     on_event: Callable[[_t.Event], None] | None = None,
     allow_import: bool = False,
     run_id: int | None = None,
@@ -582,5 +582,6 @@ def run_scheduled(
     """Tunes every problem of ``job`` together on ``engine``; one report per problem, in job
     order. Each problem's confirmation round (:func:`autotune.tuning.tuner.confirm_best`) runs when
     its search ends. Database errors propagate (``run_job`` words them)."""
-    return _Scheduler(job, store=store, engine=engine, storage=storage, results_dir=results_dir,
+    return _Scheduler(job, store=store, engine=engine, storage=storage,
+                      results_dir=results_dir or default_results_dir(),
                       on_event=on_event, allow_import=allow_import, run_id=run_id).run()

@@ -45,7 +45,7 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
-from autotune._paths import safe_path
+from autotune._paths import default_results_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.errors import JobError, NoValidConfigError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
@@ -358,7 +358,7 @@ def run_job(
     *,
     store: TrialStore,
     engine: EngineLike,
-    results_dir: str | Path = "results",
+    results_dir: str | Path | None = None,
     on_event: Callable[[Event], None] | None = None,
     allow_import: bool = False,
     sequential: bool = False,
@@ -385,7 +385,8 @@ def run_job(
         )
     try:
         with job_switch_interval():
-            return _run_job(job, store=store, engine=engine, results_dir=results_dir,
+            return _run_job(job, store=store, engine=engine,
+                            results_dir=results_dir or default_results_dir(),
                             on_event=on_event, allow_import=allow_import, sequential=sequential,
                             policy=policy)
     except StorageError as e:
@@ -509,7 +510,7 @@ def tune_problem(
     store: TrialStore,
     engine: EngineLike,
     storage: optuna.storages.BaseStorage | str,
-    results_dir: str | Path = "results",
+    results_dir: str | Path | None = None,
     on_event: Callable[[Event], None] | None = None,
     run_id: int | None = None,
 ) -> ProblemReport:
@@ -522,6 +523,7 @@ def tune_problem(
     space = kernel.valid_space(problem, interpret=device.kind == DeviceKind.INTERPRET)
     software = software_versions()
     budget = spec.budget
+    results_dir = results_dir or default_results_dir()
     safe_path(results_dir, "traces", problem.kernel)  # before anything is measured
     if device.kind == DeviceKind.INTERPRET and not kernel.interpret_ok:
         # Every config would only fail the same way; say so once instead of storing that.

@@ -52,9 +52,9 @@ ORACLE_PROBLEMS = [
     (_shape(batch=1, heads_q=8, heads_kv=8, head_dim=256), None, 1),
 ]
 # The default run lowers each problem's first chunk (every problem); the other chunks are the
-# sweep's long tail (`-m sweep`, or `-m ""` for everything).
+# sweep's long tail (`-m extended`, or `-m ""` for everything).
 ORACLE_CASES = [
-    pytest.param(shape, n, chunk, chunks, marks=[pytest.mark.sweep] if chunk else [])
+    pytest.param(shape, n, chunk, chunks, marks=[pytest.mark.extended] if chunk else [])
     for shape, n, chunks in ORACLE_PROBLEMS for chunk in range(chunks)
 ]
 

@@ -44,10 +44,10 @@ ORACLE_PROBLEMS = [
 ]
 CHUNK = 5
 # The default run lowers each problem's first chunk (25 configs, every problem and dtype); the
-# other chunks are the sweep's long tail (`-m sweep`, or `-m ""` for everything).
+# other chunks are the sweep's long tail (`-m extended`, or `-m ""` for everything).
 ORACLE_CASES = [
     pytest.param(shape, dtype, n, chunk, n // CHUNK,
-                 marks=[pytest.mark.sweep] if chunk else [])
+                 marks=[pytest.mark.extended] if chunk else [])
     for shape, dtype, n in ORACLE_PROBLEMS
     for chunk in range(n // CHUNK)
 ]
