@@ -63,9 +63,10 @@ EXIT_BUG = 70  # EX_SOFTWARE (sysexits.h): an internal error, a bug in autotune
 # --effort presets, as Helion's autotune_effort: (trials per problem, patience).
 EFFORTS: dict[str, tuple[int, int]] = {"quick": (16, 8), "full": (256, 48)}
 INTERPRET_NOTE = (
-    "interpret: functional runs in GPU interpret mode on a CPU; their wall-clock times are not "
-    "GPU timings (no TFLOP/s, GB/s or speedup), and best/export/the lookup leave them out "
-    "unless asked for with --device interpret."
+    "interpret: functional runs in GPU interpret mode on a CPU (one checked run per config); "
+    "their wall-clock times are not GPU timings (no TFLOP/s, GB/s or speedup). best/export/the "
+    "lookup answer with them on a machine without a GPU, and elsewhere only when asked for "
+    "with --device interpret."
 )
 EXIT_SIGINT = EXIT_INTERRUPTED  # SIGTERM exits 143 (autotune.interrupts)
 MAX_SAMPLE = 10_000  # `spaces --sample`: configs printed

@@ -114,3 +114,21 @@ def test_tune_prints_no_optuna_study_lines(tmp_path, monkeypatch):
         optuna_root.removeHandler(keep)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     assert not [r for r in records if "A new study created" in r.getMessage()], records
+
+
+def test_detect_device_starts_no_jax_where_the_driver_lists_no_gpu(monkeypatch):
+    """On a machine whose NVIDIA driver lists no GPU, detect_device answers "interpret"
+    without starting jax in a child process (the quickstart's first seconds on a CPU); where
+    it lists one, jax is asked."""
+    from autotune import api
+    from autotune.queries import best as best_queries
+
+    def probed():
+        raise AssertionError("jax must not be started to find no GPU")
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    monkeypatch.setattr(api, "count_gpus", probed)
+    assert api.detect_device() == "interpret"
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
+    monkeypatch.setattr(api, "count_gpus", lambda: 1)
+    assert api.detect_device() == "gpu"
