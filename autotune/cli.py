@@ -146,7 +146,7 @@ def _globals(parser: argparse.ArgumentParser, *, db: bool, top: bool = False) ->
 
 
 def _parser() -> argparse.ArgumentParser:
-    from autotune.tuning.sampling import SAMPLERS
+    from autotune.tuning import SAMPLERS  # Optuna is not imported to list them
 
     p = _Parser(prog="autotune", description="Autotuner for JAX Pallas Mosaic GPU kernels.",
                 epilog="The database: --db, else $AUTOTUNE_DB, else results/autotune.db under the "
@@ -293,7 +293,7 @@ def _complete_dtypes(prefix: str = "", **_: Any) -> list[str]:
 def _add_completers(parser: argparse.ArgumentParser) -> None:
     """Gives argcomplete the kernel names (the ``kernel`` argument and ``--kernel``), the dtypes
     and the samplers; inert without argcomplete."""
-    from autotune.tuning.sampling import SAMPLERS
+    from autotune.tuning import SAMPLERS
 
     def complete_samplers(prefix: str = "", **_: Any) -> list[str]:
         return [name for name in SAMPLERS if name.startswith(prefix)]
@@ -339,6 +339,10 @@ def _stdout_to_devnull() -> None:
         pass
 
 
+# The commands that open Optuna studies: tuning, or reading them.
+_OPTUNA_COMMANDS = frozenset({"tune", "status", "report", "revalidate"})
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
@@ -357,11 +361,12 @@ def _main(argv: Sequence[str] | None) -> int:
     # alembic's INFO lines are its own plumbing (a dozen "setup plugin ..." per database
     # opened); a migration autotune applies is logged by autotune.
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    import optuna
-
     from autotune.errors import MissingDatabaseWarning
 
-    optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
+    if args.command in _OPTUNA_COMMANDS:  # the others never import Optuna (0.5 s of start-up)
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
     # The CLI names the database itself (_say_db); the API's warning would say it twice.
     warnings.simplefilter("ignore", MissingDatabaseWarning)
     handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,

@@ -1014,3 +1014,21 @@ def test_shell_completion_of_a_kernel_name_end_to_end(tmp_path):
                         "COMP_POINT": str(len(line)), "_ARGCOMPLETE_STDOUT_FILENAME": str(out)})
     assert done.returncode == 0, done.stderr
     assert sorted(out.read_text().split()) == ["hopper_attention", "hopper_matmul"]
+
+
+def test_the_reading_commands_start_without_optuna_or_jax(tmp_path):
+    """`spaces`, `results` and `best` import neither Optuna nor jax (half a second of each
+    command's start-up on 2 cores); the commands that open studies set Optuna's verbosity."""
+    db = f"sqlite:///{tmp_path}/r.db"
+    code = (
+        "import sys\nfrom autotune import cli\n"
+        f"for argv in (['spaces'], ['results', '--db', {db!r}],\n"
+        f"             ['best', 'softmax', '--shape', 'rows=32,cols=512', '--db', {db!r}]):\n"
+        "    cli.main(argv)\n"
+        "assert 'optuna' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    assert cli._OPTUNA_COMMANDS == {"tune", "status", "report", "revalidate"}

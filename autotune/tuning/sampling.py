@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import JobError
 from autotune.space.problem import Config
 from autotune.space.search_space import BoundSpace
+from autotune.tuning import SAMPLERS as _SAMPLER_NAMES
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
@@ -48,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+SAMPLERS = _SAMPLER_NAMES  # autotune.tuning.SAMPLERS: listed without importing Optuna
 # Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
 # trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
 # MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so
