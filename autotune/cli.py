@@ -881,7 +881,9 @@ def _best(args: argparse.Namespace) -> int:
         print("autotune: no GPU on this machine and no GPU result stored for this problem: "
               "answering with its interpret-mode result; --device gpu asks for GPU results "
               "only.", file=sys.stderr)
-    spread = "" if result.spread is None else f" (spread {100 * result.spread:.1f}%)"
+    # An interpret-mode result is one checked run: it has no spread to show.
+    spread = ("" if result.spread is None or interpret
+              else f" (spread {100 * result.spread:.1f}%)")
     _say(f"{problem} on {result.device}: {result.median_us:.1f} us{spread}{kind}, cache "
          f"{result.cache_policy}" + (", confirmed" if result.confirmed else ""))
     if result.stale:

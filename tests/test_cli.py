@@ -668,6 +668,7 @@ def test_without_a_gpu_best_and_export_answer_with_interpret_results_labelled(
     assert main(best) == 0
     captured = capsys.readouterr()
     assert "interpret mode: a functional run on the CPU" in captured.out
+    assert "spread" not in captured.out  # one checked run: no spread to show
     assert "no GPU on this machine" in captured.err and "--device gpu" in captured.err
     assert main([*best, "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
