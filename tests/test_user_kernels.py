@@ -360,7 +360,6 @@ def test_tune_from_python_with_the_kernel_object(tmp_path, monkeypatch):
     """autotune.tune(KERNEL) stores under the kernel's import path, where the CLI's `best`
     and the run-time lookup find it."""
     from autotune.queries import best as best_queries
-
     from tests.user_kernel_missing_rule import KERNEL
 
     db = f"sqlite:///{tmp_path}/api.db"
