@@ -7,8 +7,10 @@ kernels). :func:`installed_versions` never imports it, so the query side may use
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +18,7 @@ __all__ = [
     "interpret_params",
     "force_interpret",
     "reset_interpret_state",
+    "cache_interpret_thread_compiles",
     "jax_versions",
     "profile_params",
     "cupti_session",
@@ -30,7 +33,12 @@ def _params_module() -> Any:
 
 
 def interpret_params(**kwargs: Any) -> Any:
-    """A fresh ``InterpretGPUParams`` (GPU interpret mode: Mosaic GPU kernels on the CPU)."""
+    """A fresh ``InterpretGPUParams`` (GPU interpret mode: Mosaic GPU kernels on the CPU).
+
+    Also makes the interpreter compile each warpgroup's program once per run, not once per
+    grid block (:func:`cache_interpret_thread_compiles`).
+    """
+    cache_interpret_thread_compiles()
     try:
         import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -44,6 +52,7 @@ def interpret_params(**kwargs: Any) -> Any:
 @contextlib.contextmanager
 def force_interpret(params: Any = None) -> Iterator[None]:
     """Runs every Pallas Mosaic GPU kernel traced inside in GPU interpret mode."""
+    cache_interpret_thread_compiles()
     with _params_module().force_gpu_interpret_mode(params or interpret_params()):
         yield
 
@@ -55,6 +64,64 @@ def reset_interpret_state() -> None:
     reset = getattr(ipc, "reset_gpu_interpret_mode_state", None)
     if reset is not None:
         reset()
+
+
+# The interpreter's per-thread programs, compiled: (jaxpr, argument types) -> executable.
+_THREAD_PROGRAMS: collections.OrderedDict[tuple[Any, ...], tuple[Any, Any]] = (
+    collections.OrderedDict())
+_THREAD_PROGRAMS_KEPT = 64
+_THREAD_PROGRAMS_LOCK = threading.Lock()
+
+
+def cache_interpret_thread_compiles() -> bool:
+    """Makes GPU interpret mode compile each thread's program once, not at every call.
+
+    The interpreter (``jax._src.pallas.mosaic.interpret.thread_map._run_jaxpr``, jax 0.10.2)
+    runs each warpgroup's program of each grid block by tracing, lowering and compiling it
+    again: a 256x128x64 matmul config with 8 blocks compiled the same 3 programs 24 times,
+    19.4 s of its 19.5 s run; kept compiled, the run took 4.8 s (docs/measurement.md,
+    "Interpret mode"). Here the executable is kept per (program, argument types), the newest
+    :data:`_THREAD_PROGRAMS_KEPT`. Idempotent; returns False (and changes nothing) where the
+    installed jax has no such function.
+    """
+    try:
+        from jax._src.pallas.mosaic.interpret import thread_map
+    except ImportError:
+        return False
+    run = getattr(thread_map, "_run_jaxpr", None)
+    if run is None:
+        return False
+    if getattr(run, "_autotune_cached", False):
+        return True
+
+    def _run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
+        import jax
+        from jax._src import core as jax_core
+
+        key = (id(jaxpr), *(_arg_type(x) for x in (*consts, *args)))
+        with _THREAD_PROGRAMS_LOCK:  # the threads of one call compile the same program
+            kept = _THREAD_PROGRAMS.get(key)
+            if kept is None or kept[0] is not jaxpr:
+                def _run(jaxpr: Any, consts: Any, *args: Any) -> None:
+                    jax_core.eval_jaxpr(jaxpr, consts, *args)
+
+                traced = jax.jit(_run, static_argnums=(0,)).trace(jaxpr, consts, *args)
+                kept = (jaxpr, traced.lower().compile())  # jaxpr held: its id stays its own
+                _THREAD_PROGRAMS[key] = kept
+                while len(_THREAD_PROGRAMS) > _THREAD_PROGRAMS_KEPT:
+                    _THREAD_PROGRAMS.popitem(last=False)
+            else:
+                _THREAD_PROGRAMS.move_to_end(key)
+        kept[1](consts, *args)
+
+    _run_jaxpr._autotune_cached = True  # type: ignore[attr-defined]
+    thread_map._run_jaxpr = _run_jaxpr
+    return True
+
+
+def _arg_type(x: Any) -> tuple[Any, ...]:
+    return (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__)),
+            bool(getattr(x, "weak_type", False)))
 
 
 def jax_versions() -> dict[str, str]:

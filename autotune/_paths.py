@@ -18,9 +18,19 @@ from pathlib import Path
 
 from autotune.errors import JobError
 
-__all__ = ["UnsafePathError", "safe_path", "check_file_name"]
+__all__ = ["UnsafePathError", "safe_path", "check_file_name", "RESULTS_DIR_ENV",
+           "default_results_dir"]
 
 _NAME_MAX_BYTES = 255
+# Where traces, worker logs and reports go when no folder is given: $AUTOTUNE_RESULTS_DIR,
+# else ``results`` under the working directory.
+RESULTS_DIR_ENV = "AUTOTUNE_RESULTS_DIR"
+
+
+def default_results_dir() -> str:
+    """``$AUTOTUNE_RESULTS_DIR`` when set (and not blank), else ``"results"`` (relative to the
+    working directory). The database's default is separate (``$AUTOTUNE_DB``)."""
+    return os.environ.get(RESULTS_DIR_ENV, "").strip() or "results"
 
 
 class UnsafePathError(JobError):

@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune._paths import default_results_dir
 from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
 from autotune.evaluation.trial import DeviceKind
 
@@ -64,9 +65,10 @@ EXIT_BUG = 70  # EX_SOFTWARE (sysexits.h): an internal error, a bug in autotune
 # --effort presets, as Helion's autotune_effort: (trials per problem, patience).
 EFFORTS: dict[str, tuple[int, int]] = {"quick": (16, 8), "full": (256, 48)}
 INTERPRET_NOTE = (
-    "interpret: functional runs in GPU interpret mode on a CPU; their wall-clock times are not "
-    "GPU timings (no TFLOP/s, GB/s or speedup), and best/export/the lookup leave them out "
-    "unless asked for with --device interpret."
+    "interpret: functional runs in GPU interpret mode on a CPU (one checked run per config); "
+    "their wall-clock times are not GPU timings (no TFLOP/s, GB/s or speedup). best/export/the "
+    "lookup answer with them on a machine without a GPU, and elsewhere only when asked for "
+    "with --device interpret."
 )
 EXIT_SIGINT = EXIT_INTERRUPTED  # SIGTERM exits 143 (autotune.interrupts)
 MAX_SAMPLE = 10_000  # `spaces --sample`: configs printed
@@ -146,7 +148,7 @@ def _globals(parser: argparse.ArgumentParser, *, db: bool, top: bool = False) ->
 
 
 def _parser() -> argparse.ArgumentParser:
-    from autotune.tuning.sampling import SAMPLERS
+    from autotune.tuning import SAMPLERS  # Optuna is not imported to list them
 
     p = _Parser(prog="autotune", description="Autotuner for JAX Pallas Mosaic GPU kernels.",
                 epilog="The database: --db, else $AUTOTUNE_DB, else results/autotune.db under the "
@@ -190,7 +192,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="compiling worker processes per GPU (default: from the cores and GPU memory)")
     t.add_argument("--compile-threads", type=int, metavar="N",
                    help="compile threads per worker (default: from the cores)")
-    t.add_argument("--results-dir", default="results", help="where traces and worker logs go (default: results)")
+    t.add_argument("--results-dir", default=default_results_dir(),
+                   help="where traces and worker logs go (default: $AUTOTUNE_RESULTS_DIR, else results)")
     t.add_argument("--compilation-cache", default="auto", metavar="DIR",
                    help="JAX's persistent compilation cache: auto (default: <results-dir>/jax_cache "
                         "on a GPU, off in interpret mode), off, or a folder")
@@ -287,10 +290,44 @@ def _parser() -> argparse.ArgumentParser:
 
     o = sub.add_parser("report", help="plots per problem and an index.html")
     o.add_argument("--kernel")
-    o.add_argument("--out", default="results/report", metavar="DIR", help="(default: results/report)")
+    o.add_argument("--out", default=str(Path(default_results_dir()) / "report"), metavar="DIR",
+                   help="(default: results/report, or report under $AUTOTUNE_RESULTS_DIR)")
     o.add_argument("--allow-import", action="store_true", help="FLOP counts of import-path kernels")
     _globals(o, db=True)
+    _add_completers(p)
     return p
+
+
+def _complete_kernels(prefix: str = "", **_: Any) -> list[str]:
+    """Shell completion (argcomplete) of a kernel: the bundled kernels' names."""
+    from autotune.space.kernel import bundled_kernels
+
+    return [k for k in bundled_kernels() if k.startswith(prefix)]
+
+
+def _complete_dtypes(prefix: str = "", **_: Any) -> list[str]:
+    """Shell completion of ``--dtype``: the canonical dtype names."""
+    from autotune.space.problem import DTYPES
+
+    return [d for d in DTYPES if d.startswith(prefix)]
+
+
+def _add_completers(parser: argparse.ArgumentParser) -> None:
+    """Gives argcomplete the kernel names (the ``kernel`` argument and ``--kernel``), the dtypes
+    and the samplers; inert without argcomplete."""
+    from autotune.tuning import SAMPLERS
+
+    def complete_samplers(prefix: str = "", **_: Any) -> list[str]:
+        return [name for name in SAMPLERS if name.startswith(prefix)]
+
+    completers = {"kernel": _complete_kernels, "dtype": _complete_dtypes,
+                  "sampler": complete_samplers}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _add_completers(sub)
+        elif action.dest in completers:
+            action.completer = completers[action.dest]  # type: ignore[attr-defined]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,6 +361,10 @@ def _stdout_to_devnull() -> None:
         pass
 
 
+# The commands that open Optuna studies: tuning, or reading them.
+_OPTUNA_COMMANDS = frozenset({"tune", "status", "report", "revalidate"})
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
@@ -339,11 +380,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if ours:
         for h in root.handlers:
             h.setFormatter(_MaskingFormatter(_LOG_FORMAT))
-    import optuna
-
+    # alembic's INFO lines are its own plumbing (a dozen "setup plugin ..." per database
+    # opened); a migration autotune applies is logged by autotune.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     from autotune.errors import MissingDatabaseWarning
 
-    optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
+    if args.command in _OPTUNA_COMMANDS:  # the others never import Optuna (0.5 s of start-up)
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
     # The CLI names the database itself (_say_db); the API's warning would say it twice.
     warnings.simplefilter("ignore", MissingDatabaseWarning)
     handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
@@ -474,6 +519,12 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
         if args.sampler not in SAMPLERS:
             raise JobError(f"--sampler {args.sampler!r} is unknown; expected one of {', '.join(SAMPLERS)}."
                            + did_you_mean(args.sampler, SAMPLERS))
+        from autotune.tuning.sampling import require_sampler_packages
+
+        try:
+            require_sampler_packages(args.sampler)
+        except JobError as e:
+            raise JobError(f"--sampler {args.sampler}: {e}") from None
     trials, patience = args.trials, args.patience
     if args.effort is not None:
         effort_trials, effort_patience = EFFORTS[args.effort]
@@ -594,10 +645,16 @@ def _dry_run(args: argparse.Namespace, job: Any, gpus: list[int] | None, device:
     table or (``--jsonl``) one JSON object per problem; measures and writes nothing (a missing
     database is not created). Every problem is checked before anything is printed."""
     from autotune.api import detect_device
-    from autotune.queries.best import stored_trial_seconds
+    from autotune.queries.best import host_has_gpu, stored_trial_seconds
     from autotune.space.kernel import get_kernel
 
     device = detect_device() if device == "auto" else device
+    if device == DeviceKind.GPU and not host_has_gpu():  # told without probing jax
+        raise JobError(
+            "--device gpu: this machine has no GPU (the NVIDIA driver lists none, or "
+            "CUDA_VISIBLE_DEVICES hides them), so the job would stop at its start; leave "
+            "--device out (or give --device interpret) to tune in GPU interpret mode on the CPU, "
+            "or dry-run it on the GPU machine.")
     records: list[dict[str, Any]] = []
     for spec in job.problems:
         problem, budget = spec.problem, spec.budget
@@ -831,6 +888,8 @@ def _best(args: argparse.Namespace) -> int:
     result = best_result(problem.kernel, problem.dims, problem.dtype, device=args.device, db=args.db,
                          cache=args.cache)
     if result is None:
+        if args.json:  # stdout stays valid JSON for a reader: nothing is null (and exit 1)
+            print("null")
         others = [] if args.device else [
             s for s in list_results(args.db, kernel=problem.kernel, dtype=problem.dtype)
             if s.problem == problem and s.best_us is not None]
@@ -852,7 +911,13 @@ def _best(args: argparse.Namespace) -> int:
         print(json.dumps(payload, default=str))
         return EXIT_OK
     kind = " (interpret mode: a functional run on the CPU, not a GPU timing)" if interpret else ""
-    spread = "" if result.spread is None else f" (spread {100 * result.spread:.1f}%)"
+    if interpret and args.device is None and not args.quiet:
+        print("autotune: no GPU on this machine and no GPU result stored for this problem: "
+              "answering with its interpret-mode result; --device gpu asks for GPU results "
+              "only.", file=sys.stderr)
+    # An interpret-mode result is one checked run: it has no spread to show.
+    spread = ("" if result.spread is None or interpret
+              else f" (spread {100 * result.spread:.1f}%)")
     _say(f"{problem} on {result.device}: {result.median_us:.1f} us{spread}{kind}, cache "
          f"{result.cache_policy}" + (", confirmed" if result.confirmed else ""))
     if result.stale:
@@ -926,7 +991,7 @@ def _results(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from autotune.queries.best import check_device
-    from autotune.queries.exchange import export_records, render, skipped_interpret
+    from autotune.queries.exchange import export_records, interpret_export_counts, render
     from autotune.queries.outputs import write_export_file
 
     _kernel_filter(args.kernel, args.db)
@@ -934,10 +999,15 @@ def _export(args: argparse.Namespace) -> int:
     _say_db(args)  # on stderr: `autotune export > FILE` stays clean
     text = render(export_records(args.db, kernel=args.kernel, device=args.device), args.format)
     if args.device is None and not args.quiet:
-        left = skipped_interpret(args.db, kernel=args.kernel)
+        left, included = interpret_export_counts(args.db, kernel=args.kernel)
         if left:
             print(f"autotune: left out {left} interpret-mode result(s) (functional runs, not GPU "
                   "timings); --device interpret exports them.", file=sys.stderr)
+        if included:
+            print(f"autotune: exported {included} interpret-mode result(s) (device_kind "
+                  "\"interpret\": functional runs on a CPU, not GPU timings): this machine has no "
+                  "GPU and the database holds no GPU result for those problems; --device gpu "
+                  "exports GPU results only.", file=sys.stderr)
     if args.out is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -972,7 +1042,8 @@ def _revalidate(args: argparse.Namespace) -> int:
         raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to revalidate.")
     cache = None if args.cache in (None, "auto") else args.cache
     device = detect_device() if args.device == "auto" else args.device
-    folder = compilation_cache_folder(args.compilation_cache, results_dir="results", device=device)
+    folder = compilation_cache_folder(args.compilation_cache, results_dir=default_results_dir(),
+                                      device=device)
     with Store(args.db) as store, open_engine(device, allow_import=args.allow_import,
                                               cache=cache, compilation_cache=folder) as engine:
         reports = revalidate(store, engine, kernel=args.kernel, top=args.top)

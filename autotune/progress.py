@@ -21,8 +21,10 @@ caller can say at the end how many crashed in this run. Events: ``start`` (a pro
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -115,7 +117,8 @@ class LineProgress(Progress):
 
 class JsonlProgress(Progress):
     """One JSON object per event to ``stream`` (stdout by default): ``{"event": kind,
-    "problem": ..., "kernel", "shape", "dtype", "done", "total", "best_us", ...}``."""
+    "time": "2026-01-01T12:00:00.000+00:00", "problem": ..., "kernel", "shape", "dtype",
+    "done", "total", "best_us", ...}``."""
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         super().__init__()
@@ -124,6 +127,8 @@ class JsonlProgress(Progress):
     def handle(self, event: Any) -> None:
         record: dict[str, Any] = {
             "event": event.kind,
+            # when the event was written: UTC, ISO 8601 with milliseconds
+            "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
             "problem": str(event.problem),
             "kernel": event.problem.kernel,
             "shape": event.problem.dims,
@@ -198,16 +203,28 @@ class BarProgress(Progress):
         self._bars.clear()
 
 
+def _sized_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal with a width: a pty allocated without a size (as some
+    CI runners do) reports 0 columns, where tqdm's bars would draw nothing at all."""
+    if not getattr(stream, "isatty", lambda: False)():
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def make_progress(mode: str = "auto", *, stream: IO[str] | None = None) -> Progress:
     """The observer for ``mode``: ``"bar"`` (tqdm), ``"lines"``, ``"jsonl"``, ``"quiet"``,
-    or ``"auto"``: bars when ``stream`` (default stderr) is a terminal, else lines.
+    or ``"auto"``: bars when ``stream`` (default stderr) is a terminal with a width, else
+    lines (a pty with no size gets lines too).
 
     Raises:
       ValueError: an unknown mode, naming the allowed ones.
     """
     if mode == "auto":
         target = stream or sys.stderr
-        mode = "bar" if getattr(target, "isatty", lambda: False)() else "lines"
+        mode = "bar" if _sized_terminal(target) else "lines"
     if mode == "bar":
         return BarProgress(stream)
     if mode == "lines":

@@ -152,9 +152,10 @@ CONSTRAINTS = (
         (),
         lambda c, env: env.dtype == "float16",
         _says(
-            "attention_mgpu's forward kernel stages Q, K, V and O in float16 shared memory "
-            "whatever the input dtype, so {dtype} inputs fail to lower ('Mixed input dtypes', "
-            "JAX 0.10.2 and 0.11.2); pass float16 (cast bfloat16 inputs)"
+            "inputs must be float16 (here {dtype}): attention_mgpu's forward kernel stages Q, "
+            "K, V and O in float16 shared memory whatever the input dtype, so other inputs fail "
+            "to lower ('Mixed input dtypes', JAX 0.10.2 and 0.11.2); pass float16 (cast "
+            "bfloat16 inputs)"
         ),
         kind="problem",
     ),

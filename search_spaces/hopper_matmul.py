@@ -298,7 +298,7 @@ CONSTRAINTS = (
         (),
         lambda c, env: env.dtype in SUPPORTED_DTYPES,
         _says(
-            "hopper_matmul supports bfloat16 and float16 inputs, not {dtype}: its B tile "
+            "hopper_matmul inputs must be bfloat16 or float16 (here {dtype}): its B tile "
             "(tile_k x tile_n) is N-major in shared memory, which WGMMA reads only for 16-bit "
             "floats (float32/float8 fail to lower with 'Only f16 WGMMA supports transposes'; "
             "int8 fails on the float32 accumulator)"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -128,8 +131,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller prints the totals
         workeroutput["reliability_campaign"] = dict(_campaign_counts)
-    elif _campaign_counts["lost"] or _campaign_counts["duplicates"]:
+        return
+    if _campaign_counts["lost"] or _campaign_counts["duplicates"]:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _check_checkout(session)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -143,3 +148,51 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"{c['duplicates']} duplicates" + (" (must be 0: FAILED)" if bad else ""),
         red=bad, green=not bad, bold=True,
     )
+
+
+# Nothing the suite runs may write into the checkout: results go to tmp paths, Hypothesis keeps
+# no example database here. Checked at the end of the run (the controller, under xdist).
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WATCHED = ("results", ".hypothesis")
+
+
+def _checkout_files() -> set[str]:
+    found = set()
+    for name in _WATCHED:
+        for root, dirs, files in os.walk(os.path.join(_REPO, name)):
+            found.update(os.path.relpath(os.path.join(root, f), _REPO) for f in (*dirs, *files))
+    return found
+
+
+# Traces, worker logs and reports of commands run without a folder (and the CLI processes the
+# tests start, which inherit it) go to a scratch folder of this process, removed at its end.
+_SCRATCH = tempfile.mkdtemp(prefix="autotune-tests-")
+os.environ["AUTOTUNE_RESULTS_DIR"] = os.path.join(_SCRATCH, "results")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(os.path.join(_SCRATCH, "hypothesis"))  # its caches, not .hypothesis/
+    _hypothesis_settings.register_profile("autotune-tests", database=None)
+    _hypothesis_settings.load_profile("autotune-tests")
+except ImportError:  # hypothesis is in the test extra; without it its tests are not collected
+    pass
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._autotune_checkout_before = _checkout_files()  # type: ignore[attr-defined]
+
+
+def _check_checkout(session: pytest.Session) -> None:
+    """Fails the run naming any path the suite added under the watched folders."""
+    before = getattr(session.config, "_autotune_checkout_before", set())
+    added = sorted(_checkout_files() - before)
+    if added:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = (f"the tests wrote {len(added)} path(s) into the checkout (use tmp paths): "
+                + ", ".join(added[:10]))
+        if reporter is not None:
+            reporter.write_line(text, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -78,3 +78,57 @@ def test_the_cli_and_the_api_share_one_run_path(tmp_path, monkeypatch):
         cli.main(["tune", str(job), "--db", db, "--device", "interpret", "--quiet",
                   "--results-dir", str(tmp_path / "results")])
     assert seen == [("softmax", "interpret", db)] * 2
+
+
+def test_tune_prints_no_optuna_study_lines(tmp_path, monkeypatch):
+    """autotune.tune() is silent about Optuna's "A new study created ..." (a library does not
+    print its bookkeeping); the caller's Optuna verbosity is restored afterwards."""
+    import logging
+    from contextlib import contextmanager
+
+    import optuna
+
+    from autotune import api
+    from tests.test_cli import _FakeEngine  # the CLI tests' in-process engine and toy kernel
+
+    @contextmanager
+    def fake_open_engine(device="auto", **kwargs):
+        yield _FakeEngine("gpu")
+
+    monkeypatch.setattr(api, "open_engine", fake_open_engine)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    keep = Keep()
+    optuna_root = logging.getLogger("optuna")
+    optuna_root.addHandler(keep)
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's default
+    try:
+        api.tune("cli_toy", [{"m": 512}], dtype="float32", trials=2,
+                 db=f"sqlite:///{tmp_path}/t.db", progress=False)
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    finally:
+        optuna_root.removeHandler(keep)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    assert not [r for r in records if "A new study created" in r.getMessage()], records
+
+
+def test_detect_device_starts_no_jax_where_the_driver_lists_no_gpu(monkeypatch):
+    """On a machine whose NVIDIA driver lists no GPU, detect_device answers "interpret"
+    without starting jax in a child process (the quickstart's first seconds on a CPU); where
+    it lists one, jax is asked."""
+    from autotune import api
+    from autotune.queries import best as best_queries
+
+    def probed():
+        raise AssertionError("jax must not be started to find no GPU")
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    monkeypatch.setattr(api, "count_gpus", probed)
+    assert api.detect_device() == "interpret"
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
+    monkeypatch.setattr(api, "count_gpus", lambda: 1)
+    assert api.detect_device() == "gpu"

@@ -635,8 +635,18 @@ def test_an_import_path_kernel_name_traces_under_the_results_folder(tmp_path):
     from autotune.tuning.tuner import run_job
 
     job_, engine, results = _gpu_run(tmp_path, "my_kernels.matmul:KERNEL")
+    out_dirs: list[Path] = []
+
+    def trace(kernel_name, problem, config, out_dir, profile_space):
+        out_dirs.append(Path(out_dir))
+        Path(out_dir).mkdir(parents=True)  # as the evaluator that writes the trace does
+        return {}
+
+    engine.trace = trace
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
         run_job(job_, store=store, engine=engine, results_dir=results)
         assert len(store.trials()) == 2
+    [out_dir] = out_dirs
+    assert out_dir.relative_to(results / "traces" / "my_kernels.matmul:KERNEL")
     (kernel_dir,) = (results / "traces").iterdir()
     assert kernel_dir.name == "my_kernels.matmul:KERNEL" and any(kernel_dir.rglob("*"))

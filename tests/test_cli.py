@@ -93,6 +93,15 @@ def test_best_exits_1_when_nothing_is_tuned(tmp_path, capsys):
     assert code == 1 and "nothing tuned" in capsys.readouterr().err
 
 
+def test_best_json_with_nothing_tuned_prints_null(tmp_path, capsys):
+    """`best --json` with nothing tuned prints valid JSON (null) on stdout, the reason on
+    stderr, exit 1 (it printed nothing, which a JSON reader cannot parse)."""
+    code = main(["best", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--dtype", "bf16",
+                 "--db", f"sqlite:///{tmp_path}/empty.db", "--json"])
+    captured = capsys.readouterr()
+    assert code == 1 and json.loads(captured.out) is None and "nothing tuned" in captured.err
+
+
 def test_bad_db_url_exits_2(tmp_path, capsys):
     """An unusable --db URL is a clear error with exit code 2."""
     code = main(["results", "--db", "notadialect://x"])
@@ -106,8 +115,8 @@ def test_interpret_job_end_to_end(tmp_path):
     db = f"sqlite:///{tmp_path}/e2e.db"
     job = tmp_path / "job.toml"
     job.write_text(
-        '[defaults]\ntrials = 3\nseed = 0\niterations = 2\n'
-        '[[problem]]\nkernel = "softmax"\ndtype = "float32"\nshape = { rows = 64, cols = 512 }\n'
+        '[defaults]\ntrials = 3\nseed = 0\n'  # the quickstart's softmax: 408 valid configs
+        '[[problem]]\nkernel = "softmax"\ndtype = "float32"\nshape = { rows = 32, cols = 512 }\n'
     )
     first = run_cli("tune", str(job), "--db", db, "--device", "interpret")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -117,8 +126,12 @@ def test_interpret_job_end_to_end(tmp_path):
     assert len(rows) == 3 and all(r.status == "ok" for r in rows), [(r.status, r.error[-300:]) for r in rows]
     assert {r.device.kind for r in rows} == {"interpret"}
 
-    assert run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db).returncode == 1
-    best = run_cli("best", "softmax", "--shape", "rows=64,cols=512", "--dtype", "f32", "--db", db, "--json",
+    from autotune.queries.best import host_has_gpu
+
+    # GPU results only on a machine with a GPU; on this one's CPU, the interpret results.
+    plain = run_cli("best", "softmax", "--shape", "rows=32,cols=512", "--dtype", "f32", "--db", db)
+    assert plain.returncode == (1 if host_has_gpu() else 0), plain.stderr
+    best = run_cli("best", "softmax", "--shape", "rows=32,cols=512", "--dtype", "f32", "--db", db, "--json",
                    "--device", "interpret")
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
@@ -278,6 +291,10 @@ def fake_tune(monkeypatch, tmp_path):
         yield _FakeEngine(state["kind"], state["crash"])
 
     monkeypatch.setattr(autotune.api, "open_engine", fake_open_engine)
+    from autotune.queries import best as best_queries
+
+    # The machine is what the fake engine says it is: a GPU one unless it runs interpreted.
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: state["kind"] == "gpu")
     db = f"sqlite:///{tmp_path}/cli.db"
     job = tmp_path / "job.toml"
 
@@ -587,14 +604,35 @@ def test_gpus_without_a_gpu_or_in_interpret_mode_exit_2(fake_tune, capsys, monke
     def probed():
         raise AssertionError("--device gpu must not probe for GPUs")
 
+    from autotune.queries import best as best_queries
+
     monkeypatch.setattr(autotune.api, "count_gpus", probed)
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)  # read from the driver
     assert main(["tune", job, "--db", db, "--gpus", "0,1", "--device", "gpu", "--dry-run"]) == 0
     assert "dry run: device gpu (gpus 0,1)" in capsys.readouterr().out
 
 
-def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys):
+def test_dry_run_for_a_gpu_on_a_machine_without_one_exits_2(fake_tune, capsys, monkeypatch):
+    """`tune --device gpu --dry-run` on a machine without a GPU says so and exits 2 (it said
+    "device gpu" and exit 0, and the real run then stopped at its start)."""
+    from autotune.queries import best as best_queries
+
+    write, db, tmp_path = fake_tune
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    assert main(["tune", write(trials=2), "--db", db, "--device", "gpu", "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert "this machine has no GPU" in captured.err and "--device interpret" in captured.err
+    assert captured.out == "" and not (tmp_path / "cli.db").exists()
+
+
+def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, capsys,
+                                                                      monkeypatch):
     """Interpret-mode results: no TFLOP/s or speedup in the summary, labelled in `results`,
-    and `best`/`export` leave them out unless asked for with --device interpret."""
+    and on a machine with a GPU `best`/`export` leave them out unless asked for with
+    --device interpret."""
+    from autotune.queries import best as best_queries
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
     write, db, _ = fake_tune
     assert main(["tune", write(trials=3, kind="interpret"), "--db", db, "-q"]) == 0
     out = capsys.readouterr().out
@@ -613,6 +651,34 @@ def test_interpret_rows_are_labelled_and_left_out_of_best_and_export(fake_tune, 
     assert json.loads(captured.out)["records"] == [] and "left out 1 interpret" in captured.err
     assert main(["export", "--db", db, "--device", "interpret"]) == 0
     assert len(json.loads(capsys.readouterr().out)["records"]) == 1
+
+
+def test_without_a_gpu_best_and_export_answer_with_interpret_results_labelled(
+        fake_tune, capsys, monkeypatch):
+    """On a machine without a GPU whose database holds only interpret results, `best`
+    (text and --json) and `export` answer with them, labelled as interpret results, exit 0;
+    `--device gpu` still asks for GPU results only."""
+    from autotune.queries import best as best_queries
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3, kind="interpret"), "--db", db, "-q"]) == 0
+    capsys.readouterr()
+    best = ["best", "cli_toy", "--shape", "m=512", "--dtype", "f32", "--db", db]
+    assert main(best) == 0
+    captured = capsys.readouterr()
+    assert "interpret mode: a functional run on the CPU" in captured.out
+    assert "spread" not in captured.out  # one checked run: no spread to show
+    assert "no GPU on this machine" in captured.err and "--device gpu" in captured.err
+    assert main([*best, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["device_kind"] == "interpret" and payload["speedup"] is None
+    assert main([*best, "--device", "gpu"]) == 1
+    capsys.readouterr()
+    assert main(["export", "--db", db]) == 0
+    captured = capsys.readouterr()
+    [record] = json.loads(captured.out)["records"]
+    assert record["device_kind"] == "interpret" and "exported 1 interpret-mode" in captured.err
 
 
 def test_results_best_and_report_print_the_database(fake_tune, capsys):
@@ -821,9 +887,34 @@ def test_status_of_a_database_only_import_wrote_shows_what_there_is(tmp_path, ca
     assert status["hosts"] == []
     (problem,) = status["problems"]
     assert (problem["done"], problem["in_flight"], problem["best_us"]) == (1, 0, 70.0)
+    assert problem["state"] == "imported"  # stored, no study here: not "waiting"
     assert main(["status", job, "--db", db]) == 0
     captured = capsys.readouterr()
     assert "hosts with a live heartbeat: none" in captured.out and "Traceback" not in captured.err
+
+
+def test_export_then_import_keeps_the_spread(fake_tune, tmp_path, capsys):
+    """An export carries each result's spread and `import` stores it (it stored 0.0%: the
+    median alone has none); a bad spread is refused with the rest of the file."""
+    write, db, _ = fake_tune
+    assert main(["tune", write(trials=3), "--db", db, "-q"]) == 0
+    out = tmp_path / "e.json"
+    assert main(["export", "--db", db, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    data["records"][0]["spread"] = 0.478  # as measured on a noisy GPU
+    out.write_text(json.dumps(data))
+    target = f"sqlite:///{tmp_path}/target.db"
+    assert main(["import", str(out), "--db", target]) == 0
+    with Store(target) as store:
+        [row] = store.trials()
+    assert row.spread == pytest.approx(0.478)
+    capsys.readouterr()
+    assert main(["best", "cli_toy", "--shape", "m=512", "--dtype", "f32", "--db", target]) == 0
+    assert "spread 47.8%" in capsys.readouterr().out
+    data["records"][0]["spread"] = -1
+    out.write_text(json.dumps(data))
+    assert main(["import", str(out), "--db", f"sqlite:///{tmp_path}/bad.db"]) == 2
+    assert "spread" in capsys.readouterr().err and not (tmp_path / "bad.db").exists()
 
 
 def test_revalidate_on_a_missing_database_exits_1_and_creates_nothing(tmp_path, capsys):
@@ -918,3 +1009,79 @@ def test_a_confirmed_speedup_says_faster_no_faster_or_slower_in_the_tables():
     assert cli._speedup_text(0.965, 0.002, True, row(0.96, 0.97)).endswith("(confirmed, slower)")
     assert cli._speedup_text(0.99, None, False) == "0.990"
     assert cli._speedup_text(None, None, True) == "-"
+
+
+@pytest.mark.parametrize("kernel, shape, dtype", [
+    ("hopper_matmul", "m=256,n=256,k=256", "bf16"),
+    ("hopper_matmul", "m=256,n=256,k=256", "f16"),
+    ("hopper_attention", "batch=1,seq_q=128,seq_kv=128,heads_q=1,heads_kv=1,head_dim=64", "f16"),
+])
+def test_spaces_lists_dtype_rules_without_refusing_the_dtype_it_has(kernel, shape, dtype, capsys):
+    """`autotune spaces` lists a kernel's dtype rule for a supported dtype without saying the
+    dtype is refused (it said "supports bfloat16 and float16 inputs, not bfloat16")."""
+    assert main(["spaces", kernel, "--shape", shape, "--dtype", dtype]) == 0
+    out = capsys.readouterr().out
+    full = {"bf16": "bfloat16", "f16": "float16"}[dtype]
+    assert f"not {full}" not in out and f"so {full} inputs fail" not in out
+    assert f"(here {full})" in out
+
+
+def test_verbose_does_not_flood_with_alembic_plugin_lines(tmp_path):
+    """`-v` logs autotune's steps, not alembic's plumbing (a dozen "setup plugin ..." lines
+    per database opened); a schema upgrade is logged by autotune itself."""
+    db = f"sqlite:///{tmp_path}/v.db"
+    with Store(db):
+        pass
+    done = run_cli("-v", "results", "--db", db)
+    assert done.returncode == 0, done.stderr
+    assert "alembic" not in done.stderr, done.stderr
+
+
+def test_shell_completion_completes_kernel_names_dtypes_and_samplers():
+    """Shell completion (argcomplete, `autotune[completion]`) completes the kernel argument and
+    --kernel with the bundled kernels' names, --dtype with dtypes, --sampler with samplers."""
+    import argparse
+
+    parser = cli._parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    def completer(command, dest):
+        action = next(a for a in subs.choices[command]._actions if a.dest == dest)
+        return action.completer
+
+    for command in ("spaces", "best", "check"):
+        assert completer(command, "kernel")(prefix="hop") == ["hopper_matmul", "hopper_attention"]
+    for command in ("results", "export", "report", "revalidate"):
+        assert "softmax" in completer(command, "kernel")(prefix="")
+    assert completer("best", "dtype")(prefix="bf") == ["bfloat16"]
+    assert completer("tune", "sampler")(prefix="c") == ["cmaes"]
+
+
+def test_shell_completion_of_a_kernel_name_end_to_end(tmp_path):
+    """With argcomplete installed, `autotune best hop<TAB>` completes to the bundled kernels
+    (the shell's request, as argcomplete's bash hook sends it)."""
+    pytest.importorskip("argcomplete")
+    line = "autotune best hop"
+    out = tmp_path / "completions.txt"
+    done = run_cli(env={"_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n", "COMP_LINE": line,
+                        "COMP_POINT": str(len(line)), "_ARGCOMPLETE_STDOUT_FILENAME": str(out)})
+    assert done.returncode == 0, done.stderr
+    assert sorted(out.read_text().split()) == ["hopper_attention", "hopper_matmul"]
+
+
+def test_the_reading_commands_start_without_optuna_or_jax(tmp_path):
+    """`spaces`, `results` and `best` import neither Optuna nor jax (half a second of each
+    command's start-up on 2 cores); the commands that open studies set Optuna's verbosity."""
+    db = f"sqlite:///{tmp_path}/r.db"
+    code = (
+        "import sys\nfrom autotune import cli\n"
+        f"for argv in (['spaces'], ['results', '--db', {db!r}],\n"
+        f"             ['best', 'softmax', '--shape', 'rows=32,cols=512', '--db', {db!r}]):\n"
+        "    cli.main(argv)\n"
+        "assert 'optuna' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    assert cli._OPTUNA_COMMANDS == {"tune", "status", "report", "revalidate"}

@@ -66,6 +66,22 @@ def test_jsonl_one_object_per_event():
     assert records[-1]["message"] == "trial budget (3) spent"
 
 
+def test_jsonl_events_carry_a_utc_timestamp():
+    """Every --jsonl event says when it was written: UTC, ISO 8601, milliseconds."""
+    import datetime as dt
+
+    out = io.StringIO()
+    progress = JsonlProgress(out)
+    before = dt.datetime.now(dt.UTC)
+    for e in _events():
+        progress(e)
+    after = dt.datetime.now(dt.UTC)
+    for line in out.getvalue().splitlines():
+        stamp = dt.datetime.fromisoformat(json.loads(line)["time"])
+        assert stamp.utcoffset() == dt.timedelta(0)
+        assert before - dt.timedelta(milliseconds=1) <= stamp <= after
+
+
 def test_bar_draws_with_tqdm_and_writes_log_records_above_it(capsys):
     """BarProgress: a tqdm bar per problem on stderr; a warning logged to stderr while it is
     open is written on a line of its own, never into the bar's line."""
@@ -92,13 +108,24 @@ def test_bar_draws_with_tqdm_and_writes_log_records_above_it(capsys):
 
 
 def test_auto_mode_picks_lines_off_a_terminal_and_bars_on_one():
-    """make_progress('auto'): lines for a file or pipe, tqdm bars for a terminal."""
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
+    """make_progress('auto'): lines for a file or pipe, tqdm bars for a terminal with a size,
+    and lines for a pty with no size (as some CI runners allocate: bars drew nothing there)."""
+    import fcntl
+    import os
+    import struct
+    import termios
 
     assert type(make_progress("auto", stream=io.StringIO())) is LineProgress
-    assert type(make_progress("auto", stream=Tty())) is BarProgress
+    leader, follower = os.openpty()  # a fresh pty has no size: 0 rows, 0 columns
+    try:
+        with os.fdopen(follower, "w", closefd=False) as tty:
+            assert os.get_terminal_size(follower).columns == 0
+            assert type(make_progress("auto", stream=tty)) is LineProgress
+            fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+            assert type(make_progress("auto", stream=tty)) is BarProgress
+    finally:
+        os.close(leader)
+        os.close(follower)
     assert type(make_progress("quiet")) is Progress
     with pytest.raises(ValueError, match="expected one of auto, bar, lines, jsonl, quiet"):
         make_progress("fancy")

@@ -356,17 +356,23 @@ def test_tuning_records_each_failing_config_invalid_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_tune_from_python_with_the_kernel_object(tmp_path):
+def test_tune_from_python_with_the_kernel_object(tmp_path, monkeypatch):
     """autotune.tune(KERNEL) stores under the kernel's import path, where the CLI's `best`
     and the run-time lookup find it."""
+    from autotune.queries import best as best_queries
     from tests.user_kernel_missing_rule import KERNEL
 
     db = f"sqlite:///{tmp_path}/api.db"
     [report] = autotune.tune(KERNEL, [MISSING_SHAPE], dtype="float32", trials=2, db=db,
                              device="interpret")
     assert report.problem.kernel == MISSING and report.best_config is not None
-    # Interpret-mode results are served only when asked for by device.
+    # On a machine with a GPU, interpret-mode results are served only when asked for by
+    # device; on one without, they are what it holds.
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
     assert autotune.best_config(MISSING, MISSING_SHAPE, "float32", db=db) is None
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    assert autotune.best_config(MISSING, MISSING_SHAPE, "float32", db=db) == dict(
+        report.best_config)
     assert autotune.best_config(MISSING, MISSING_SHAPE, "float32", db=db,
                                 device="interpret") == dict(report.best_config)
     assert autotune.lookup_config(KERNEL, MISSING_SHAPE, "float32", db=db, device="interpret") == (

@@ -259,7 +259,9 @@ def run_compiled(
     ``timing`` is ``"cupti"`` (GPU time of the kernel's own launches, see
     :func:`select_kernel_time`) or ``"wallclock"`` (host time around ``block_until_ready``;
     interpret mode). The warm-up call is never timed. The output of the first call and of the
-    last timed one are both checked. Not thread-safe: one call at a time per device.
+    last timed one are both checked. ``iterations=0`` (interpret mode, whose times are not GPU
+    timings) runs the config once: that checked run is its only sample, timed by wall clock.
+    Not thread-safe: one call at a time per device.
     """
     import jax
 
@@ -269,13 +271,18 @@ def run_compiled(
     rel: float | None = None
     try:
         on_stage(stage)
+        started = time.perf_counter()
         out = jax.block_until_ready(fn(*inputs))
+        once_us = (time.perf_counter() - started) * 1e6
         stage = Stage.CHECK
         on_stage(stage)
         rel = relative_error(out, expected)
         del out
         if not rel <= tolerance:
             return _wrong(rel, tolerance, compiled.compile_s)
+        if iterations == 0:
+            return TrialResult.timed([once_us], compile_s=compiled.compile_s, rel_error=rel,
+                                     timing="wallclock", cache=cache)
         stage = Stage.TIME
         on_stage(stage)
         samples, last = _time(fn, inputs, iterations, timing, cache=cache, flush=flush)
@@ -647,7 +654,8 @@ class _JaxEvaluator(Evaluator):
                 inputs,
                 expected=expected,
                 tolerance=tolerance_for(kernel, problem.dtype),
-                iterations=self.iterations,
+                # Interpret mode: one run, the check (its wall-clock times are not GPU timings).
+                iterations=0 if self.interpret else self.iterations,
                 timing=self.timing,
                 on_stage=on_stage,
                 cache=self.cache,
@@ -750,6 +758,7 @@ class _JaxEvaluator(Evaluator):
         GPU's lock per trace on the H200 when it was compiled in :meth:`trace`)."""
         if self._refuse(kernel) is not None:
             return
+        Path(out_dir).mkdir(parents=True, exist_ok=True)  # where the profiler will write
         with self._device_context():
             compiled = _compile_traced(kernel, problem, config, out_dir,
                                       profile_space=profile_space, interpret=self.interpret)
@@ -835,7 +844,10 @@ class InterpretEvaluator(_JaxEvaluator):
     """Runs kernels in GPU interpret mode on the CPU; wall-clock timing (not GPU-comparable).
 
     Each config is first lowered for CUDA (:func:`lower_config_for_cuda`), so a config the GPU
-    would refuse is ``invalid`` here too, never measured as if it were fine.
+    would refuse is ``invalid`` here too, never measured as if it were fine. Each config then
+    runs once, checked against the reference, and that run's wall-clock time is its one sample
+    (``iterations`` is for re-timing and baselines only): interpret-mode times rank nothing on
+    a GPU, and a run takes seconds (section "Interpret mode" of docs/measurement.md).
     """
 
     timing = "wallclock"

@@ -16,7 +16,9 @@ another program's database), which is left as it is.
 Devices: ``device`` names a device kind (``"gpu"``, ``"interpret"``, ``"fake"``) or a device
 (``"NVIDIA H200"``, or any unambiguous part of the name, such as ``"h200"``). By default only
 GPU results are used: interpret-mode rows are functional runs on a CPU, not GPU timings, and
-are returned only when asked for (``device="interpret"`` or the interpret device's name).
+are returned only when asked for (``device="interpret"`` or the interpret device's name), or on
+a machine without a GPU (:func:`host_has_gpu`) for a problem with no GPU result stored: there
+they are what ran, and the answer says so (``BestResult.device_kind == "interpret"``).
 
 The database: ``db``, else ``$AUTOTUNE_DB``, else ``results/autotune.db`` relative to the
 current working directory (made absolute when first used). When that SQLite file does not
@@ -60,6 +62,7 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune._jax_compat import installed_versions
@@ -86,7 +89,7 @@ __all__ = [
     "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
     "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
     "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
-    "stored_kernels", "stored_trial_seconds", "check_device",
+    "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
 ]
 
 log = logging.getLogger(__name__)
@@ -219,12 +222,35 @@ def best_result(
             return None
         if device is None:
             found = _best_row(store, problem, None, DeviceKind.GPU, cache)
+            if found is None and not host_has_gpu():
+                found = _best_row(store, problem, None, DeviceKind.INTERPRET, cache)
+                if found is not None:
+                    log.info("%s: no GPU on this machine and no GPU result stored: answering "
+                             "with the interpret-mode result (a functional run on a CPU).",
+                             problem)
         else:
             name, kind = _device_filter(store, device)
             found = _best_row(store, problem, name, kind, cache)
         if found is None:
             return None
         return _best_result(store, problem, *found)
+
+
+def host_has_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU this process may use, found without importing
+    jax (which would initialise CUDA): ``CUDA_VISIBLE_DEVICES`` set to nothing or ``-1`` hides
+    every GPU; else a GPU the NVIDIA driver lists (``/proc/driver/nvidia/gpus``) or its device
+    file (``/dev/nvidia0``)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    try:
+        gpus = Path("/proc/driver/nvidia/gpus")
+        if gpus.is_dir() and any(gpus.iterdir()):
+            return True
+        return Path("/dev/nvidia0").exists()
+    except OSError:
+        return False
 
 
 def running_versions() -> dict[str, str]:
@@ -544,7 +570,16 @@ def results_frame(
             config_keys[f"config.{key}"] = None
         records.append(record)
     columns = [*FRAME_COLUMNS, *shape_keys, *config_keys]
-    return pd.DataFrame.from_records(records, columns=columns)
+    frame = pd.DataFrame.from_records(records, columns=columns)
+    for column in columns:
+        # Whole numbers with a gap (a config value of None, a key another kernel lacks) stay
+        # whole: pandas' nullable Int64, not float64 (64 read as 64.0).
+        values = [record.get(column) for record in records]
+        present = [v for v in values if v is not None]
+        if (present and len(present) < len(values)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in present)):
+            frame[column] = pd.array(values, dtype="Int64")
+    return frame
 
 
 def _frame_rows(
@@ -710,7 +745,14 @@ def check_device(device: str | None, db: str | None = None) -> None:
         if store is None:
             return
         name, kind = _device_filter(store, device)
-        names = sorted({d.name for d in store.devices()})
+        devices = store.devices()
+        names = sorted({d.name for d in devices})
+    if kind is not None and names and kind not in {d.kind for d in devices}:
+        stored = ", ".join(f"{d.name!r} ({d.kind})" for d in sorted(devices, key=lambda d: d.name))
+        raise JobError(
+            f"device {device!r} matches no stored device: none of kind {kind} is stored; the "
+            f"stored devices are {stored} (give one of them, or its kind)."
+        )
     if kind is None and name not in names:
         raise JobError(
             f"device {device!r} matches no stored device; the stored devices are "

@@ -51,16 +51,18 @@ from autotune.evaluation.trial import (
     DeviceKind,
     TrialResult,
 )
+from autotune.queries import best as best_queries
 from autotune.queries.best import _device_filter, _open, served_summaries
 from autotune.space.problem import Config, Problem
 from autotune.space.validity import servable
+from autotune.storage.rows import ProblemSummary
 from autotune.storage.store import Store
 from autotune.storage.urls import display_url, in_memory, resolve_url
 
 __all__ = [
     "FORMATS", "export_records", "render", "import_json", "import_records", "check_records",
     "is_export", "BadRecord", "MAX_IMPORT_BYTES", "MAX_IMPORT_DEPTH", "MAX_IMPORT_RECORDS",
-    "skipped_interpret",
+    "skipped_interpret", "interpret_export_counts",
 ]
 
 FORMATS = ("json", "python", "csv")
@@ -89,6 +91,7 @@ def export_records(
             return records
         name, kind = (None, None) if device is None else _device_filter(store, device)
         summaries = store.summaries(kernel=kernel, device_name=name, device_kind=kind)
+        left_out = _interpret_left_out(summaries) if device is None else set()
         for summary in served_summaries(store, summaries):  # configs valid under today's rules
             if summary.best_config is None or summary.best_trial_id is None:
                 continue
@@ -96,8 +99,8 @@ def export_records(
                 log.warning("%s on %s: skipping a non-finite stored time %r; it is never "
                             "exported.", summary.problem, summary.device, summary.best_us)
                 continue
-            if device is None and summary.device_kind == DeviceKind.INTERPRET:
-                continue  # functional runs, not GPU timings: only when asked for
+            if (summary.problem, summary.device) in left_out:
+                continue  # functional runs, not GPU timings: only when asked for (or no GPU)
             confirmation = summary.confirmation
             trial = store.trial(summary.best_trial_id)
             if trial is None:  # deleted between the two reads
@@ -138,14 +141,34 @@ def export_records(
     return records
 
 
+def _interpret_left_out(summaries: Sequence[ProblemSummary]) -> set[tuple[Problem, str]]:
+    """The (problem, device) interpret-mode results an export asking for no device leaves out:
+    all of them on a machine with a GPU; on one without, those of problems with a GPU result
+    (as :func:`~autotune.queries.best.best_result` answers there)."""
+    with_gpu = {s.problem for s in summaries if s.device_kind == DeviceKind.GPU}
+    gpu_here = best_queries.host_has_gpu()  # looked up at call time: tests replace it
+    return {(s.problem, s.device) for s in summaries if s.device_kind == DeviceKind.INTERPRET
+            and (gpu_here or s.problem in with_gpu)}
+
+
+def interpret_export_counts(db: str | None = None, *,
+                            kernel: str | None = None) -> tuple[int, int]:
+    """``(left out, included)``: how many (problem, interpret device) results with a best
+    config :func:`export_records` leaves out, and includes, when no device is asked for."""
+    with _open(db) as store:
+        if store is None:
+            return 0, 0
+        summaries = [s for s in store.summaries(kernel=kernel) if s.best_config is not None]
+        left = _interpret_left_out(summaries)
+        interpret = [s for s in summaries if s.device_kind == DeviceKind.INTERPRET]
+        out = sum(1 for s in interpret if (s.problem, s.device) in left)
+        return out, len(interpret) - out
+
+
 def skipped_interpret(db: str | None = None, *, kernel: str | None = None) -> int:
     """How many (problem, interpret device) results :func:`export_records` leaves out when
     no device is asked for."""
-    with _open(db) as store:
-        if store is None:
-            return 0
-        return sum(1 for s in store.summaries(kernel=kernel, device_kind=DeviceKind.INTERPRET)
-                   if s.best_config is not None)
+    return interpret_export_counts(db, kernel=kernel)[0]
 
 
 def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
@@ -390,7 +413,8 @@ def check_records(
     the kernel's space bound to the problem: :func:`autotune.space.validity.violations`),
     ``median_us`` (a finite, positive number), ``device`` (a name, not null or blank),
     ``text`` (device, driver and version strings of at most 256 printable characters),
-    ``device_kind`` (gpu, interpret or fake).
+    ``device_kind`` (gpu, interpret or fake), ``spread`` (null or a finite number >= 0),
+    ``cache_policy``.
     """
     from autotune.space.kernel import get_kernel
     from autotune.space.validity import violations
@@ -495,6 +519,11 @@ def check_records(
             if broken:
                 errors.append(("config_valid", f"config {_short(dict(config), 200)} breaks "
                                                f"{'; '.join(broken)}"))
+        spread = r.get("spread")
+        if spread is not None and (isinstance(spread, bool) or not isinstance(spread, int | float)
+                                   or not (math.isfinite(spread) and spread >= 0)):
+            errors.append(("spread", f"spread must be null or a finite number >= 0, got "
+                                     f"{_short(spread)}"))
         cache = r.get("cache_policy") or "warm"
         if cache not in CACHE_POLICIES:
             errors.append(("cache_policy", f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, "
@@ -544,7 +573,9 @@ def import_records(
          device, software)
         for problem, config, median, device, software, cache in parsed
     ]
+    # The spread measured where the samples were taken (an export carries the median only).
+    spreads = [None if r.get("spread") is None else float(r["spread"]) for r in records]
     with Store(db) as store:
-        recorded = store.record_trials(trials, worker="import")
+        recorded = store.record_trials(trials, worker="import", spreads=spreads)
     duplicates = sum(r.duplicate for r in recorded)
     return len(recorded) - duplicates, duplicates

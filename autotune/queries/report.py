@@ -199,8 +199,11 @@ def _problem_page(
     policy = summary.cache_policy
     rows = store.trials(problem, device_name=summary.device, device_kind=summary.device_kind,
                         cache=policy)
-    baseline = store.baseline(problem, device_name=summary.device, device_kind=summary.device_kind,
-                              cache=policy)
+    interpret = summary.device_kind == DeviceKind.INTERPRET
+    # An interpreted kernel's wall-clock time beside a CPU XLA time would read as a speedup:
+    # an interpret-mode baseline (stored by older versions) is not drawn.
+    baseline = None if interpret else store.baseline(
+        problem, device_name=summary.device, device_kind=summary.device_kind, cache=policy)
     title = (f"{problem.kernel} [{problem.shape_text}; {problem.dtype}] on {summary.device}, "
              f"{policy} cache")
     images: dict[str, str] = {}
@@ -211,7 +214,6 @@ def _problem_page(
         fig.savefig(path, dpi=_DPI)
         images[kind] = f"{folder}/{kind}.png"
 
-    interpret = summary.device_kind == DeviceKind.INTERPRET
     if interpret:
         notes.append(
             "Interpret mode: these are functional runs of the kernel in GPU interpret mode on a "
@@ -626,7 +628,9 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
     for page in pages:
         s = page.summary
         trials = ", ".join(f"{k} {v}" for k, v in sorted(s.by_status.items()))
-        baseline = "-" if s.baseline_us is None else f"{s.baseline_name} {_fmt_us(s.baseline_us)}"
+        interpret = s.device_kind == DeviceKind.INTERPRET
+        baseline = ("-" if s.baseline_us is None or interpret
+                    else f"{s.baseline_name} {_fmt_us(s.baseline_us)}")
         links = " ".join(
             f'<a href="{html.escape(path)}">{html.escape(kind)}</a>'
             for kind, path in page.images.items()
@@ -638,7 +642,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
             best_us = c.crowned.median_us
             config = json.dumps(dict(c.crowned.config), sort_keys=True)
             ties = str(len(c.tied_with_winner()))
-            if c.baseline_median_us is not None:
+            if c.baseline_median_us is not None and not interpret:
                 baseline = f"{c.baseline_name} {_fmt_us(c.baseline_median_us)}"
             if c.speedup is not None:
                 speedup = f"{c.speedup:.3g}x ±{100 * (c.speedup_spread or 0):.1f}% (confirmed)"
@@ -647,7 +651,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
             + _cell(s.problem.shape_text) + _cell(s.problem.dtype)
             + _cell(s.device) + _cell(s.cache_policy) + _cell(trials)
             + _cell("-" if best_us is None else _fmt_us(best_us)) + _cell(baseline)
-            + _cell("-" if s.device_kind == DeviceKind.INTERPRET else speedup) + _cell(ties)
+            + _cell("-" if interpret else speedup) + _cell(ties)
             + _cell("-" if page.tflops is None else _rate(page.tflops, "FLOP/s"))
             + _cell("-" if page.gbps is None else _rate(page.gbps / 1e3, "B/s"))
             + _cell(page.versions)

@@ -35,7 +35,7 @@ class ProblemStatus:
     budget: int | None
     best_us: float | None
     best_config: dict[str, Any] | None
-    state: str  # "not started", "running", "waiting", "done"
+    state: str  # "not started", "running", "waiting", "done", "imported" (stored, no study)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -109,6 +109,8 @@ def job_status(job: Job, store: Store) -> JobStatus:
                 state = "done"
             elif in_flight:
                 state = "running"
+            elif done and not studies.get(device):
+                state = "imported"  # results stored with no study here: `autotune import`
             else:
                 state = "waiting"
             out.append(ProblemStatus(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import socket
 import statistics
 from collections.abc import Mapping, Sequence
@@ -112,10 +113,12 @@ class _StoreWrites(_StoreSessions):
     def record_trials(
         self, trials: Sequence[tuple[Problem, Config, TrialResult, DeviceInfo, Mapping[str, str]]],
         *, worker: str = "", cache: str | None = None,
+        spreads: Sequence[float | None] | None = None,
     ) -> list[RecordedTrial]:
         """Stores many finished trials ``(problem, config, result, device, software)`` in ONE
         transaction: all of them, or (on any error) none. Duplicates are kept as for
-        :meth:`record_trial`.
+        :meth:`record_trial`. ``spreads``: per trial, the spread measured where its samples
+        were taken (an import carries the median only); None: computed from the samples.
 
         Raises:
           ValueError: a malformed argument (checked before anything is written).
@@ -124,11 +127,19 @@ class _StoreWrites(_StoreSessions):
         for _, _, result, _, software in trials:
             _software_key(software)
             _check_times(result)
+        if spreads is not None and len(spreads) != len(trials):
+            raise ValueError(f"spreads has {len(spreads)} values for {len(trials)} trials.")
+        for spread in spreads or ():
+            if spread is not None and not (math.isfinite(spread) and spread >= 0):
+                raise ValueError(f"a spread must be a finite number >= 0, got {spread!r}.")
+        given = list(spreads) if spreads is not None else [None] * len(trials)
         with self._write(f"record {len(trials)} trials") as session:
             return [
                 self._record_trial_in(session, problem, config, result, device=device,
-                                      software=software, worker=worker, cache=cache)
-                for problem, config, result, device, software in trials
+                                      software=software, worker=worker, cache=cache,
+                                      spread=spread)
+                for (problem, config, result, device, software), spread in zip(
+                    trials, given, strict=True)
             ]
 
     def _record_trial_in(
@@ -145,6 +156,7 @@ class _StoreWrites(_StoreSessions):
         worker: str = "",
         started_at: dt.datetime | None = None,
         cache: str | None = None,
+        spread: float | None = None,
     ) -> RecordedTrial:
         outcome = Outcome(result.outcome)
         policy = _policy(cache or result.cache or "warm")
@@ -181,7 +193,7 @@ class _StoreWrites(_StoreSessions):
             rel_error=result.rel_error,
             timing=result.timing,
             cache_policy=policy,
-            spread=result.spread,
+            spread=result.spread if spread is None else spread,
             error=result.error,
             study_name=study_name,
             optuna_trial_number=optuna_trial_number,

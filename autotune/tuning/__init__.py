@@ -5,3 +5,7 @@ The one module that touches Optuna's private names (:mod:`.optuna_adapter`), the
 runner and scheduler (:mod:`.tuner`, :mod:`.scheduler`), the confirmation round
 (:mod:`.confirmation`) and revalidation (:mod:`.revalidate`). May import every package below it.
 """
+
+# The sampler names, here so that the command line lists them without importing Optuna
+# (:mod:`.sampling` holds the samplers and re-exports this).
+SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")

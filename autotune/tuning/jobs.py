@@ -33,7 +33,7 @@ from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.kernel import bundled_kernels, get_kernel
 from autotune.space.problem import Problem
-from autotune.tuning.sampling import SAMPLERS
+from autotune.tuning.sampling import SAMPLERS, require_sampler_packages
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 
@@ -303,6 +303,11 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
         fail("seconds")
     if "sampler" in s and s["sampler"] not in SAMPLERS:
         fail("sampler")
+    if "sampler" in s:
+        try:
+            require_sampler_packages(s["sampler"])
+        except JobError as e:
+            raise JobError(f"{where}: {e}") from None
     if "seed" in s and not (_is_int(s["seed"]) and 0 <= s["seed"] <= MAX_SEED):
         fail("seed")
     if "iterations" in s and not (_is_int(s["iterations"]) and 1 <= s["iterations"] <= 10_000):

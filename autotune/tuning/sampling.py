@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import JobError
 from autotune.space.problem import Config
 from autotune.space.search_space import BoundSpace
+from autotune.tuning import SAMPLERS as _SAMPLER_NAMES
 from autotune.tuning import optuna_adapter as oa
 from autotune.tuning.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
@@ -48,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+SAMPLERS = _SAMPLER_NAMES  # autotune.tuning.SAMPLERS: listed without importing Optuna
 # Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
 # trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
 # MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so
@@ -196,10 +197,10 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
-        _require("cmaes", "cmaes")
+        require_sampler_packages("cmaes")
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=6, warn_independent_sampling=False)
     if name == "gp":
-        _require("gp", "torch", "scipy")
+        require_sampler_packages("gp")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
     if name == "qmc":
         with warnings.catch_warnings():
@@ -212,14 +213,29 @@ def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseS
     raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")
 
 
-def _require(sampler: str, *modules: str) -> None:
+# The samplers that need packages outside autotune's dependencies: the modules, and the extra
+# of pyproject.toml that installs them.
+SAMPLER_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "cmaes": (("cmaes",), "cmaes"),
+    "gp": (("torch", "scipy"), "gp"),
+}
+
+
+def require_sampler_packages(name: str) -> None:
+    """Raises a JobError naming the extra to install when sampler ``name`` needs packages that
+    are missing; job files, ``--sampler`` and ``autotune.tune`` check it before anything runs
+    (``--dry-run`` included). Finds the modules without importing them."""
     import importlib.util
 
+    if name not in SAMPLER_PACKAGES:
+        return
+    modules, extra = SAMPLER_PACKAGES[name]
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise JobError(
-            f"sampler {sampler!r} needs {', '.join(missing)} installed "
-            f"(pip install {' '.join(missing)}); or use one of tpe, random, qmc, brute."
+            f"sampler {name!r} needs {', '.join(missing)}, which is not installed: "
+            f"pip install 'autotune[{extra}]' (or pip install {' '.join(missing)}); or use one "
+            "of auto, tpe, random, qmc, brute, ranked."
         )
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune._paths import safe_path
+from autotune._paths import default_results_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
@@ -392,7 +392,9 @@ class _Scheduler:
         # Its baseline goes to the engine once its first result is in (_baseline_now), so that
         # every worker's first task is a config: a fresh worker's first task pays its first-use
         # costs, and on the H200 baselines queued first held the first compile back 25 s.
-        run.baseline_due = kernel.baseline is not None and self.store.baseline(
+        # In interpret mode there is none: a CPU XLA time says nothing beside an interpreted
+        # kernel's (docs/measurement.md, "Interpret mode").
+        run.baseline_due = device.kind != DeviceKind.INTERPRET and kernel.baseline is not None and self.store.baseline(
             problem, device_name=device.name, device_kind=device.kind, cache=self.policy
         ) is None
 
@@ -531,7 +533,7 @@ class _Scheduler:
             config = Config(row.config)
             out_dir = safe_path(self.results_dir, "traces", problem.kernel, problem.digest(),
                                 config.digest())
-            out_dir.mkdir(parents=True, exist_ok=True)
+            # made by the evaluator that writes the trace (none for an engine that writes none)
             future = submit(problem.kernel, problem, config, str(out_dir), _t.TRACE_PROFILE_SPACE)
             r.side[future] = ("trace", (row.id, str(out_dir)))
 
@@ -572,7 +574,7 @@ def run_scheduled(
     store: TrialStore,
     engine: EngineLike,
     storage: optuna.storages.BaseStorage,
-    results_dir: str | Path = "results",
+    results_dir: str | Path | None = None,
     on_event: Callable[[_t.Event], None] | None = None,
     allow_import: bool = False,
     run_id: int | None = None,
@@ -580,5 +582,6 @@ def run_scheduled(
     """Tunes every problem of ``job`` together on ``engine``; one report per problem, in job
     order. Each problem's confirmation round (:func:`autotune.tuning.tuner.confirm_best`) runs when
     its search ends. Database errors propagate (``run_job`` words them)."""
-    return _Scheduler(job, store=store, engine=engine, storage=storage, results_dir=results_dir,
+    return _Scheduler(job, store=store, engine=engine, storage=storage,
+                      results_dir=results_dir or default_results_dir(),
                       on_event=on_event, allow_import=allow_import, run_id=run_id).run()

@@ -45,7 +45,7 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
-from autotune._paths import safe_path
+from autotune._paths import default_results_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.errors import JobError, NoValidConfigError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
@@ -360,7 +360,7 @@ def run_job(
     *,
     store: TrialStore,
     engine: EngineLike,
-    results_dir: str | Path = "results",
+    results_dir: str | Path | None = None,
     on_event: Callable[[Event], None] | None = None,
     allow_import: bool = False,
     sequential: bool = False,
@@ -387,7 +387,8 @@ def run_job(
         )
     try:
         with job_switch_interval():
-            return _run_job(job, store=store, engine=engine, results_dir=results_dir,
+            return _run_job(job, store=store, engine=engine,
+                            results_dir=results_dir or default_results_dir(),
                             on_event=on_event, allow_import=allow_import, sequential=sequential,
                             policy=policy)
     except StorageError as e:
@@ -511,7 +512,7 @@ def tune_problem(
     store: TrialStore,
     engine: EngineLike,
     storage: optuna.storages.BaseStorage | str,
-    results_dir: str | Path = "results",
+    results_dir: str | Path | None = None,
     on_event: Callable[[Event], None] | None = None,
     run_id: int | None = None,
 ) -> ProblemReport:
@@ -524,6 +525,7 @@ def tune_problem(
     space = kernel.valid_space(problem, interpret=device.kind == DeviceKind.INTERPRET)
     software = software_versions()
     budget = spec.budget
+    results_dir = results_dir or default_results_dir()
     safe_path(results_dir, "traces", problem.kernel)  # before anything is measured
     if device.kind == DeviceKind.INTERPRET and not kernel.interpret_ok:
         # Every config would only fail the same way; say so once instead of storing that.
@@ -557,7 +559,10 @@ def tune_problem(
     study = open_study(problem, device, storage, sampler, software, policy)
     close_orphans(study, store, problem, device, policy)
 
-    if store.baseline(problem, device_name=device.name, device_kind=device.kind, cache=policy) is None and kernel.baseline is not None:
+    # No baseline in interpret mode: a CPU XLA time says nothing beside an interpreted kernel's.
+    if (device.kind != DeviceKind.INTERPRET and kernel.baseline is not None
+            and store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                               cache=policy) is None):
         result = engine.baseline(problem.kernel, problem)
         if result.ok:
             store.record_baseline(
@@ -998,7 +1003,7 @@ def trace_best(
             continue
         config = Config(row.config)
         out_dir = safe_path(results_dir, "traces", problem.kernel, problem.digest(), config.digest())
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # made by the evaluator that writes the trace (none for an engine that writes none)
         try:
             regions = engine.trace(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)
         except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning

@@ -553,7 +553,8 @@ def test_interpret_engine_evaluates_a_real_kernel():
         bad = eng.submit(SCALE_ADD + "_WRONG", wrong, Config(block=128))
         invalid = eng.submit(SCALE_ADD, problem, Config(block=96))
         assert ok.result(timeout=120).outcome is Outcome.OK
-        assert ok.result().timing == "wallclock" and len(ok.result().samples_us) == 2
+        # One checked run per config in interpret mode: its wall-clock time is the one sample.
+        assert ok.result().timing == "wallclock" and len(ok.result().samples_us) == 1
         assert bad.result(timeout=120).outcome is Outcome.WRONG_RESULT
         assert invalid.result(timeout=120).outcome is Outcome.INVALID
         assert eng.device_info().kind == "interpret"

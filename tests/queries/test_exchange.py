@@ -236,6 +236,24 @@ def test_unknown_device_filter_exits_2_naming_the_stored_devices(source, tmp_pat
         capsys.readouterr()
 
 
+def test_a_device_kind_with_nothing_stored_exits_2_naming_the_stored_devices(tmp_path, capsys,
+                                                                             campaign):
+    """`results --device gpu` (and `export`) on a database holding interpret results only
+    exit 2 with one line naming the kind and the stored devices (it said "no results stored",
+    exit 0, against docs/cli.md)."""
+    campaign.add(bad_inputs=2)
+    url = f"sqlite:///{tmp_path}/cpu.db"
+    with Store(url) as store:
+        store.record_trial(MATMUL, Config(M3), timed(5.0), device=INTERPRET, software=SOFTWARE)
+    for command in (["results"], ["export"]):
+        assert cli.main([*command, "--db", url, "--device", "gpu"]) == 2
+        out, err = capsys.readouterr()
+        (line,) = err.splitlines()
+        assert not out and "'gpu'" in line and "'cpu-interpret (x86_64)' (interpret)" in line
+        assert cli.main([*command, "--db", url, "--device", "interpret"]) == 0
+        capsys.readouterr()
+
+
 def test_export_names_the_database_on_stderr_only(source, capsys):
     """`export` to stdout names the database it read on stderr; stdout is the export alone."""
     assert cli.main(["export", "--db", source]) == 0
@@ -331,11 +349,37 @@ def test_non_finite_times_are_never_stored_or_exported(db_url, tmp_path, campaig
     assert namespace["lookup"]("softmax", SOFTMAX.dims, "float16") == S1
     with pytest.raises(ValueError):  # strict JSON even if a caller hands render a bad record
         render([{**records[0], "median_us": math.inf}], "json")
-def test_interpret_results_are_exported_only_when_asked_for(source):
-    """export leaves interpret-mode rows out by default; device='interpret' exports them."""
+def test_interpret_results_are_exported_only_when_asked_for(source, monkeypatch):
+    """On a machine with a GPU, export leaves interpret-mode rows out by default;
+    device='interpret' exports them."""
+    from autotune.queries import best as best_queries
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
     assert {r["device_kind"] for r in export_records(source)} == {"gpu"}
     (record,) = export_records(source, device="interpret")
     assert record["device_kind"] == "interpret" and record["config"] == dict(M3)
+
+
+def test_without_a_gpu_export_includes_interpret_only_problems_labelled(tmp_path, monkeypatch,
+                                                                        capsys):
+    """On a machine without a GPU, `export` includes the interpret-mode results of problems
+    with no GPU result (labelled device_kind "interpret", and said on stderr); a problem with
+    GPU results exports those only; on a machine with a GPU they are left out, as before."""
+    from autotune.queries import best as best_queries
+
+    url = f"sqlite:///{tmp_path}/cpu.db"
+    with Store(url) as store:
+        store.record_trial(MATMUL, Config(M3), timed(5.0), device=INTERPRET, software=SOFTWARE)
+        store.record_trial(SOFTMAX, Config(S1), timed(12.0), device=GPU, software=SOFTWARE)
+        store.record_trial(SOFTMAX, Config(S1), timed(9.0), device=INTERPRET, software=SOFTWARE)
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: False)
+    kinds = {(r["kernel"], r["device_kind"]) for r in export_records(url)}
+    assert kinds == {(MATMUL.kernel, "interpret"), (SOFTMAX.kernel, "gpu")}
+    assert cli.main(["export", "--db", url]) == 0
+    err = capsys.readouterr().err
+    assert "exported 1 interpret-mode result(s)" in err and "left out 1" in err
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
+    assert {r["device_kind"] for r in export_records(url)} == {"gpu"}
 
 
 def test_exports_and_results_carry_the_policy_the_confirmed_speedup_and_the_ties(tmp_path, capsys):

@@ -62,7 +62,7 @@ def test_public_api_is_pinned():
             "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
             "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
             "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
-            "stored_kernels", "stored_trial_seconds", "check_device",
+            "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
         ]
     )
 
@@ -114,9 +114,11 @@ def test_nothing_stored_is_none(db: str):
     assert best_result("flash", SHAPE, "bf16", db=db) is None
 
 
-def test_default_leaves_interpret_results_out_unless_asked_for(db: str):
-    """Interpret-mode rows are functional runs, not GPU timings: the default answer (GPU only)
-    is None without GPU results; device='interpret' returns them, labelled as such."""
+def test_default_leaves_interpret_results_out_unless_asked_for(db: str, monkeypatch):
+    """Interpret-mode rows are functional runs, not GPU timings: on a machine with a GPU the
+    default answer (GPU only) is None without GPU results; device='interpret' returns them,
+    labelled as such."""
+    monkeypatch.setattr(queries, "host_has_gpu", lambda: True)
     small = {"m": 128, "n": 128, "k": 128}
     assert best_result("matmul", small, "f16", db=db) is None
     assert nearest_results("matmul", small, "f16", db=db) == [] or all(
@@ -124,6 +126,27 @@ def test_default_leaves_interpret_results_out_unless_asked_for(db: str):
     result = best_result("matmul", small, "f16", device="interpret", db=db)
     assert result is not None and result.device_kind == "interpret"
     assert result.config == {"tile_m": 32, "tile_n": 32} and result.baseline_name is None
+
+
+def test_without_a_gpu_the_default_answers_with_interpret_results_labelled(db: str, monkeypatch):
+    """On a machine without a GPU, a problem with no GPU result is answered from its
+    interpret-mode results (what ran there), labelled as interpret; a problem with GPU results
+    still gets those."""
+    monkeypatch.setattr(queries, "host_has_gpu", lambda: False)
+    small = {"m": 128, "n": 128, "k": 128}
+    result = best_result("matmul", small, "f16", db=db)
+    assert result is not None and result.device_kind == "interpret"
+    assert best_config("matmul", small, "f16", db=db) == {"tile_m": 32, "tile_n": 32}
+    assert best_result("matmul", SHAPE, "bf16", db=db).device_kind == "gpu"
+    assert best_config("matmul", small, "f16", device="gpu", db=db) is None
+
+
+def test_host_has_gpu_is_told_without_jax(monkeypatch):
+    """CUDA_VISIBLE_DEVICES set to nothing hides every GPU; the answer never imports jax."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert queries.host_has_gpu() is False
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert queries.host_has_gpu() is False
 
 
 def test_results_frame_bad_status_lists_the_allowed_ones(db: str):
@@ -271,6 +294,20 @@ def test_results_frame_has_one_row_per_trial_with_shape_and_config_columns(db: s
     row = best.sort_values("median_us").iloc[0]
     assert (row["shape.m"], row["config.tile_n"], row["jax"], row["jaxlib"]) == (4096, 256, "0.11.2", "0.11.2")
     assert row["finished_at"].tzinfo is not None
+
+
+def test_results_frame_keeps_whole_numbers_whole_where_some_are_missing(db: str):
+    """A config or shape column of whole numbers with gaps (None, or a key another kernel
+    lacks) is pandas' nullable Int64, not float64 (64 read as 64.0); strings stay objects."""
+    import pandas as pd
+
+    frame = queries.results_frame(db)
+    for column in ("config.tile_m", "config.block_q", "shape.m"):
+        assert frame[column].dtype == pd.Int64Dtype(), (column, frame[column].dtype)
+    matmul = frame[frame.kernel == "matmul"]
+    assert sorted(int(v) for v in matmul["config.tile_m"]) == [16, 32, 64, 64, 128, 128, 256]
+    assert frame[frame.kernel == "attention"]["config.tile_m"].isna().all()
+    assert str(int(frame["config.block_q"].dropna().iloc[0])) == "64"
 
 
 def test_results_frame_filters(db: str):

@@ -125,10 +125,12 @@ def test_report_of_a_gpu_job_draws_every_plot(tmp_path):
 
 def test_report_cli_and_notes_without_study_or_ceilings(tmp_path, capsys):
     """Imported interpret results: no study (importance noted), the interpret caveat and no
-    roofline (no throughput from functional runs), exit 0."""
+    roofline (no throughput from functional runs), and no CPU XLA baseline time beside an
+    interpreted kernel's (an older version stored one), exit 0."""
     url = f"sqlite:///{tmp_path}/r.db"
     device = DeviceInfo("cpu-interpret (test)", "interpret")
     with Store(url) as store:
+        store.record_baseline(PROBLEM, "xla", [3.25], device=device, software={"jax": "x"})
         for i, bm in enumerate((64, 128, 256)):
             config = {"bm": bm, "bn": 64, "stages": 1, "order": "M"}
             store.record_trial(PROBLEM, config, TrialResult.timed([1000.0 + 100 * i], compile_s=1.0,
@@ -138,6 +140,7 @@ def test_report_cli_and_notes_without_study_or_ceilings(tmp_path, capsys):
     assert "wrote 2 plot(s) of 1 problem(s)" in capsys.readouterr().out
     text = (out / "index.html").read_text()
     assert "no Optuna studies" in text and "Interpret mode: these are functional runs" in text
+    assert "3.25" not in text and "xla" not in text
     assert not (out / "roofline.png").exists() and "roofline" not in str(list(out.rglob("*.png")))
 
 

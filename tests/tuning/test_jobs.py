@@ -217,3 +217,31 @@ def test_every_example_job_file_loads(path):
     configs (a shape no tile divides is refused at load time, not on the GPU)."""
     job = load_job(path, allow_import=True)
     assert job.problems
+
+
+@pytest.mark.parametrize("name, extra", [("cmaes", "cmaes"), ("gp", "gp")])
+def test_a_sampler_whose_package_is_missing_is_refused_up_front(name, extra, tmp_path,
+                                                                monkeypatch, capsys):
+    """A sampler that needs a package which is not installed (cmaes; torch and scipy for gp)
+    is refused when the job is read, `--dry-run` included, naming the extra that installs it
+    (it passed --dry-run, then failed mid-run); exit 2, nothing created."""
+    import importlib.util
+
+    from autotune import cli
+    from autotune.tuning import sampling
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda m, *a: None if m in ("cmaes", "torch") else real(m, *a))
+    job = tmp_path / "job.toml"
+    job.write_text(f'[defaults]\nsampler = "{name}"\n[[problem]]\nkernel = "softmax"\n'
+                   'dtype = "float32"\nshape = { rows = 32, cols = 512 }\n')
+    with pytest.raises(JobError, match=rf"pip install 'autotune\[{extra}\]'"):
+        load_job(job)
+    db = f"sqlite:///{tmp_path}/a.db"
+    for argv in (["tune", str(job), "--dry-run", "--db", db],
+                 ["tune", "examples/quickstart.toml", "--sampler", name, "--dry-run", "--db", db]):
+        assert cli.main(argv) == 2
+        assert f"autotune[{extra}]" in capsys.readouterr().err
+    assert not (tmp_path / "a.db").exists()
+    assert set(sampling.SAMPLER_PACKAGES) == {"cmaes", "gp"}

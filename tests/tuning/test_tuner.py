@@ -665,3 +665,28 @@ def test_an_interpret_job_checks_every_problem_for_interpret_rules_before_tuning
             run_job(job, store=store, engine=engine)
         assert store.trials(small) == [] and store.trials(large) == []
     assert engine.measured == []
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_interpret_mode_times_no_baseline(tmp_path, sequential):
+    """In GPU interpret mode no baseline is timed or stored: a CPU XLA time says nothing beside
+    an interpreted kernel's wall-clock time (both runners)."""
+
+    class InterpretEngine(FakeEngine):
+        def __init__(self):
+            super().__init__()
+            self._device = DeviceInfo(name="cpu-interpret (test)", kind="interpret")
+
+            self.baselines = 0
+
+        def baseline(self, kernel_name, problem):
+            self.baselines += 1
+            return super().baseline(kernel_name, problem)
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    engine = InterpretEngine()
+    with Store(url) as store:
+        (report,) = run_job(_job(4), store=store, engine=engine, sequential=sequential)
+        assert store.baseline(PROBLEM, device_kind="interpret") is None
+    assert engine.baselines == 0
+    assert report.measured_now == 4 and report.baseline_us is None and report.speedup is None
