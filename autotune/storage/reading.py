@@ -30,6 +30,7 @@ from autotune.storage.rows import (
     BaselineRow,
     ConfirmationRow,
     ConfirmedProgram,
+    Observed,
     ProblemSummary,
     RunRow,
     TraceRegionRow,
@@ -50,6 +51,13 @@ from autotune.storage.schema import (
 )
 
 log = logging.getLogger("autotune.storage.store")
+
+# Store.observations: what a new problem reads of its kernel's other shapes (issue 36). Sized
+# so that a store like the recorded ground truth (benchmarks/data: seven shapes of about 750
+# configs each) is read whole, as the replay (benchmarks/search_efficiency.py) reads it, while
+# a million stored trials cost no more than that.
+HISTORY_SHAPES = 8
+HISTORY_PER_SHAPE = 768
 
 
 class _StoreReads(_StoreSessions):
@@ -115,6 +123,94 @@ class _StoreReads(_StoreSessions):
             query = query.where(_Trials.cache_policy == _policy(cache))
         with self._read("read trials") as session:
             return [_trial_row(*row) for row in session.execute(query.order_by(_Trials.id))]
+
+    def observations(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+        shapes: int = HISTORY_SHAPES,
+        per_shape: int = HISTORY_PER_SHAPE,
+    ) -> list[Observed]:
+        """What ``problem``'s kernel measured on these devices, as a bounded summary: every
+        trial of ``problem`` itself, then of the ``shapes`` other problems of the kernel
+        nearest to it (:func:`~autotune.space.problem.shape_distance`, same dtype first) with
+        a trial there, at most ``per_shape`` trials each: all of a problem's when it has that
+        few, else its ``per_shape // 4`` fastest ok trials (on the ``ix_at_trials_best``
+        index) and an even sample of the others (every n-th by id). Oldest first (by trial id),
+        as :meth:`trials` orders them, so a store within the bounds reads exactly what
+        :meth:`trials` would.
+
+        Only the chosen rows are read, as ``(problem, config, median_us or None)`` tuples (no
+        ORM rows): the cost and the memory do not grow with the table
+        (``benchmarks/history_scaling.py``).
+        """
+        if shapes < 0 or per_shape < 1:
+            raise ValueError(f"shapes must be >= 0 and per_shape >= 1, got {shapes!r}, {per_shape!r}.")
+        from autotune.space.problem import shape_distance
+
+        kernel_query = (
+            sa.select(_Problems.id, _Problems.shape_json, _Problems.dtype)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .where(_Kernels.name == problem.kernel)
+            .order_by(_Problems.id)
+        )
+        with self._read("read the kernel's history") as session:
+            devices = [d for d in session.scalars(_device_filter(sa.select(_Devices.id), device_name, device_kind))]
+            if not devices:
+                return []
+            on_device = _Trials.device_id.in_(devices)
+            here_digest = problem.digest()
+            problems: dict[int, Problem] = {}
+            ranked: list[tuple[bool, float, int]] = []
+            here_id: int | None = None
+            for pid, shape_json, dtype in session.execute(kernel_query):
+                other = Problem(problem.kernel, json.loads(shape_json), dtype)
+                problems[pid] = other
+                if other.digest() == here_digest:
+                    here_id = pid
+                    continue
+                ranked.append((dtype != problem.dtype, shape_distance(problem.dims, other.dims), pid))
+            ranked.sort()
+            picked: list[int] = []
+            for _other_dtype, _distance, pid in ranked:
+                if len(picked) >= shapes:
+                    break
+                if session.scalar(sa.select(_Trials.id).where(_Trials.problem_id == pid, on_device).limit(1)) is not None:
+                    picked.append(pid)
+
+            # (trial id, problem id, config id, status, median): the rows chosen, by trial id.
+            base = sa.select(_Trials.id, _Trials.problem_id, _Trials.config_id, _Trials.status,
+                             _Trials.median_us).where(on_device)
+            chosen: dict[int, Any] = {}
+            if here_id is not None:
+                chosen.update((r[0], r) for r in session.execute(base.where(_Trials.problem_id == here_id)))
+            for pid in picked:
+                mine = base.where(_Trials.problem_id == pid)
+                count = int(session.scalar(sa.select(sa.func.count()).select_from(_Trials).where(
+                    _Trials.problem_id == pid, on_device)) or 0)
+                if count <= per_shape:
+                    chosen.update((r[0], r) for r in session.execute(mine))
+                    continue
+                fastest = per_shape // 4
+                chosen.update((r[0], r) for r in session.execute(
+                    mine.where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+                    .order_by(_Trials.median_us, _Trials.id).limit(fastest)))
+                step = -(-count // (per_shape - fastest))
+                chosen.update((r[0], r) for r in session.execute(
+                    mine.where(_Trials.id % step == 0).order_by(_Trials.id).limit(per_shape - fastest)))
+            config_ids = sorted({r[2] for r in chosen.values()})
+            configs: dict[int, Config] = {}
+            for at in range(0, len(config_ids), 500):
+                configs.update(
+                    (cid, Config.from_json(text)) for cid, text in session.execute(
+                        sa.select(_Configs.id, _Configs.config_json)
+                        .where(_Configs.id.in_(config_ids[at:at + 500]))))
+        return [
+            Observed(problems[pid], configs[cid], median if status == Outcome.OK.value else None)
+            for _tid, pid, cid, status, median in (chosen[t] for t in sorted(chosen))
+        ]
 
     def trial(self, trial_id: int) -> TrialRow | None:
         """The trial with id ``trial_id``, or None."""

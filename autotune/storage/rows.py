@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
@@ -22,6 +22,7 @@ __all__ = [
     "RunRow",
     "ConfirmationRow",
     "ConfirmedProgram",
+    "Observed",
 ]
 
 
@@ -31,6 +32,16 @@ class RecordedTrial:
 
     id: int
     duplicate: bool
+
+
+class Observed(NamedTuple):
+    """One measured config of a problem, as :meth:`Store.observations` reads it: its median
+    time in microseconds, or None where it failed. A tuple, not a :class:`TrialRow`: a
+    kernel's history is read by the thousand."""
+
+    problem: Problem
+    config: Config
+    time_us: float | None
 
 
 @dataclasses.dataclass(frozen=True)
