@@ -4,6 +4,8 @@ devices, job runs, confirmation rounds and per-problem summaries, as frozen rows
 
 from __future__ import annotations
 
+import array
+import datetime as dt
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -27,6 +29,8 @@ from autotune.storage.keys import (
     _trial_row,
 )
 from autotune.storage.rows import (
+    NO_TIME,
+    TABLE_COLUMNS,
     BaselineRow,
     ConfirmationRow,
     ConfirmedProgram,
@@ -35,6 +39,7 @@ from autotune.storage.rows import (
     RunRow,
     TraceRegionRow,
     TrialRow,
+    TrialTable,
 )
 from autotune.storage.schema import (
     _Baselines,
@@ -211,6 +216,83 @@ class _StoreReads(_StoreSessions):
             Observed(problems[pid], configs[cid], median if status == Outcome.OK.value else None)
             for _tid, pid, cid, status, median in (chosen[t] for t in sorted(chosen))
         ]
+
+    def trial_table(
+        self,
+        *,
+        kernel: str | None = None,
+        device_name: str | None = None,
+        status: Outcome | str | None = None,
+        device_kind: str | None = None,
+        dtype: str | None = None,
+        limit: int | None = None,
+    ) -> TrialTable:
+        """Stored trials as columns, oldest first, filtered as :meth:`trials` filters them,
+        the first ``limit`` only (filters and limit in SQL). The problems, configs, devices and
+        software they name are read once each, not once per trial."""
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise ValueError(f"limit must be a whole number >= 0, but got {limit!r}.")
+        traced = sa.exists().where(_TraceRegions.trial_id == _Trials.id)
+        t = _Trials.__table__.c
+        query = (
+            sa.select(t.id, t.problem_id, t.config_id, t.device_id, t.software_id, t.status,
+                      t.median_us, t.min_us, t.max_us, t.compile_s, t.rel_error, t.timing,
+                      t.cache_policy, t.spread, t.study_name, t.optuna_trial_number, t.worker,
+                      t.host, t.started_at, t.finished_at, traced, t.error)
+            .join(_Problems, _Problems.id == _Trials.problem_id)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .join(_Devices, _Devices.id == _Trials.device_id)
+        )
+        if kernel is not None:
+            query = query.where(_Kernels.name == kernel)
+        if dtype is not None:
+            query = query.where(_Problems.dtype == dtype)
+        query = _device_filter(query, device_name, device_kind)
+        if status is not None:
+            query = query.where(_Trials.status == Outcome(status).value)
+        query = query.order_by(_Trials.id)
+        if limit is not None:
+            query = query.limit(limit)
+        numbers = {"median_us", "min_us", "max_us", "compile_s", "rel_error", "spread",
+                   "optuna_trial_number"}
+        times = {"started_at", "finished_at"}
+        columns: dict[str, Any] = {}
+        for name in TABLE_COLUMNS:
+            columns[name] = (array.array("d") if name in numbers else array.array("q")
+                             if name in times or name.endswith("_id") else [])
+        shared: dict[Any, Any] = {}  # one object per distinct string
+        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        micro = dt.timedelta(microseconds=1)
+        nan = float("nan")
+        with self._read("read trials") as session:
+            for chunk in session.execute(query).partitions(20_000):
+                for i, name in enumerate(TABLE_COLUMNS):
+                    values = [r[i] for r in chunk]
+                    out = columns[name]
+                    if name in numbers:
+                        out.extend(nan if v is None else v for v in values)
+                    elif name in times:
+                        out.extend(NO_TIME if v is None else (v - epoch) // micro for v in values)
+                    elif isinstance(out, array.array):
+                        out.extend(values)
+                    elif name == "traced":
+                        out.extend(bool(v) for v in values)
+                    else:
+                        out.extend(shared.setdefault(v, v) for v in values)
+            problem_ids = set(columns["problem_id"])
+            problems = {pid: Problem(name, json.loads(shape), dtype_) for pid, name, shape, dtype_ in session.execute(
+                sa.select(_Problems.id, _Kernels.name, _Problems.shape_json, _Problems.dtype)
+                .join(_Kernels, _Kernels.id == _Problems.kernel_id)) if pid in problem_ids}
+            config_ids = sorted(set(columns["config_id"]))
+            configs: dict[int, Config] = {}
+            for at in range(0, len(config_ids), 500):
+                configs.update(
+                    (cid, Config.from_json(text)) for cid, text in session.execute(
+                        sa.select(_Configs.id, _Configs.config_json)
+                        .where(_Configs.id.in_(config_ids[at:at + 500]))))
+            devices = {d.id: _device_info(d) for d in session.scalars(sa.select(_Devices))}
+            software = {s.id: _software_dict(s) for s in session.scalars(sa.select(_Software))}
+        return TrialTable(columns, problems, configs, devices, software)
 
     def trial(self, trial_id: int) -> TrialRow | None:
         """The trial with id ``trial_id``, or None."""

@@ -33,7 +33,7 @@ from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.kernel import bundled_kernels, get_kernel
 from autotune.space.problem import Problem
-from autotune.tuning.sampling import SAMPLERS
+from autotune.tuning.names import SAMPLERS
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 

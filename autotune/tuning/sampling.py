@@ -36,6 +36,7 @@ from autotune.errors import JobError
 from autotune.space.problem import Config
 from autotune.space.search_space import BoundSpace
 from autotune.tuning import optuna_adapter as oa
+from autotune.tuning.names import SAMPLERS
 from autotune.tuning.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+# SAMPLERS: the names job files give (autotune.tuning.names, a static list the CLI reads
+# without importing Optuna), re-exported here.
 # Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
 # trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
 # MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so

@@ -648,3 +648,29 @@ def test_job_runs_keep_the_clocks_before_and_after(store: Store):
     assert run.warnings == ("the SM clock moved",) and run.finished_at >= run.started_at
     with pytest.raises(StorageError, match="no job run 99"):
         store.finish_run(99, clocks_after={})
+
+
+def test_the_head_read_without_alembic_is_alembics():
+    """The schema head read from the migration scripts' text (the fast path of every open,
+    without importing alembic) is the head alembic computes."""
+    from alembic.script import ScriptDirectory
+
+    from autotune.storage import connection
+
+    script = ScriptDirectory.from_config(connection._alembic_config())
+    assert connection._script_head() == script.get_current_head()
+
+
+def test_opening_an_up_to_date_store_does_not_import_alembic(tmp_path):
+    """A store whose schema is at head opens (and answers a query) without importing alembic or
+    numpy: ``autotune best`` stays light (issue 36)."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "light.db"
+    storage.Store(f"sqlite:///{db}").close()
+    code = (f"import sys; from autotune.queries.best import best_config; "
+            f"from autotune.storage.store import Store; Store('sqlite:///{db}').close(); "
+            "print(sorted(m for m in ('alembic', 'numpy', 'optuna', 'jax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
