@@ -334,8 +334,9 @@ class ValidSampler(optuna.samplers.BaseSampler):
     ) -> dict[str, Any]:
         if not search_space:
             return {}
-        taken = self.taken_keys(study)
-        config = self._next(study, trial, taken)
+        with oa.one_read(study):  # the base sampler's reads answer from the snapshot taken here
+            taken = self.taken_keys(study)
+            config = self._next(study, trial, taken)
         if config is None:
             self.exhausted_trial_id = oa.trial_id(trial)  # the runner closes this empty trial
             raise ExhaustedError(
