@@ -76,19 +76,22 @@ RANKED_WITH_COST_MODEL = True
 
 
 def resolve_sampler(
-    name: str, *, history: Iterable[Observation], problem: Any, valid_count: int | None = None,
-    cost_model: bool = False,
+    name: str, *, history: Iterable[Observation], problem: Any,
+    valid_count: int | Callable[[], int] | None = None, cost_model: bool = False,
 ) -> str:
     """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
     results of other shapes (:data:`RANKED_WHEN_WARM`), the space has at most
     :data:`RANKED_MAX_VALID` valid configs, or the kernel has a cost model
-    (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves."""
+    (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves. ``valid_count`` may be a
+    function (``space.count``), called only when the others do not decide."""
     if name != "auto":
         return name
     warm = any(o.problem != problem for o in history)
-    small = valid_count is not None and valid_count <= RANKED_MAX_VALID
     modelled = cost_model and RANKED_WITH_COST_MODEL
-    return "ranked" if (warm and RANKED_WHEN_WARM) or small or modelled else "auto"
+    if (warm and RANKED_WHEN_WARM) or modelled:
+        return "ranked"
+    count = valid_count() if callable(valid_count) else valid_count
+    return "ranked" if count is not None and count <= RANKED_MAX_VALID else "auto"
 
 
 def valid_sampler(

@@ -591,3 +591,22 @@ def test_copying_a_ranked_sampler_shares_its_history():
     assert copied._start_lock is not sampler._start_lock
     wrapper = valid_sampler("ranked", USER_SPACE.bind(here), seed=0, history=history)
     assert wrapper._base_template._others is wrapper.base._others
+
+
+def test_auto_counts_the_valid_set_only_where_the_count_decides():
+    """resolve_sampler calls a valid_count function only when neither the history (warm) nor a
+    cost model decides: a new problem of a large space need not wait for its count."""
+    calls = []
+
+    def count() -> int:
+        calls.append(1)
+        return 10
+
+    here, other = user_problem(512, 2048), user_problem(512, 1024)
+    warm = [Observation(other, {"block_rows": 8}, 1.0)]
+    assert resolve_sampler("auto", history=warm, problem=here, valid_count=count) == "ranked"
+    assert resolve_sampler("auto", history=[], problem=here, valid_count=count,
+                           cost_model=True) == "ranked"
+    assert not calls
+    assert resolve_sampler("auto", history=[], problem=here, valid_count=count) == "ranked"
+    assert calls == [1]
