@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import inspect
 import json
 import math
 import os
@@ -201,9 +202,9 @@ def child_frame(url: str, limit: int | None) -> dict:
     from autotune.queries.best import results_frame
 
     wall, cpu = time.perf_counter(), time.process_time()
-    try:
+    if limit is None or "limit" in inspect.signature(results_frame).parameters:
         frame = results_frame(url, kernel=KERNEL, **({} if limit is None else {"limit": limit}))
-    except TypeError:  # a results_frame without ``limit`` (before issue 36): the whole frame
+    else:  # a results_frame without ``limit`` (before issue 36): the whole frame
         frame = results_frame(url, kernel=KERNEL).head(limit)
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
             "rows": len(frame)}

@@ -66,6 +66,7 @@ from autotune._jax_compat import installed_versions
 from autotune.errors import EmptyDatabaseError, JobError, did_you_mean
 from autotune.evaluation.trial import CACHE_POLICIES, DEVICE_KINDS, DeviceKind
 from autotune.space.problem import (
+    Config,
     Problem,
     ShapeValue,
     canonical_dtype,
@@ -567,13 +568,28 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
         "started_at": times(c["started_at"]), "finished_at": times(c["finished_at"]),
         "traced": c["traced"], "error": c["error"],
     }
-    # shape.* and config.* in the order their keys first appear, oldest trial first.
-    for prefix, ids, of in (("shape", pids, {i: p.dims for i, p in table.problems.items()}),
-                            ("config", cids, table.configs)):
-        first_seen = list(dict.fromkeys(ids))
-        keys = list(dict.fromkeys(k for i in first_seen for k in of[i]))
-        for key in keys:
-            data[f"{prefix}.{key}"] = lookup(ids, of, lambda v, key=key: v.get(key, math.nan))
+    # shape.* and config.* in the order their keys first appear, oldest trial first. Each
+    # distinct problem or config is read once into per-key value lists, then taken per trial.
+    for prefix, ids, read in (("shape", pids, lambda i: table.problems[i].dims),
+                              ("config", cids, lambda i: Config.from_json(table.config_json[i]))):
+        trial_ids = np.frombuffer(ids, dtype=np.int64)
+        first_seen = pd.unique(trial_ids)
+        position = np.zeros(int(first_seen.max()) + 1, dtype=np.int64)
+        position[first_seen] = np.arange(len(first_seen))
+        values: dict[str, list[Any]] = {}
+        shared: dict[Any, Any] = {}
+        for n, i in enumerate(first_seen.tolist()):
+            for key, value in read(i).items():
+                column = values.get(key)
+                if column is None:
+                    column = values[key] = [math.nan] * len(first_seen)
+                try:
+                    column[n] = shared.setdefault((type(value), value), value)
+                except TypeError:  # unhashable: kept as it is
+                    column[n] = value
+        rows = position[trial_ids].tolist()
+        for key, column in values.items():
+            data[f"{prefix}.{key}"] = [column[r] for r in rows]
     return pd.DataFrame(data)
 
 

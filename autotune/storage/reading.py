@@ -265,7 +265,8 @@ class _StoreReads(_StoreSessions):
         micro = dt.timedelta(microseconds=1)
         nan = float("nan")
         with self._read("read trials") as session:
-            for chunk in session.execute(query).partitions(20_000):
+            # Streamed (yield_per), so that a million rows are never held at once.
+            for chunk in session.execute(query.execution_options(yield_per=20_000)).partitions():
                 for i, name in enumerate(TABLE_COLUMNS):
                     values = [r[i] for r in chunk]
                     out = columns[name]
@@ -284,12 +285,11 @@ class _StoreReads(_StoreSessions):
                 sa.select(_Problems.id, _Kernels.name, _Problems.shape_json, _Problems.dtype)
                 .join(_Kernels, _Kernels.id == _Problems.kernel_id)) if pid in problem_ids}
             config_ids = sorted(set(columns["config_id"]))
-            configs: dict[int, Config] = {}
+            configs: dict[int, str] = {}
             for at in range(0, len(config_ids), 500):
-                configs.update(
-                    (cid, Config.from_json(text)) for cid, text in session.execute(
-                        sa.select(_Configs.id, _Configs.config_json)
-                        .where(_Configs.id.in_(config_ids[at:at + 500]))))
+                configs.update((cid, text) for cid, text in session.execute(
+                    sa.select(_Configs.id, _Configs.config_json)
+                    .where(_Configs.id.in_(config_ids[at:at + 500]))))
             devices = {d.id: _device_info(d) for d in session.scalars(sa.select(_Devices))}
             software = {s.id: _software_dict(s) for s in session.scalars(sa.select(_Software))}
         return TrialTable(columns, problems, configs, devices, software)

@@ -55,12 +55,13 @@ class TrialTable:
     where none), datetimes as ``array('q')`` of microseconds since the epoch, UTC
     (:data:`NO_TIME` where missing), the rest as lists whose repeated strings are one object.
     ``problem_id``, ``config_id``, ``device_id`` and ``software_id`` index ``problems``,
-    ``configs``, ``devices`` and ``software``.
+    ``config_json``, ``devices`` and ``software``; a config is kept as its canonical JSON
+    (:meth:`Config.from_json` reads one): a million trials may name 300,000 configs.
     """
 
     columns: dict[str, Any]
     problems: dict[int, Problem]
-    configs: dict[int, Config]
+    config_json: dict[int, str]
     devices: dict[int, DeviceInfo]
     software: dict[int, dict[str, str]]
 
