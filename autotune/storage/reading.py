@@ -266,9 +266,10 @@ class _StoreReads(_StoreSessions):
         nan = float("nan")
         with self._read("read trials") as session:
             # Streamed (yield_per), so that a million rows are never held at once.
-            for chunk in session.execute(query.execution_options(yield_per=20_000)).partitions():
-                for i, name in enumerate(TABLE_COLUMNS):
-                    values = [r[i] for r in chunk]
+            # On the session's connection (Core: no ORM row handling), one column at a time.
+            result = session.connection().execute(query.execution_options(yield_per=20_000))
+            for chunk in result.partitions():
+                for name, values in zip(TABLE_COLUMNS, zip(*chunk, strict=True), strict=True):
                     out = columns[name]
                     if name in numbers:
                         out.extend(nan if v is None else v for v in values)
