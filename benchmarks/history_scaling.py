@@ -27,7 +27,8 @@ Then, each in a fresh child process (its own CPU time and peak memory, from ``os
 
 Last, once: the ask latency of ``auto`` against a SQLite study holding ``--study-trials``
 finished trials (the scheduler's ask path, ``tuning.scheduler``), p50/p99 of wall and of the
-asking thread's CPU, in milliseconds, and the SQL statements and commits per ask+tell.
+asking thread's CPU, in milliseconds, and the SQL statements and commits per ask+tell; without
+``prefetch``, then with it as the scheduler runs (50 ms between a tell and the next ask).
 Engines are not involved: kernel time is zero, so what is measured is autotune's own cost.
 """
 
@@ -260,8 +261,11 @@ def _stored_shape() -> str:
 # -- the ask on SQLite --------------------------------------------------------------------------
 
 
-def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto") -> dict:
-    """Asks (and tells) against a SQLite study holding ``study_trials`` finished trials."""
+def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
+                 prefetch: bool = False, gap_s: float = 0.0) -> dict:
+    """Asks (and tells) against a SQLite study holding ``study_trials`` finished trials;
+    ``prefetch`` as the scheduler runs (the next proposal made on a background thread, while
+    the result of ``gap_s`` comes)."""
     import optuna
     import sqlalchemy as sa
     from optuna.trial import FrozenTrial, TrialState
@@ -284,6 +288,7 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto") -> di
     with tempfile.TemporaryDirectory() as tmp:
         storage = tuner.optuna_storage(f"sqlite:///{tmp}/study.db")
         sampler = valid_sampler(sampler_name, space, seed=0)
+        sampler.prefetch = prefetch
         study = optuna.create_study(storage=storage, sampler=sampler, direction="minimize",
                                     study_name="history-scaling")
         t0 = dt.datetime.now()
@@ -315,10 +320,12 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto") -> di
             assert asked is not None, "the ask was refused"
             trial, config = asked
             tuner.tell_result(study, trial, _result(rng, 100.0), duplicate=False)
+            time.sleep(gap_s)
     wall.sort()
     cpu.sort()
     at = min(len(wall) - 1, int(0.99 * len(wall)))
-    return {"study_trials": study_trials, "asks": asks, "wall_p50_ms": statistics.median(wall),
+    return {"study_trials": study_trials, "asks": asks, "prefetch": prefetch,
+            "wall_p50_ms": statistics.median(wall),
             "wall_p99_ms": wall[at], "cpu_p50_ms": statistics.median(cpu), "cpu_p99_ms": cpu[at],
             "statements_per_trial": counts["statements"] / asks,
             "commits_per_trial": counts["commits"] / asks}
@@ -372,13 +379,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['frame_peak_rss_mb']:>8.0f} {m['frame1000_wall_s']:>9.2f} "
               f"{m['version_cpu_s']:>15.2f}", flush=True)
     if args.asks:
-        a = measure_asks(args.study_trials, args.asks)
-        figures["asks"] = a
-        print(f"ask on SQLite, auto, {a['study_trials']} trials in the study, {a['asks']} asks: "
-              f"wall p50 {a['wall_p50_ms']:.1f} ms p99 {a['wall_p99_ms']:.1f} ms; CPU p50 "
-              f"{a['cpu_p50_ms']:.1f} ms p99 {a['cpu_p99_ms']:.1f} ms; "
-              f"{a['statements_per_trial']:.1f} statements and {a['commits_per_trial']:.1f} "
-              "commits per ask+tell", flush=True)
+        for prefetch in (False, True):
+            a = measure_asks(args.study_trials, args.asks, prefetch=prefetch,
+                             gap_s=0.05 if prefetch else 0.0)
+            figures["asks" if not prefetch else "asks_prefetch"] = a
+            print(f"ask on SQLite, auto, prefetch {'on (50 ms between asks)' if prefetch else 'off'}, "
+                  f"{a['study_trials']} trials in the study, {a['asks']} asks: "
+                  f"wall p50 {a['wall_p50_ms']:.1f} ms p99 {a['wall_p99_ms']:.1f} ms; CPU p50 "
+                  f"{a['cpu_p50_ms']:.1f} ms p99 {a['cpu_p99_ms']:.1f} ms; "
+                  f"{a['statements_per_trial']:.1f} statements and {a['commits_per_trial']:.1f} "
+                  "commits per ask+tell", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0
