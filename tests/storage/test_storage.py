@@ -67,7 +67,7 @@ def test_public_api_is_pinned():
             "ProblemSummary", "resolve_url", "sqlite_path", "in_memory", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
             "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s", "RESULT_FIELDS",
-            "RunRow", "ConfirmationRow", "ConfirmedProgram", "Observed",
+            "RunRow", "ConfirmationRow", "ConfirmedProgram", "Observed", "TrialTable",
         ]
     )
 
