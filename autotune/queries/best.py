@@ -55,6 +55,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import math
@@ -516,6 +517,10 @@ def results_frame(
     return _frame(pd, table)
 
 
+def _version_of(key: str, software: Mapping[str, str]) -> str:
+    return software.get(key, "")
+
+
 def _frame(pd: Any, table: Any) -> pandas.DataFrame:
     """The DataFrame of a :class:`~autotune.storage.rows.TrialTable`: per-trial columns taken
     as they are, the problem, device, software, shape and config columns looked up by id."""
@@ -558,7 +563,7 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
         "device_kind": lookup(dids, table.devices, lambda d: d.kind),
         "compute_capability": lookup(dids, table.devices, lambda d: d.compute_capability),
         "driver": lookup(dids, table.devices, lambda d: d.driver),
-        **{k: lookup(sids, table.software, lambda s, k=k: s.get(k, "")) for k in ("jax", "jaxlib", "autotune")},
+        **{k: lookup(sids, table.software, functools.partial(_version_of, k)) for k in ("jax", "jaxlib", "autotune")},
         "study_name": c["study_name"],
         # As pandas infers it from the values: whole numbers, floats with NaN, or all None.
         "optuna_trial_number": (trial_numbers.astype(np.int64) if not np.isnan(trial_numbers).any()
@@ -572,8 +577,15 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
     # distinct problem or config is read once into per-key value lists, then taken per trial.
     # A stored config's JSON is canonical (Config.to_json: sorted keys, whole numbers as ints),
     # so json.loads reads what Config.from_json would, without its checks (10 s at 1M rows).
-    for prefix, ids, read in (("shape", pids, lambda i: table.problems[i].dims),
-                              ("config", cids, lambda i: json.loads(table.config_json[i]))):
+    def shape_of(i: int) -> Mapping[str, Any]:
+        return dict(table.problems[i].dims)
+
+    def config_of(i: int) -> Mapping[str, Any]:
+        return dict(json.loads(table.config_json[i]))
+
+    readers: tuple[tuple[str, Any, Callable[[int], Mapping[str, Any]]], ...] = (
+        ("shape", pids, shape_of), ("config", cids, config_of))
+    for prefix, ids, read in readers:
         trial_ids = np.frombuffer(ids, dtype=np.int64)
         first_seen = pd.unique(trial_ids)
         position = np.zeros(int(first_seen.max()) + 1, dtype=np.int64)
