@@ -120,9 +120,9 @@ def _version() -> str:
     from importlib import metadata
 
     from autotune import __version__
-    from autotune.queries.best import running_versions
+    from autotune._jax_compat import installed_versions
 
-    parts = [f"{k} {v}" for k, v in running_versions().items()]
+    parts = [f"{k} {v}" for k, v in installed_versions().items()]
     try:
         parts.append(f"optuna {metadata.version('optuna')}")
     except metadata.PackageNotFoundError:  # pragma: no cover - a dependency
@@ -147,14 +147,33 @@ def _globals(parser: argparse.ArgumentParser, *, db: bool, top: bool = False) ->
         g.add_argument("--db", metavar="URL", default=default(None), help=DB_HELP)
 
 
+# The commands that open Optuna studies (tune, and status, report and revalidate, which read them).
+_OPTUNA_COMMANDS = frozenset({"tune", "status", "report", "revalidate"})
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the versions are read (package metadata) only when it is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:  # noqa: A002
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(_version())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
-    from autotune.tuning import SAMPLERS  # Optuna is not imported to list them
+    # Names only (a static list): the parser is built without importing Optuna or numpy.
+    from autotune.tuning.names import SAMPLERS
 
     p = _Parser(prog="autotune", description="Autotuner for JAX Pallas Mosaic GPU kernels.",
                 epilog="The database: --db, else $AUTOTUNE_DB, else results/autotune.db under the "
                        "working directory. Exit codes: 0 ok, 1 nothing tuned / check failed, "
                        "2 bad input, 3 trials crashed, 130 interrupted, 141 broken pipe.")
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--version", action=_VersionAction)
     _globals(p, db=True, top=True)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -385,7 +404,7 @@ def _main(argv: Sequence[str] | None) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from autotune.errors import MissingDatabaseWarning
 
-    if args.command in _OPTUNA_COMMANDS:  # the others never import Optuna (0.5 s of start-up)
+    if args.command in _OPTUNA_COMMANDS:  # the others never import Optuna (0.5 s of CPU)
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
@@ -514,7 +533,7 @@ def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
         raise JobError(f"--patience must be a whole number of trials, 0 or more (0: never stop early), "
                        f"got {args.patience}.")
     if args.sampler is not None:
-        from autotune.tuning.sampling import SAMPLERS
+        from autotune.tuning.names import SAMPLERS
 
         if args.sampler not in SAMPLERS:
             raise JobError(f"--sampler {args.sampler!r} is unknown; expected one of {', '.join(SAMPLERS)}."

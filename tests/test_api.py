@@ -132,3 +132,36 @@ def test_detect_device_starts_no_jax_where_the_driver_lists_no_gpu(monkeypatch):
     monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
     monkeypatch.setattr(api, "count_gpus", lambda: 1)
     assert api.detect_device() == "gpu"
+
+def test_gpus_are_counted_without_a_child_where_the_driver_or_the_plugins_answer(monkeypatch):
+    """count_gpus starts no child importing jax (1.65 s) when no CUDA plugin of jax is
+    installed (0) or NVML answers with no CUDA_VISIBLE_DEVICES to apply; it asks jax in a child
+    only where NVML is missing or a visibility list is set."""
+    import autotune.api as api
+
+    children = []
+    monkeypatch.setattr(api, "_jax_gpu_count", lambda: children.append(1) or 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(api, "_cuda_plugin_installed", lambda: False)
+    assert api.count_gpus() == 0 and not children
+    monkeypatch.setattr(api, "_cuda_plugin_installed", lambda: True)
+    monkeypatch.setattr(api, "_nvml_gpu_count", lambda: 2)
+    assert api.count_gpus() == 2 and not children
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert api.count_gpus() == 3 and len(children) == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(api, "_nvml_gpu_count", lambda: None)
+    assert api.count_gpus() == 3 and len(children) == 2
+
+
+def test_nvml_missing_reads_as_unknown(monkeypatch):
+    """Without libnvidia-ml the NVML count is None (unknown), never an error."""
+    import ctypes
+
+    import autotune.api as api
+
+    def missing(name, *args, **kwargs):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert api._nvml_gpu_count() is None

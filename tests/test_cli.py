@@ -1085,3 +1085,22 @@ def test_the_reading_commands_start_without_optuna_or_jax(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
     assert cli._OPTUNA_COMMANDS == {"tune", "status", "report", "revalidate"}
+
+@pytest.mark.parametrize("argv", [["--version"], ["best", "hopper_matmul", "--shape", "m=1,n=1,k=1"],
+                                  ["results", "--kernel", "hopper_matmul"]])
+def test_light_commands_import_no_optuna_numpy_or_jax(tmp_path, argv):
+    """Building the parser (sampler names from a static list), --version, best and results
+    import none of Optuna, numpy, jax, alembic (issue 36: --version took 0.95 s of CPU)."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "light.db"
+    from autotune.storage.store import Store
+
+    Store(f"sqlite:///{db}").close()
+    code = ("import sys\nfrom autotune.cli import main\n"
+            f"try:\n    main({argv + ['--db', str(db)] if argv[0] != '--version' else argv!r})\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('optuna', 'numpy', 'jax', 'alembic') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -57,11 +57,13 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
+import json
 import logging
 import math
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -514,6 +516,7 @@ def results_frame(
     dtype: str | None = None,
     device: str | None = None,
     status: str | None = None,
+    limit: int | None = None,
 ) -> pandas.DataFrame:
     """Every stored trial as a pandas DataFrame, one row per trial, oldest first.
 
@@ -522,10 +525,13 @@ def results_frame(
     ``shape.<key>`` column per problem shape key and one ``config.<name>`` column per config
     parameter (missing where a trial's kernel has no such key). Filters: ``kernel``,
     ``dtype`` (aliases allowed), ``device`` (a kind or a device name, as for
-    :func:`best_result`) and ``status`` (an outcome such as ``"ok"``).
+    :func:`best_result`) and ``status`` (an outcome such as ``"ok"``); ``limit``: the first
+    ``limit`` trials only. Filters and limit are applied by the database, and the columns are
+    built directly (a million trials in well under 1.5 GB: benchmarks/history_scaling.py).
 
     Raises:
       ImportError: pandas is not installed (``pip install 'autotune[report]'``).
+      JobError: an unknown ``status``, or a ``limit`` that is not a whole number >= 0.
     """
     try:
         import pandas as pd
@@ -543,43 +549,120 @@ def results_frame(
             f"results_frame(status={status!r}) is not an outcome; expected one of "
             f"{', '.join(allowed)}.{did_you_mean(status, allowed)}"
         )
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise JobError(f"results_frame(limit={limit!r}): the limit must be a whole number >= 0, "
+                       "or None for every trial.")
     with _open(db) as store:
-        rows = [] if store is None else _frame_rows(store, kernel, dtype, device, status)
-    records = []
-    shape_keys: dict[str, None] = {}
-    config_keys: dict[str, None] = {}
-    for r in rows:
-        record: dict[str, Any] = {
-            "trial_id": r.id, "kernel": r.problem.kernel, "dtype": r.problem.dtype,
-            "problem": str(r.problem), "status": r.status.value, "median_us": r.median_us,
-            "min_us": r.min_us, "max_us": r.max_us, "compile_s": r.compile_s,
-            "rel_error": r.rel_error, "timing": r.timing, "cache_policy": r.cache_policy,
-            "spread": r.spread, "device": r.device.name,
-            "device_kind": r.device.kind, "compute_capability": r.device.compute_capability,
-            "driver": r.device.driver, "jax": r.software.get("jax", ""),
-            "jaxlib": r.software.get("jaxlib", ""), "autotune": r.software.get("autotune", ""),
-            "study_name": r.study_name, "optuna_trial_number": r.optuna_trial_number,
-            "worker": r.worker, "host": r.host, "started_at": r.started_at,
-            "finished_at": r.finished_at, "traced": r.traced, "error": r.error,
-        }
-        for key, value in r.problem.dims.items():
-            record[f"shape.{key}"] = value
-            shape_keys[f"shape.{key}"] = None
-        for key, value in r.config.items():
-            record[f"config.{key}"] = value
-            config_keys[f"config.{key}"] = None
-        records.append(record)
-    columns = [*FRAME_COLUMNS, *shape_keys, *config_keys]
-    frame = pd.DataFrame.from_records(records, columns=columns)
-    for column in columns:
-        # Whole numbers with a gap (a config value of None, a key another kernel lacks) stay
-        # whole: pandas' nullable Int64, not float64 (64 read as 64.0).
-        values = [record.get(column) for record in records]
-        present = [v for v in values if v is not None]
-        if (present and len(present) < len(values)
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in present)):
-            frame[column] = pd.array(values, dtype="Int64")
-    return frame
+        if store is None:
+            return pd.DataFrame(columns=list(FRAME_COLUMNS))
+        name, kind = (None, None) if device is None else _device_filter(store, device)
+        table = store.trial_table(kernel=kernel, dtype=dtype, device_name=name, device_kind=kind,
+                                  status=status, limit=limit)
+    return _frame(pd, table)
+
+
+def _version_of(key: str, software: Mapping[str, str]) -> str:
+    return software.get(key, "")
+
+
+def _frame(pd: Any, table: Any) -> pandas.DataFrame:
+    """The DataFrame of a :class:`~autotune.storage.rows.TrialTable`: per-trial columns taken
+    as they are, the problem, device, software, shape and config columns looked up by id."""
+    import numpy as np
+
+    from autotune.storage.rows import NO_TIME
+
+    c = table.columns
+    if len(table) == 0:
+        return pd.DataFrame(columns=list(FRAME_COLUMNS))
+
+    def by_id(ids: Any, values: dict[int, Any]) -> list[Any]:
+        return [values[i] for i in ids]
+
+    def lookup(ids: Any, of: dict[int, Any], get: Callable[[Any], Any]) -> list[Any]:
+        mapped = {i: get(v) for i, v in of.items()}
+        return by_id(ids, mapped)
+
+    def times(values: Any) -> Any:
+        micros = np.frombuffer(values, dtype=np.int64)
+        if (micros == NO_TIME).all():  # as pandas infers it from all None
+            return [None] * len(micros)
+        out = pd.to_datetime(np.where(micros == NO_TIME, 0, micros), unit="us", utc=True)
+        return out.where(micros != NO_TIME)
+
+    def numbers(values: Any) -> Any:
+        return np.frombuffer(values, dtype=np.float64).copy()
+
+    pids, cids, dids, sids = c["problem_id"], c["config_id"], c["device_id"], c["software_id"]
+    trial_numbers = numbers(c["optuna_trial_number"])
+    data: dict[str, Any] = {
+        "trial_id": np.frombuffer(c["trial_id"], dtype=np.int64).copy(),
+        "kernel": lookup(pids, table.problems, lambda p: p.kernel),
+        "dtype": lookup(pids, table.problems, lambda p: p.dtype),
+        "problem": lookup(pids, table.problems, str),
+        "status": c["status"],
+        **{k: numbers(c[k]) for k in ("median_us", "min_us", "max_us", "compile_s", "rel_error")},
+        "timing": c["timing"], "cache_policy": c["cache_policy"], "spread": numbers(c["spread"]),
+        "device": lookup(dids, table.devices, lambda d: d.name),
+        "device_kind": lookup(dids, table.devices, lambda d: d.kind),
+        "compute_capability": lookup(dids, table.devices, lambda d: d.compute_capability),
+        "driver": lookup(dids, table.devices, lambda d: d.driver),
+        **{k: lookup(sids, table.software, functools.partial(_version_of, k)) for k in ("jax", "jaxlib", "autotune")},
+        "study_name": c["study_name"],
+        # As pandas infers it from the values: whole numbers, floats with NaN, or all None.
+        "optuna_trial_number": (trial_numbers.astype(np.int64) if not np.isnan(trial_numbers).any()
+                                else [None] * len(trial_numbers) if np.isnan(trial_numbers).all()
+                                else trial_numbers),
+        "worker": c["worker"], "host": c["host"],
+        "started_at": times(c["started_at"]), "finished_at": times(c["finished_at"]),
+        "traced": c["traced"], "error": c["error"],
+    }
+    # shape.* and config.* in the order their keys first appear, oldest trial first. Each
+    # distinct problem or config is read once into per-key value lists, then taken per trial.
+    # A stored config's JSON is canonical (Config.to_json: sorted keys, whole numbers as ints),
+    # so json.loads reads what Config.from_json would, without its checks (10 s at 1M rows).
+    def shape_of(i: int) -> Mapping[str, Any]:
+        return dict(table.problems[i].dims)
+
+    def config_of(i: int) -> Mapping[str, Any]:
+        return dict(json.loads(table.config_json[i]))
+
+    readers: tuple[tuple[str, Any, Callable[[int], Mapping[str, Any]]], ...] = (
+        ("shape", pids, shape_of), ("config", cids, config_of))
+    for prefix, ids, read in readers:
+        trial_ids = np.frombuffer(ids, dtype=np.int64)
+        first_seen = pd.unique(trial_ids)
+        position = np.zeros(int(first_seen.max()) + 1, dtype=np.int64)
+        position[first_seen] = np.arange(len(first_seen))
+        values: dict[str, list[Any]] = {}
+        shared: dict[Any, Any] = {}
+        for n, i in enumerate(first_seen.tolist()):
+            for key, value in read(i).items():
+                column = values.get(key)
+                if column is None:
+                    column = values[key] = [math.nan] * len(first_seen)
+                try:
+                    column[n] = shared.setdefault((type(value), value), value)
+                except TypeError:  # unhashable: kept as it is
+                    column[n] = value
+        rows = position[trial_ids].tolist()
+        for key, column in values.items():
+            taken = [column[r] for r in rows]
+            data[f"{prefix}.{key}"] = _whole(pd, taken)
+    return pd.DataFrame(data)
+
+
+def _whole(pd: Any, values: list[Any]) -> Any:
+    """Whole numbers with a gap (a config value of None, a key another kernel lacks) stay
+    whole: pandas' nullable Int64, not float64 (64 read as 64.0)."""
+    def missing(v: Any) -> bool:
+        return v is None or (isinstance(v, float) and math.isnan(v))
+
+    present = [v for v in values if not missing(v)]
+    if (present and len(present) < len(values)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in present)):
+        return pd.array([None if missing(v) else v for v in values], dtype="Int64")
+    return values
 
 
 def _frame_rows(

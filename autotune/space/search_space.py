@@ -11,7 +11,8 @@ The building blocks for Mosaic GPU's rules (warpgroups of 128 threads, transfers
 multiples of 128 bytes, shared memory within the device limit) are here too, so a space states
 ``transfer_bytes(...)`` or ``threads(warpgroups=...)`` instead of redoing the arithmetic.
 
-Pure Python and numpy; never imports jax.
+Pure Python and numpy (imported where used: a query that binds a space needs none); never
+imports jax.
 
 Why one piece (over 400 lines): tunables, constraints, the space and its binding to a problem
 are one declaration language; the hardware helpers (alignment, shared memory) are what
@@ -26,12 +27,26 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import NoValidConfigError, SpaceError
 from autotune.space.problem import Config, Problem, dtype_bits
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# BoundSpace.neighbours: values tried per tunable (the nearest); every bundled kernel's domains
+# hold at most 32 values, so its neighbourhoods are whole.
+MAX_MOVES_PER_TUNABLE = 32
+
+
+def _nearest_indices(size: int, centre: int, *, ordinal: bool, keep: int) -> list[int]:
+    """The ``keep`` domain indices nearest ``centre`` (by steps; around the declared order,
+    wrapping, for a choice), in domain order."""
+    def steps(j: int) -> int:
+        return abs(j - centre) if ordinal else min((j - centre) % size, (centre - j) % size)
+
+    return sorted(sorted(range(size), key=lambda j: (steps(j), j))[:keep])
 
 __all__ = [
     "WARP_SIZE",
@@ -669,6 +684,8 @@ class BoundSpace:
 
     def _valid_index_matrix(self) -> np.ndarray:
         """The valid set as an (N, tunables) array of domain indices, built once."""
+        import numpy as np
+
         if self._valid_idx is None:
             lookups = self._value_index
             self._valid_idx = np.array(
@@ -679,6 +696,8 @@ class BoundSpace:
 
     def _distances_to(self, target: Sequence[Value]) -> np.ndarray:
         """Distance (as :meth:`_distance`) from every valid config to ``target``."""
+        import numpy as np
+
         idx = self._valid_index_matrix()
         dist = np.zeros(len(idx), dtype=np.float64)
         for i, param in enumerate(self.params):
@@ -904,6 +923,8 @@ class BoundSpace:
             valid = self.valid_tuples()
             if not valid:
                 return None
+            import numpy as np
+
             dist = self._distances_to(target)
             # Stable sort: among equally near configs the enumeration order decides.
             for i in np.argsort(dist, kind="stable"):
@@ -930,19 +951,33 @@ class BoundSpace:
         found = rec(0)
         return None if found is None else self._config(found)
 
-    def neighbours(self, config: Mapping[str, Value], *, radius: int | None = None) -> list[Config]:
+    def neighbours(
+        self, config: Mapping[str, Value], *, radius: int | None = None,
+        per_tunable: int | None = MAX_MOVES_PER_TUNABLE,
+    ) -> list[Config]:
         """Valid configs that differ from ``config`` in exactly one tunable, nearest first.
 
         ``radius`` keeps, for ordered tunables, only values at most that many domain steps
         away (choices always count as one step). The one-tunable moves of a local search.
+        ``per_tunable`` bounds the values tried per tunable (the nearest in domain steps; of a
+        choice, those next to it in declared order), so the cost does not grow with a domain
+        of thousands of values (issue 36); None tries them all. Every bundled kernel's domains
+        are within the default (:data:`MAX_MOVES_PER_TUNABLE`), where nothing is left out.
         """
+        if per_tunable is not None and per_tunable < 1:
+            raise ValueError(f"per_tunable must be a positive whole number or None, got {per_tunable!r}.")
         base = self._tuple_or_none(config)
         if base is None:
             base = self.snap(config)
         found: list[tuple[float, int, tuple[Value, ...]]] = []
         for i, domain in enumerate(self.domains):
             here = self._value_index[i].get(repr(base[i]))
-            for j, value in enumerate(domain):
+            tried: Iterable[int] = range(len(domain))
+            if per_tunable is not None and len(domain) > per_tunable + 1:
+                tried = _nearest_indices(len(domain), 0 if here is None else here,
+                                         ordinal=self.params[i].ordinal, keep=per_tunable + 1)
+            for j in tried:
+                value = domain[j]
                 if value == base[i]:
                     continue
                 if radius is not None and self.params[i].ordinal and here is not None and abs(j - here) > radius:

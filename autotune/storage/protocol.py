@@ -17,6 +17,7 @@ from autotune.space.problem import Config, Problem
 from autotune.storage.rows import (
     BaselineRow,
     ConfirmationRow,
+    Observed,
     ProblemSummary,
     RecordedTrial,
     TrialRow,
@@ -73,6 +74,14 @@ class TrialStore(Protocol):
         dtype: str | None = None,
         cache: str | None = None,
     ) -> list[TrialRow]: ...
+
+    def observations(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+    ) -> list[Observed]: ...
 
     def best(
         self,

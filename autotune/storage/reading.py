@@ -4,6 +4,8 @@ devices, job runs, confirmation rounds and per-problem summaries, as frozen rows
 
 from __future__ import annotations
 
+import array
+import datetime as dt
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -27,13 +29,17 @@ from autotune.storage.keys import (
     _trial_row,
 )
 from autotune.storage.rows import (
+    NO_TIME,
+    TABLE_COLUMNS,
     BaselineRow,
     ConfirmationRow,
     ConfirmedProgram,
+    Observed,
     ProblemSummary,
     RunRow,
     TraceRegionRow,
     TrialRow,
+    TrialTable,
     VerificationRow,
 )
 from autotune.storage.schema import (
@@ -52,6 +58,13 @@ from autotune.storage.schema import (
 )
 
 log = logging.getLogger("autotune.storage.store")
+
+# Store.observations: what a new problem reads of its kernel's other shapes (issue 36). Sized
+# so that a store like the recorded ground truth (benchmarks/data: seven shapes of about 750
+# configs each) is read whole, as the replay (benchmarks/search_efficiency.py) reads it, while
+# a million stored trials cost no more than that.
+HISTORY_SHAPES = 8
+HISTORY_PER_SHAPE = 768
 
 
 class _StoreReads(_StoreSessions):
@@ -117,6 +130,172 @@ class _StoreReads(_StoreSessions):
             query = query.where(_Trials.cache_policy == _policy(cache))
         with self._read("read trials") as session:
             return [_trial_row(*row) for row in session.execute(query.order_by(_Trials.id))]
+
+    def observations(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+        shapes: int = HISTORY_SHAPES,
+        per_shape: int = HISTORY_PER_SHAPE,
+    ) -> list[Observed]:
+        """What ``problem``'s kernel measured on these devices, as a bounded summary: every
+        trial of ``problem`` itself, then of the ``shapes`` other problems of the kernel
+        nearest to it (:func:`~autotune.space.problem.shape_distance`, same dtype first) with
+        a trial there, at most ``per_shape`` trials each: all of a problem's when it has that
+        few, else its ``per_shape // 4`` fastest ok trials (on the ``ix_at_trials_best``
+        index) and an even sample of the others (every n-th by id). Oldest first (by trial id),
+        as :meth:`trials` orders them, so a store within the bounds reads exactly what
+        :meth:`trials` would.
+
+        Only the chosen rows are read, as ``(problem, config, median_us or None)`` tuples (no
+        ORM rows): the cost and the memory do not grow with the table
+        (``benchmarks/history_scaling.py``).
+        """
+        if shapes < 0 or per_shape < 1:
+            raise ValueError(f"shapes must be >= 0 and per_shape >= 1, got {shapes!r}, {per_shape!r}.")
+        from autotune.space.problem import shape_distance
+
+        kernel_query = (
+            sa.select(_Problems.id, _Problems.shape_json, _Problems.dtype)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .where(_Kernels.name == problem.kernel)
+            .order_by(_Problems.id)
+        )
+        with self._read("read the kernel's history") as session:
+            devices = [d for d in session.scalars(_device_filter(sa.select(_Devices.id), device_name, device_kind))]
+            if not devices:
+                return []
+            on_device = _Trials.device_id.in_(devices)
+            here_digest = problem.digest()
+            problems: dict[int, Problem] = {}
+            ranked: list[tuple[bool, float, int]] = []
+            here_id: int | None = None
+            for pid, shape_json, dtype in session.execute(kernel_query):
+                other = Problem(problem.kernel, json.loads(shape_json), dtype)
+                problems[pid] = other
+                if other.digest() == here_digest:
+                    here_id = pid
+                    continue
+                ranked.append((dtype != problem.dtype, shape_distance(problem.dims, other.dims), pid))
+            ranked.sort()
+            picked: list[int] = []
+            for _other_dtype, _distance, pid in ranked:
+                if len(picked) >= shapes:
+                    break
+                if session.scalar(sa.select(_Trials.id).where(_Trials.problem_id == pid, on_device).limit(1)) is not None:
+                    picked.append(pid)
+
+            # (trial id, problem id, config id, status, median): the rows chosen, by trial id.
+            base = sa.select(_Trials.id, _Trials.problem_id, _Trials.config_id, _Trials.status,
+                             _Trials.median_us).where(on_device)
+            chosen: dict[int, Any] = {}
+            if here_id is not None:
+                chosen.update((r[0], r) for r in session.execute(base.where(_Trials.problem_id == here_id)))
+            for pid in picked:
+                mine = base.where(_Trials.problem_id == pid)
+                count = int(session.scalar(sa.select(sa.func.count()).select_from(_Trials).where(
+                    _Trials.problem_id == pid, on_device)) or 0)
+                if count <= per_shape:
+                    chosen.update((r[0], r) for r in session.execute(mine))
+                    continue
+                fastest = per_shape // 4
+                chosen.update((r[0], r) for r in session.execute(
+                    mine.where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+                    .order_by(_Trials.median_us, _Trials.id).limit(fastest)))
+                step = -(-count // (per_shape - fastest))
+                chosen.update((r[0], r) for r in session.execute(
+                    mine.where(_Trials.id % step == 0).order_by(_Trials.id).limit(per_shape - fastest)))
+            config_ids = sorted({r[2] for r in chosen.values()})
+            configs: dict[int, Config] = {}
+            for at in range(0, len(config_ids), 500):
+                configs.update(
+                    (cid, Config.from_json(text)) for cid, text in session.execute(
+                        sa.select(_Configs.id, _Configs.config_json)
+                        .where(_Configs.id.in_(config_ids[at:at + 500]))))
+        return [
+            Observed(problems[pid], configs[cid], median if status == Outcome.OK.value else None)
+            for _tid, pid, cid, status, median in (chosen[t] for t in sorted(chosen))
+        ]
+
+    def trial_table(
+        self,
+        *,
+        kernel: str | None = None,
+        device_name: str | None = None,
+        status: Outcome | str | None = None,
+        device_kind: str | None = None,
+        dtype: str | None = None,
+        limit: int | None = None,
+    ) -> TrialTable:
+        """Stored trials as columns, oldest first, filtered as :meth:`trials` filters them,
+        the first ``limit`` only (filters and limit in SQL). The problems, configs, devices and
+        software they name are read once each, not once per trial."""
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise ValueError(f"limit must be a whole number >= 0, but got {limit!r}.")
+        traced = sa.exists().where(_TraceRegions.trial_id == _Trials.id)
+        t = _Trials.__table__.c
+        query = (
+            sa.select(t.id, t.problem_id, t.config_id, t.device_id, t.software_id, t.status,
+                      t.median_us, t.min_us, t.max_us, t.compile_s, t.rel_error, t.timing,
+                      t.cache_policy, t.spread, t.study_name, t.optuna_trial_number, t.worker,
+                      t.host, t.started_at, t.finished_at, traced, t.error)
+            .join(_Problems, _Problems.id == _Trials.problem_id)
+            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+            .join(_Devices, _Devices.id == _Trials.device_id)
+        )
+        if kernel is not None:
+            query = query.where(_Kernels.name == kernel)
+        if dtype is not None:
+            query = query.where(_Problems.dtype == dtype)
+        query = _device_filter(query, device_name, device_kind)
+        if status is not None:
+            query = query.where(_Trials.status == Outcome(status).value)
+        query = query.order_by(_Trials.id)
+        if limit is not None:
+            query = query.limit(limit)
+        numbers = {"median_us", "min_us", "max_us", "compile_s", "rel_error", "spread",
+                   "optuna_trial_number"}
+        times = {"started_at", "finished_at"}
+        columns: dict[str, Any] = {}
+        for name in TABLE_COLUMNS:
+            columns[name] = (array.array("d") if name in numbers else array.array("q")
+                             if name in times or name.endswith("_id") else [])
+        shared: dict[Any, Any] = {}  # one object per distinct string
+        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        micro = dt.timedelta(microseconds=1)
+        nan = float("nan")
+        with self._read("read trials") as session:
+            # Streamed (yield_per), so that a million rows are never held at once.
+            # On the session's connection (Core: no ORM row handling), one column at a time.
+            result = session.connection().execute(query.execution_options(yield_per=20_000))
+            for chunk in result.partitions():
+                for name, values in zip(TABLE_COLUMNS, zip(*chunk, strict=True), strict=True):
+                    out = columns[name]
+                    if name in numbers:
+                        out.extend(nan if v is None else v for v in values)
+                    elif name in times:
+                        out.extend(NO_TIME if v is None else (v - epoch) // micro for v in values)
+                    elif isinstance(out, array.array):
+                        out.extend(values)
+                    elif name == "traced":
+                        out.extend(bool(v) for v in values)
+                    else:
+                        out.extend(shared.setdefault(v, v) for v in values)
+            problem_ids = set(columns["problem_id"])
+            problems = {pid: Problem(name, json.loads(shape), dtype_) for pid, name, shape, dtype_ in session.execute(
+                sa.select(_Problems.id, _Kernels.name, _Problems.shape_json, _Problems.dtype)
+                .join(_Kernels, _Kernels.id == _Problems.kernel_id)) if pid in problem_ids}
+            config_ids = sorted(set(columns["config_id"]))
+            configs: dict[int, str] = {}
+            for at in range(0, len(config_ids), 500):
+                configs.update((cid, text) for cid, text in session.execute(
+                    sa.select(_Configs.id, _Configs.config_json)
+                    .where(_Configs.id.in_(config_ids[at:at + 500]))))
+            devices = {d.id: _device_info(d) for d in session.scalars(sa.select(_Devices))}
+            software = {s.id: _software_dict(s) for s in session.scalars(sa.select(_Software))}
+        return TrialTable(columns, problems, configs, devices, software)
 
     def trial(self, trial_id: int) -> TrialRow | None:
         """The trial with id ``trial_id``, or None."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
@@ -22,6 +22,8 @@ __all__ = [
     "RunRow",
     "ConfirmationRow",
     "ConfirmedProgram",
+    "Observed",
+    "TrialTable",
 ]
 
 
@@ -31,6 +33,50 @@ class RecordedTrial:
 
     id: int
     duplicate: bool
+
+
+class Observed(NamedTuple):
+    """One measured config of a problem, as :meth:`Store.observations` reads it: its median
+    time in microseconds, or None where it failed. A tuple, not a :class:`TrialRow`: a
+    kernel's history is read by the thousand."""
+
+    problem: Problem
+    config: Config
+    time_us: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialTable:
+    """Stored trials as columns (:meth:`Store.trial_table`), oldest first: what a table of a
+    million trials needs without a :class:`TrialRow` per trial (7 KB each: issue 36).
+
+    ``columns`` maps each of :data:`TABLE_COLUMNS` to one value per trial: times and the other
+    numbers as ``array('d')`` (NaN where missing), ``optuna_trial_number`` as floats too (NaN
+    where none), datetimes as ``array('q')`` of microseconds since the epoch, UTC
+    (:data:`NO_TIME` where missing), the rest as lists whose repeated strings are one object.
+    ``problem_id``, ``config_id``, ``device_id`` and ``software_id`` index ``problems``,
+    ``config_json``, ``devices`` and ``software``; a config is kept as its canonical JSON
+    (:meth:`Config.from_json` reads one): a million trials may name 300,000 configs.
+    """
+
+    columns: dict[str, Any]
+    problems: dict[int, Problem]
+    config_json: dict[int, str]
+    devices: dict[int, DeviceInfo]
+    software: dict[int, dict[str, str]]
+
+    def __len__(self) -> int:
+        return len(self.columns["trial_id"])
+
+
+# TrialTable: its columns, and the stand-in for a missing datetime.
+TABLE_COLUMNS = (
+    "trial_id", "problem_id", "config_id", "device_id", "software_id", "status", "median_us",
+    "min_us", "max_us", "compile_s", "rel_error", "timing", "cache_policy", "spread",
+    "study_name", "optuna_trial_number", "worker", "host", "started_at", "finished_at", "traced",
+    "error",
+)
+NO_TIME = -(2**63)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,6 @@ runner and scheduler (:mod:`.tuner`, :mod:`.scheduler`), the confirmation round
 (:mod:`.confirmation`) and revalidation (:mod:`.revalidate`). May import every package below it.
 """
 
-# The sampler names, here so that the command line lists them without importing Optuna
-# (:mod:`.sampling` holds the samplers and re-exports this).
-SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+# The sampler names (:mod:`.names`, a static list), here too so that the command line lists
+# them without importing Optuna (:mod:`.sampling` holds the samplers and re-exports them).
+from autotune.tuning.names import SAMPLERS  # noqa: E402, F401

@@ -33,7 +33,7 @@ from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.kernel import bundled_kernels, get_kernel
 from autotune.space.problem import Problem
-from autotune.tuning.sampling import SAMPLERS, require_sampler_packages
+from autotune.tuning.names import SAMPLERS
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
 
@@ -305,6 +305,8 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
         fail("sampler")
     if "sampler" in s:
         try:
+            from autotune.tuning.sampling import require_sampler_packages  # imports Optuna
+
             require_sampler_packages(s["sampler"])
         except JobError as e:
             raise JobError(f"{where}: {e}") from None

@@ -42,6 +42,7 @@ ranks with them are one model; the stored history is its training data.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -146,10 +147,12 @@ class Observation:
 
 
 def stored_history(store: TrialStore, problem: Problem, device: DeviceInfo) -> list[Observation]:
-    """Every result ``store`` holds for ``problem``'s kernel on ``device`` (same name and
-    kind), at any shape and dtype, as observations (failures with no time)."""
-    rows = store.trials(kernel=problem.kernel, device_name=device.name, device_kind=device.kind)
-    return [Observation(r.problem, r.config, r.median_us if r.ok else None) for r in rows]
+    """What ``store`` holds for ``problem``'s kernel on ``device`` (same name and kind), as
+    observations (failures with no time): every result of ``problem``, and a bounded summary of
+    the nearest other shapes (:meth:`~autotune.storage.store.Store.observations`: their fastest
+    configs and an even sample, a few thousand results at most however large the table)."""
+    found = store.observations(problem, device_name=device.name, device_kind=device.kind)
+    return [Observation(o.problem, o.config, o.time_us) for o in found]
 
 
 def model_backend(model: str = "auto") -> str:
@@ -666,6 +669,18 @@ class RankedSampler(optuna.samplers.BaseSampler):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._start_lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RankedSampler:
+        # The history (frozen observations, never changed after __init__) is shared, not copied:
+        # the valid-set wrapper keeps a copy of its base sampler, and copying a history of
+        # 100,000 results took 32 of 53 s of a first proposal (issue 36).
+        # So is the space (its memoised counts and valid set: 1.7 s of a first proposal to copy).
+        for shared in (self._here, self._others, self._related, self._space, self._estimate_space,
+                       self._problem, self._features):
+            memo[id(shared)] = shared
+        copied = RankedSampler.__new__(RankedSampler)
+        copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return copied
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 

@@ -35,8 +35,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import JobError
 from autotune.space.problem import Config
 from autotune.space.search_space import BoundSpace
-from autotune.tuning import SAMPLERS as _SAMPLER_NAMES
 from autotune.tuning import optuna_adapter as oa
+from autotune.tuning.names import SAMPLERS
 from autotune.tuning.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
 if TYPE_CHECKING:
@@ -49,7 +49,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = _SAMPLER_NAMES  # autotune.tuning.SAMPLERS: listed without importing Optuna
+# SAMPLERS: the names job files give (autotune.tuning.names, a static list the CLI reads
+# without importing Optuna), re-exported here.
 # Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
 # trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
 # MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so
@@ -75,19 +76,22 @@ RANKED_WITH_COST_MODEL = True
 
 
 def resolve_sampler(
-    name: str, *, history: Iterable[Observation], problem: Any, valid_count: int | None = None,
-    cost_model: bool = False,
+    name: str, *, history: Iterable[Observation], problem: Any,
+    valid_count: int | Callable[[], int] | None = None, cost_model: bool = False,
 ) -> str:
     """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
     results of other shapes (:data:`RANKED_WHEN_WARM`), the space has at most
     :data:`RANKED_MAX_VALID` valid configs, or the kernel has a cost model
-    (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves."""
+    (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves. ``valid_count`` may be a
+    function (``space.count``), called only when the others do not decide."""
     if name != "auto":
         return name
     warm = any(o.problem != problem for o in history)
-    small = valid_count is not None and valid_count <= RANKED_MAX_VALID
     modelled = cost_model and RANKED_WITH_COST_MODEL
-    return "ranked" if (warm and RANKED_WHEN_WARM) or small or modelled else "auto"
+    if (warm and RANKED_WHEN_WARM) or modelled:
+        return "ranked"
+    count = valid_count() if callable(valid_count) else valid_count
+    return "ranked" if count is not None and count <= RANKED_MAX_VALID else "auto"
 
 
 def valid_sampler(
@@ -348,8 +352,9 @@ class ValidSampler(optuna.samplers.BaseSampler):
     ) -> dict[str, Any]:
         if not search_space:
             return {}
-        taken = self.taken_keys(study)
-        config = self._next(study, trial, taken)
+        with oa.one_read(study):  # the base sampler's reads answer from the snapshot taken here
+            taken = self.taken_keys(study)
+            config = self._next(study, trial, taken)
         if config is None:
             self.exhausted_trial_id = oa.trial_id(trial)  # the runner closes this empty trial
             raise ExhaustedError(

@@ -365,7 +365,7 @@ class _Scheduler:
         rows = self.store.trials(problem, device_name=device.name, cache=self.policy)
         if budget.trials is not None and len(rows) >= budget.trials:
             return skip("already tuned", len(rows), "budget already spent")
-        if len(rows) >= space.count():
+        if rows and len(rows) >= space.count():  # nothing stored: no need to count
             return skip("space exhausted", len(rows), "every valid config measured")
 
         stored_configs = [r.config for r in rows]

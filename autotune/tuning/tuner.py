@@ -541,7 +541,9 @@ def tune_problem(
     for done, why, message in (
         (budget.trials is not None and done_before >= budget.trials, "budget already spent",
          "already tuned"),
-        (done_before >= space.count(), "every valid config measured", "space exhausted"),
+        # (Counted only when something is stored: a new problem's first proposal need not wait.)
+        (done_before > 0 and done_before >= space.count(), "every valid config measured",
+         "space exhausted"),
     ):
         if done:
             # A run stopped during its confirmation round left it undone: it is done now.
@@ -943,8 +945,10 @@ def problem_sampler(
         seeds.append(kernel.default_config(problem))
     related = related_winners(store, problem, device, policy)
     history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
+    # The valid set is counted only where it decides (resolve_sampler calls space.count last):
+    # a count of a 10^5-config space takes seconds.
     sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,
-                                   valid_count=space.count(),
+                                   valid_count=space.count,
                                    cost_model=kernel.cost_model is not None)
     logger.info("%s: sampler %s (%s)", problem, sampler_name, spec.sampler)
     return valid_sampler(sampler_name, space, seed=spec.seed, seeds=seeds, related=related,

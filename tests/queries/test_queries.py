@@ -327,3 +327,56 @@ def test_results_frame_without_pandas_names_the_extra(db: str, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # makes `import pandas` fail
     with pytest.raises(ImportError, match=r"pip install 'autotune\[report\]'"):
         queries.results_frame(db)
+
+
+def _frame_from_rows(db: str, **filters):
+    """results_frame as it was built before issue 36: a record per TrialRow."""
+    import pandas as pd
+
+    from autotune.queries.best import _frame_rows, _open
+
+    with _open(db) as store:
+        rows = _frame_rows(store, filters.get("kernel"), filters.get("dtype"), filters.get("device"),
+                           filters.get("status"))
+    records, shape_keys, config_keys = [], {}, {}
+    for r in rows:
+        record = {
+            "trial_id": r.id, "kernel": r.problem.kernel, "dtype": r.problem.dtype,
+            "problem": str(r.problem), "status": r.status.value, "median_us": r.median_us,
+            "min_us": r.min_us, "max_us": r.max_us, "compile_s": r.compile_s,
+            "rel_error": r.rel_error, "timing": r.timing, "cache_policy": r.cache_policy,
+            "spread": r.spread, "device": r.device.name,
+            "device_kind": r.device.kind, "compute_capability": r.device.compute_capability,
+            "driver": r.device.driver, "jax": r.software.get("jax", ""),
+            "jaxlib": r.software.get("jaxlib", ""), "autotune": r.software.get("autotune", ""),
+            "study_name": r.study_name, "optuna_trial_number": r.optuna_trial_number,
+            "worker": r.worker, "host": r.host, "started_at": r.started_at,
+            "finished_at": r.finished_at, "traced": r.traced, "error": r.error,
+        }
+        for key, value in r.problem.dims.items():
+            record[f"shape.{key}"] = value
+            shape_keys[f"shape.{key}"] = None
+        for key, value in r.config.items():
+            record[f"config.{key}"] = value
+            config_keys[f"config.{key}"] = None
+        records.append(record)
+    return pd.DataFrame.from_records(records, columns=[*queries.FRAME_COLUMNS, *shape_keys, *config_keys])
+
+
+@pytest.mark.parametrize("filters", [{}, {"kernel": "matmul"}, {"status": "ok"}, {"device": "interpret"}])
+def test_results_frame_built_from_columns_equals_one_built_from_rows(db: str, filters):
+    """The frame built column by column (issue 36) holds exactly what a record per stored
+    trial gave: the same columns in the same order, values and dtypes."""
+    import pandas.testing
+
+    pandas.testing.assert_frame_equal(queries.results_frame(db, **filters), _frame_from_rows(db, **filters))
+
+
+def test_results_frame_limit_keeps_the_oldest_and_is_checked(db: str):
+    """limit=N gives the N oldest trials (in SQL); a negative or fractional limit is refused."""
+    whole = queries.results_frame(db)
+    assert list(queries.results_frame(db, limit=3)["trial_id"]) == list(whole["trial_id"][:3])
+    assert len(queries.results_frame(db, limit=0)) == 0
+    for bad in (-1, 2.5, True):
+        with pytest.raises(JobError, match="limit"):
+            queries.results_frame(db, limit=bad)

@@ -364,3 +364,25 @@ def test_a_constraint_carries_its_kind_and_a_bad_kind_is_refused():
     assert kinds["smem_within_limit"] == "lowering" and kinds["epi_canonical"] == "policy"
     assert hopper_matmul.RULE_KINDS == kinds
     assert all(set(k.split("+")) <= set(RULE_KINDS) for k in kinds.values())
+
+
+def test_neighbours_try_a_bounded_number_of_values_per_tunable():
+    """With a tunable of 4,096 values, neighbours() tries only the MAX_MOVES_PER_TUNABLE values
+    nearest the config's (a choice: those next to it in declared order, wrapping), so its cost
+    does not grow with the domain; within the bound it is the whole neighbourhood."""
+    from autotune.space.search_space import MAX_MOVES_PER_TUNABLE, Choice
+
+    wide = Space(params=(Choice("tile", tuple(range(1, 4097)), ordered=True),
+                         Choice("mode", tuple(f"m{i}" for i in range(100))),
+                         Choice("stages", (1, 2, 3, 4), ordered=True)))
+    bound = wide.bind(Problem("wide", {"n": 1}, "float32"))
+    config = {"tile": 2000, "mode": "m0", "stages": 2}
+    near = bound.neighbours(config)
+    tiles = sorted(c["tile"] for c in near if c["mode"] == "m0" and c["stages"] == 2)
+    assert len(tiles) == MAX_MOVES_PER_TUNABLE and tiles == [t for t in range(1984, 2017) if t != 2000]
+    modes = {c["mode"] for c in near if c["tile"] == 2000 and c["stages"] == 2}
+    assert len(modes) == MAX_MOVES_PER_TUNABLE and {"m1", "m99", "m16", "m84"} <= modes
+    assert len(bound.neighbours(config, per_tunable=None)) == 4095 + 99 + 3
+    assert sorted(c["stages"] for c in near if c["tile"] == 2000 and c["mode"] == "m0") == [1, 3, 4]
+    with pytest.raises(ValueError, match="per_tunable"):
+        bound.neighbours(config, per_tunable=0)

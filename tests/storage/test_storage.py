@@ -70,7 +70,7 @@ def test_public_api_is_pinned():
             "ProblemSummary", "resolve_url", "sqlite_path", "in_memory", "failure_reason", "damaged_hint",
             "DEFAULT_URL", "ENV_VAR",
             "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s", "RESULT_FIELDS",
-            "RunRow", "ConfirmationRow", "ConfirmedProgram",
+            "RunRow", "ConfirmationRow", "ConfirmedProgram", "Observed", "TrialTable",
         ]
     )
 
@@ -677,3 +677,29 @@ def test_migration_0003_to_0004_adds_verifications_and_keeps_every_row(db_url: s
         assert (stored.id, stored.config, stored.rounds, stored.stored_speedup) == (
             vid, Config(tile=1), 2, 1.5)
         assert [r.id for r in store.trials(PROBLEM)] == [first.id]
+
+
+def test_the_head_read_without_alembic_is_alembics():
+    """The schema head read from the migration scripts' text (the fast path of every open,
+    without importing alembic) is the head alembic computes."""
+    from alembic.script import ScriptDirectory
+
+    from autotune.storage import connection
+
+    script = ScriptDirectory.from_config(connection._alembic_config())
+    assert connection._script_head() == script.get_current_head()
+
+
+def test_opening_an_up_to_date_store_does_not_import_alembic(tmp_path):
+    """A store whose schema is at head opens (and answers a query) without importing alembic or
+    numpy: ``autotune best`` stays light (issue 36)."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "light.db"
+    storage.Store(f"sqlite:///{db}").close()
+    code = (f"import sys; from autotune.queries.best import best_config; "
+            f"from autotune.storage.store import Store; Store('sqlite:///{db}').close(); "
+            "print(sorted(m for m in ('alembic', 'numpy', 'optuna', 'jax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

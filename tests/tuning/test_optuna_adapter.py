@@ -208,6 +208,58 @@ def test_suggest_all_writes_nothing_when_a_distribution_clashes_with_the_study(t
     assert optuna.load_study(study_name="s", storage=fresh).trials[1].params == {}
 
 
+def _statements(storage) -> list[str]:
+    """The SQL statements the RDB storage runs from now on."""
+    import sqlalchemy
+
+    seen: list[str] = []
+    sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
+                            lambda conn, cursor, statement, *args: seen.append(statement))
+    return seen
+
+
+def test_suggest_all_checks_the_trial_once_and_inserts_the_params_in_one_statement(tmp_path):
+    """Once the study knows its parameters, suggest_all reads the trial once and writes every
+    parameter with one executemany (issue 36: 20 of an ask's statements), values intact."""
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    oa.suggest_all(oa.create_trial(study, _template()), _DISTS)
+    trial = oa.create_trial(study, _template())
+    seen = _statements(storage)
+    oa.suggest_all(trial, _DISTS)
+    writes = [s for s in seen if "trial_params" in s and s.startswith("INSERT")]
+    reads = [s for s in seen if s.startswith("SELECT trials.")]
+    assert len(writes) == 1 and len(reads) == 1
+    fresh = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/optuna.db")
+    stored = optuna.load_study(study_name="s", storage=fresh).trials[1]
+    assert stored.params == trial.params and stored.distributions == _DISTS
+
+
+def test_one_read_reads_the_study_once_within_the_block(tmp_path):
+    """Inside one_read, the study's trials are read from the database once, later get_trials
+    answering from that snapshot; outside (and for a study in memory) every call reads."""
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: t.suggest_int("x", 0, 9), n_trials=3)
+    seen = _statements(storage)
+
+    def reads() -> int:
+        return sum(s.startswith("SELECT studies.") for s in seen)
+
+    with oa.one_read(study):
+        with oa.one_read(study):  # nested: the outer one's snapshot
+            assert len(study.get_trials(deepcopy=False)) == 3
+        assert len(study.get_trials(deepcopy=False)) == 3
+    assert reads() == 1
+    study.get_trials(deepcopy=False)
+    assert reads() == 2
+    memory = optuna.create_study()
+    with oa.one_read(memory):
+        assert memory.get_trials() == []
+
+
 def test_suggest_all_on_a_storage_in_memory(tmp_path):
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     trial = oa.create_trial(study, _template())

@@ -532,3 +532,81 @@ def test_a_related_winner_this_shape_refuses_is_repaired_and_goes_first_where_es
         sampler = RankedSampler(bound, seed=0, candidates=8, estimate=estimate, related=related)
         firsts.append(_first_proposals(bound, sampler, 1)[0])
     assert firsts == [repaired, best]
+
+
+def _store_user_history(store, device, problems, per_problem):
+    """Stores ``per_problem`` valid configs of each of ``problems`` (one in five failed)."""
+    from autotune.evaluation.trial import Outcome, TrialResult
+
+    for p in problems:
+        configs = USER_SPACE.bind(p).sample(per_problem, seed=1)
+        store.record_trials([
+            (p, c, TrialResult.failed(Outcome.COMPILE_ERROR, "boom") if i % 5 == 4 else
+             TrialResult.timed([user_time(p, c)] * 2, compile_s=0.1, rel_error=0.0, timing="fake"),
+             device, {})
+            for i, c in enumerate(configs)])
+
+
+def test_stored_history_is_bounded_nearest_shapes_first_with_their_fastest(tmp_path):
+    """stored_history reads a bounded summary: every result of the problem itself, the nearest
+    HISTORY_SHAPES other shapes only, each capped at HISTORY_PER_SHAPE with its fastest ok
+    configs among them; under the caps it reads what trials() holds, in the same order."""
+    from autotune.evaluation.trial import DeviceInfo
+    from autotune.storage import reading
+    from autotune.storage.store import Store
+
+    device = DeviceInfo(name="fake-gpu", kind="fake")
+    here = user_problem(512, 2048)
+    near, mid, far = user_problem(512, 1024), user_problem(1024, 2048), user_problem(4096, 8192)
+    with Store(f"sqlite:///{tmp_path}/h.db") as store:
+        _store_user_history(store, device, [far, near, here, mid], 40)
+        whole = stored_history(store, here, device)
+        rows = store.trials(kernel="user_rows", device_name="fake-gpu", device_kind="fake")
+        assert [(o.problem, dict(o.config), o.time_us) for o in whole] == [
+            (r.problem, dict(r.config), r.median_us if r.ok else None) for r in rows]
+        assert reading.HISTORY_SHAPES >= 3 and reading.HISTORY_PER_SHAPE >= 40
+        capped = store.observations(here, device_name="fake-gpu", device_kind="fake", shapes=2, per_shape=12)
+    by_problem: dict = {}
+    for o in capped:
+        by_problem.setdefault(o.problem, []).append(o)
+    assert set(by_problem) == {here, near, mid}  # the farthest shape is left out
+    assert len(by_problem[here]) == 40  # the problem's own results, all of them
+    for p in (near, mid):
+        assert len(by_problem[p]) <= 12
+        fastest = sorted(r.median_us for r in rows if r.problem == p and r.ok)[:3]
+        assert fastest == sorted(o.time_us for o in by_problem[p] if o.time_us is not None)[:3]
+
+
+def test_copying_a_ranked_sampler_shares_its_history():
+    """The valid-set wrapper's copy of the ranked sampler shares the (frozen) history rather
+    than copying it (issue 36: the copy of 100,000 results took most of a first proposal)."""
+    import copy
+
+    here, other = user_problem(512, 2048), user_problem(512, 1024)
+    history = [Observation(other, c, 1.0) for c in USER_SPACE.bind(other).sample(50, seed=0)]
+    history += [Observation(here, c, 2.0) for c in USER_SPACE.bind(here).sample(5, seed=0)]
+    sampler = RankedSampler(USER_SPACE.bind(here), seed=0, history=history, model="numpy")
+    copied = copy.deepcopy(sampler)
+    assert copied._others is sampler._others and copied._here is sampler._here
+    assert copied._start_lock is not sampler._start_lock
+    wrapper = valid_sampler("ranked", USER_SPACE.bind(here), seed=0, history=history)
+    assert wrapper._base_template._others is wrapper.base._others
+
+
+def test_auto_counts_the_valid_set_only_where_the_count_decides():
+    """resolve_sampler calls a valid_count function only when neither the history (warm) nor a
+    cost model decides: a new problem of a large space need not wait for its count."""
+    calls = []
+
+    def count() -> int:
+        calls.append(1)
+        return 10
+
+    here, other = user_problem(512, 2048), user_problem(512, 1024)
+    warm = [Observation(other, {"block_rows": 8}, 1.0)]
+    assert resolve_sampler("auto", history=warm, problem=here, valid_count=count) == "ranked"
+    assert resolve_sampler("auto", history=[], problem=here, valid_count=count,
+                           cost_model=True) == "ranked"
+    assert not calls
+    assert resolve_sampler("auto", history=[], problem=here, valid_count=count) == "ranked"
+    assert calls == [1]

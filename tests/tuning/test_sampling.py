@@ -155,3 +155,30 @@ def test_auto_is_tpe_with_local_moves():
     assert valid_sampler("auto", bound, seed=0, local=0.0)._local == 0
     with pytest.raises(ValueError, match="local must be a share between 0 and 1, got 1.5"):
         ValidSampler(bound, local=1.5)
+
+
+def test_the_static_sampler_names_are_the_registry():
+    """autotune.tuning.names.SAMPLERS (read by the CLI without Optuna) names exactly the
+    samplers the registry makes: each name builds, and an unknown one is refused."""
+    from autotune.errors import JobError
+    from autotune.tuning import names, sampling
+
+    assert names.SAMPLERS is sampling.SAMPLERS
+    space = _space_for_names()
+    for name in names.SAMPLERS:
+        try:
+            sampler = sampling.valid_sampler(name, space, seed=0)
+        except JobError as e:  # an optional dependency (cmaes, torch) is missing: named
+            assert "pip install" in str(e)
+            continue
+        assert isinstance(sampler, sampling.ValidSampler)
+    with pytest.raises(JobError, match="Unknown sampler"):
+        sampling.make_sampler("annealing")
+
+
+def _space_for_names():
+    from autotune.space.problem import Problem
+    from autotune.space.search_space import Choice, Space
+
+    space = Space(params=(Choice("a", (1, 2, 4), ordered=True), Choice("b", ("x", "y"))))
+    return space.bind(Problem("names", {"n": 1}, "float32"))

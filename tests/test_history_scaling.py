@@ -1,0 +1,27 @@
+"""benchmarks/history_scaling.py at a tiny size: it fills, measures and prints every figure."""
+
+from __future__ import annotations
+
+import json
+
+from tests.benchmark_scripts import load
+
+
+def test_history_scaling_runs_at_a_tiny_size(tmp_path, capsys):
+    """At 200 stored trials (50 per shape, through the per-trial write path) the benchmark
+    prints the first proposal, best, results_frame, --version and ask figures, and a second run
+    reuses the filled database."""
+    bench = load("history_scaling")
+    out = tmp_path / "figures.json"
+    argv = ["--sizes", "200", "--per-shape", "50", "--db-dir", str(tmp_path), "--asks", "5",
+            "--study-trials", "20", "--json", str(out)]
+    assert bench.main(argv) == 0
+    figures = json.loads(out.read_text())
+    row = figures["sizes"]["200"]
+    assert row["fill"] == "record" and row["frame_rows"] == 200
+    assert row["first_cpu_s"] > 0 and row["first_peak_rss_mb"] > 0 and row["best_cpu_s"] > 0
+    assert row["sampler"] == "RankedSampler"  # warm: other shapes are stored
+    assert figures["asks"]["asks"] == 5 and figures["asks"]["commits_per_trial"] > 0
+    assert bench.stored_count(f"sqlite:///{tmp_path}/history_200_50.db") == 200
+    assert bench.main(argv[:-2] + ["--asks", "0"]) == 0
+    assert "reused" in capsys.readouterr().out
