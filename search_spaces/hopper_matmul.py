@@ -61,7 +61,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.evaluation.lowering import H200_NUM_SMS
+from autotune.devices import PROFILES, DeviceFacts, current_device
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import (
@@ -91,6 +91,8 @@ __all__ = [
     "estimate_seconds",
     "cost_model",
     "Hopper",
+    "MMA_EFFICIENCY",
+    "HBM_EFFICIENCY",
 ]
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
@@ -535,14 +537,15 @@ def _size(problem: Problem, key: str) -> int:
 
 
 def _device_num_sms() -> int:
-    """SMs of the default device; the H200's 132 where there is no GPU to ask (interpret mode
-    and cross-lowering emulate the H200)."""
+    """SMs of the default device: jax's GPU where there is one, else the current device's
+    (:func:`autotune.devices.current_device`: the chosen profile, for interpret mode and
+    cross-lowering)."""
     import jax
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
 
     if jax.default_backend() == "gpu":
         return int(hm.get_num_sms())
-    return H200_NUM_SMS
+    return current_device().num_sms
 
 
 def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
@@ -551,7 +554,7 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     Upstream's ``matmul()`` asks the default device for its SM count, which a machine without
     a GPU cannot answer; this is the same launch (one persistent block, or 2-block cluster, per
     SM) with the count taken from ``options.num_sms`` when given (the lowering oracle passes
-    132), else from the GPU, else the H200's 132.
+    the current device's), else from the GPU, else from the device profile.
     """
     import jax
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -656,20 +659,37 @@ def baseline(problem: Problem) -> Callable[..., Any]:
 # An analytic cost model (issue 17): the ranked sampler's prior, cold or warm.
 
 
+# The shares of the datasheet peaks a kernel reaches, measured on the H200 (PLATFORM.md):
+# cuBLAS's 797 of 989 dense bf16 TFLOP/s, and a copy's 4.3 of 4.8 TB/s.
+MMA_EFFICIENCY = 797.0 / 989.0
+HBM_EFFICIENCY = 4.3 / 4.8
+# The device whose measurements set the latencies below (benchmarks/data).
+FITTED_ON = "h200"
+
+
+def _mma_flops(device: DeviceFacts, clock_hz: float) -> float:
+    """bf16 flops per clock per SM at :data:`MMA_EFFICIENCY` of the device's peak."""
+    return round(MMA_EFFICIENCY * (device.peak_bf16_tflops or 0.0) * 1e12
+                 / (device.num_sms * clock_hz), 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Hopper:
-    """What :func:`estimate_seconds` knows of an H100/H200 SM. Datasheet or measured figures
-    (PLATFORM.md) where there is one; the rest are latencies of the right order, set once by
-    looking at the ranking over ``benchmarks/data`` (docs/ranked_sampler.md says which).
+    """What :func:`estimate_seconds` knows of a Hopper device and its SMs. The device's own
+    facts (SMs, clock, peak, bandwidth) come from :mod:`autotune.devices`
+    (:meth:`for_device`); the rest are latencies of the right order, set once by looking at
+    the ranking over ``benchmarks/data`` (docs/ranked_sampler.md says which). ``Hopper()``
+    is the device the constants were fitted on (:data:`FITTED_ON`).
 
     Attributes:
-      num_sms: SMs (132).
-      clock_hz: the SM clock (1980 MHz, the H200's maximum).
-      mma_flops: bf16 tensor-core flops per clock per SM, at the measured peak (cuBLAS 797
-        TFLOP/s on the H200 over 132 SMs at 1.98 GHz), not the datasheet's 4096.
+      num_sms: SMs.
+      clock_hz: the SM clock's maximum.
+      mma_flops: bf16 tensor-core flops per clock per SM, at the measured share of the peak
+        (:data:`MMA_EFFICIENCY` of the datasheet's: 3049 on an H100 SXM or H200).
       smem_bytes: shared-memory bytes read per clock per SM.
       l2_bytes: bytes per clock one SM can load from L2.
-      hbm_bytes_s: device memory bandwidth (the H200's measured copy rate).
+      hbm_bytes_s: device memory bandwidth, at the measured share of the datasheet's
+        (:data:`HBM_EFFICIENCY`).
       l2_latency, dram_latency: clocks from a TMA load's issue to its data (hit in L2; from
         device memory under load).
       wg_step: clocks one consumer warpgroup spends per k-step besides its MMA (waiting on the
@@ -690,12 +710,12 @@ class Hopper:
         to be measured (``benchmarks/cost_model_check.py --constants``), not the default.
     """
 
-    num_sms: int = H200_NUM_SMS
-    clock_hz: float = 1.98e9
-    mma_flops: float = 3050.0
+    num_sms: int = PROFILES[FITTED_ON].num_sms
+    clock_hz: float = (PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6
+    mma_flops: float = _mma_flops(PROFILES[FITTED_ON], (PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6)
     smem_bytes: float = 128.0
     l2_bytes: float = 64.0
-    hbm_bytes_s: float = 4.3e12
+    hbm_bytes_s: float = HBM_EFFICIENCY * (PROFILES[FITTED_ON].mem_bandwidth_gbs or 0.0) * 1e9
     l2_latency: float = 1200.0
     dram_latency: float = 3000.0
     wg_step: float = 350.0
@@ -711,14 +731,34 @@ class Hopper:
             raise ValueError(f"Hopper.stage_transfer must be one of {STAGE_TRANSFERS}, "
                              f"got {self.stage_transfer!r}")
 
+    @classmethod
+    def for_device(cls, device: DeviceFacts, **constants: Any) -> Hopper:
+        """The model of ``device``: its SMs, clock, bf16 peak and bandwidth (each at the
+        measured share); a fact the device does not know keeps the fitted device's value.
+        ``constants`` replace any field."""
+        base = cls()
+        clock_hz = device.sm_clock_mhz * 1e6 if device.sm_clock_mhz else base.clock_hz
+        facts: dict[str, Any] = {"num_sms": device.num_sms, "clock_hz": clock_hz}
+        if device.peak_bf16_tflops:
+            facts["mma_flops"] = _mma_flops(device, clock_hz)
+        if device.mem_bandwidth_gbs:
+            facts["hbm_bytes_s"] = HBM_EFFICIENCY * device.mem_bandwidth_gbs * 1e9
+        facts.update(constants)
+        return dataclasses.replace(base, **facts)
+
 
 STAGE_TRANSFERS = ("none", "loaded", "full")
-H200 = Hopper()
+
+
+@functools.lru_cache(maxsize=32)
+def _model_of(device: DeviceFacts, constants: tuple[tuple[str, Any], ...] = ()) -> Hopper:
+    return Hopper.for_device(device, **dict(constants))
 
 
 def cost_model(**constants: Any) -> Callable[[Problem, Mapping[str, Any]], float]:
-    """:func:`estimate_seconds` with some of :data:`H200`'s constants replaced (a ``Kernel``'s
-    ``cost_model``), e.g. ``cost_model(stage_transfer="loaded", l2_latency=2000)``.
+    """:func:`estimate_seconds` on the current device with some of :class:`Hopper`'s
+    constants replaced (a ``Kernel``'s ``cost_model``), e.g.
+    ``cost_model(stage_transfer="loaded", l2_latency=2000)``.
 
     Raises:
       ValueError: a name that is not a field of :class:`Hopper`, or a bad value.
@@ -727,8 +767,13 @@ def cost_model(**constants: Any) -> Callable[[Problem, Mapping[str, Any]], float
     unknown = sorted(set(constants) - fields)
     if unknown:
         raise ValueError(f"unknown Hopper constant(s) {unknown}; the constants are {sorted(fields)}")
-    device = dataclasses.replace(H200, **constants)
-    return functools.partial(estimate_seconds, device=device)
+    frozen = tuple(sorted(constants.items()))
+    _model_of(current_device(), frozen)  # a bad value fails here, not at the first estimate
+
+    def estimate(problem: Problem, config: Mapping[str, Any]) -> float:
+        return estimate_seconds(problem, config, _model_of(current_device(), frozen))
+
+    return estimate
 
 
 def _soft_max(p: float, *costs: float) -> float:
@@ -738,7 +783,7 @@ def _soft_max(p: float, *costs: float) -> float:
     return top * sum((c / top) ** p for c in costs) ** (1.0 / p)
 
 
-def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper = H200) -> float:
+def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper | None = None) -> float:
     """An estimate of one call's run time, for ranking configs before compiling any (Triton's
     ``perf_model``, TVM's cost model): only the order it puts configs in matters.
 
@@ -748,9 +793,11 @@ def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper
     the epilogue; tiles in waves over the persistent grid; the whole bounded below by device
     memory and L2 traffic. Accumulators past the register file spill, which costs several times
     over. Over the H200 ground truth of ``benchmarks/data`` (7 shapes) it ranks configs with a
-    Spearman correlation of 0.95-0.97 (docs/ranked_sampler.md).
+    Spearman correlation of 0.95-0.97 (docs/ranked_sampler.md). ``device`` defaults to the
+    current device's model (:meth:`Hopper.for_device` of
+    :func:`autotune.devices.current_device`).
     """
-    d = device
+    d = device if device is not None else _model_of(current_device())
     m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
     itemsize = problem.dtype_bytes
     tile_m, tile_n, tile_k = config["tile_m"], config["tile_n"], config["tile_k"]

@@ -218,14 +218,15 @@ def lower_config_for_cuda(
     """
     import jax
 
-    from autotune.evaluation.lowering import H200_NUM_SMS, input_specs
+    from autotune.devices import current_device
+    from autotune.evaluation.lowering import input_specs
 
     on_stage = on_stage or _noop
     stage = Stage.BUILD
     start = time.perf_counter()
     try:
         on_stage(stage)
-        fn = kernel.build(problem, config, BuildOptions(num_sms=H200_NUM_SMS))
+        fn = kernel.build(problem, config, BuildOptions(num_sms=current_device().num_sms))
         stage = Stage.LOWER
         if specs is None:
             specs = input_specs(kernel, problem)

@@ -61,6 +61,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.devices import current_device
 from autotune.evaluation.trial import DeviceInfo
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import Aligned, BoundSpace, Choice, PowerOfTwo
@@ -84,8 +85,6 @@ MODELS = ("auto", "sklearn", "numpy")
 DEFAULT_CANDIDATES = 1024
 # The share of proposals that are a random pool candidate rather than the model's best.
 DEFAULT_EXPLORE = 0.1
-# The SM count of the H100/H200 (the devices Mosaic GPU targets); ``num_sms`` overrides it.
-DEFAULT_NUM_SMS = 132
 # A failed config (does not compile, wrong result, timeout, crash) is learnt as this many times
 # slower than the slowest config measured for its problem.
 FAIL_FACTOR = 2.0
@@ -217,7 +216,8 @@ class Features:
       params: the kernel's tunables (``BoundSpace.params``); values of other problems' configs
         are read by name.
       dims: the problem's shape keys, in a fixed order.
-      num_sms: the device's SM count, for waves.
+      num_sms: the device's SM count, for waves (default: the current device's,
+        :func:`autotune.devices.current_device`).
       extra: ``extra(problem, config) -> {name: float}``, features the kernel knows of itself.
     """
 
@@ -226,7 +226,7 @@ class Features:
         params: Sequence[Any],
         dims: Sequence[str],
         *,
-        num_sms: int = DEFAULT_NUM_SMS,
+        num_sms: int | None = None,
         extra: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None = None,
     ) -> None:
         self.numeric: list[str] = []
@@ -246,7 +246,7 @@ class Features:
             else:  # Bool, or anything else with a small set of values
                 self.categorical.append((p.name, (False, True)))
         self.dims = list(dims)
-        self.num_sms = num_sms
+        self.num_sms = num_sms if num_sms is not None else current_device().num_sms
         self.extra = extra
         # Tunables named after a dim (same last word): the tiles of that dim.
         self.matched: dict[str, list[str]] = {}
@@ -579,7 +579,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
       explore: the share of proposals that are a random pool candidate.
       kappa: the weight of the trees' spread in the score (mean - kappa * spread).
       model: ``"auto"`` (scikit-learn if installed, else numpy), ``"sklearn"`` or ``"numpy"``.
-      num_sms: the device's SM count (waves features).
+      num_sms: the device's SM count (waves features); default: that of the device the space
+        is bound for (``space.env.device``).
       extra_features: a kernel's own features, ``(problem, config) -> {name: float}``.
       draw: ``draw(n, seed) -> configs`` replaces the uniform draw of the pool (the replay
         draws from recorded configs).
@@ -605,7 +606,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         climb: float = 0.5,
         clip: bool = True,
         model: str = "auto",
-        num_sms: int = DEFAULT_NUM_SMS,
+        num_sms: int | None = None,
         extra_features: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None = None,
         draw: Callable[[int, int], Sequence[Mapping[str, Any]]] | None = None,
         estimate: Callable[[Problem, Mapping[str, Any]], float] | None = None,
@@ -631,7 +632,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._estimate = estimate
         self._estimate_space = estimate_space or space
         self._features = Features(
-            space.params, sorted(self._problem.dims), num_sms=num_sms,
+            space.params, sorted(self._problem.dims),
+            num_sms=num_sms if num_sms is not None else space.env.device.num_sms,
             extra=_with_estimate(extra_features, estimate),
         )
         history = list(history)
