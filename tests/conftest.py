@@ -143,3 +143,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"{c['duplicates']} duplicates" + (" (must be 0: FAILED)" if bad else ""),
         red=bad, green=not bad, bold=True,
     )
+
+
+@pytest.fixture
+def on_profile(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``on_profile("h200")``: this test works for that device profile, as on a machine
+    without a GPU (the driver is not asked), and in the worker processes it starts. For tests
+    that replay a device's recorded measurements (benchmarks/data holds the H200's)."""
+    from autotune import devices
+
+    def use(name: str) -> Any:
+        monkeypatch.setattr(devices, "read_device", lambda ordinal=0: None)
+        monkeypatch.setenv(devices.PROFILE_ENV_VAR, devices.profile(name).source.split(":", 1)[1])
+        return devices.current_device()
+
+    return use

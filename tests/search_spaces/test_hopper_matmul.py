@@ -454,11 +454,12 @@ def test_cost_model_changes_only_the_constants_it_is_given():
         cost_model(stage_transfer="half")
 
 
-def test_a_stage_transfer_variant_charges_shallow_pipelines_of_big_stages_more():
+def test_a_stage_transfer_variant_charges_shallow_pipelines_of_big_stages_more(on_profile):
     """Live on the H200 at 64x4096x4096 (benchmarks/RESULTS.md section 8, session 12), tile_k 64
     with 8 stages measured 17.7 us and tile_k 256 with 2 stages 22.2 us; the committed model
     estimates the reverse. With the stage's transfer in its slot's cycle the shallow pipeline
     of big stages loses most of its lead."""
+    on_profile("h200")
     problem = KERNEL.problem({"m": 64, "n": 4096, "k": 4096}, "bfloat16")
     base = dict(tile_m=64, tile_n=64, epi_tile_m=None, epi_tile_n=32, grid_minor_dim="N",
                 grid_tile_width=4, wg_dimension="N", cluster_dimension="N")
