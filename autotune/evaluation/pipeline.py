@@ -411,7 +411,8 @@ def _compile_traced(
 
 
 def gpu_device_info(index: int = 0) -> DeviceInfo:
-    """The GPU this process times on: name, compute capability, CUDA driver version.
+    """The GPU this process times on: name, compute capability, CUDA driver version, and its
+    facts read from the CUDA driver (:func:`autotune.devices.read_device`).
 
     Raises:
       EvaluationError: jax sees no GPU.
@@ -435,11 +436,15 @@ def gpu_device_info(index: int = 0) -> DeviceInfo:
             driver = f"{version // 1000}.{version % 1000 // 10}"
     except Exception:  # noqa: BLE001 - the driver version is informative only
         pass
+    from autotune.devices import read_device
+
+    ordinal = getattr(device, "local_hardware_id", index)
     return DeviceInfo(
         name=str(getattr(device, "device_kind", "gpu")),
         kind=DeviceKind.GPU,
         compute_capability=str(getattr(device, "compute_capability", "") or ""),
         driver=driver,
+        facts=read_device(int(ordinal if isinstance(ordinal, int) else index)),
     )
 
 
@@ -454,8 +459,12 @@ def _cpu_model() -> str:
 
 
 def interpret_device_info() -> DeviceInfo:
-    """Interpret mode runs kernels numerically on the CPU; its rows say so."""
-    return DeviceInfo(name=f"cpu-interpret ({_cpu_model()})", kind=DeviceKind.INTERPRET)
+    """Interpret mode runs kernels numerically on the CPU; its rows say so, and carry the facts
+    of the device it stands in for (:func:`autotune.devices.current_device`: the profile)."""
+    from autotune.devices import current_device
+
+    return DeviceInfo(name=f"cpu-interpret ({_cpu_model()})", kind=DeviceKind.INTERPRET,
+                      facts=current_device())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -362,7 +362,7 @@ def test_migrations_create_the_schema_from_empty(db_url: str):
                     or name.startswith("at_"),
                 },
             )
-            assert context.get_current_heads() == ("0003",)
+            assert context.get_current_heads() == ("0005",)
             assert compare_metadata(context, schema.Base.metadata) == []
     with Store(db_url) as store:  # reopening is a no-op
         assert store.trials() == []
@@ -384,7 +384,7 @@ def test_migration_0001_to_0002_adds_the_lookup_index(db_url: str):
     with Store(db_url) as store:  # opening migrates 0001 -> 0002
         assert indexes(store)["ix_at_trials_rank"] == ["problem_id", "status", "median_us"]
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0003"
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0005"
         assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
 
 
@@ -430,7 +430,7 @@ def test_read_only_store_upgrades_an_older_schema_only_when_sound(tmp_path):
     with Store(url, read_only=True) as reader:
         assert [r.median_us for r in reader.best(PROBLEM)][:1] == [5.0]
         with reader.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0003"
+            assert conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalar() == "0005"
     path.write_bytes(healthy)
     for sidecar in tmp_path.glob("a.db-*"):
         sidecar.unlink()
@@ -648,3 +648,51 @@ def test_job_runs_keep_the_clocks_before_and_after(store: Store):
     assert run.warnings == ("the SM clock moved",) and run.finished_at >= run.started_at
     with pytest.raises(StorageError, match="no job run 99"):
         store.finish_run(99, clocks_after={})
+
+
+# --------------------------------------------------------------------------- device facts (0005)
+
+
+def test_device_facts_are_stored_with_the_device_row(db_url: str):
+    """A device's facts (autotune.devices.DeviceFacts) are stored with its row and read back
+    with every trial and device; they are not part of its identity (the same device with and
+    without facts is one row); a row stored without them gets them at the next job run's start."""
+    import dataclasses
+
+    from autotune.devices import profile
+
+    facts = dataclasses.replace(profile("h100-pcie"), source="driver")
+    pcie = DeviceInfo("NVIDIA H100 PCIe", "gpu", "9.0", "570.86", facts=facts)
+    bare = DeviceInfo("NVIDIA H100 PCIe", "gpu", "9.0", "570.86")
+    assert pcie == bare and hash(pcie) == hash(bare)
+    with Store(db_url) as store:
+        record(store, Config(tile=1), timed(5.0), device=pcie)
+        record(store, Config(tile=2), timed(6.0), device=bare)
+        record(store, Config(tile=3), timed(7.0), device=GPU)  # no facts
+        by_name = {d.name: d for d in store.devices()}
+        assert len(by_name) == 2
+        assert by_name["NVIDIA H100 PCIe"].facts == facts
+        assert by_name["NVIDIA H200"].facts is None
+        assert {r.config["tile"]: r.device.facts for r in store.trials(PROBLEM)} == {
+            1: facts, 2: facts, 3: None}
+        h200 = dataclasses.replace(GPU, facts=profile("h200"))
+        store.start_run("job", device=h200, cache="cold", clocks_before={})
+        assert {d.name: d.facts for d in store.devices()}["NVIDIA H200"] == profile("h200")
+
+
+def test_migration_0003_to_0005_adds_device_facts_keeping_devices(db_url: str):
+    """A database at revision 0003 gets at_devices.facts (NULL) when opened; its devices and
+    trials read back unchanged; unreadable facts read as None, never an error."""
+    from alembic import command
+
+    with Store(db_url) as store:
+        record(store, Config(tile=1), timed(5.0))
+        with store.engine.begin() as conn:
+            command.downgrade(connection._alembic_config(conn), "0003")
+            assert "facts" not in {c["name"] for c in sa.inspect(conn).get_columns("at_devices")}
+    with Store(db_url) as store:
+        assert [(d.name, d.facts) for d in store.devices()] == [("NVIDIA H200", None)]
+        assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE at_devices SET facts = '{\"num_sms\": \"many\"'"))
+        assert store.devices()[0].facts is None
