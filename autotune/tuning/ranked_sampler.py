@@ -62,7 +62,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.devices import current_device
-from autotune.evaluation.trial import DeviceInfo
+from autotune.evaluation.trial import DeviceInfo, DeviceKind
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import Aligned, BoundSpace, Choice, PowerOfTwo
 from autotune.storage.protocol import TrialStore
@@ -137,18 +137,31 @@ OUTCOME_ATTR = "autotune_outcome"
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured config of a problem: its median time, or None when it failed."""
+    """One measured config of a problem: its median time, or None when it failed.
+
+    ``device``: ``""`` when measured on the device being tuned, else the name of the other
+    device it was measured on (a prior only: never "already measured here")."""
 
     problem: Problem
     config: Mapping[str, Any]
     time_us: float | None
+    device: str = ""
 
 
 def stored_history(store: TrialStore, problem: Problem, device: DeviceInfo) -> list[Observation]:
     """Every result ``store`` holds for ``problem``'s kernel on ``device`` (same name and
-    kind), at any shape and dtype, as observations (failures with no time)."""
+    kind), at any shape and dtype, as observations (failures with no time); on a GPU, then
+    those of the other GPUs, labelled with their device's name (the prior learns each device's
+    times relative to its own on each problem: a per-device scale)."""
     rows = store.trials(kernel=problem.kernel, device_name=device.name, device_kind=device.kind)
-    return [Observation(r.problem, r.config, r.median_us if r.ok else None) for r in rows]
+    out = [Observation(r.problem, r.config, r.median_us if r.ok else None) for r in rows]
+    if device.kind == DeviceKind.GPU:
+        out.extend(
+            Observation(r.problem, r.config, r.median_us if r.ok else None, device=r.device.name)
+            for r in store.trials(kernel=problem.kernel, device_kind=device.kind)
+            if r.device.name != device.name
+        )
+    return out
 
 
 def model_backend(model: str = "auto") -> str:
@@ -637,8 +650,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
             extra=_with_estimate(extra_features, estimate),
         )
         history = list(history)
-        self._here = [o for o in history if o.problem == self._problem]
-        self._others = [o for o in history if o.problem != self._problem]
+        self._here = [o for o in history if o.problem == self._problem and not o.device]
+        self._others = [o for o in history if o.problem != self._problem or o.device]
         self._related = [Config(c) for c in related]
         self._n_candidates = candidates
         self._draw = draw
@@ -807,7 +820,9 @@ class RankedSampler(optuna.samplers.BaseSampler):
         # valid config, as the valid-set wrapper repairs seeds: it keeps most of what made it
         # good (live at 64x4096x4096 every nearer shape's winner was refused, and dropped).
         self._related = [r for r in map(self._valid_or_nearest, self._related) if r is not None]
-        self._extend_pool(list(self._related) + list(drawn) + [o.config for o in self._here])
+        # Configs measured for this problem, here or on another device, join the pool too.
+        same = [o.config for o in [*self._here, *self._others] if o.problem == self._problem]
+        self._extend_pool(list(self._related) + list(drawn) + same)
         if self._estimate is not None:
             self._climb_estimate()
             # The kernel's cost model is the prior, warm or cold: over the recorded shapes it
@@ -897,11 +912,12 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._prior_spread = np.concatenate([self._prior_spread[:first], spread])
 
     def _fit_prior(self) -> _Model:
-        by_problem: dict[Problem, list[Observation]] = {}
+        # Per problem and device: each device's times relative to its own typical time there.
+        by_problem: dict[tuple[Problem, str], list[Observation]] = {}
         for o in self._others:
-            by_problem.setdefault(o.problem, []).append(o)
+            by_problem.setdefault((o.problem, o.device), []).append(o)
         xs, ys = [], []
-        for problem, obs in by_problem.items():
+        for (problem, _device), obs in by_problem.items():
             xs.append(self._features.matrix(problem, [o.config for o in obs]))
             ys.append(_targets([o.time_us for o in obs]))
         x, y = np.vstack(xs), np.concatenate(ys)

@@ -78,12 +78,12 @@ def resolve_sampler(
     cost_model: bool = False,
 ) -> str:
     """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
-    results of other shapes (:data:`RANKED_WHEN_WARM`), the space has at most
+    results of other shapes or other devices (:data:`RANKED_WHEN_WARM`), the space has at most
     :data:`RANKED_MAX_VALID` valid configs, or the kernel has a cost model
     (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves."""
     if name != "auto":
         return name
-    warm = any(o.problem != problem for o in history)
+    warm = any(o.problem != problem or o.device for o in history)
     small = valid_count is not None and valid_count <= RANKED_MAX_VALID
     modelled = cost_model and RANKED_WITH_COST_MODEL
     return "ranked" if (warm and RANKED_WHEN_WARM) or small or modelled else "auto"
