@@ -425,3 +425,12 @@ def test_tune_takes_a_device_profile(tmp_path):
             autotune.tune("softmax", [{"rows": 4096, "cols": 4096}], db=str(db),
                           device="interpret", device_profile=bad, progress=False)
         assert not db.exists()
+
+
+def test_trace_clock_comes_from_the_driver(monkeypatch):
+    """In-kernel traces convert cycles with the SM clock the driver reports (no nvidia-smi)."""
+    from autotune.evaluation import pipeline
+
+    driver = dataclasses.replace(profile("h100-pcie"), source="driver")
+    monkeypatch.setattr(devices, "read_device", lambda ordinal=0: driver)
+    assert pipeline.sm_clock_ghz() == pytest.approx(1.755)

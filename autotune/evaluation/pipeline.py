@@ -823,12 +823,19 @@ class GpuEvaluator(_JaxEvaluator):
 
 
 def sm_clock_ghz() -> float | None:
-    """The GPU's maximum SM clock in GHz (nvidia-smi), or None if it cannot be read.
+    """The GPU's maximum SM clock in GHz (the CUDA driver's, :func:`autotune.devices.read_device`;
+    else nvidia-smi's), or None if it cannot be read.
 
     Kernels under load run at the boost clock (1.98 GHz seen on the H200), so this converts
     in-kernel trace cycles to microseconds; the figure is stored beside the regions' times.
     """
     import subprocess
+
+    from autotune.devices import read_device
+
+    facts = read_device()
+    if facts is not None and facts.sm_clock_mhz:
+        return facts.sm_clock_mhz / 1000.0
 
     index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
     try:
