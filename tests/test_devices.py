@@ -8,6 +8,7 @@ import ast
 import ctypes
 import dataclasses
 import json
+import operator
 import pathlib
 import re
 
@@ -44,15 +45,21 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return ids
 
 
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.Pow: operator.pow, ast.FloorDiv: operator.floordiv, ast.LShift: operator.lshift}
+
+
 def _constant_value(node: ast.AST) -> object:
-    """The value of an expression of number literals (``50 * 2**20``), else None."""
-    if not all(isinstance(n, (ast.Constant, ast.BinOp, ast.operator, ast.UnaryOp, ast.unaryop))
-               for n in ast.walk(node)):
-        return None
-    try:
-        return eval(compile(ast.Expression(node), "<expr>", "eval"), {"__builtins__": {}})  # noqa: S307
-    except Exception:  # noqa: BLE001 - not a plain number expression
-        return None
+    """The value of an expression of integer literals (``50 * 2**20``), else None; evaluated
+    here, never compiled."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, int) else None
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _constant_value(node.left), _constant_value(node.right)
+        small = type(node.op) not in (ast.Pow, ast.LShift) or (isinstance(right, int) and 0 <= right < 64)
+        if isinstance(left, int) and isinstance(right, int) and small:
+            return _OPS[type(node.op)](left, right)
+    return None
 
 
 def hardware_literals(path: pathlib.Path) -> list[str]:
