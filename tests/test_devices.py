@@ -441,3 +441,17 @@ def test_trace_clock_comes_from_the_driver(monkeypatch):
     driver = dataclasses.replace(profile("h100-pcie"), source="driver")
     monkeypatch.setattr(devices, "read_device", lambda ordinal=0: driver)
     assert pipeline.sm_clock_ghz() == pytest.approx(1.755)
+
+
+def test_served_configs_are_checked_against_the_current_devices_rules():
+    """The validity check of stored configs binds the current device: a config within an
+    H100's shared memory breaks the smem rule of a device with less."""
+    from autotune.space import validity
+    from search_spaces.hopper_matmul import KERNEL, smem_bytes
+
+    problem = KERNEL.problem({"m": 4096, "n": 4096, "k": 4096}, "bfloat16")
+    big = max(KERNEL.bind(problem, device=profile("h100-sxm")).sample(200, seed=0),
+              key=lambda c: smem_bytes(c, "bfloat16", k=4096))
+    assert validity.violations(problem, big, kernel=KERNEL) == []
+    with devices.using_profile("a100-sxm"):
+        assert any("smem" in v for v in validity.violations(problem, big, kernel=KERNEL))

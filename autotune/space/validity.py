@@ -25,6 +25,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.devices import current_device
 from autotune.errors import AutotuneError
 from autotune.space.problem import Config, Problem
 
@@ -65,8 +66,10 @@ def resolve_known_kernel(name: str) -> Kernel | None:
 
 
 def _space(kernel: Kernel, problem: Problem) -> BoundSpace | str:
-    """``kernel``'s space bound to ``problem``, or why the problem itself is not valid today."""
-    key = (id(kernel), problem)
+    """``kernel``'s space bound to ``problem`` for the current device, or why the problem
+    itself is not valid today."""
+    device = current_device()
+    key = (id(kernel), problem, device)
     with _lock:
         hit = _bound.get(key)
         if hit is not None and hit[0] is kernel:
@@ -80,7 +83,7 @@ def _space(kernel: Kernel, problem: Problem) -> BoundSpace | str:
                 f"not {checked.dtype}"
             )
         else:
-            value = kernel.bind(checked)
+            value = kernel.bind(checked, device=device)
     except Exception as e:  # noqa: BLE001 - a problem today's code cannot bind is not valid
         value = f"[problem] the problem no longer fits the kernel: {e}"
     with _lock:
