@@ -25,7 +25,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.devices import current_device
+from autotune.devices import DeviceFacts, current_device
 from autotune.errors import AutotuneError
 from autotune.space.problem import Config, Problem
 
@@ -38,7 +38,7 @@ __all__ = ["violations", "servable", "resolve_known_kernel", "clear_cache"]
 log = logging.getLogger(__name__)
 
 _MAX_BOUND = 256  # bound spaces kept (per kernel and problem); binding costs ~1 ms
-_bound: collections.OrderedDict[tuple[int, Problem], tuple[Kernel, BoundSpace | str]] = (
+_bound: collections.OrderedDict[tuple[int, Problem, DeviceFacts], tuple[Kernel, BoundSpace | str]] = (
     collections.OrderedDict()
 )
 _warned: set[tuple[Problem, str]] = set()
