@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -41,6 +41,7 @@ __all__ = [
     "profile",
     "profile_for_name",
     "read_device",
+    "facts_from_driver",
     "current_device",
     "using_profile",
     "check_arch",
@@ -281,27 +282,36 @@ def facts_from_driver(name: str, attrs: Mapping[str, int]) -> DeviceFacts | None
     )
 
 
-@functools.lru_cache(maxsize=16)
+# Ordinal -> what the driver said (None: no driver or no such GPU), once per process.
+_DRIVER: dict[int, DeviceFacts | None] = {}
+_DRIVER_LOCK = threading.Lock()
+
+
 def read_device(ordinal: int = 0) -> DeviceFacts | None:
     """The facts of GPU ``ordinal`` read from the CUDA driver (no jax), or None where there is
     no driver or no such GPU. Read once per process and ordinal."""
-    found = _driver_attributes(ordinal)
-    if found is None:
-        return None
-    return facts_from_driver(*found)
+    with _DRIVER_LOCK:
+        if ordinal not in _DRIVER:
+            found = _driver_attributes(ordinal)
+            _DRIVER[ordinal] = None if found is None else facts_from_driver(*found)
+        return _DRIVER[ordinal]
 
 
-def current_device(profile_name: str | None = None, *, ordinal: int = 0) -> DeviceFacts:
+def current_device(profile_name: str | None = None, *, ordinal: int = 0,
+                   ask_driver: bool = True) -> DeviceFacts:
     """The device the tuner works for: GPU ``ordinal`` read from the driver when there is
     one; else the profile ``profile_name``, else ``$AUTOTUNE_DEVICE_PROFILE``, else
     :data:`DEFAULT_PROFILE`. The one place that chooses.
+
+    ``ask_driver=False`` (the query side, which never touches CUDA): the driver's answer only
+    where this process has already read it, else the profile.
 
     Raises:
       JobError: an unknown profile name (also when no driver is there to override it).
     """
     name = profile_name if profile_name is not None else os.environ.get(PROFILE_ENV_VAR) or None
     named = profile(name) if name is not None else None  # a bad name is an error everywhere
-    facts = read_device(ordinal)
+    facts = read_device(ordinal) if ask_driver else _DRIVER.get(ordinal)
     if facts is not None:
         if named is not None and named.name != facts.name:
             log.info("device profile %s ignored: the driver reports %s", name, facts.name)

@@ -562,7 +562,8 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
         "vector_bytes": 16,
         "blocks_per_sm": 2,
     }
-    return KERNEL.bind(problem).closest_valid(proposal)
+    # No driver call here: the run-time lookup's default (the query side) comes here too.
+    return KERNEL.bind(problem, device=current_device(ask_driver=False)).closest_valid(proposal)
 
 
 def shape_of(x: Any, *rest: Any) -> dict[str, int]:

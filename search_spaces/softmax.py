@@ -602,7 +602,8 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
         "refill_lag": 1,
         "approx_math": True,
     }
-    return KERNEL.bind(problem).closest_valid(proposal)
+    # No driver call here: the run-time lookup's default (the query side) comes here too.
+    return KERNEL.bind(problem, device=current_device(ask_driver=False)).closest_valid(proposal)
 
 
 def shape_of(x: Any, *rest: Any) -> dict[str, int]:

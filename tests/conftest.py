@@ -154,7 +154,9 @@ def on_profile(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def use(name: str) -> Any:
         monkeypatch.setattr(devices, "read_device", lambda ordinal=0: None)
-        monkeypatch.setenv(devices.PROFILE_ENV_VAR, devices.profile(name).source.split(":", 1)[1])
+        monkeypatch.setattr(devices, "_DRIVER", {})
+        monkeypatch.setenv(devices.PROFILE_ENV_VAR, name.lower())
+        devices.profile(name)  # a bad name fails here
         return devices.current_device()
 
     return use

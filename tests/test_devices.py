@@ -26,6 +26,7 @@ FOUR = ("h100-sxm", "h100-pcie", "h20", "h200")
 def no_driver(monkeypatch):
     """Every test here runs as on a machine without a GPU (also on one with a GPU)."""
     monkeypatch.setattr(devices, "read_device", lambda ordinal=0: None)
+    monkeypatch.setattr(devices, "_DRIVER", {})
     monkeypatch.delenv(devices.PROFILE_ENV_VAR, raising=False)
 
 
@@ -184,25 +185,51 @@ def test_read_device_asks_the_cuda_driver(monkeypatch):
     """The facts come from cuDeviceGetAttribute (bandwidth = memory clock x bus width x 2) and
     the peaks from the profile the name matches; no driver, a failing cuInit or no such GPU
     give None."""
+    def fresh(ordinal):
+        monkeypatch.setattr(devices, "_DRIVER", {})
+        return _READ_DEVICE(ordinal)
+
     monkeypatch.setattr(devices.ctypes, "CDLL", lambda name: _FakeCuda())
-    facts = _READ_DEVICE.__wrapped__(0)
+    facts = fresh(0)
     assert facts == DeviceFacts(
         name="NVIDIA H100 PCIe", compute_capability="9.0", arch="sm_90a", num_sms=114,
         smem_per_block=232448, smem_per_sm=233472, l2_bytes=52428800, mem_bandwidth_gbs=2039.0,
         peak_bf16_tflops=756.0, peak_fp32_tflops=51.0, sm_clock_mhz=1755.0, mem_clock_mhz=1593.0,
         source="driver")
-    assert _READ_DEVICE.__wrapped__(1) is None
+    assert fresh(1) is None
     monkeypatch.setattr(devices.ctypes, "CDLL", lambda name: _FakeCuda(fail_init=True))
-    assert _READ_DEVICE.__wrapped__(0) is None
+    assert fresh(0) is None
     monkeypatch.setattr(devices.ctypes, "CDLL", lambda name: _FakeCuda(name=b"Some New GPU"))
-    assert _READ_DEVICE.__wrapped__(0).peak_bf16_tflops is None
+    assert fresh(0).peak_bf16_tflops is None
 
     def missing(name):
         raise OSError("libcuda.so.1: cannot open shared object file")
 
     monkeypatch.setattr(devices.ctypes, "CDLL", missing)
-    assert _READ_DEVICE.__wrapped__(0) is None
+    assert fresh(0) is None
     assert isinstance(ctypes.c_int(), ctypes.c_int)  # ctypes itself untouched
+
+
+def test_the_query_side_never_asks_the_driver(monkeypatch, tmp_path):
+    """current_device(ask_driver=False) (the query side: best, results, the lookup) never
+    loads libcuda: it uses what this process already read, else the profile."""
+    loads = []
+    monkeypatch.setattr(devices.ctypes, "CDLL", lambda name: loads.append(name) or _FakeCuda())
+    monkeypatch.setattr(devices, "read_device", _READ_DEVICE)
+    assert current_device(ask_driver=False) == profile("h100-sxm") and loads == []
+    assert current_device().num_sms == 114 and loads == ["libcuda.so.1"]
+    assert current_device(ask_driver=False).num_sms == 114 and len(loads) == 1
+    from autotune.queries import lookup
+    from autotune.space import validity
+    from search_spaces.softmax import KERNEL
+
+    monkeypatch.setattr(devices, "_DRIVER", {})
+    problem = KERNEL.problem({"rows": 4096, "cols": 4096}, "bfloat16")
+    validity.violations(problem, KERNEL.default_config(problem), kernel=KERNEL)
+    lookup.clear_cache()
+    assert lookup.lookup_config("softmax", {"rows": 4096, "cols": 4096}, "bfloat16",
+                                db=f"sqlite:///{tmp_path}/none.db")[1] == "default"
+    assert len(loads) == 1
 
 
 def test_current_device_prefers_the_driver_then_the_named_profile(monkeypatch):

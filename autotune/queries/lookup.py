@@ -62,6 +62,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune._jax_compat import default_backend_is_gpu
+from autotune.devices import current_device
 from autotune.errors import JobError, StorageError
 from autotune.evaluation.trial import DeviceKind
 from autotune.queries import best as queries
@@ -253,7 +254,7 @@ def _lookup(
         timeout_s=timeout_s,
     )
     if neighbours:
-        bound = kernel.bind(problem)
+        bound = kernel.bind(problem, device=current_device(ask_driver=False))
         for result in neighbours:
             if bound.is_valid(result.config):
                 log.info("%s: using the best config of the nearest tuned problem %s (%s, %s).",
@@ -297,7 +298,7 @@ def _from_table(
     if value is None:
         return None
     config = Config(value)
-    if not kernel.bind(problem).is_valid(config):
+    if not kernel.bind(problem, device=current_device(ask_driver=False)).is_valid(config):
         log.warning("%s: the exported table's config %s is not valid for it; not used.",
                     problem, config.to_json())
         return None

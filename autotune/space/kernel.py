@@ -198,7 +198,8 @@ class Kernel:
     def bind(self, problem: Problem, **env: Any) -> BoundSpace:
         """The kernel's space bound to ``problem`` (``env``: ``profile_space``, ``device``
         etc.; the device defaults to :func:`~autotune.devices.current_device`)."""
-        env.setdefault("device", current_device())
+        if "device" not in env:
+            env["device"] = current_device()
         space = self.space
         if not isinstance(space, Space):
             from autotune.space.search_space import Env
@@ -228,7 +229,8 @@ class Kernel:
             )
         # Checking a job binds every problem's space and counts it (up to seconds for a large
         # space), and tuning binds it again: the second time comes from here.
-        env.setdefault("device", current_device())
+        if "device" not in env:
+            env["device"] = current_device()
         key = (self.name, problem, tuple(sorted(env.items())))
         hit = _VALID_SPACES.get(key)
         if hit is not None and hit[0] is self:

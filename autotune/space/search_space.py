@@ -132,8 +132,11 @@ class Env:
 
     ``env["m"]`` reads a shape key. ``profile_space`` is non-zero for the tracing pass, whose
     profiler buffer takes shared memory (seed 000: and a block in whole warps or warpgroups).
-    ``device`` is the device the configs are for (:func:`autotune.devices.current_device` unless
-    given); ``smem_limit_bytes`` (0 or unset) is its shared memory per block.
+    ``device`` is the device the configs are for; unless given, the current device as far as
+    known without asking the driver (:func:`autotune.devices.current_device` with
+    ``ask_driver=False``: the driver's facts once this process has read them, as
+    :meth:`Kernel.bind <autotune.space.kernel.Kernel.bind>` does, else the profile).
+    ``smem_limit_bytes`` (0 or unset) is its shared memory per block.
     """
 
     problem: Problem
@@ -143,7 +146,7 @@ class Env:
     # True when configs run in GPU interpret mode on a CPU, whose interpreter lacks some
     # primitives (cluster barriers): rules may exclude what only the interpreter cannot run.
     interpret: bool = False
-    device: DeviceFacts = dataclasses.field(default_factory=current_device)
+    device: DeviceFacts = dataclasses.field(default_factory=lambda: current_device(ask_driver=False))
 
     def __post_init__(self) -> None:
         if not self.smem_limit_bytes:

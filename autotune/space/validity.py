@@ -67,8 +67,9 @@ def resolve_known_kernel(name: str) -> Kernel | None:
 
 def _space(kernel: Kernel, problem: Problem) -> BoundSpace | str:
     """``kernel``'s space bound to ``problem`` for the current device, or why the problem
-    itself is not valid today."""
-    device = current_device()
+    itself is not valid today. The query side never touches CUDA: the device is the driver's
+    only where this process has read it already, else the profile (``ask_driver=False``)."""
+    device = current_device(ask_driver=False)
     key = (id(kernel), problem, device)
     with _lock:
         hit = _bound.get(key)
