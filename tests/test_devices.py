@@ -482,3 +482,22 @@ def test_served_configs_are_checked_against_the_current_devices_rules():
     assert validity.violations(problem, big, kernel=KERNEL) == []
     with devices.using_profile("a100-sxm"):
         assert any("smem" in v for v in validity.violations(problem, big, kernel=KERNEL))
+
+
+def test_interpret_rows_carry_the_profile_and_workers_inherit_it():
+    """Interpret mode's device rows carry the facts of the profile it stands in for, and a
+    process started inside using_profile (the engine's workers are) sees the same profile."""
+    import os
+    import subprocess
+    import sys
+
+    from autotune.evaluation.pipeline import interpret_device_info
+
+    with devices.using_profile("h20"):
+        assert interpret_device_info().facts == profile("h20")
+        out = subprocess.run(
+            [sys.executable, "-c", "from autotune import devices; devices._DRIVER[0] = None; "
+             "print(devices.current_device().source)"],
+            capture_output=True, text=True, check=True, env=dict(os.environ), cwd=REPO,
+        ).stdout
+    assert out.strip() == "profile:h20"
