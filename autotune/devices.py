@@ -322,10 +322,11 @@ def current_device(profile_name: str | None = None, *, ordinal: int = 0,
 @contextmanager
 def using_profile(profile_name: str | None) -> Iterator[DeviceFacts]:
     """Within the block, :func:`current_device` (here and in worker processes started in it)
-    falls back to ``profile_name`` (None: leaves the choice as it is). Yields the current
-    device. Raises :class:`JobError` for an unknown name, before changing anything."""
+    falls back to ``profile_name`` (None: leaves the choice as it is, and asks no driver: every
+    command passes through here). Yields the current device. Raises :class:`JobError` for an
+    unknown name, before changing anything."""
     if profile_name is None:
-        yield current_device()
+        yield current_device(ask_driver=False)
         return
     profile(profile_name)
     saved = os.environ.get(PROFILE_ENV_VAR)

@@ -217,6 +217,8 @@ def test_the_query_side_never_asks_the_driver(monkeypatch, tmp_path):
     monkeypatch.setattr(devices.ctypes, "CDLL", lambda name: loads.append(name) or _FakeCuda())
     monkeypatch.setattr(devices, "read_device", _READ_DEVICE)
     assert current_device(ask_driver=False) == profile("h100-sxm") and loads == []
+    with devices.using_profile(None):  # what every command without --device-profile does
+        assert loads == []
     assert current_device().num_sms == 114 and loads == ["libcuda.so.1"]
     assert current_device(ask_driver=False).num_sms == 114 and len(loads) == 1
     from autotune.queries import lookup
