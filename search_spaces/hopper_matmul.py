@@ -91,8 +91,7 @@ __all__ = [
     "estimate_seconds",
     "cost_model",
     "Hopper",
-    "MMA_EFFICIENCY",
-    "HBM_EFFICIENCY",
+    "FITTED_ON",
 ]
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
@@ -659,18 +658,17 @@ def baseline(problem: Problem) -> Callable[..., Any]:
 # An analytic cost model (issue 17): the ranked sampler's prior, cold or warm.
 
 
-# The shares of the datasheet peaks a kernel reaches, measured on the H200 (PLATFORM.md):
-# cuBLAS's 797 of 989 dense bf16 TFLOP/s, and a copy's 4.3 of 4.8 TB/s.
-MMA_EFFICIENCY = 797.0 / 989.0
-HBM_EFFICIENCY = 4.3 / 4.8
-# The device whose measurements set the latencies below (benchmarks/data).
+# The device whose measurements set the constants below (benchmarks/data), and what it reaches
+# (PLATFORM.md): bf16 flops per clock per SM at cuBLAS's measured 797 of its 989 dense TFLOP/s,
+# and a copy's 4.3 of its 4.8 TB/s. Another device is taken to reach the same shares of its
+# own datasheet peak and bandwidth (Hopper.for_device).
 FITTED_ON = "h200"
+FITTED_MMA_FLOPS = 3050.0
+FITTED_HBM_BYTES_S = 4.3e12
 
 
-def _mma_flops(device: DeviceFacts, clock_hz: float) -> float:
-    """bf16 flops per clock per SM at :data:`MMA_EFFICIENCY` of the device's peak."""
-    return round(MMA_EFFICIENCY * (device.peak_bf16_tflops or 0.0) * 1e12
-                 / (device.num_sms * clock_hz), 1)
+def _fitted_clock_hz() -> float:
+    return (PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -684,12 +682,12 @@ class Hopper:
     Attributes:
       num_sms: SMs.
       clock_hz: the SM clock's maximum.
-      mma_flops: bf16 tensor-core flops per clock per SM, at the measured share of the peak
-        (:data:`MMA_EFFICIENCY` of the datasheet's: 3049 on an H100 SXM or H200).
+      mma_flops: bf16 tensor-core flops per clock per SM, at the share of the datasheet's peak
+        measured on the fitted device (:data:`FITTED_MMA_FLOPS` there), not the datasheet's 4096.
       smem_bytes: shared-memory bytes read per clock per SM.
       l2_bytes: bytes per clock one SM can load from L2.
-      hbm_bytes_s: device memory bandwidth, at the measured share of the datasheet's
-        (:data:`HBM_EFFICIENCY`).
+      hbm_bytes_s: device memory bandwidth, at the share of the datasheet's measured on the
+        fitted device (:data:`FITTED_HBM_BYTES_S` there).
       l2_latency, dram_latency: clocks from a TMA load's issue to its data (hit in L2; from
         device memory under load).
       wg_step: clocks one consumer warpgroup spends per k-step besides its MMA (waiting on the
@@ -711,11 +709,11 @@ class Hopper:
     """
 
     num_sms: int = PROFILES[FITTED_ON].num_sms
-    clock_hz: float = (PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6
-    mma_flops: float = _mma_flops(PROFILES[FITTED_ON], (PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6)
+    clock_hz: float = _fitted_clock_hz()
+    mma_flops: float = FITTED_MMA_FLOPS
     smem_bytes: float = 128.0
     l2_bytes: float = 64.0
-    hbm_bytes_s: float = HBM_EFFICIENCY * (PROFILES[FITTED_ON].mem_bandwidth_gbs or 0.0) * 1e9
+    hbm_bytes_s: float = FITTED_HBM_BYTES_S
     l2_latency: float = 1200.0
     dram_latency: float = 3000.0
     wg_step: float = 350.0
@@ -733,16 +731,19 @@ class Hopper:
 
     @classmethod
     def for_device(cls, device: DeviceFacts, **constants: Any) -> Hopper:
-        """The model of ``device``: its SMs, clock, bf16 peak and bandwidth (each at the
-        measured share); a fact the device does not know keeps the fitted device's value.
-        ``constants`` replace any field."""
-        base = cls()
+        """The model of ``device``: its SMs, clock, bf16 peak per SM and clock, and
+        bandwidth, scaled from the fitted device's (the same share of each datasheet figure);
+        a fact either device lacks keeps the fitted device's value. ``constants`` replace any
+        field. ``Hopper.for_device(profile("h200")) == Hopper()``."""
+        base, fitted = cls(), PROFILES[FITTED_ON]
         clock_hz = device.sm_clock_mhz * 1e6 if device.sm_clock_mhz else base.clock_hz
         facts: dict[str, Any] = {"num_sms": device.num_sms, "clock_hz": clock_hz}
-        if device.peak_bf16_tflops:
-            facts["mma_flops"] = _mma_flops(device, clock_hz)
-        if device.mem_bandwidth_gbs:
-            facts["hbm_bytes_s"] = HBM_EFFICIENCY * device.mem_bandwidth_gbs * 1e9
+        if device.peak_bf16_tflops and fitted.peak_bf16_tflops:
+            per_sm_clock = (device.peak_bf16_tflops / (device.num_sms * clock_hz)) / (
+                fitted.peak_bf16_tflops / (fitted.num_sms * base.clock_hz))
+            facts["mma_flops"] = base.mma_flops * per_sm_clock
+        if device.mem_bandwidth_gbs and fitted.mem_bandwidth_gbs:
+            facts["hbm_bytes_s"] = base.hbm_bytes_s * (device.mem_bandwidth_gbs / fitted.mem_bandwidth_gbs)
         facts.update(constants)
         return dataclasses.replace(base, **facts)
 
