@@ -169,6 +169,7 @@ def tune(
     on_event: Callable[[Event], None] | None = None,
     progress: bool = True,
     cache: str | None = None,
+    device_profile: str | None = None,
 ) -> list[ProblemReport]:
     """Tunes ``kernel`` for each shape in ``problems``; returns one report per problem.
 
@@ -189,6 +190,10 @@ def tune(
       progress: show a live progress bar per problem where a person is watching (stderr is a
         terminal, or a Jupyter kernel runs this); ``False`` shows nothing.
       cache: "cold" (the L2 flushed between timed runs; the default on a GPU) or "warm".
+      device_profile: the device to work for where no GPU can be asked (interpret mode on a
+        CPU): a name of :data:`autotune.devices.PROFILES` (default: ``$AUTOTUNE_DEVICE_PROFILE``,
+        else ``"h100-sxm"``). Its SM count sizes persistent grids, its shared memory the
+        spaces. A GPU the driver reports is used as it is.
 
     Returns:
       One :class:`~autotune.tuning.tuner.ProblemReport` per problem: ``best_config``, ``best_us``,
@@ -198,8 +203,35 @@ def tune(
 
     Raises:
       JobError: a bad problem or setting, or a kernel object the worker processes cannot
-        import (one that is not a global of an importable module).
+        import (one that is not a global of an importable module), an unknown
+        ``device_profile``, or a device of an architecture the kernel does not support.
     """
+    from autotune.devices import using_profile
+
+    with using_profile(device_profile):
+        return _tune(kernel, problems, dtype=dtype, trials=trials, seconds=seconds,
+                     patience=patience, sampler=sampler, seed=seed, db=db, device=device,
+                     allow_import=allow_import, on_event=on_event, progress=progress,
+                     cache=cache)
+
+
+def _tune(
+    kernel: str | Kernel,
+    problems: Sequence[Mapping[str, Any]],
+    *,
+    dtype: str | Sequence[str],
+    trials: int | None,
+    seconds: float | None,
+    patience: int | None,
+    sampler: str,
+    seed: int | None,
+    db: str | None,
+    device: str,
+    allow_import: bool,
+    on_event: Callable[[Event], None] | None,
+    progress: bool,
+    cache: str | None,
+) -> list[ProblemReport]:
     if isinstance(kernel, Kernel):
         # Worker processes import the kernel by its path; passing the object is the consent.
         resolved = resolve_kernel(kernel)

@@ -165,6 +165,16 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _device_profile(parser: argparse.ArgumentParser) -> None:
+    from autotune.devices import DEFAULT_PROFILE, PROFILE_ENV_VAR, PROFILES
+
+    parser.add_argument(
+        "--device-profile", metavar="NAME",
+        help=f"the device to work for where no GPU can be asked (cross-lowering, interpret mode): "
+             f"{', '.join(PROFILES)} (default: ${PROFILE_ENV_VAR}, else {DEFAULT_PROFILE}); a GPU "
+             "the driver reports is always used as it is")
+
+
 def _parser() -> argparse.ArgumentParser:
     # Names only (a static list): the parser is built without importing Optuna or numpy.
     from autotune.tuning.names import SAMPLERS
@@ -186,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--allow-import", action="store_true", help="allow KERNEL as package.module:NAME")
+    _device_profile(s)
     _globals(s, db=False)
 
     t = sub.add_parser("tune", help="run a job file (resumable)")
@@ -217,6 +228,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="JAX's persistent compilation cache: auto (default: <results-dir>/jax_cache "
                         "on a GPU, off in interpret mode), off, or a folder")
     t.add_argument("--allow-import", action="store_true", help="allow kernels named package.module:NAME")
+    _device_profile(t)
     t.add_argument("--dry-run", action="store_true",
                    help="print per problem the valid configs, budget, device, database and an "
                         "estimated time; measure nothing")
@@ -256,6 +268,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"configs to lower (default: 32, at most {MAX_CHECK_SAMPLE})")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--allow-import", action="store_true", help="allow KERNEL as package.module:NAME")
+    _device_profile(c)
     c.add_argument("--json", action="store_true", help="print JSON")
     _globals(c, db=False)
 
@@ -413,12 +426,14 @@ def _main(argv: Sequence[str] | None) -> int:
     handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
                "export": _export, "import": _import, "revalidate": _revalidate, "report": _report,
                "verify": _verify}
+    from autotune.devices import using_profile
     from autotune.interrupts import Interrupted, handling
 
     with handling() as signals:
         args.signals = signals
         try:
-            return handler[args.command](args)
+            with using_profile(getattr(args, "device_profile", None)):
+                return handler[args.command](args)
         except NothingTunedError as e:
             _say(f"autotune: {e}", file=sys.stderr)
             return EXIT_NOTHING
@@ -499,19 +514,21 @@ def _spaces(args: argparse.Namespace) -> int:
     if not 0 <= args.sample <= MAX_SAMPLE:
         raise ValueError(f"--sample must be 0 to {MAX_SAMPLE} (configs to show), got {args.sample}.")
     kernel, problem = _problem(args)
-    space = kernel.valid_space(problem)
+    device = kernel.check_device()
+    space = kernel.valid_space(problem, device=device)
     configs = space.sample(args.sample, seed=args.seed)
     if args.json:
         print(json.dumps({
             "kernel": kernel.name,
             "shape": problem.dims,
             "dtype": problem.dtype,
+            "device": device.to_dict(),
             "valid": space.count(),
             "raw": space.raw_count,
             "configs": [dict(c) for c in configs],
         }))
         return EXIT_OK
-    print(f"{problem}: {space.count()} valid of {space.raw_count} raw configs")
+    print(f"{problem}: {space.count()} valid of {space.raw_count} raw configs on {device.describe()}")
     example = configs[0] if configs else None
     print("\n".join(space.describe(example)))
     if example is not None:
@@ -1195,17 +1212,20 @@ def _check(args: argparse.Namespace) -> int:
         raise ValueError(f"--sample must be 0 to {MAX_CHECK_SAMPLE} (configs to cross-lower, about a "
                          f"second each), got {args.sample}.")
     kernel, problem = _problem(args)
-    report = check_space(kernel, problem, sample=args.sample, seed=args.seed)
+    device = kernel.check_device()
+    report = check_space(kernel, problem, sample=args.sample, seed=args.seed, device=device)
     if args.json:
         print(json.dumps({
             "kernel": kernel.name, "shape": problem.dims, "dtype": problem.dtype,
+            "device": device.to_dict(),
             "valid": report.valid, "checked": report.checked, "ok": report.ok,
             "failures": [{"config": dict(f.config), "error_type": f.error_type, "error": f.error,
                           "suggestion": f.suggestion or None, "rule": f.rule or None}
                          for f in report.failures],
         }, default=str))
         return EXIT_OK if not report.failures else EXIT_NOTHING
-    print(f"{problem}: cross-lowered {report.checked} of {report.valid} valid configs for CUDA: "
+    print(f"{problem}: cross-lowered {report.checked} of {report.valid} valid configs for CUDA "
+          f"on {device.describe()}: "
           f"{report.ok} ok, {len(report.failures)} failed")
     for f in report.failures:
         last = f.error.splitlines()[-1] if f.error else ""

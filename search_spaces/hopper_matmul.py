@@ -61,7 +61,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.evaluation.lowering import H200_NUM_SMS
+from autotune.devices import PROFILES, DeviceFacts, current_device
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import (
@@ -91,6 +91,7 @@ __all__ = [
     "estimate_seconds",
     "cost_model",
     "Hopper",
+    "FITTED_ON",
 ]
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
@@ -535,14 +536,15 @@ def _size(problem: Problem, key: str) -> int:
 
 
 def _device_num_sms() -> int:
-    """SMs of the default device; the H200's 132 where there is no GPU to ask (interpret mode
-    and cross-lowering emulate the H200)."""
+    """SMs of the default device: jax's GPU where there is one, else the current device's
+    (:func:`autotune.devices.current_device`: the chosen profile, for interpret mode and
+    cross-lowering)."""
     import jax
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
 
     if jax.default_backend() == "gpu":
         return int(hm.get_num_sms())
-    return H200_NUM_SMS
+    return current_device().num_sms
 
 
 def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
@@ -551,7 +553,7 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     Upstream's ``matmul()`` asks the default device for its SM count, which a machine without
     a GPU cannot answer; this is the same launch (one persistent block, or 2-block cluster, per
     SM) with the count taken from ``options.num_sms`` when given (the lowering oracle passes
-    132), else from the GPU, else the H200's 132.
+    the current device's), else from the GPU, else from the device profile.
     """
     import jax
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -656,20 +658,36 @@ def baseline(problem: Problem) -> Callable[..., Any]:
 # An analytic cost model (issue 17): the ranked sampler's prior, cold or warm.
 
 
+# The device whose measurements set the constants below (benchmarks/data), and what it reaches
+# (PLATFORM.md): bf16 flops per clock per SM at cuBLAS's measured 797 of its 989 dense TFLOP/s,
+# and a copy's 4.3 of its 4.8 TB/s. Another device is taken to reach the same shares of its
+# own datasheet peak and bandwidth (Hopper.for_device).
+FITTED_ON = "h200"
+FITTED_MMA_FLOPS = 3050.0
+FITTED_HBM_BYTES_S = 4.3e12
+
+
+def _fitted_clock_hz() -> float:
+    return (PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6
+
+
 @dataclasses.dataclass(frozen=True)
 class Hopper:
-    """What :func:`estimate_seconds` knows of an H100/H200 SM. Datasheet or measured figures
-    (PLATFORM.md) where there is one; the rest are latencies of the right order, set once by
-    looking at the ranking over ``benchmarks/data`` (docs/ranked_sampler.md says which).
+    """What :func:`estimate_seconds` knows of a Hopper device and its SMs. The device's own
+    facts (SMs, clock, peak, bandwidth) come from :mod:`autotune.devices`
+    (:meth:`for_device`); the rest are latencies of the right order, set once by looking at
+    the ranking over ``benchmarks/data`` (docs/ranked_sampler.md says which). ``Hopper()``
+    is the device the constants were fitted on (:data:`FITTED_ON`).
 
     Attributes:
-      num_sms: SMs (132).
-      clock_hz: the SM clock (1980 MHz, the H200's maximum).
-      mma_flops: bf16 tensor-core flops per clock per SM, at the measured peak (cuBLAS 797
-        TFLOP/s on the H200 over 132 SMs at 1.98 GHz), not the datasheet's 4096.
+      num_sms: SMs.
+      clock_hz: the SM clock's maximum.
+      mma_flops: bf16 tensor-core flops per clock per SM, at the share of the datasheet's peak
+        measured on the fitted device (:data:`FITTED_MMA_FLOPS` there), not the datasheet's 4096.
       smem_bytes: shared-memory bytes read per clock per SM.
       l2_bytes: bytes per clock one SM can load from L2.
-      hbm_bytes_s: device memory bandwidth (the H200's measured copy rate).
+      hbm_bytes_s: device memory bandwidth, at the share of the datasheet's measured on the
+        fitted device (:data:`FITTED_HBM_BYTES_S` there).
       l2_latency, dram_latency: clocks from a TMA load's issue to its data (hit in L2; from
         device memory under load).
       wg_step: clocks one consumer warpgroup spends per k-step besides its MMA (waiting on the
@@ -690,12 +708,12 @@ class Hopper:
         to be measured (``benchmarks/cost_model_check.py --constants``), not the default.
     """
 
-    num_sms: int = H200_NUM_SMS
-    clock_hz: float = 1.98e9
-    mma_flops: float = 3050.0
+    num_sms: int = PROFILES[FITTED_ON].num_sms
+    clock_hz: float = _fitted_clock_hz()
+    mma_flops: float = FITTED_MMA_FLOPS
     smem_bytes: float = 128.0
     l2_bytes: float = 64.0
-    hbm_bytes_s: float = 4.3e12
+    hbm_bytes_s: float = FITTED_HBM_BYTES_S
     l2_latency: float = 1200.0
     dram_latency: float = 3000.0
     wg_step: float = 350.0
@@ -711,14 +729,37 @@ class Hopper:
             raise ValueError(f"Hopper.stage_transfer must be one of {STAGE_TRANSFERS}, "
                              f"got {self.stage_transfer!r}")
 
+    @classmethod
+    def for_device(cls, device: DeviceFacts, **constants: Any) -> Hopper:
+        """The model of ``device``: its SMs, clock, bf16 peak per SM and clock, and
+        bandwidth, scaled from the fitted device's (the same share of each datasheet figure);
+        a fact either device lacks keeps the fitted device's value. ``constants`` replace any
+        field. ``Hopper.for_device(profile("h200")) == Hopper()``."""
+        base, fitted = cls(), PROFILES[FITTED_ON]
+        clock_hz = device.sm_clock_mhz * 1e6 if device.sm_clock_mhz else base.clock_hz
+        facts: dict[str, Any] = {"num_sms": device.num_sms, "clock_hz": clock_hz}
+        if device.peak_bf16_tflops and fitted.peak_bf16_tflops:
+            per_sm_clock = (device.peak_bf16_tflops / (device.num_sms * clock_hz)) / (
+                fitted.peak_bf16_tflops / (fitted.num_sms * base.clock_hz))
+            facts["mma_flops"] = base.mma_flops * per_sm_clock
+        if device.mem_bandwidth_gbs and fitted.mem_bandwidth_gbs:
+            facts["hbm_bytes_s"] = base.hbm_bytes_s * (device.mem_bandwidth_gbs / fitted.mem_bandwidth_gbs)
+        facts.update(constants)
+        return dataclasses.replace(base, **facts)
+
 
 STAGE_TRANSFERS = ("none", "loaded", "full")
-H200 = Hopper()
+
+
+@functools.lru_cache(maxsize=32)
+def _model_of(device: DeviceFacts, constants: tuple[tuple[str, Any], ...] = ()) -> Hopper:
+    return Hopper.for_device(device, **dict(constants))
 
 
 def cost_model(**constants: Any) -> Callable[[Problem, Mapping[str, Any]], float]:
-    """:func:`estimate_seconds` with some of :data:`H200`'s constants replaced (a ``Kernel``'s
-    ``cost_model``), e.g. ``cost_model(stage_transfer="loaded", l2_latency=2000)``.
+    """:func:`estimate_seconds` on the current device with some of :class:`Hopper`'s
+    constants replaced (a ``Kernel``'s ``cost_model``), e.g.
+    ``cost_model(stage_transfer="loaded", l2_latency=2000)``.
 
     Raises:
       ValueError: a name that is not a field of :class:`Hopper`, or a bad value.
@@ -727,8 +768,13 @@ def cost_model(**constants: Any) -> Callable[[Problem, Mapping[str, Any]], float
     unknown = sorted(set(constants) - fields)
     if unknown:
         raise ValueError(f"unknown Hopper constant(s) {unknown}; the constants are {sorted(fields)}")
-    device = dataclasses.replace(H200, **constants)
-    return functools.partial(estimate_seconds, device=device)
+    frozen = tuple(sorted(constants.items()))
+    _model_of(current_device(), frozen)  # a bad value fails here, not at the first estimate
+
+    def estimate(problem: Problem, config: Mapping[str, Any]) -> float:
+        return estimate_seconds(problem, config, _model_of(current_device(), frozen))
+
+    return estimate
 
 
 def _soft_max(p: float, *costs: float) -> float:
@@ -738,7 +784,7 @@ def _soft_max(p: float, *costs: float) -> float:
     return top * sum((c / top) ** p for c in costs) ** (1.0 / p)
 
 
-def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper = H200) -> float:
+def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper | None = None) -> float:
     """An estimate of one call's run time, for ranking configs before compiling any (Triton's
     ``perf_model``, TVM's cost model): only the order it puts configs in matters.
 
@@ -748,9 +794,11 @@ def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper
     the epilogue; tiles in waves over the persistent grid; the whole bounded below by device
     memory and L2 traffic. Accumulators past the register file spill, which costs several times
     over. Over the H200 ground truth of ``benchmarks/data`` (7 shapes) it ranks configs with a
-    Spearman correlation of 0.95-0.97 (docs/ranked_sampler.md).
+    Spearman correlation of 0.95-0.97 (docs/ranked_sampler.md). ``device`` defaults to the
+    current device's model (:meth:`Hopper.for_device` of
+    :func:`autotune.devices.current_device`).
     """
-    d = device
+    d = device if device is not None else _model_of(current_device())
     m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
     itemsize = problem.dtype_bytes
     tile_m, tile_n, tile_k = config["tile_m"], config["tile_n"], config["tile_k"]

@@ -44,8 +44,8 @@ Rules (kinds as in ``softmax``: lowering / build / policy)
 * ``refill_needs_free_slot``: ``refill_lag < slots`` -- build (deadlock otherwise).
 * ``no_idle_threads``: ``block_threads * vector elements <= tile_elems`` -- policy.
 * ``no_idle_slots``: ``slots <= n / tile_elems`` -- policy.
-* ``blocks_fit_sm``: ``blocks_per_sm`` blocks fit one SM's 228 KiB of shared memory (1 KiB
-  reserved per block) and 2048 threads -- policy (more only queue).
+* ``blocks_fit_sm``: ``blocks_per_sm`` blocks fit one SM's shared memory (the device's
+  ``smem_per_sm``, 228 KiB on Hopper; 1 KiB reserved per block) and 2048 threads -- policy (more only queue).
 * ``trace_regions_fit`` (problem rule): tracing needs ``profile_space >= 5`` for the 4 ranges
   (Mosaic GPU's own ``Init`` and the three above) -- policy.
 
@@ -77,11 +77,11 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from autotune.devices import current_device
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import (
     MBARRIER_BYTES,
-    SMEM_LIMIT_BYTES,
     TRANSFER_ALIGN_BYTES,
     WARP_SIZE,
     Aligned,
@@ -100,11 +100,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 MAX_BLOCK_THREADS = 1024  # CUDA
 MAX_TILE_BYTES = 64 * 1024
-SM_SMEM_BYTES = 228 * 1024  # shared memory of one H100/H200 SM ...
-SMEM_RESERVED_PER_BLOCK = 1024  # ... of which CUDA reserves 1 KiB per resident block
+# Of an SM's shared memory (the device's ``smem_per_sm``), CUDA reserves 1 KiB per resident block.
+SMEM_RESERVED_PER_BLOCK = 1024
 SM_MAX_THREADS = 2048
 TRACE_REGIONS = 4  # Mosaic GPU's own "Init", then load, compute, store (first tile only)
-DEFAULT_NUM_SMS = 132
 
 # The kinds of the tunables' domain rules (a constraint carries its own kind).
 _DOMAIN_KINDS: dict[str, str] = {
@@ -158,7 +157,7 @@ PARAMS = (
 def _sm_fits(c: Mapping[str, Any], env: Env) -> bool:
     per_block = smem_bytes(c, env.problem) + SMEM_RESERVED_PER_BLOCK
     return (
-        c["blocks_per_sm"] * per_block <= SM_SMEM_BYTES
+        c["blocks_per_sm"] * per_block <= env.device.smem_per_sm
         and c["blocks_per_sm"] * c["block_threads"] <= SM_MAX_THREADS
     )
 
@@ -254,7 +253,7 @@ CONSTRAINTS = (
         lambda c, env: (
             f"blocks_per_sm={c['blocks_per_sm']} blocks of {c['block_threads']} threads and "
             f"{smem_bytes(c, env.problem)} + {SMEM_RESERVED_PER_BLOCK} bytes of shared memory "
-            f"do not fit one SM ({SM_SMEM_BYTES} bytes, {SM_MAX_THREADS} threads; policy: "
+            f"do not fit one SM ({env.device.smem_per_sm} bytes, {SM_MAX_THREADS} threads; policy: "
             "the extra blocks would only queue)"
         ),
         kind="policy",
@@ -321,8 +320,8 @@ def _num_sms(options: BuildOptions) -> int:
 
     try:
         return int(jax.devices("gpu")[0].core_count)
-    except (RuntimeError, AttributeError, IndexError):
-        return DEFAULT_NUM_SMS
+    except (RuntimeError, AttributeError, IndexError):  # no GPU: the chosen device profile
+        return current_device().num_sms
 
 
 def _profiler_spec(options: BuildOptions) -> Any:
@@ -563,7 +562,8 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
         "vector_bytes": 16,
         "blocks_per_sm": 2,
     }
-    return KERNEL.bind(problem).closest_valid(proposal)
+    # No driver call here: the run-time lookup's default (the query side) comes here too.
+    return KERNEL.bind(problem, device=current_device(ask_driver=False)).closest_valid(proposal)
 
 
 def shape_of(x: Any, *rest: Any) -> dict[str, int]:
@@ -595,5 +595,3 @@ KERNEL = Kernel(
         "threads, tile size, slots, vector width, blocks per SM"
     ),
 )
-
-assert SMEM_LIMIT_BYTES <= SM_SMEM_BYTES - SMEM_RESERVED_PER_BLOCK

@@ -81,6 +81,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from autotune.devices import current_device
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem, dtype_bits, dtype_bytes
 from autotune.space.search_space import (
@@ -120,7 +121,6 @@ MAX_VALUES_PER_THREAD = 64  # float32 values one chunk puts in a thread's regist
 REDUCTION_SCRATCH_BYTES = 0
 EXCHANGE_BYTES = 2 * 2 * WARPS * 4  # per worker: (row parity, max|sum, warp) float32
 TRACE_REGIONS = 4  # Mosaic GPU's own "Init", then load, compute, store (first tile only)
-DEFAULT_NUM_SMS = 132  # the H200, when no GPU can be asked (cross-lowering)
 
 # The kinds of the tunables' domain rules (see the module docstring); each constraint carries
 # its own kind.
@@ -353,8 +353,8 @@ def _num_sms(options: BuildOptions) -> int:
 
     try:
         return int(jax.devices("gpu")[0].core_count)
-    except (RuntimeError, AttributeError, IndexError):
-        return DEFAULT_NUM_SMS
+    except (RuntimeError, AttributeError, IndexError):  # no GPU: the chosen device profile
+        return current_device().num_sms
 
 
 def _kernel_kwargs(fn: Callable[..., Any], **kwargs: Any) -> dict[str, Any]:
@@ -602,7 +602,8 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
         "refill_lag": 1,
         "approx_math": True,
     }
-    return KERNEL.bind(problem).closest_valid(proposal)
+    # No driver call here: the run-time lookup's default (the query side) comes here too.
+    return KERNEL.bind(problem, device=current_device(ask_driver=False)).closest_valid(proposal)
 
 
 def shape_of(x: Any, *rest: Any) -> dict[str, int]:

@@ -196,3 +196,19 @@ def _check_checkout(session: pytest.Session) -> None:
         if reporter is not None:
             reporter.write_line(text, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+@pytest.fixture
+def on_profile(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``on_profile("h200")``: this test works for that device profile, as on a machine
+    without a GPU (the driver is not asked), and in the worker processes it starts. For tests
+    that replay a device's recorded measurements (benchmarks/data holds the H200's)."""
+    from autotune import devices
+
+    def use(name: str) -> Any:
+        monkeypatch.setattr(devices, "read_device", lambda ordinal=0: None)
+        monkeypatch.setattr(devices, "_DRIVER", {})
+        monkeypatch.setenv(devices.PROFILE_ENV_VAR, name.lower())
+        devices.profile(name)  # a bad name fails here
+        return devices.current_device()
+
+    return use

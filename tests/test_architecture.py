@@ -20,7 +20,8 @@ PACKAGE = REPO / "autotune"
 
 # Lowest first. A module's layer is its subpackage's, or its own name's for top-level modules.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("core", {"autotune", "autotune.errors", "autotune._paths", "autotune._jax_compat"}),
+    ("core", {"autotune", "autotune.errors", "autotune._paths", "autotune._jax_compat",
+              "autotune.devices"}),
     ("space", {"autotune.space"}),
     ("evaluation", {"autotune.evaluation"}),
     ("engine", {"autotune.engine"}),

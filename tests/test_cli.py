@@ -46,11 +46,12 @@ def test_spaces_lists_bundled_kernels_name_first(capsys):
 
 
 def test_spaces_json_uses_tuning_config_names(capsys):
-    """--json prints kernel, shape, dtype, valid, raw and configs with TuningConfig field names."""
+    """--json prints kernel, shape, dtype, device (its facts), valid, raw and configs with
+    TuningConfig field names."""
     assert main(["spaces", "hopper_matmul", "--shape", "m=4096,n=4096,k=4096", "--dtype", "bf16",
                  "--sample", "7", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"kernel", "shape", "dtype", "valid", "raw", "configs"}
+    assert set(data) == {"kernel", "shape", "dtype", "device", "valid", "raw", "configs"}
     assert data["dtype"] == "bfloat16" and data["shape"] == {"m": 4096, "n": 4096, "k": 4096}
     assert 0 < data["valid"] < data["raw"] and len(data["configs"]) == 7
     fields = {"tile_m", "tile_n", "tile_k", "max_concurrent_steps", "epi_tile_n", "epi_tile_m",

@@ -24,7 +24,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.evaluation.lowering import H200_NUM_SMS, lower_for_cuda
+from autotune.devices import DeviceFacts
+from autotune.evaluation.lowering import lower_for_cuda
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem
 from autotune.space.search_space import (
@@ -252,15 +253,23 @@ def _candidates(space: BoundSpace) -> list[_Candidate]:
     return out
 
 
-def check_space(kernel: Kernel, problem: Problem, *, sample: int = 32, seed: int = 0) -> CheckReport:
-    """Cross-lowers ``sample`` valid configs of ``kernel`` for ``problem``; reports failures,
-    each with JAX's error, advice from it, and (``rule``) a rule excluding it and none of the
-    configs that lowered (:func:`missing_rules`)."""
-    space = kernel.valid_space(problem)
+def check_space(kernel: Kernel, problem: Problem, *, sample: int = 32, seed: int = 0,
+                device: DeviceFacts | None = None) -> CheckReport:
+    """Cross-lowers ``sample`` valid configs of ``kernel`` for ``problem`` on ``device``
+    (default: :func:`~autotune.devices.current_device`: its shared memory limit binds the
+    space, its SM count sizes persistent grids); reports failures, each with JAX's error,
+    advice from it, and (``rule``) a rule excluding it and none of the configs that lowered
+    (:func:`missing_rules`).
+
+    Raises:
+      UnsupportedDeviceError: the kernel does not support the device's architecture.
+    """
+    device = kernel.check_device(device)
+    space = kernel.valid_space(problem, device=device)
     configs = space.sample(sample, seed=seed)
     failed = []
     lowered = []
-    options = BuildOptions(num_sms=H200_NUM_SMS)
+    options = BuildOptions(num_sms=device.num_sms)
     for config in configs:
         result = lower_for_cuda(kernel, problem, config, options)
         if result.ok:

@@ -10,21 +10,21 @@ separate jitted program, never fused with the timed one, on the same stream, so 
 before the timed kernel starts.
 
 The flush reads and writes an int32 buffer of :data:`FLUSH_FACTOR` times the L2's size (100 MiB
-on an H200): every line the previous iteration left in L2 is evicted. The L2 size comes from
-:func:`l2_cache_bytes`.
+on an H100 or H200, whose L2 is 50 MiB): every line the previous iteration left in L2 is
+evicted. The L2 size comes from :func:`l2_cache_bytes`.
 
 jax is imported inside functions only.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from autotune.devices import current_device, read_device
+
 __all__ = [
-    "L2_FALLBACK_BYTES",
     "FLUSH_FACTOR",
     "l2_cache_bytes",
     "L2Flush",
@@ -34,53 +34,29 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The L2 of an H100 / H200 (SXM): 50 MiB (cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-# reports 52,428,800 bytes on H100). Used only when the device cannot be asked.
-L2_FALLBACK_BYTES = 50 * 2**20
 FLUSH_FACTOR = 2
 # CUPTI sessions of the flush alone, at most, until two in a row agree on its launches.
 CALIBRATION_SESSIONS = 4
-_CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
-
-
-def _l2_from_driver(ordinal: int) -> int | None:
-    """The L2 size from the CUDA driver API (libcuda), or None where it cannot be asked."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    try:
-        if cuda.cuInit(0) != 0:
-            return None
-        device = ctypes.c_int()
-        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
-            return None
-        value = ctypes.c_int()
-        if cuda.cuDeviceGetAttribute(
-            ctypes.byref(value), _CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device
-        ) != 0:
-            return None
-        return int(value.value) if value.value > 0 else None
-    except (AttributeError, OSError):
-        return None
 
 
 def l2_cache_bytes(device: Any = None) -> tuple[int, str]:
     """``(bytes, source)``: the L2 size of ``device`` (a jax device; default: the first GPU).
 
     Asked of jax (a device attribute ``l2_cache_size``, where jax exposes one), else of the CUDA
-    driver (``cuDeviceGetAttribute``), else :data:`L2_FALLBACK_BYTES` (the H200's); ``source``
-    says which: ``"jax"``, ``"cuda"`` or ``"constant"``.
+    driver (:func:`autotune.devices.read_device`), else taken from the device profile
+    (:func:`autotune.devices.current_device`: ``--device-profile``, default h100-sxm);
+    ``source`` says which: ``"jax"``, ``"cuda"`` or ``"profile:<name>"``.
     """
     if device is not None:
         size = getattr(device, "l2_cache_size", None)
         if isinstance(size, int) and size > 0:
             return size, "jax"
     ordinal = int(getattr(device, "local_hardware_id", 0) or 0) if device is not None else 0
-    size = _l2_from_driver(ordinal)
-    if size is not None:
-        return size, "cuda"
-    return L2_FALLBACK_BYTES, "constant"
+    facts = read_device(ordinal)
+    if facts is not None:
+        return facts.l2_bytes, "cuda"
+    fallback = current_device(ordinal=ordinal)
+    return fallback.l2_bytes, fallback.source
 
 
 class L2Flush:

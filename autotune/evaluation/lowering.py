@@ -19,10 +19,7 @@ from autotune._jax_compat import default_backend_is_gpu
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem
 
-__all__ = ["LoweringResult", "lower_for_cuda", "input_specs", "H200_NUM_SMS"]
-
-# What a config lowers for when no device can be asked (PLATFORM.md: the H200 has 132 SMs).
-H200_NUM_SMS = 132
+__all__ = ["LoweringResult", "lower_for_cuda", "input_specs"]
 
 _CALLBACK_PATCH_LOCK = threading.Lock()
 

@@ -218,14 +218,15 @@ def lower_config_for_cuda(
     """
     import jax
 
-    from autotune.evaluation.lowering import H200_NUM_SMS, input_specs
+    from autotune.devices import current_device
+    from autotune.evaluation.lowering import input_specs
 
     on_stage = on_stage or _noop
     stage = Stage.BUILD
     start = time.perf_counter()
     try:
         on_stage(stage)
-        fn = kernel.build(problem, config, BuildOptions(num_sms=H200_NUM_SMS))
+        fn = kernel.build(problem, config, BuildOptions(num_sms=current_device().num_sms))
         stage = Stage.LOWER
         if specs is None:
             specs = input_specs(kernel, problem)
@@ -417,7 +418,8 @@ def _compile_traced(
 
 
 def gpu_device_info(index: int = 0) -> DeviceInfo:
-    """The GPU this process times on: name, compute capability, CUDA driver version.
+    """The GPU this process times on: name, compute capability, CUDA driver version, and its
+    facts read from the CUDA driver (:func:`autotune.devices.read_device`).
 
     Raises:
       EvaluationError: jax sees no GPU.
@@ -441,11 +443,15 @@ def gpu_device_info(index: int = 0) -> DeviceInfo:
             driver = f"{version // 1000}.{version % 1000 // 10}"
     except Exception:  # noqa: BLE001 - the driver version is informative only
         pass
+    from autotune.devices import read_device
+
+    ordinal = getattr(device, "local_hardware_id", index)
     return DeviceInfo(
         name=str(getattr(device, "device_kind", "gpu")),
         kind=DeviceKind.GPU,
         compute_capability=str(getattr(device, "compute_capability", "") or ""),
         driver=driver,
+        facts=read_device(int(ordinal if isinstance(ordinal, int) else index)),
     )
 
 
@@ -460,8 +466,12 @@ def _cpu_model() -> str:
 
 
 def interpret_device_info() -> DeviceInfo:
-    """Interpret mode runs kernels numerically on the CPU; its rows say so."""
-    return DeviceInfo(name=f"cpu-interpret ({_cpu_model()})", kind=DeviceKind.INTERPRET)
+    """Interpret mode runs kernels numerically on the CPU; its rows say so, and carry the facts
+    of the device it stands in for (:func:`autotune.devices.current_device`: the profile)."""
+    from autotune.devices import current_device
+
+    return DeviceInfo(name=f"cpu-interpret ({_cpu_model()})", kind=DeviceKind.INTERPRET,
+                      facts=current_device())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -822,12 +832,19 @@ class GpuEvaluator(_JaxEvaluator):
 
 
 def sm_clock_ghz() -> float | None:
-    """The GPU's maximum SM clock in GHz (nvidia-smi), or None if it cannot be read.
+    """The GPU's maximum SM clock in GHz (the CUDA driver's, :func:`autotune.devices.read_device`;
+    else nvidia-smi's), or None if it cannot be read.
 
     Kernels under load run at the boost clock (1.98 GHz seen on the H200), so this converts
     in-kernel trace cycles to microseconds; the figure is stored beside the regions' times.
     """
     import subprocess
+
+    from autotune.devices import read_device
+
+    facts = read_device()
+    if facts is not None and facts.sm_clock_mhz:
+        return facts.sm_clock_mhz / 1000.0
 
     index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
     try:

@@ -26,6 +26,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from autotune.devices import DeviceFacts
+
 __all__ = [
     "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy",
     "CACHE_POLICIES",
@@ -125,12 +127,19 @@ class Outcome(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
-    """The device a trial ran on. Interpret-mode rows say so in ``name`` and ``kind``."""
+    """The device a trial ran on. Interpret-mode rows say so in ``name`` and ``kind``.
+
+    ``facts``: what the tuner knew of the device (:class:`autotune.devices.DeviceFacts`, read
+    from the driver on a GPU; in interpret mode, the profile the CPU stands in for), stored
+    with the device's row; None where unknown. Not part of its identity (equality, hashing,
+    the stored device key): name, kind, compute capability and driver are.
+    """
 
     name: str  # "NVIDIA H200", or "cpu-interpret (...)"
     kind: DeviceKind  # a plain string of one of DEVICE_KINDS is converted
     compute_capability: str = ""
     driver: str = ""
+    facts: DeviceFacts | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DeviceKind(self.kind))

@@ -849,7 +849,7 @@ def _device_filter(store: Store, device: str) -> tuple[str | None, str | None]:
     if not isinstance(device, str) or not device.strip():
         raise JobError(
             f"device must be a kind ({', '.join(DEVICE_KINDS)}) or a device name such as "
-            f"'NVIDIA H200', but got {device!r}."
+            f"'NVIDIA H100 80GB HBM3', but got {device!r}."
         )
     key = device.strip()
     if key.lower() in DEVICE_KINDS:

@@ -226,7 +226,7 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         PYTHON_MARKER,
         '"""Tuned configs exported by autotune. Plain Python: needs nothing else installed.',
         "",
-        "TUNED maps a device name (jax.devices()[0].device_kind, e.g. 'NVIDIA H200') and",
+        "TUNED maps a device name (jax.devices()[0].device_kind, e.g. 'NVIDIA H100 80GB HBM3') and",
         '"default" to tables of (kernel, ((shape key, value), ...) sorted, dtype) -> the best',
         "config; DETAILS maps the same keys to where and how fast it was measured.",
         '"""',
@@ -462,7 +462,7 @@ def check_records(
         device_name = r["device"]
         if not isinstance(device_name, str) or not device_name.strip():
             errors.append(("device", f"device = {_short(device_name)}; each record must name the "
-                                     "device it was measured on (e.g. 'NVIDIA H200')"))
+                                     "device it was measured on (e.g. 'NVIDIA H100 80GB HBM3')"))
         elif why := _text_problem("device", device_name):
             errors.append(("text", why))
         for field in ("device_kind", "compute_capability", "driver", "jax_version"):

@@ -10,18 +10,21 @@ A call without ``config`` derives the problem from its arrays (the kernel's ``sh
 them to shape keys; the dtype is the first array's) and picks, in order:
 
 1. ``"exact"``: the best stored config of exactly that problem (GPU results; in a process
-   whose JAX has no GPU, where the kernel runs in interpret mode, interpret-mode results when
-   no GPU result is stored; results measured with the running jax/jaxlib before those of other
-   versions, see :mod:`autotune.queries.best`);
-2. ``"nearest"``: the best config of the nearest tuned problem of the same kernel and dtype,
-   by ``sum_k |log2(a_k / b_k)|`` over the size keys, if it is valid for the new problem
-   (the nearest few are tried in order);
+   whose JAX has a GPU, that GPU's results only; in a process whose JAX has no GPU, where the
+   kernel runs in interpret mode, interpret-mode results when no GPU result is stored; results
+   measured with the running jax/jaxlib before those of other versions, see
+   :mod:`autotune.queries.best`);
+2. ``"nearest"``: the best config of the nearest tuned problem of the same kernel and dtype
+   (on the same device as for 1), by ``sum_k |log2(a_k / b_k)|`` over the size keys, if it is
+   valid for the new problem (the nearest few are tried in order);
 3. ``"default"``: ``default`` (a config mapping, or a callable problem -> config), or the
    kernel's ``default_config`` when ``default`` is None.
 
 Between 2 and 3, ``"table"``: the config of exactly that problem in ``table`` (the ``TUNED``
 dict of a module written by ``autotune export --format python``, or the module itself), if
-valid for the problem.
+valid for the problem; then ``"other_device"``: where this process's GPU has nothing stored
+for the problem or near it, another GPU's exact or nearest answer, labelled so (and logged at
+INFO naming the device it was measured on): never served as if measured here.
 
 The lookup never takes the program down because of its database. When the database is
 missing, damaged, not a database, a folder, unreadable, locked, unreachable or hung, it answers
@@ -60,6 +63,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune._jax_compat import default_backend_is_gpu
+from autotune.devices import current_device
 from autotune.errors import JobError, StorageError
 from autotune.evaluation.trial import DeviceKind
 from autotune.queries import best as queries
@@ -75,7 +79,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("exact", "nearest", "table", "default")
+SOURCES = ("exact", "nearest", "table", "other_device", "default")
 PREFER = ("fastest", "kernel")  # tuned(prefer=...): the faster implementation, or the kernel
 
 
@@ -206,7 +210,11 @@ def lookup_choice(
         with _LOCK:
             _DEGRADED[key] = (answer, e.retry_at)
         return LookupChoice(*answer)
-    answer = stored if stored is not None else _fallback(resolved, problem, default, table, device)
+    if stored is not None and stored[1] == "other_device":
+        from_table = _from_table(resolved, problem, table, device)
+        answer = (from_table, "table", "tie") if from_table is not None else stored
+    else:
+        answer = stored if stored is not None else _fallback(resolved, problem, default, table, device)
     with _LOCK:
         _CACHE[key] = answer
         _DEGRADED.pop(key, None)
@@ -215,13 +223,39 @@ def lookup_choice(
 
 def _lookup_here(kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, device: str | None,
                  **kw: Any) -> _Answer | None:
-    """:func:`_lookup` for this process: with ``device=None``, GPU results; in a process whose
-    JAX has no GPU (the kernel runs in GPU interpret mode there), interpret-mode results after
-    them, since those are what ran on such a host."""
+    """:func:`_lookup` for this process: with ``device=None``, the results of this process's
+    GPU, else another GPU's labelled ``"other_device"``; in a process whose JAX has no GPU
+    (the kernel runs in GPU interpret mode there), GPU results, then interpret-mode ones,
+    since those are what ran on such a host."""
+    here = _this_gpu() if device is None else None
+    if here is not None:
+        stored = _lookup(kernel, shape, dtype, device=here, **kw)
+        if stored is not None:
+            return stored
+        other = _lookup(kernel, shape, dtype, device=DeviceKind.GPU, **kw)
+        if other is None:
+            return None
+        log.info("%s: nothing stored for this %s; using a config measured on another GPU "
+                 "(a fallback, not a measurement here).", kernel.name, here)
+        return other[0], "other_device", "tie"
     stored = _lookup(kernel, shape, dtype, device=device, **kw)
     if stored is None and device is None and _runs_interpreted():
         return _lookup(kernel, shape, dtype, device=DeviceKind.INTERPRET, **kw)
     return stored
+
+
+def _this_gpu() -> str | None:
+    """The name of the GPU this process's JAX runs on (``device_kind``, the name stored with
+    its results), or None: JAX not imported (never imported here), or without a GPU."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    try:
+        if not default_backend_is_gpu():
+            return None
+        return str(jax.devices()[0].device_kind)
+    except Exception:  # noqa: BLE001 - no backend at all: the device is unknown
+        return None
 
 
 def _runs_interpreted() -> bool:
@@ -258,7 +292,7 @@ def _lookup(
         timeout_s=timeout_s,
     )
     if neighbours:
-        bound = kernel.bind(problem)
+        bound = kernel.bind(problem, device=current_device(ask_driver=False))
         for result in neighbours:
             if bound.is_valid(result.config):
                 log.info("%s: using the best config of the nearest tuned problem %s (%s, %s).",
@@ -311,7 +345,7 @@ def _from_table(
     if value is None:
         return None
     config = Config(value)
-    if not kernel.bind(problem).is_valid(config):
+    if not kernel.bind(problem, device=current_device(ask_driver=False)).is_valid(config):
         log.warning("%s: the exported table's config %s is not valid for it; not used.",
                     problem, config.to_json())
         return None

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune._paths import safe_path
+from autotune.devices import PROFILES, profile_for_name
 from autotune.errors import JobError, NothingTunedError
 from autotune.evaluation.trial import DeviceKind
 from autotune.storage.rows import ProblemSummary, TrialRow
@@ -59,35 +60,33 @@ class DevicePeaks:
     source: str = ""
 
 
-# Matched against the stored device name, first match wins. Dense (no sparsity) tensor-core
-# peaks of the SXM parts from NVIDIA's datasheets; float32 is the CUDA-core (non-tensor) peak.
-DEVICE_PEAKS: tuple[tuple[str, DevicePeaks], ...] = (
-    ("H200", DevicePeaks(
-        "NVIDIA H200",
-        {"bfloat16": 989.0, "float16": 989.0, "float8_e4m3fn": 1979.0, "float8_e5m2": 1979.0,
-         "float32": 67.0, "float64": 67.0},
-        4.8, "H200 SXM datasheet")),
-    ("H100 PCIe", DevicePeaks(
-        "NVIDIA H100 PCIe",
-        {"bfloat16": 756.0, "float16": 756.0, "float8_e4m3fn": 1513.0, "float8_e5m2": 1513.0,
-         "float32": 51.0, "float64": 51.0},
-        2.0, "H100 PCIe datasheet")),
-    ("H100", DevicePeaks(
-        "NVIDIA H100 SXM",
-        {"bfloat16": 989.0, "float16": 989.0, "float8_e4m3fn": 1979.0, "float8_e5m2": 1979.0,
-         "float32": 67.0, "float64": 67.0},
-        3.35, "H100 SXM datasheet")),
+def _peaks(key: str) -> DevicePeaks | None:
+    """A profile's peaks (:data:`autotune.devices.PROFILES`): fp8 at twice the bf16 rate, as on
+    every Hopper part; float32 and float64 at the CUDA-core float32 peak."""
+    facts = PROFILES[key]
+    if facts.peak_bf16_tflops is None or facts.mem_bandwidth_gbs is None:
+        return None
+    bf16 = facts.peak_bf16_tflops
+    tflops = {"bfloat16": bf16, "float16": bf16, "float8_e4m3fn": 2 * bf16, "float8_e5m2": 2 * bf16}
+    if facts.peak_fp32_tflops is not None:
+        tflops["float32"] = tflops["float64"] = facts.peak_fp32_tflops
+    return DevicePeaks(facts.name, tflops, facts.mem_bandwidth_gbs / 1000, f"{key} datasheet profile")
+
+
+# Per profile with known peaks (autotune.devices: dense tensor-core peaks from the datasheets).
+DEVICE_PEAKS: tuple[tuple[str, DevicePeaks], ...] = tuple(
+    (key, peaks) for key in PROFILES if (peaks := _peaks(key)) is not None
 )
 
 
 def device_peaks(device_name: str, device_kind: str) -> DevicePeaks | None:
-    """The peaks of a stored device, or None (interpret or fake runs, unknown devices)."""
+    """The peaks of a stored device (the profile its name matches,
+    :func:`autotune.devices.profile_for_name`), or None (interpret or fake runs, unknown
+    devices)."""
     if device_kind != DeviceKind.GPU:
         return None
-    for key, peaks in DEVICE_PEAKS:
-        if key.casefold() in device_name.casefold():
-            return peaks
-    return None
+    key = profile_for_name(device_name)
+    return dict(DEVICE_PEAKS).get(key) if key is not None else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.devices import HOPPER_ARCHS, DeviceFacts, check_arch, current_device
 from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError, did_you_mean
 from autotune.space.problem import MAX_SIZE, Config, Problem, canonical_dtype
 from autotune.space.search_space import BoundSpace, Space
@@ -50,8 +51,9 @@ class BuildOptions:
     profile_space: int = 0
     profile_dir: str | None = None
     trace_scope: str = "warpgroup"
-    # SMs to launch for (persistent kernels); None asks the device. Cross-lowering on a
-    # machine without a GPU passes the target's count (132 on the H200).
+    # SMs to launch for (persistent kernels); None asks the device (on a machine without a
+    # GPU: autotune.devices.current_device(), the chosen profile). Cross-lowering passes the
+    # current device's count.
     num_sms: int | None = None
 
 
@@ -100,6 +102,9 @@ class Kernel:
         call's run time (Triton's ``perf_model``): its order matters most, its scale helps
         where it is in seconds. The ranked sampler ranks with it before anything is measured
         and corrects it with what is (docs/ranked_sampler.md); None when the kernel has none.
+      archs: the compile targets the kernel supports (``("sm_90a",)``, Hopper, for every
+        bundled kernel); on a device of another architecture every command refuses it in one
+        line (:meth:`check_device`). Empty: any device.
     """
 
     name: str
@@ -121,6 +126,18 @@ class Kernel:
     description: str = ""
     shape_of: Callable[..., Mapping[str, Any]] | None = None
     cost_model: Callable[[Problem, Mapping[str, Any]], float] | None = None
+    archs: tuple[str, ...] = HOPPER_ARCHS
+
+    def check_device(self, device: DeviceFacts | None = None) -> DeviceFacts:
+        """The device (default: :func:`~autotune.devices.current_device`), when the kernel
+        supports its architecture.
+
+        Raises:
+          UnsupportedDeviceError: (a :class:`JobError`) it does not; one line naming both.
+        """
+        device = device if device is not None else current_device()
+        check_arch(self.name, self.archs, device)
+        return device
 
     # -- problems ---------------------------------------------------------------------------
 
@@ -179,7 +196,10 @@ class Kernel:
         return text + (", and optionally " + ", ".join(optional) if optional else "")
 
     def bind(self, problem: Problem, **env: Any) -> BoundSpace:
-        """The kernel's space bound to ``problem`` (``env``: ``profile_space`` etc.)."""
+        """The kernel's space bound to ``problem`` (``env``: ``profile_space``, ``device``
+        etc.; the device defaults to :func:`~autotune.devices.current_device`)."""
+        if "device" not in env:
+            env["device"] = current_device()
         space = self.space
         if not isinstance(space, Space):
             from autotune.space.search_space import Env
@@ -209,6 +229,8 @@ class Kernel:
             )
         # Checking a job binds every problem's space and counts it (up to seconds for a large
         # space), and tuning binds it again: the second time comes from here.
+        if "device" not in env:
+            env["device"] = current_device()
         key = (self.name, problem, tuple(sorted(env.items())))
         hit = _VALID_SPACES.get(key)
         if hit is not None and hit[0] is self:

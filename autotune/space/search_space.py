@@ -29,6 +29,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.devices import DEFAULT_PROFILE, PROFILES, DeviceFacts, current_device
 from autotune.errors import NoValidConfigError, SpaceError
 from autotune.space.problem import Config, Problem, dtype_bits
 
@@ -78,8 +79,9 @@ WARP_SIZE = 32
 WARPGROUP_SIZE = 128
 # Mosaic GPU splits every copy/TMA transfer over a warpgroup's 128 threads (seeds 002, 003).
 TRANSFER_ALIGN_BYTES = 128
-# Shared memory Mosaic GPU lets one block use on H100/H200 (PLATFORM.md, seen in its errors).
-SMEM_LIMIT_BYTES = 232_448
+# Shared memory one block may use on the default profile's device (the opt-in maximum, which
+# Mosaic GPU's errors name); a bound space reads its own device's (``Env.smem_limit_bytes``).
+SMEM_LIMIT_BYTES = PROFILES[DEFAULT_PROFILE].smem_per_block
 # Pallas Mosaic GPU starts every scoped shared-memory allocation on this boundary
 # (``gpu_core.SMEM_ALIGNMENT``), and every mbarrier takes 8 bytes.
 SMEM_ALIGNMENT_BYTES = 1024
@@ -145,15 +147,25 @@ class Env:
 
     ``env["m"]`` reads a shape key. ``profile_space`` is non-zero for the tracing pass, whose
     profiler buffer takes shared memory (seed 000: and a block in whole warps or warpgroups).
+    ``device`` is the device the configs are for; unless given, the current device as far as
+    known without asking the driver (:func:`autotune.devices.current_device` with
+    ``ask_driver=False``: the driver's facts once this process has read them, as
+    :meth:`Kernel.bind <autotune.space.kernel.Kernel.bind>` does, else the profile).
+    ``smem_limit_bytes`` (0 or unset) is its shared memory per block.
     """
 
     problem: Problem
-    smem_limit_bytes: int = SMEM_LIMIT_BYTES
+    smem_limit_bytes: int = 0  # 0: the device's shared memory per block
     profile_space: int = 0
     trace_scope: str = "warpgroup"
     # True when configs run in GPU interpret mode on a CPU, whose interpreter lacks some
     # primitives (cluster barriers): rules may exclude what only the interpreter cannot run.
     interpret: bool = False
+    device: DeviceFacts = dataclasses.field(default_factory=lambda: current_device(ask_driver=False))
+
+    def __post_init__(self) -> None:
+        if not self.smem_limit_bytes:
+            object.__setattr__(self, "smem_limit_bytes", self.device.smem_per_block)
 
     def __getitem__(self, key: str) -> Any:
         return self.problem[key]
@@ -415,13 +427,15 @@ class Space:
     def bind(self, problem: Problem | Env, **env: Any) -> BoundSpace:
         """The space for one problem: concrete domains and the problem's rules.
 
-        ``env`` keywords (``profile_space``, ``trace_scope``, ``smem_limit_bytes``) build the
+        ``env`` keywords (``profile_space``, ``trace_scope``, ``device``, ``smem_limit_bytes``) build the
         :class:`Env` the rules read; pass ``profile_space`` for the tracing pass.
 
         Raises:
           NoValidConfigError: a rule on the problem alone fails, or a tunable has no value for
             this problem; the message names the rule.
         """
+        if "device" in env and "smem_limit_bytes" not in env:
+            env["smem_limit_bytes"] = 0  # the new device's
         if isinstance(problem, Env):
             return BoundSpace(self, dataclasses.replace(problem, **env))
         return BoundSpace(self, Env(problem, **env))

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.devices import DeviceFacts, current_device
 from autotune.errors import AutotuneError
 from autotune.space.problem import Config, Problem
 
@@ -37,7 +38,7 @@ __all__ = ["violations", "servable", "resolve_known_kernel", "clear_cache"]
 log = logging.getLogger(__name__)
 
 _MAX_BOUND = 256  # bound spaces kept (per kernel and problem); binding costs ~1 ms
-_bound: collections.OrderedDict[tuple[int, Problem], tuple[Kernel, BoundSpace | str]] = (
+_bound: collections.OrderedDict[tuple[int, Problem, DeviceFacts], tuple[Kernel, BoundSpace | str]] = (
     collections.OrderedDict()
 )
 _warned: set[tuple[Problem, str]] = set()
@@ -65,8 +66,11 @@ def resolve_known_kernel(name: str) -> Kernel | None:
 
 
 def _space(kernel: Kernel, problem: Problem) -> BoundSpace | str:
-    """``kernel``'s space bound to ``problem``, or why the problem itself is not valid today."""
-    key = (id(kernel), problem)
+    """``kernel``'s space bound to ``problem`` for the current device, or why the problem
+    itself is not valid today. The query side never touches CUDA: the device is the driver's
+    only where this process has read it already, else the profile (``ask_driver=False``)."""
+    device = current_device(ask_driver=False)
+    key = (id(kernel), problem, device)
     with _lock:
         hit = _bound.get(key)
         if hit is not None and hit[0] is kernel:
@@ -80,7 +84,7 @@ def _space(kernel: Kernel, problem: Problem) -> BoundSpace | str:
                 f"not {checked.dtype}"
             )
         else:
-            value = kernel.bind(checked)
+            value = kernel.bind(checked, device=device)
     except Exception as e:  # noqa: BLE001 - a problem today's code cannot bind is not valid
         value = f"[problem] the problem no longer fits the kernel: {e}"
     with _lock:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+from autotune.devices import DeviceFacts
 from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.rows import (
@@ -72,8 +73,38 @@ def _software_dict(row: _Software) -> dict[str, str]:
 
 def _device_info(row: _Devices) -> DeviceInfo:
     return DeviceInfo(
-        name=row.name, kind=row.kind, compute_capability=row.compute_capability, driver=row.driver
+        name=row.name, kind=row.kind, compute_capability=row.compute_capability, driver=row.driver,
+        facts=_facts(row.facts),
     )
+
+
+def _facts(text: str | None) -> DeviceFacts | None:
+    """A device row's stored facts, or None (NULL, or written by an autotune that knew other
+    fields: facts are informative, never a reason a read fails)."""
+    if not text:
+        return None
+    try:
+        return DeviceFacts.from_dict(json.loads(text))
+    except (ValueError, TypeError):
+        return None
+
+
+def _facts_json(device: DeviceInfo) -> str | None:
+    return json.dumps(device.facts.to_dict(), sort_keys=True) if device.facts is not None else None
+
+
+def _device_id(session: Session, device: DeviceInfo, *, fill: bool = False) -> int:
+    """The id of ``device``'s row, created with its facts; ``fill``: also writes the facts
+    into a row stored without them (done once per job run, not per trial)."""
+    facts = _facts_json(device)
+    device_id = _get_or_create(session, _Devices, _device_key(device), facts=facts)
+    if fill and facts is not None:
+        session.execute(
+            sa.update(_Devices)
+            .where(_Devices.id == device_id, _Devices.facts.is_(None))
+            .values(facts=facts)
+        )
+    return device_id
 
 
 class _StoreSessions:

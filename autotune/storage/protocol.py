@@ -3,7 +3,7 @@
 :class:`autotune.storage.store.Store` is the one implementation; the runner, the scheduler and
 revalidation are typed against this protocol so that what they rely on is written down in one
 place (and a store for a test needs only these methods). The query side reads more of the
-store (devices, trace regions, its SQLAlchemy engine) and takes the :class:`Store` itself.
+store (trace regions, its SQLAlchemy engine) and takes the :class:`Store` itself.
 """
 
 from __future__ import annotations
@@ -105,6 +105,8 @@ class TrialStore(Protocol):
     ) -> BaselineRow | None: ...
 
     def problems(self, kernel: str | None = None) -> list[Problem]: ...
+
+    def devices(self) -> list[DeviceInfo]: ...
 
     def summaries(
         self,

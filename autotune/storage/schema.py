@@ -95,6 +95,8 @@ class _Devices(Base):
     kind: Mapped[str] = mapped_column(sa.String(16))
     compute_capability: Mapped[str] = mapped_column(sa.String(32))
     driver: Mapped[str] = mapped_column(sa.String(64))
+    # Revision 0005: autotune.devices.DeviceFacts as JSON; NULL when not known.
+    facts: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
 
 
 class _Software(Base):

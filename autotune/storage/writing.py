@@ -22,7 +22,7 @@ from autotune.space.problem import Config, Problem
 from autotune.storage.keys import (
     _check_aware,
     _check_times,
-    _device_key,
+    _device_id,
     _get_or_create,
     _insert_or_stored,
     _now,
@@ -39,7 +39,6 @@ from autotune.storage.schema import (
     _Configs,
     _ConfirmationPrograms,
     _Confirmations,
-    _Devices,
     _Kernels,
     _Problems,
     _Runs,
@@ -71,7 +70,7 @@ class _StoreWrites(_StoreSessions):
             shape_json=problem.shape_json,
             dtype=problem.dtype,
         )
-        device_id = _get_or_create(session, _Devices, _device_key(device))
+        device_id = _device_id(session, device)
         software_id = _get_or_create(session, _Software, _software_key(software))
         return kernel_id, problem_id, device_id, software_id
 
@@ -283,7 +282,7 @@ class _StoreWrites(_StoreSessions):
         """Stores the start of a job run (with the GPU's clocks before it); returns its id."""
         policy = _policy(cache)
         with self._write("record a job run") as session:
-            device_id = _get_or_create(session, _Devices, _device_key(device))
+            device_id = _device_id(session, device, fill=True)
             row = _Runs(
                 job=str(job)[:200], device_id=device_id, host=socket.gethostname(),
                 cache_policy=policy, started_at=_now(), finished_at=None,

@@ -246,7 +246,7 @@ def _expand(
         for dtype in dtypes:
             try:
                 problem = kernel.problem(shape, dtype)
-                kernel.valid_space(problem)
+                kernel.valid_space(problem, device=kernel.check_device())
             except (JobError, NoValidConfigError) as e:
                 raise JobError(f"{where}: {e}") from None
             out.append(

@@ -62,7 +62,8 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.evaluation.trial import DeviceInfo
+from autotune.devices import current_device
+from autotune.evaluation.trial import DeviceInfo, DeviceKind
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import Aligned, BoundSpace, Choice, PowerOfTwo
 from autotune.storage.protocol import TrialStore
@@ -85,8 +86,6 @@ MODELS = ("auto", "sklearn", "numpy")
 DEFAULT_CANDIDATES = 1024
 # The share of proposals that are a random pool candidate rather than the model's best.
 DEFAULT_EXPLORE = 0.1
-# The SM count of the H100/H200 (the devices Mosaic GPU targets); ``num_sms`` overrides it.
-DEFAULT_NUM_SMS = 132
 # A failed config (does not compile, wrong result, timeout, crash) is learnt as this many times
 # slower than the slowest config measured for its problem.
 FAIL_FACTOR = 2.0
@@ -139,20 +138,36 @@ OUTCOME_ATTR = "autotune_outcome"
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured config of a problem: its median time, or None when it failed."""
+    """One measured config of a problem: its median time, or None when it failed.
+
+    ``device``: ``""`` when measured on the device being tuned, else the name of the other
+    device it was measured on (a prior only: never "already measured here")."""
 
     problem: Problem
     config: Mapping[str, Any]
     time_us: float | None
+    device: str = ""
 
 
 def stored_history(store: TrialStore, problem: Problem, device: DeviceInfo) -> list[Observation]:
     """What ``store`` holds for ``problem``'s kernel on ``device`` (same name and kind), as
     observations (failures with no time): every result of ``problem``, and a bounded summary of
     the nearest other shapes (:meth:`~autotune.storage.store.Store.observations`: their fastest
-    configs and an even sample, a few thousand results at most however large the table)."""
+    configs and an even sample, a few thousand results at most however large the table); on a
+    GPU, then the same summary of each other GPU, labelled with its name (the prior learns each
+    device's times relative to its own on each problem: a per-device scale)."""
     found = store.observations(problem, device_name=device.name, device_kind=device.kind)
-    return [Observation(o.problem, o.config, o.time_us) for o in found]
+    out = [Observation(o.problem, o.config, o.time_us) for o in found]
+    if device.kind == DeviceKind.GPU:
+        for other in store.devices():
+            if other.kind != DeviceKind.GPU or other.name == device.name:
+                continue
+            out.extend(
+                Observation(o.problem, o.config, o.time_us, device=other.name)
+                for o in store.observations(problem, device_name=other.name,
+                                            device_kind=other.kind)
+            )
+    return out
 
 
 def model_backend(model: str = "auto") -> str:
@@ -220,7 +235,8 @@ class Features:
       params: the kernel's tunables (``BoundSpace.params``); values of other problems' configs
         are read by name.
       dims: the problem's shape keys, in a fixed order.
-      num_sms: the device's SM count, for waves.
+      num_sms: the device's SM count, for waves (default: the current device's,
+        :func:`autotune.devices.current_device`).
       extra: ``extra(problem, config) -> {name: float}``, features the kernel knows of itself.
     """
 
@@ -229,7 +245,7 @@ class Features:
         params: Sequence[Any],
         dims: Sequence[str],
         *,
-        num_sms: int = DEFAULT_NUM_SMS,
+        num_sms: int | None = None,
         extra: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None = None,
     ) -> None:
         self.numeric: list[str] = []
@@ -249,7 +265,7 @@ class Features:
             else:  # Bool, or anything else with a small set of values
                 self.categorical.append((p.name, (False, True)))
         self.dims = list(dims)
-        self.num_sms = num_sms
+        self.num_sms = num_sms if num_sms is not None else current_device().num_sms
         self.extra = extra
         # Tunables named after a dim (same last word): the tiles of that dim.
         self.matched: dict[str, list[str]] = {}
@@ -582,7 +598,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
       explore: the share of proposals that are a random pool candidate.
       kappa: the weight of the trees' spread in the score (mean - kappa * spread).
       model: ``"auto"`` (scikit-learn if installed, else numpy), ``"sklearn"`` or ``"numpy"``.
-      num_sms: the device's SM count (waves features).
+      num_sms: the device's SM count (waves features); default: that of the device the space
+        is bound for (``space.env.device``).
       extra_features: a kernel's own features, ``(problem, config) -> {name: float}``.
       draw: ``draw(n, seed) -> configs`` replaces the uniform draw of the pool (the replay
         draws from recorded configs).
@@ -608,7 +625,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         climb: float = 0.5,
         clip: bool = True,
         model: str = "auto",
-        num_sms: int = DEFAULT_NUM_SMS,
+        num_sms: int | None = None,
         extra_features: Callable[[Problem, Mapping[str, Any]], Mapping[str, float]] | None = None,
         draw: Callable[[int, int], Sequence[Mapping[str, Any]]] | None = None,
         estimate: Callable[[Problem, Mapping[str, Any]], float] | None = None,
@@ -634,12 +651,13 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._estimate = estimate
         self._estimate_space = estimate_space or space
         self._features = Features(
-            space.params, sorted(self._problem.dims), num_sms=num_sms,
+            space.params, sorted(self._problem.dims),
+            num_sms=num_sms if num_sms is not None else space.env.device.num_sms,
             extra=_with_estimate(extra_features, estimate),
         )
         history = list(history)
-        self._here = [o for o in history if o.problem == self._problem]
-        self._others = [o for o in history if o.problem != self._problem]
+        self._here = [o for o in history if o.problem == self._problem and not o.device]
+        self._others = [o for o in history if o.problem != self._problem or o.device]
         self._related = [Config(c) for c in related]
         self._n_candidates = candidates
         self._draw = draw
@@ -820,7 +838,9 @@ class RankedSampler(optuna.samplers.BaseSampler):
         # valid config, as the valid-set wrapper repairs seeds: it keeps most of what made it
         # good (live at 64x4096x4096 every nearer shape's winner was refused, and dropped).
         self._related = [r for r in map(self._valid_or_nearest, self._related) if r is not None]
-        self._extend_pool(list(self._related) + list(drawn) + [o.config for o in self._here])
+        # Configs measured for this problem, here or on another device, join the pool too.
+        same = [o.config for o in [*self._here, *self._others] if o.problem == self._problem]
+        self._extend_pool(list(self._related) + list(drawn) + same)
         if self._estimate is not None:
             self._climb_estimate()
             # The kernel's cost model is the prior, warm or cold: over the recorded shapes it
@@ -910,11 +930,12 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._prior_spread = np.concatenate([self._prior_spread[:first], spread])
 
     def _fit_prior(self) -> _Model:
-        by_problem: dict[Problem, list[Observation]] = {}
+        # Per problem and device: each device's times relative to its own typical time there.
+        by_problem: dict[tuple[Problem, str], list[Observation]] = {}
         for o in self._others:
-            by_problem.setdefault(o.problem, []).append(o)
+            by_problem.setdefault((o.problem, o.device), []).append(o)
         xs, ys = [], []
-        for problem, obs in by_problem.items():
+        for (problem, _device), obs in by_problem.items():
             xs.append(self._features.matrix(problem, [o.config for o in obs]))
             ys.append(_targets([o.time_us for o in obs]))
         x, y = np.vstack(xs), np.concatenate(ys)

@@ -80,13 +80,13 @@ def resolve_sampler(
     valid_count: int | Callable[[], int] | None = None, cost_model: bool = False,
 ) -> str:
     """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
-    results of other shapes (:data:`RANKED_WHEN_WARM`), the space has at most
+    results of other shapes or other devices (:data:`RANKED_WHEN_WARM`), the space has at most
     :data:`RANKED_MAX_VALID` valid configs, or the kernel has a cost model
     (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves. ``valid_count`` may be a
     function (``space.count``), called only when the others do not decide."""
     if name != "auto":
         return name
-    warm = any(o.problem != problem for o in history)
+    warm = any(o.problem != problem or o.device for o in history)
     modelled = cost_model and RANKED_WITH_COST_MODEL
     if (warm and RANKED_WHEN_WARM) or modelled:
         return "ranked"

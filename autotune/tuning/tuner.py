@@ -959,7 +959,10 @@ def problem_sampler(
 def related_winners(
     store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm", limit: int = 3
 ) -> list[Mapping[str, Any]]:
-    """Best configs of the nearest tuned problems of the same kernel and dtype.
+    """Best configs of the nearest tuned problems of the same kernel and dtype on ``device``;
+    on a GPU, then the best config of this very problem on each other GPU that has one (a
+    prior from another device: proposed or ranked like any related winner, never counted as
+    measured here).
 
     Distance between shapes: :func:`autotune.space.problem.shape_distance` (the sum over size keys
     of |log2(a/b)|; non-size keys such as ``causal`` must match).
@@ -979,6 +982,12 @@ def related_winners(
         best = store.best(other, device_name=device.name, device_kind=device.kind, n=1)
         if best:  # of its own preferred policy: a winner's config is a good seed either way
             out.append(best[0].config)
+    if device.kind == DeviceKind.GPU:
+        names = sorted({d.name for d in store.devices() if d.kind == device.kind} - {device.name})
+        for name in names:
+            best = store.best(problem, device_name=name, device_kind=device.kind, n=1)
+            if best and best[0].config not in out:
+                out.append(best[0].config)
     return out
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
 
+from autotune import devices
 from autotune.evaluation import cold_timing as timing
 
 
@@ -30,14 +32,19 @@ def test_a_record_that_does_not_split_is_an_error_not_a_time():
         timing.split_flushed([("f", 1.0)] * 2, 2, ("f",))
 
 
-def test_l2_size_comes_from_jax_then_the_driver_then_the_h200_constant(monkeypatch):
-    """A device attribute wins; else the CUDA driver's answer; else 50 MiB, and it says so."""
+def test_l2_size_comes_from_jax_then_the_driver_then_the_device_profile(monkeypatch):
+    """A device attribute wins; else the CUDA driver's answer; else the device profile's
+    (--device-profile, default h100-sxm: 50 MiB), and it says which."""
     assert timing.l2_cache_bytes(types.SimpleNamespace(l2_cache_size=123)) == (123, "jax")
-    monkeypatch.setattr(timing, "_l2_from_driver", lambda ordinal: 40 * 2**20)
+    driver = dataclasses.replace(devices.profile("h100-pcie"), l2_bytes=40 * 2**20, source="driver")
+    monkeypatch.setattr(timing, "read_device", lambda ordinal=0: driver)
     assert timing.l2_cache_bytes(types.SimpleNamespace()) == (40 * 2**20, "cuda")
-    monkeypatch.setattr(timing, "_l2_from_driver", lambda ordinal: None)
-    assert timing.l2_cache_bytes() == (timing.L2_FALLBACK_BYTES, "constant")
-    assert timing.L2_FALLBACK_BYTES == 50 * 2**20
+    monkeypatch.setattr(timing, "read_device", lambda ordinal=0: None)
+    monkeypatch.setattr(devices, "read_device", lambda ordinal=0: None)
+    monkeypatch.delenv(devices.PROFILE_ENV_VAR, raising=False)
+    assert timing.l2_cache_bytes() == (50 * 2**20, "profile:h100-sxm")
+    with devices.using_profile("h20"):
+        assert timing.l2_cache_bytes() == (60 * 2**20, "profile:h20")
 
 
 def _sessions(*records):

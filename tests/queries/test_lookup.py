@@ -569,3 +569,41 @@ def dataclasses_replace(obj, **changes):
     import dataclasses
 
     return dataclasses.replace(obj, **changes)
+
+H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
+
+
+def test_another_gpus_winner_is_a_labelled_fallback_never_a_measurement_here(
+        tmp_path, configs, monkeypatch, caplog):
+    """In a process on an H100, the H200's winners are never served as "exact" or "nearest":
+    the H100's own exact or nearest answer comes first, even when slower; with nothing of the
+    H100 stored, the H200's answer is "other_device", logged naming this GPU; an exported
+    table for the problem beats it."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    ok, other = configs
+    monkeypatch.setattr(lookup, "_this_gpu", lambda: H100.name)
+    _fill(url, [(BIG, other, 10.0, GPU)])
+    with caplog.at_level(logging.INFO, logger="autotune.queries.lookup"):
+        assert lookup.lookup_config("hopper_matmul", BIG, "bfloat16", db=url) == (other, "other_device")
+    assert "nothing stored for this NVIDIA H100 80GB HBM3" in caplog.text
+    lookup.clear_cache()
+    table = {("hopper_matmul", tuple(sorted(BIG.items())), "bfloat16"): dict(ok)}
+    assert lookup.lookup_config("hopper_matmul", BIG, "bfloat16", db=url, table=table) == (ok, "table")
+    lookup.clear_cache()
+    _fill(url, [(MID, ok, 30.0, H100)])  # the H100's nearest beats the H200's exact
+    assert lookup.lookup_config("hopper_matmul", BIG, "bfloat16", db=url) == (ok, "nearest")
+    lookup.clear_cache()
+    _fill(url, [(BIG, ok, 50.0, H100)])
+    assert lookup.lookup_config("hopper_matmul", BIG, "bfloat16", db=url) == (ok, "exact")
+    lookup.clear_cache()
+    monkeypatch.setattr(lookup, "_this_gpu", lambda: None)  # no GPU here: any GPU's, as before
+    assert lookup.lookup_config("hopper_matmul", BIG, "bfloat16", db=url) == (other, "exact")
+
+
+def test_this_gpu_never_imports_jax(monkeypatch):
+    """The lookup asks only a JAX the program already imported which GPU it runs on."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    assert lookup._this_gpu() is None
+    assert "jax" not in sys.modules

@@ -179,7 +179,8 @@ def test_device_peaks_table():
     assert report.device_peaks("NVIDIA H100 PCIe", "gpu").hbm_tbps == 2.0
     assert report.device_peaks("NVIDIA H100 80GB HBM3", "gpu").hbm_tbps == 3.35
     assert report.device_peaks("cpu-interpret (NVIDIA H200)", "interpret") is None
-    assert report.device_peaks("NVIDIA B200", "gpu") is None
+    assert report.device_peaks("NVIDIA GeForce RTX 4090", "gpu") is None
+    assert report.device_peaks("NVIDIA H20", "gpu").tflops["bfloat16"] == 148.0
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.devices import profile
 from autotune.errors import NoValidConfigError
-from autotune.evaluation.lowering import H200_NUM_SMS, input_specs, lower_for_cuda
+from autotune.evaluation.lowering import input_specs, lower_for_cuda
 from autotune.space.kernel import BuildOptions
 from autotune.space.problem import Config
 from autotune.space.search_space import profiler_smem_bytes
@@ -25,7 +26,7 @@ from search_spaces.hopper_attention import (
     smem_bytes,
 )
 
-OPTIONS = BuildOptions(num_sms=H200_NUM_SMS)
+OPTIONS = BuildOptions(num_sms=profile("h200").num_sms)
 
 
 def _shape(**kw):
@@ -186,7 +187,7 @@ def test_tracing_pass_counts_the_profiler_buffer(tmp_path):
     profile_space = 1024
     share = profiler_smem_bytes(profile_space=profile_space, block_threads=BLOCK_THREADS)
     options = BuildOptions(
-        num_sms=H200_NUM_SMS, profile_space=profile_space, profile_dir=str(tmp_path)
+        num_sms=profile("h200").num_sms, profile_space=profile_space, profile_dir=str(tmp_path)
     )
     config = _config(block_kv=64, max_concurrent_steps=2)
     with mgpu_core.artificial_shared_memory_limit(0):

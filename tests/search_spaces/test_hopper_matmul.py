@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.devices import profile
 from autotune.errors import NoValidConfigError
-from autotune.evaluation.lowering import H200_NUM_SMS, input_specs, lower_for_cuda
+from autotune.evaluation.lowering import input_specs, lower_for_cuda
 from autotune.space.kernel import BuildOptions
 from autotune.space.problem import Config
 from autotune.space.search_space import profiler_smem_bytes
@@ -24,6 +25,7 @@ from search_spaces.hopper_matmul import (
     KNOWN_GOOD,
     RULE_KINDS,
     SPACE,
+    Hopper,
     cost_model,
     default_config,
     estimate_seconds,
@@ -31,7 +33,7 @@ from search_spaces.hopper_matmul import (
 )
 from tests.benchmark_scripts import load
 
-OPTIONS = BuildOptions(num_sms=H200_NUM_SMS)
+OPTIONS = BuildOptions(num_sms=profile("h200").num_sms)
 
 # (shape, dtype, configs to sample): square, rectangular, skinny, both dtypes; 100 in all,
 # lowered in chunks of CHUNK so that xdist spreads them evenly.
@@ -284,7 +286,7 @@ def test_tracing_pass_counts_the_profiler_buffer(tmp_path):
     assert smem_bytes(tight, "bfloat16") + share > traced.env.smem_limit_bytes
     assert [v.rule for v in traced.validate(tight)] == ["smem_within_limit"]
     options = BuildOptions(
-        num_sms=H200_NUM_SMS, profile_space=profile_space, profile_dir=str(tmp_path)
+        num_sms=profile("h200").num_sms, profile_space=profile_space, profile_dir=str(tmp_path)
     )
     assert "exceeds available shared memory" in _lower(problem, tight, options).error
     roomy = traced.sample(1, seed=1)[0]
@@ -436,7 +438,7 @@ def test_the_cost_model_ranks_the_recorded_h200_configs(path):
     data = json.loads(path.read_text())
     problem = KERNEL.problem(data["shape"], data["dtype"])
     rows = [r for r in data["results"] if r["status"] == "ok"]
-    estimates = [estimate_seconds(problem, r["config"]) for r in rows]
+    estimates = [estimate_seconds(problem, r["config"], Hopper()) for r in rows]  # the H200's
     times = [load("recorded_times").recorded_us(r) for r in rows]
     rho = load("cost_model_check").spearman(estimates, times)
     assert rho >= 0.9, rho
@@ -455,11 +457,12 @@ def test_cost_model_changes_only_the_constants_it_is_given():
         cost_model(stage_transfer="half")
 
 
-def test_a_stage_transfer_variant_charges_shallow_pipelines_of_big_stages_more():
+def test_a_stage_transfer_variant_charges_shallow_pipelines_of_big_stages_more(on_profile):
     """Live on the H200 at 64x4096x4096 (benchmarks/RESULTS.md section 8, session 12), tile_k 64
     with 8 stages measured 17.7 us and tile_k 256 with 2 stages 22.2 us; the committed model
     estimates the reverse. With the stage's transfer in its slot's cycle the shallow pipeline
     of big stages loses most of its lead."""
+    on_profile("h200")
     problem = KERNEL.problem({"m": 64, "n": 4096, "k": 4096}, "bfloat16")
     base = dict(tile_m=64, tile_n=64, epi_tile_m=None, epi_tile_n=32, grid_minor_dim="N",
                 grid_tile_width=4, wg_dimension="N", cluster_dimension="N")

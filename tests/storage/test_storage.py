@@ -703,3 +703,50 @@ def test_opening_an_up_to_date_store_does_not_import_alembic(tmp_path):
             "print(sorted(m for m in ('alembic', 'numpy', 'optuna', 'jax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+# --------------------------------------------------------------------------- device facts (0005)
+
+
+def test_device_facts_are_stored_with_the_device_row(db_url: str):
+    """A device's facts (autotune.devices.DeviceFacts) are stored with its row and read back
+    with every trial and device; they are not part of its identity (the same device with and
+    without facts is one row); a row stored without them gets them at the next job run's start."""
+    import dataclasses
+
+    from autotune.devices import profile
+
+    facts = dataclasses.replace(profile("h100-pcie"), source="driver")
+    pcie = DeviceInfo("NVIDIA H100 PCIe", "gpu", "9.0", "570.86", facts=facts)
+    bare = DeviceInfo("NVIDIA H100 PCIe", "gpu", "9.0", "570.86")
+    assert pcie == bare and hash(pcie) == hash(bare)
+    with Store(db_url) as store:
+        record(store, Config(tile=1), timed(5.0), device=pcie)
+        record(store, Config(tile=2), timed(6.0), device=bare)
+        record(store, Config(tile=3), timed(7.0), device=GPU)  # no facts
+        by_name = {d.name: d for d in store.devices()}
+        assert len(by_name) == 2
+        assert by_name["NVIDIA H100 PCIe"].facts == facts
+        assert by_name["NVIDIA H200"].facts is None
+        assert {r.config["tile"]: r.device.facts for r in store.trials(PROBLEM)} == {
+            1: facts, 2: facts, 3: None}
+        h200 = dataclasses.replace(GPU, facts=profile("h200"))
+        store.start_run("job", device=h200, cache="cold", clocks_before={})
+        assert {d.name: d.facts for d in store.devices()}["NVIDIA H200"] == profile("h200")
+
+
+def test_migration_0003_to_0005_adds_device_facts_keeping_devices(db_url: str):
+    """A database at revision 0003 gets at_devices.facts (NULL) when opened; its devices and
+    trials read back unchanged; unreadable facts read as None, never an error."""
+    from alembic import command
+
+    with Store(db_url) as store:
+        record(store, Config(tile=1), timed(5.0))
+        with store.engine.begin() as conn:
+            command.downgrade(connection._alembic_config(conn), "0003")
+            assert "facts" not in {c["name"] for c in sa.inspect(conn).get_columns("at_devices")}
+    with Store(db_url) as store:
+        assert [(d.name, d.facts) for d in store.devices()] == [("NVIDIA H200", None)]
+        assert [r.median_us for r in store.best(PROBLEM)] == [5.0]
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE at_devices SET facts = '{\"num_sms\": \"many\"'"))
+        assert store.devices()[0].facts is None

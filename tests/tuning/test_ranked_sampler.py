@@ -610,3 +610,44 @@ def test_auto_counts_the_valid_set_only_where_the_count_decides():
     assert not calls
     assert resolve_sampler("auto", history=[], problem=here, valid_count=count) == "ranked"
     assert calls == [1]
+
+
+# -- learning across devices --------------------------------------------------------------------
+
+
+def test_other_gpus_results_are_a_labelled_prior(tmp_path):
+    """On a GPU, stored_history adds the other GPUs' results of the kernel, labelled with their
+    device (interpret and fake runs read their own device only); auto is then ranked."""
+    from autotune.evaluation.trial import DeviceInfo, TrialResult
+    from autotune.storage.store import Store
+
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570")
+    h200 = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570")
+    problem = user_problem(256, 1024)
+    c = next(iter(USER_SPACE.bind(problem)))
+    with Store(f"sqlite:///{tmp_path}/h.db") as store:
+        store.record_trial(problem, c, TrialResult.timed([7.0], compile_s=0.1, rel_error=0.0,
+                                                         timing="fake"), device=h200, software={})
+        history = stored_history(store, problem, h100)
+        assert [(o.device, o.time_us) for o in history] == [("NVIDIA H200", 7.0)]
+        assert stored_history(store, problem, DeviceInfo("cpu-interpret", "interpret")) == []
+    assert resolve_sampler("auto", history=history, problem=problem) == "ranked"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_another_devices_results_of_this_problem_guide_but_are_not_taken(model):
+    """Another device's results of this very problem, ten times slower throughout (a
+    per-device scale), are a prior: they join the pool, the first pick is among the best few
+    percent, and the configs they measured are not taken as measured here."""
+    problem = user_problem(2048, 16384)
+    bound = USER_SPACE.bind(problem)
+    history = [Observation(problem, c, 10 * user_time(problem, c), device="NVIDIA H200")
+               for c in list(bound)[::3]]
+    times = sorted(user_time(problem, c) for c in bound)
+    sampler = RankedSampler(bound, seed=0, history=history, model=model, explore=0.0)
+    study = optuna.create_study(sampler=sampler)
+    trial = study.ask(distributions(bound))
+    assert user_time(problem, trial.params) <= times[len(times) // 20]
+    measured, taken = sampler._measured(study)
+    assert measured == [] and taken == {bound.key(trial.params)}  # only the pick in flight
+    assert {bound.key(o.config) for o in history} <= set(sampler._pool)

@@ -690,3 +690,24 @@ def test_interpret_mode_times_no_baseline(tmp_path, sequential):
         assert store.baseline(PROBLEM, device_kind="interpret") is None
     assert engine.baselines == 0
     assert report.measured_now == 4 and report.baseline_us is None and report.speedup is None
+
+
+def test_related_winners_add_other_gpus_winner_of_this_problem(tmp_path):
+    """On a GPU, the winner of this very problem on each other GPU follows the nearest shapes'
+    winners of this GPU (a seed from another device, never counted as measured here);
+    interpret-mode runs do not take GPU results."""
+    from autotune.tuning.tuner import related_winners
+
+    kernel = get_kernel("hopper_matmul")
+    problem = kernel.problem({"m": 256, "n": 256, "k": 256}, "bfloat16")
+    near = kernel.problem({"m": 512, "n": 256, "k": 256}, "bfloat16")
+    a, b = list(kernel.bind(problem).sample(2, seed=0))
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570")
+    h200 = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570")
+    ok = TrialResult.timed([5.0], compile_s=0.1, rel_error=0.0, timing="fake")
+    with Store(f"sqlite:///{tmp_path}/r.db") as store:
+        store.record_trial(problem, a, ok, device=h200, software={})
+        store.record_trial(near, b, ok, device=h100, software={})
+        assert related_winners(store, problem, h100) == [b, a]
+        assert related_winners(store, problem, h200) == []  # its own result is measured, not related
+        assert related_winners(store, problem, DeviceInfo("cpu-interpret", "interpret")) == []
