@@ -26,7 +26,7 @@ INTERPRET = DeviceInfo("cpu-interpret (x86_64)", "interpret")
 SOFTWARE = {"jax": "0.10.2", "jaxlib": "0.10.2", "autotune": "0.1.0"}
 PROBLEM = Problem("matmul", {"m": 256, "n": 256, "k": 128}, "bf16")
 # The newest schema revision (autotune/storage/migrations/versions).
-HEAD = "0004"
+HEAD = "0005"
 AT_TABLES = {
     "at_verifications",
     "at_kernels",
