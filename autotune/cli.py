@@ -326,9 +326,10 @@ def _main(argv: Sequence[str] | None) -> int:
     warnings.simplefilter("ignore", MissingDatabaseWarning)
     handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
                "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
-    from autotune.interrupts import Interrupted, handling
+    from autotune.interrupts import GRACE_S, Interrupted, handling
 
-    with handling() as signals:
+    # tune's bound is a second signal (its workers are killed, its open trials closed).
+    with handling(grace_s=None if args.command == "tune" else GRACE_S) as signals:
         args.signals = signals
         try:
             return handler[args.command](args)

@@ -875,3 +875,112 @@ def test_a_second_ctrl_c_ends_at_once(tmp_path, campaign):
     rerun = job.run()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
+
+
+# --------------------------------------------------------------------------- database paths
+
+# Each way into a database, run against one path in a fresh interpreter: the CLI's --db, the
+# AUTOTUNE_DB variable, the query API, the run-time lookup with strict=True. Each prints its
+# outcome on one line: the exit code, or the exception's type and message.
+_EVERY_WAY_IN = r"""
+import os, sys, warnings
+warnings.simplefilter("ignore")
+path = sys.argv[1]
+from autotune.cli import main
+from autotune.errors import StorageError
+for name, argv, env in [("--db", ["results", "--db", path], None),
+                        ("AUTOTUNE_DB", ["export", "--format", "json"], path),
+                        ("report", ["report", "--db", path, "--out", "report"], None)]:
+    if env is not None:
+        os.environ["AUTOTUNE_DB"] = env
+    print(name, "exit", main(argv), flush=True)
+    os.environ.pop("AUTOTUNE_DB", None)
+import autotune
+from autotune.queries import lookup
+from tests.fault_driver import STEADY
+for name, call in [
+    ("api", lambda: autotune.best_config(STEADY.name, {"n": 1}, "float32", db=path)),
+    ("lookup", lambda: lookup.lookup_config(STEADY, {"n": 1}, "float32", db=path, strict=True,
+                                            timeout_s=1)),
+]:
+    try:
+        call()
+        print(name, "answered", flush=True)
+    except StorageError as e:
+        print(name, "StorageError", str(e).replace("\n", " "), flush=True)
+"""
+
+
+def _make_socket(path: Path) -> None:
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))  # left bound: the test's folder goes with it
+
+
+_NOT_FILES = {
+    "fifo": lambda p: os.mkfifo(p),
+    "link to a fifo": lambda p: (os.mkfifo(p.with_name("pipe")), os.symlink(p.with_name("pipe"), p)),
+    "socket": _make_socket,
+    "character device": lambda p: os.symlink("/dev/zero", p),
+    "folder": lambda p: p.mkdir(),
+    "wal is a fifo": lambda p: (sqlite3.connect(p).close(), os.mkfifo(p.with_name(p.name + "-wal"))),
+    "journal is a fifo": lambda p: (sqlite3.connect(p).close(),
+                                    os.mkfifo(p.with_name(p.name + "-journal"))),
+}
+
+
+@pytest.mark.parametrize("kind", list(_NOT_FILES))
+def test_a_database_path_that_is_not_a_regular_file_is_refused_at_once(kind, tmp_path, campaign):
+    """--db, AUTOTUNE_DB, the query API and the lookup, on a path that names a pipe, a socket,
+    a device, a folder (or whose -wal/-journal file is a pipe): each refuses it within the read
+    timeout, naming what it is, exit 2 (SQLite used to wait on a pipe forever, deaf to Ctrl-C)."""
+    path = tmp_path / "autotune.db"
+    _NOT_FILES[kind](path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_READ_TIMEOUT_S": "1"}
+    start = time.monotonic()
+    try:
+        run = subprocess.run([sys.executable, "-c", _EVERY_WAY_IN, str(path)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=30,
+                             start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"a read on a {kind} did not end: {e.stdout!r}")
+    elapsed = time.monotonic() - start
+    campaign.add(faults=5)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0, run
+    assert [line.split()[:3] for line in lines[:3]] == [
+        ["--db", "exit", "2"], ["AUTOTUNE_DB", "exit", "2"], ["report", "exit", "2"]], run
+    assert all(line.split()[1] == "StorageError" for line in lines[3:]) and len(lines) == 5, run
+    what = "folder" if kind == "folder" else "not a regular file"
+    assert run.stderr.count(what) >= 3 and "Traceback" not in run.stderr, run.stderr
+    assert all(what in line for line in lines[3:]), lines
+    assert elapsed < 30, elapsed
+
+
+def test_a_command_blocked_in_the_driver_still_ends_within_5_s_of_sigterm(tmp_path):
+    """A read command whose main thread is blocked inside the database driver (here SQLite
+    opening a pipe, which retries on EINTR, so Python's handler never runs) still ends with
+    128 + the signal's number within the grace after SIGTERM or Ctrl-C."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code = ("import sqlite3, sys\n"
+            "from autotune.interrupts import handling\n"
+            "with handling(grace_s=1):\n"
+            "    print('blocked', flush=True)\n"
+            f"    sqlite3.connect('file:{fifo}?mode=ro', uri=True).execute('select 1')\n")
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            assert proc.stdout.readline().strip() == "blocked"
+            time.sleep(0.3)  # inside sqlite's open()
+            sent = time.monotonic()
+            proc.send_signal(signum)
+            proc.wait(timeout=10)
+            assert time.monotonic() - sent < 5
+            assert proc.returncode == 128 + signum, proc.stderr.read()
+            assert "stopping at once" in proc.stderr.read()
+        finally:
+            stop_group(proc)

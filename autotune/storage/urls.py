@@ -21,6 +21,8 @@ import math
 import os
 import pathlib
 import re
+import stat
+import threading
 import urllib.parse
 
 import sqlalchemy as sa
@@ -31,6 +33,8 @@ from autotune.errors import StorageError
 
 __all__ = [
     "display_url",
+    "mask_text",
+    "check_database_path",
     "in_memory",
     "MASK",
     "resolve_url",
@@ -118,6 +122,87 @@ def sqlite_path(url: URL | str) -> pathlib.Path | None:
     if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
         return None  # an sqlite URI: left to sqlite
     return pathlib.Path(database).expanduser()
+
+
+# What stat's file type is called in a message (a regular file is the one accepted).
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+# The files SQLite opens beside the database; each must be a regular file too.
+_SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def _file_type(mode: int) -> str | None:
+    """What a file of ``mode`` is, in words, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, words in _FILE_TYPES:
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def check_database_path(url: URL | str, *, timeout_s: float | None = None) -> None:
+    """Refuses, within ``timeout_s`` (default :func:`read_timeout_s`), an SQLite database path
+    that names anything but a regular file or nothing yet: a folder, a named pipe, a socket, a
+    device (SQLite would wait on a pipe or a device forever, deaf to Ctrl-C), or a file whose
+    ``-wal``, ``-shm`` or ``-journal`` companion is one of those. A URL of another backend and
+    an in-memory database pass. Links are followed: what counts is what SQLite would open.
+
+    Every database opening goes through this check (:class:`autotune.storage.store.Store`:
+    ``--db``, ``$AUTOTUNE_DB`` and the Python API alike).
+
+    Raises:
+      StorageError: the path is not a regular file (naming what it is and the way out), or
+        the file system did not answer ``stat`` within ``timeout_s``.
+    """
+    path = sqlite_path(url)
+    if path is None:
+        return
+    timeout = read_timeout_s(timeout_s)
+    found: dict[str, object] = {}
+
+    def look() -> None:  # stat never opens the file, but a hung file system can still block it
+        try:
+            for candidate in (path, *(path.with_name(path.name + s) for s in _SQLITE_SIDECARS)):
+                try:
+                    mode = candidate.stat().st_mode
+                except FileNotFoundError:
+                    continue
+                kind = _file_type(mode)
+                if kind is not None:
+                    found["bad"] = (candidate, kind)
+                    return
+        except OSError:
+            pass  # unreadable, or under a file: the opening itself says so, in SQLite's words
+        finally:
+            found["done"] = True
+
+    worker = threading.Thread(target=look, name="autotune-db-stat", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if "done" not in found:
+        raise StorageError(
+            f"The database {path} did not answer within {timeout:g} s (its file system does "
+            f"not respond); nothing was read. Check the mount, or raise ${READ_TIMEOUT_ENV}."
+        )
+    if "bad" in found:
+        candidate, kind = found["bad"]  # type: ignore[misc]
+        if candidate == path and kind == "a folder":
+            raise StorageError(
+                f"The database {path} is a folder, not a file: name a file in it, e.g. "
+                f"{path / 'autotune.db'}."
+            )
+        what = "The database" if candidate == path else f"SQLite's companion file of {path.name}"
+        raise StorageError(
+            f"{what} {candidate} is {kind}, not a regular file: autotune opens only regular "
+            "files as SQLite databases (or a database URL such as "
+            "postgresql://user@host:5432/dbname). Point --db or AUTOTUNE_DB at a database file."
+        )
 
 
 def in_memory(url: URL | str) -> bool:
