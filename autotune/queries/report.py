@@ -36,7 +36,7 @@ from typing import Any
 
 from autotune._paths import safe_path
 from autotune.errors import JobError, NothingTunedError
-from autotune.evaluation.trial import DeviceKind
+from autotune.evaluation.trial import MAX_TIME_US, MIN_TIME_US, DeviceKind, plausible_us
 from autotune.storage.rows import ProblemSummary, TrialRow
 from autotune.storage.store import Store
 
@@ -199,12 +199,19 @@ def _problem_page(
     policy = summary.cache_policy
     rows = store.trials(problem, device_name=summary.device, device_kind=summary.device_kind,
                         cache=policy)
+    # The one gate on times: a stored time that is not one is never plotted.
+    bad = sum(1 for r in rows if r.ok and r.median_us is not None and not plausible_us(r.median_us))
+    rows = [dataclasses.replace(r, median_us=None) if r.ok and not plausible_us(r.median_us)
+            else r for r in rows]
     baseline = store.baseline(problem, device_name=summary.device, device_kind=summary.device_kind,
                               cache=policy)
     title = (f"{problem.kernel} [{problem.shape_text}; {problem.dtype}] on {summary.device}, "
              f"{policy} cache")
     images: dict[str, str] = {}
     notes: list[str] = []
+    if bad:
+        notes.append(f"{bad} stored time(s) that are not plausible times (not positive, finite, "
+                     f"from {MIN_TIME_US:g} to {MAX_TIME_US:g} us) are left out of the plots.")
 
     def save(kind: str, fig: Any) -> None:
         path = safe_path(out, folder, f"{kind}.png")
