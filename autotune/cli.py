@@ -1042,9 +1042,9 @@ def _internal_error(error: Exception, argv: Sequence[str]) -> int:
     import tempfile
     import traceback
 
-    from autotune.storage.urls import mask_text
+    from autotune.storage.urls import mask_argv, mask_text
 
-    text = mask_text(f"autotune {_version()}; command line: {list(argv)!r}\n"
+    text = mask_text(f"autotune {_version()}; command line: {mask_argv(argv)!r}\n"
                      + "".join(traceback.format_exception(error)))
     try:
         fd, where = tempfile.mkstemp(prefix="autotune-bug-", suffix=".txt")

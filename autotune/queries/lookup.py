@@ -65,7 +65,7 @@ from autotune.queries import best as queries
 from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import failure_reason
-from autotune.storage.urls import read_timeout_s, resolve_url
+from autotune.storage.urls import display_url, mask_text, read_timeout_s, resolve_url
 
 __all__ = [
     "tuned", "lookup_config", "clear_cache", "NEAREST_TRIES", "SOURCES", "RETRY_AFTER_S",
@@ -285,9 +285,9 @@ class _Unavailable(Exception):
 def _database(db: str | None) -> str:
     """The database ``db`` names, as people may read it: its password hidden."""
     try:
-        return resolve_url(db).render_as_string(hide_password=True)
+        return display_url(resolve_url(db))
     except StorageError:
-        return repr(db)
+        return mask_text(repr(db))
 
 
 def _seconds(name: str, env: str, value: float | None, default: float) -> float:
@@ -367,7 +367,8 @@ def _reason(error: BaseException) -> str:
 def _unavailable_text(where: str, reason: str, *, strict: bool) -> str:
     way = ("(strict=True; without it the lookup answers the exported table or the default "
            "config)" if strict else "Answering from the exported table, else the default config.")
-    return f"The results database {where} cannot answer the run-time lookup: {reason} {way}"
+    # Masked as a whole: the reason is the driver's words, which may quote the URL.
+    return mask_text(f"The results database {where} cannot answer the run-time lookup: {reason} {way}")
 
 
 def _measured_with(result: queries.BestResult) -> str:

@@ -14,7 +14,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from autotune.errors import EmptyDatabaseError, StorageError
-from autotune.storage.urls import in_memory
+from autotune.storage.urls import in_memory, mask_text
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ def failure_reason(error: BaseException) -> str:
         error = error.__context__
     orig = getattr(error, "orig", None)
     text = str(orig if orig is not None else error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    # The driver's words may quote the URL or a connection string: secrets masked here, once.
+    return mask_text(text.splitlines()[0]) if text else type(error).__name__
 
 
 def damaged_hint(reason: str) -> str:
