@@ -15,7 +15,6 @@ import sqlalchemy as sa
 from autotune.errors import StorageError
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Problem
-from autotune.storage import urls
 from autotune.storage.store import Store
 from autotune.storage.urls import display_url, mask_text, resolve_url
 
