@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import io
 import json
 import logging
 import math
@@ -34,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune._paths import safe_path
+from autotune._paths import output_dir, safe_path, write_output
 from autotune.errors import JobError, NothingTunedError
 from autotune.evaluation.trial import MAX_TIME_US, MIN_TIME_US, DeviceKind, plausible_us
 from autotune.storage.rows import ProblemSummary, TrialRow
@@ -159,8 +160,7 @@ def write_report(
                            f"{e.strerror or e}.") from None
         studies = _StudyReader(store)
         pages = [_problem_page(store, s, out, studies, allow_import) for s in summaries]
-    index = out / "index.html"
-    index.write_text(_index_html(pages, db))
+    index = write_output(out / "index.html", _index_html(pages, db))  # never through a link
     return Report(index=index, pages=tuple(pages))
 
 
@@ -194,8 +194,7 @@ def _problem_page(
     problem = summary.problem
     # Names come from the database: slugged, then checked, so nothing lands outside ``out``.
     folder = _folder_name(summary)
-    where = safe_path(out, folder)
-    where.mkdir(exist_ok=True)
+    output_dir(out, folder)  # a folder that already is a link is refused
     policy = summary.cache_policy
     rows = store.trials(problem, device_name=summary.device, device_kind=summary.device_kind,
                         cache=policy)
@@ -215,7 +214,9 @@ def _problem_page(
 
     def save(kind: str, fig: Any) -> None:
         path = safe_path(out, folder, f"{kind}.png")
-        fig.savefig(path, dpi=_DPI)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=_DPI, format="png")
+        write_output(path, buffer.getvalue())  # never through a link
         images[kind] = f"{folder}/{kind}.png"
 
     interpret = summary.device_kind == DeviceKind.INTERPRET

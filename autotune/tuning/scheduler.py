@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune._paths import safe_path
+from autotune._paths import LinkRefusedError, output_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
@@ -529,9 +529,12 @@ class _Scheduler:
             if getattr(row, "traced", False):
                 continue
             config = Config(row.config)
-            out_dir = safe_path(self.results_dir, "traces", problem.kernel, problem.digest(),
-                                config.digest())
-            out_dir.mkdir(parents=True, exist_ok=True)
+            try:  # never through a link another user left in the results folder
+                out_dir = output_dir(self.results_dir, "traces", problem.kernel,
+                                     problem.digest(), config.digest())
+            except LinkRefusedError as e:
+                logger.warning("%s %s: not traced: %s", problem, config.to_json(), e)
+                continue
             future = submit(problem.kernel, problem, config, str(out_dir), _t.TRACE_PROFILE_SPACE)
             r.side[future] = ("trace", (row.id, str(out_dir)))
 

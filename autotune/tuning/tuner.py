@@ -45,7 +45,7 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
-from autotune._paths import safe_path
+from autotune._paths import output_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.errors import JobError, NoValidConfigError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
@@ -990,9 +990,10 @@ def trace_best(
         if getattr(row, "traced", False):
             continue
         config = Config(row.config)
-        out_dir = safe_path(results_dir, "traces", problem.kernel, problem.digest(), config.digest())
-        out_dir.mkdir(parents=True, exist_ok=True)
         try:
+            # Never through a link another user left in the results folder: refused, logged.
+            out_dir = output_dir(results_dir, "traces", problem.kernel, problem.digest(),
+                                 config.digest())
             regions = engine.trace(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)
         except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning
             logger.warning("tracing %s %s failed: %s", problem, config.to_json(), e)
