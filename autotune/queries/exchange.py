@@ -164,16 +164,32 @@ def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in records:
-            writer.writerow({
+            writer.writerow({k: _csv_cell(v) for k, v in {
                 **{k: r.get(k) for k in fields if k not in ("shape", "config", "ties")},
                 "ties": len(r.get("ties") or ()),
                 "shape": Problem(r["kernel"], r["shape"], r["dtype"]).shape_text,
                 "config": json.dumps(r["config"], sort_keys=True),
-            })
+            }.items()})
         return out.getvalue()
     if fmt == "python":
         return _python_module(records)
     raise JobError(f"Unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}.")
+
+
+# A spreadsheet reads a cell starting with one of these as a formula (=HYPERLINK(...), +cmd,
+# -2+3, @SUM, and tab or carriage return ahead of one): OWASP's CSV injection.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> Any:
+    """A CSV cell that no spreadsheet runs: text starting like a formula (a kernel or device
+    name from the database) gets a leading ``'``; numbers are written as they are."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith(_FORMULA_STARTS):
+        value = "'" + value
+    # csv leaves a lone carriage return unquoted, and a reader would end the row there.
+    return value.replace("\r", "\\r")
 
 
 def is_export(head: str) -> bool:

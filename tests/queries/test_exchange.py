@@ -426,3 +426,25 @@ def test_stored_times_that_are_not_times_are_never_served_exported_or_plotted(
         close_stores()
         lookup.clear_cache()
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["=HYPERLINK(\"http://x\",\"y\")", "+cmd|' /C calc'!A0", "-2+3",
+                                  "@SUM(1+1)", "\t=1+1", "\r=1+1"])
+def test_csv_export_neutralises_spreadsheet_formulas(name, tmp_path, campaign):
+    """A device name (or any text cell) from the database that a spreadsheet would run as a
+    formula is written with a leading ' in CSV exports; numbers stay numbers."""
+    import csv
+    import io
+
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    with Store(url) as store:
+        store.record_trial(MATMUL, Config(M1), timed(70.0), device=DeviceInfo(name, "gpu"),
+                           software={"jax": name})
+    campaign.add(bad_inputs=1)
+    text = render(export_records(url), "csv")
+    (row,) = list(csv.DictReader(io.StringIO(text, newline="")))
+    shown = "'" + name.replace("\r", "\\r")  # a lone CR would end the row: escaped
+    assert row["device"] == shown and row["jax_version"] == shown
+    assert row["median_us"] == "70.0" and row["kernel"] == "hopper_matmul"
+    for cell in row.values():
+        assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), row
