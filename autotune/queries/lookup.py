@@ -56,7 +56,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from autotune._jax_compat import default_backend_is_gpu
 from autotune.errors import JobError, StorageError
@@ -88,6 +88,8 @@ _LOCK = threading.Lock()
 _DEGRADED: dict[tuple[Any, ...], tuple[tuple[Config | None, str], float]] = {}
 _DOWN: dict[str, tuple[float, str]] = {}  # database -> (when to ask it again, why it failed)
 _WARNED: set[tuple[str, str]] = set()  # (database, reason) already warned about
+# The helper thread last started per database: at most one is ever blocked on a database.
+_ASKING: dict[str, threading.Thread] = {}
 
 
 def clear_cache() -> None:
@@ -320,6 +322,12 @@ def _ask_database(
         if strict:
             raise StorageError(_unavailable_text(where, down[1], strict=True))
         raise _Unavailable(down[0])
+    with _LOCK:
+        earlier = _ASKING.get(where)
+    if earlier is not None and earlier.is_alive():
+        # The ask that timed out is still blocked in the driver: another thread would block
+        # beside it. The database counts as silent until that one returns.
+        return _failed(where, "an earlier ask is still waiting for an answer", None, strict)
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -331,7 +339,10 @@ def _ask_database(
         finally:
             done.set()
 
-    threading.Thread(target=run, name="autotune-lookup", daemon=True).start()
+    thread = threading.Thread(target=run, name="autotune-lookup", daemon=True)
+    with _LOCK:
+        _ASKING[where] = thread
+    thread.start()
     error: BaseException | None = None
     if not done.wait(2 * timeout):
         reason = f"no answer within {2 * timeout:g} s"
@@ -344,6 +355,12 @@ def _ask_database(
         with _LOCK:
             _DOWN.pop(where, None)
         return box["value"]
+    return _failed(where, reason, error, strict)
+
+
+def _failed(where: str, reason: str, error: BaseException | None, strict: bool) -> NoReturn:
+    """Remembers that ``where`` failed for ``reason``, warns once, and raises
+    :class:`_Unavailable` (``strict``: StorageError)."""
     retry_s = _seconds("retry interval", RETRY_ENV, None, RETRY_AFTER_S)
     retry_at = time.monotonic() + retry_s
     with _LOCK:
