@@ -268,6 +268,12 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default="results/report", metavar="DIR", help="(default: results/report)")
     o.add_argument("--allow-import", action="store_true", help="FLOP counts of import-path kernels")
     _globals(o, db=True)
+
+    d = sub.add_parser("db", help="repair the database: `db repair` rewrites a missing or doubled "
+                                  "schema version record")
+    d.add_argument("action", choices=["repair"],
+                   help="repair: record the schema version the tables match (exactly one row)")
+    _globals(d, db=True)
     return p
 
 
@@ -325,7 +331,8 @@ def _main(argv: Sequence[str] | None) -> int:
     # The CLI names the database itself (_say_db); the API's warning would say it twice.
     warnings.simplefilter("ignore", MissingDatabaseWarning)
     handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
-               "export": _export, "import": _import, "revalidate": _revalidate, "report": _report}
+               "export": _export, "import": _import, "revalidate": _revalidate, "report": _report,
+               "db": _db}
     from autotune.interrupts import GRACE_S, Interrupted, handling
 
     # tune's bound is a second signal (its workers are killed, its open trials closed).
@@ -1020,6 +1027,29 @@ def _check(args: argparse.Namespace) -> int:
         for rule in rules:
             print(f"  {rule}")
     return EXIT_OK if not report.failures else EXIT_NOTHING
+
+
+def _db(args: argparse.Namespace) -> int:
+    """``autotune db repair``: one schema version record, the version the tables match."""
+    from autotune.storage.connection import repair_version_record
+    from autotune.storage.urls import check_database_path, display_url, resolve_url, sqlite_path
+
+    url = resolve_url(args.db)
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise JobError(f"There is no database at {path}: nothing to repair. Name it with --db.")
+    check_database_path(url)
+    found, recorded = repair_version_record(url, str(path) if path else display_url(url))
+    if found == [recorded]:
+        _say(f"autotune: the schema version record of {_db_text(args.db)} is sound ({recorded}): "
+             "nothing to repair.")
+        return EXIT_OK
+    before = "no version table" if found is None else (
+        "no row" if not found else f"{len(found)} rows ({', '.join(found)})")
+    _say(f"autotune: repaired the schema version record of {_db_text(args.db)}: found {before}, "
+         f"now {recorded} (the version its tables match). The next command opens it as usual"
+         " (upgrading an older schema).")
+    return EXIT_OK
 
 
 def run() -> None:

@@ -984,3 +984,104 @@ def test_a_command_blocked_in_the_driver_still_ends_within_5_s_of_sigterm(tmp_pa
             assert "stopping at once" in proc.stderr.read()
         finally:
             stop_group(proc)
+
+
+# --------------------------------------------------------------------------- the schema record
+
+
+def _break_record(url: str, how: str) -> None:
+    """Damages the schema version record of the database at ``url`` as ``how`` says."""
+    engine = _engine(url)
+    try:
+        with engine.begin() as conn:
+            (head,) = conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalars()
+            if how == "missing":
+                conn.execute(sa.text("DROP TABLE at_alembic_version"))
+            elif how == "empty":
+                conn.execute(sa.text("DELETE FROM at_alembic_version"))
+            elif how == "doubled":
+                conn.execute(sa.text("INSERT INTO at_alembic_version VALUES ('0002')"))
+            else:  # the same row twice, in a table without its key (another tool rebuilt it)
+                conn.execute(sa.text("DROP TABLE at_alembic_version"))
+                conn.execute(sa.text("CREATE TABLE at_alembic_version (version_num VARCHAR(32))"))
+                conn.execute(sa.text("INSERT INTO at_alembic_version VALUES (:v), (:v)"), {"v": head})
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["missing", "empty", "doubled", "same row twice"])
+def test_a_damaged_schema_record_is_one_clear_message_naming_the_repair(how, db_url, tmp_path,
+                                                                         capsys, campaign):
+    """A populated database whose version record is missing, empty or doubled: every command
+    (read commands, tune, import) and the lookup's strict mode stop with one message naming
+    the problem and `autotune db repair` (it used to read as "no results stored", or end in an
+    internal error); `autotune db repair` records the version the tables match, and then every
+    stored trial is there, none lost or duplicated (SQLite and PostgreSQL)."""
+    from autotune.cli import main as cli_main
+    from autotune.errors import StorageError
+    from autotune.queries import lookup
+    from autotune.queries.best import close_stores
+
+    job = Job(tmp_path, db_url, trials=4)
+    assert job.run().returncode == 0
+    before = stored(db_url)
+    assert len(before) == 4
+    _break_record(db_url, how)
+    commands = {**_read_commands(db_url, tmp_path),
+                "tune": lambda: cli_main(["tune", str(job.job), "--db", db_url, "--allow-import"]),
+                "import": lambda: cli_main(["import", str(tmp_path / "none.json"), "--db", db_url])}
+    commands.pop("lookup")
+    for name, command in commands.items():
+        try:
+            code = command()
+        finally:
+            close_stores()
+        campaign.add(faults=1)
+        err = capsys.readouterr().err
+        if name == "import":  # the file is checked first: a missing one is named
+            assert code == 2, err
+            continue
+        assert code == 2, (name, code, err)
+        assert "schema version record" in err and "autotune db repair" in err, (name, err)
+        assert "Traceback" not in err and "no results stored" not in err, (name, err)
+    lookup.clear_cache()
+    with pytest.raises(StorageError, match="autotune db repair"):
+        lookup.lookup_config(STEADY, {"n": 1}, "float32", db=db_url, strict=True, timeout_s=2)
+    lookup.clear_cache()
+    campaign.add(faults=1)
+    assert cli_main(["db", "repair", "--db", db_url]) == 0
+    out = capsys.readouterr()
+    assert "now 0" in out.out + out.err, out
+    assert cli_main(["db", "repair", "--db", db_url]) == 0
+    assert "nothing to repair" in "".join(capsys.readouterr())
+    close_stores()
+    assert stored(db_url) == before
+    assert cli_main(["results", "--db", db_url]) == 0
+    close_stores()
+    capsys.readouterr()
+
+
+def test_repair_records_an_older_schema_which_then_upgrades(db_url, capsys, campaign):
+    """A schema-0001 database that lost its version record: `db repair` finds that its tables
+    match 0001 (not the newest version), records it, and the next open upgrades it to head with
+    every trial kept."""
+    from autotune.cli import main as cli_main
+    from autotune.queries.best import close_stores
+
+    build_old_database(db_url)
+    engine = _engine(db_url)
+    try:
+        with engine.begin() as conn:
+            n_trials = conn.execute(sa.text("SELECT count(*) FROM at_trials")).scalar()
+            conn.execute(sa.text("DROP TABLE at_alembic_version"))
+    finally:
+        engine.dispose()
+    campaign.add(faults=1)
+    assert cli_main(["results", "--db", db_url]) == 2
+    assert "autotune db repair" in capsys.readouterr().err
+    assert cli_main(["db", "repair", "--db", db_url]) == 0
+    assert "now 0001" in "".join(capsys.readouterr())
+    assert cli_main(["results", "--db", db_url]) == 0
+    close_stores()
+    assert _version(db_url) == _head_revision()
+    assert len(stored(db_url)) == n_trials == 4
