@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -363,7 +362,10 @@ class _Scheduler:
             why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
             return skip(why, 0, why)
         rows = self.store.trials(problem, device_name=device.name, cache=self.policy)
-        if budget.trials is not None and len(rows) >= budget.trials:
+        spent = budget.trials is not None and len(rows) >= budget.trials
+        if spent or len(rows) >= space.count():
+            _t.close_finished(self.storage, self.store, problem, device, self.policy)
+        if spent:
             return skip("already tuned", len(rows), "budget already spent")
         if len(rows) >= space.count():
             return skip("space exhausted", len(rows), "every valid config measured")
@@ -503,6 +505,7 @@ class _Scheduler:
             r.side[future] = ("confirm", None)
             return
         r.finished = True
+        _t.close_orphans(r.study, self.store, r.problem, self.device, self.policy, finished=True)
         confirm_s = r.confirm_s
         self.emit(_t.Event("done", r.problem, r.done_before + r.measured_now,
                            r.spec.budget.trials, r.best_us, message=r.stop_reason))
@@ -540,13 +543,9 @@ class _Scheduler:
 
 
 def _dead_here(trials: Sequence[FrozenTrial]) -> bool:
-    """Whether one of ``trials`` belongs to a process of this host that is gone."""
-    host = socket.gethostname()
-    for t in trials:
-        owner_host, _, pid = str(t.user_attrs.get(_t.WORKER_ATTR, "")).rpartition(":")
-        if owner_host == host and pid.isdigit() and not _t.is_alive(int(pid)):
-            return True
-    return False
+    """Whether one of ``trials`` belongs to a process of this host that is gone (its pid not
+    running, or reused by a process of another start time)."""
+    return any(_t.owner_dead_here(str(t.user_attrs.get(_t.WORKER_ATTR, ""))) for t in trials)
 
 
 def _beat_s() -> float:
