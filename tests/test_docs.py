@@ -59,3 +59,21 @@ def test_the_exit_codes_agree_between_the_docs_and_the_code():
     used = {v for k, v in vars(cli).items() if k.startswith("EXIT_") and isinstance(v, int)}
     used.add(128 + signal.SIGTERM)
     assert guarantees == usage == used, (sorted(guarantees), sorted(usage), sorted(used))
+
+
+def test_the_campaign_counts_in_the_docs_are_the_measured_ones():
+    """docs/guarantees.md states the reliability campaign's counts as benchmarks/campaign.py
+    last measured them (benchmarks/data/campaign.json), and they meet the goals: at least 200
+    bad inputs, at least 60 faults, no trial lost or stored twice."""
+    import json
+
+    measured = json.loads((REPO / "benchmarks" / "data" / "campaign.json").read_text())
+    text = (REPO / "docs" / "guarantees.md").read_text()
+    found = re.search(r"\*\*(\d+) bad inputs tried, (\d+) faults injected, (\d+) trials lost, "
+                      r"(\d+) duplicates\*\*", text)
+    assert found, "docs/guarantees.md does not state the campaign's counts"
+    stated = [int(n) for n in found.groups()]
+    assert stated == [measured[k] for k in ("bad_inputs", "faults", "lost", "duplicates")], (
+        stated, measured)
+    assert measured["bad_inputs"] >= 200 and measured["faults"] >= 60
+    assert measured["lost"] == measured["duplicates"] == 0
