@@ -69,8 +69,8 @@ def test_the_campaign_counts_in_the_docs_are_the_measured_ones():
 
     measured = json.loads((REPO / "benchmarks" / "data" / "campaign.json").read_text())
     text = (REPO / "docs" / "guarantees.md").read_text()
-    found = re.search(r"\*\*(\d+) bad inputs tried, (\d+) faults injected, (\d+) trials lost, "
-                      r"(\d+) duplicates\*\*", text)
+    found = re.search(r"\*\*(\d+)\s+bad\s+inputs\s+tried,\s+(\d+)\s+faults\s+injected,\s+"
+                      r"(\d+)\s+trials\s+lost,\s+(\d+)\s+duplicates\*\*", text)
     assert found, "docs/guarantees.md does not state the campaign's counts"
     stated = [int(n) for n in found.groups()]
     assert stated == [measured[k] for k in ("bad_inputs", "faults", "lost", "duplicates")], (
