@@ -7,19 +7,29 @@ configs or the database: they must never lead out of it.
 Each part is one or more relative path components (``"a/b"`` is two); a component may not be
 empty, ``.`` or ``..``, hold a NUL byte or a backslash, or be longer than a file name may be
 (255 bytes). The check is on the names alone (nothing is created or resolved), so it does not
-depend on what exists on disk; symbolic links the user put inside the results directory are
-the user's to point where they like.
+depend on what exists on disk.
+
+Writing under an output folder (``report --out``, ``export --out``, ``tune --results-dir``:
+traces, worker logs) never follows a symbolic link autotune did not create, so that a shared
+folder does not let another user redirect the files: :func:`write_output` writes a temporary
+file opened with ``O_EXCL`` (``mkstemp``: never a link) and renames it over the target (a
+rename replaces a link, it never writes through it), and refuses a target that already is a
+link; :func:`output_dir` creates the folders below a root and refuses one that is a link;
+:func:`open_log` appends with ``O_NOFOLLOW``. The root folder the user named may itself be a
+link (the user chose it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from autotune.errors import JobError
 
 __all__ = ["UnsafePathError", "safe_path", "check_file_name", "RESULTS_DIR_ENV",
-           "default_results_dir"]
+           "default_results_dir", "write_output", "output_dir", "open_log", "LinkRefusedError"]
 
 _NAME_MAX_BYTES = 255
 # Where traces, worker logs and reports go when no folder is given: $AUTOTUNE_RESULTS_DIR,
@@ -35,6 +45,92 @@ def default_results_dir() -> str:
 
 class UnsafePathError(JobError):
     """A name would make a path that leaves its root directory (or is not a file name)."""
+
+
+class LinkRefusedError(UnsafePathError):
+    """An output file or folder is already a symbolic link: autotune never writes through one."""
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    if path.is_symlink():
+        raise LinkRefusedError(
+            f"{path} is a symbolic link (to {os.readlink(path)!r}) that autotune did not create; "
+            f"it never writes a {what} through a link, which could send it anywhere. Remove "
+            "the link, or choose an output folder only you can write to."
+        )
+
+
+def output_dir(root: str | os.PathLike[str], *parts: str) -> Path:
+    """``safe_path(root, *parts)``, created folder by folder below ``root``, refusing any
+    folder below ``root`` that already is a symbolic link.
+
+    Raises:
+      UnsafePathError: a part breaks a :func:`safe_path` rule.
+      LinkRefusedError: a folder below ``root`` is a symbolic link.
+      OSError: a folder cannot be created.
+    """
+    path = safe_path(root, *parts)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    current = Path(root)
+    for part in parts:
+        for component in part.split("/"):
+            current = current / component
+            _refuse_link(current, "file")
+            with contextlib.suppress(FileExistsError):
+                current.mkdir()
+            _refuse_link(current, "file")  # raced in between: refused all the same
+    return path
+
+
+def write_output(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None) -> Path:
+    """Writes ``data`` to ``path`` atomically and never through a symbolic link: a temporary
+    file created exclusively beside it (``O_EXCL``), flushed, then renamed over it. ``mode``:
+    the new file's permissions (default: the existing file's, else 0o666 less the umask).
+
+    Raises:
+      LinkRefusedError: ``path`` already is a symbolic link.
+      OSError: the file cannot be written; ``path`` is as it was, no temporary file is left.
+    """
+    target = Path(path)
+    _refuse_link(target, "file")
+    if mode is None:
+        try:
+            mode = target.lstat().st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)  # replaces a link raced in since the check; never follows it
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def open_log(path: str | os.PathLike[str]) -> int:
+    """A file descriptor appending to the log file ``path`` (created 0o644 if missing), opened
+    with ``O_NOFOLLOW``: a log is never written through a symbolic link.
+
+    Raises:
+      LinkRefusedError: ``path`` is a symbolic link.
+    """
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o644)
+    except OSError as e:
+        import errno
+
+        if e.errno == errno.ELOOP:
+            _refuse_link(Path(path), "log")
+        raise
 
 
 def _rule_broken(text: str) -> str | None:

@@ -326,6 +326,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="(default: results/report, or report under $AUTOTUNE_RESULTS_DIR)")
     o.add_argument("--allow-import", action="store_true", help="FLOP counts of import-path kernels")
     _globals(o, db=True)
+
+    d = sub.add_parser("db", help="repair the database: `db repair` rewrites a missing or doubled "
+                                  "schema version record")
+    d.add_argument("action", choices=["repair"],
+                   help="repair: record the schema version the tables match (exactly one row)")
+    _globals(d, db=True)
     _add_completers(p)
     return p
 
@@ -425,11 +431,12 @@ def _main(argv: Sequence[str] | None) -> int:
     warnings.simplefilter("ignore", MissingDatabaseWarning)
     handler = {"spaces": _spaces, "tune": _tune, "status": _status, "best": _best, "results": _results, "check": _check,
                "export": _export, "import": _import, "revalidate": _revalidate, "report": _report,
-               "verify": _verify}
+               "verify": _verify, "db": _db}
     from autotune.devices import using_profile
-    from autotune.interrupts import Interrupted, handling
+    from autotune.interrupts import GRACE_S, Interrupted, handling
 
-    with handling() as signals:
+    # tune's bound is a second signal (its workers are killed, its open trials closed).
+    with handling(grace_s=None if args.command == "tune" else GRACE_S) as signals:
         args.signals = signals
         try:
             with using_profile(getattr(args, "device_profile", None)):
@@ -1243,6 +1250,29 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if not report.failures else EXIT_NOTHING
 
 
+def _db(args: argparse.Namespace) -> int:
+    """``autotune db repair``: one schema version record, the version the tables match."""
+    from autotune.storage.connection import repair_version_record
+    from autotune.storage.urls import check_database_path, display_url, resolve_url, sqlite_path
+
+    url = resolve_url(args.db)
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise JobError(f"There is no database at {path}: nothing to repair. Name it with --db.")
+    check_database_path(url)
+    found, recorded = repair_version_record(url, str(path) if path else display_url(url))
+    if found == [recorded]:
+        _say(f"autotune: the schema version record of {_db_text(args.db)} is sound ({recorded}): "
+             "nothing to repair.")
+        return EXIT_OK
+    before = "no version table" if found is None else (
+        "no row" if not found else f"{len(found)} rows ({', '.join(found)})")
+    _say(f"autotune: repaired the schema version record of {_db_text(args.db)}: found {before}, "
+         f"now {recorded} (the version its tables match). The next command opens it as usual"
+         " (upgrading an older schema).")
+    return EXIT_OK
+
+
 def run() -> None:
     """The ``autotune`` console script and ``python -m autotune``: :func:`main`, then the exit
     (:func:`autotune.interrupts.end_process`). An exception that no handler expects (a bug)
@@ -1263,9 +1293,9 @@ def _internal_error(error: Exception, argv: Sequence[str]) -> int:
     import tempfile
     import traceback
 
-    from autotune.storage.urls import mask_text
+    from autotune.storage.urls import mask_argv, mask_text
 
-    text = mask_text(f"autotune {_version()}; command line: {list(argv)!r}\n"
+    text = mask_text(f"autotune {_version()}; command line: {mask_argv(argv)!r}\n"
                      + "".join(traceback.format_exception(error)))
     try:
         fd, where = tempfile.mkstemp(prefix="autotune-bug-", suffix=".txt")

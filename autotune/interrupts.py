@@ -15,6 +15,12 @@ itself rather than with 128 + its number.
 
 Only the command line installs these handlers (:func:`handling`); a program that calls
 ``autotune.tune`` keeps its own.
+
+A bound on the ending (``handling(grace_s=...)``, every command but ``tune``): Python runs a
+signal handler only once the main thread is back in Python code, so a thread blocked inside a
+driver call (a database on a hung file system) would never see it. A watchdog thread hears the
+signal at C level (``signal.set_wakeup_fd``) and, when the process has not ended ``grace_s``
+after it, ends it with 128 + the signal's number. ``tune`` has its own bound: a second signal.
 """
 
 from __future__ import annotations
@@ -24,10 +30,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-__all__ = ["Interrupted", "Handler", "handling", "end_process", "SIGNALS"]
+__all__ = ["Interrupted", "Handler", "handling", "end_process", "SIGNALS", "GRACE_S"]
+
+# How long a command other than ``tune`` may take to end after SIGINT or SIGTERM.
+GRACE_S = 5.0
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # The first signal a Handler of this process received (None: none).
@@ -88,22 +98,65 @@ class Handler:
         raise Interrupted(signum)
 
 
+class _Watchdog:
+    """Ends the process ``grace_s`` after SIGINT or SIGTERM reached it at C level, if it has
+    not ended by then (see the module docstring)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, name="autotune-signal-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                data = os.read(self._read, 16)
+                if not data:
+                    return  # stop() closed the pipe
+                heard = [b for b in data if b in SIGNALS]
+                if heard:
+                    deadline = time.monotonic() + self.grace_s
+                    if not self._stopped.wait(max(0.0, deadline - time.monotonic())):
+                        _say(f"\nautotune: still not ended {self.grace_s:g} s after "
+                             f"{_name(heard[0])}: stopping at once.\n")
+                        os._exit(128 + heard[0])
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._read)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self._previous)
+        with contextlib.suppress(OSError):
+            os.close(self._write)
+
+
 @contextlib.contextmanager
-def handling() -> Iterator[Handler]:
+def handling(*, grace_s: float | None = None) -> Iterator[Handler]:
     """Installs a :class:`Handler` for SIGINT and SIGTERM (in the main thread only; elsewhere
     the handler is returned but not installed), and restores the previous handlers after,
     unless a signal came: then it stays, so that a second signal during the shutdown that
     follows (threads joined, workers reaped) still ends the process at once with 128 + its
-    number, never with Python's own KeyboardInterrupt exit."""
+    number, never with Python's own KeyboardInterrupt exit.
+
+    ``grace_s``: once a signal came, the process ends at the latest ``grace_s`` later, even
+    when its main thread is blocked in C code (:class:`_Watchdog`)."""
     handler = Handler()
     if threading.current_thread() is not threading.main_thread():
         yield handler
         return
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
+    watchdog = _Watchdog(grace_s) if grace_s is not None else None
     try:
         yield handler
     finally:
         if handler.received is None:
+            if watchdog is not None:
+                watchdog.stop()
             for s, old in previous.items():
                 signal.signal(s, old)
 

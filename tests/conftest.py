@@ -101,6 +101,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterat
 # finished trial was lost or stored twice.
 
 _CAMPAIGN = ("bad_inputs", "faults", "completed", "lost", "duplicates")
+# Where the session writes its campaign counts as JSON (benchmarks/campaign.py sets it).
+CAMPAIGN_OUT_ENV = "AUTOTUNE_CAMPAIGN_OUT"
 _campaign_counts: dict[str, int] = dict.fromkeys(_CAMPAIGN, 0)
 
 
@@ -132,6 +134,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if workeroutput is not None:  # an xdist worker: the controller prints the totals
         workeroutput["reliability_campaign"] = dict(_campaign_counts)
         return
+    out = os.environ.get(CAMPAIGN_OUT_ENV)
+    if out:  # benchmarks/campaign.py: the counts, written by the controller only
+        import json
+
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(dict(_campaign_counts), f, indent=1, sort_keys=True)
     if _campaign_counts["lost"] or _campaign_counts["duplicates"]:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _check_checkout(session)

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autotune
+import autotune.queries.exchange
 from autotune.cli import main
 from autotune.errors import AutotuneError, JobError
 from autotune.evaluation.trial import DeviceInfo, TrialResult
@@ -256,8 +257,34 @@ API: list[Bad] = [
     Bad("import_records() negative time", lambda db: autotune.queries.exchange.import_records([{
         "kernel": "softmax", "shape": {"rows": 64, "cols": 512}, "dtype": "f32",
         "device": "NVIDIA H200", "median_us": -1.0, "config": {}}], db), "median_us",
-        "got -1.0", "must be positive"),
+        "got -1.0", "must be a positive, finite number"),
+    *(Bad(f"import_records() implausible time {value!r}",
+          lambda db, value=value: autotune.queries.exchange.import_records([{
+              "kernel": "softmax", "shape": {"rows": 64, "cols": 512}, "dtype": "f32",
+              "device": "NVIDIA H200", "median_us": value, "config": {}}], db),
+          "median_us", repr(value), "not a plausible time") for value in (1e300, 1e-9, 2e10)),
+    Bad("Store() on a named pipe", lambda db: Store(_fifo(db)), "database", "named pipe",
+        "regular file"),
+    Bad("best_config() on a folder", lambda db: autotune.best_config(
+        "softmax", {"rows": 64, "cols": 512}, "f32", db=str(_outside(db))),
+        "database", "folder", "name a file"),
+    Bad("lookup strict on a device", lambda db: autotune.lookup_config(
+        "softmax", {"rows": 64, "cols": 512}, "f32", db="/dev/null", strict=True),
+        "/dev/null", "character device", "regular file"),
 ]
+
+
+def _outside(db: str) -> Path:
+    """The test's own folder: above the database's folder, which must not be created."""
+    return Path(db.removeprefix("sqlite:///")).parent.parent
+
+
+def _fifo(db: str) -> str:
+    """A named pipe beside ``db`` (a path): what a database path must never be."""
+    path = _outside(db) / "pipe.db"
+    if not path.exists():
+        os.mkfifo(path)
+    return str(path)
 
 
 # --------------------------------------------------------------------------- running a case

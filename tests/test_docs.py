@@ -32,3 +32,48 @@ def test_every_test_named_in_the_docs_exists():
                 if not found:
                     missing.append(f"{doc.relative_to(REPO)}: {ref} (no such test)")
     assert not missing, "\n".join(missing)
+
+
+def _exit_codes(doc: pathlib.Path, heading: str) -> set[int]:
+    """The codes in the first column of the table under ``heading`` in ``doc``."""
+    text = doc.read_text().split(heading, 1)[1]
+    codes = set()
+    for line in text.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        cell = line.split("|")[1].strip() if line.startswith("|") else ""
+        if cell.isdigit():
+            codes.add(int(cell))
+    return codes
+
+
+def test_the_exit_codes_agree_between_the_docs_and_the_code():
+    """docs/guarantees.md and docs/cli.md list the same exit codes, and they are exactly the
+    codes the CLI uses (its EXIT_ constants, and 128 + SIGTERM from autotune.interrupts)."""
+    import signal
+
+    from autotune import cli
+
+    guarantees = _exit_codes(REPO / "docs" / "guarantees.md", "## Exit codes")
+    usage = _exit_codes(REPO / "docs" / "cli.md", "## Errors and exit codes")
+    used = {v for k, v in vars(cli).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    used.add(128 + signal.SIGTERM)
+    assert guarantees == usage == used, (sorted(guarantees), sorted(usage), sorted(used))
+
+
+def test_the_campaign_counts_in_the_docs_are_the_measured_ones():
+    """docs/guarantees.md states the reliability campaign's counts as benchmarks/campaign.py
+    last measured them (benchmarks/data/campaign.json), and they meet the goals: at least 200
+    bad inputs, at least 60 faults, no trial lost or stored twice."""
+    import json
+
+    measured = json.loads((REPO / "benchmarks" / "data" / "campaign.json").read_text())
+    text = (REPO / "docs" / "guarantees.md").read_text()
+    found = re.search(r"\*\*(\d+)\s+bad\s+inputs\s+tried,\s+(\d+)\s+faults\s+injected,\s+"
+                      r"(\d+)\s+trials\s+lost,\s+(\d+)\s+duplicates\*\*", text)
+    assert found, "docs/guarantees.md does not state the campaign's counts"
+    stated = [int(n) for n in found.groups()]
+    assert stated == [measured[k] for k in ("bad_inputs", "faults", "lost", "duplicates")], (
+        stated, measured)
+    assert measured["bad_inputs"] >= 200 and measured["faults"] >= 60
+    assert measured["lost"] == measured["duplicates"] == 0

@@ -877,3 +877,213 @@ def test_a_second_ctrl_c_ends_at_once(tmp_path, campaign):
     rerun = job.run()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
+
+
+# --------------------------------------------------------------------------- database paths
+
+# Each way into a database, run against one path in a fresh interpreter: the CLI's --db, the
+# AUTOTUNE_DB variable, the query API, the run-time lookup with strict=True. Each prints its
+# outcome on one line: the exit code, or the exception's type and message.
+_EVERY_WAY_IN = r"""
+import os, sys, warnings
+warnings.simplefilter("ignore")
+path = sys.argv[1]
+from autotune.cli import main
+from autotune.errors import StorageError
+for name, argv, env in [("--db", ["results", "--db", path], None),
+                        ("AUTOTUNE_DB", ["export", "--format", "json"], path),
+                        ("report", ["report", "--db", path, "--out", "report"], None)]:
+    if env is not None:
+        os.environ["AUTOTUNE_DB"] = env
+    print(name, "exit", main(argv), flush=True)
+    os.environ.pop("AUTOTUNE_DB", None)
+import autotune
+from autotune.queries import lookup
+from tests.fault_driver import STEADY
+for name, call in [
+    ("api", lambda: autotune.best_config(STEADY.name, {"n": 1}, "float32", db=path)),
+    ("lookup", lambda: lookup.lookup_config(STEADY, {"n": 1}, "float32", db=path, strict=True,
+                                            timeout_s=1)),
+]:
+    try:
+        call()
+        print(name, "answered", flush=True)
+    except StorageError as e:
+        print(name, "StorageError", str(e).replace("\n", " "), flush=True)
+"""
+
+
+def _make_socket(path: Path) -> None:
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))  # left bound: the test's folder goes with it
+
+
+_NOT_FILES = {
+    "fifo": lambda p: os.mkfifo(p),
+    "link to a fifo": lambda p: (os.mkfifo(p.with_name("pipe")), os.symlink(p.with_name("pipe"), p)),
+    "socket": _make_socket,
+    "character device": lambda p: os.symlink("/dev/zero", p),
+    "folder": lambda p: p.mkdir(),
+    "wal is a fifo": lambda p: (sqlite3.connect(p).close(), os.mkfifo(p.with_name(p.name + "-wal"))),
+    "journal is a fifo": lambda p: (sqlite3.connect(p).close(),
+                                    os.mkfifo(p.with_name(p.name + "-journal"))),
+}
+
+
+@pytest.mark.parametrize("kind", list(_NOT_FILES))
+def test_a_database_path_that_is_not_a_regular_file_is_refused_at_once(kind, tmp_path, campaign):
+    """--db, AUTOTUNE_DB, the query API and the lookup, on a path that names a pipe, a socket,
+    a device, a folder (or whose -wal/-journal file is a pipe): each refuses it within the read
+    timeout, naming what it is, exit 2 (SQLite used to wait on a pipe forever, deaf to Ctrl-C)."""
+    path = tmp_path / "autotune.db"
+    _NOT_FILES[kind](path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_READ_TIMEOUT_S": "1"}
+    start = time.monotonic()
+    try:
+        run = subprocess.run([sys.executable, "-c", _EVERY_WAY_IN, str(path)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=30,
+                             start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"a read on a {kind} did not end: {e.stdout!r}")
+    elapsed = time.monotonic() - start
+    campaign.add(faults=5)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0, run
+    assert [line.split()[:3] for line in lines[:3]] == [
+        ["--db", "exit", "2"], ["AUTOTUNE_DB", "exit", "2"], ["report", "exit", "2"]], run
+    assert all(line.split()[1] == "StorageError" for line in lines[3:]) and len(lines) == 5, run
+    what = "folder" if kind == "folder" else "not a regular file"
+    assert run.stderr.count(what) >= 3 and "Traceback" not in run.stderr, run.stderr
+    assert all(what in line for line in lines[3:]), lines
+    assert elapsed < 30, elapsed
+
+
+def test_a_command_blocked_in_the_driver_still_ends_within_5_s_of_sigterm(tmp_path):
+    """A read command whose main thread is blocked inside the database driver (here SQLite
+    opening a pipe, which retries on EINTR, so Python's handler never runs) still ends with
+    128 + the signal's number within the grace after SIGTERM or Ctrl-C."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code = ("import sqlite3, sys\n"
+            "from autotune.interrupts import handling\n"
+            "with handling(grace_s=1):\n"
+            "    print('blocked', flush=True)\n"
+            f"    sqlite3.connect('file:{fifo}?mode=ro', uri=True).execute('select 1')\n")
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            assert proc.stdout.readline().strip() == "blocked"
+            time.sleep(0.3)  # inside sqlite's open()
+            sent = time.monotonic()
+            proc.send_signal(signum)
+            proc.wait(timeout=10)
+            assert time.monotonic() - sent < 5
+            assert proc.returncode == 128 + signum, proc.stderr.read()
+            assert "stopping at once" in proc.stderr.read()
+        finally:
+            stop_group(proc)
+
+
+# --------------------------------------------------------------------------- the schema record
+
+
+def _break_record(url: str, how: str) -> None:
+    """Damages the schema version record of the database at ``url`` as ``how`` says."""
+    engine = _engine(url)
+    try:
+        with engine.begin() as conn:
+            (head,) = conn.execute(sa.text("SELECT version_num FROM at_alembic_version")).scalars()
+            if how == "missing":
+                conn.execute(sa.text("DROP TABLE at_alembic_version"))
+            elif how == "empty":
+                conn.execute(sa.text("DELETE FROM at_alembic_version"))
+            elif how == "doubled":
+                conn.execute(sa.text("INSERT INTO at_alembic_version VALUES ('0002')"))
+            else:  # the same row twice, in a table without its key (another tool rebuilt it)
+                conn.execute(sa.text("DROP TABLE at_alembic_version"))
+                conn.execute(sa.text("CREATE TABLE at_alembic_version (version_num VARCHAR(32))"))
+                conn.execute(sa.text("INSERT INTO at_alembic_version VALUES (:v), (:v)"), {"v": head})
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["missing", "empty", "doubled", "same row twice"])
+def test_a_damaged_schema_record_is_one_clear_message_naming_the_repair(how, db_url, tmp_path,
+                                                                         capsys, campaign):
+    """A populated database whose version record is missing, empty or doubled: every command
+    (read commands, tune, import) and the lookup's strict mode stop with one message naming
+    the problem and `autotune db repair` (it used to read as "no results stored", or end in an
+    internal error); `autotune db repair` records the version the tables match, and then every
+    stored trial is there, none lost or duplicated (SQLite and PostgreSQL)."""
+    from autotune.cli import main as cli_main
+    from autotune.errors import StorageError
+    from autotune.queries import lookup
+    from autotune.queries.best import close_stores
+
+    job = Job(tmp_path, db_url, trials=4)
+    assert job.run().returncode == 0
+    before = stored(db_url)
+    assert len(before) == 4
+    _break_record(db_url, how)
+    commands = {**_read_commands(db_url, tmp_path),
+                "tune": lambda: cli_main(["tune", str(job.job), "--db", db_url, "--allow-import"]),
+                "import": lambda: cli_main(["import", str(tmp_path / "none.json"), "--db", db_url])}
+    commands.pop("lookup")
+    for name, command in commands.items():
+        try:
+            code = command()
+        finally:
+            close_stores()
+        campaign.add(faults=1)
+        err = capsys.readouterr().err
+        if name == "import":  # the file is checked first: a missing one is named
+            assert code == 2, err
+            continue
+        assert code == 2, (name, code, err)
+        assert "schema version record" in err and "autotune db repair" in err, (name, err)
+        assert "Traceback" not in err and "no results stored" not in err, (name, err)
+    lookup.clear_cache()
+    with pytest.raises(StorageError, match="autotune db repair"):
+        lookup.lookup_config(STEADY, {"n": 1}, "float32", db=db_url, strict=True, timeout_s=2)
+    lookup.clear_cache()
+    campaign.add(faults=1)
+    assert cli_main(["db", "repair", "--db", db_url]) == 0
+    out = capsys.readouterr()
+    assert "now 0" in out.out + out.err, out
+    assert cli_main(["db", "repair", "--db", db_url]) == 0
+    assert "nothing to repair" in "".join(capsys.readouterr())
+    close_stores()
+    assert stored(db_url) == before
+    assert cli_main(["results", "--db", db_url]) == 0
+    close_stores()
+    capsys.readouterr()
+
+
+def test_repair_records_an_older_schema_which_then_upgrades(db_url, capsys, campaign):
+    """A schema-0001 database that lost its version record: `db repair` finds that its tables
+    match 0001 (not the newest version), records it, and the next open upgrades it to head with
+    every trial kept."""
+    from autotune.cli import main as cli_main
+    from autotune.queries.best import close_stores
+
+    build_old_database(db_url)
+    engine = _engine(db_url)
+    try:
+        with engine.begin() as conn:
+            n_trials = conn.execute(sa.text("SELECT count(*) FROM at_trials")).scalar()
+            conn.execute(sa.text("DROP TABLE at_alembic_version"))
+    finally:
+        engine.dispose()
+    campaign.add(faults=1)
+    assert cli_main(["results", "--db", db_url]) == 2
+    assert "autotune db repair" in capsys.readouterr().err
+    assert cli_main(["db", "repair", "--db", db_url]) == 0
+    assert "now 0001" in "".join(capsys.readouterr())
+    assert cli_main(["results", "--db", db_url]) == 0
+    close_stores()
+    assert _version(db_url) == _head_revision()
+    assert len(stored(db_url)) == n_trials == 4

@@ -3,6 +3,7 @@ results directory."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,59 @@ def test_fuzz_accepted_paths_never_leave_the_root(parts):
         return
     assert Path(*Path(str(path)).parts).is_relative_to(root)
     assert ".." not in path.parts and "\x00" not in str(path)
+
+
+# --------------------------------------------------------------------------- output files
+
+
+def test_write_output_refuses_a_link_and_never_writes_through_one(tmp_path):
+    """write_output refuses a target that is a symbolic link (naming it), and a link raced in
+    after the check is replaced by the rename, never written through."""
+    import autotune._paths as paths
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    link = tmp_path / "out.txt"
+    link.symlink_to(victim)
+    with pytest.raises(paths.LinkRefusedError, match="symbolic link"):
+        paths.write_output(link, "new")
+    assert victim.read_text() == "precious"
+    original = paths._refuse_link
+    try:  # the link appears between the check and the write: the rename replaces the link
+        paths._refuse_link = lambda path, what: None
+        paths.write_output(link, "new")
+    finally:
+        paths._refuse_link = original
+    assert victim.read_text() == "precious" and not link.is_symlink() and link.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_output_dir_refuses_a_linked_folder_below_the_root(tmp_path):
+    """output_dir creates the folders below its root and refuses one that is a symbolic link;
+    the root itself may be a link (the user named it)."""
+    from autotune._paths import LinkRefusedError, output_dir
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "root"
+    root.symlink_to(elsewhere)
+    assert output_dir(root, "traces", "k/abc").is_dir()
+    (elsewhere / "traces" / "evil").symlink_to(tmp_path)
+    with pytest.raises(LinkRefusedError, match="evil"):
+        output_dir(root, "traces", "evil", "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_worker_log_is_never_appended_through_a_link(tmp_path):
+    """open_log appends with O_NOFOLLOW: a log path that is a link is refused, naming it."""
+    from autotune._paths import LinkRefusedError, open_log
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "worker-0.log").symlink_to(victim)
+    with pytest.raises(LinkRefusedError):
+        open_log(tmp_path / "worker-0.log")
+    fd = open_log(tmp_path / "worker-1.log")
+    os.write(fd, b"ok")
+    os.close(fd)
+    assert victim.read_text() == "precious" and (tmp_path / "worker-1.log").read_text() == "ok"

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from autotune._paths import open_log
 from autotune.engine.messages import (
     EngineError,
     Stop,
@@ -106,7 +107,7 @@ class _WorkerPool:
         )
         ours, theirs = socket.socketpair()
         try:
-            with open(log_path, "ab") as log_file:
+            with os.fdopen(open_log(log_path), "ab") as log_file:  # never through a link
                 process = subprocess.Popen(
                     [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(theirs.fileno())],
                     env=env,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune._paths import write_output
 from autotune.evaluation.contract import (
     Compiled,
     Evaluator,
@@ -246,5 +247,5 @@ class FakeEvaluator(Evaluator):
                 {"name": "kernel", "ph": "E", "ts": 2.0 + b.cost_us, "pid": pid, "tid": tid},
             ]
         path = out / f"fake-{time.time_ns()}-trace.json"
-        path.write_text(json.dumps({"displayTimeUnit": "ns", "traceEvents": events}))
+        write_output(path, json.dumps({"displayTimeUnit": "ns", "traceEvents": events}))
         return parse_trace_files([path])

@@ -32,7 +32,33 @@ __all__ = [
     "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy",
     "CACHE_POLICIES",
     "resolve_cache_policy", "relative_spread", "round_order",
+    "time_problem", "plausible_us", "MIN_TIME_US", "MAX_TIME_US",
 ]
+
+# The one validity gate for stored times (microseconds): a time outside
+# [MIN_TIME_US, MAX_TIME_US], or not a finite number, was not measured by a timer (another
+# tool wrote it, a timer broke) and is never served, exported, imported or plotted. A GPU clock
+# cycle is about 1 ns; no trial's time limit lets a kernel run for hours.
+MIN_TIME_US = 1e-3
+MAX_TIME_US = 1e10
+
+
+def time_problem(value: object, *, name: str = "median_us") -> str | None:
+    """Why ``value`` is not a plausible time in microseconds (naming ``name``, the rule and the
+    value), or None when it is one: a finite number from 1 ns to about 2.8 hours."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{name} must be a number of microseconds, got {value!r}"
+    if not math.isfinite(value) or value <= 0:
+        return f"{name} must be a positive, finite number of microseconds, got {value!r}"
+    if not MIN_TIME_US <= value <= MAX_TIME_US:
+        return (f"{name} = {value!r} is not a plausible time: a measured time lies between "
+                f"{MIN_TIME_US:g} and {MAX_TIME_US:g} us")
+    return None
+
+
+def plausible_us(value: object) -> bool:
+    """Whether ``value`` is a plausible time in microseconds (:func:`time_problem`)."""
+    return time_problem(value) is None
 
 
 class DeviceKind(enum.StrEnum):

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._jax_compat import installed_versions
 from autotune.errors import EmptyDatabaseError, JobError, did_you_mean
-from autotune.evaluation.trial import CACHE_POLICIES, DEVICE_KINDS, DeviceKind
+from autotune.evaluation.trial import CACHE_POLICIES, DEVICE_KINDS, DeviceKind, plausible_us
 from autotune.space.problem import (
     Problem,
     ShapeValue,
@@ -289,16 +289,17 @@ def _first_servable(
     store: Store, problem: Problem, name: str | None, kind: str | None,
     versions: Mapping[str, str] | None, cache: str | None = None,
 ) -> TrialRow | None:
-    """The fastest ok trial with a finite time whose config is valid under today's rules (the
-    one check: :func:`autotune.space.validity.servable`); rows that break them are skipped with a
-    warning."""
+    """The fastest ok trial with a plausible time (the one gate on times:
+    :func:`autotune.evaluation.trial.plausible_us`) whose config is valid under today's rules
+    (the one check: :func:`autotune.space.validity.servable`); rows that break them are skipped
+    with a warning."""
     n = 4
     while True:
         rows = store.best(problem, device_name=name, device_kind=kind, n=n, versions=versions,
                           cache=cache)
         for row in rows:
-            # A non-finite time (written by another tool) is never served either.
-            if math.isfinite(row.median_us or math.nan) and servable(problem, row.config):
+            # A time that is not one (written by another tool) is never served either.
+            if plausible_us(row.median_us) and servable(problem, row.config):
                 return row
         if len(rows) < n:
             return None
@@ -310,8 +311,12 @@ def served_summaries(store: Store, summaries: list[ProblemSummary]) -> list[Prob
     today's rules is replaced by the fastest valid trial of its (problem, device), or by none."""
     out = []
     for s in summaries:
+        if s.confirmation is not None and not plausible_us(s.confirmation.crowned.median_us):
+            s = dataclasses.replace(s, confirmation=None)  # a confirmed time that is not a time
+        if s.baseline_us is not None and not plausible_us(s.baseline_us):
+            s = dataclasses.replace(s, baseline_name=None, baseline_us=None)
         if s.best_config is not None and not (
-            math.isfinite(s.best_us or math.nan) and servable(s.problem, s.best_config)
+            plausible_us(s.best_us) and servable(s.problem, s.best_config)
         ):
             row = _first_servable(store, s.problem, s.device, s.device_kind, None)
             s = dataclasses.replace(
@@ -340,6 +345,8 @@ def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any
 
 def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
     confirmation = _current_confirmation(store, problem, best)
+    if confirmation is not None and not plausible_us(confirmation.crowned.median_us):
+        confirmation = None  # a confirmed time that is not a time is never served
     if confirmation is not None:
         crowned = store.trial(confirmation.crowned_trial_id)
         if crowned is not None:
@@ -370,7 +377,8 @@ def _confirmed_result(
     store: Store, problem: Problem, crowned: TrialRow, c: Any, stale: bool
 ) -> BestResult:
     program = c.crowned
-    baseline_us = c.baseline_median_us
+    baseline_us = c.baseline_median_us if plausible_us(c.baseline_median_us) else None
+    speedup = c.speedup if isinstance(c.speedup, float) and 0 < c.speedup < math.inf else None
     return BestResult(
         problem=problem,
         config=dict(crowned.config),
@@ -382,20 +390,20 @@ def _confirmed_result(
         trial_id=crowned.id,
         baseline_name=c.baseline_name,
         baseline_us=baseline_us,
-        ratio=None if c.speedup is None else 1.0 / c.speedup,
+        ratio=None if speedup is None else 1.0 / speedup,
         jaxlib_version=crowned.software.get("jaxlib", ""),
         stale=stale,
         cache_policy=c.cache_policy,
         spread=program.spread,
         confirmation_id=c.id,
-        confirmed_speedup=c.speedup,
-        speedup_spread=c.speedup_spread,
-        speedup_low=c.speedup_low,
-        speedup_high=c.speedup_high,
+        confirmed_speedup=speedup,
+        speedup_spread=c.speedup_spread if speedup is not None else None,
+        speedup_low=c.speedup_low if speedup is not None else None,
+        speedup_high=c.speedup_high if speedup is not None else None,
         ties=tuple(
             {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff,
              "trial_id": p.trial_id}
-            for p in c.tied_with_winner()
+            for p in c.tied_with_winner() if plausible_us(p.median_us)
         ),
     )
 

@@ -50,6 +50,8 @@ from autotune.evaluation.trial import (
     DeviceInfo,
     DeviceKind,
     TrialResult,
+    plausible_us,
+    time_problem,
 )
 from autotune.queries import best as best_queries
 from autotune.queries.best import _device_filter, _open, served_summaries
@@ -95,9 +97,10 @@ def export_records(
         for summary in served_summaries(store, summaries):  # configs valid under today's rules
             if summary.best_config is None or summary.best_trial_id is None:
                 continue
-            if summary.best_us is None or not math.isfinite(summary.best_us):
-                log.warning("%s on %s: skipping a non-finite stored time %r; it is never "
-                            "exported.", summary.problem, summary.device, summary.best_us)
+            if not plausible_us(summary.best_us):
+                log.warning("%s on %s: skipping the stored time %r: %s; it is never exported.",
+                            summary.problem, summary.device, summary.best_us,
+                            time_problem(summary.best_us))
                 continue
             if (summary.problem, summary.device) in left_out:
                 continue  # functional runs, not GPU timings: only when asked for (or no GPU)
@@ -110,6 +113,8 @@ def export_records(
             median_us, config, spread = summary.best_us, dict(summary.best_config), trial.spread
             if confirmation is not None and not servable(summary.problem, confirmation.crowned.config):
                 confirmation = None  # its crowned config breaks today's rules: never served
+            if confirmation is not None and not plausible_us(confirmation.crowned.median_us):
+                confirmation = None  # its confirmed time is not a time: never exported
             if confirmation is not None:
                 crowned = confirmation.crowned
                 median_us, config, spread = crowned.median_us, dict(crowned.config), crowned.spread
@@ -129,13 +134,13 @@ def export_records(
                 "software": dict(trial.software),
                 "config": config,
                 "cache_policy": summary.cache_policy,
-                "spread": spread,
+                "spread": _finite(spread),
                 "confirmed": confirmation is not None,
-                "confirmed_speedup": None if confirmation is None else confirmation.speedup,
-                "speedup_spread": None if confirmation is None else confirmation.speedup_spread,
+                "confirmed_speedup": None if confirmation is None else _finite(confirmation.speedup),
+                "speedup_spread": None if confirmation is None else _finite(confirmation.speedup_spread),
                 "ties": [] if confirmation is None else [
-                    {"config": dict(p.config), "median_us": p.median_us, "diff": p.diff}
-                    for p in confirmation.tied_with_winner()
+                    {"config": dict(p.config), "median_us": p.median_us, "diff": _finite(p.diff)}
+                    for p in confirmation.tied_with_winner() if plausible_us(p.median_us)
                 ],
             })
     return records
@@ -182,16 +187,32 @@ def render(records: Sequence[Mapping[str, Any]], fmt: str) -> str:
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in records:
-            writer.writerow({
+            writer.writerow({k: _csv_cell(v) for k, v in {
                 **{k: r.get(k) for k in fields if k not in ("shape", "config", "ties")},
                 "ties": len(r.get("ties") or ()),
                 "shape": Problem(r["kernel"], r["shape"], r["dtype"]).shape_text,
                 "config": json.dumps(r["config"], sort_keys=True),
-            })
+            }.items()})
         return out.getvalue()
     if fmt == "python":
         return _python_module(records)
     raise JobError(f"Unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}.")
+
+
+# A spreadsheet reads a cell starting with one of these as a formula (=HYPERLINK(...), +cmd,
+# -2+3, @SUM, and tab or carriage return ahead of one): OWASP's CSV injection.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> Any:
+    """A CSV cell that no spreadsheet runs: text starting like a formula (a kernel or device
+    name from the database) gets a leading ``'``; numbers are written as they are."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith(_FORMULA_STARTS):
+        value = "'" + value
+    # csv leaves a lone carriage return unquoted, and a reader would end the row there.
+    return value.replace("\r", "\\r")
 
 
 def is_export(head: str) -> bool:
@@ -298,6 +319,11 @@ _KNOWN_KEYS = frozenset({
     "cache_policy", "spread", "confirmed", "confirmed_speedup", "speedup_spread", "ties",
 })
 _DEVICE_KINDS = DEVICE_KINDS
+
+
+def _finite(value: Any) -> Any:
+    """``value``, or None where it is a float that is not finite (exports are strict JSON)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _refuse_in_memory(db: str | None) -> None:
@@ -455,10 +481,10 @@ def check_records(
                 errors.append(("kernel_known", f"kernel {_short(name)}: {kernel}"))
                 kernel = None
         median = r["median_us"]
-        if isinstance(median, bool) or not isinstance(median, int | float):
-            errors.append(("median_us", f"median_us must be a number, got {_short(median)}"))
-        elif not (math.isfinite(median) and median > 0):
-            errors.append(("median_us", f"median_us must be positive and finite, got {median!r}"))
+        why = time_problem(median)  # the one gate on times, as for what is served and exported
+        if why:
+            errors.append(("median_us", why if not isinstance(median, str | list | dict)
+                           else f"median_us must be a number of microseconds, got {_short(median)}"))
         device_name = r["device"]
         if not isinstance(device_name, str) or not device_name.strip():
             errors.append(("device", f"device = {_short(device_name)}; each record must name the "

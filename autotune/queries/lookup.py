@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from autotune._jax_compat import default_backend_is_gpu
 from autotune.devices import current_device
@@ -70,7 +70,7 @@ from autotune.queries import best as queries
 from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import failure_reason
-from autotune.storage.urls import read_timeout_s, resolve_url
+from autotune.storage.urls import display_url, mask_text, read_timeout_s, resolve_url
 
 __all__ = [
     "tuned", "lookup_config", "lookup_choice", "LookupChoice", "clear_cache", "NEAREST_TRIES",
@@ -110,6 +110,8 @@ _DEGRADED: dict[tuple[Any, ...], tuple[_Answer, float]] = {}
 _DOWN: dict[str, tuple[float, str]] = {}  # database -> (when to ask it again, why it failed)
 _WARNED: set[tuple[str, str]] = set()  # (database, reason) already warned about
 _BASELINES: dict[tuple[Any, ...], Callable[..., Any]] = {}  # the kernels' own, per problem
+# The helper thread last started per database: at most one is ever blocked on a database.
+_ASKING: dict[str, threading.Thread] = {}
 
 
 def clear_cache() -> None:
@@ -366,9 +368,9 @@ class _Unavailable(Exception):
 def _database(db: str | None) -> str:
     """The database ``db`` names, as people may read it: its password hidden."""
     try:
-        return resolve_url(db).render_as_string(hide_password=True)
+        return display_url(resolve_url(db))
     except StorageError:
-        return repr(db)
+        return mask_text(repr(db))
 
 
 def _seconds(name: str, env: str, value: float | None, default: float) -> float:
@@ -401,6 +403,12 @@ def _ask_database(
         if strict:
             raise StorageError(_unavailable_text(where, down[1], strict=True))
         raise _Unavailable(down[0])
+    with _LOCK:
+        earlier = _ASKING.get(where)
+    if earlier is not None and earlier.is_alive():
+        # The ask that timed out is still blocked in the driver: another thread would block
+        # beside it. The database counts as silent until that one returns.
+        return _failed(where, "an earlier ask is still waiting for an answer", None, strict)
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -412,7 +420,10 @@ def _ask_database(
         finally:
             done.set()
 
-    threading.Thread(target=run, name="autotune-lookup", daemon=True).start()
+    thread = threading.Thread(target=run, name="autotune-lookup", daemon=True)
+    with _LOCK:
+        _ASKING[where] = thread
+    thread.start()
     error: BaseException | None = None
     if not done.wait(2 * timeout):
         reason = f"no answer within {2 * timeout:g} s"
@@ -425,6 +436,12 @@ def _ask_database(
         with _LOCK:
             _DOWN.pop(where, None)
         return box["value"]
+    return _failed(where, reason, error, strict)
+
+
+def _failed(where: str, reason: str, error: BaseException | None, strict: bool) -> NoReturn:
+    """Remembers that ``where`` failed for ``reason``, warns once, and raises
+    :class:`_Unavailable` (``strict``: StorageError)."""
     retry_s = _seconds("retry interval", RETRY_ENV, None, RETRY_AFTER_S)
     retry_at = time.monotonic() + retry_s
     with _LOCK:
@@ -448,7 +465,8 @@ def _reason(error: BaseException) -> str:
 def _unavailable_text(where: str, reason: str, *, strict: bool) -> str:
     way = ("(strict=True; without it the lookup answers the exported table or the default "
            "config)" if strict else "Answering from the exported table, else the default config.")
-    return f"The results database {where} cannot answer the run-time lookup: {reason} {way}"
+    # Masked as a whole: the reason is the driver's words, which may quote the URL.
+    return mask_text(f"The results database {where} cannot answer the run-time lookup: {reason} {way}")
 
 
 def _measured_with(result: queries.BestResult) -> str:

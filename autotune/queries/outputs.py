@@ -3,7 +3,9 @@
     check_output_dir("results/report", flag="--out")      # JobError if a file / not writable
     write_export_file("best.json", text, db=url, force=False)
 
-Nothing the user did not ask to replace is replaced: ``export --out`` refuses an existing file
+Nothing is written through a symbolic link (:func:`autotune._paths.write_output`): an
+``--out`` that is a link, or a link in the report folder, is refused. Nothing the user did not
+ask to replace is replaced: ``export --out`` refuses an existing file
 that is not one of our exports unless ``force``, and always refuses the database in use (and
 its ``-wal``/``-shm``/``-journal`` files), whatever path or symbolic link leads to it, and
 never a target that is not a regular file (a device such as ``/dev/null``, a FIFO, a socket, a
@@ -15,12 +17,12 @@ rather than taken as the working directory.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import stat
 import tempfile
 
+from autotune._paths import write_output
 from autotune.errors import JobError
 
 __all__ = ["check_output_dir", "write_export_file", "atomic_write_text"]
@@ -154,11 +156,8 @@ def write_export_file(
             "exist; give a file in an existing, writable folder."
         )
     check_output_dir(target.parent, flag=f"the folder of {flag} {str(path)!r},")
-    real = target.resolve()  # through symbolic links: the file they lead to is replaced
-    if real.parent != target.parent.resolve():
-        check_output_dir(real.parent, flag=f"the folder {str(path)!r} leads to,")
-    atomic_write_text(real, text)
-    return real
+    atomic_write_text(target, text)  # never through a link: a link there is refused
+    return target
 
 
 def atomic_write_text(path: pathlib.Path, text: str) -> None:
@@ -169,30 +168,13 @@ def atomic_write_text(path: pathlib.Path, text: str) -> None:
         ``/dev/null`` would replace it), or the file cannot be written (the message names it
         and why); ``path`` is as it was and no temporary file is left.
     """
+    if path.is_symlink():
+        write_output(path, text)  # raises LinkRefusedError, naming the link
     what = _not_a_regular_file(path)
     if what is not None:
         raise JobError(f"cannot write {path}: it is {what}, not a regular file, and renaming a "
                        "new file over it would replace it.")
     try:
-        mode = path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_output(path, text)
     except OSError as e:
         raise JobError(f"cannot write {path}: {e.strerror or e}.") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise JobError(f"cannot write {path}: {e.strerror or e}.") from None
-        raise

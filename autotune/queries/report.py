@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import io
 import json
 import logging
 import math
@@ -34,10 +35,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune._paths import safe_path
+from autotune._paths import output_dir, safe_path, write_output
 from autotune.devices import PROFILES, profile_for_name
 from autotune.errors import JobError, NothingTunedError
-from autotune.evaluation.trial import DeviceKind
+from autotune.evaluation.trial import MAX_TIME_US, MIN_TIME_US, DeviceKind, plausible_us
 from autotune.storage.rows import ProblemSummary, TrialRow
 from autotune.storage.store import Store
 
@@ -158,8 +159,7 @@ def write_report(
                            f"{e.strerror or e}.") from None
         studies = _StudyReader(store)
         pages = [_problem_page(store, s, out, studies, allow_import) for s in summaries]
-    index = out / "index.html"
-    index.write_text(_index_html(pages, db))
+    index = write_output(out / "index.html", _index_html(pages, db))  # never through a link
     return Report(index=index, pages=tuple(pages))
 
 
@@ -193,12 +193,15 @@ def _problem_page(
     problem = summary.problem
     # Names come from the database: slugged, then checked, so nothing lands outside ``out``.
     folder = _folder_name(summary)
-    where = safe_path(out, folder)
-    where.mkdir(exist_ok=True)
+    output_dir(out, folder)  # a folder that already is a link is refused
     policy = summary.cache_policy
     rows = store.trials(problem, device_name=summary.device, device_kind=summary.device_kind,
                         cache=policy)
     interpret = summary.device_kind == DeviceKind.INTERPRET
+    # The one gate on times: a stored time that is not one is never plotted.
+    bad = sum(1 for r in rows if r.ok and r.median_us is not None and not plausible_us(r.median_us))
+    rows = [dataclasses.replace(r, median_us=None) if r.ok and not plausible_us(r.median_us)
+            else r for r in rows]
     # An interpreted kernel's wall-clock time beside a CPU XLA time would read as a speedup:
     # an interpret-mode baseline (stored by older versions) is not drawn.
     baseline = None if interpret else store.baseline(
@@ -207,10 +210,15 @@ def _problem_page(
              f"{policy} cache")
     images: dict[str, str] = {}
     notes: list[str] = []
+    if bad:
+        notes.append(f"{bad} stored time(s) that are not plausible times (not positive, finite, "
+                     f"from {MIN_TIME_US:g} to {MAX_TIME_US:g} us) are left out of the plots.")
 
     def save(kind: str, fig: Any) -> None:
         path = safe_path(out, folder, f"{kind}.png")
-        fig.savefig(path, dpi=_DPI)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=_DPI, format="png")
+        write_output(path, buffer.getvalue())  # never through a link
         images[kind] = f"{folder}/{kind}.png"
 
     if interpret:

@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from autotune.errors import EmptyDatabaseError, StorageError
-from autotune.storage.urls import in_memory
+from autotune.storage.urls import in_memory, mask_text
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ def failure_reason(error: BaseException) -> str:
         error = error.__context__
     orig = getattr(error, "orig", None)
     text = str(orig if orig is not None else error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    # The driver's words may quote the URL or a connection string: secrets masked here, once.
+    return mask_text(text.splitlines()[0]) if text else type(error).__name__
 
 
 def damaged_hint(reason: str) -> str:
@@ -120,6 +121,109 @@ def _alembic_config(connection: sa.Connection | None = None) -> Any:
     config.set_main_option("script_location", str(_MIGRATIONS_DIR).replace("%", "%%"))
     config.attributes["connection"] = connection
     return config
+
+
+class SchemaRecordError(StorageError):
+    """autotune's tables exist but the schema version record is missing or not one row."""
+
+
+REPAIR_COMMAND = "autotune db repair"
+
+
+def _version_rows(connection: sa.Connection) -> list[str] | None:
+    """The rows of the version table (None: no such table)."""
+    if not sa.inspect(connection).has_table(VERSION_TABLE):
+        return None
+    table = sa.table(VERSION_TABLE, sa.column("version_num"))
+    return [str(v) for v in connection.execute(sa.select(table.c.version_num)).scalars()]
+
+
+def _our_tables(connection: sa.Connection) -> list[str]:
+    return sorted(t for t in sa.inspect(connection).get_table_names()
+                  if t.startswith("at_") and t != VERSION_TABLE)
+
+
+def _check_version_record(connection: sa.Connection, where: str) -> None:
+    """Raises :class:`SchemaRecordError` when autotune's tables exist but the version record
+    is missing, empty, or more than one row; a database without our tables passes (new)."""
+    rows = _version_rows(connection)
+    if rows is not None and len(rows) == 1:
+        return
+    if rows and len(rows) > 1:
+        problem = (f"holds {len(rows)} schema version records ({', '.join(rows)}) in "
+                   f"{VERSION_TABLE}, where there must be exactly one")
+    elif _our_tables(connection):
+        problem = (f"holds autotune's tables but no schema version record (the table "
+                   f"{VERSION_TABLE} is {'missing' if rows is None else 'empty'})")
+    else:
+        return
+    raise SchemaRecordError(
+        f"The database {where} {problem}, so autotune cannot tell which schema it has; "
+        f"nothing was read or changed. Repair it with `{REPAIR_COMMAND} --db URL` (it records the "
+        "schema version its tables match, then the database opens as usual), or restore it "
+        "from a backup."
+    )
+
+
+def _fingerprint(connection: sa.Connection) -> frozenset[tuple[str, ...]]:
+    """autotune's tables, their columns and their ``ix_`` indexes: what tells two schema
+    versions apart, on any backend."""
+    inspector = sa.inspect(connection)
+    found: set[tuple[str, ...]] = set()
+    for table in _our_tables(connection):
+        found.add((table,))
+        found |= {(table, c["name"]) for c in inspector.get_columns(table)}
+        found |= {(table, "index", str(i["name"])) for i in inspector.get_indexes(table)
+                  if str(i["name"]).startswith("ix_")}
+    return frozenset(found)
+
+
+def repair_version_record(url: URL, where: str) -> tuple[list[str] | None, str]:
+    """Writes the one schema version record of the database at ``url``: the version whose
+    tables, columns and indexes its own match (each version is built in memory to compare).
+    Returns (the rows found, None for no table; the version recorded). A sound record (one
+    row) is left as it is and returned as found.
+
+    Raises:
+      StorageError: the database holds no autotune tables, or its tables match no version
+        this autotune knows.
+    """
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    engine = _create_engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = _version_rows(connection)
+            tables = _our_tables(connection)
+            ours = _fingerprint(connection)
+        if rows is not None and len(rows) == 1:
+            return rows, rows[0]  # sound: nothing to repair
+        if not tables:
+            raise StorageError(f"The database {where} holds no autotune tables: nothing to repair.")
+        script = ScriptDirectory.from_config(_alembic_config())
+        revisions = [r.revision for r in reversed(list(script.walk_revisions()))]
+        match = None
+        for revision in revisions:
+            memory = _create_engine(sa.make_url("sqlite://"))
+            try:
+                with memory.begin() as mc:
+                    command.upgrade(_alembic_config(mc), revision)
+                with memory.connect() as mc:
+                    if _fingerprint(mc) == ours:
+                        match = revision
+            finally:
+                memory.dispose()
+        if match is None:
+            raise StorageError(
+                f"The tables of {where} match no schema version this autotune knows "
+                f"({', '.join(revisions)}); nothing was changed. Restore it from a backup."
+            )
+        with engine.begin() as connection:
+            command.stamp(_alembic_config(connection), match, purge=True)
+        return rows, match
+    finally:
+        engine.dispose()
 
 
 class _SchemaBehind(StorageError):
@@ -171,6 +275,7 @@ def _migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool
     known = {rev.revision for rev in script.walk_revisions()}
 
     def current(connection: sa.Connection) -> set[str]:
+        _check_version_record(connection, where)
         context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
         revisions = set(context.get_current_heads())
         unknown = sorted(revisions - known)

@@ -20,6 +20,7 @@ from autotune.storage.keys import (
     _device_filter,
     _device_info,
     _device_key,
+    _plausible,
     _policy,
     _problem,
     _software_dict,
@@ -327,7 +328,7 @@ class _StoreReads(_StoreSessions):
         query = (
             _trial_query()
             .where(_Problems.digest == problem.digest())
-            .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+            .where(_Trials.status == Outcome.OK.value, _plausible(_Trials.median_us))
         )
         query = _device_filter(query, device_name, device_kind)
         if cache is None:
@@ -358,6 +359,7 @@ class _StoreReads(_StoreSessions):
             .join(_Devices, _Devices.id == _Trials.device_id)
             .where(_Problems.digest == problem.digest())
             .where(_Trials.status == Outcome.OK.value, _Trials.cache_policy == "cold")
+            .where(_plausible(_Trials.median_us))
         )
         query = _device_filter(query, device_name, device_kind).limit(1)
         with self._read("read the cache policies") as session:
@@ -400,7 +402,7 @@ class _StoreReads(_StoreSessions):
             query = query.where(_Baselines.name == name)
         if cache is not None:
             query = query.where(_Baselines.cache_policy == _policy(cache))
-        query = _device_filter(query, device_name, device_kind)
+        query = _device_filter(query, device_name, device_kind).where(_plausible(_Baselines.median_us))
         query = query.order_by(_Baselines.median_us, _Baselines.id)
         with self._read("read baselines") as session:
             return [
@@ -607,7 +609,7 @@ class _StoreReads(_StoreSessions):
             sa.select(*group, _Trials.id, _Trials.median_us, _Configs.config_json, rank.label("rank"))
             .select_from(_Trials)
             .join(_Configs, _Configs.id == _Trials.config_id)
-            .where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
+            .where(_Trials.status == Outcome.OK.value, _plausible(_Trials.median_us))
         ).subquery()
         best_q = sa.select(ranked).where(ranked.c.rank == 1)
         base_rank = sa.func.row_number().over(
@@ -621,6 +623,7 @@ class _StoreReads(_StoreSessions):
                 _Baselines.name.label("baseline"), _Baselines.median_us, base_rank.label("rank"),
             )
             .join(_Devices, _Devices.id == _Baselines.device_id)
+            .where(_plausible(_Baselines.median_us))
             .subquery()
         )
         base_q = sa.select(base_sub).where(base_sub.c.rank == 1)

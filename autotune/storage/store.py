@@ -52,6 +52,7 @@ from autotune.storage.connection import (
 from autotune.storage.reading import _StoreReads
 from autotune.storage.urls import (
     _read_only_url,
+    check_database_path,
     display_url,
     read_timeout_s,
     resolve_url,
@@ -102,11 +103,8 @@ class Store(_StoreWrites, _StoreReads):
         self._url = resolve_url(url)
         path = sqlite_path(self._url)
         self._where = str(path) if path is not None else display_url(self._url)
-        if path is not None and path.is_dir():
-            raise StorageError(
-                f"The database {path} is a folder, not a file: name a file in it, e.g. "
-                f"{path / 'autotune.db'}."
-            )
+        # A pipe, a device or a socket would hold SQLite's open() forever: refused first.
+        check_database_path(self._url, timeout_s=timeout_s)
         # Read-only applies to SQLite files and PostgreSQL; an in-memory database is private
         # to its store, so it is opened (and created) as usual.
         read_only = read_only and (path is not None or self._url.get_backend_name() == "postgresql")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -28,7 +27,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune._paths import default_results_dir, safe_path
+from autotune._paths import LinkRefusedError, default_results_dir, output_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
@@ -363,7 +362,10 @@ class _Scheduler:
             why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
             return skip(why, 0, why)
         rows = self.store.trials(problem, device_name=device.name, cache=self.policy)
-        if budget.trials is not None and len(rows) >= budget.trials:
+        spent = budget.trials is not None and len(rows) >= budget.trials
+        if spent or len(rows) >= space.count():
+            _t.close_finished(self.storage, self.store, problem, device, self.policy)
+        if spent:
             return skip("already tuned", len(rows), "budget already spent")
         if rows and len(rows) >= space.count():  # nothing stored: no need to count
             return skip("space exhausted", len(rows), "every valid config measured")
@@ -505,6 +507,7 @@ class _Scheduler:
             r.side[future] = ("confirm", None)
             return
         r.finished = True
+        _t.close_orphans(r.study, self.store, r.problem, self.device, self.policy, finished=True)
         confirm_s = r.confirm_s
         self.emit(_t.Event("done", r.problem, r.done_before + r.measured_now,
                            r.spec.budget.trials, r.best_us, message=r.stop_reason))
@@ -531,21 +534,20 @@ class _Scheduler:
             if getattr(row, "traced", False):
                 continue
             config = Config(row.config)
-            out_dir = safe_path(self.results_dir, "traces", problem.kernel, problem.digest(),
-                                config.digest())
-            # made by the evaluator that writes the trace (none for an engine that writes none)
+            try:  # never through a link another user left in the results folder
+                out_dir = output_dir(self.results_dir, "traces", problem.kernel,
+                                     problem.digest(), config.digest())
+            except LinkRefusedError as e:
+                logger.warning("%s %s: not traced: %s", problem, config.to_json(), e)
+                continue
             future = submit(problem.kernel, problem, config, str(out_dir), _t.TRACE_PROFILE_SPACE)
             r.side[future] = ("trace", (row.id, str(out_dir)))
 
 
 def _dead_here(trials: Sequence[FrozenTrial]) -> bool:
-    """Whether one of ``trials`` belongs to a process of this host that is gone."""
-    host = socket.gethostname()
-    for t in trials:
-        owner_host, _, pid = str(t.user_attrs.get(_t.WORKER_ATTR, "")).rpartition(":")
-        if owner_host == host and pid.isdigit() and not _t.is_alive(int(pid)):
-            return True
-    return False
+    """Whether one of ``trials`` belongs to a process of this host that is gone (its pid not
+    running, or reused by a process of another start time)."""
+    return any(_t.owner_dead_here(str(t.user_attrs.get(_t.WORKER_ATTR, ""))) for t in trials)
 
 
 def _beat_s() -> float:

@@ -45,7 +45,7 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from autotune import __version__ as AUTOTUNE_VERSION
-from autotune._paths import default_results_dir, safe_path
+from autotune._paths import default_results_dir, output_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.errors import JobError, NoValidConfigError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
@@ -82,19 +82,25 @@ __all__ = ["ProblemReport", "run_job", "tune_problem", "study_name", "legacy_stu
            "METRIC_NAME"]
 # Also used by autotune.tuning.scheduler (the many-problem runner), and so without an underscore
 # though not part of the API above: open_study, worker_id, optuna_storage, send_heartbeats,
-# new_trial, release_trial, tell_result, close_orphans, age_s, is_alive, utc, related_winners,
+# new_trial, release_trial, tell_result, close_orphans, close_finished, age_s, is_alive,
+# owner_dead_here,
+# parse_owner, process_start, utc, related_winners,
 # trace_best, build_report, confirm_best, cache_policy_of, software_versions, and the constants
 # WORKER_ATTR, HEARTBEAT_S, GRACE_S, TRACE_PROFILE_SPACE. Everything with an underscore is
 # this module's own.
 
 logger = logging.getLogger(__name__)
 
-WORKER_ATTR = "autotune_worker"  # "host:pid" of the process that asked for the trial
-# Another host treats a trial as dead (and frees its config) after GRACE_S without a heartbeat.
+# "host:pid:start" of the process that asked for the trial; start is the process's start time
+# (/proc/PID/stat, clock ticks since boot), so that a pid reused by another process is not taken
+# for the owner. Older runners wrote "host:pid".
+WORKER_ATTR = "autotune_worker"
+# Another host treats a trial as dead (and frees its config) after GRACE_S without a heartbeat:
+# two heartbeat intervals (heartbeats are written every HEARTBEAT_S / 3).
 HEARTBEAT_S = 30
 # Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
 TRACE_PROFILE_SPACE = 64
-GRACE_S = 120
+GRACE_S = 2 * HEARTBEAT_S
 # Python's GIL switch interval in the job's process while a job runs (Python's default: 5 ms).
 # The loop's every database statement lets go of the GIL and must win it back from the threads
 # that hold it in Python (the ranked samplers climbing on their cost model, proposals made
@@ -247,7 +253,44 @@ def software_versions() -> dict[str, str]:
 
 
 def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid:start`` of this process (``host:pid`` where /proc is not there)."""
+    start = process_start(os.getpid())
+    return f"{socket.gethostname()}:{os.getpid()}" + ("" if start is None else f":{start}")
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat field 22), or None
+    when it does not exist or /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the name may hold spaces and ')'
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def parse_owner(owner: str) -> tuple[str, int | None, str | None]:
+    """``(host, pid, start)`` of a WORKER_ATTR value; pid None when it names none."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if not pid_text.isdigit():
+        return host, None, None
+    return host, int(pid_text), start or None
+
+
+def owner_dead_here(owner: str) -> bool:
+    """Whether ``owner`` is a process of this host that is gone: its pid is not running, or
+    runs another process (another start time), or is a zombie."""
+    host, pid, start = parse_owner(owner)
+    if host != socket.gethostname() or pid is None:
+        return False
+    if not is_alive(pid):
+        return True
+    now = process_start(pid)
+    if start is not None and now is not None and now != start:
+        return True  # the pid was reused by a later process
+    return now is None and os.path.isdir("/proc/self")  # a zombie (or gone meanwhile)
 
 
 def optuna_storage(url: str) -> optuna.storages.BaseStorage:
@@ -546,6 +589,7 @@ def tune_problem(
          "space exhausted"),
     ):
         if done:
+            close_finished(storage, store, problem, device, policy)
             # A run stopped during its confirmation round left it undone: it is done now.
             confirm_s = confirm_best(kernel, problem, spec, store=store, engine=engine,
                                      device=device, software=software, run_id=run_id,
@@ -841,12 +885,16 @@ def tell_result(study: optuna.Study, trial: optuna.trial.Trial, result: TrialRes
 
 
 def close_orphans(
-    study: optuna.Study, store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm"
+    study: optuna.Study, store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm",
+    *, finished: bool = False,
 ) -> None:
-    """Closes the RUNNING trials of dead processes: of this host, when the owner's pid is gone;
-    of any host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their
-    owner, or without params (it died inside ``study.ask``, before the first heartbeat), that
-    started GRACE_S ago.
+    """Closes the RUNNING trials of dead processes: of this host, as soon as the owner's
+    process is gone (its pid not running, or running a process of another start time); of any
+    host, when its heartbeat stopped GRACE_S ago; and trials never tagged with their owner, or
+    without params (it died inside ``study.ask``, before the first heartbeat), that started
+    GRACE_S ago. ``finished``: the problem's budget is spent, so a RUNNING trial whose result
+    is stored is closed from the store whoever owns it (its owner, if alive, finds it closed
+    and keeps its stored result), and none is left RUNNING with a "stale" mark forever.
 
     A trial whose result reached the store is told from the store; one whose did not is
     released (its config was not measured, so it is free again).
@@ -854,20 +902,27 @@ def close_orphans(
     host = socket.gethostname()
     stale = set(_stale_trial_ids(study))
     orphans = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in running:
         owner = t.user_attrs.get(WORKER_ATTR, "")
-        owner_host, _, pid = owner.rpartition(":")
-        if oa.trial_id(t) in stale:
+        owner_host = parse_owner(owner)[0]
+        if oa.trial_id(t) in stale or owner_dead_here(owner):
             pass
+        elif finished and t.params:
+            pass  # the problem is done: a trial whose result is stored is told from the store
         elif not owner or (not t.params and owner_host != host):
             if age_s(t.datetime_start) < GRACE_S:
                 continue  # its owner may still be inside study.ask
-        elif owner_host != host or not pid.isdigit() or is_alive(int(pid)):
+        else:
             continue
         orphans.append(t)
     # The store is read only when there are orphans (this runs every scheduler.POLL_S).
     stored = {Config(r.config).digest(): r
               for r in store.trials(problem, device_name=device.name, cache=cache)} if orphans else {}
+    if finished:  # a live owner's trial is closed only once its result is stored
+        orphans = [t for t in orphans if oa.trial_id(t) in stale or owner_dead_here(
+            t.user_attrs.get(WORKER_ATTR, "")) or not t.params
+            or Config(t.params).digest() in stored]
     for t in orphans:
         row = stored.get(Config(t.params).digest()) if t.params else None
         if row is None:
@@ -887,12 +942,26 @@ def close_orphans(
             optuna.storages.fail_stale_trials(study)
 
 
+def close_finished(storage: Any, store: TrialStore, problem: Problem, device: DeviceInfo,
+                   cache: str = "warm") -> None:
+    """A finished problem's RUNNING trials of dead owners, or whose results are stored, are
+    closed (a process killed after storing its last trial left one RUNNING, and no runner
+    opens a finished problem's study again)."""
+    try:
+        study = optuna.load_study(study_name=study_name(problem, device, cache), storage=storage)
+    except KeyError:
+        return  # never tuned through a study (imported results)
+    close_orphans(study, store, problem, device, cache, finished=True)
+
+
 def running_owners(study: optuna.Study) -> list[tuple[str, bool]]:
-    """The RUNNING trials of ``study``: ``(owner "host:pid", stale)`` each; stale when its
-    heartbeat stopped more than GRACE_S ago (``autotune status``)."""
+    """The RUNNING trials of ``study``: ``(owner "host:pid:start", dead)`` each; dead when its
+    process is known gone on this host (:func:`owner_dead_here`) or its heartbeat stopped more
+    than GRACE_S ago (``autotune status``)."""
     stale = set(_stale_trial_ids(study))
-    return [(str(t.user_attrs.get(WORKER_ATTR, "")), oa.trial_id(t) in stale)
-            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    return [(owner, oa.trial_id(t) in stale or owner_dead_here(owner))
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            for owner in [str(t.user_attrs.get(WORKER_ATTR, ""))]]
 
 
 def _stale_trial_ids(study: optuna.Study) -> list[int]:
@@ -1015,9 +1084,10 @@ def trace_best(
         if getattr(row, "traced", False):
             continue
         config = Config(row.config)
-        out_dir = safe_path(results_dir, "traces", problem.kernel, problem.digest(), config.digest())
-        # made by the evaluator that writes the trace (none for an engine that writes none)
         try:
+            # Never through a link another user left in the results folder: refused, logged.
+            out_dir = output_dir(results_dir, "traces", problem.kernel, problem.digest(),
+                                 config.digest())
             regions = engine.trace(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)
         except Exception as e:  # noqa: BLE001 - a failed trace must not lose the tuning
             logger.warning("tracing %s %s failed: %s", problem, config.to_json(), e)

@@ -13,7 +13,24 @@ def test_public_api():
     assert sorted(m.__all__) == sorted([
         "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy", "CACHE_POLICIES",
         "resolve_cache_policy", "relative_spread", "round_order",
+        "time_problem", "plausible_us", "MIN_TIME_US", "MAX_TIME_US",
     ])
+
+
+@pytest.mark.parametrize("value", [-1.0, 0, 0.0, -0.0, float("nan"), float("inf"), float("-inf"),
+                                   1e-300, 5e-4, 2e10, 1e300, True, None, "10", [10]])
+def test_a_value_that_is_not_a_plausible_time_is_named_by_the_one_gate(value):
+    """time_problem names the rule and the value of anything that is not a positive, finite,
+    plausible number of microseconds; plausible_us agrees."""
+    why = m.time_problem(value)
+    assert why is not None and "median_us" in why and repr(value) in why
+    assert not m.plausible_us(value)
+
+
+@pytest.mark.parametrize("value", [1e-3, 0.5, 1, 12.5, 1e6, 1e10])
+def test_plausible_times_pass_the_gate(value):
+    """Times from 1 ns to 1e10 us pass."""
+    assert m.time_problem(value) is None and m.plausible_us(value)
 
 
 def test_cache_policy_defaults_cold_on_gpus_and_warm_elsewhere():

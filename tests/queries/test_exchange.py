@@ -156,6 +156,9 @@ BAD_RECORDS = [
     (_record(median_us=-1.0), "median_us", "-1.0"),
     (_record(median_us=0), "median_us", "0"),
     (_record(median_us="fast"), "median_us", "fast"),
+    (_record(median_us=1e300), "median_us", "plausible"),
+    (_record(median_us=1e-9), "median_us", "plausible"),
+    (_record(median_us=True), "median_us", "True"),
     (_record(device="x" * 10_000), "text", "10000 characters"),
     (_record(device="GPU\x1b[2J"), "text", "control"),
     (_record(driver="\x00"), "text", "control"),
@@ -319,7 +322,8 @@ def test_absurd_json_is_refused_with_a_clear_message(shape, tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "Traceback" not in err and "RecursionError" not in err
     expected = {"deep_list": "nested", "deep_object": "nested", "too_big": "larger than",
-                "nan_literal": "[median_us] median_us must be positive and finite, got nan"}[shape]
+                "nan_literal": "[median_us] median_us must be a positive, finite number of "
+                             "microseconds, got nan"}[shape]
     assert expected in err, err
     assert not db.exists()
 
@@ -411,3 +415,80 @@ def test_exports_and_results_carry_the_policy_the_confirmed_speedup_and_the_ties
     with Store(f"sqlite:///{tmp_path}/dst.db") as dst:
         [row] = dst.trials(PICK_PROBLEM)
         assert row.cache_policy == "cold" and row.config == {"v": 1}
+
+
+# Times another tool (or a broken timer) may have left in the database: none is a time.
+NOT_TIMES = [-5.0, 0.0, float("nan"), float("inf"), float("-inf"), 1e-300, 5e-4, 1e300, 2e10]
+
+
+def test_stored_times_that_are_not_times_are_never_served_exported_or_plotted(
+        db_url, tmp_path, capsys, campaign):
+    """Trials and a baseline whose stored times are not positive, finite and plausible (the one
+    gate, autotune.evaluation.trial.plausible_us) rank above a real 100 us trial in SQL order;
+    best, the lookup, export (json, csv, python) and report skip them, and the export imports
+    back (SQLite and PostgreSQL: NaN sorts first there)."""
+    import sqlalchemy as sa
+
+    from autotune.queries import lookup
+    from autotune.queries.best import best_result, close_stores
+    from autotune.queries.report import write_report
+
+    configs = _valid(MATMUL, len(NOT_TIMES) + 1)
+    good, bad = configs[0], configs[1:]
+    with Store(db_url) as store:
+        store.record_trial(MATMUL, Config(good), timed(100.0), device=GPU, software=SOFTWARE)
+        ids = [store.record_trial(MATMUL, Config(c), timed(50.0), device=GPU,
+                                  software=SOFTWARE).id for c in bad]
+        store.record_baseline(MATMUL, "xla", [80.0], device=GPU, software=SOFTWARE)
+        with store.engine.begin() as conn:  # another tool writes them behind our back
+            for trial_id, value in zip(ids, NOT_TIMES, strict=True):
+                conn.execute(sa.text("UPDATE at_trials SET median_us = :v WHERE id = :id"),
+                             {"v": value, "id": trial_id})
+            conn.execute(sa.text("UPDATE at_baselines SET median_us = :v"), {"v": -1.0})
+    campaign.add(bad_inputs=len(NOT_TIMES) + 1)
+    try:
+        best = best_result(MATMUL.kernel, MATMUL.dims, MATMUL.dtype, db=db_url)
+        assert best is not None and best.config == good and best.median_us == 100.0
+        assert best.baseline_us is None and best.ratio is None
+        lookup.clear_cache()
+        assert lookup.lookup_config(MATMUL.kernel, MATMUL.dims, MATMUL.dtype, db=db_url) == (
+            Config(good), "exact")
+        records = export_records(db_url)
+        assert [(r["config"], r["median_us"]) for r in records] == [(good, 100.0)]
+        for fmt in ("json", "csv", "python"):
+            out = tmp_path / f"out.{fmt}"
+            assert cli.main(["export", "--db", db_url, "--format", fmt, "--out", str(out)]) == 0
+            assert "100" in out.read_text()
+        fresh = f"sqlite:///{tmp_path}/fresh.db"
+        assert cli.main(["import", str(tmp_path / "out.json"), "--db", fresh]) == 0
+        assert _bests(fresh) == _bests(db_url)
+        index = write_report(db_url, out_dir=tmp_path / "report")
+        page = (tmp_path / "report" / "index.html").read_text()
+        assert "not plausible times" in page and "100" in page, index
+        assert "1e+300" not in page
+    finally:
+        close_stores()
+        lookup.clear_cache()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["=HYPERLINK(\"http://x\",\"y\")", "+cmd|' /C calc'!A0", "-2+3",
+                                  "@SUM(1+1)", "\t=1+1", "\r=1+1"])
+def test_csv_export_neutralises_spreadsheet_formulas(name, tmp_path, campaign):
+    """A device name (or any text cell) from the database that a spreadsheet would run as a
+    formula is written with a leading ' in CSV exports; numbers stay numbers."""
+    import csv
+    import io
+
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    with Store(url) as store:
+        store.record_trial(MATMUL, Config(M1), timed(70.0), device=DeviceInfo(name, "gpu"),
+                           software={"jax": name})
+    campaign.add(bad_inputs=1)
+    text = render(export_records(url), "csv")
+    (row,) = list(csv.DictReader(io.StringIO(text, newline="")))
+    shown = "'" + name.replace("\r", "\\r")  # a lone CR would end the row: escaped
+    assert row["device"] == shown and row["jax_version"] == shown
+    assert row["median_us"] == "70.0" and row["kernel"] == "hopper_matmul"
+    for cell in row.values():
+        assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), row

@@ -607,3 +607,37 @@ def test_this_gpu_never_imports_jax(monkeypatch):
     monkeypatch.delitem(sys.modules, "jax", raising=False)
     assert lookup._this_gpu() is None
     assert "jax" not in sys.modules
+
+
+def test_a_timed_out_retry_never_leaves_a_second_blocked_thread(monkeypatch, campaign):
+    """A database whose driver call blocks for good: each retry after the interval finds the
+    first helper thread still blocked and answers the fallback at once, without starting (and
+    leaving behind) another blocked thread; once that thread returns, asking works again."""
+    import threading
+
+    from autotune.queries import lookup as lk
+
+    monkeypatch.setenv(lk.RETRY_ENV, "0")
+    release = threading.Event()
+    asked = []
+
+    def hang(timeout_s):
+        asked.append(timeout_s)
+        release.wait(30)
+        return "answer"
+
+    where = "sqlite:///hung-forever.db"
+    lk.clear_cache()
+    try:
+        for _ in range(5):
+            campaign.add(faults=1)
+            with pytest.raises(lk._Unavailable):
+                lk._ask_database(where, strict=False, timeout_s=0.05, ask=hang)
+        blocked = [t for t in threading.enumerate() if t.name == "autotune-lookup" and t.is_alive()]
+        assert len(asked) == 1 and len(blocked) == 1, (asked, blocked)
+        release.set()
+        blocked[0].join(5)
+        assert lk._ask_database(where, strict=False, timeout_s=1, ask=lambda t: "answer") == "answer"
+    finally:
+        release.set()
+        lk.clear_cache()

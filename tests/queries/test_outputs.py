@@ -206,3 +206,21 @@ def test_check_output_dir_accepts_a_new_folder_and_creates_nothing(tmp_path):
     target = tmp_path / "a" / "b"
     assert outputs.check_output_dir(target, flag="--out") == target
     assert not (tmp_path / "a").exists()
+
+
+def test_export_never_writes_through_a_link(tmp_path, capsys, campaign):
+    """export --out naming a symbolic link (to an export or any file) is refused with exit 2,
+    even with --force; the file it points at is left as it was (it used to be replaced)."""
+    from autotune import cli
+
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    assert cli.main(["export", "--db", url, "--format", "json", "--out", str(tmp_path / "real.json")]) == 0
+    before = (tmp_path / "real.json").read_text()
+    link = tmp_path / "shared.json"
+    link.symlink_to(tmp_path / "real.json")
+    for force in ([], ["--force"]):
+        campaign.add(bad_inputs=1)
+        assert cli.main(["export", "--db", url, "--format", "json", "--out", str(link), *force]) == 2
+        err = capsys.readouterr().err
+        assert "symbolic link" in err and "Traceback" not in err, err
+    assert (tmp_path / "real.json").read_text() == before and link.is_symlink()

@@ -244,3 +244,45 @@ def test_convergence_numbers_trials_as_optuna_does(tmp_path):
     assert ax.get_xlabel() == "Optuna trial number"
     xs = sorted(int(x) for x, _y in ax.collections[0].get_offsets())
     assert xs == sorted(r.optuna_trial_number for r in rows if r.ok)
+
+
+def _interpret_db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path}/links.db"
+    device = DeviceInfo("cpu-interpret (test)", "interpret")
+    with Store(url) as store:
+        store.record_trial(PROBLEM, {"bm": 64, "bn": 64, "stages": 1, "order": "M"},
+                           TrialResult.timed([1000.0], compile_s=1.0, rel_error=0.0,
+                                             timing="wallclock"), device=device, software={})
+    return url
+
+
+@pytest.mark.parametrize("where", ["index.html", "problem folder", "plot in the problem folder"])
+def test_report_never_writes_through_a_link_left_in_its_folder(where, tmp_path, capsys, campaign):
+    """A symbolic link another user left in the report folder (as index.html, as a problem's
+    folder, as a plot) is refused with exit 2 naming the link; the file it points at is left
+    as it was (report --out used to write through it)."""
+    url = _interpret_db(tmp_path)
+    out = tmp_path / "shared"
+    first = report.write_report(url, out_dir=tmp_path / "probe")  # the names report uses
+    [page] = first.pages
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out.mkdir()
+    if where == "index.html":
+        (out / "index.html").symlink_to(victim)
+    elif where == "problem folder":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (out / page.folder).symlink_to(elsewhere)
+        victim = elsewhere
+    else:
+        (out / page.folder).mkdir()
+        (out / page.folder / "convergence.png").symlink_to(victim)
+    campaign.add(bad_inputs=1)
+    assert cli.main(["report", "--db", url, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and "Traceback" not in err, err
+    if victim.is_dir():
+        assert list(victim.iterdir()) == []
+    else:
+        assert victim.read_text() == "precious"

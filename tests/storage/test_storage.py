@@ -68,6 +68,7 @@ def test_public_api_is_pinned():
         [
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
             "ProblemSummary", "resolve_url", "sqlite_path", "in_memory", "failure_reason", "damaged_hint",
+            "mask_text", "mask_url", "mask_argv", "check_database_path",
             "DEFAULT_URL", "ENV_VAR",
             "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s", "RESULT_FIELDS",
             "RunRow", "ConfirmationRow", "ConfirmedProgram", "Observed", "TrialTable",

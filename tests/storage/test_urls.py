@@ -15,7 +15,6 @@ import sqlalchemy as sa
 from autotune.errors import StorageError
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Problem
-from autotune.storage import urls
 from autotune.storage.store import Store
 from autotune.storage.urls import display_url, mask_text, resolve_url
 
@@ -124,7 +123,8 @@ def test_no_cli_command_shows_a_planted_password(db_url, tmp_path, campaign):
                 assert PASSWORD not in repr(tuple(row)), table
 
 
-@pytest.mark.parametrize("key", sorted(urls._SECRET_QUERY_KEYS))
+@pytest.mark.parametrize("key", ["password", "passwd", "pwd", "sslpassword", "secret", "token",
+                                 "api_key", "apikey", "access_token", "Password"])
 def test_the_cli_database_line_masks_a_secret_in_the_query_string(key, tmp_path, capsys):
     """The line naming the database (and `results`' "no results stored in ...") masks a
     secret given as a query parameter (?password=..., ?token=...), as display_url does."""
@@ -134,3 +134,117 @@ def test_the_cli_database_line_masks_a_secret_in_the_query_string(key, tmp_path,
     captured = capsys.readouterr()
     assert f"autotune: database sqlite:///{tmp_path}/x.db?{key}=***" in captured.err
     assert PASSWORD not in captured.out + captured.err
+
+
+# Passwords with the characters a pattern does not expect; none of their pieces may show.
+ODD_PASSWORDS = ["Zq9Kw7", "Zq9@Kw7", "Zq9:Kw7", "Zq9/Kw7", "Zq9%40Kw7", "Zq9\u00fc\u2603Kw7",
+                 "Zq9?Kw7", "Zq9#Kw7", "Zq9@:/?#Kw7", "Zq9&Kw7", "Zq9=Kw7", "Zq9'Kw7", "Zq9 Kw7"]
+# Every URL form SQLAlchemy accepts, with {pw} where a password goes (as written by hand,
+# unencoded) and {q} where it goes percent-encoded (a query string).
+URL_FORMS = [
+    "postgresql://me:{pw}@db.example:5432/tune",
+    "postgresql+psycopg://me:{pw}@db.example/tune",
+    "postgresql://me:{pw}@/tune?host=/var/run/postgresql",
+    "postgresql://me:{pw}@[::1]:5432/tune",
+    "postgresql://:{pw}@db.example/tune",
+    "postgres://me:{pw}@db.example/tune?sslmode=require",
+    "mysql+pymysql://me:{pw}@db.example/tune?charset=utf8mb4",
+    "oracle+oracledb://me:{pw}@db.example:1521/?service_name=x",
+    "mssql+pyodbc://me:{pw}@my_dsn",
+    "postgresql://me@db.example/tune?password={q}",
+    "postgresql://me@db.example/tune?sslmode=require&sslpassword={q}&application_name=a",
+    "postgresql://me@db.example/tune?options=-c%20password%3D{q}",
+    "sqlite:///results/autotune.db?token={q}",
+    "postgresql://me:{pw}@db.example/tune?password={q}&api_key={q}",
+]
+
+
+def _forms() -> list[tuple[str, str]]:
+    import urllib.parse
+
+    return [(form, form.format(pw=pw, q=urllib.parse.quote(pw, safe="")))
+            for form in URL_FORMS for pw in ODD_PASSWORDS]
+
+
+def _leaks(text: str) -> bool:
+    return "Zq9" in text or "Kw7" in text
+
+
+@pytest.mark.parametrize(("form", "url"), _forms())
+def test_every_url_form_with_odd_characters_is_masked_everywhere(form, url, campaign):
+    """display_url, and mask_text on the URL alone, quoted (a repr), in a list's repr (the
+    internal-error file's command line), in a log line and after a password= word: no piece
+    of a password with @ : / % ? # & = ' space or unicode in it shows, under any URL form."""
+    campaign.add(bad_inputs=1)
+    assert not _leaks(display_url(url)), display_url(url)
+    for text in (url, repr(url), repr(["--db", url, "results"]), f"could not open {url}: refused",
+                 f"(background on this error at: {url})\nnext line", f'db="{url}"'):
+        assert not _leaks(mask_text(text)), (text, mask_text(text))
+    assert "***" in display_url(url)
+
+
+@pytest.mark.parametrize("password", ODD_PASSWORDS)
+def test_a_url_object_with_any_password_is_masked(password):
+    """A URL object (what resolve_url returns) renders its password percent-encoded; the one
+    masking function hides it too, and keeps the host and database readable."""
+    url = sa.URL.create("postgresql+psycopg", username="me", password=password,
+                        host="db.example", database="tune", query={"password": password})
+    shown = display_url(url)
+    assert not _leaks(shown) and "db.example" in shown and "/tune" in shown, shown
+
+
+def test_masking_parses_rather_than_over_matching():
+    """What is not a secret stays readable: a user without a password, an '@' in a path or a
+    query value, a port, the host of a socket folder."""
+    for text in ["postgresql://me@db:5432/tune", "sqlite:////home/me@corp/a:b.db",
+                 "postgresql://me@db/tune?application_name=a@b:c",
+                 "postgresql://me@/tune?host=/var/run/postgresql"]:
+        assert display_url(text) == text, display_url(text)
+
+
+@pytest.mark.parametrize("password", ["Zq9Kw7", "Zq9@:/?#Kw7", "Zq9%40Kw7"])
+def test_the_lookups_warning_and_strict_error_never_show_the_password(password, caplog):
+    """The run-time lookup's WARNING (and its strict=True StorageError) name the database with
+    every secret masked: in its user part and in its query string (they used
+    render_as_string, which kept ?password=...)."""
+    import logging
+    import urllib.parse
+
+    from autotune.queries import lookup
+
+    url = (f"postgresql://me:{password}@127.0.0.1:1/tune"
+           f"?password={urllib.parse.quote(password, safe='')}&connect_timeout=1")
+    lookup.clear_cache()
+    try:
+        with caplog.at_level(logging.INFO, logger="autotune"):
+            answer = lookup.lookup_config("softmax", SOFTMAX.dims, "float16", db=url,
+                                          default={"block_rows": 1}, timeout_s=1)
+        assert answer[1] == "default"
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warned and not any(_leaks(m) for m in warned), warned
+        lookup.clear_cache()
+        with pytest.raises(StorageError) as e:
+            lookup.lookup_config("softmax", SOFTMAX.dims, "float16", db=url, strict=True,
+                                 timeout_s=1)
+        assert not _leaks(str(e.value)) and "***" in str(e.value), str(e.value)
+    finally:
+        lookup.clear_cache()
+
+
+def test_the_internal_error_file_masks_urls_and_password_like_arguments(tmp_path, monkeypatch,
+                                                                         capsys):
+    """The internal-error file keeps the command line with every URL's secrets masked and the
+    values of password-like options (--password X, --token=X, pwd=X) replaced by ***."""
+    import tempfile
+
+    import autotune.cli as cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    argv = ["results", "--db", "postgresql://me:Zq9@:/Kw7@db/tune?sslpassword=Zq9Kw7",
+            "--password", "Zq9Kw7", "--token=Zq9Kw7", "pwd=Zq9Kw7"]
+    assert cli._internal_error(RuntimeError("boom at postgresql://me:Zq9 Kw7@db/tune"), argv) == 70
+    err = capsys.readouterr().err
+    (report,) = tmp_path.glob("autotune-bug-*.txt")
+    text = report.read_text()
+    assert not _leaks(text) and not _leaks(err), text
+    assert "'--password', '***'" in text and "--token=***" in text and "pwd=***" in text

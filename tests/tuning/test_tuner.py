@@ -711,3 +711,82 @@ def test_related_winners_add_other_gpus_winner_of_this_problem(tmp_path):
         assert related_winners(store, problem, h100) == [b, a]
         assert related_winners(store, problem, h200) == []  # its own result is measured, not related
         assert related_winners(store, problem, DeviceInfo("cpu-interpret", "interpret")) == []
+
+
+# -- dead runners (issue 30) --------------------------------------------------------------------
+
+
+def test_a_runner_is_named_by_host_pid_and_start_time_and_told_dead_at_once():
+    """worker_id records host, pid and the process's start time; a process of this host is
+    dead when its pid is gone, or runs a process of another start time (the pid was reused);
+    another host's process is never judged from here."""
+    import socket
+    import subprocess
+    import sys
+
+    import autotune.tuning.tuner as tuner
+
+    host, pid = socket.gethostname(), os.getpid()
+    assert tuner.worker_id() == f"{host}:{pid}:{tuner.process_start(pid)}"
+    assert not tuner.owner_dead_here(tuner.worker_id())
+    assert tuner.owner_dead_here(f"{host}:{pid}:1")  # this pid, but not this process: reused
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    assert tuner.owner_dead_here(f"{host}:{gone.stdout.strip()}")  # an older runner's form
+    assert not tuner.owner_dead_here(f"another-host:{pid}:1")
+    assert tuner.parse_owner(f"{host}:12:345") == (host, 12, "345")
+
+
+def _orphan(url: str, owner: str, config: dict | None = None):
+    """A study of PROBLEM with one RUNNING trial owned by ``owner`` (a fresh heartbeat)."""
+    import autotune.tuning.tuner as tuner
+
+    device = DeviceInfo(name="fake-gpu", kind="fake")
+    storage = tuner.optuna_storage(url)
+    study = optuna.create_study(study_name=study_name(PROBLEM, device), storage=storage,
+                                load_if_exists=True)
+    if config is not None:
+        study.enqueue_trial(config)
+    trial = study.ask(tuner.distributions(TOY.valid_space(PROBLEM)))
+    trial.set_user_attr(WORKER_ATTR, owner)
+    storage.record_heartbeat(optuna_adapter.trial_id(trial))
+    return study, trial, device
+
+
+def test_a_dead_runners_trial_is_reclaimed_at_once_even_when_its_pid_was_reused(tmp_path):
+    """A RUNNING trial of a process of this host whose pid now runs another process (another
+    start time) is reclaimed at once, its heartbeat still fresh, and `status` counts it as
+    dead, not in flight (both used to wait for the 2-minute grace)."""
+    import socket
+
+    import autotune.tuning.tuner as tuner
+    from autotune.queries.status import job_status
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    owner = f"{socket.gethostname()}:{os.getpid()}:1"
+    study, trial, device = _orphan(url, owner)
+    assert tuner.running_owners(study) == [(owner, True)]
+    with Store(url) as store:
+        (status,) = job_status(_job(4), store).problems
+        assert (status.in_flight, status.stale) == (0, 1)
+        assert job_status(_job(4), store).hosts == {}
+        tuner.close_orphans(study, store, PROBLEM, device)
+    assert study.trials[trial.number].state == TrialState.FAIL
+
+
+def test_a_finished_problem_closes_the_trial_a_killed_runner_left_running(tmp_path):
+    """A runner killed after storing its problem's last trial (before telling Optuna) leaves
+    it RUNNING with a live-looking heartbeat; the next run finds the budget spent and closes it
+    from the store, instead of leaving it RUNNING and "stale" forever."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
+        last = Config(store.trials(PROBLEM)[-1].config)
+    study, trial, _ = _orphan(url, "another-host:1234:5", dict(last))
+    assert Config(study.trials[trial.number].params) == last
+    with Store(url) as store:
+        (report,) = run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
+    assert report.skipped
+    study = optuna.load_study(study_name=study.study_name, storage=url)
+    assert study.trials[trial.number].state == TrialState.COMPLETE
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
