@@ -85,12 +85,31 @@ def _flush_program(flush_bytes: int | None) -> tuple[Any, Any, int]:
     return flip, buf, size * 4
 
 
-def _check_table(programs: Sequence[Any], rounds: int, calls: int) -> None:
+def _interleaved(
+    programs: Sequence[tuple[Callable[..., Any], Sequence[Any]]],
+    rounds: int,
+    calls: int,
+    time_one: Callable[[Callable[..., Any], Sequence[Any]], float],
+) -> list[list[float]]:
+    """Per round, per program (in the order given), ``time_one(fn, inputs)``; the programs in
+    :func:`rotation` order within each round.
+
+    Raises:
+      ValueError: no program, or fewer than one round or call.
+    """
     if rounds < 1 or calls < 1 or not programs:
         raise ValueError(
             f"a re-time needs at least one program, round and call, but got "
             f"{len(programs)} program(s), {rounds} round(s) and {calls} call(s)."
         )
+    table: list[list[float]] = []
+    for r in range(rounds):
+        row = [0.0] * len(programs)
+        for i in rotation(len(programs), r):
+            fn, inputs = programs[i]
+            row[i] = time_one(fn, inputs)
+        table.append(row)
+    return table
 
 
 class CuptiIsolatedTimer:
@@ -123,17 +142,10 @@ class CuptiIsolatedTimer:
         """Per round, per program, the median time of ``calls`` isolated calls in us."""
         import jax
 
-        _check_table(programs, rounds, calls)
         for fn, inputs in programs:
             jax.block_until_ready(fn(*inputs))  # warm-up, excluded
-        table: list[list[float]] = []
-        for r in range(rounds):
-            row = [0.0] * len(programs)
-            for i in rotation(len(programs), r):
-                fn, inputs = programs[i]
-                row[i] = statistics.median(self.call_us(fn, inputs) for _ in range(calls))
-            table.append(row)
-        return table
+        return _interleaved(programs, rounds, calls, lambda fn, inputs: statistics.median(
+            self.call_us(fn, inputs) for _ in range(calls)))
 
 
 def make_timer(method: str) -> WallClockTimer | CuptiIsolatedTimer:
@@ -194,16 +206,8 @@ class WallClockTimer:
     ) -> list[list[float]]:
         """Per round, per program (in the order given), its time per call in us: the median
         of ``blocks`` blocks; programs in :func:`rotation` order within each round."""
-        _check_table(programs, rounds, calls)
-        table: list[list[float]] = []
-        for r in range(rounds):
-            row = [0.0] * len(programs)
-            for i in rotation(len(programs), r):
-                fn, inputs = programs[i]
-                row[i] = statistics.median(self.block_us(fn, inputs, calls)
-                                           for _ in range(self.blocks))
-            table.append(row)
-        return table
+        return _interleaved(programs, rounds, calls, lambda fn, inputs: statistics.median(
+            self.block_us(fn, inputs, calls) for _ in range(self.blocks)))
 
 
 def time_configs(
