@@ -1,6 +1,6 @@
 """Where a baseline's time goes on a GPU (issue 16): XLA's autotuning compile against the rest.
 
-    python3 benchmarks/baseline_cost.py examples/h200.toml --out $OUT/baseline_cost.json  # H200
+    python3 benchmarks/baseline_cost.py examples/gpu_evidence.toml --out $OUT/baseline_cost.json  # H200
 
 The baselines held the GPU's lock for 22-34 s of a 76 s batch job on the H200 (RESULTS §9):
 each is compiled with XLA's autotuning, which runs candidate kernels on the GPU and so must run

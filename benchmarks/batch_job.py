@@ -1,6 +1,6 @@
 """A whole batch job on a fresh database: the scheduler against one problem at a time.
 
-    python3 benchmarks/batch_job.py examples/h200.toml --trials 30 --patience 0 --compare \\
+    python3 benchmarks/batch_job.py examples/gpu_evidence.toml --trials 30 --patience 0 --compare \\
         --out $OUT/batch_job.json                                           # H200
     python3 benchmarks/batch_job.py benchmarks/batch_fake.toml --device fake --compare \\
         --workers-per-gpu 4 --compile-threads 1                             # CPU, simulated

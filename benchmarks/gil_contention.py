@@ -4,7 +4,7 @@ their thread, at Python's default switch interval and at the job's (issue 16, fi
     python3 benchmarks/gil_contention.py --out $OUT/gil_contention.json
 
 A job's loop stores each result (``Store.record_trial``: a handful of SQLite statements, each
-of which lets go of the GIL) while the ranked samplers of ``examples/h200.toml``'s four
+of which lets go of the GIL) while the ranked samplers of ``examples/gpu_evidence.toml``'s four
 hopper_matmul problems climb on their cost model (pure Python, on the one preparer thread
 that the scheduler starts once every problem is open: :meth:`RankedSampler.prepare`). Every
 statement must win the GIL back from the climbing thread, which Python takes from it only

@@ -6,7 +6,7 @@
 #                                                   # the 7 hopper_matmul files, then the configs
 #                                                   # within 8% of each file's best re-timed
 #   OUT=... bash benchmarks/issue17_gpu.sh shapes   # ground truth at 64x4096x4096, 512x14336x4096
-#   OUT=... bash benchmarks/issue17_gpu.sh live     # examples/h200_unseen2.toml: cold at seeds
+#   OUT=... bash benchmarks/issue17_gpu.sh live     # examples/unseen_shapes_2.toml: cold at seeds
 #                                                   # 0-2, then warm (the ground truth stored first)
 #
 # Each step copies the ground-truth files it adds to into a work folder, runs its commands one
@@ -22,7 +22,7 @@
 # default the device's: benchmarks/data/<device>/, the H200's benchmarks/data), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
 # RETIME_MAX (models 128; shapes: ground_truth.py's default), ROUNDS (5), MAX (600), CLIMB (3),
 # SHAPE_SECONDS (120), SHAPES ("m=64,n=4096,k=4096 m=512,n=14336,k=4096"), JOB
-# (examples/h200_unseen2.toml), SEEDS ("0 1 2"), TRIALS (live: --trials, default the job's),
+# (examples/unseen_shapes_2.toml), SEEDS ("0 1 2"), TRIALS (live: --trials, default the job's),
 # WORK (the scratch folder, default a new one under /tmp), PYTHON (python3), GPU_NAME (default:
 # nvidia-smi's name of the GPU; it picks DATA, the device's own folder, when DATA is not set).
 set -u
@@ -115,7 +115,7 @@ case "$STEP" in
     done
     ;;
   live)
-    JOB=${JOB:-examples/h200_unseen2.toml}
+    JOB=${JOB:-examples/unseen_shapes_2.toml}
     TUNE=("$PY" -m autotune tune --jsonl --results-dir "$WORK/results" ${TRIALS:+--trials "$TRIALS"})
     [[ $DEVICE == fake ]] && TUNE+=(--dry-run)
     for seed in ${SEEDS:-0 1 2}; do

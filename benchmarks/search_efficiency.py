@@ -3,7 +3,7 @@
     python3 benchmarks/search_efficiency.py [FILES] [--seeds 10] [--budget 64]
         [--samplers auto,ranked,oracle] [--modes cold,warm] [--noise SD] [--json OUT]
         [--save-reference PATH]
-    python3 benchmarks/search_efficiency.py --live DB [--job examples/h200_unseen.toml]
+    python3 benchmarks/search_efficiency.py --live DB [--job examples/unseen_shapes.toml]
     python3 benchmarks/search_efficiency.py --store-ground-truth DB [FILES]
 
 Ground truth: every ``benchmarks/data/<kernel>__<shape>__<dtype>.json`` written by
@@ -47,7 +47,7 @@ shows what noise alone does to that trial.
 measured its served best (the confirmation round's winner), and at which it was first within
 0.5% and 1% of the final best (configs within noise of each other make the first two mostly
 chance). ``--store-ground-truth DB`` writes the ground truth into a database first, so a
-live job over other shapes starts warm (``examples/h200_unseen.toml``).
+live job over other shapes starts warm (``examples/unseen_shapes.toml``).
 """
 
 from __future__ import annotations
