@@ -14,7 +14,8 @@ from autotune import cli
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 GLOBAL = {"-v", "--verbose", "-q", "--quiet", "--db", "--version"}
-COMMANDS = ["spaces", "tune", "status", "best", "results", "check", "export", "import", "revalidate", "report"]
+COMMANDS = ["spaces", "tune", "status", "best", "results", "check", "export", "import", "revalidate", "report",
+            "verify", "db"]
 FLAG = re.compile(r"(?:^|(?<=[\s\[(|,]))(--?[A-Za-z][A-Za-z0-9-]*)")
 
 

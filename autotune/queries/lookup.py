@@ -541,7 +541,7 @@ def tuned(
                     kernel, shape, _dtype_name(arrays[0]), default=default, db=db, device=device,
                     table=table, strict=strict, timeout_s=timeout_s,
                 )
-                if routes and choice.faster == "baseline":
+                if routes and choice.faster == "baseline" and baseline is not None:
                     return _baseline_fn(kernel, shape, _dtype_name(arrays[0]), baseline)(
                         *arrays, **kw)
                 config = choice.config

@@ -330,7 +330,8 @@ def test_results_frame_without_pandas_names_the_extra(db: str, monkeypatch):
 
 
 def _frame_from_rows(db: str, **filters):
-    """results_frame as it was built before issue 36: a record per TrialRow."""
+    """results_frame as it was built before issue 36: a record per TrialRow (whole numbers with a
+    gap as Int64)."""
     import pandas as pd
 
     from autotune.queries.best import _frame_rows, _open
@@ -360,7 +361,15 @@ def _frame_from_rows(db: str, **filters):
             record[f"config.{key}"] = value
             config_keys[f"config.{key}"] = None
         records.append(record)
-    return pd.DataFrame.from_records(records, columns=[*queries.FRAME_COLUMNS, *shape_keys, *config_keys])
+    columns = [*queries.FRAME_COLUMNS, *shape_keys, *config_keys]
+    frame = pd.DataFrame.from_records(records, columns=columns)
+    for column in columns:  # whole numbers with a gap stay whole (Int64), as results_frame keeps them
+        values = [record.get(column) for record in records]
+        present = [v for v in values if v is not None]
+        if (present and len(present) < len(values)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in present)):
+            frame[column] = pd.array(values, dtype="Int64")
+    return frame
 
 
 @pytest.mark.parametrize("filters", [{}, {"kernel": "matmul"}, {"status": "ok"}, {"device": "interpret"}])
