@@ -1067,26 +1067,35 @@ def _import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _revalidate(args: argparse.Namespace) -> int:
-    from autotune.api import compilation_cache_folder, detect_device, open_engine
+def _remeasuring(args: argparse.Namespace, verb: str) -> tuple[str, str | None]:
+    """What ``revalidate`` and ``verify`` check before measuring again: the compilation-cache
+    folder and the ``--kernel`` filter; the database named; a missing SQLite file is nothing
+    to re-measure (not created). Returns the device and the compilation-cache folder."""
+    from autotune.api import compilation_cache_folder, detect_device
     from autotune.queries.outputs import check_output_dir
-    from autotune.storage.store import Store
     from autotune.storage.urls import resolve_url, sqlite_path
-    from autotune.tuning.revalidate import revalidate
 
-    if args.top < 1:
-        raise ValueError(f"--top must be 1 or more, got {args.top}.")
     if args.compilation_cache not in ("auto", "off"):
         check_output_dir(args.compilation_cache, flag="--compilation-cache")
     _kernel_filter(args.kernel, args.db)
     _say_db(args)
     path = sqlite_path(resolve_url(args.db))
     if path is not None and not path.exists():  # not created: there is nothing to re-measure
-        raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to revalidate.")
-    cache = None if args.cache in (None, "auto") else args.cache
+        raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to {verb}.")
     device = detect_device() if args.device == "auto" else args.device
-    folder = compilation_cache_folder(args.compilation_cache, results_dir=default_results_dir(),
-                                      device=device)
+    return device, compilation_cache_folder(args.compilation_cache,
+                                            results_dir=default_results_dir(), device=device)
+
+
+def _revalidate(args: argparse.Namespace) -> int:
+    from autotune.api import open_engine
+    from autotune.storage.store import Store
+    from autotune.tuning.revalidate import revalidate
+
+    if args.top < 1:
+        raise ValueError(f"--top must be 1 or more, got {args.top}.")
+    device, folder = _remeasuring(args, "revalidate")
+    cache = None if args.cache in (None, "auto") else args.cache
     with Store(args.db) as store, open_engine(device, allow_import=args.allow_import,
                                               cache=cache, compilation_cache=folder) as engine:
         reports = revalidate(store, engine, kernel=args.kernel, top=args.top)
@@ -1121,12 +1130,9 @@ def _revalidate(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     import tempfile
 
-    from autotune.api import compilation_cache_folder, detect_device
     from autotune.evaluation.independent import CUPTI_METHOD, METHOD
     from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
-    from autotune.queries.outputs import check_output_dir
     from autotune.storage.store import Store
-    from autotune.storage.urls import resolve_url, sqlite_path
     from autotune.tuning.tuner import software_versions
     from autotune.tuning.verify import timing_on_this_machine, verify
 
@@ -1134,19 +1140,10 @@ def _verify(args: argparse.Namespace) -> int:
                              ("--others", args.others, 0)):
         if value < low:
             raise ValueError(f"{flag} must be {low} or more, got {value}.")
-    if args.compilation_cache not in ("auto", "off"):
-        check_output_dir(args.compilation_cache, flag="--compilation-cache")
-    _kernel_filter(args.kernel, args.db)
-    _say_db(args)
-    path = sqlite_path(resolve_url(args.db))
-    if path is not None and not path.exists():
-        raise NothingTunedError(f"nothing stored in {_db_text(args.db)}: nothing to verify.")
-    device = detect_device() if args.device == "auto" else args.device
+    device, folder = _remeasuring(args, "verify")
     if device == "gpu":
         # The baseline compiled here must be the program the job timed: XLA's autotune pick
         # from the job's folder (evaluation.xla_autotune), before jax starts its backend.
-        folder = compilation_cache_folder(args.compilation_cache, results_dir="results",
-                                          device=device)
         pin_in(os.environ, autotune_cache_folder(folder, tempfile.mkdtemp(prefix="autotune-")))
         from autotune.evaluation.pipeline import gpu_device_info
 
