@@ -117,7 +117,8 @@ def test_analyse_interval_holds_the_speedup_and_refuses_bad_rounds():
 
 def test_the_wall_clock_timer_measures_the_work_not_the_flush():
     """The real method on the CPU: a program doing 16x the matrix products of another reads
-    several times longer, and a program's times are positive."""
+    several times longer, and a program's times are positive. Each program is judged by its
+    fastest round: a busy machine only ever adds time, so the fastest rounds compare the work."""
     import jax
     import jax.numpy as jnp
 
@@ -126,10 +127,10 @@ def test_the_wall_clock_timer_measures_the_work_not_the_flush():
     x = jax.random.normal(jax.random.key(0), (192, 192), jnp.float32)
     small = jax.jit(lambda a: a @ a)
     big = jax.jit(lambda a: jax.lax.fori_loop(0, 16, lambda i, b: (b @ a) * 0.01, a))
-    table = WallClockTimer().rounds([(small, (x,)), (big, (x,))], rounds=2, calls=4)
-    assert len(table) == 2 and all(len(row) == 2 for row in table)
-    assert all(t > 0 for row in table for t in row[1:])
-    assert min(row[1] for row in table) > 3 * max(row[0] for row in table)
+    table = WallClockTimer().rounds([(small, (x,)), (big, (x,))], rounds=3, calls=4)
+    assert len(table) == 3 and all(len(row) == 2 for row in table)
+    assert all(t > 0 for row in table for t in row)
+    assert min(row[1] for row in table) > 3 * min(row[0] for row in table)
 
 
 def test_time_configs_compiles_checks_and_times_a_real_kernel_in_interpret_mode():
