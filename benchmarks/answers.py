@@ -1,5 +1,5 @@
 """Answers that hold up: the same winner and the same speedup, run after run, checked by a
-second method (benchmarks/RESULTS.md, "Answers that hold up").
+second method (benchmarks/RESULTS.md §12).
 
     python3 benchmarks/answers.py --runs 5 --out $OUT          # a GPU; ~1.5 min a run
     python3 benchmarks/answers.py --runs 1 --device interpret --job J --out /tmp/a   # CPU smoke

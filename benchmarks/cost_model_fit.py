@@ -15,7 +15,7 @@ ahead of the fastest (cost_model_check's definitions). It prints:
   worse here than the committed model);
 - the point that scores best on all shapes.
 
-The default grid is the one of benchmarks/RESULTS.md section 8: ``stage_transfer``
+The default grid is the one of benchmarks/RESULTS.md §7: ``stage_transfer``
 none/loaded/full, ``l2_latency`` 800-2000 and ``l2_bytes`` 48-128; ``--grid`` replaces or adds
 dimensions (``--grid wg_step=250/350/450``).
 """

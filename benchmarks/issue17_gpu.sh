@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's GPU steps, one device call per step (benchmarks/RESULTS.md, "Cost model: first
-# choices on unseen shapes"):
+# Issue 17's GPU steps, one device call per step (benchmarks/RESULTS.md §7):
 #
 #   OUT=... bash benchmarks/issue17_gpu.sh models   # both cost models' 16 first choices added to
 #                                                   # the 7 hopper_matmul files, then the configs

@@ -704,7 +704,7 @@ class Hopper:
         the stage's consumption: ``"none"`` (the default), or the transfer of the stage's bytes
         at ``l2_bytes`` per clock, as loaded (``"loaded"``: a multicast operand halved) or in
         full (``"full"``). The variants rank the live measurements of deep pipelines better and
-        two recorded shapes worse (benchmarks/RESULTS.md section 8); they are here
+        two recorded shapes worse (benchmarks/RESULTS.md §7); they are here
         to be measured (``benchmarks/cost_model_check.py --constants``), not the default.
     """
 

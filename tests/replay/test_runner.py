@@ -4,9 +4,8 @@ Replays the samplers over recorded H200 ground truth (autotune/replay/data) with
 the committed reference (tests/replay/replay_reference.json): ``auto`` and ``ranked``, cold (an
 empty database) and warm (the other recorded shapes stored), the known-good default off. It fails
 when one needs far more trials than the reference recorded: a search regression, not a timing
-test. Re-record the reference with the command in benchmarks/RESULTS.md ("Search efficiency:
-the CI reference") when a change to a sampler is meant to move these numbers. The replay table
-itself is pinned exactly for fixed seeds (tests/replay/replay_pin.json, recorded from the
+test. Re-record the reference with the command in benchmarks/RESULTS.md §4 when a change to a
+sampler is meant to move these numbers. The replay table itself is pinned exactly for fixed seeds (tests/replay/replay_pin.json, recorded from the
 per-shape files before they were packed).
 """
 

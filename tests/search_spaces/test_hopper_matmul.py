@@ -459,7 +459,7 @@ def test_cost_model_changes_only_the_constants_it_is_given():
 
 
 def test_a_stage_transfer_variant_charges_shallow_pipelines_of_big_stages_more(on_profile):
-    """Live on the H200 at 64x4096x4096 (benchmarks/RESULTS.md section 8), tile_k 64
+    """Live on the H200 at 64x4096x4096 (benchmarks/RESULTS.md §7), tile_k 64
     with 8 stages measured 17.7 us and tile_k 256 with 2 stages 22.2 us; the committed model
     estimates the reverse. With the stage's transfer in its slot's cycle the shallow pipeline
     of big stages loses most of its lead."""
