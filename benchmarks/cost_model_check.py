@@ -61,7 +61,7 @@ OUTLIER = 0.03  # a config measured this much above its family's median (family_
 
 def ground_truth(paths: Iterable[str]) -> list[dict[str, Any]]:
     """Problems of ground-truth files: {"source", "kernel", "shape", "dtype", "times"}, where
-    times maps a config's canonical JSON to its recorded time (``recorded_times.recorded_us``:
+    times maps a config's canonical JSON to its recorded time (``autotune.replay.ground_truth.recorded_us``:
     the median of its re-timed rounds, else its median; failures left out)."""
     out = []
     for path in paths:

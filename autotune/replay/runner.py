@@ -26,7 +26,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,8 @@ from autotune.space.problem import Config, shape_distance
 from autotune.space.search_space import Constraint, Space
 from autotune.tuning import optuna_adapter
 from autotune.tuning.ranked_sampler import Observation
-from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler
+from autotune.tuning.sampling import ExhaustedError, distributions, valid_sampler
+from autotune.tuning.trial_index import OUTCOME_ATTR
 
 __all__ = [
     "MODES",
@@ -68,13 +69,23 @@ TUNED_ON = (
     "hopper_matmul__k8192_m256_n8192__bfloat16",
     "hopper_attention__batch1_causalfalse_head_dim64_heads_kv8_heads_q8_seq_kv8192_seq_q8192__float16",
 )
-RANKED_OPTIONS = {"explore": float, "kappa": float, "candidates": int, "model": str,
+RANKED_OPTIONS: dict[str, Callable[[str], Any]] = {"explore": float, "kappa": float, "candidates": int, "model": str,
                   "climb": float, "clip": lambda v: v not in ("0", "false"),
                   "estimate": lambda v: v not in ("0", "false")}
 
 
 class ReplayError(ValueError):
     """A sampler spec the replay cannot run."""
+
+
+def _recorded_prefix(prefix: Sequence[str], seen: set[tuple[Any, ...]]) -> Constraint:
+    """The rule that the values of ``prefix`` are those of a recorded config."""
+
+    def check(config: Mapping[str, Any], problem: Any) -> bool:
+        return tuple(config[n] for n in prefix) in seen
+
+    return Constraint(f"recorded_{len(prefix) - 1}", tuple(prefix), check,
+                      "only configs measured in the ground truth")
 
 
 class Recorded:
@@ -93,12 +104,8 @@ class Recorded:
         # enumerating the valid set visits recorded prefixes only (milliseconds, not minutes).
         names = base.names
         recorded = [tuple(r["config"][n] for n in names) for r in data["results"]]
-        rules = tuple(
-            Constraint(f"recorded_{d}", names[:d + 1],
-                       lambda c, e, d=d, seen={t[:d + 1] for t in recorded}: tuple(c[n] for n in names[:d + 1]) in seen,
-                       "only configs measured in the ground truth")
-            for d in range(len(names))
-        )
+        rules = tuple(_recorded_prefix(names[:d + 1], {t[:d + 1] for t in recorded})
+                      for d in range(len(names)))
         self.bound = Space(base.space.params, base.space.constraints + rules).bind(self.problem)
         self.full = base
         self.best = min(t for t in self.times.values() if t is not None)
@@ -115,9 +122,11 @@ class Recorded:
                             recorded_us(r) if r["status"] == "ok" else None)
                 for r in self.data["results"]]
 
-    def winner(self) -> Config:
-        return min((r for r in self.data["results"] if r["status"] == "ok"),
-                   key=recorded_us)["config"]
+    def winner(self) -> Mapping[str, Any]:
+        """The recorded best config's values."""
+        best: Mapping[str, Any] = min((r for r in self.data["results"] if r["status"] == "ok"),
+                                      key=recorded_us)["config"]
+        return best
 
     def draw(self, n: int, seed: int) -> list[Config]:
         rng = random.Random(seed)
@@ -203,11 +212,11 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
         if not result.ok or result.median_us is None:
             study.tell(trial, state=TrialState.FAIL)
         else:
-            t = evaluator.true_us(config)
-            assert t is not None  # an ok replayed trial has a recorded time
-            measured.append((result.median_us, t))
+            true = evaluator.true_us(config)
+            assert true is not None  # an ok replayed trial has a recorded time
+            measured.append((result.median_us, true))
             study.tell(trial, measured[-1][0])
-            best = min(best, t)
+            best = min(best, true)
             measured_at.append(len(curve) + 1)
         curve.append(best)
     return _replayed(curve, measured, measured_at, rec.best)
@@ -277,11 +286,11 @@ def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, sampl
                     "held_out": rec.data["name"] not in TUNED_ON, "configs": rec.bound.count(),
                     "cpu_s": round(time.process_time() - started, 1), "noise": noise,
                 }
-                finals = [r for r in replays if r.final_at is not None]
-                row["final_at"] = ((statistics.median(r.final_at for r in finals), pct([r.final_at for r in finals], 0.9))
-                                   if finals else None)
-                row["final_gap"] = statistics.median(r.final_gap for r in finals) if finals else None
-                row["final_ats"] = [r.final_at for r in finals]
+                ats = [r.final_at for r in replays if r.final_at is not None]
+                gaps = [r.final_gap for r in replays if r.final_gap is not None]
+                row["final_at"] = (statistics.median(ats), pct(ats, 0.9)) if ats else None
+                row["final_gap"] = statistics.median(gaps) if gaps else None
+                row["final_ats"] = ats
                 for th in THRESHOLDS:
                     needed = [trials_to(c, rec.best * (1 + th), budget) for c in curves]
                     row[f"{th:g}"] = (statistics.median(needed), pct(needed, 0.9))
