@@ -110,3 +110,14 @@ def test_unpacking_then_packing_gives_back_the_same_file(tmp_path):
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "bad.json: not a ground-truth file (no shape, dtype" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_the_data_files_are_installed_with_the_package():
+    """pyproject.toml's package-data for autotune.replay names every packaged data file, so an
+    installed autotune reads the same ground truth as a checkout."""
+    import tomllib
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["autotune.replay"]
+    package = gt.DATA_DIR.parent
+    covered = {p for pattern in globs for p in package.glob(pattern)}
+    assert covered and covered == set(gt.DATA_DIR.rglob("*.json.gz"))
