@@ -205,3 +205,22 @@ def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp
     store_ground_truth(url, [data])
     (row,) = load("search_efficiency").live_rows(url)
     assert row["best_us"] == pytest.approx(second["median_us"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--problems", "no_such_problem"], "--problems: no recorded problem named no_such_problem"),
+    (["--device", "No Such GPU"], "no ground truth recorded for device 'No Such GPU'"),
+    (["--kernel", "softmax", "--samplers", "auto+explore=1"], "unknown option 'explore'"),
+])
+def test_the_replay_command_refuses_bad_input_by_name(args, message):
+    """benchmarks/search_efficiency.py: an unknown problem, a device with no ground truth or a
+    bad sampler spec exits non-zero with the rule, never a traceback."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_efficiency.py"), *args,
+                           "--seeds", "1", "--budget", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
