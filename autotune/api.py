@@ -144,7 +144,7 @@ def compilation_cache_folder(choice: str, *, results_dir: str, device: str) -> s
     (``<results_dir>/jax_cache`` on a GPU, off in interpret mode), ``"off"``, or a folder.
 
     On the H200 the cache saves the baselines' autotuned compiles of a job run again
-    (benchmarks/RESULTS.md section 9); interpret mode compiles in well under a second.
+    (benchmarks/RESULTS.md §10); interpret mode compiles in well under a second.
     """
     if choice == "off":
         return None

@@ -1,5 +1,5 @@
 """Answers that hold up: the same winner and the same speedup, run after run, checked by a
-second method (benchmarks/RESULTS.md, "Answers that hold up").
+second method (benchmarks/RESULTS.md §12).
 
     python3 benchmarks/answers.py --runs 5 --out $OUT          # a GPU; ~1.5 min a run
     python3 benchmarks/answers.py --runs 1 --device interpret --job J --out /tmp/a   # CPU smoke
@@ -10,7 +10,7 @@ second method (benchmarks/RESULTS.md, "Answers that hold up").
    gives per problem: its crowned config, the stored (confirmed) speedup with its interval, the
    re-timed speedup, their difference, and the confirmation round's share of the job's time;
 2. a final re-time, in one process by the second method, of every run's winner per problem
-   beside the best configs recorded for the problem on this device (``benchmarks/data``, when a
+   beside the best configs recorded for the problem on this device (``autotune/replay/data``, when a
    file of this device holds the shape): how far each run's winner is from the best known, and
    the spread of the runs' winners, measured side by side.
 
@@ -34,7 +34,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-DATA = ROOT / "benchmarks" / "data"
 
 
 def autotune(db: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -78,12 +77,10 @@ def confirm_seconds(jsonl: str) -> dict[str, float]:
 
 
 def recorded_best(kernel: str, shape: dict[str, Any], dtype: str, device: str, n: int) -> list:
-    from recorded_times import recorded_us
+    from autotune.replay.ground_truth import load_ground_truth, recorded_us
 
-    for path in sorted(DATA.glob(f"{kernel}__*.json")):
-        data = json.loads(path.read_text())
-        if (data.get("shape") == shape and data.get("dtype") == dtype
-                and data.get("device") == device):
+    for data in load_ground_truth(device, kernel):
+        if data["shape"] == shape and data["dtype"] == dtype:
             rows = sorted((r for r in data["results"] if r.get("median_us")), key=recorded_us)
             return [r["config"] for r in rows[:n]]
     return []

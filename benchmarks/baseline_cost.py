@@ -2,7 +2,7 @@
 
     python3 benchmarks/baseline_cost.py examples/gpu_evidence.toml --out $OUT/baseline_cost.json  # H200
 
-The baselines held the GPU's lock for 22-34 s of a 76 s batch job on the H200 (RESULTS §9):
+The baselines held the GPU's lock for 22-34 s of a 76 s batch job on the H200 (benchmarks/RESULTS.md §10):
 each is compiled with XLA's autotuning, which runs candidate kernels on the GPU and so must run
 alone. Per problem of the job file, in one process, this compiles the kernel's baseline from
 one lowering in four ways and times every executable the way the tuner does (CUPTI, L2 flushed

@@ -48,7 +48,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's autotune and benchmarks.sim_kernels
+sys.path.insert(0, str(ROOT))  # this checkout's autotune (and autotune.replay.sim_kernels)
 
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning.jobs import Budget, load_job  # noqa: E402

@@ -6,7 +6,7 @@ takes the ``campaign`` fixture, with trials lost and stored twice (both must be 
 
 It runs pytest on the test files that use the fixture (found by reading them), with
 ``$AUTOTUNE_CAMPAIGN_OUT`` set so that the session writes its totals, and stores them in
-``benchmarks/data/campaign.json``; ``docs/guarantees.md`` states them, and
+``docs/campaign.json``; ``docs/guarantees.md`` states them, and
 ``tests/test_docs.py::test_the_campaign_counts_in_the_docs_are_the_measured_ones`` checks that
 the two agree and that the goals hold (at least 200 bad inputs, 60 faults, 0 lost or
 duplicated).
@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "data" / "campaign.json"
+OUT = REPO / "docs" / "campaign.json"
 
 
 def campaign_files() -> list[str]:

@@ -7,10 +7,10 @@ The ranked sampler (docs/ranked_sampler.md) proposes first what the kernel's ``c
 ranks first, so the model's order near the best decides how many trials a search needs. This
 reads every measurement of the kernel there is:
 
-- ground truth (``benchmarks/data/<kernel>__*.json``, from ``benchmarks/ground_truth.py``):
-  a uniform sample of the valid set plus climbing around the best;
-- live jobs (``benchmarks/runs/h200_*live*.json`` and the ``--jsonl`` progress files
-  ``benchmarks/runs/h200_*.jsonl``): the configs that searches chose, measured once per run
+- ground truth (the package's, ``load_ground_truth(DEVICE, kernel)``, or per-shape files from
+  ``benchmarks/ground_truth.py``): a uniform sample of the valid set plus climbing around the best;
+- live jobs (the package's ``load_live(DEVICE, kernel)``, or the JSON of live runs and the
+  ``--jsonl`` progress files): the configs that searches chose, measured once per run
   (the median over runs is used). These lean towards what the model ranked well, so they test
   its order near the top, where it matters.
 
@@ -25,7 +25,7 @@ families ahead of the fastest are about the trials a search led by the model alo
 it measures the fastest. Last, ``family_outliers``: the configs within 30% of the fastest that
 measured 3% or more above their family's median, mostly single timings taken in a slow moment of
 the GPU (``benchmarks/ground_truth.py --retime`` times them again; a ground-truth record's time
-is then the median of its re-timed rounds, ``benchmarks/recorded_times.py``).
+is then the median of its re-timed rounds, ``autotune.replay.ground_truth.recorded_us``).
 
 ``--constants`` checks the model with some of its constants changed, for a kernel whose module
 defines ``cost_model(**constants)`` (``hopper_matmul``: the fields of ``Hopper``, e.g.
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import math
 import statistics
@@ -48,20 +47,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recorded_times import recorded_us  # noqa: E402
-
+from autotune.replay.ground_truth import load_ground_truth, load_live, recorded_us  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
 from autotune.tuning.ranked_sampler import ESTIMATE_TWIN  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# The device whose measurements the cost models' constants were fitted on.
+DEVICE = "NVIDIA H200"
 NEAR = 1.3  # "near the best": within 30% of the fastest measured
 OUTLIER = 0.03  # a config measured this much above its family's median (family_outliers)
 
 
 def ground_truth(paths: Iterable[str]) -> list[dict[str, Any]]:
     """Problems of ground-truth files: {"source", "kernel", "shape", "dtype", "times"}, where
-    times maps a config's canonical JSON to its recorded time (``recorded_times.recorded_us``:
+    times maps a config's canonical JSON to its recorded time (``autotune.replay.ground_truth.recorded_us``:
     the median of its re-timed rounds, else its median; failures left out)."""
     out = []
     for path in paths:
@@ -241,13 +241,28 @@ def model_with(kernel: Any, constants: Mapping[str, Any]) -> Callable[[Problem, 
 Measured = tuple[str, Problem, list[dict[str, Any]], list[float]]
 
 
-def measured(kernel_name: str, truth: Sequence[str], runs: Sequence[str]) -> list[Measured]:
+def packaged(kernel_name: str, device: str = DEVICE) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The package's ground truth and live measurements of the kernel on ``device``, as
+    :func:`ground_truth` and :func:`live` give those of files."""
+    truth = [{"source": "ground truth", "kernel": p["kernel"], "shape": p["shape"], "dtype": p["dtype"],
+              "times": {_key(r["config"]): recorded_us(r) for r in p["results"]
+                        if r["status"] == "ok" and r["median_us"]}}
+             for p in load_ground_truth(device, kernel_name)]
+    runs = [{"source": "live", "kernel": e["kernel"], "shape": e["shape"], "dtype": e["dtype"],
+             "times": {_key(c): t for c, t in e["times"]}} for e in load_live(device, kernel_name)]
+    return truth, runs
+
+
+def measured(kernel_name: str, truth: Sequence[str] | None = None, runs: Sequence[str] | None = None,
+             *, device: str = DEVICE) -> list[Measured]:
     """(source, problem, configs, times) for every problem of the kernel measured in the
-    ground-truth files and live runs; only configs valid under today's rules (an older run may
-    hold one a rule now refuses)."""
+    ground-truth files and live runs (None: the package's of ``device``); only configs valid
+    under today's rules (an older run may hold one a rule now refuses)."""
     kernel = get_kernel(kernel_name)
+    known_truth, known_runs = packaged(kernel_name, device) if truth is None or runs is None else ([], [])
     out = []
-    for rec in ground_truth(truth) + live(runs):
+    for rec in ((ground_truth(truth) if truth is not None else known_truth)
+                + (live(runs) if runs is not None else known_runs)):
         if rec["kernel"] != kernel_name:
             continue
         problem = kernel.problem(rec["shape"], rec["dtype"])
@@ -259,7 +274,7 @@ def measured(kernel_name: str, truth: Sequence[str], runs: Sequence[str]) -> lis
     return out
 
 
-def run(kernel_name: str, truth: Sequence[str], runs: Sequence[str],
+def run(kernel_name: str, truth: Sequence[str] | None = None, runs: Sequence[str] | None = None,
         constants: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     kernel = get_kernel(kernel_name)
     if kernel.cost_model is None:
@@ -284,19 +299,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel", default="hopper_matmul")
     ap.add_argument("--ground-truth", nargs="*", default=None,
-                    help="ground-truth files (default: benchmarks/data/<kernel>__*.json)")
+                    help="per-shape ground-truth files (default: the package's, of the H200)")
     ap.add_argument("--live", nargs="*", default=None,
-                    help="live runs (default: benchmarks/runs/h200_*live*.json, h200_*.jsonl)")
+                    help="live runs, JSON or .jsonl (default: the package's, of the H200)")
     ap.add_argument("--constants", default="",
                     help="check the model with these constants changed: NAME=VALUE,...")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
-    truth = args.ground_truth if args.ground_truth is not None else sorted(
-        glob.glob(str(ROOT / "benchmarks" / "data" / f"{args.kernel}__*.json")))
-    runs = args.live if args.live is not None else sorted(
-        glob.glob(str(ROOT / "benchmarks" / "runs" / "h200_*live*.json"))
-        + glob.glob(str(ROOT / "benchmarks" / "runs" / "h200_*.jsonl")))
-    rows = run(args.kernel, truth, runs, parse_constants(args.constants))
+    rows = run(args.kernel, args.ground_truth, args.live, parse_constants(args.constants))
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

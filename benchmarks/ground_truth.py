@@ -1,7 +1,7 @@
 """Ground truth for the search-efficiency replay: measure every valid config of a problem.
 
     python3 benchmarks/ground_truth.py --kernel hopper_matmul --shape m=4096,n=4096,k=4096 \
-        --dtype bf16 --max 600 --seconds 240 --out benchmarks/data
+        --dtype bf16 --max 600 --seconds 240
 
 Measures all valid configs of the problem (or a uniform random sample of ``--max`` of them when
 the space is larger, and says so in the file) with the project's own measurement (the engine:
@@ -11,10 +11,13 @@ default and of the best configs so far, round after round (marked ``"stage": "ne
 with ``--estimated N``, then the N best configs by the kernel's cost model (found by the ranked
 sampler's climb on the estimate, :func:`autotune.tuning.ranked_sampler.climb_estimate`; marked
 ``"stage": "estimated"``), so that the replay can follow a search led by that model to its first
-choices; and writes ``<out>/<kernel>__<shape>__<dtype>.json``: config -> median time, with
-device, JAX version and date. Stops submitting after ``--seconds`` and writes what it has.
+choices. With ``--out auto`` (the default, on a GPU) it stores the problem in the package's
+ground truth of this device and kernel (``autotune/replay/data/<device>/<kernel>.json.gz``,
+docs/replay.md); with ``--out DIR`` it writes ``DIR/<kernel>__<shape>__<dtype>.json`` (config ->
+median time, with device, JAX version and date), which ``benchmarks/pack_ground_truth.py``
+packs. Stops submitting after ``--seconds`` and writes what it has.
 
-``--extend`` adds to that file instead of replacing it: configs it holds are not measured
+``--extend`` adds to that problem's record instead of replacing it: configs it holds are not measured
 again, its results are kept, and the file is replaced in one step (written beside it, then
 renamed). With ``--max 0`` nothing is sampled: e.g. the first choices of a cost model with
 changed constants (``--constants``, as ``benchmarks/cost_model_check.py`` takes them),
@@ -22,20 +25,24 @@ changed constants (``--constants``, as ``benchmarks/cost_model_check.py`` takes 
     python3 benchmarks/ground_truth.py --kernel hopper_matmul --shape m=4096,n=4096,k=4096 \
         --max 0 --estimated 16 --extend --constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128
 
-``--files F ...`` extends each of these ground-truth files instead (its kernel, shape and dtype),
-one engine for all of them:
+``--files F ...`` extends each of these per-shape files instead (its kernel, shape and dtype),
+one engine for all of them; ``pack_ground_truth.py --unpack DEVICE DIR`` writes a device's
+packaged problems as such files, and packing them back stores the result:
 
-    python3 benchmarks/ground_truth.py --files benchmarks/data/hopper_matmul__*.json --max 0 \
+    python3 benchmarks/pack_ground_truth.py --unpack "NVIDIA H200" gt
+    python3 benchmarks/ground_truth.py --files gt/hopper_matmul__*.json --max 0 \
         --estimated 16 --seconds 60
+    python3 benchmarks/pack_ground_truth.py gt/*.json
 
 ``--retime FRACTION`` then times again every config of the file within FRACTION of its best (at
 most ``--retime-max``, the fastest), in ``--rounds`` interleaved rounds (``Engine.confirm``, as
 the confirmation round does), and appends each round's median to the config's record as
 ``retimed_us``: one timing per config, taken in a slow moment of the GPU, no longer decides the
-best (``benchmarks/recorded_times.py`` says which time a record has). A config whose re-timing
-fails gets ``retime_error`` and keeps its figures. Alone, on files already measured:
+best (``autotune.replay.ground_truth.recorded_us`` says which time a record has). A config
+whose re-timing fails gets ``retime_error`` and keeps its figures. Alone, on files already
+measured:
 
-    python3 benchmarks/ground_truth.py --files benchmarks/data/hopper_matmul__*.json --max 0 \
+    python3 benchmarks/ground_truth.py --files gt/hopper_matmul__*.json --max 0 \
         --retime 0.08 --retime-max 128
 """
 
@@ -56,10 +63,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_model_check import model_with, parse_constants  # noqa: E402
-from recorded_times import RETIMED, device_folder, recorded_us  # noqa: E402
 
 from autotune._jax_compat import jax_versions  # noqa: E402
 from autotune.engine.dispatcher import Engine  # noqa: E402
+from autotune.replay.ground_truth import (  # noqa: E402
+    RETIMED,
+    ground_truth_path,
+    load_ground_truth,
+    recorded_us,
+    save_ground_truth,
+)
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 from autotune.space.search_space import BoundSpace  # noqa: E402
@@ -137,9 +150,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="fake: the fake evaluator (every config 100 us), to test this script")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="auto",
-                    help="the folder of the files: auto (default): this device's "
-                         "(recorded_times.device_folder: benchmarks/data/<device>/, the H200's "
-                         "directly in benchmarks/data)")
+                    help="auto (default): the package's ground truth of this device "
+                         "(autotune/replay/data/<device>/<kernel>.json.gz); or a folder for "
+                         "per-shape files")
     ap.add_argument("--files", nargs="+", metavar="FILE",
                     help="instead of --kernel/--shape/--dtype: extend each of these ground-truth "
                          "files (their problems, one engine for all; implies --extend)")
@@ -196,13 +209,15 @@ def on_this_device(jobs: list[Any], device: str, args: argparse.Namespace, *,
             if not gpu:
                 raise SystemExit(f"--out auto is the folder of the GPU's device; on the {device} "
                                  "device give --out DIR")
-            path = device_folder(device) / path.name
-            previous = json.loads(path.read_text()) if args.extend and path.exists() else None
+            path = ground_truth_path(device, kernel.name)
+            previous = next((p for p in load_ground_truth(device, kernel.name)
+                             if p["shape"] == dict(problem.dims) and p["dtype"] == problem.dtype),
+                            None) if args.extend else None
         recorded = (previous or {}).get("device")
         if gpu and recorded and recorded != device:
             raise SystemExit(f"{path}: measured on {recorded}, but this device is {device}: "
                              "one file never mixes two devices; record this device's in "
-                             f"{device_folder(device)} (--out auto)")
+                             f"{ground_truth_path(device, kernel.name)} (--out auto)")
         out.append((kernel, problem, path, previous, estimate))
     return out
 
@@ -232,7 +247,10 @@ def check_retime(args: argparse.Namespace) -> None:
 
 def write(path: Path, payload: Mapping[str, Any]) -> None:
     """Writes ``payload`` beside ``path``, then renames it: an interrupted write leaves the old
-    file whole."""
+    file whole. A packaged file (``.json.gz``) gets the problem merged in."""
+    if path.name.endswith(".json.gz"):
+        save_ground_truth([payload], root=path.parents[1])
+        return
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(payload, indent=1))
     os.replace(partial, path)

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's next GPU session, one device call per step (benchmarks/RESULTS.md section 8,
-# "Next, on a GPU"):
+# Issue 17's GPU steps, one device call per step (benchmarks/RESULTS.md §7):
 #
 #   OUT=... bash benchmarks/issue17_gpu.sh models   # both cost models' 16 first choices added to
 #                                                   # the 7 hopper_matmul files, then the configs
@@ -18,13 +17,15 @@
 #
 # DEVICE=fake runs it on the CPU with the fake device (every config about 100 us), to test it;
 # `autotune tune` has no fake device, so there the live step runs it with --dry-run. Settings
-# (environment; defaults as RESULTS.md names them): DATA (the ground-truth folder copied,
-# default the device's: benchmarks/data/<device>/, the H200's benchmarks/data), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
+# (environment; defaults as RESULTS.md names them): DATA (a folder of per-shape ground-truth files
+# to copy; default the device's packaged ground truth, unpacked by benchmarks/pack_ground_truth.py
+# --unpack), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
 # RETIME_MAX (models 128; shapes: ground_truth.py's default), ROUNDS (5), MAX (600), CLIMB (3),
 # SHAPE_SECONDS (120), SHAPES ("m=64,n=4096,k=4096 m=512,n=14336,k=4096"), JOB
 # (examples/unseen_shapes_2.toml), SEEDS ("0 1 2"), TRIALS (live: --trials, default the job's),
 # WORK (the scratch folder, default a new one under /tmp), PYTHON (python3), GPU_NAME (default:
-# nvidia-smi's name of the GPU; it picks DATA, the device's own folder, when DATA is not set).
+# nvidia-smi's name of the GPU; it picks the device's own ground truth when DATA is not set; the
+# fake device stands in for "NVIDIA H200").
 set -u
 
 STEP=${1:-}
@@ -38,9 +39,8 @@ case "$DEVICE" in
   gpu|fake) ;;
   *) echo "issue17_gpu.sh: DEVICE must be gpu or fake, got '$DEVICE'" >&2; exit 2 ;;
 esac
-# Any GPU: the step works on that device's own ground truth (benchmarks/recorded_times.py's
-# device_folder: benchmarks/data/<device>/, the H200's directly in benchmarks/data), never on
-# another device's; ground_truth.py refuses to extend a file of another device.
+# Any GPU: the step works on that device's own ground truth (autotune/replay/data/<device>/),
+# never on another device's; ground_truth.py refuses to extend a file of another device.
 GPU_NAME=${GPU_NAME:-}
 if [[ $DEVICE == gpu && -z $GPU_NAME ]]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -53,17 +53,17 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+BUDGET_S=${BUDGET_S:-560}
+DEADLINE=$(( $(date +%s) + BUDGET_S ))
+WORK=${WORK:-$(mktemp -d /tmp/issue17.XXXXXX)}
 if [[ -z ${DATA:-} ]]; then
-  DATA=benchmarks/data
-  [[ -n $GPU_NAME ]] && DATA=$("$PY" benchmarks/recorded_times.py "$GPU_NAME")
+  DATA=$WORK/ground_truth
+  "$PY" benchmarks/pack_ground_truth.py --unpack "${GPU_NAME:-NVIDIA H200}" "$DATA" > /dev/null 2>&1
 fi
 if ! compgen -G "$DATA/hopper_matmul__*.json" > /dev/null; then
   echo "issue17_gpu.sh: no ground truth of ${GPU_NAME:-this device} in $DATA: record it first with benchmarks/ground_truth.py (--out auto)" >&2
   exit 2
 fi
-BUDGET_S=${BUDGET_S:-560}
-DEADLINE=$(( $(date +%s) + BUDGET_S ))
-WORK=${WORK:-$(mktemp -d /tmp/issue17.XXXXXX)}
 W=$WORK/$STEP
 mkdir -p "$W" "$OUT"
 FAILED=0

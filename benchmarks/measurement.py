@@ -9,7 +9,7 @@ Per problem, with the engine of the tuner (worker processes, CUPTI, the L2 flush
 
 1. **cold vs warm**: an engine per cache policy times the candidates (the kernel's default
    config first, the "winner" unless ``--winner data`` puts the ground-truth best of
-   ``benchmarks/data`` first; then the next best recorded configs and the default's
+   ``autotune/replay/data`` first; then the next best recorded configs and the default's
    neighbours, ``--top`` in all) and the baseline, as a search does (``--iterations`` runs);
 2. **the confirmation round** of each policy (``Engine.confirm`` + ``analyse_rounds``):
    ``--rounds`` interleaved rounds of ``--confirm-iterations`` runs per program; its wall time;
@@ -44,9 +44,8 @@ from typing import Any  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recorded_times import recorded_us  # noqa: E402
-
 from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth, recorded_us  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 from autotune.tuning.confirmation import (  # noqa: E402
@@ -66,7 +65,6 @@ GPU_PROBLEMS = (
 # (3.6 s at 256^3), and at 128^3 bf16 jax 0.10.2's interpreter dies with SIGFPE (in LLVM's
 # APInt::urem; the engine stores that trial as crashed). Add one with --problem.
 CPU_PROBLEMS = ("softmax:rows=64,cols=512:float32",)
-DATA = Path(__file__).resolve().parent / "data"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="repeatable; default: 4 matmul shapes and softmax (tiny ones on the CPU)")
     p.add_argument("--winner", default="default", choices=("default", "data"),
                    help="the first candidate: the kernel's default config, or the ground-truth "
-                        "best of benchmarks/data")
+                        "best of the recorded ground truth (autotune/replay/data)")
     p.add_argument("--config", action="append", default=[], metavar="KERNEL=JSON",
                    help="use this config as the winner for every problem of KERNEL")
     p.add_argument("--top", type=int, help="configs confirmed per problem (default 5; 2 on CPU)")
@@ -133,17 +131,15 @@ def _problems(args: argparse.Namespace) -> list[tuple[Any, Problem]]:
     return out
 
 
-def _recorded(problem: Problem) -> list[Config]:
-    """Configs of the problem's ground-truth file (benchmarks/data), fastest first (by their
-    recorded time, ``recorded_times.recorded_us``)."""
-    name = "__".join([problem.kernel, "_".join(f"{k}{v}" for k, v in sorted(problem.dims.items())),
-                      problem.dtype]) + ".json"
-    path = DATA / name
-    if not path.exists():
-        return []
-    rows = [r for r in json.loads(path.read_text())["results"] if r.get("status") == "ok"]
-    rows.sort(key=recorded_us)
-    return [Config(r["config"]) for r in rows]
+def _recorded(problem: Problem, device: str = "NVIDIA H200") -> list[Config]:
+    """Configs of the problem's recorded ground truth on ``device`` (autotune/replay/data),
+    fastest first (by their recorded time, ``recorded_us``)."""
+    for data in load_ground_truth(device, problem.kernel):
+        if data["shape"] == dict(problem.dims) and data["dtype"] == problem.dtype:
+            rows = [r for r in data["results"] if r.get("status") == "ok"]
+            rows.sort(key=recorded_us)
+            return [Config(r["config"]) for r in rows]
+    return []
 
 
 def candidates(kernel: Any, problem: Problem, args: argparse.Namespace) -> list[Config]:

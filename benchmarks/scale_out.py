@@ -49,12 +49,12 @@ import optuna  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
 from autotune.evaluation.trial import DeviceInfo, TrialResult  # noqa: E402
+from autotune.replay.sim_kernels import QUICK  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.storage.store import Store  # noqa: E402
 from autotune.tuning import tuner  # noqa: E402
 from autotune.tuning.jobs import Budget, Job, ProblemSpec  # noqa: E402
 from autotune.tuning.trial_index import OUTCOME_ATTR  # noqa: E402
-from benchmarks.sim_kernels import QUICK  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 

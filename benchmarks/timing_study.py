@@ -4,7 +4,7 @@
     python3 benchmarks/timing_study.py --child xla --problem ...              # (internal)
 
 Per problem (default 4096^3 bf16 hopper_matmul) and per program (the XLA baseline, the
-kernel's default config, the best configs recorded for the problem in benchmarks/data), in
+kernel's default config, the best configs recorded for the problem in autotune/replay/data), in
 ``--rounds`` interleaved rounds with fresh random inputs each round:
 
 * ``cold``: the search's method (:func:`autotune.evaluation.cold_timing.time_cold`): one CUPTI
@@ -44,7 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-DATA = ROOT / "benchmarks" / "data"
 
 
 def _nvml() -> Any:
@@ -115,12 +114,11 @@ def device_facts() -> dict[str, Any]:
     return facts
 
 
-def recorded_best(problem: Any, n: int) -> list[dict[str, Any]]:
-    from recorded_times import recorded_us
+def recorded_best(problem: Any, n: int, device: str = "NVIDIA H200") -> list[dict[str, Any]]:
+    from autotune.replay.ground_truth import load_ground_truth, recorded_us
 
-    for path in DATA.glob(f"{problem.kernel}__*.json"):
-        data = json.loads(path.read_text())
-        if data.get("shape") == dict(problem.shape) and data.get("dtype") == problem.dtype:
+    for data in load_ground_truth(device, problem.kernel):
+        if data["shape"] == dict(problem.shape) and data["dtype"] == problem.dtype:
             rows = [r for r in data["results"] if r.get("median_us")]
             rows.sort(key=recorded_us)
             return [r["config"] for r in rows[:n]]

@@ -658,7 +658,7 @@ def baseline(problem: Problem) -> Callable[..., Any]:
 # An analytic cost model (issue 17): the ranked sampler's prior, cold or warm.
 
 
-# The device whose measurements set the constants below (benchmarks/data), and what it reaches
+# The device whose measurements set the constants below (autotune/replay/data), and what it reaches
 # (PLATFORM.md): bf16 flops per clock per SM at cuBLAS's measured 797 of its 989 dense TFLOP/s,
 # and a copy's 4.3 of its 4.8 TB/s. Another device is taken to reach the same shares of its
 # own datasheet peak and bandwidth (Hopper.for_device).
@@ -676,7 +676,7 @@ class Hopper:
     """What :func:`estimate_seconds` knows of a Hopper device and its SMs. The device's own
     facts (SMs, clock, peak, bandwidth) come from :mod:`autotune.devices`
     (:meth:`for_device`); the rest are latencies of the right order, set once by looking at
-    the ranking over ``benchmarks/data`` (docs/ranked_sampler.md says which). ``Hopper()``
+    the ranking over ``autotune/replay/data`` (docs/ranked_sampler.md says which). ``Hopper()``
     is the device the constants were fitted on (:data:`FITTED_ON`).
 
     Attributes:
@@ -704,7 +704,7 @@ class Hopper:
         the stage's consumption: ``"none"`` (the default), or the transfer of the stage's bytes
         at ``l2_bytes`` per clock, as loaded (``"loaded"``: a multicast operand halved) or in
         full (``"full"``). The variants rank the live measurements of deep pipelines better and
-        two recorded shapes worse (benchmarks/RESULTS.md section 8); they are here
+        two recorded shapes worse (benchmarks/RESULTS.md §7); they are here
         to be measured (``benchmarks/cost_model_check.py --constants``), not the default.
     """
 
@@ -793,7 +793,7 @@ def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper
     stages are in flight to cover the loads' latency; per output tile, the pipeline's fill and
     the epilogue; tiles in waves over the persistent grid; the whole bounded below by device
     memory and L2 traffic. Accumulators past the register file spill, which costs several times
-    over. Over the H200 ground truth of ``benchmarks/data`` (7 shapes) it ranks configs with a
+    over. Over the H200 ground truth of ``autotune/replay/data`` (7 shapes) it ranks configs with a
     Spearman correlation of 0.95-0.97 (docs/ranked_sampler.md). ``device`` defaults to the
     current device's model (:meth:`Hopper.for_device` of
     :func:`autotune.devices.current_device`).

@@ -209,7 +209,7 @@ def _check_checkout(session: pytest.Session) -> None:
 def on_profile(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``on_profile("h200")``: this test works for that device profile, as on a machine
     without a GPU (the driver is not asked), and in the worker processes it starts. For tests
-    that replay a device's recorded measurements (benchmarks/data holds the H200's)."""
+    that replay a device's recorded measurements (autotune/replay/data: the H200's, the H100's)."""
     from autotune import devices
 
     def use(name: str) -> Any:

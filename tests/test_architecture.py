@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("storage", {"autotune.storage"}),
     ("tuning", {"autotune.tuning"}),
     ("queries", {"autotune.queries"}),
+    ("replay", {"autotune.replay"}),
     ("front", {"autotune.api", "autotune.cli", "autotune.progress", "autotune.interrupts",
                "autotune.__main__"}),
 ]

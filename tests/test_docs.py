@@ -63,11 +63,11 @@ def test_the_exit_codes_agree_between_the_docs_and_the_code():
 
 def test_the_campaign_counts_in_the_docs_are_the_measured_ones():
     """docs/guarantees.md states the reliability campaign's counts as benchmarks/campaign.py
-    last measured them (benchmarks/data/campaign.json), and they meet the goals: at least 200
+    last measured them (docs/campaign.json), and they meet the goals: at least 200
     bad inputs, at least 60 faults, no trial lost or stored twice."""
     import json
 
-    measured = json.loads((REPO / "benchmarks" / "data" / "campaign.json").read_text())
+    measured = json.loads((REPO / "docs" / "campaign.json").read_text())
     text = (REPO / "docs" / "guarantees.md").read_text()
     found = re.search(r"\*\*(\d+)\s+bad\s+inputs\s+tried,\s+(\d+)\s+faults\s+injected,\s+"
                       r"(\d+)\s+trials\s+lost,\s+(\d+)\s+duplicates\*\*", text)
@@ -77,3 +77,49 @@ def test_the_campaign_counts_in_the_docs_are_the_measured_ones():
         stated, measured)
     assert measured["bad_inputs"] >= 200 and measured["faults"] >= 60
     assert measured["lost"] == measured["duplicates"] == 0
+
+
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+# A citation of a RESULTS.md section: ``benchmarks/RESULTS.md §4`` (backquotes allowed).
+CITATION = re.compile(r"RESULTS\.md`?\s*§(\d+)")
+# Older ways of citing (by the word "section", by a quoted title, "RESULTS §N"): no longer used.
+OLD_CITATION = re.compile(r"RESULTS(?:\.md`?,?\s*(?:sections?\s+\d|\"[A-Z])|\s+§)")
+CITING = [REPO / "README.md", *sorted(p for folder in ("autotune", "search_spaces", "benchmarks", "docs",
+                                                       "examples", "tests")
+                                      for p in (REPO / folder).rglob("*")
+                                      if p.suffix in (".py", ".md", ".toml", ".sh") and p != RESULTS)]
+
+
+def _results_sections() -> dict[int, str]:
+    """``{number: body}`` of the ``## N. Title`` sections of benchmarks/RESULTS.md."""
+    parts = re.split(r"^## (\d+)\. .*$", RESULTS.read_text(), flags=re.M)
+    return {int(n): body for n, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def test_every_cited_results_section_exists():
+    """Code, docs, examples and tests cite RESULTS.md sections as ``RESULTS.md §N``, and every
+    N cited (there and inside RESULTS.md itself) is a section of it."""
+    sections = _results_sections()
+    missing, old = [], []
+    for path in CITING:
+        text = path.read_text()
+        missing += [f"{path.relative_to(REPO)}: §{n}" for n in CITATION.findall(text)
+                    if int(n) not in sections]
+        old += [f"{path.relative_to(REPO)}: {m.group(0)!r}" for m in OLD_CITATION.finditer(text)
+                if path.name != "test_docs.py"]
+    missing += [f"RESULTS.md: §{n}" for n in re.findall(r"§(\d+)", RESULTS.read_text())
+                if int(n) not in sections]
+    assert not missing, "cited sections that RESULTS.md does not have:\n" + "\n".join(missing)
+    assert not old, "cite a section as 'RESULTS.md §N':\n" + "\n".join(old)
+
+
+def test_results_states_each_claim_with_its_command_and_stays_short():
+    """benchmarks/RESULTS.md: sections numbered 1..N in order, each stating its claim and the
+    command that reproduces it; no work-session diary; under 500 lines."""
+    sections = _results_sections()
+    text = RESULTS.read_text()
+    assert list(sections) == list(range(1, len(sections) + 1))
+    for number, body in sections.items():
+        assert "Claim:" in body and "```\n" in body, f"§{number} needs its claim and command"
+    assert not re.search(r"\b[Ss]ession \d|\bAgain on\b|\b20\d\d-\d\d-\d\d\b", text)
+    assert len(text.splitlines()) < 500

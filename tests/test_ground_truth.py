@@ -1,23 +1,22 @@
 """benchmarks/ground_truth.py on the fake evaluator: the stages it measures, --extend and --retime;
-benchmarks/recorded_times.py; benchmarks/issue17_gpu.sh with DEVICE=fake."""
+where a device's ground truth is stored; benchmarks/issue17_gpu.sh with DEVICE=fake."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from autotune.replay import ground_truth as recorded
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config
 from tests.benchmark_scripts import ROOT, load
 
 ground_truth = load("ground_truth")
-recorded = load("recorded_times")
 SHAPE = "m=256,n=256,k=256"
 FILE = "hopper_matmul__k256_m256_n256__bfloat16.json"
 
@@ -208,26 +207,22 @@ def test_bad_retime_flags_stop_before_anything_is_measured(tmp_path, flags, mess
     assert not (tmp_path / "bad").exists()  # nothing measured, nothing written
 
 
-def test_recorded_us_prefers_the_median_of_the_retimed_rounds():
-    recorded = load("recorded_times")
-    plain = {"config": {}, "status": "ok", "median_us": 86.5, "min_us": 85.0, "max_us": 90.0}
-    assert recorded.recorded_us(plain) == 86.5
-    assert recorded.recorded_samples(plain) == [85.0, 86.5, 90.0]
-    retimed = {**plain, recorded.RETIMED: [82.0, 81.0, 83.5, 82.5]}
-    assert recorded.recorded_us(retimed) == 82.25
-    assert recorded.recorded_samples(retimed) == [82.0, 81.0, 83.5, 82.5]
-    assert recorded.recorded_us({**plain, recorded.RETIMED: []}) == 86.5  # none yet: as recorded
-
-
 SCRIPT = ROOT / "benchmarks" / "issue17_gpu.sh"
 MATMUL = "hopper_matmul__k8192_m128_n8192__bfloat16.json"
 
 
+def _recorded_matmul() -> dict:
+    """The H200's recorded problem of MATMUL, as a per-shape file holds it."""
+    [problem] = [p for p in recorded.load_ground_truth("NVIDIA H200", "hopper_matmul")
+                 if p["name"] == MATMUL.removesuffix(".json")]
+    return {k: v for k, v in problem.items() if k != "name"}
+
+
 def _gpu_script(tmp_path, step, **env):
-    """benchmarks/issue17_gpu.sh STEP on a copy of one recorded file, small settings."""
+    """benchmarks/issue17_gpu.sh STEP on a copy of one recorded problem, small settings."""
     data = tmp_path / "data"
     data.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "benchmarks" / "data" / MATMUL, data / MATMUL)
+    (data / MATMUL).write_text(json.dumps(_recorded_matmul()))
     env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "DATA": str(data),
            "ESTIMATED": "2", "RETIME_MAX": "3", "ROUNDS": "2", "GT_SECONDS": "20", **env}
     return subprocess.run(["bash", str(SCRIPT), step], env=env, capture_output=True, text=True, timeout=600)
@@ -236,7 +231,7 @@ def _gpu_script(tmp_path, step, **env):
 def test_the_gpu_script_models_step_on_the_fake_device_packs_the_extended_and_retimed_files(tmp_path):
     done = _gpu_script(tmp_path, "models", DEVICE="fake")
     assert done.returncode == 0, done.stdout + done.stderr
-    before = json.loads((ROOT / "benchmarks" / "data" / MATMUL).read_text())["results"]
+    before = _recorded_matmul()["results"]
     assert json.loads((tmp_path / "data" / MATMUL).read_text())["results"] == before  # a copy is extended
     with tarfile.open(tmp_path / "out" / "issue17_models.tgz") as tgz:
         after = json.load(tgz.extractfile(f"models/{MATMUL}"))["results"]
@@ -256,40 +251,58 @@ def test_the_gpu_script_packs_what_it_has_when_its_budget_is_spent_and_refuses_b
     assert done.returncode == 1
     with tarfile.open(tmp_path / "out" / "issue17_models.tgz") as tgz:
         steps = tgz.extractfile("models/steps.txt").read().decode()
-        assert json.load(tgz.extractfile(f"models/{MATMUL}")) == json.loads((ROOT / "benchmarks" / "data" / MATMUL).read_text())
+        assert json.load(tgz.extractfile(f"models/{MATMUL}")) == _recorded_matmul()
     assert steps.count("skipped, the step's budget of 0 s is spent") == 3
     bad = _gpu_script(tmp_path / "bad", "model", DEVICE="fake")
     assert bad.returncode == 2 and "usage:" in bad.stderr and not (tmp_path / "bad" / "out").exists()
-    # Another GPU works on its own folder: with no ground truth of it there, the step says so.
+    # Another GPU works on its own ground truth: with none recorded, the step says so.
     env = {k: v for k, v in os.environ.items() if k != "DATA"}
     other = subprocess.run(["bash", str(SCRIPT), "models"], capture_output=True, text=True,
                            timeout=120, env={**env, "OUT": str(tmp_path / "gpu" / "out"),
                                              "DEVICE": "fake", "GPU_NAME": "No Such GPU"})
     assert other.returncode == 2, other.stderr
-    assert "no ground truth of No Such GPU in" in other.stderr and "no-such-gpu" in other.stderr
+    assert "no ground truth of No Such GPU in" in other.stderr
     assert not (tmp_path / "gpu" / "out").exists()
 
 
 def test_each_device_has_its_own_folder_and_a_file_of_another_device_is_refused(tmp_path):
-    """The H200's files sit in benchmarks/data, another device's in benchmarks/data/<device>/;
-    on a GPU, ground_truth.py refuses to extend a file another device measured."""
+    """Every device's ground truth sits in its own folder of the package's data; on a GPU,
+    ground_truth.py --out auto stores there, and refuses to extend a file another device
+    measured."""
     import argparse
 
-    assert recorded.device_folder("NVIDIA H200") == ROOT / "benchmarks" / "data"
-    assert recorded.device_folder("NVIDIA H100 80GB HBM3") == (
-        ROOT / "benchmarks" / "data" / "nvidia-h100-80gb-hbm3")
-    assert {json.loads(p.read_text())["device"] for p in recorded.device_folder(
-        "NVIDIA H100 80GB HBM3").glob("*.json")} == {"NVIDIA H100 80GB HBM3"}
+    data = recorded.DATA_DIR
+    assert recorded.ground_truth_path("NVIDIA H200", "hopper_matmul") == data / "nvidia-h200" / "hopper_matmul.json.gz"
+    assert recorded.ground_truth_path("NVIDIA H100 80GB HBM3", "softmax") == (
+        data / "nvidia-h100-80gb-hbm3" / "softmax.json.gz")
+    assert {p["device"] for p in recorded.load_ground_truth("NVIDIA H100 80GB HBM3")} == {"NVIDIA H100 80GB HBM3"}
     with pytest.raises(ValueError, match="letter or digit"):
         recorded.device_slug(" -- ")
+    kernel = get_kernel("hopper_matmul")
+    problem = kernel.problem({"m": 256, "n": 256, "k": 256}, "bfloat16")
     args = argparse.Namespace(out="auto", files=None, extend=False)
-    job = (None, None, tmp_path / "x.json", {"device": "NVIDIA H200"}, None)
+    job = (kernel, problem, tmp_path / "x.json", {"device": "NVIDIA H200"}, None)
     with pytest.raises(SystemExit, match="measured on NVIDIA H200, but this device is NVIDIA H100"):
         ground_truth.on_this_device([job], "NVIDIA H100 80GB HBM3",
                                     argparse.Namespace(out=str(tmp_path), files=None,
                                                        extend=True), gpu=True)
     [(_, _, path, previous, _)] = ground_truth.on_this_device(
-        [(None, None, tmp_path / "x.json", None, None)], "NVIDIA H100 80GB HBM3", args, gpu=True)
-    assert path == recorded.device_folder("NVIDIA H100 80GB HBM3") / "x.json"
+        [(kernel, problem, tmp_path / "x.json", None, None)], "NVIDIA H100 80GB HBM3", args, gpu=True)
+    assert path == recorded.ground_truth_path("NVIDIA H100 80GB HBM3", "hopper_matmul") and previous is None
     with pytest.raises(SystemExit, match="give --out DIR"):
         ground_truth.on_this_device([job], "fake-gpu", args, gpu=False)
+
+
+def test_a_packaged_file_gets_the_measured_problem_merged_in(tmp_path):
+    """ground_truth.py's writer stores into a packaged file by merging the problem in: other
+    problems of the file are kept, the same problem is replaced."""
+    root = tmp_path / "data"
+    target = recorded.ground_truth_path("NVIDIA H200", "hopper_matmul", root=root)
+    recorded.save_ground_truth([{**_recorded_matmul(), "device": "NVIDIA H200"}], root=root)
+    payload = {"kernel": "hopper_matmul", "shape": {"k": 256, "m": 256, "n": 256}, "dtype": "bfloat16",
+               "device": "NVIDIA H200", "results": [{"config": {"tile_m": 64}, "status": "ok", "median_us": 5.0}]}
+    ground_truth.write(target, payload)
+    ground_truth.write(target, {**payload, "results": payload["results"] * 2})
+    names = [p["name"] for p in recorded.load_ground_truth("NVIDIA H200", "hopper_matmul", root=root)]
+    assert names == ["hopper_matmul__k256_m256_n256__bfloat16", MATMUL.removesuffix(".json")]
+    assert len(recorded.load_ground_truth(root=root)[0]["results"]) == 2

@@ -58,7 +58,7 @@ _WARM_DEVICE: Any = ("warm the device up",)
 # GPU's lock lets go of the GIL at every wait on the device (a block_until_ready, a CUPTI
 # flush) and must win it back from a compile thread tracing in Python, which keeps it for up
 # to the interval each time. On the H200 a batch job's mean lock time per config went from
-# 101-104 ms to 88 ms at 0.5 ms (benchmarks/RESULTS.md section 9; 2 ms did worse).
+# 101-104 ms to 88 ms at 0.5 ms (benchmarks/RESULTS.md §10; 2 ms did worse).
 SWITCH_INTERVAL_S = 0.0005
 
 

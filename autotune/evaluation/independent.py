@@ -12,7 +12,7 @@ search is jax's CUPTI extension, reached through the one adapter module
 (:func:`autotune._jax_compat.cupti_session`). Each call starts on an idle GPU, after the session
 opens: on the H100 that read 1.1-1.2% above the search's back-to-back cold timing for XLA and
 the kernel alike, so their ratio held within 0.1-0.4% at 4096^3 and 128x8192x8192
-(benchmarks/RESULTS.md, "Answers that hold up").
+(benchmarks/RESULTS.md §12).
 
 :class:`WallClockTimer` (``wallclock-difference``, the method where there is no CUPTI: interpret
 mode) uses no profiler at all. For each program it times, with ``time.perf_counter`` around

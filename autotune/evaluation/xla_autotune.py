@@ -6,8 +6,7 @@ next: on an H200 (JAX 0.11.2), four fresh processes compiling the 4096^3 bf16 ma
 ``nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT`` once (177.7 us); at 128x8192x8192 three
 algorithms came out of six processes (39.6-40.8 us). Each worker of a job compiles the baseline
 itself, and ``autotune verify`` compiles it again, so without a pin a baseline is a different
-program from one worker, run or check to the next (benchmarks/RESULTS.md, "Answers that hold
-up").
+program from one worker, run or check to the next (benchmarks/RESULTS.md §12).
 
 XLA's per-fusion autotune cache (``--xla_gpu_per_fusion_autotune_cache_dir``) keeps the first
 pick in a folder that every later compile reads: two processes sharing it picked the same

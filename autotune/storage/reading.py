@@ -61,7 +61,7 @@ from autotune.storage.schema import (
 log = logging.getLogger("autotune.storage.store")
 
 # Store.observations: what a new problem reads of its kernel's other shapes (issue 36). Sized
-# so that a store like the recorded ground truth (benchmarks/data: seven shapes of about 750
+# so that a store like the recorded ground truth (autotune/replay/data: seven shapes of about 750
 # configs each) is read whole, as the replay (benchmarks/search_efficiency.py) reads it, while
 # a million stored trials cost no more than that.
 HISTORY_SHAPES = 8

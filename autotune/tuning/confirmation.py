@@ -85,7 +85,7 @@ DEFAULT_CONFIRM_ITERATIONS = 50  # a program whose time is not known yet (sized_
 # Without a job's confirm_iterations, each program is timed for about CONFIRM_TARGET_US of GPU
 # time per round, within [CONFIRM_MIN_ITERATIONS, CONFIRM_MAX_ITERATIONS] runs: a 50 us
 # kernel, the noisiest, gets 160 runs, and a 600 us one 20 (50 runs each held the H200 7.5-8 s
-# of a 41-45 s batch job: benchmarks/RESULTS.md sections 9 and 10).
+# of a 41-45 s batch job; today's cost: benchmarks/RESULTS.md §11).
 CONFIRM_TARGET_US = 8000.0
 CONFIRM_MIN_ITERATIONS = 20  # the search's own count: a confirmation never times fewer
 CONFIRM_MAX_ITERATIONS = 400

@@ -41,7 +41,7 @@ MAX_TRIALS = 1_000_000
 MAX_PROBLEMS = 100_000  # problems one job may expand to (checked in about a minute)
 MAX_JOB_BYTES = 16 * 1024 * 1024  # a 100,000-problem job file is about 8 MB
 # Stop after this many measured configs in a row without a new best; chosen by the replay over
-# recorded ground truth (benchmarks/search_efficiency.py --patience, RESULTS.md section 3).
+# recorded ground truth (benchmarks/search_efficiency.py --patience, benchmarks/RESULTS.md §4).
 DEFAULT_PATIENCE = 24
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers refuse larger seeds, and negative ones
 _SETTINGS = {

@@ -102,8 +102,8 @@ ESTIMATE_POOL = 64
 # Of configs whose estimates are this close (log), the climb's pool keeps the best one only:
 # tunables the cost model ignores (grid order, epilogue tiles) make families of equal
 # estimates, and on the H200's decode shape 64x4096x4096 one family's variants filled the 64
-# and took 10-16 of a live job's first 24 trials, 20% slower than the best (RESULTS.md
-# section 8). The measured family's neighbours still join the pool as it climbs.
+# and took 10-16 of a live job's first 24 trials, 20% slower than the best
+# (benchmarks/RESULTS.md §6). The measured family's neighbours still join the pool as it climbs.
 ESTIMATE_TWIN = math.log(1.005)
 # A proposal passes over a config whose estimate a config already taken (measured or in flight)
 # shares (within ESTIMATE_TWIN) for the next one of another estimate, while that one scores
@@ -769,7 +769,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         ESTIMATE_TWIN_MARGIN of the first; the first when there is none, or no cost model to tell
         twins by. Once measured, a config's twins are ranked by what it measured (a twin of one
         that measured as estimated may well be the best: the grid's order, which the estimate
-        ignores, still matters; replay, RESULTS.md section 8)."""
+        ignores, still matters; replay, benchmarks/RESULTS.md §4)."""
         score = self._score
         if (not isinstance(self._prior, _EstimatePrior) or score is None
                 or len(score) != len(self._pool)):
@@ -804,7 +804,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         One thread makes every sampler of the process ready, one after another in the order
         of these calls: side by side, four climbs (pure Python) each took four times as long
         to finish and held the GIL against the scheduler's loop, whose asks and stores then
-        waited behind them (benchmarks/RESULTS.md section 9)."""
+        waited behind them (benchmarks/RESULTS.md §9)."""
         if not self._started and not self._preparing:
             self._preparing = True
             _preparer().put(self._prepare_quietly)
@@ -844,7 +844,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
         if self._estimate is not None:
             self._climb_estimate()
             # The kernel's cost model is the prior, warm or cold: over the recorded shapes it
-            # ranked better than a model learnt from the other shapes' results (RESULTS.md 8).
+            # ranked better than a model learnt from the other shapes' results
+            # (benchmarks/RESULTS.md §4).
             self._prior = _EstimatePrior(self._estimate_column())
         elif self._others:
             self._prior = self._fit_prior()
@@ -1020,7 +1021,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
             # The kernel's own estimate, corrected where it is known to be wrong: near measured
             # configs, by their residuals; far from them, it keeps its order. (A tree model of
             # the residuals spread a family's error everywhere alike and so never left it:
-            # RESULTS.md section 8.)
+            # benchmarks/RESULTS.md §6.)
             # Residuals in absolute terms (log seconds), less their common part (the estimate's
             # scale on this problem): their median, but at most ESTIMATE_SCALE_SLACK either way,
             # so that a first family measured far slower than estimated is seen as such rather

@@ -57,17 +57,17 @@ logger = logging.getLogger(__name__)
 # a proposal costs about the same at 10,000 trials as at MODEL_TRIALS (issue 16).
 MODEL_TRIALS = 200
 # The share of local moves (around the best so far) in the "auto" sampler's proposals; chosen
-# by the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
-# section 3).
+# by the replay over recorded ground truth (benchmarks/search_efficiency.py,
+# benchmarks/RESULTS.md §4).
 DEFAULT_LOCAL_SHARE = 0.5
 
 # OUTCOME_ATTR: a trial's system attribute naming the measured outcome (autotune.tuning.trial_index).
 DIGEST_ATTR = "autotune_config"
 
 
-# Where the replay over recorded ground truth (benchmarks/search_efficiency.py, RESULTS.md
-# section 8) says the ranked sampler needs fewer trials than TPE with local moves, "auto" picks
-# it: when the database holds results of the same kernel and device at other shapes (warm), when
+# Where the replay over recorded ground truth (benchmarks/search_efficiency.py,
+# benchmarks/RESULTS.md §4) says the ranked sampler needs fewer trials than TPE with local
+# moves, "auto" picks it: when the database holds results of the same kernel and device at other shapes (warm), when
 # the whole valid set fits in its candidate pool (the model then ranks every config), or when
 # the kernel declares a cost model (it ranks before anything is measured).
 RANKED_WHEN_WARM = True

@@ -233,7 +233,8 @@ class _Scheduler:
                         # the samplers that can make ready ahead (the ranked sampler draws its pool
                         # and climbs on a cost model) do it now, on threads, while the first configs
                         # compile in the workers. Started as each problem opened, they held the
-                        # first config back 0.8 s on the H200 (RESULTS.md section 9).
+                        # first config back 0.8 s on the H200 (benchmarks/batch_job.py,
+                        # benchmarks/RESULTS.md §9).
                         for r in self.runs:
                             r.sampler.prepare()
                 self._fill(share=-(-self.engine.parallelism // len(self.job.problems))

@@ -106,7 +106,7 @@ GRACE_S = 2 * HEARTBEAT_S
 # that hold it in Python (the ranked samplers climbing on their cost model, proposals made
 # ahead): on the H200 host, storing a result took a median 43.7-58.0 ms instead of 6.8-7.1 ms
 # while four hopper_matmul samplers climbed at 5 ms, 7.8-9.2 ms at 0.5 ms
-# (benchmarks/gil_contention.py, RESULTS.md section 9).
+# (benchmarks/gil_contention.py, benchmarks/RESULTS.md §9).
 JOB_SWITCH_INTERVAL_S = 0.0005
 
 

@@ -7,15 +7,14 @@ raw-grid sweep the rules come from.
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 
 from autotune.devices import profile
 from autotune.errors import NoValidConfigError
 from autotune.evaluation.lowering import input_specs, lower_for_cuda
+from autotune.replay.ground_truth import load_ground_truth, recorded_us
 from autotune.space.kernel import BuildOptions
 from autotune.space.problem import Config
 from autotune.space.search_space import profiler_smem_bytes
@@ -425,21 +424,23 @@ def test_interpret_mode_excludes_one_tile_outputs_only_there():
     assert "m_iters x n_iters = 1 x 1 must be at least 2" in str(interp.validate(crashed)[0])
 
 
-MATMUL_GROUND_TRUTH = sorted(
-    (Path(__file__).resolve().parents[2] / "benchmarks" / "data").glob("hopper_matmul__*.json")
-)
+MATMUL_GROUND_TRUTH = load_ground_truth("NVIDIA H200", "hopper_matmul")
 
 
-@pytest.mark.parametrize("path", MATMUL_GROUND_TRUTH, ids=lambda p: p.name.split("__")[1])
-def test_the_cost_model_ranks_the_recorded_h200_configs(path):
+def test_the_h200_ground_truth_holds_seven_matmul_shapes():
+    """The cost model's checks below run over all 7 recorded H200 shapes."""
+    assert len(MATMUL_GROUND_TRUTH) == 7
+
+
+@pytest.mark.parametrize("data", MATMUL_GROUND_TRUTH, ids=lambda p: p["name"].split("__")[1])
+def test_the_cost_model_ranks_the_recorded_h200_configs(data):
     """``estimate_seconds`` orders the H200 ground truth of every recorded shape (600-750 configs
     each, times measured with CUPTI) with a rank correlation of at least 0.9, and the config it
     ranks first is within 6% of the fastest recorded."""
-    data = json.loads(path.read_text())
     problem = KERNEL.problem(data["shape"], data["dtype"])
     rows = [r for r in data["results"] if r["status"] == "ok"]
     estimates = [estimate_seconds(problem, r["config"], Hopper()) for r in rows]  # the H200's
-    times = [load("recorded_times").recorded_us(r) for r in rows]
+    times = [recorded_us(r) for r in rows]
     rho = load("cost_model_check").spearman(estimates, times)
     assert rho >= 0.9, rho
     first = min(range(len(rows)), key=estimates.__getitem__)
@@ -458,7 +459,7 @@ def test_cost_model_changes_only_the_constants_it_is_given():
 
 
 def test_a_stage_transfer_variant_charges_shallow_pipelines_of_big_stages_more(on_profile):
-    """Live on the H200 at 64x4096x4096 (benchmarks/RESULTS.md section 8), tile_k 64
+    """Live on the H200 at 64x4096x4096 (benchmarks/RESULTS.md §7), tile_k 64
     with 8 stages measured 17.7 us and tile_k 256 with 2 stages 22.2 us; the committed model
     estimates the reverse. With the stage's transfer in its slot's cycle the shallow pipeline
     of big stages loses most of its lead."""

@@ -4,7 +4,7 @@
 running jax/jaxlib) could use only the ``problem_id`` prefix of ``ix_at_trials_best``, whose
 second column is ``device_id``, and then sorted every trial of the problem. With
 ``(problem_id, status, median_us)`` it walks the ok trials fastest first and stops at the first
-that matches. See ``benchmarks/lookup_latency.py`` and ``benchmarks/RESULTS.md``.
+that matches. See ``benchmarks/lookup_latency.py`` and ``benchmarks/RESULTS.md`` §13.
 
 Revision ID: 0002
 Revises: 0001

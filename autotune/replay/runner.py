@@ -1,0 +1,306 @@
+"""Replays the real samplers over recorded ground truth: trials needed to get near the best.
+
+For each recorded problem (:func:`autotune.replay.ground_truth.load_ground_truth`) and sampler,
+the real sampler (:func:`autotune.tuning.sampling.valid_sampler`, with its valid-set repair)
+runs over the recorded configs (the space restricted to them) for many seeds; each trial is
+answered by the replay runner (:class:`autotune.replay.evaluator.ReplayEvaluator`) instead of a
+GPU. :func:`run` gives, per problem, mode and sampler, the trials needed to get within 0.5%, 1%
+and 2% of the best recorded time (median and 90th percentile over seeds), the first proposal's
+gap to the best and, under noise, the trial whose measurement was the fastest.
+
+Modes, both with the kernel's known-good default off (spec ``auto+default`` puts it first):
+``cold``, an empty database; ``warm``, leave-one-out: every other recorded problem of the same
+kernel and device is known (``auto`` proposes their winners first, nearest shape first, as the
+tuner does; the ranked sampler learns from all their results and puts the winners in its pool).
+
+The ranked sampler's pool is drawn from the *uniform-stage* recorded configs only: configs the
+ground truth found by climbing around the best are reachable only as neighbours of measured
+configs, as in the real valid set. Its settings were tuned on the problems of ``TUNED_ON``
+only; every other problem is held out (``held_out`` in a row). The command line is
+``benchmarks/search_efficiency.py``; docs/ranked_sampler.md gives the figures.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.replay.evaluator import ReplayEvaluator
+from autotune.replay.ground_truth import recorded_us
+from autotune.space.kernel import get_kernel
+from autotune.space.problem import Config, shape_distance
+from autotune.space.search_space import Constraint, Space
+from autotune.tuning import optuna_adapter
+from autotune.tuning.ranked_sampler import Observation
+from autotune.tuning.sampling import ExhaustedError, distributions, valid_sampler
+from autotune.tuning.trial_index import OUTCOME_ATTR
+
+__all__ = [
+    "MODES",
+    "SAMPLERS",
+    "THRESHOLDS",
+    "TUNED_ON",
+    "Recorded",
+    "Replayed",
+    "parse_sampler",
+    "pct",
+    "related_to",
+    "replay_once",
+    "run",
+    "stop_at",
+    "trials_to",
+]
+
+THRESHOLDS = (0.005, 0.01, 0.02)
+SAMPLERS = ("auto", "ranked")
+MODES = ("cold", "warm")
+# The ranked sampler's settings were chosen on these problems only; all others are held out.
+TUNED_ON = (
+    "hopper_matmul__k4096_m4096_n4096__bfloat16",
+    "hopper_matmul__k4096_m8192_n3584__bfloat16",
+    "hopper_matmul__k8192_m256_n8192__bfloat16",
+    "hopper_attention__batch1_causalfalse_head_dim64_heads_kv8_heads_q8_seq_kv8192_seq_q8192__float16",
+)
+RANKED_OPTIONS: dict[str, Callable[[str], Any]] = {"explore": float, "kappa": float, "candidates": int, "model": str,
+                  "climb": float, "clip": lambda v: v not in ("0", "false"),
+                  "estimate": lambda v: v not in ("0", "false")}
+
+
+class ReplayError(ValueError):
+    """A sampler spec the replay cannot run."""
+
+
+def _recorded_prefix(prefix: Sequence[str], seen: set[tuple[Any, ...]]) -> Constraint:
+    """The rule that the values of ``prefix`` are those of a recorded config."""
+
+    def check(config: Mapping[str, Any], problem: Any) -> bool:
+        return tuple(config[n] for n in prefix) in seen
+
+    return Constraint(f"recorded_{len(prefix) - 1}", tuple(prefix), check,
+                      "only configs measured in the ground truth")
+
+
+class Recorded:
+    """One ground-truth problem: its space restricted to the recorded configs, and times."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+        self.kernel = get_kernel(data["kernel"])
+        self.problem = self.kernel.problem(data["shape"], data["dtype"])
+        base = self.kernel.bind(self.problem)
+        self.times = {
+            Config(r["config"]).digest(): (recorded_us(r) if r["status"] == "ok" else None)
+            for r in data["results"]
+        }
+        # Only recorded configs: one rule per tunable, on the prefix fixed so far, so that
+        # enumerating the valid set visits recorded prefixes only (milliseconds, not minutes).
+        names = base.names
+        recorded = [tuple(r["config"][n] for n in names) for r in data["results"]]
+        rules = tuple(_recorded_prefix(names[:d + 1], {t[:d + 1] for t in recorded})
+                      for d in range(len(names)))
+        self.bound = Space(base.space.params, base.space.constraints + rules).bind(self.problem)
+        self.full = base
+        self.best = min(t for t in self.times.values() if t is not None)
+        # The pool the ranked sampler may draw: the uniform sample, not the climb around the
+        # best ("neighbourhood") nor the cost model's first choices ("estimated"), which a
+        # search reaches only by climbing, as in the real space.
+        self.drawable = [Config(r["config"]) for r in data["results"]
+                         if r.get("stage", "uniform") == "uniform"]
+        self.device = data.get("device", "")
+        self.name = f"{data['kernel']} {self.problem.shape_text} {self.problem.dtype}"
+
+    def observations(self) -> list[Observation]:
+        return [Observation(self.problem, Config(r["config"]),
+                            recorded_us(r) if r["status"] == "ok" else None)
+                for r in self.data["results"]]
+
+    def winner(self) -> Mapping[str, Any]:
+        """The recorded best config's values."""
+        best: Mapping[str, Any] = min((r for r in self.data["results"] if r["status"] == "ok"),
+                                      key=recorded_us)["config"]
+        return best
+
+    def draw(self, n: int, seed: int) -> list[Config]:
+        rng = random.Random(seed)
+        return rng.sample(self.drawable, min(n, len(self.drawable)))
+
+
+def parse_sampler(spec: str) -> tuple[str, float | None, dict[str, Any], bool]:
+    """``"ranked+explore=0.2"`` -> (name, local share or None, ranked options, default first)."""
+    name, *parts = spec.split("+")
+    if name not in ("auto", "ranked", "tpe", "random"):
+        raise ReplayError(f"Sampler spec {spec!r}: the name must be auto, ranked, tpe or random, "
+                          "then +KEY=VALUE options (e.g. ranked+explore=0.2).")
+    local, options, default = None, {}, False
+    for part in parts:
+        key, _, value = part.partition("=")
+        if key == "default":
+            default = True
+        elif key == "local":
+            local = float(value)
+        elif key in RANKED_OPTIONS and name == "ranked":
+            options[key] = RANKED_OPTIONS[key](value)
+        else:
+            raise ReplayError(f"Sampler spec {spec!r}: unknown option {key!r}; the options are local, "
+                              "default" + (", " + ", ".join(RANKED_OPTIONS) if name == "ranked" else "") + ".")
+    return name, local, options, default
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One replayed study: ``curve`` is the best true (recorded) time so far after each trial;
+    ``final_at`` the trial (1-based) whose measurement was the fastest of all, as the study saw
+    it, and ``final_gap`` that config's true gap to the recorded best. Without noise the
+    fastest measurement is the fastest config; with it (``--noise``), the study sees each
+    recorded time times a random factor, as a live job sees run-to-run noise, and a near-tie
+    measured late may be crowned."""
+
+    curve: list[float]
+    final_at: int | None
+    final_gap: float | None
+
+
+def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
+                others: Sequence[Recorded] = (), noise: float = 0.0) -> Replayed:
+    """One replayed study of ``budget`` trials (fewer if the space runs out).
+
+    ``noise``: the relative standard deviation of each measurement (log-normal, seeded by
+    ``seed``); 0 replays the recorded medians exactly. Spec ``oracle`` measures the recorded
+    configs fastest first: no search can do better, so under noise it shows what noise alone
+    does to ``final_at``."""
+    evaluator = ReplayEvaluator(rec.data, noise=noise, seed=seed)
+    measured: list[tuple[float, float]] = []  # (as seen, true) per successful trial, in order
+    measured_at: list[int] = []
+    best, curve = math.inf, []
+    if spec == "oracle":
+        for t in sorted(t for t in rec.times.values() if t is not None)[:budget]:
+            best = min(best, t)
+            curve.append(best)
+            measured.append((evaluator.seen_us(t), t))
+            measured_at.append(len(curve))
+        return _replayed(curve, measured, measured_at, rec.best)
+    name, local, options, default = parse_sampler(spec)
+    seeds = [rec.kernel.default_config(rec.problem)] if default and rec.kernel.default_config else []
+    related = [o.winner() for o in sorted(others, key=lambda o: shape_distance(rec.problem.dims, o.problem.dims))[:3]]
+    history = [obs for o in others for obs in o.observations()]
+    estimate = rec.kernel.cost_model if options.pop("estimate", True) else None
+    if name == "ranked":
+        # The climb on a cost model walks the whole valid set, as in a real study; only the
+        # recorded configs it finds can be replayed.
+        options = {"draw": rec.draw, "estimate_space": rec.full, **options}
+    vs = valid_sampler(name, rec.bound, seed=seed, seeds=seeds, local=local, related=related,
+                       history=history, ranked=options, estimate=estimate)
+    study = optuna.create_study(sampler=vs)
+    dists = distributions(rec.bound)
+    for _ in range(budget):
+        try:
+            trial = study.ask(dists)
+        except ExhaustedError:
+            break
+        config = Config(trial.params)
+        result = evaluator.evaluate(rec.kernel, rec.problem, config)
+        # A config that failed when recorded is told as a wrong result, whatever its outcome.
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok" if result.ok else "wrong_result")
+        if not result.ok or result.median_us is None:
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            true = evaluator.true_us(config)
+            assert true is not None  # an ok replayed trial has a recorded time
+            measured.append((result.median_us, true))
+            study.tell(trial, measured[-1][0])
+            best = min(best, true)
+            measured_at.append(len(curve) + 1)
+        curve.append(best)
+    return _replayed(curve, measured, measured_at, rec.best)
+
+
+def _replayed(curve: list[float], measured: Sequence[tuple[float, float]], at: Sequence[int],
+              best: float) -> Replayed:
+    if not measured:
+        return Replayed(curve, None, None)
+    i = min(range(len(measured)), key=lambda j: measured[j][0])
+    return Replayed(curve, at[i], measured[i][1] / best - 1)
+
+
+def trials_to(curve: Sequence[float], target: float, budget: int) -> int:
+    for i, best in enumerate(curve):
+        if best <= target:
+            return i + 1
+    return budget + 1  # not reached within the budget
+
+
+def stop_at(curve: Sequence[float], patience: int) -> int:
+    """Trials run when tuning stops after ``patience`` trials in a row without a new best (the
+    tuner's rule), or all of them."""
+    last_best = 0
+    for i in range(1, len(curve)):
+        if curve[i] < curve[i - 1]:
+            last_best = i
+        if i - last_best >= patience:
+            return i + 1
+    return len(curve)
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def related_to(rec: Recorded, recs: Sequence[Recorded]) -> list[Recorded]:
+    """The other recorded problems of the same kernel and device (leave-one-out)."""
+    return [o for o in recs if o is not rec and o.data["kernel"] == rec.data["kernel"]
+            and o.device == rec.device]
+
+
+def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, samplers: Sequence[str],
+        modes: Sequence[str] = MODES, patience: Sequence[int] = (), noise: float = 0.0) -> list[dict[str, Any]]:
+    """The replay's rows: one per problem (ground-truth dicts, as
+    :func:`~autotune.replay.ground_truth.load_ground_truth` gives them), mode and sampler spec,
+    over ``seeds`` seeds of ``budget`` trials each (``patience``: also the early-stop figures
+    for these patiences)."""
+    for spec in samplers:
+        if spec != "oracle":
+            parse_sampler(spec)
+    recs = [Recorded(d) for d in problems]
+    rows = []
+    for rec in recs:
+        others = related_to(rec, recs)
+        for mode in modes:
+            if mode == "warm" and not others:
+                continue  # nothing else recorded for this kernel
+            for spec in samplers:
+                started = time.process_time()
+                replays = [replay_once(rec, spec, s, budget, others if mode == "warm" else (), noise)
+                           for s in range(seeds)]
+                curves = [r.curve for r in replays]
+                row: dict[str, Any] = {
+                    "problem": rec.name, "file": rec.data["name"], "mode": mode, "sampler": spec,
+                    "held_out": rec.data["name"] not in TUNED_ON, "configs": rec.bound.count(),
+                    "cpu_s": round(time.process_time() - started, 1), "noise": noise,
+                }
+                ats = [r.final_at for r in replays if r.final_at is not None]
+                gaps = [r.final_gap for r in replays if r.final_gap is not None]
+                row["final_at"] = (statistics.median(ats), pct(ats, 0.9)) if ats else None
+                row["final_gap"] = statistics.median(gaps) if gaps else None
+                row["final_ats"] = ats
+                for th in THRESHOLDS:
+                    needed = [trials_to(c, rec.best * (1 + th), budget) for c in curves]
+                    row[f"{th:g}"] = (statistics.median(needed), pct(needed, 0.9))
+                gaps = [c[0] / rec.best - 1 for c in curves if c]
+                row["first_gap"] = statistics.median(gaps)
+                row["first_within_2pct"] = sum(g <= 0.02 for g in gaps) / len(gaps)
+                row["patience"] = {}
+                for p in patience:
+                    stops = [stop_at(c, p) for c in curves if c]
+                    gaps = [c[s - 1] / rec.best - 1 for c, s in zip([c for c in curves if c], stops, strict=True)]
+                    row["patience"][p] = (statistics.median(stops), statistics.median(gaps), pct(gaps, 0.9))
+                rows.append(row)
+    return rows

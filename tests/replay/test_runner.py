@@ -1,0 +1,226 @@
+"""The search-efficiency replay (autotune.replay.runner) as a regression check.
+
+Replays the samplers over recorded H200 ground truth (autotune/replay/data) with the settings of
+the committed reference (tests/replay/replay_reference.json): ``auto`` and ``ranked``, cold (an
+empty database) and warm (the other recorded shapes stored), the known-good default off. It fails
+when one needs far more trials than the reference recorded: a search regression, not a timing
+test. Re-record the reference with the command in benchmarks/RESULTS.md §4 when a change to a
+sampler is meant to move these numbers. The replay table itself is pinned exactly for fixed seeds (tests/replay/replay_pin.json, recorded from the
+per-shape files before they were packed).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.replay import runner as replay
+from autotune.replay.ground_truth import load_ground_truth, recorded_us
+from autotune.replay.store import store_ground_truth
+from autotune.tuning.ranked_sampler import model_backend
+from tests.benchmark_scripts import load
+
+HERE = Path(__file__).resolve().parent
+REFERENCE = json.loads((HERE / "replay_reference.json").read_text())
+PIN = json.loads((HERE / "replay_pin.json").read_text())
+SMALL = "hopper_attention__batch4_causalfalse_head_dim128_heads_kv16_heads_q16_seq_kv2048_seq_q2048__float16"
+
+
+def _problem(name: str, device: str = "NVIDIA H200") -> dict:
+    """The recorded problem ``name`` of ``device`` (a fresh copy)."""
+    [problem] = [p for p in load_ground_truth(device) if p["name"] == name]
+    return copy.deepcopy(problem)
+
+
+def allowed(recorded: float, budget: int) -> float:
+    """A wide margin: half again the recorded median, plus two trials."""
+    return min(recorded * 1.5 + 2, budget + 1)
+
+
+@pytest.mark.slow
+def test_samplers_need_no_more_trials_than_recorded():
+    """auto and ranked, cold and warm, reach each threshold within the reference's margin."""
+    problems = [_problem(name, REFERENCE["device"]) for name in REFERENCE["problems"]]
+    samplers = REFERENCE["samplers"]
+    if model_backend("auto") != REFERENCE["model"]:
+        samplers = [s for s in samplers if not s.startswith("ranked")]  # another model: no reference
+    rows = replay.run(problems, seeds=REFERENCE["seeds"], budget=REFERENCE["budget"], samplers=samplers,
+                      modes=REFERENCE["modes"])
+    got = {f"{r['problem']} | {r['mode']} | {r['sampler']}": r for r in rows}
+    expected = {k: v for k, v in REFERENCE["median_trials"].items() if k.rsplit(" | ", 1)[1] in samplers}
+    assert set(got) == set(expected)
+    worse = []
+    for key, recorded in expected.items():
+        for threshold, median in recorded.items():
+            now = got[key][threshold][0]
+            if now > allowed(median, REFERENCE["budget"]) and median <= REFERENCE["budget"]:
+                worse.append(f"{key} within {float(threshold):.1%}: {now:g} trials, recorded {median:g}")
+    assert not worse, "a sampler got slower to find the best:\n" + "\n".join(worse)
+
+
+def test_stop_rule_matches_the_tuner():
+    """The replay's early-stop rule counts trials as the tuner's patience does."""
+    curve = [5, 4, 3, 3, 3, 3, 2, 2, 2, 2, 2]
+    assert replay.stop_at(curve, 3) == 6  # best at trial 3, three trials without a better one
+    assert replay.stop_at(curve, 10) == len(curve)
+
+
+@pytest.mark.slow
+def test_the_replay_table_is_unchanged_for_fixed_seeds():
+    """The 7 H200 matmul problems and the H100's, auto and ranked, cold and warm, 1% noise, 2
+    seeds of 24 trials: every figure of the table (trials to each threshold, first proposal's
+    gap, fastest measurement's trial and gap) is what the replay gave over the per-shape files
+    before they were packed."""
+    if model_backend("auto") != "sklearn":
+        pytest.skip("the pin was recorded with the sklearn model")
+    got = []
+    for device, kernel in (("NVIDIA H200", "hopper_matmul"), ("NVIDIA H100 80GB HBM3", None)):
+        rows = replay.run(load_ground_truth(device, kernel), seeds=PIN["seeds"], budget=PIN["budget"],
+                          samplers=PIN["samplers"], modes=PIN["modes"], noise=PIN["noise"])
+        got += [{"device": device, **{k: r[k] for k in PIN["rows"][0] if k != "device"}} for r in rows]
+    assert json.loads(json.dumps(got)) == PIN["rows"]
+
+
+def test_sampler_specs_parse_and_bad_ones_are_refused():
+    """``ranked+explore=0.2`` parses into options; an unknown option exits naming it."""
+    assert replay.parse_sampler("ranked+explore=0.2+local=0.5+default") == ("ranked", 0.5, {"explore": 0.2}, True)
+    assert replay.parse_sampler("auto") == ("auto", None, {}, False)
+    with pytest.raises(replay.ReplayError, match="unknown option 'explore'"):
+        replay.parse_sampler("auto+explore=0.2")
+
+
+def test_replay_of_a_small_problem_finds_its_best():
+    """A replay over the 14-config attention problem reaches the best within its 14 trials, for
+    both samplers, cold and warm."""
+    rows = replay.run(load_ground_truth("NVIDIA H200", "hopper_attention"), seeds=2, budget=14, samplers=["auto", "ranked+model=numpy"])
+    small = [r for r in rows if "batch=4" in r["problem"]]
+    assert {(r["mode"], r["sampler"]) for r in small} == {
+        (m, s) for m in ("cold", "warm") for s in ("auto", "ranked+model=numpy")}
+    assert all(r["0.005"][1] <= 14 for r in small)
+
+
+def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
+    """--live: per problem, the trial index (in measuring order) of the final best and of the
+    first results within 0.5% and 1% of it; ground truth stored with --store-ground-truth reads
+    back."""
+    from autotune.evaluation.trial import DeviceInfo, TrialResult
+    from autotune.space.problem import Problem
+    from autotune.storage.store import Store
+
+    cli = load("search_efficiency")
+    url = f"sqlite:///{tmp_path}/live.db"
+    assert store_ground_truth(url, [_problem(SMALL)]) == 14
+    assert store_ground_truth(url, [_problem(SMALL)]) == 0  # stored once
+    rec = replay.Recorded(_problem(SMALL))
+    (row,) = cli.live_rows(url)
+    assert row["trials"] == 14 and row["best_us"] == pytest.approx(rec.best)
+    order = [recorded_us(r) for r in rec.data["results"]]
+    assert row["best_at"] == order.index(min(order)) + 1
+
+    problem = rec.problem
+    device = DeviceInfo(name="NVIDIA H200", kind="gpu")
+    configs = list(rec.bound)[:4]
+    with Store(url) as store:
+        for number, (config, t) in enumerate(zip(configs, (200.0, 100.8, 100.0, 150.0), strict=True)):
+            store.record_trial(Problem("hopper_attention", {**problem.dims, "batch": 2}, problem.dtype),
+                               config, TrialResult.timed([t], compile_s=1.0, rel_error=0.0, timing="cupti"),
+                               device=device, software={}, optuna_trial_number=number)
+    live = {r["problem"]: r for r in cli.live_rows(url)}
+    new = next(r for p, r in live.items() if "batch=2" in p)
+    assert (new["trials"], new["best_at"], new["within_half_pct_at"], new["within_1pct_at"]) == (4, 3, 3, 2)
+    assert (new["served_at"], new["served_confirmed"]) == (3, False)  # no round: the fastest
+
+
+def test_live_reader_reports_when_the_served_best_was_first_measured(tmp_path):
+    """--live: the served best is the confirmation round's winner, which need not be the
+    fastest single measurement; its index is the trial that first measured its config."""
+    from autotune.evaluation.trial import DeviceInfo, TrialResult
+    from autotune.space.problem import Problem
+    from autotune.storage.store import Store
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    cli = load("search_efficiency")
+    url = f"sqlite:///{tmp_path}/live.db"
+    rec = replay.Recorded(_problem(SMALL))
+    problem = Problem("hopper_attention", {**rec.problem.dims, "batch": 2}, rec.problem.dtype)
+    device = DeviceInfo(name="NVIDIA H200", kind="gpu")
+    configs = list(rec.bound)[:4]
+    with Store(url) as store:
+        ids = [store.record_trial(problem, config, TrialResult.timed([t], compile_s=1.0, rel_error=0.0,
+                                                                     timing="cupti"),
+                                  device=device, software={}, optuna_trial_number=number).id
+               for number, (config, t) in enumerate(zip(configs, (200.0, 100.8, 100.0, 150.0), strict=True))]
+        # Re-timed side by side, the second trial's config is the faster one: it is crowned.
+        confirmation = analyse_confirmation(
+            [Candidate(dict(configs[2]), ((101.0, 101.2), (101.1, 101.0))),
+             Candidate(dict(configs[1]), ((99.0, 99.1), (99.2, 99.0)))],
+            ((150.0, 150.0), (150.0, 150.0)), default_config=None)
+        store.record_confirmation(problem, confirmation, trial_ids=[ids[2], ids[1]], device=device,
+                                  software={}, cache="warm", iterations=2, baseline_name=None)
+    (row,) = cli.live_rows(url)
+    assert (row["best_at"], row["served_at"], row["served_confirmed"]) == (3, 2, True)
+
+
+def test_a_noisy_replay_measures_with_noise_and_reports_when_the_fastest_measurement_came():
+    """--noise: the study sees each recorded time times a seeded random factor; the curve keeps
+    the true times, and ``final_at`` is the trial of the fastest measurement. The oracle measures
+    configs fastest first: without noise its first trial is the best, with 1% noise a near-tie
+    measured later often looks faster (4096^3: many configs within 1% of the best)."""
+    rec = replay.Recorded(_problem("hopper_matmul__k4096_m4096_n4096__bfloat16"))
+    exact = replay.replay_once(rec, "oracle", 0, 24)
+    assert exact.curve[0] == rec.best and (exact.final_at, exact.final_gap) == (1, 0.0)
+    noisy = [replay.replay_once(rec, "oracle", s, 24, noise=0.01) for s in range(12)]
+    assert all(r.curve == exact.curve for r in noisy)  # the same configs, in the same order
+    assert sum(r.final_at > 1 for r in noisy) >= 6
+    assert all(0.0 <= r.final_gap < 0.05 for r in noisy)
+    again = replay.replay_once(rec, "oracle", 3, 24, noise=0.01)
+    assert (again.final_at, again.final_gap) == (noisy[3].final_at, noisy[3].final_gap)  # seeded
+    # A searching sampler: without noise its fastest measurement is its best config.
+    study = replay.replay_once(rec, "ranked+model=numpy", 0, 8)
+    assert study.final_gap == pytest.approx(study.curve[-1] / rec.best - 1)
+    assert study.curve[study.final_at - 1] == study.curve[-1]
+
+
+def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp_path):
+    """A record with ``retimed_us`` (ground_truth.py --retime): its time is the rounds' median,
+    for the replay's times, winner and observations and for --store-ground-truth."""
+    import statistics
+
+    from autotune.space.problem import Config
+
+    data = _problem(SMALL)
+    ok = sorted((r for r in data["results"] if r["status"] == "ok"), key=lambda r: r["median_us"])
+    best, second = ok[0], ok[1]
+    # The recorded best was a fast moment: re-timed, it is 10% slower than the second.
+    best["retimed_us"] = [second["median_us"] * 1.1, second["median_us"] * 1.12, second["median_us"] * 1.09]
+    rec = replay.Recorded(data)
+    assert rec.times[Config(best["config"]).digest()] == statistics.median(best["retimed_us"])
+    assert rec.winner() == second["config"] and rec.best == second["median_us"]
+    observed = {Config(o.config).digest(): o.time_us for o in rec.observations()}
+    assert observed[Config(best["config"]).digest()] == statistics.median(best["retimed_us"])
+    url = f"sqlite:///{tmp_path}/warm.db"
+    store_ground_truth(url, [data])
+    (row,) = load("search_efficiency").live_rows(url)
+    assert row["best_us"] == pytest.approx(second["median_us"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--problems", "no_such_problem"], "--problems: no recorded problem named no_such_problem"),
+    (["--device", "No Such GPU"], "no ground truth recorded for device 'No Such GPU'"),
+    (["--kernel", "softmax", "--samplers", "auto+explore=1"], "unknown option 'explore'"),
+])
+def test_the_replay_command_refuses_bad_input_by_name(args, message):
+    """benchmarks/search_efficiency.py: an unknown problem, a device with no ground truth or a
+    bad sampler spec exits non-zero with the rule, never a traceback."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_efficiency.py"), *args,
+                           "--seeds", "1", "--budget", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
