@@ -29,7 +29,7 @@ def test_the_packaged_data_is_one_file_per_device_and_kernel():
         counts[(data["device"], data["kernel"])] = len(data["problems"])
         assert all(p["name"] == gt.problem_name(data["kernel"], p["shape"], p["dtype"]) for p in data["problems"])
     assert counts == {("NVIDIA H200", "hopper_matmul"): 7, ("NVIDIA H200", "hopper_attention"): 2,
-                      ("NVIDIA H200", "softmax"): 2, ("NVIDIA H100 80GB HBM3", "hopper_matmul"): 3,
+                      ("NVIDIA H200", "softmax"): 2, ("NVIDIA H100 80GB HBM3", "hopper_matmul"): 5,
                       ("NVIDIA H100 80GB HBM3", "softmax"): 1}
     assert gt.devices() == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
     assert sum(p.stat().st_size for p in gt.DATA_DIR.glob("*/*.json.gz")) < 400_000  # compact
@@ -40,7 +40,7 @@ def test_the_loader_fills_in_kernel_and_device_and_filters():
     h200 = gt.load_ground_truth("NVIDIA H200", "hopper_matmul")
     assert len(h200) == 7 and {(p["kernel"], p["device"]) for p in h200} == {("hopper_matmul", "NVIDIA H200")}
     assert all(len(p["results"]) >= 700 and p["results"][0]["status"] for p in h200)
-    assert len(gt.load_ground_truth()) == 15
+    assert len(gt.load_ground_truth()) == 17
     assert gt.load_ground_truth("No Such GPU") == [] and gt.load_ground_truth("NVIDIA H200", "nope") == []
     h200[0]["results"].clear()  # a copy: the next call reads the file again
     assert gt.load_ground_truth("NVIDIA H200", "hopper_matmul")[0]["results"]
@@ -97,7 +97,7 @@ def test_unpacking_then_packing_gives_back_the_same_file(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert unpack.returncode == 0, unpack.stderr
     files = sorted(str(p) for p in (tmp_path / "gt").glob("*.json"))
-    assert len(files) == 4
+    assert len(files) == 6
     pack = subprocess.run([sys.executable, str(PACK), "--root", str(tmp_path / "data"), *files],
                           capture_output=True, text=True, timeout=120)
     assert pack.returncode == 0, pack.stderr
