@@ -52,7 +52,7 @@ from recorded_times import recorded_us  # noqa: E402
 
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
-from autotune.tuning.ranked_sampler import ESTIMATE_TWIN  # noqa: E402
+from autotune.tuning.samplers.ranked import ESTIMATE_TWIN  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NEAR = 1.3  # "near the best": within 30% of the fastest measured

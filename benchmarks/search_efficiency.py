@@ -81,7 +81,7 @@ from autotune.space.problem import (
 )
 from autotune.space.search_space import Constraint, Space  # noqa: E402
 from autotune.tuning import optuna_adapter  # noqa: E402
-from autotune.tuning.ranked_sampler import Observation, model_backend  # noqa: E402
+from autotune.tuning.samplers.ranked import Observation, model_backend  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

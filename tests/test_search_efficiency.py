@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.tuning.ranked_sampler import model_backend
+from autotune.tuning.samplers.ranked import model_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
