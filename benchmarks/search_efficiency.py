@@ -27,7 +27,8 @@ ground truth found by climbing around the best are reachable only as neighbours 
 configs, as they would be in the real valid set (of 10^5 configs, a pool of 1024 rarely holds
 the best few).
 
-Sampler specs: ``auto``, ``ranked``, with options after ``+``: ``auto+local=0.3``,
+Sampler specs: a registered sampler (``auto``, ``ranked``, ``tpe``...), with options after ``+``
+(``local``, ``default``, ``estimate``, and the sampler's own): ``auto+local=0.3``,
 ``ranked+model=numpy``, ``ranked+explore=0.2+local=0.5+kappa=1+candidates=512``.
 
 ``HELD_OUT``: the settings of the ranked sampler (explore, kappa, local, the features) were
@@ -80,7 +81,10 @@ from autotune.space.problem import (
     shape_distance,  # noqa: E402
 )
 from autotune.space.search_space import Constraint, Space  # noqa: E402
-from autotune.tuning import optuna_adapter  # noqa: E402
+from autotune.tuning import (
+    optuna_adapter,  # noqa: E402
+    samplers,  # noqa: E402
+)
 from autotune.tuning.samplers.ranked import Observation, model_backend  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 
@@ -96,11 +100,6 @@ TUNED_ON = (
     "hopper_matmul__k8192_m256_n8192__bfloat16.json",
     "hopper_attention__batch1_causalfalse_head_dim64_heads_kv8_heads_q8_seq_kv8192_seq_q8192__float16.json",
 )
-RANKED_OPTIONS = {"explore": float, "kappa": float, "candidates": int, "model": str,
-                  "climb": float, "clip": lambda v: v not in ("0", "false"),
-                  "estimate": lambda v: v not in ("0", "false")}
-
-
 def ground_truth_files(folder: Path = DATA) -> list[str]:
     """Every ``<kernel>__<shape>__<dtype>.json`` in ``folder``, sorted."""
     return sorted(p for p in glob.glob(str(folder / "*.json")) if GROUND_TRUTH.match(Path(p).name))
@@ -168,8 +167,11 @@ class Recorded:
 def parse_sampler(spec: str) -> tuple[str, float | None, dict[str, Any], bool]:
     """``"ranked+explore=0.2"`` -> (name, local share or None, ranked options, default first)."""
     name, *parts = spec.split("+")
-    if name not in ("auto", "ranked", "tpe", "random"):
-        raise SystemExit(f"sampler {spec!r}: expected auto, ranked, tpe or random, then +KEY=VALUE")
+    if name not in samplers.NAMES:
+        raise SystemExit(f"sampler {spec!r}: expected one of {', '.join(samplers.NAMES)}, then +KEY=VALUE")
+    # The sampler's own options (the registry's), and the replay's: rank with the kernel's cost
+    # model or not (samplers that use none ignore it).
+    known = {**samplers.load(name).options, "estimate": lambda v: v not in ("0", "false")}
     local, options, default = None, {}, False
     for part in parts:
         key, _, value = part.partition("=")
@@ -177,11 +179,11 @@ def parse_sampler(spec: str) -> tuple[str, float | None, dict[str, Any], bool]:
             default = True
         elif key == "local":
             local = float(value)
-        elif key in RANKED_OPTIONS and name == "ranked":
-            options[key] = RANKED_OPTIONS[key](value)
+        elif key in known:
+            options[key] = known[key](value)
         else:
-            raise SystemExit(f"sampler {spec!r}: unknown option {key!r} (local, default"
-                             + (", " + ", ".join(RANKED_OPTIONS) if name == "ranked" else "") + ")")
+            raise SystemExit(f"sampler {spec!r}: unknown option {key!r} (local, default, "
+                             + ", ".join(known) + ")")
     return name, local, options, default
 
 
