@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from autotune._paths import default_results_dir
 from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
 from autotune.evaluation.trial import DeviceKind
+from autotune.tuning.budgets import EFFORTS  # the --effort presets, re-exported
 
 if TYPE_CHECKING:
     from autotune.engine.protocol import EngineLike
@@ -62,8 +63,6 @@ EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_CRASHED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # 128 + SIGINT, 128 + SIGPIPE, as a shell reports them
 EXIT_BUG = 70  # EX_SOFTWARE (sysexits.h): an internal error, a bug in autotune
 
-# --effort presets, as Helion's autotune_effort: (trials per problem, patience).
-EFFORTS: dict[str, tuple[int, int]] = {"quick": (16, 8), "full": (256, 48)}
 INTERPRET_NOTE = (
     "interpret: functional runs in GPU interpret mode on a CPU (one checked run per config); "
     "their wall-clock times are not GPU timings (no TFLOP/s, GB/s or speedup). best/export/the "
@@ -546,52 +545,33 @@ def _spaces(args: argparse.Namespace) -> int:
 
 
 def _job_overrides(args: argparse.Namespace, job: Any) -> Any:
-    """The job with the command line's budget and sampler overrides applied."""
-    from autotune.tuning.jobs import MAX_TRIALS, Budget
+    """The job with the command line's budget (:mod:`autotune.tuning.budgets`) and sampler
+    overrides applied."""
+    from autotune.tuning.budgets import override_budgets
 
-    if args.trials is not None and not 0 < args.trials <= MAX_TRIALS:
-        raise JobError(f"--trials must be a positive whole number up to {MAX_TRIALS}, got {args.trials}.")
-    if args.time_budget is not None and not 0 < args.time_budget < float("inf"):
-        raise JobError(f"--time-budget must be a positive, finite number of seconds, got {args.time_budget}.")
-    if args.patience is not None and args.patience < 0:
-        raise JobError(f"--patience must be a whole number of trials, 0 or more (0: never stop early), "
-                       f"got {args.patience}.")
+    job = override_budgets(job, trials=args.trials, seconds=args.time_budget,
+                           patience=args.patience, effort=args.effort)
     if args.sampler is not None:
         from autotune.tuning.names import SAMPLERS
 
         if args.sampler not in SAMPLERS:
             raise JobError(f"--sampler {args.sampler!r} is unknown; expected one of {', '.join(SAMPLERS)}."
                            + did_you_mean(args.sampler, SAMPLERS))
-        from autotune.tuning.sampling import require_sampler_packages
+        from autotune.tuning.samplers import require_packages
 
         try:
-            require_sampler_packages(args.sampler)
+            require_packages(args.sampler)
         except JobError as e:
             raise JobError(f"--sampler {args.sampler}: {e}") from None
-    trials, patience = args.trials, args.patience
-    if args.effort is not None:
-        effort_trials, effort_patience = EFFORTS[args.effort]
-        trials = effort_trials if trials is None else trials
-        patience = effort_patience if patience is None else patience
-    specs = []
-    for spec in job.problems:
-        budget = spec.budget
-        if trials is not None or args.time_budget is not None:
-            budget = Budget(
-                trials=trials if trials is not None else (budget.trials if args.time_budget is None else None),
-                seconds=args.time_budget if args.time_budget is not None else budget.seconds,
-                patience=budget.patience,
-            )
-        if patience is not None:
-            budget = dataclasses.replace(budget, patience=patience or None)
-        specs.append(dataclasses.replace(spec, budget=budget, sampler=args.sampler or spec.sampler))
+        job = dataclasses.replace(job, problems=tuple(
+            dataclasses.replace(spec, sampler=args.sampler) for spec in job.problems))
     cache = job.cache if args.cache is None else (None if args.cache == "auto" else args.cache)
     for flag, value in (("--workers-per-gpu", args.workers_per_gpu),
                         ("--compile-threads", args.compile_threads)):
         if value is not None and not 1 <= value <= 256:
             raise JobError(f"{flag} must be a whole number from 1 to 256, got {value}; leave it "
                            "out to size it from the machine.")
-    return dataclasses.replace(job, problems=tuple(specs), cache=cache)
+    return dataclasses.replace(job, cache=cache)
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune.replay.ground_truth import load_ground_truth, load_live, recorded_us  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
-from autotune.tuning.ranked_sampler import ESTIMATE_TWIN  # noqa: E402
+from autotune.tuning.samplers.ranked import ESTIMATE_TWIN  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # The device whose measurements the cost models' constants were fitted on.

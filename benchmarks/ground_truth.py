@@ -9,7 +9,7 @@ compile in parallel, CUPTI timing one kernel at a time, output checked against t
 plus the baseline; with ``--climb``, then every valid one-tunable neighbour of the kernel's
 default and of the best configs so far, round after round (marked ``"stage": "neighbourhood"``);
 with ``--estimated N``, then the N best configs by the kernel's cost model (found by the ranked
-sampler's climb on the estimate, :func:`autotune.tuning.ranked_sampler.climb_estimate`; marked
+sampler's climb on the estimate, :func:`autotune.tuning.samplers.ranked.climb_estimate`; marked
 ``"stage": "estimated"``), so that the replay can follow a search led by that model to its first
 choices. With ``--out auto`` (the default, on a GPU) it stores the problem in the package's
 ground truth of this device and kernel (``autotune/replay/data/<device>/<kernel>.json.gz``,
@@ -77,7 +77,7 @@ from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 from autotune.space.search_space import BoundSpace  # noqa: E402
 from autotune.tuning.confirmation import sized_iterations  # noqa: E402
-from autotune.tuning.ranked_sampler import DEFAULT_CANDIDATES, climb_estimate  # noqa: E402
+from autotune.tuning.samplers.ranked import DEFAULT_CANDIDATES, climb_estimate  # noqa: E402
 
 
 def estimated_configs(kernel: Any, space: BoundSpace, n: int, *, seed: int = 0,

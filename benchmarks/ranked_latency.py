@@ -29,7 +29,7 @@ import optuna  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning import optuna_adapter  # noqa: E402
-from autotune.tuning.ranked_sampler import Observation  # noqa: E402
+from autotune.tuning.samplers.ranked import Observation  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
 
 

@@ -50,7 +50,7 @@ import optuna  # noqa: E402
 
 from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
 from autotune.replay.runner import MODES, SAMPLERS, THRESHOLDS, ReplayError, parse_sampler, run  # noqa: E402
-from autotune.tuning.ranked_sampler import model_backend  # noqa: E402
+from autotune.tuning.samplers.ranked import model_backend  # noqa: E402
 
 
 def problems_from(files: Sequence[str], device: str | None = None, kernel: str | None = None,

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from autotune.space.kernel import get_kernel
-from autotune.tuning.ranked_sampler import ESTIMATE_TWIN
-from tests.benchmark_scripts import load
+from autotune.tuning.samplers.ranked import ESTIMATE_TWIN
+from tests.benchmark_scripts import ROOT, load
 
 check_script = load("cost_model_check")
 

@@ -359,7 +359,7 @@ def test_the_cost_models_waves_follow_the_device():
     """The ranked sampler's waves features use the bound space's device's SMs, and the matmul
     cost model its SMs, clock, peak and bandwidth: the same config costs more on an H100 PCIe
     than an H100 SXM, and most on an H20; the H800 costs as the H100 SXM."""
-    from autotune.tuning.ranked_sampler import RankedSampler
+    from autotune.tuning.samplers.ranked import RankedSampler
     from search_spaces.hopper_matmul import KERNEL, Hopper, estimate_seconds
 
     problem = KERNEL.problem({"m": 4096, "n": 4096, "k": 4096}, "bfloat16")

@@ -39,7 +39,8 @@ from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, shape_distance
 from autotune.space.search_space import Constraint, Space
 from autotune.tuning import optuna_adapter
-from autotune.tuning.ranked_sampler import Observation
+from autotune.tuning import samplers
+from autotune.tuning.samplers.ranked import Observation
 from autotune.tuning.sampling import ExhaustedError, distributions, valid_sampler
 from autotune.tuning.trial_index import OUTCOME_ATTR
 
@@ -69,10 +70,6 @@ TUNED_ON = (
     "hopper_matmul__k8192_m256_n8192__bfloat16",
     "hopper_attention__batch1_causalfalse_head_dim64_heads_kv8_heads_q8_seq_kv8192_seq_q8192__float16",
 )
-RANKED_OPTIONS: dict[str, Callable[[str], Any]] = {"explore": float, "kappa": float, "candidates": int, "model": str,
-                  "climb": float, "clip": lambda v: v not in ("0", "false"),
-                  "estimate": lambda v: v not in ("0", "false")}
-
 
 class ReplayError(ValueError):
     """A sampler spec the replay cannot run."""
@@ -134,11 +131,16 @@ class Recorded:
 
 
 def parse_sampler(spec: str) -> tuple[str, float | None, dict[str, Any], bool]:
-    """``"ranked+explore=0.2"`` -> (name, local share or None, ranked options, default first)."""
+    """``"ranked+explore=0.2"`` -> (name, local share or None, the sampler's options, default
+    first). The name is any registered sampler (:mod:`autotune.tuning.samplers`); the options
+    are the sampler's own (the registry's) and the replay's ``estimate`` (rank with the
+    kernel's cost model or not; samplers that use none ignore it)."""
     name, *parts = spec.split("+")
-    if name not in ("auto", "ranked", "tpe", "random"):
-        raise ReplayError(f"Sampler spec {spec!r}: the name must be auto, ranked, tpe or random, "
+    if name not in samplers.NAMES:
+        raise ReplayError(f"Sampler spec {spec!r}: the name must be one of {', '.join(samplers.NAMES)}, "
                           "then +KEY=VALUE options (e.g. ranked+explore=0.2).")
+    known: dict[str, Callable[[str], Any]] = {
+        **samplers.load(name).options, "estimate": lambda v: v not in ("0", "false")}
     local, options, default = None, {}, False
     for part in parts:
         key, _, value = part.partition("=")
@@ -146,11 +148,11 @@ def parse_sampler(spec: str) -> tuple[str, float | None, dict[str, Any], bool]:
             default = True
         elif key == "local":
             local = float(value)
-        elif key in RANKED_OPTIONS and name == "ranked":
-            options[key] = RANKED_OPTIONS[key](value)
+        elif key in known:
+            options[key] = known[key](value)
         else:
             raise ReplayError(f"Sampler spec {spec!r}: unknown option {key!r}; the options are local, "
-                              "default" + (", " + ", ".join(RANKED_OPTIONS) if name == "ranked" else "") + ".")
+                              "default, " + ", ".join(known) + ".")
     return name, local, options, default
 
 

@@ -1,13 +1,14 @@
-"""The sampler names a job file or ``--sampler`` may give, as a static list.
+"""The sampler names a job file or ``--sampler`` may give: the registry's
+(:mod:`autotune.tuning.samplers`), read without importing any sampler.
 
 Kept apart from :mod:`.sampling` (which imports Optuna and numpy) so that the command line can
 build its parser, and check a name, without importing them (issue 36: ``autotune --version``
-took 0.95 s of CPU for the parser's choices). ``tests/tuning/test_sampling.py::
-test_the_static_sampler_names_are_the_registry`` checks it against :func:`.sampling.make_sampler`.
+took 0.95 s of CPU for the parser's choices). :data:`SAMPLERS` is a live view: a sampler
+registered at run time (:func:`autotune.tuning.samplers.register`) is in it.
 """
 
 from __future__ import annotations
 
-__all__ = ["SAMPLERS"]
+from autotune.tuning.samplers import NAMES as SAMPLERS
 
-SAMPLERS = ("auto", "ranked", "tpe", "random", "cmaes", "gp", "qmc", "brute")
+__all__ = ["SAMPLERS"]

@@ -1,19 +1,20 @@
-"""Optuna integration: any Optuna sampler, made to hand out only valid, unmeasured configs.
+"""Optuna integration: any registered sampler, made to hand out only valid, unmeasured configs.
 
-:class:`ValidSampler` wraps a base sampler (TPE by default; random, CMA-ES, GP, QMC). It claims
-the *whole* search space as relative, asks the base sampler for a proposal (its relative
-proposal plus independent samples for the rest), and repairs the proposal to the nearest valid
-config that no trial of the study (and no stored result) has taken. So a trial's params are
-always a valid config before the trial runs: nothing is wasted on a config that cannot lower,
-and Optuna's soft constraints (which TPE ignores for FAIL trials) are not needed.
+:class:`ValidSampler` wraps a base sampler (TPE by default; any of the registry,
+:mod:`autotune.tuning.samplers`). It claims the *whole* search space as relative, asks the base
+sampler for a proposal (its relative proposal plus independent samples for the rest), and
+repairs the proposal to the nearest valid config that no trial of the study (and no stored
+result) has taken. So a trial's params are always a valid config before the trial runs: nothing
+is wasted on a config that cannot lower, and Optuna's soft constraints (which TPE ignores for
+FAIL trials) are not needed. A sampler may instead have the wrapper draw uniformly from the
+valid set or walk it in order (:attr:`~autotune.tuning.samplers.base.Sampler.mode`). Seed
+configs (JAX's defaults, winners of related problems) are proposed first, when valid and untaken.
 
-Optuna's own brute-force sampler does not know the constraints, so ``"brute"`` here walks the
-valid set itself, in order. Seed configs (JAX's defaults, winners of related problems) are
-proposed first, when valid and untaken.
+:func:`valid_sampler` builds the wrapper for a sampler name through the registry's interface
+(:class:`~autotune.tuning.samplers.base.Sampler`); nothing here names a particular sampler.
 
-Why one piece (over 400 lines): the valid-config sampler, its distributions and the sampler
-registry (names, seeds) are one contract with Optuna's ``BaseSampler``: the distributions are
-what the wrapper claims as relative, and the registry is what job files name.
+Why one piece (over 400 lines): the valid-config sampler and its distributions are one contract
+with Optuna's ``BaseSampler``: the distributions are what the wrapper claims as relative.
 """
 
 from __future__ import annotations
@@ -32,66 +33,60 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import JobError
 from autotune.space.problem import Config
 from autotune.space.search_space import BoundSpace
 from autotune.tuning import optuna_adapter as oa
+from autotune.tuning import samplers as registry
 from autotune.tuning.names import SAMPLERS
+from autotune.tuning.samplers.auto import DEFAULT_LOCAL_SHARE, RANKED_MAX_VALID, RANKED_WHEN_WARM
+from autotune.tuning.samplers.base import Request
 from autotune.tuning.trial_index import OUTCOME_ATTR, TrialIndex  # noqa: F401 - OUTCOME_ATTR re-exported
 
 if TYPE_CHECKING:
-    from autotune.tuning.ranked_sampler import Observation
+    from autotune.tuning.samplers.ranked import Observation
 
 __all__ = [
     "ValidSampler", "SAMPLERS", "DEFAULT_LOCAL_SHARE", "RANKED_WHEN_WARM", "RANKED_MAX_VALID", "make_sampler",
-    "valid_sampler", "resolve_sampler", "distributions", "ExhaustedError",
+    "valid_sampler", "resolve_sampler", "reads_history", "require_sampler_packages", "distributions",
+    "ExhaustedError",
 ]
 
 logger = logging.getLogger(__name__)
 
-# SAMPLERS: the names job files give (autotune.tuning.names, a static list the CLI reads
-# without importing Optuna), re-exported here.
+# SAMPLERS: the names job files give (autotune.tuning.names: the registry's, read without
+# importing Optuna), re-exported here; DEFAULT_LOCAL_SHARE and the RANKED_* rules of "auto"
+# live in autotune.tuning.samplers.auto, re-exported here.
 # Past this many measured trials, the base sampler (TPE, CMA-ES, GP: fits that grow with the
 # trial count) proposes from a model study holding the MODEL_TRIALS / 2 best and the
 # MODEL_TRIALS / 2 latest trials (topped up as trials finish, rebuilt at twice the size), so
 # a proposal costs about the same at 10,000 trials as at MODEL_TRIALS (issue 16).
 MODEL_TRIALS = 200
-# The share of local moves (around the best so far) in the "auto" sampler's proposals; chosen
-# by the replay over recorded ground truth (benchmarks/search_efficiency.py,
-# benchmarks/RESULTS.md §4).
-DEFAULT_LOCAL_SHARE = 0.5
 
 # OUTCOME_ATTR: a trial's system attribute naming the measured outcome (autotune.tuning.trial_index).
 DIGEST_ATTR = "autotune_config"
 
-
-# Where the replay over recorded ground truth (benchmarks/search_efficiency.py,
-# benchmarks/RESULTS.md §4) says the ranked sampler needs fewer trials than TPE with local
-# moves, "auto" picks it: when the database holds results of the same kernel and device at other shapes (warm), when
-# the whole valid set fits in its candidate pool (the model then ranks every config), or when
-# the kernel declares a cost model (it ranks before anything is measured).
-RANKED_WHEN_WARM = True
-RANKED_MAX_VALID = 1024
-RANKED_WITH_COST_MODEL = True
+# Raises a JobError naming the extra to install when a sampler's packages are missing.
+require_sampler_packages = registry.require_packages
 
 
 def resolve_sampler(
     name: str, *, history: Iterable[Observation], problem: Any,
     valid_count: int | Callable[[], int] | None = None, cost_model: bool = False,
 ) -> str:
-    """The sampler ``name`` stands for: ``"auto"`` is ``"ranked"`` when ``history`` holds
-    results of other shapes or other devices (:data:`RANKED_WHEN_WARM`), the space has at most
-    :data:`RANKED_MAX_VALID` valid configs, or the kernel has a cost model
-    (:data:`RANKED_WITH_COST_MODEL`), else TPE with local moves. ``valid_count`` may be a
-    function (``space.count``), called only when the others do not decide."""
-    if name != "auto":
-        return name
-    warm = any(o.problem != problem or o.device for o in history)
-    modelled = cost_model and RANKED_WITH_COST_MODEL
-    if (warm and RANKED_WHEN_WARM) or modelled:
-        return "ranked"
-    count = valid_count() if callable(valid_count) else valid_count
-    return "ranked" if count is not None and count <= RANKED_MAX_VALID else "auto"
+    """The sampler ``name`` stands for, given the stored ``history`` (results of the same
+    kernel and device), the space's ``valid_count`` (a number, or a function called only where
+    it decides) and whether the kernel has a cost model: the registered sampler's
+    :meth:`~autotune.tuning.samplers.base.Sampler.resolve` (``"auto"`` becomes ``"ranked"``
+    where :mod:`~autotune.tuning.samplers.auto` says that pays), else ``name`` itself."""
+    return registry.load(name).resolve(
+        history=history, problem=problem, valid_count=valid_count, cost_model=cost_model,
+    ) or name
+
+
+def reads_history(name: str) -> bool:
+    """Whether sampler ``name`` learns from (or decides by) the results stored for other
+    shapes, so that the tuner reads them for it (``valid_sampler(history=...)``)."""
+    return registry.load(name).reads_history
 
 
 def valid_sampler(
@@ -104,42 +99,33 @@ def valid_sampler(
     local: float | None = None,
     related: Iterable[Mapping[str, Any]] = (),
     history: Iterable[Observation] = (),
+    options: Mapping[str, Any] | None = None,
     ranked: Mapping[str, Any] | None = None,
     estimate: Callable[[Any, Mapping[str, Any]], float] | None = None,
 ) -> ValidSampler:
-    """The :class:`ValidSampler` for sampler ``name`` over ``space``.
+    """The :class:`ValidSampler` for registered sampler ``name`` over ``space``.
 
-    ``"auto"`` (the default) is multivariate TPE with :data:`DEFAULT_LOCAL_SHARE` of its
-    proposals replaced by local moves around the best measured config; ``local`` overrides
-    that share (for any sampler but ``random`` and ``brute``). ``seeds`` are proposed first,
-    then ``related`` (winners of related problems).
-
-    ``"ranked"`` is :class:`~autotune.tuning.ranked_sampler.RankedSampler`: a cost model, learnt from
-    ``history`` (results of the same kernel and device, other shapes and this one) and the
-    study's trials, ranks a pool of valid candidates; ``related`` configs join its pool instead
-    of being proposed first. ``ranked`` passes keyword options to it (``explore``, ``model``...);
-    ``estimate`` is the kernel's cost model (:attr:`~autotune.space.kernel.Kernel.cost_model`),
-    which it ranks with before anything is measured. Other samplers ignore it.
+    The sampler (:class:`~autotune.tuning.samplers.base.Sampler`) gives the base Optuna
+    sampler, how the wrapper draws, its default share of local moves (``local`` overrides it;
+    ``auto``'s is :data:`DEFAULT_LOCAL_SHARE`) and what goes first: by default ``seeds``, then
+    ``related`` (winners of related problems). ``history`` (results of the same kernel and
+    device), ``estimate`` (the kernel's cost model,
+    :attr:`~autotune.space.kernel.Kernel.cost_model`) and ``options`` (keyword options of the
+    sampler: the ranked sampler's ``explore``, ``model``...; ``ranked`` is the same, its older
+    name) reach the samplers that use them (``ranked``: docs/ranked_sampler.md); the others
+    ignore them. A sampler whose packages are missing is refused by name
+    (:func:`require_sampler_packages`).
     """
+    registry.require_packages(name)  # first: a module may import its packages
+    impl = registry.load(name)
+    request = Request(space, seed=seed, history=list(history), related=list(related),
+                      estimate=estimate, options={**(ranked or {}), **(options or {})})
+    base = impl.base(request)
+    first = impl.first(seeds, request)
     if local is None:
-        local = DEFAULT_LOCAL_SHARE if name == "auto" else 0.0
-    mode = {"random": "uniform", "brute": "brute"}.get(name, "base")
-    if name == "ranked":
-        from autotune.tuning.ranked_sampler import RankedSampler
-
-        related = list(related)
-        base: optuna.samplers.BaseSampler = RankedSampler(
-            space, seed=seed, history=history, related=related, estimate=estimate,
-            **dict(ranked or {}),
-        )
-        # The nearest related problem's winner first (a strong guess at a near shape) unless the
-        # kernel's cost model ranks; the others (all, with a cost model) join the model's pool.
-        seeds = [*seeds, *related[:1]] if estimate is None else list(seeds)
-    else:
-        base = make_sampler(name, seed=seed)
-        seeds = [*seeds, *related]
+        local = impl.local_share
     return ValidSampler(
-        space, base, mode=mode, seed=seed, seeds=seeds, taken=taken, local=local,
+        space, base, mode=impl.mode, seed=seed, seeds=first, taken=taken, local=local,
     )
 
 
@@ -185,62 +171,11 @@ def distributions(space: BoundSpace) -> dict[str, BaseDistribution]:
 
 
 def make_sampler(name: str, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """The base Optuna sampler called ``name`` (one of :data:`SAMPLERS`).
-
-    ``random`` and ``brute`` return a plain RandomSampler: :class:`ValidSampler` then draws
-    or walks the valid set itself (see :func:`valid_sampler`).
-    """
-    if name in ("tpe", "auto"):
-        # Multivariate TPE models interactions (tile sizes with pipeline depth); group=True
-        # lets it handle the conditional spaces that repair produces.
-        with warnings.catch_warnings():  # multivariate and group are "experimental" since 2.2
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=True, n_startup_trials=6
-            )
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "cmaes":
-        require_sampler_packages("cmaes")
-        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=6, warn_independent_sampling=False)
-    if name == "gp":
-        require_sampler_packages("gp")
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
-    if name == "qmc":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.QMCSampler(seed=seed)
-    if name == "brute":
-        return optuna.samplers.RandomSampler(seed=seed)  # unused: ValidSampler walks the set
-    if name == "ranked":
-        raise JobError("the ranked sampler needs its space: build it with valid_sampler().")
-    raise JobError(f"Unknown sampler {name!r}: expected one of {', '.join(SAMPLERS)}.")
-
-
-# The samplers that need packages outside autotune's dependencies: the modules, and the extra
-# of pyproject.toml that installs them.
-SAMPLER_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
-    "cmaes": (("cmaes",), "cmaes"),
-    "gp": (("torch", "scipy"), "gp"),
-}
-
-
-def require_sampler_packages(name: str) -> None:
-    """Raises a JobError naming the extra to install when sampler ``name`` needs packages that
-    are missing; job files, ``--sampler`` and ``autotune.tune`` check it before anything runs
-    (``--dry-run`` included). Finds the modules without importing them."""
-    import importlib.util
-
-    if name not in SAMPLER_PACKAGES:
-        return
-    modules, extra = SAMPLER_PACKAGES[name]
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        raise JobError(
-            f"sampler {name!r} needs {', '.join(missing)}, which is not installed: "
-            f"pip install 'autotune[{extra}]' (or pip install {' '.join(missing)}); or use one "
-            "of auto, tpe, random, qmc, brute, ranked."
-        )
+    """The base Optuna sampler of registered sampler ``name``, alone (no space: the ranked
+    sampler, which needs one, is refused; build it with :func:`valid_sampler`)."""
+    registry.require_packages(name)  # first: a module may import its packages
+    impl = registry.load(name)
+    return impl.base(Request(None, seed=seed))
 
 
 class ValidSampler(optuna.samplers.BaseSampler):

@@ -68,12 +68,13 @@ from autotune.tuning.confirmation import (
     timed_rounds,
 )
 from autotune.tuning.jobs import Job, ProblemSpec
-from autotune.tuning.ranked_sampler import stored_history
+from autotune.tuning.samplers.ranked import stored_history
 from autotune.tuning.sampling import (
     OUTCOME_ATTR,
     ExhaustedError,
     ValidSampler,
     distributions,
+    reads_history,
     resolve_sampler,
     valid_sampler,
 )
@@ -1013,7 +1014,7 @@ def problem_sampler(
     if kernel.default_config is not None and spec.known_good:
         seeds.append(kernel.default_config(problem))
     related = related_winners(store, problem, device, policy)
-    history = stored_history(store, problem, device) if spec.sampler in ("auto", "ranked") else []
+    history = stored_history(store, problem, device) if reads_history(spec.sampler) else []
     # The valid set is counted only where it decides (resolve_sampler calls space.count last):
     # a count of a 10^5-config space takes seconds.
     sampler_name = resolve_sampler(spec.sampler, history=history, problem=problem,

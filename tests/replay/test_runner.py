@@ -20,7 +20,7 @@ import pytest
 from autotune.replay import runner as replay
 from autotune.replay.ground_truth import load_ground_truth, recorded_us
 from autotune.replay.store import store_ground_truth
-from autotune.tuning.ranked_sampler import model_backend
+from autotune.tuning.samplers.ranked import model_backend
 from tests.benchmark_scripts import load
 
 HERE = Path(__file__).resolve().parent

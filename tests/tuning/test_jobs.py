@@ -228,7 +228,7 @@ def test_a_sampler_whose_package_is_missing_is_refused_up_front(name, extra, tmp
     import importlib.util
 
     from autotune import cli
-    from autotune.tuning import sampling
+    from autotune.tuning import samplers
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -244,4 +244,4 @@ def test_a_sampler_whose_package_is_missing_is_refused_up_front(name, extra, tmp
         assert cli.main(argv) == 2
         assert f"autotune[{extra}]" in capsys.readouterr().err
     assert not (tmp_path / "a.db").exists()
-    assert set(sampling.SAMPLER_PACKAGES) == {"cmaes", "gp"}
+    assert {e.name for e in samplers.ENTRIES if e.packages} == {"cmaes", "gp"}

@@ -16,7 +16,7 @@ from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.space.search_space import Aligned, Bool, Choice, Constraint, PowerOfTwo, Space
 from autotune.tuning import optuna_adapter
-from autotune.tuning.ranked_sampler import (
+from autotune.tuning.samplers.ranked import (
     Features,
     Observation,
     RankedSampler,
@@ -272,7 +272,7 @@ class Watch:
             seen.append(threading.current_thread().name)
         return None
 sys.meta_path.insert(0, Watch())
-from autotune.tuning.ranked_sampler import model_backend
+from autotune.tuning.samplers.ranked import model_backend
 assert model_backend("auto") == "sklearn"
 for t in threading.enumerate():
     if t.name == "autotune-sklearn-import":
@@ -375,7 +375,7 @@ def test_a_family_far_slower_than_estimated_is_left_after_two_trials(monkeypatch
     away) are not, the search leaves the top family after two of its four members: its error is
     measured against the estimate's scale (within ESTIMATE_SCALE_SLACK), not taken for the
     scale. Taken for the scale (the control), every sibling comes first."""
-    from autotune.tuning import ranked_sampler
+    from autotune.tuning.samplers import ranked as ranked_sampler
 
     problem = user_problem(4096, 2048)
     bound = USER_SPACE.bind(problem)
@@ -415,7 +415,7 @@ def test_the_climb_on_the_estimate_keeps_one_config_of_each_family_of_twins(monk
     """The configs the climb on the cost model adds to the pool have estimates at least
     ESTIMATE_TWIN apart (tunables the estimate ignores made families of equal estimates that
     filled its 64 places on the H200's decode shape); without the rule, twins fill it."""
-    from autotune.tuning import ranked_sampler
+    from autotune.tuning.samplers import ranked as ranked_sampler
 
     problem = user_problem(4096, 2048)
     bound = USER_SPACE.bind(problem)
@@ -438,7 +438,7 @@ def test_a_burst_of_proposals_before_any_result_has_no_twins_in_the_estimate(mon
     out configs of distinct estimates while one scores within ESTIMATE_TWIN_MARGIN: on the H200's
     decode shape 64x4096x4096 the first 10 of 24 trials were one family's variants (tunables
     the cost model ignores), all 20% slower than the best. Without the rule, twins come first."""
-    from autotune.tuning import ranked_sampler
+    from autotune.tuning.samplers import ranked as ranked_sampler
 
     problem = user_problem(4096, 2048)
     bound = USER_SPACE.bind(problem)

@@ -36,7 +36,8 @@ the spread of its trees as an uncertainty bonus; else ridge regression on the sa
 ``numpy.linalg.lstsq``.
 
 Why one piece (over 400 lines): the features, the two cost-model backends and the sampler that
-ranks with them are one model; the stored history is its training data.
+ranks with them are one model; the stored history is its training data. :data:`SAMPLER` is the
+registry's ``ranked`` (:mod:`autotune.tuning.samplers`).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.devices import current_device
+from autotune.errors import JobError
 from autotune.evaluation.trial import DeviceInfo, DeviceKind
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import Aligned, BoundSpace, Choice, PowerOfTwo
 from autotune.storage.protocol import TrialStore
+from autotune.tuning.samplers.base import Request, Sampler
 
 __all__ = [
     "Observation",
@@ -77,6 +80,8 @@ __all__ = [
     "model_backend",
     "DEFAULT_CANDIDATES",
     "DEFAULT_EXPLORE",
+    "Ranked",
+    "SAMPLER",
 ]
 
 logger = logging.getLogger(__name__)
@@ -1048,3 +1053,33 @@ class RankedSampler(optuna.samplers.BaseSampler):
                 prior = np.minimum(prior, 0.0)
             score = (PRIOR_WEIGHT * prior + n * score) / (PRIOR_WEIGHT + n)
         self._rank(score)
+
+
+def _flag(text: str) -> bool:
+    return text not in ("0", "false")
+
+
+class Ranked(Sampler):
+    """The registry's ``ranked``: :class:`RankedSampler` over the request's space, learning from
+    the stored history (it :attr:`reads_history`) and ranking with the kernel's cost model.
+
+    Related winners join its candidate pool; only the nearest one is proposed first (a strong
+    guess at a near shape), and none when the kernel's cost model ranks."""
+
+    reads_history = True
+    options = {"explore": float, "kappa": float, "candidates": int, "model": str,
+               "climb": float, "clip": _flag}
+
+    def base(self, request: Request) -> optuna.samplers.BaseSampler:
+        if request.space is None:
+            raise JobError("the ranked sampler needs its space: build it with valid_sampler().")
+        return RankedSampler(
+            request.space, seed=request.seed, history=request.history,
+            related=list(request.related), estimate=request.estimate, **dict(request.options),
+        )
+
+    def first(self, seeds: Iterable[Mapping[str, Any]], request: Request) -> list[Mapping[str, Any]]:
+        return [*seeds, *request.related[:1]] if request.estimate is None else list(seeds)
+
+
+SAMPLER = Ranked()
