@@ -9,7 +9,7 @@ import pytest
 
 from autotune.space.kernel import get_kernel
 from autotune.tuning.samplers.ranked import ESTIMATE_TWIN
-from tests.benchmark_scripts import ROOT, load
+from tests.benchmark_scripts import load
 
 check_script = load("cost_model_check")
 

@@ -38,8 +38,7 @@ from autotune.replay.ground_truth import recorded_us
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, shape_distance
 from autotune.space.search_space import Constraint, Space
-from autotune.tuning import optuna_adapter
-from autotune.tuning import samplers
+from autotune.tuning import optuna_adapter, samplers
 from autotune.tuning.samplers.ranked import Observation
 from autotune.tuning.sampling import ExhaustedError, distributions, valid_sampler
 from autotune.tuning.trial_index import OUTCOME_ATTR
