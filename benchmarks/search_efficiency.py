@@ -447,7 +447,7 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
 def store_ground_truth(db: str, files: Sequence[str]) -> int:
     """Stores every ground-truth result in ``db`` as trials of the device it was measured on
     (``"kind": "gpu"``), so that a live job there starts warm; returns the trials written."""
-    from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+    from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
     from autotune.storage.store import Store
 
     written = 0
