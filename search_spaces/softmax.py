@@ -348,7 +348,7 @@ def build(problem: ak.Problem, config: ak.Config, options: ak.BuildOptions) -> C
         return x if options.interpret else plgpu.layout_cast(x, layout)
 
     def per_row(v: Any) -> Any:
-        return cast(lax.broadcast_indim(v, (WARPS, chunk), (0,)), row_layout)
+        return cast(lax.broadcast_in_dim(v, (WARPS, chunk), (0,)), row_layout)
 
     oob = getattr(plgpu, "OOBFillMode", None)
     # Tiles never leave the array: skipping the clamp lets whole rows go as one bulk copy.
