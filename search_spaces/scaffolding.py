@@ -1,5 +1,6 @@
-"""What the bundled kernels share: problem sizes, rule templates, a TMA pipeline's rules, and
-their default configs.
+"""What the bundled kernels share: problem sizes, rule templates, the rules of tiles, copies,
+shared memory and an in-place TMA pipeline, the build's refusals, a kernel's plan, its
+``Kernel`` and its default config.
 
 Scaffolding only: each kernel module states its own space, build, inputs and reference; a
 piece that two of them wrote alike lives here once. Like the kernels, it uses autotune's
