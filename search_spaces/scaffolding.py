@@ -72,6 +72,10 @@ class Reason(str):
     def __call__(self, c: Mapping[str, Any], env: ak.Env) -> str:
         return self.format_map(_Unknown(self.derive(c, env)))
 
+    def __getnewargs__(self) -> tuple[str, Any]:  # type: ignore[override]
+        # Copied and pickled (a space sent to a worker) with its template and its derivation.
+        return (str(self), self.derive)
+
 
 def reasons(
     derive: Callable[[Mapping[str, Any], ak.Env], Mapping[str, Any]],

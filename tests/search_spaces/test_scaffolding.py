@@ -56,3 +56,13 @@ def test_a_bundled_kernel_is_assembled_from_its_modules_conventional_names():
                       build=softmax.reference)
     assert isinstance(other, ak.Kernel) and other.name == "other"
     assert other.build is softmax.reference and other.make_inputs is softmax.make_inputs
+
+
+def test_a_reason_survives_a_copy():
+    """A copied Reason (a space is deep-copied by the replay harness) keeps its template and
+    its derivation."""
+    import copy
+
+    says = sc.reasons(lambda c, env: {"x": c["a"] + 1})
+    copied = copy.deepcopy(says("x={x}"))
+    assert copied == "x={x}" and copied({"a": 1}, None) == "x=2"
