@@ -57,8 +57,8 @@ _EXPORTS = {
     "interpret_params": "autotune._jax_compat",
     "profile_params": "autotune._jax_compat",
     "check_space": "autotune.evaluation.checking",
-    "Outcome": "autotune.evaluation.trial",
-    "TrialResult": "autotune.evaluation.trial",
+    "Outcome": "autotune.space.outcomes",
+    "TrialResult": "autotune.space.outcomes",
     "tune": "autotune.api",
     "best_config": "autotune.queries.best",
     "best_result": "autotune.queries.best",
@@ -104,10 +104,10 @@ if TYPE_CHECKING:  # pragma: no cover
         StorageError,
     )
     from autotune.evaluation.checking import check_space
-    from autotune.evaluation.trial import Outcome, TrialResult
     from autotune.queries.best import best_config, best_result, list_results, results_frame
     from autotune.queries.lookup import lookup_config, tuned
     from autotune.space.kernel import BuildOptions, Kernel, get_kernel
+    from autotune.space.outcomes import Outcome, TrialResult
     from autotune.space.problem import Config, Problem, parse_shape
     from autotune.space.search_space import (
         MBARRIER_BYTES,

@@ -1,17 +1,23 @@
-"""The few places where JAX 0.10.2 (CPU machines, CI) and 0.11.2 (the H200) differ.
+"""The JAX adapter: the few places where JAX 0.10.2 (CPU machines, CI) and 0.11.2 (the H200)
+differ, and every use of a JAX private name (``jax._src``, a module's underscore names, a
+module attribute set from outside).
 
-Importing this module does not import jax: each function that needs it imports it when
-called (call those only from code that already needs jax: building, lowering, evaluating
-kernels). :func:`installed_versions` never imports it, so the query side may use it.
+Importing this module does not import jax, and nothing here changes a JAX module at import:
+each function that needs jax imports it when called (call those only from code that already
+needs jax: building, lowering, evaluating kernels). :func:`installed_versions` never imports
+it, so the query side may use it. The kernels reach these through the public
+:mod:`autotune.kernels`.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
+import dataclasses
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
@@ -22,6 +28,9 @@ __all__ = [
     "jax_versions",
     "profile_params",
     "cupti_session",
+    "patched_attention_mgpu",
+    "attention_forward",
+    "mosaic_gpu_ir_context",
 ]
 
 
@@ -199,3 +208,115 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
         except metadata.PackageNotFoundError:
             pass
     return tuple(out)
+
+
+# -- JAX's attention_mgpu, cross-lowered and traced -------------------------------------------
+
+
+class _CudaRuntimeStandIn:
+    """What ``attention_mgpu`` asks of ``jax._src.lib.cuda_versions``, on a machine without CUDA.
+
+    The kernel reads the CUDA runtime version only to refuse causal masking on 12.8.0-12.9.0
+    (a ptxas bug); cross-lowering targets the H200's CUDA 13.
+    """
+
+    @staticmethod
+    def cuda_runtime_get_version() -> int:
+        return 13000
+
+
+# CompilerParams fields (profiling) to add to the kernels attention_mgpu builds in this context.
+_ATTENTION_PARAMS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "autotune_attention_params", default=None
+)
+
+
+class _PlgpuWithExtraParams:
+    """``plgpu`` as ``attention_mgpu`` sees it in :func:`patched_attention_mgpu`: ``kernel``
+    merges this context's extra ``CompilerParams`` fields.
+
+    ``_attention_forward`` builds its own ``CompilerParams(approx_math=True)``; the tracing pass
+    needs ``profile_space``/``profile_dir`` added to it. In a context without extra fields (a
+    thread that did not ask) nothing changes.
+    """
+
+    def __init__(self, plgpu: Any) -> None:
+        self._plgpu = plgpu
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._plgpu, name)
+
+    def kernel(self, *args: Any, compiler_params: Any = None, **kwargs: Any) -> Any:
+        extra = _ATTENTION_PARAMS.get()
+        if extra:
+            base = compiler_params or self._plgpu.CompilerParams()
+            compiler_params = dataclasses.replace(base, **extra)
+        return self._plgpu.kernel(*args, compiler_params=compiler_params, **kwargs)
+
+
+# The attention_mgpu attributes patched_attention_mgpu replaced, while any scope is open.
+_ATTENTION_LOCK = threading.Lock()
+_ATTENTION_SCOPES = 0
+_ATTENTION_SAVED: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def patched_attention_mgpu(compiler_params: Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """``jax.experimental.pallas.ops.gpu.attention_mgpu``, ready to cross-lower and trace,
+    within the block only (yields the module).
+
+    Inside, where jax found no CUDA runtime (``cuda_versions`` is None: a machine without a
+    GPU), the module sees a stand-in reporting CUDA 13, and every kernel it builds in this
+    context gets ``compiler_params`` added to its ``CompilerParams`` (the tracing pass's
+    profiler fields). Scopes may overlap (threads): the first to open installs both, the last
+    to close puts the module's own attributes back, so no scope sees them half applied and
+    nothing stays patched after the last one. Trace the kernel inside the block; lowering
+    after it needs nothing of the patch.
+    """
+    from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+
+    global _ATTENTION_SCOPES
+    with _ATTENTION_LOCK:
+        if _ATTENTION_SCOPES == 0:
+            _ATTENTION_SAVED.update(cuda_versions=am.cuda_versions, plgpu=am.plgpu)
+            if am.cuda_versions is None:
+                am.cuda_versions = _CudaRuntimeStandIn()  # type: ignore[assignment]
+            am.plgpu = _PlgpuWithExtraParams(am.plgpu)  # type: ignore[assignment]
+        _ATTENTION_SCOPES += 1
+    token = _ATTENTION_PARAMS.set(dict(compiler_params) if compiler_params else None)
+    try:
+        yield am
+    finally:
+        _ATTENTION_PARAMS.reset(token)
+        with _ATTENTION_LOCK:
+            _ATTENTION_SCOPES -= 1
+            if _ATTENTION_SCOPES == 0:
+                am.cuda_versions = _ATTENTION_SAVED.pop("cuda_versions")
+                am.plgpu = _ATTENTION_SAVED.pop("plgpu")
+
+
+def attention_forward(q: Any, k: Any, v: Any, config: Any, *,
+                      compiler_params: Mapping[str, Any] | None = None) -> Any:
+    """``attention_mgpu``'s forward kernel, unjitted (``_attention_forward``), on ``q, k, v``
+    with ``config`` (its ``TuningConfig``), traced in :func:`patched_attention_mgpu`.
+
+    Unjitted, so that a profiled and an unprofiled build of one config never share a trace
+    cache entry.
+    """
+    with patched_attention_mgpu(compiler_params) as am:
+        return am._attention_forward(q, k, v, config)
+
+
+@contextlib.contextmanager
+def mosaic_gpu_ir_context() -> Iterator[None]:
+    """An MLIR context with Mosaic GPU's dialect registered, as ``mosaic.gpu.as_gpu_kernel``
+    expects its caller to have entered (a raw Mosaic GPU kernel builds inside it)."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import mosaic_gpu_dialect
+    from jaxlib.mlir import ir
+
+    ctx = mlir.make_ir_context()
+    if mosaic_gpu_dialect is not None:
+        mosaic_gpu_dialect.register_dialect(ctx)
+    with ctx, ir.Location.unknown():
+        yield

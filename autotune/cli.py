@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._paths import default_results_dir
 from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
-from autotune.evaluation.trial import DeviceKind
+from autotune.space.outcomes import DeviceKind
 from autotune.tuning.budgets import EFFORTS  # the --effort presets, re-exported
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@
     MissingDatabaseWarning (UserWarning)  a query's database file does not exist
 
 Trial outcomes (a config that fails to compile, times out or crashes) are *values*
-(:class:`autotune.evaluation.trial.Outcome`), never exceptions.
+(:class:`autotune.space.outcomes.Outcome`), never exceptions.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import json, statistics, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 interval, climbs, stores = float(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
 sys.setswitchinterval(interval)
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config
 from autotune.storage.store import Store

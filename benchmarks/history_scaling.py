@@ -70,13 +70,13 @@ def shapes(count: int) -> list[dict[str, int]]:
 
 
 def _device():
-    from autotune.evaluation.trial import DeviceInfo
+    from autotune.space.outcomes import DeviceInfo
 
     return DeviceInfo(*DEVICE)
 
 
 def _result(rng: random.Random, base_us: float):
-    from autotune.evaluation.trial import Outcome, TrialResult
+    from autotune.space.outcomes import Outcome, TrialResult
 
     if rng.random() < 0.1:
         return TrialResult(Outcome.COMPILE_ERROR, error="history-scaling: invalid on purpose",

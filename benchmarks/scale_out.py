@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
-from autotune.evaluation.trial import DeviceInfo, TrialResult  # noqa: E402
 from autotune.replay.sim_kernels import QUICK  # noqa: E402
+from autotune.space.outcomes import DeviceInfo, TrialResult  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.storage.store import Store  # noqa: E402
 from autotune.tuning import tuner  # noqa: E402

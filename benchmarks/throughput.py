@@ -47,8 +47,8 @@ from typing import Any  # noqa: E402
 # This checkout's autotune (and its tests' kernels), not another one installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.evaluation.trial import TrialResult  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
+from autotune.space.outcomes import TrialResult  # noqa: E402
 from autotune.space.problem import Config, parse_shape  # noqa: E402
 
 

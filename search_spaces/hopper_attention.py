@@ -40,38 +40,17 @@ the rules:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.space.kernel import BuildOptions, Kernel
-from autotune.space.problem import Config, Problem
-from autotune.space.search_space import (
-    MBARRIER_BYTES,
-    Aligned,
-    Bool,
-    Constraint,
-    Env,
-    Space,
-    is_aligned_transfer,
-    smem_aligned,
-    threads,
-)
+import autotune.kernels as ak
+from search_spaces import scaffolding as sc
 
-__all__ = [
-    "KERNEL",
-    "SPACE",
-    "RULE_KINDS",
-    "KNOWN_GOOD",
-    "BLOCK_THREADS",
-    "default_config",
-    "smem_bytes",
-]
+__all__ = ["KERNEL", "SPACE", "RULE_KINDS", "KNOWN_GOOD", "BLOCK_THREADS", "default_config",
+           "smem_bytes"]
 
 # Two compute warpgroups and one producer warpgroup.
-BLOCK_THREADS = threads(warpgroups=3)
+BLOCK_THREADS = ak.threads(warpgroups=3)
 COMPUTE_WGS = 2
 # Pallas reserves this much shared memory for the softmax's cross-warp reductions
 # (``CompilerParams.reduction_scratch_bytes``' default).
@@ -96,9 +75,9 @@ def smem_bytes(c: Mapping[str, Any], head_dim: int, *, seq_kv: int | None = None
     steps = c["max_concurrent_steps"]
     if seq_kv is not None:
         steps = min(steps, seq_kv // c["block_kv"])
-    qo = smem_aligned(COMPUTE_WGS * c["block_q"] * head_dim * SMEM_ITEMSIZE)
-    kv = 2 * smem_aligned(steps * c["block_kv"] * head_dim * SMEM_ITEMSIZE)
-    barriers = (4 * steps + COMPUTE_WGS + 1) * MBARRIER_BYTES
+    qo = ak.smem_aligned(COMPUTE_WGS * c["block_q"] * head_dim * SMEM_ITEMSIZE)
+    kv = 2 * ak.smem_aligned(steps * c["block_kv"] * head_dim * SMEM_ITEMSIZE)
+    barriers = (4 * steps + COMPUTE_WGS + 1) * ak.MBARRIER_BYTES
     return qo + kv + REDUCTION_SCRATCH_BYTES + barriers
 
 
@@ -106,21 +85,14 @@ def smem_bytes(c: Mapping[str, Any], head_dim: int, *, seq_kv: int | None = None
 # The space.
 
 PARAMS = (
-    Aligned("block_q", unit=64, low=64, high=512),
-    Aligned("block_kv", unit=64, low=64, high=512),
-    Aligned("max_concurrent_steps", unit=1, low=MIN_STEPS, high=8),
-    Bool("use_schedule_barrier"),
+    ak.Aligned("block_q", unit=64, low=64, high=512),
+    ak.Aligned("block_kv", unit=64, low=64, high=512),
+    ak.Aligned("max_concurrent_steps", unit=1, low=MIN_STEPS, high=8),
+    ak.Bool("use_schedule_barrier"),
 )
 
 
-class _Values(dict):  # type: ignore[type-arg]
-    """Format values; one a partial config cannot give shows as ``?`` instead of raising."""
-
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-
-def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
+def _derived(c: Mapping[str, Any], env: ak.Env) -> dict[str, Any]:
     """The config, the problem, and the sizes the rules speak of (those computable from ``c``)."""
     values: dict[str, Any] = dict(env.problem.dims)
     values.update(c, dtype=env.dtype)
@@ -134,20 +106,28 @@ def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
     return values
 
 
-class _Reason(str):
-    """A rule's reason: a template ``autotune spaces`` shows as is, and that a violation's
-    message fills in with the config's values and the sizes derived from them."""
-
-    def __call__(self, c: Mapping[str, Any], env: Env) -> str:
-        return self.format_map(_Values(_derived(c, env)))
+# A rule's reason: a template ``autotune spaces`` shows as is, and that a violation's message
+# fills in with the config's values and the sizes derived from them.
+_says = sc.reasons(_derived)
 
 
-def _says(text: str) -> _Reason:
-    return _Reason(text)
+def _transfer_128b(tiles: str, block: str, copies: str) -> ak.Constraint:
+    """``q_transfer_128b``/``kv_transfer_128b``: each copy of a ``block`` x head_dim float16
+    tile moves a whole multiple of 128 bytes."""
+    return ak.Constraint(
+        f"{tiles}_transfer_128b",
+        (block,),
+        lambda c, env: ak.is_aligned_transfer((c[block], env["head_dim"]), "float16"),
+        _says(
+            f"{copies} ({block}={{{block}}} x head_dim={{head_dim}} x 2 B) must move a "
+            "multiple of 128 bytes (transfers split over a 128-thread warpgroup)"
+        ),
+        kind="lowering",
+    )
 
 
 CONSTRAINTS = (
-    Constraint(
+    ak.Constraint(
         "float16_inputs",
         (),
         lambda c, env: env.dtype == "float16",
@@ -159,14 +139,14 @@ CONSTRAINTS = (
         ),
         kind="problem",
     ),
-    Constraint(
+    ak.Constraint(
         "head_dim_multiple_of_64",
         (),
         lambda c, env: env["head_dim"] % 64 == 0,
         _says("head_dim={head_dim} must be a multiple of 64; the kernel checks it"),
         kind="problem",
     ),
-    Constraint(
+    ak.Constraint(
         "heads_grouped",
         (),
         lambda c, env: env["heads_q"] % env["heads_kv"] == 0,
@@ -176,7 +156,7 @@ CONSTRAINTS = (
         ),
         kind="problem",
     ),
-    Constraint(
+    ak.Constraint(
         "causal_seq_q_within_seq_kv",
         (),
         lambda c, env: not env.get("causal", False) or env["seq_q"] <= env["seq_kv"],
@@ -186,7 +166,7 @@ CONSTRAINTS = (
         ),
         kind="correctness",
     ),
-    Constraint(
+    ak.Constraint(
         "q_divisible",
         ("block_q",),
         lambda c, env: env["seq_q"] % (COMPUTE_WGS * c["block_q"]) == 0,
@@ -196,14 +176,8 @@ CONSTRAINTS = (
         ),
         kind="lowering",
     ),
-    Constraint(
-        "kv_divisible",
-        ("block_kv",),
-        lambda c, env: env["seq_kv"] % c["block_kv"] == 0,
-        _says("seq_kv={seq_kv} must be divisible by block_kv={block_kv}; the kernel checks it"),
-        kind="lowering",
-    ),
-    Constraint(
+    sc.divisible("kv_divisible", "seq_kv", "block_kv", _says),
+    ak.Constraint(
         "qk_wgmma_n",
         ("block_kv",),
         lambda c, env: c["block_kv"] <= WGMMA_MAX_N,
@@ -213,27 +187,9 @@ CONSTRAINTS = (
         ),
         kind="lowering",
     ),
-    Constraint(
-        "q_transfer_128b",
-        ("block_q",),
-        lambda c, env: is_aligned_transfer((c["block_q"], env["head_dim"]), "float16"),
-        _says(
-            "the Q and O copies (block_q={block_q} x head_dim={head_dim} x 2 B) must move a "
-            "multiple of 128 bytes (transfers split over a 128-thread warpgroup)"
-        ),
-        kind="lowering",
-    ),
-    Constraint(
-        "kv_transfer_128b",
-        ("block_kv",),
-        lambda c, env: is_aligned_transfer((c["block_kv"], env["head_dim"]), "float16"),
-        _says(
-            "the K and V copies (block_kv={block_kv} x head_dim={head_dim} x 2 B) must move a "
-            "multiple of 128 bytes (transfers split over a 128-thread warpgroup)"
-        ),
-        kind="lowering",
-    ),
-    Constraint(
+    _transfer_128b("q", "block_q", "the Q and O copies"),
+    _transfer_128b("kv", "block_kv", "the K and V copies"),
+    ak.Constraint(
         "no_clamped_steps",
         ("block_kv", "max_concurrent_steps"),
         lambda c, env: c["max_concurrent_steps"] <= max(MIN_STEPS, env["seq_kv"] // c["block_kv"]),
@@ -245,21 +201,18 @@ CONSTRAINTS = (
         ),
         kind="policy",
     ),
-    Constraint(
+    sc.smem_fits(
         "smem_within_limit",
         ("block_q", "block_kv", "max_concurrent_steps"),
-        lambda c, env: (
-            smem_bytes(c, env["head_dim"], seq_kv=env["seq_kv"])
-            <= env.smem_budget(block_threads=BLOCK_THREADS)
-        ),
+        lambda c, env: smem_bytes(c, env["head_dim"], seq_kv=env["seq_kv"]),
+        lambda c: BLOCK_THREADS,
         _says(
             "shared memory {smem} B (2 x block_q x head_dim + 2 x steps x block_kv x head_dim "
             "float16, plus reduction scratch and barriers) must fit the {budget} B a block may "
             "use (after the profiler's share when tracing)"
         ),
-        kind="lowering",
     ),
-    Constraint(
+    ak.Constraint(
         "schedule_barrier_always_on",
         ("use_schedule_barrier",),
         lambda c, env: bool(c["use_schedule_barrier"]),
@@ -272,89 +225,24 @@ CONSTRAINTS = (
     ),
 )
 
-# Derived from the constraints (each carries its kind); kept for the tests and docs.
-RULE_KINDS: dict[str, str] = {c.name: c.kind for c in CONSTRAINTS}
-
-SPACE = Space(PARAMS, CONSTRAINTS)
+# RULE_KINDS: derived from the constraints (each carries its kind); kept for the tests and docs.
+SPACE, RULE_KINDS = sc.space(PARAMS, CONSTRAINTS)
 
 
 # ---------------------------------------------------------------------------------------------
 # Building.
 
 
-class _CudaRuntimeStandIn:
-    """What ``attention_mgpu`` asks of ``jax._src.lib.cuda_versions``, on a machine without CUDA.
+def build(problem: ak.Problem, config: ak.Config, options: ak.BuildOptions) -> Callable[..., Any]:
+    """``fn(q, k, v) -> out`` running upstream's forward kernel with ``config``.
 
-    The kernel reads the CUDA runtime version only to refuse causal masking on 12.8.0-12.9.0
-    (a ptxas bug); cross-lowering targets the H200's CUDA 13.
-    """
-
-    @staticmethod
-    def cuda_runtime_get_version() -> int:
-        return 13000
-
-
-# CompilerParams fields (profiling) to add to the kernels traced in this context.
-_EXTRA_PARAMS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "hopper_attention_extra_params", default=None
-)
-
-
-class _PlgpuWithExtraParams:
-    """``plgpu`` as ``attention_mgpu`` sees it: ``kernel`` merges this context's extra params.
-
-    ``_attention_forward`` builds its own ``CompilerParams(approx_math=True)``; the tracing pass
-    needs ``profile_space``/``profile_dir`` added to it. Outside such a context nothing changes.
-    """
-
-    def __init__(self, plgpu: Any) -> None:
-        self._plgpu = plgpu
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._plgpu, name)
-
-    def kernel(self, *args: Any, compiler_params: Any = None, **kwargs: Any) -> Any:
-        extra = _EXTRA_PARAMS.get()
-        if extra:
-            base = compiler_params or self._plgpu.CompilerParams()
-            compiler_params = dataclasses.replace(base, **extra)
-        return self._plgpu.kernel(*args, compiler_params=compiler_params, **kwargs)
-
-
-def _attention_module() -> Any:
-    """``attention_mgpu``, made ready to cross-lower and trace (idempotent).
-
-    Both patches are installed once and never removed, so concurrent builds never see them
-    half-applied: the CUDA stand-in only where the module found no CUDA at all, and the
-    ``plgpu`` proxy, which changes nothing unless a build asked for profiling.
+    Calls the unjitted ``_attention_forward`` (through :func:`autotune.kernels.attention_forward`,
+    which readies ``attention_mgpu`` for cross-lowering and tracing for the call only), not the
+    jitted ``attention``, so that a profiled and an unprofiled build of one config never share
+    a trace cache entry.
     """
     from jax.experimental.pallas.ops.gpu import attention_mgpu as am
 
-    if am.cuda_versions is None:
-        am.cuda_versions = _CudaRuntimeStandIn()  # type: ignore[assignment]
-    if not isinstance(am.plgpu, _PlgpuWithExtraParams):
-        am.plgpu = _PlgpuWithExtraParams(am.plgpu)  # type: ignore[assignment]
-    return am
-
-
-@contextlib.contextmanager
-def _extra_params(extra: dict[str, Any] | None) -> Iterator[None]:
-    token = _EXTRA_PARAMS.set(extra)
-    try:
-        yield
-    finally:
-        _EXTRA_PARAMS.reset(token)
-
-
-def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
-    """``fn(q, k, v) -> out`` running ``_attention_forward`` with ``config``.
-
-    Calls the unjitted ``_attention_forward`` (not the jitted ``attention``), so that a
-    profiled and an unprofiled build of one config never share a trace cache entry.
-    """
-    from autotune import _jax_compat
-
-    am = _attention_module()
     tuning = am.TuningConfig(
         block_q=config["block_q"],
         block_kv=config["block_kv"],
@@ -362,15 +250,14 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
         use_schedule_barrier=config["use_schedule_barrier"],
         causal=bool(problem["causal"]),
     )
-    extra: dict[str, Any] | None = _jax_compat.profile_params(options) or None
+    extra = ak.profile_params(options)
 
     def hopper_attention(q: Any, k: Any, v: Any) -> Any:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_extra_params(extra))
-            if options.interpret:
-                # Fails on JAX 0.10.2 ("Higher-order primitive run_state"): see interpret_note.
-                stack.enter_context(_jax_compat.force_interpret())
-            return am._attention_forward(q, k, v, tuning)
+        if not options.interpret:
+            return ak.attention_forward(q, k, v, tuning, compiler_params=extra)
+        # Fails on JAX 0.10.2 ("Higher-order primitive run_state"): see interpret_note.
+        with ak.force_interpret():
+            return ak.attention_forward(q, k, v, tuning, compiler_params=extra)
 
     return hopper_attention
 
@@ -378,17 +265,12 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
 SHAPE_KEYS = ("batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim")
 
 
-def _sizes(problem: Problem) -> tuple[int, ...]:
-    """``batch, seq_q, seq_kv, heads_q, heads_kv, head_dim``."""
-    return tuple(int(problem[key]) for key in SHAPE_KEYS)
-
-
-def make_inputs(problem: Problem, key: Any) -> tuple[Any, Any, Any]:
+def make_inputs(problem: ak.Problem, key: Any) -> tuple[Any, Any, Any]:
     """q, k, v ~ N(0, 1) (upstream's benchmark inputs): outputs are O(1) averages of v rows."""
     import jax
     import jax.numpy as jnp
 
-    b, sq, skv, hq, hkv, d = _sizes(problem)
+    b, sq, skv, hq, hkv, d = sc.dims(problem, SHAPE_KEYS)
     dtype = jnp.dtype(problem.dtype)
     key_q, key_k, key_v = jax.random.split(key, 3)
     q = jax.random.normal(key_q, (b, sq, hq, d), jnp.float32).astype(dtype)
@@ -397,7 +279,7 @@ def make_inputs(problem: Problem, key: Any) -> tuple[Any, Any, Any]:
     return q, k, v
 
 
-def reference(problem: Problem) -> Callable[..., Any]:
+def reference(problem: ak.Problem) -> Callable[..., Any]:
     """Upstream's ``attention_reference``: the same attention in float32."""
     causal = bool(problem["causal"])
 
@@ -409,7 +291,7 @@ def reference(problem: Problem) -> Callable[..., Any]:
     return attention_f32
 
 
-def baseline(problem: Problem) -> Callable[..., Any]:
+def baseline(problem: ak.Problem) -> Callable[..., Any]:
     """cuDNN's fused attention through ``jax.nn.dot_product_attention`` (scale 1, as the kernel)."""
     causal = bool(problem["causal"])
 
@@ -423,26 +305,26 @@ def baseline(problem: Problem) -> Callable[..., Any]:
     return cudnn_attention
 
 
-def flops(problem: Problem) -> int:
+def flops(problem: ak.Problem) -> int:
     """Two matmuls of ``seq_q x seq_kv x head_dim`` per head; causal does about half."""
-    b, sq, skv, hq, _, d = _sizes(problem)
+    b, sq, skv, hq, _, d = sc.dims(problem, SHAPE_KEYS)
     total = 4 * b * hq * sq * skv * d
     return total // 2 if problem["causal"] else total
 
 
-def bytes_moved(problem: Problem) -> int:
+def bytes_moved(problem: ak.Problem) -> int:
     """q, k, v read once, out written once."""
     itemsize = problem.dtype_bytes
-    b, sq, skv, hq, hkv, d = _sizes(problem)
+    b, sq, skv, hq, hkv, d = sc.dims(problem, SHAPE_KEYS)
     q, kv = b * sq * hq * d, b * skv * hkv * d
     return (2 * q + 2 * kv) * itemsize
 
 
 # Upstream's benchmark default, and fast on the H200 (PLATFORM.md: 64/128, 2 steps).
-KNOWN_GOOD = Config(block_q=64, block_kv=128, max_concurrent_steps=2, use_schedule_barrier=True)
+KNOWN_GOOD = ak.Config(block_q=64, block_kv=128, max_concurrent_steps=2, use_schedule_barrier=True)
 
 
-def default_config(problem: Problem) -> Config:
+def default_config(problem: ak.Problem) -> ak.Config:
     """``KNOWN_GOOD`` where it is valid, else the valid config nearest to it."""
     return SPACE.bind(problem).closest_valid(KNOWN_GOOD)
 
@@ -461,21 +343,13 @@ def shape_of(q: Any, k: Any, v: Any, *rest: Any) -> dict[str, Any]:
     return shape
 
 
-KERNEL = Kernel(
-    name="hopper_attention",
-    space=SPACE,
+KERNEL = sc.kernel(
+    "hopper_attention",
+    globals(),
     shape_keys=SHAPE_KEYS,
     dtypes=("float16",),
-    build=build,
-    make_inputs=make_inputs,
-    reference=reference,
-    flops=flops,
-    bytes_moved=bytes_moved,
-    baseline=baseline,
     baseline_name="cudnn",
-    default_config=default_config,
     shape_defaults={"causal": False},
-    shape_of=shape_of,
     interpret_ok=False,
     interpret_note=(
         "attention_mgpu does not run in GPU interpret mode on JAX 0.10.2: the interpreter lacks "

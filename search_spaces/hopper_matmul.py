@@ -61,41 +61,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.devices import PROFILES, DeviceFacts, current_device
-from autotune.space.kernel import BuildOptions, Kernel
-from autotune.space.problem import Config, Problem, dtype_bytes
-from autotune.space.search_space import (
-    MBARRIER_BYTES,
-    Aligned,
-    Choice,
-    Constraint,
-    Env,
-    PowerOfTwo,
-    Space,
-    is_aligned_transfer,
-    smem_aligned,
-    threads,
-)
+import autotune.kernels as ak
+from search_spaces import scaffolding as sc
 
-__all__ = [
-    "KERNEL",
-    "SPACE",
-    "RULE_KINDS",
-    "KNOWN_GOOD",
-    "BLOCK_THREADS",
-    "SUPPORTED_DTYPES",
-    "default_config",
-    "smem_bytes",
-    "cta_tile",
-    "cluster_tile",
-    "estimate_seconds",
-    "cost_model",
-    "Hopper",
-    "FITTED_ON",
-]
+__all__ = ["KERNEL", "SPACE", "RULE_KINDS", "KNOWN_GOOD", "BLOCK_THREADS", "SUPPORTED_DTYPES",
+           "default_config", "smem_bytes", "cta_tile", "cluster_tile", "estimate_seconds",
+           "cost_model", "Hopper", "FITTED_ON"]
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
-BLOCK_THREADS = threads(warpgroups=3)
+BLOCK_THREADS = ak.threads(warpgroups=3)
 # WGMMA accumulators are laid out in 64-row slabs, one per warpgroup instruction.
 WGMMA_ROWS = 64
 # Mosaic GPU swizzles shared-memory tiles by 32, 64 or 128 bytes ("Swizzle 16 is not supported").
@@ -142,7 +116,7 @@ def swizzle_bytes(row_bytes: int) -> int:
 def operand_swizzle_elems(tile_k: int, dtype: str) -> int:
     """Columns of one swizzled tile of A and B in shared memory (the kernel derives it from
     ``tile_k``); B's ``tile_n`` columns are cut into such tiles."""
-    return swizzle_bytes(tile_k * dtype_bytes(dtype)) // dtype_bytes(dtype)
+    return swizzle_bytes(tile_k * ak.dtype_bytes(dtype)) // ak.dtype_bytes(dtype)
 
 
 def smem_bytes(c: Mapping[str, Any], dtype: str, *, k: int | None = None) -> int:
@@ -155,7 +129,7 @@ def smem_bytes(c: Mapping[str, Any], dtype: str, *, k: int | None = None) -> int
     sweep (module docstring). The profiler's share is added by ``Env.smem_budget``. Given
     ``k``, the pipeline's own clamp of the stages to ``k // tile_k`` is applied.
     """
-    itemsize = dtype_bytes(dtype)
+    itemsize = ak.dtype_bytes(dtype)
     cta_m, cta_n = cta_tiles(c)
     steps, tile_k = c["max_concurrent_steps"], c["tile_k"]
     if k is not None:
@@ -165,11 +139,11 @@ def smem_bytes(c: Mapping[str, Any], dtype: str, *, k: int | None = None) -> int
     epi_m, epi_n = epilogue_tiles(c)
     slots = min(2, (c["tile_m"] * c["tile_n"]) // (epi_m * epi_n))
     out_bytes = 2 * slots * epi_m * epi_n * itemsize
-    barrier_bytes = 2 * steps * MBARRIER_BYTES
-    return smem_aligned(a_bytes) + smem_aligned(b_bytes) + smem_aligned(out_bytes) + barrier_bytes
+    barrier_bytes = 2 * steps * ak.MBARRIER_BYTES
+    return ak.smem_aligned(a_bytes) + ak.smem_aligned(b_bytes) + ak.smem_aligned(out_bytes) + barrier_bytes
 
 
-def _grid_iters(c: Mapping[str, Any], env: Env) -> tuple[int, int]:
+def _grid_iters(c: Mapping[str, Any], env: ak.Env) -> tuple[int, int]:
     """Output tiles of the cluster grid along M and N."""
     cl_m, cl_n = cluster_tiles(c)
     return env["m"] // cl_m, env["n"] // cl_n
@@ -179,22 +153,22 @@ def _grid_iters(c: Mapping[str, Any], env: Env) -> tuple[int, int]:
 # The space.
 
 
-def _min_swizzle_elems(env: Env) -> int:
+def _min_swizzle_elems(env: ak.Env) -> int:
     """Elements in 32 bytes of the problem's dtype: the finest tile_k / tile_n step."""
-    return max(1, MIN_SWIZZLE_BYTES // dtype_bytes(env.dtype))
+    return max(1, MIN_SWIZZLE_BYTES // ak.dtype_bytes(env.dtype))
 
 
 PARAMS = (
-    Aligned("tile_m", unit=WGMMA_ROWS, low=WGMMA_ROWS, high=512),
-    Aligned("tile_n", unit=_min_swizzle_elems, low=_min_swizzle_elems, high=256),
-    Choice("wg_dimension", ("M", "N")),
-    Choice("cluster_dimension", (None, "M", "N")),
-    Choice("grid_minor_dim", ("M", "N")),
-    Aligned("grid_tile_width", unit=1, low=1, high=16),
-    PowerOfTwo("tile_k", low=_min_swizzle_elems, high=512),
-    Aligned("max_concurrent_steps", unit=1, low=1, high=8),
-    Choice("epi_tile_m", (None, 64, 128)),
-    Choice("epi_tile_n", (None, 16, 32, 64, 128)),
+    ak.Aligned("tile_m", unit=WGMMA_ROWS, low=WGMMA_ROWS, high=512),
+    ak.Aligned("tile_n", unit=_min_swizzle_elems, low=_min_swizzle_elems, high=256),
+    ak.Choice("wg_dimension", ("M", "N")),
+    ak.Choice("cluster_dimension", (None, "M", "N")),
+    ak.Choice("grid_minor_dim", ("M", "N")),
+    ak.Aligned("grid_tile_width", unit=1, low=1, high=16),
+    ak.PowerOfTwo("tile_k", low=_min_swizzle_elems, high=512),
+    ak.Aligned("max_concurrent_steps", unit=1, low=1, high=8),
+    ak.Choice("epi_tile_m", (None, 64, 128)),
+    ak.Choice("epi_tile_n", (None, 16, 32, 64, 128)),
 )
 PARAM_NAMES = tuple(p.name for p in PARAMS)
 # What the shared-memory and the grid-order rules read (narrow reads keep counting fast).
@@ -217,10 +191,10 @@ GRID_READS = (
 )
 
 
-def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
+def _derived(c: Mapping[str, Any], env: ak.Env) -> dict[str, Any]:
     """The config, the problem, and the sizes the rules speak of (those computable from ``c``)."""
     values: dict[str, Any] = dict(env.problem.dims)
-    values.update(c, dtype=env.dtype, itemsize=dtype_bytes(env.dtype))
+    values.update(c, dtype=env.dtype, itemsize=ak.dtype_bytes(env.dtype))
     values["budget"] = env.smem_budget(block_threads=BLOCK_THREADS)
     derivations: tuple[tuple[tuple[str, ...], Callable[[], dict[str, Any]]], ...] = (
         (("tile_m", "wg_dimension"), lambda: {"cta_tile_m": cta_tile(c, "m")}),
@@ -237,8 +211,8 @@ def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
             ("tile_k",),
             lambda: {
                 "k_iters": env["k"] // c["tile_k"],
-                "row_bytes": c["tile_k"] * dtype_bytes(env.dtype),
-                "swizzle": swizzle_bytes(c["tile_k"] * dtype_bytes(env.dtype)),
+                "row_bytes": c["tile_k"] * ak.dtype_bytes(env.dtype),
+                "swizzle": swizzle_bytes(c["tile_k"] * ak.dtype_bytes(env.dtype)),
                 "swizzle_elems": operand_swizzle_elems(c["tile_k"], env.dtype),
             },
         ),
@@ -256,23 +230,9 @@ def _derived(c: Mapping[str, Any], env: Env) -> dict[str, Any]:
     return values
 
 
-class _Values(dict):  # type: ignore[type-arg]
-    """Format values; one a partial config cannot give shows as ``?`` instead of raising."""
-
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-
-class _Reason(str):
-    """A rule's reason: a template ``autotune spaces`` shows as is, and that a violation's
-    message fills in with the config's values and the sizes derived from them."""
-
-    def __call__(self, c: Mapping[str, Any], env: Env) -> str:
-        return self.format_map(_Values(_derived(c, env)))
-
-
-def _says(text: str) -> _Reason:
-    return _Reason(text)
+# A rule's reason: a template ``autotune spaces`` shows as is, and that a violation's message
+# fills in with the config's values and the sizes derived from them.
+_says = sc.reasons(_derived)
 
 
 def _epi_n(c: Mapping[str, Any]) -> int:
@@ -283,18 +243,79 @@ def _epi_m(c: Mapping[str, Any]) -> int:
     return c["epi_tile_m"] or c["tile_m"]
 
 
-def _tiles(c: Mapping[str, Any], env: Env) -> int:
+def _tiles(c: Mapping[str, Any], env: ak.Env) -> int:
     m_iters, n_iters = _grid_iters(c, env)
     return m_iters * n_iters
 
 
-def _minor_iters(c: Mapping[str, Any], env: Env) -> int:
+def _minor_iters(c: Mapping[str, Any], env: ak.Env) -> int:
     m_iters, n_iters = _grid_iters(c, env)
     return m_iters if c["grid_minor_dim"] == "M" else n_iters
 
 
+def _cluster_divisible(axis: str) -> ak.Constraint:
+    """``m_divisible``/``n_divisible``: the problem's ``axis`` is a whole number of cluster
+    tiles (the kernel checks it)."""
+    up = axis.upper()
+    return ak.Constraint(
+        f"{axis}_divisible",
+        (f"tile_{axis}", "wg_dimension", "cluster_dimension"),
+        lambda c, env: env[axis] % cluster_tile(c, axis) == 0,
+        _says(
+            f"{axis}={{{axis}}} must be divisible by the cluster tile {{cluster_tile_{axis}}} "
+            f"(tile_{axis}={{tile_{axis}}} x2 when wg_dimension={up}, x2 when cluster_dimension="
+            f"{up}; got wg_dimension={{wg_dimension}}, cluster_dimension={{cluster_dimension}}); "
+            "the kernel checks it"
+        ),
+        kind="lowering",
+    )
+
+
+def _operand_transfer_128b(operand: str) -> ak.Constraint:
+    """``a_transfer_128b``/``b_transfer_128b``: each TMA copy of an A (cta_tile_m x tile_k) or
+    B (tile_k x cta_tile_n) tile moves a whole multiple of 128 bytes."""
+    axis = "m" if operand == "a" else "n"
+
+    def tile(c: Mapping[str, Any]) -> tuple[int, int]:
+        return (cta_tile(c, "m"), c["tile_k"]) if operand == "a" else (c["tile_k"], cta_tile(c, "n"))
+
+    shape = ("cta_tile_m={cta_tile_m} x tile_k={tile_k}" if operand == "a"
+             else "tile_k={tile_k} x cta_tile_n={cta_tile_n}")
+    return ak.Constraint(
+        f"{operand}_transfer_128b",
+        (f"tile_{axis}", "wg_dimension", "tile_k"),
+        lambda c, env: ak.is_aligned_transfer(tile(c), env.dtype),
+        _says(
+            f"the {operand.upper()} tile copy ({shape} x {{itemsize}} B) must move a multiple "
+            "of 128 bytes (TMA transfers split over a 128-thread warpgroup)"
+        ),
+        kind="lowering",
+    )
+
+
+def _epilogue_divides(axis: str) -> ak.Constraint:
+    """``epi_tile_m_divides``/``epi_tile_n_divides``: the epilogue piece divides the
+    warpgroup tile along ``axis`` (correctness: a larger piece never writes the output)."""
+    epi, tile = f"epi_tile_{axis}", f"tile_{axis}"
+    pieces, comma, otherwise = {
+        "m": ("row", ",", "and a non-dividing one leaves rows unwritten"),
+        "n": ("column", "", "(a smaller non-dividing one fails layout inference)"),
+    }[axis]
+    return ak.Constraint(
+        f"{epi}_divides",
+        (tile, epi),
+        lambda c, env: c[tile] % (c[epi] or c[tile]) == 0,
+        _says(
+            f"{epi}={{{epi}}} must divide {tile}={{{tile}}}: the epilogue stores "
+            f"{tile} // {epi} {pieces} pieces, so a larger piece lowers but never writes the "
+            f"output{comma} {otherwise}"
+        ),
+        kind="correctness",
+    )
+
+
 CONSTRAINTS = (
-    Constraint(
+    ak.Constraint(
         "wgmma_16bit_inputs",
         (),
         lambda c, env: env.dtype in SUPPORTED_DTYPES,
@@ -306,39 +327,13 @@ CONSTRAINTS = (
         ),
         kind="problem",
     ),
-    Constraint(
-        "m_divisible",
-        ("tile_m", "wg_dimension", "cluster_dimension"),
-        lambda c, env: env["m"] % cluster_tile(c, "m") == 0,
-        _says(
-            "m={m} must be divisible by the cluster tile {cluster_tile_m} (tile_m={tile_m} "
-            "x2 when wg_dimension=M, x2 when cluster_dimension=M; got wg_dimension="
-            "{wg_dimension}, cluster_dimension={cluster_dimension}); the kernel checks it"
-        ),
-        kind="lowering",
-    ),
-    Constraint(
-        "n_divisible",
-        ("tile_n", "wg_dimension", "cluster_dimension"),
-        lambda c, env: env["n"] % cluster_tile(c, "n") == 0,
-        _says(
-            "n={n} must be divisible by the cluster tile {cluster_tile_n} (tile_n={tile_n} "
-            "x2 when wg_dimension=N, x2 when cluster_dimension=N; got wg_dimension="
-            "{wg_dimension}, cluster_dimension={cluster_dimension}); the kernel checks it"
-        ),
-        kind="lowering",
-    ),
-    Constraint(
-        "k_divisible",
-        ("tile_k",),
-        lambda c, env: env["k"] % c["tile_k"] == 0,
-        _says("k={k} must be divisible by tile_k={tile_k}; the kernel checks it"),
-        kind="lowering",
-    ),
-    Constraint(
+    _cluster_divisible("m"),
+    _cluster_divisible("n"),
+    sc.divisible("k_divisible", "k", "tile_k", _says),
+    ak.Constraint(
         "operand_swizzle",
         ("tile_k",),
-        lambda c, env: c["tile_k"] * dtype_bytes(env.dtype) % MIN_SWIZZLE_BYTES == 0,
+        lambda c, env: c["tile_k"] * ak.dtype_bytes(env.dtype) % MIN_SWIZZLE_BYTES == 0,
         _says(
             "a tile_k row of A and B ({tile_k} x {itemsize} B = {row_bytes} B) must be a "
             "multiple of 32 bytes: Mosaic GPU swizzles shared memory by 32, 64 or 128 bytes "
@@ -346,7 +341,7 @@ CONSTRAINTS = (
         ),
         kind="lowering",
     ),
-    Constraint(
+    ak.Constraint(
         "b_tile_swizzle",
         ("tile_n", "tile_k"),
         lambda c, env: c["tile_n"] % operand_swizzle_elems(c["tile_k"], env.dtype) == 0,
@@ -358,27 +353,9 @@ CONSTRAINTS = (
         ),
         kind="lowering",
     ),
-    Constraint(
-        "a_transfer_128b",
-        ("tile_m", "wg_dimension", "tile_k"),
-        lambda c, env: is_aligned_transfer((cta_tile(c, "m"), c["tile_k"]), env.dtype),
-        _says(
-            "the A tile copy (cta_tile_m={cta_tile_m} x tile_k={tile_k} x {itemsize} B) must "
-            "move a multiple of 128 bytes (TMA transfers split over a 128-thread warpgroup)"
-        ),
-        kind="lowering",
-    ),
-    Constraint(
-        "b_transfer_128b",
-        ("tile_n", "wg_dimension", "tile_k"),
-        lambda c, env: is_aligned_transfer((c["tile_k"], cta_tile(c, "n")), env.dtype),
-        _says(
-            "the B tile copy (tile_k={tile_k} x cta_tile_n={cta_tile_n} x {itemsize} B) must "
-            "move a multiple of 128 bytes (TMA transfers split over a 128-thread warpgroup)"
-        ),
-        kind="lowering",
-    ),
-    Constraint(
+    _operand_transfer_128b("a"),
+    _operand_transfer_128b("b"),
+    ak.Constraint(
         "no_clamped_steps",
         ("tile_k", "max_concurrent_steps"),
         lambda c, env: c["max_concurrent_steps"] <= env["k"] // c["tile_k"],
@@ -389,7 +366,7 @@ CONSTRAINTS = (
         ),
         kind="policy",
     ),
-    Constraint(
+    ak.Constraint(
         "epi_tile_m_rows",
         ("tile_m", "epi_tile_m"),
         lambda c, env: _epi_m(c) % WGMMA_ROWS == 0,
@@ -399,32 +376,12 @@ CONSTRAINTS = (
         ),
         kind="lowering",
     ),
-    Constraint(
-        "epi_tile_m_divides",
-        ("tile_m", "epi_tile_m"),
-        lambda c, env: c["tile_m"] % _epi_m(c) == 0,
-        _says(
-            "epi_tile_m={epi_tile_m} must divide tile_m={tile_m}: the epilogue stores "
-            "tile_m // epi_tile_m row pieces, so a larger piece lowers but never writes the "
-            "output, and a non-dividing one leaves rows unwritten"
-        ),
-        kind="correctness",
-    ),
-    Constraint(
-        "epi_tile_n_divides",
-        ("tile_n", "epi_tile_n"),
-        lambda c, env: c["tile_n"] % _epi_n(c) == 0,
-        _says(
-            "epi_tile_n={epi_tile_n} must divide tile_n={tile_n}: the epilogue stores "
-            "tile_n // epi_tile_n column pieces, so a larger piece lowers but never writes the "
-            "output (a smaller non-dividing one fails layout inference)"
-        ),
-        kind="correctness",
-    ),
-    Constraint(
+    _epilogue_divides("m"),
+    _epilogue_divides("n"),
+    ak.Constraint(
         "epi_swizzle",
         ("tile_n", "epi_tile_n"),
-        lambda c, env: _epi_n(c) * dtype_bytes(env.dtype) % MIN_SWIZZLE_BYTES == 0,
+        lambda c, env: _epi_n(c) * ak.dtype_bytes(env.dtype) % MIN_SWIZZLE_BYTES == 0,
         _says(
             "an output row of epi_tile_n={epi_n} x {itemsize} B must be a multiple of 32 bytes: "
             "the output staging buffer is swizzled by 32, 64 or 128 bytes ('Swizzle 16 is not "
@@ -432,17 +389,17 @@ CONSTRAINTS = (
         ),
         kind="lowering",
     ),
-    Constraint(
+    ak.Constraint(
         "out_transfer_128b",
         ("tile_m", "tile_n", "epi_tile_m", "epi_tile_n"),
-        lambda c, env: is_aligned_transfer(epilogue_tiles(c), env.dtype),
+        lambda c, env: ak.is_aligned_transfer(epilogue_tiles(c), env.dtype),
         _says(
             "each output store (epi_tile_m x epi_tile_n = {epi_m} x {epi_n} x {itemsize} B) "
             "must move a multiple of 128 bytes"
         ),
         kind="lowering",
     ),
-    Constraint(
+    ak.Constraint(
         "epi_canonical",
         ("tile_m", "tile_n", "epi_tile_m", "epi_tile_n"),
         lambda c, env: c["epi_tile_m"] != c["tile_m"] and c["epi_tile_n"] != c["tile_n"],
@@ -453,20 +410,18 @@ CONSTRAINTS = (
         ),
         kind="policy",
     ),
-    Constraint(
+    sc.smem_fits(
         "smem_within_limit",
         SMEM_READS,
-        lambda c, env: (
-            smem_bytes(c, env.dtype, k=env["k"]) <= env.smem_budget(block_threads=BLOCK_THREADS)
-        ),
+        lambda c, env: smem_bytes(c, env.dtype, k=env["k"]),
+        lambda c: BLOCK_THREADS,
         _says(
             "shared memory {smem} B (steps x (cta_tile_m x tile_k + tile_k x cta_tile_n) x "
             "{itemsize} B, plus the output staging buffer and barriers) must fit the "
             "{budget} B a block may use (after the profiler's share when tracing)"
         ),
-        kind="lowering",
     ),
-    Constraint(
+    ak.Constraint(
         "interpret_no_cluster",
         ("cluster_dimension",),
         lambda c, env: not env.interpret or c["cluster_dimension"] is None,
@@ -474,7 +429,7 @@ CONSTRAINTS = (
         "cluster_dimension must be None when tuning in interpret mode",
         kind="interpret",
     ),
-    Constraint(
+    ak.Constraint(
         "interpret_two_tiles",
         GRID_READS[:4],
         lambda c, env: not env.interpret or _tiles(c, env) >= 2,
@@ -486,7 +441,7 @@ CONSTRAINTS = (
         ),
         kind="interpret",
     ),
-    Constraint(
+    ak.Constraint(
         "grid_tile_width_in_range",
         GRID_READS,
         lambda c, env: c["grid_tile_width"] <= _minor_iters(c, env),
@@ -499,10 +454,8 @@ CONSTRAINTS = (
     ),
 )
 
-# Derived from the constraints (each carries its kind); kept for the tests and docs.
-RULE_KINDS: dict[str, str] = {c.name: c.kind for c in CONSTRAINTS}
-
-SPACE = Space(PARAMS, CONSTRAINTS)
+# RULE_KINDS: derived from the constraints (each carries its kind); kept for the tests and docs.
+SPACE, RULE_KINDS = sc.space(PARAMS, CONSTRAINTS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,23 +484,7 @@ def _tuning_config(config: Mapping[str, Any]) -> Any:
     )
 
 
-def _size(problem: Problem, key: str) -> int:
-    return int(problem[key])
-
-
-def _device_num_sms() -> int:
-    """SMs of the default device: jax's GPU where there is one, else the current device's
-    (:func:`autotune.devices.current_device`: the chosen profile, for interpret mode and
-    cross-lowering)."""
-    import jax
-    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
-
-    if jax.default_backend() == "gpu":
-        return int(hm.get_num_sms())
-    return current_device().num_sms
-
-
-def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
+def build(problem: ak.Problem, config: ak.Config, options: ak.BuildOptions) -> Callable[..., Any]:
     """``fn(a, b) -> a @ b`` running the kernel with ``config``.
 
     Upstream's ``matmul()`` asks the default device for its SM count, which a machine without
@@ -560,29 +497,27 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
 
-    from autotune import _jax_compat
-
     tuning = _tuning_config(config)
     cluster_size = 1 + (tuning.cluster_dimension is not None)
-    num_sms = options.num_sms if options.num_sms is not None else _device_num_sms()
+    num_sms = ak.launch_num_sms(options)
     clusters = num_sms // cluster_size
     if options.interpret:
         # Each interpreted block costs seconds even when idle; blocks past the number of
         # output tiles would idle, and fewer blocks compute the same result.
         m_iters, n_iters = (
-            _size(problem, "m") // cluster_tile(config, "m"),
-            _size(problem, "n") // cluster_tile(config, "n"),
+            sc.dim(problem, "m") // cluster_tile(config, "m"),
+            sc.dim(problem, "n") // cluster_tile(config, "n"),
         )
         clusters = max(1, min(clusters, m_iters * n_iters))
     params: dict[str, Any] = {"lowering_semantics": plgpu.LoweringSemantics.Warpgroup}
-    params.update(_jax_compat.profile_params(options))
+    params.update(ak.profile_params(options))
     launch: dict[str, Any] = {}
     if options.interpret:
-        launch["interpret"] = _jax_compat.interpret_params()
+        launch["interpret"] = ak.interpret_params()
     call = plgpu.kernel(
         functools.partial(hm.kernel, config=tuning),
         out_type=jax.ShapeDtypeStruct(
-            (_size(problem, "m"), _size(problem, "n")), jnp.dtype(problem.dtype)
+            (sc.dim(problem, "m"), sc.dim(problem, "n")), jnp.dtype(problem.dtype)
         ),
         grid=(clusters,),
         grid_names=("cluster_grid",),
@@ -600,12 +535,12 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     return hopper_matmul
 
 
-def make_inputs(problem: Problem, key: Any) -> tuple[Any, Any]:
+def make_inputs(problem: ak.Problem, key: Any) -> tuple[Any, Any]:
     """A ~ N(0, 1), B ~ N(0, 1/k): entries of A @ B are ~ N(0, 1)."""
     import jax
     import jax.numpy as jnp
 
-    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
+    m, n, k = sc.dims(problem, ("m", "n", "k"))
     key_a, key_b = jax.random.split(key)
     dtype = jnp.dtype(problem.dtype)
     a = jax.random.normal(key_a, (m, k), jnp.float32).astype(dtype)
@@ -613,7 +548,7 @@ def make_inputs(problem: Problem, key: Any) -> tuple[Any, Any]:
     return a, b
 
 
-def reference(problem: Problem) -> Callable[..., Any]:
+def reference(problem: ak.Problem) -> Callable[..., Any]:
     """A @ B at float32 precision: every product exact, the sums in float32.
 
     The product of two bfloat16 or float16 numbers is exact in float32, so 16-bit inputs are
@@ -634,18 +569,18 @@ def reference(problem: Problem) -> Callable[..., Any]:
     return matmul_f32
 
 
-def flops(problem: Problem) -> int:
-    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
+def flops(problem: ak.Problem) -> int:
+    m, n, k = sc.dims(problem, ("m", "n", "k"))
     return 2 * m * n * k
 
 
-def bytes_moved(problem: Problem) -> int:
+def bytes_moved(problem: ak.Problem) -> int:
     """A and B read once, C written once."""
-    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
+    m, n, k = sc.dims(problem, ("m", "n", "k"))
     return (m * k + k * n + m * n) * problem.dtype_bytes
 
 
-def baseline(problem: Problem) -> Callable[..., Any]:
+def baseline(problem: ak.Problem) -> Callable[..., Any]:
     """XLA's ``a @ b`` (cuBLAS on the H200)."""
 
     def xla_matmul(a: Any, b: Any) -> Any:
@@ -668,7 +603,7 @@ FITTED_HBM_BYTES_S = 4.3e12
 
 
 def _fitted_clock_hz() -> float:
-    return (PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6
+    return (ak.PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -708,7 +643,7 @@ class Hopper:
         to be measured (``benchmarks/cost_model_check.py --constants``), not the default.
     """
 
-    num_sms: int = PROFILES[FITTED_ON].num_sms
+    num_sms: int = ak.PROFILES[FITTED_ON].num_sms
     clock_hz: float = _fitted_clock_hz()
     mma_flops: float = FITTED_MMA_FLOPS
     smem_bytes: float = 128.0
@@ -730,12 +665,12 @@ class Hopper:
                              f"got {self.stage_transfer!r}")
 
     @classmethod
-    def for_device(cls, device: DeviceFacts, **constants: Any) -> Hopper:
+    def for_device(cls, device: ak.DeviceFacts, **constants: Any) -> Hopper:
         """The model of ``device``: its SMs, clock, bf16 peak per SM and clock, and
         bandwidth, scaled from the fitted device's (the same share of each datasheet figure);
         a fact either device lacks keeps the fitted device's value. ``constants`` replace any
         field. ``Hopper.for_device(profile("h200")) == Hopper()``."""
-        base, fitted = cls(), PROFILES[FITTED_ON]
+        base, fitted = cls(), ak.PROFILES[FITTED_ON]
         clock_hz = device.sm_clock_mhz * 1e6 if device.sm_clock_mhz else base.clock_hz
         facts: dict[str, Any] = {"num_sms": device.num_sms, "clock_hz": clock_hz}
         if device.peak_bf16_tflops and fitted.peak_bf16_tflops:
@@ -752,11 +687,11 @@ STAGE_TRANSFERS = ("none", "loaded", "full")
 
 
 @functools.lru_cache(maxsize=32)
-def _model_of(device: DeviceFacts, constants: tuple[tuple[str, Any], ...] = ()) -> Hopper:
+def _model_of(device: ak.DeviceFacts, constants: tuple[tuple[str, Any], ...] = ()) -> Hopper:
     return Hopper.for_device(device, **dict(constants))
 
 
-def cost_model(**constants: Any) -> Callable[[Problem, Mapping[str, Any]], float]:
+def cost_model(**constants: Any) -> Callable[[ak.Problem, Mapping[str, Any]], float]:
     """:func:`estimate_seconds` on the current device with some of :class:`Hopper`'s
     constants replaced (a ``Kernel``'s ``cost_model``), e.g.
     ``cost_model(stage_transfer="loaded", l2_latency=2000)``.
@@ -769,10 +704,10 @@ def cost_model(**constants: Any) -> Callable[[Problem, Mapping[str, Any]], float
     if unknown:
         raise ValueError(f"unknown Hopper constant(s) {unknown}; the constants are {sorted(fields)}")
     frozen = tuple(sorted(constants.items()))
-    _model_of(current_device(), frozen)  # a bad value fails here, not at the first estimate
+    _model_of(ak.current_device(), frozen)  # a bad value fails here, not at the first estimate
 
-    def estimate(problem: Problem, config: Mapping[str, Any]) -> float:
-        return estimate_seconds(problem, config, _model_of(current_device(), frozen))
+    def estimate(problem: ak.Problem, config: Mapping[str, Any]) -> float:
+        return estimate_seconds(problem, config, _model_of(ak.current_device(), frozen))
 
     return estimate
 
@@ -784,7 +719,7 @@ def _soft_max(p: float, *costs: float) -> float:
     return top * sum((c / top) ** p for c in costs) ** (1.0 / p)
 
 
-def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper | None = None) -> float:
+def estimate_seconds(problem: ak.Problem, config: Mapping[str, Any], device: Hopper | None = None) -> float:
     """An estimate of one call's run time, for ranking configs before compiling any (Triton's
     ``perf_model``, TVM's cost model): only the order it puts configs in matters.
 
@@ -798,8 +733,8 @@ def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper
     current device's model (:meth:`Hopper.for_device` of
     :func:`autotune.devices.current_device`).
     """
-    d = device if device is not None else _model_of(current_device())
-    m, n, k = (_size(problem, name) for name in ("m", "n", "k"))
+    d = device if device is not None else _model_of(ak.current_device())
+    m, n, k = sc.dims(problem, ("m", "n", "k"))
     itemsize = problem.dtype_bytes
     tile_m, tile_n, tile_k = config["tile_m"], config["tile_n"], config["tile_k"]
     steps = config["max_concurrent_steps"]
@@ -848,7 +783,7 @@ def estimate_seconds(problem: Problem, config: Mapping[str, Any], device: Hopper
 # epilogue (64x64, TuningConfig's default) is spelled canonically: epi_tile_m equal to
 # tile_m is None. The tuner proposes it first (repaired to the nearest valid config where a
 # problem's shape rules it out), then searches.
-KNOWN_GOOD = Config(
+KNOWN_GOOD = ak.Config(
     tile_m=64,
     tile_n=256,
     tile_k=128,
@@ -862,7 +797,7 @@ KNOWN_GOOD = Config(
 )
 
 
-def default_config(problem: Problem) -> Config:
+def default_config(problem: ak.Problem) -> ak.Config:
     """``KNOWN_GOOD`` where it is valid, else the valid config nearest to it."""
     return SPACE.bind(problem).closest_valid(KNOWN_GOOD)
 
@@ -872,22 +807,14 @@ def shape_of(a: Any, b: Any, *rest: Any) -> dict[str, int]:
     return {"m": int(a.shape[0]), "k": int(a.shape[1]), "n": int(b.shape[1])}
 
 
-KERNEL = Kernel(
-    name="hopper_matmul",
-    space=SPACE,
+KERNEL = sc.kernel(
+    "hopper_matmul",
+    globals(),
     shape_keys=("m", "n", "k"),
     dtypes=SUPPORTED_DTYPES,
-    build=build,
-    make_inputs=make_inputs,
-    reference=reference,
-    flops=flops,
-    bytes_moved=bytes_moved,
-    baseline=baseline,
     baseline_name="xla",
-    default_config=default_config,
     interpret_ok=True,
     interpret_note="Runs in GPU interpret mode (256^3 bf16 takes a few seconds on a CPU).",
-    shape_of=shape_of,
     cost_model=estimate_seconds,
     description=(
         "JAX's warp-specialized Hopper matmul (hopper_matmul_mgpu): two consumer warpgroups, "

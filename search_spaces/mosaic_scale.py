@@ -74,25 +74,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.devices import current_device
-from autotune.space.kernel import BuildOptions, Kernel
-from autotune.space.problem import Config, Problem, dtype_bytes
-from autotune.space.search_space import (
-    MBARRIER_BYTES,
-    TRANSFER_ALIGN_BYTES,
-    WARP_SIZE,
-    Aligned,
-    Choice,
-    Constraint,
-    Env,
-    PowerOfTwo,
-    Space,
-    is_aligned_transfer,
-    transfer_bytes,
-)
+import autotune.kernels as ak
+from search_spaces import scaffolding as sc
 
 __all__ = ["KERNEL", "SPACE", "DTYPES", "RULE_KINDS", "smem_bytes", "copy_shapes"]
 
@@ -118,43 +104,39 @@ _DOMAIN_KINDS: dict[str, str] = {
 }
 
 
-def _dim(problem: Problem, key: str) -> int:
-    return int(problem[key])
-
-
 def _vector_elems(config: Mapping[str, Any], dtype: str) -> int:
-    return config["vector_bytes"] // dtype_bytes(dtype)
+    return config["vector_bytes"] // ak.dtype_bytes(dtype)
 
 
-def copy_shapes(config: Mapping[str, Any], problem: Problem) -> list[tuple[int, ...]]:
+def copy_shapes(config: Mapping[str, Any], problem: ak.Problem) -> list[tuple[int, ...]]:
     """Shape of every copy the kernel issues (each load and its store move one tile)."""
     return [(config["tile_elems"],)]
 
 
-def smem_bytes(config: Mapping[str, Any], problem: Problem) -> int:
+def smem_bytes(config: Mapping[str, Any], problem: ak.Problem) -> int:
     """Shared memory one block allocates, as Mosaic GPU counts it (the profiler's share apart)."""
     slots = config["slots"]
-    return slots * transfer_bytes((config["tile_elems"],), problem.dtype) + slots * MBARRIER_BYTES
+    return slots * ak.transfer_bytes((config["tile_elems"],), problem.dtype) + slots * ak.MBARRIER_BYTES
 
 
 # ---------------------------------------------------------------------------------------------
 # The space.
 
 PARAMS = (
-    Aligned("block_threads", unit=WARP_SIZE, low=WARP_SIZE, high=MAX_BLOCK_THREADS),
-    PowerOfTwo(
+    ak.Aligned("block_threads", unit=ak.WARP_SIZE, low=ak.WARP_SIZE, high=MAX_BLOCK_THREADS),
+    ak.PowerOfTwo(
         "tile_elems",
-        low=lambda env: TRANSFER_ALIGN_BYTES // dtype_bytes(env.dtype),
-        high=lambda env: min(env["n"], MAX_TILE_BYTES // dtype_bytes(env.dtype)),
+        low=lambda env: ak.TRANSFER_ALIGN_BYTES // ak.dtype_bytes(env.dtype),
+        high=lambda env: min(env["n"], MAX_TILE_BYTES // ak.dtype_bytes(env.dtype)),
     ),
-    Aligned("slots", unit=1, low=1, high=8),
-    Choice("refill_lag", (0, 1), ordered=True),
-    Choice("vector_bytes", (4, 8, 16), ordered=True),
-    Choice("blocks_per_sm", (1, 2, 4), ordered=True),
+    ak.Aligned("slots", unit=1, low=1, high=8),
+    ak.Choice("refill_lag", (0, 1), ordered=True),
+    ak.Choice("vector_bytes", (4, 8, 16), ordered=True),
+    ak.Choice("blocks_per_sm", (1, 2, 4), ordered=True),
 )
 
 
-def _sm_fits(c: Mapping[str, Any], env: Env) -> bool:
+def _sm_fits(c: Mapping[str, Any], env: ak.Env) -> bool:
     per_block = smem_bytes(c, env.problem) + SMEM_RESERVED_PER_BLOCK
     return (
         c["blocks_per_sm"] * per_block <= env.device.smem_per_sm
@@ -163,17 +145,8 @@ def _sm_fits(c: Mapping[str, Any], env: Env) -> bool:
 
 
 CONSTRAINTS = (
-    Constraint(
-        "trace_regions_fit",
-        (),
-        lambda c, env: env.profile_space == 0 or env.profile_space > TRACE_REGIONS,
-        lambda c, env: (
-            f"tracing needs profile_space >= {TRACE_REGIONS + 1} to hold the {TRACE_REGIONS} "
-            f"regions of a block's first tile, got profile_space={env.profile_space}"
-        ),
-        kind="policy",
-    ),
-    Constraint(
+    sc.trace_regions_fit(TRACE_REGIONS, "block"),
+    ak.Constraint(
         "trace_scope_threads",
         ("block_threads",),
         lambda c, env: env.profile_space == 0 or c["block_threads"] % env.trace_unit == 0,
@@ -185,24 +158,17 @@ CONSTRAINTS = (
         ),
         kind="lowering",
     ),
-    Constraint(
-        "tile_divides_n",
+    sc.tile_divides("tile_divides_n", "tile_elems", "n"),
+    sc.copies_128b(
         ("tile_elems",),
-        lambda c, env: env["n"] % c["tile_elems"] == 0,
-        lambda c, env: f"tile_elems={c['tile_elems']} must divide n={env['n']}",
-        kind="build",
-    ),
-    Constraint(
-        "transfer_128b",
-        ("tile_elems",),
-        lambda c, env: all(is_aligned_transfer(s, env.dtype) for s in copy_shapes(c, env.problem)),
+        copy_shapes,
         lambda c, env: (
             f"a tile of {c['tile_elems']} {env.dtype} moves "
-            f"{transfer_bytes((c['tile_elems'],), env.dtype)} bytes, not a whole multiple of 128"
+            f"{ak.transfer_bytes((c['tile_elems'],), env.dtype)} bytes, not a whole multiple of 128"
         ),
         kind="policy",
     ),
-    Constraint(
+    ak.Constraint(
         "no_idle_threads",
         ("block_threads", "tile_elems", "vector_bytes"),
         lambda c, env: c["block_threads"] * _vector_elems(c, env.dtype) <= c["tile_elems"],
@@ -213,7 +179,7 @@ CONSTRAINTS = (
         ),
         kind="policy",
     ),
-    Constraint(
+    ak.Constraint(
         "no_idle_slots",
         ("tile_elems", "slots"),
         lambda c, env: c["slots"] <= env["n"] // c["tile_elems"],
@@ -223,30 +189,19 @@ CONSTRAINTS = (
         ),
         kind="policy",
     ),
-    Constraint(
+    sc.smem_fits(
         "smem_within_budget",
         ("block_threads", "tile_elems", "slots"),
-        lambda c, env: (
-            smem_bytes(c, env.problem) <= env.smem_budget(block_threads=c["block_threads"])
-        ),
+        lambda c, env: smem_bytes(c, env.problem),
+        lambda c: c["block_threads"],
         lambda c, env: (
             f"shared memory {smem_bytes(c, env.problem)} bytes (slots x tile_elems x itemsize "
             f"+ barriers) exceeds the "
             f"{env.smem_budget(block_threads=c['block_threads'])}-byte budget"
         ),
-        kind="lowering",
     ),
-    Constraint(
-        "refill_needs_free_slot",
-        ("slots", "refill_lag"),
-        lambda c, env: c["refill_lag"] < c["slots"],
-        lambda c, env: (
-            f"refill_lag={c['refill_lag']} needs slots > {c['refill_lag']}: a lagged refill "
-            "with one slot waits on a tile it has not fetched (deadlock)"
-        ),
-        kind="build",
-    ),
-    Constraint(
+    sc.refill_needs_free_slot("slots"),
+    ak.Constraint(
         "blocks_fit_sm",
         ("block_threads", "tile_elems", "slots", "blocks_per_sm"),
         _sm_fits,
@@ -260,9 +215,7 @@ CONSTRAINTS = (
     ),
 )
 # Every rule's kind: the tunables' domains here, each constraint's its own.
-RULE_KINDS: dict[str, str] = {**_DOMAIN_KINDS, **{c.name: c.kind for c in CONSTRAINTS}}
-
-SPACE = Space(PARAMS, CONSTRAINTS)
+SPACE, RULE_KINDS = sc.space(PARAMS, CONSTRAINTS, _DOMAIN_KINDS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,16 +238,11 @@ class _Plan:
 
     def __post_init__(self) -> None:
         if self.n % self.tile_elems:
-            raise ValueError(f"[tile_divides_n] {self.tile_elems=} must divide {self.n=}")
-        if not 0 <= self.refill_lag < self.slots:
-            raise ValueError(
-                f"[refill_needs_free_slot] need 0 <= {self.refill_lag=} < {self.slots=}"
-            )
+            sc.refuse("tile_divides_n", f"{self.tile_elems=} must divide {self.n=}")
+        sc.check_refill(self.refill_lag, self.slots, "slots")
         if self.vector_bytes % self.itemsize or self.tile_elems % self.vector_elems:
-            raise ValueError(
-                f"{self.vector_bytes=} must hold whole elements and divide the tile "
-                f"({self.tile_elems=} elements of {self.itemsize} bytes)"
-            )
+            sc.refuse("vector_bytes_domain", f"{self.vector_bytes=} must hold whole elements and "
+                      f"divide the tile ({self.tile_elems=} elements of {self.itemsize} bytes)")
 
     @property
     def vector_elems(self) -> int:
@@ -313,18 +261,7 @@ class _Plan:
         return -(-(self.tile_elems // self.vector_elems) // self.block_threads)
 
 
-def _num_sms(options: BuildOptions) -> int:
-    if options.num_sms is not None:
-        return options.num_sms
-    import jax
-
-    try:
-        return int(jax.devices("gpu")[0].core_count)
-    except (RuntimeError, AttributeError, IndexError):  # no GPU: the chosen device profile
-        return current_device().num_sms
-
-
-def _profiler_spec(options: BuildOptions) -> Any:
+def _profiler_spec(options: ak.BuildOptions) -> Any:
     if not options.profile_space:
         return None
     from jax.experimental.mosaic.gpu import profiler
@@ -340,21 +277,7 @@ def _profiler_spec(options: BuildOptions) -> Any:
     return profiler.ProfilerSpec(options.profile_space * 4, **kwargs)
 
 
-@contextlib.contextmanager
-def _ir_context() -> Iterator[None]:
-    """An MLIR context with Mosaic GPU's dialect, as ``as_gpu_kernel`` expects its caller to set."""
-    from jax._src.interpreters import mlir
-    from jax._src.lib import mosaic_gpu_dialect
-    from jaxlib.mlir import ir
-
-    ctx = mlir.make_ir_context()
-    if mosaic_gpu_dialect is not None:
-        mosaic_gpu_dialect.register_dialect(ctx)
-    with ctx, ir.Location.unknown():
-        yield
-
-
-def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
+def build(problem: ak.Problem, config: ak.Config, options: ak.BuildOptions) -> Callable[..., Any]:
     import jax
     import jax.experimental.mosaic.gpu as mgpu
     import jax.numpy as jnp
@@ -366,16 +289,12 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
         raise NotImplementedError(
             "mosaic_scale is a raw Mosaic GPU kernel: GPU interpret mode runs only Pallas kernels"
         )
-    plan = _Plan(
-        n=_dim(problem, "n"),
-        itemsize=dtype_bytes(problem.dtype),
-        block_threads=config["block_threads"],
-        tile_elems=config["tile_elems"],
-        slots=config["slots"],
-        refill_lag=config["refill_lag"],
-        vector_bytes=config["vector_bytes"],
-        blocks_per_sm=config["blocks_per_sm"],
-        num_sms=_num_sms(options),
+    plan = sc.plan(
+        _Plan,
+        config,
+        n=sc.dim(problem, "n"),
+        itemsize=ak.dtype_bytes(problem.dtype),
+        num_sms=ak.launch_num_sms(options),
     )
     dtype = jnp.dtype(problem.dtype)
     tile, slots, lag, grid = plan.tile_elems, plan.slots, plan.refill_lag, plan.grid
@@ -494,7 +413,7 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
         with mu.when(is_leader):
             nvvm.cp_async_bulk_wait_group(0)
 
-    with _ir_context():
+    with ak.mosaic_gpu_ir_context():
         kernel = mgpu.as_gpu_kernel(
             body,
             grid=(grid, 1, 1),
@@ -522,19 +441,19 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
 # Inputs, reference, baseline, defaults.
 
 
-def make_inputs(problem: Problem, key: Any) -> tuple[Any, Any]:
+def make_inputs(problem: ak.Problem, key: Any) -> tuple[Any, Any]:
     import jax
     import jax.numpy as jnp
 
     kx, kp = jax.random.split(key)
-    x = jax.random.normal(kx, (_dim(problem, "n"),), jnp.float32).astype(jnp.dtype(problem.dtype))
+    x = jax.random.normal(kx, (sc.dim(problem, "n"),), jnp.float32).astype(jnp.dtype(problem.dtype))
     # scale in [0.5, 2), bias in [-1, 1): never zero, never trivial.
     u = jax.random.uniform(kp, (2,), jnp.float32)
     params = jnp.stack([0.5 + 1.5 * u[0], 2.0 * u[1] - 1.0])
     return x, params
 
 
-def reference(problem: Problem) -> Callable[..., Any]:
+def reference(problem: ak.Problem) -> Callable[..., Any]:
     import jax.numpy as jnp
 
     def ref(x: Any, params: Any) -> Any:
@@ -543,7 +462,7 @@ def reference(problem: Problem) -> Callable[..., Any]:
     return ref
 
 
-def baseline(problem: Problem) -> Callable[..., Any]:
+def baseline(problem: ak.Problem) -> Callable[..., Any]:
     import jax.numpy as jnp
 
     def xla_scale_bias(x: Any, params: Any) -> Any:
@@ -552,18 +471,17 @@ def baseline(problem: Problem) -> Callable[..., Any]:
     return xla_scale_bias
 
 
-def default_config(problem: Problem) -> Mapping[str, Any]:
+def default_config(problem: ak.Problem) -> Mapping[str, Any]:
     """Whole warpgroups, 16 KiB tiles, 4 slots, 16-byte vectors, 2 blocks per SM."""
     proposal = {
         "block_threads": 256,
-        "tile_elems": 16 * 1024 // dtype_bytes(problem.dtype),
+        "tile_elems": 16 * 1024 // ak.dtype_bytes(problem.dtype),
         "slots": 4,
         "refill_lag": 1,
         "vector_bytes": 16,
         "blocks_per_sm": 2,
     }
-    # No driver call here: the run-time lookup's default (the query side) comes here too.
-    return KERNEL.bind(problem, device=current_device(ask_driver=False)).closest_valid(proposal)
+    return sc.closest_valid(KERNEL, problem, proposal)
 
 
 def shape_of(x: Any, *rest: Any) -> dict[str, int]:
@@ -571,20 +489,14 @@ def shape_of(x: Any, *rest: Any) -> dict[str, int]:
     return {"n": int(x.shape[0])}
 
 
-KERNEL = Kernel(
-    name="mosaic_scale",
-    space=SPACE,
+KERNEL = sc.kernel(
+    "mosaic_scale",
+    globals(),
     shape_keys=("n",),
     dtypes=DTYPES,
-    build=build,
-    make_inputs=make_inputs,
-    reference=reference,
-    flops=lambda p: 2 * _dim(p, "n"),
-    bytes_moved=lambda p: 2 * _dim(p, "n") * p.dtype_bytes + 8,
-    baseline=baseline,
+    flops=lambda p: 2 * sc.dim(p, "n"),
+    bytes_moved=lambda p: 2 * sc.dim(p, "n") * p.dtype_bytes + 8,
     baseline_name="xla",
-    default_config=default_config,
-    shape_of=shape_of,
     interpret_ok=False,
     interpret_note=(
         "raw Mosaic GPU kernel (MLIR built directly): GPU interpret mode runs only Pallas "

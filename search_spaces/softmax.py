@@ -81,24 +81,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from autotune.devices import current_device
-from autotune.space.kernel import BuildOptions, Kernel
-from autotune.space.problem import Config, Problem, dtype_bits, dtype_bytes
-from autotune.space.search_space import (
-    MBARRIER_BYTES,
-    WARPGROUP_SIZE,
-    Aligned,
-    Bool,
-    Choice,
-    Constraint,
-    Env,
-    PowerOfTwo,
-    Space,
-    is_aligned_transfer,
-    smem_aligned,
-    threads,
-    transfer_bytes,
-)
+import autotune.kernels as ak
+from search_spaces import scaffolding as sc
 
 __all__ = [
     "KERNEL",
@@ -112,7 +96,7 @@ __all__ = [
 
 DTYPES = ("float32", "bfloat16", "float16", "float8_e5m2")
 
-WARPS = WARPGROUP_SIZE // 32  # warps per warpgroup
+WARPS = ak.WARPGROUP_SIZE // 32  # warps per warpgroup
 LANES = 32
 LANE_VECTOR_BYTES = 16  # one 128-bit shared-memory access per lane
 MAX_VALUES_PER_THREAD = 64  # float32 values one chunk puts in a thread's registers (policy)
@@ -134,32 +118,27 @@ _DOMAIN_KINDS: dict[str, str] = {
 }
 
 
-def _dim(problem: Problem, key: str) -> int:
-    """A size of the problem (shape values may also be flags; ours are all sizes)."""
-    return int(problem[key])
-
-
 def lane_unit(dtype: str) -> int:
     """Columns of one warp-wide step, 32 lanes x 16 bytes: 256 for bf16, 128 for f32."""
-    return LANES * LANE_VECTOR_BYTES // dtype_bytes(dtype)
+    return LANES * LANE_VECTOR_BYTES // ak.dtype_bytes(dtype)
 
 
-def copy_shapes(config: Mapping[str, Any], problem: Problem) -> list[tuple[int, ...]]:
+def copy_shapes(config: Mapping[str, Any], problem: ak.Problem) -> list[tuple[int, ...]]:
     """Shape of every copy the kernel issues (each load and its store move the same tile)."""
     s = config["warps_per_row"]
-    return [(config["block_rows"] * s, _dim(problem, "cols") // s)]
+    return [(config["block_rows"] * s, sc.dim(problem, "cols") // s)]
 
 
-def smem_bytes(config: Mapping[str, Any], problem: Problem) -> int:
+def smem_bytes(config: Mapping[str, Any], problem: ak.Problem) -> int:
     """Shared memory one block allocates, as Pallas counts it (the profiler's share apart)."""
     slots = config["warpgroups"] * config["max_concurrent_steps"]
-    buffers = slots * transfer_bytes((config["block_rows"], _dim(problem, "cols")), problem.dtype)
+    buffers = slots * ak.transfer_bytes((config["block_rows"], sc.dim(problem, "cols")), problem.dtype)
     exchange = config["warpgroups"] * EXCHANGE_BYTES if config["warps_per_row"] > 1 else 0
     return (
-        smem_aligned(buffers)
-        + smem_aligned(exchange)
-        + smem_aligned(REDUCTION_SCRATCH_BYTES)
-        + slots * MBARRIER_BYTES
+        ak.smem_aligned(buffers)
+        + ak.smem_aligned(exchange)
+        + ak.smem_aligned(REDUCTION_SCRATCH_BYTES)
+        + slots * ak.MBARRIER_BYTES
     )
 
 
@@ -167,48 +146,33 @@ def smem_bytes(config: Mapping[str, Any], problem: Problem) -> int:
 # The space.
 
 
-def _tiles(c: Mapping[str, Any], env: Env) -> int:
+def _tiles(c: Mapping[str, Any], env: ak.Env) -> int:
     return env["rows"] // c["block_rows"]
 
 
 def _block_threads(c: Mapping[str, Any]) -> int:
-    return threads(warpgroups=c["warpgroups"])
+    return ak.threads(warpgroups=c["warpgroups"])
 
 
 PARAMS = (
-    Choice("warps_per_row", (1, WARPS), ordered=True),
-    PowerOfTwo("block_rows", low=1, high=64),
-    Aligned(
+    ak.Choice("warps_per_row", (1, WARPS), ordered=True),
+    ak.PowerOfTwo("block_rows", low=1, high=64),
+    ak.Aligned(
         "chunk_cols",
         unit=lambda env: lane_unit(env.dtype),
         low=1,
         high=lambda env: min(env["cols"], MAX_VALUES_PER_THREAD * LANES),
     ),
-    Aligned("warpgroups", unit=1, low=1, high=4),
-    Aligned("max_concurrent_steps", unit=1, low=1, high=4),
-    Choice("refill_lag", (0, 1), ordered=True),
-    Bool("approx_math"),
+    ak.Aligned("warpgroups", unit=1, low=1, high=4),
+    ak.Aligned("max_concurrent_steps", unit=1, low=1, high=4),
+    ak.Choice("refill_lag", (0, 1), ordered=True),
+    ak.Bool("approx_math"),
 )
 
 CONSTRAINTS = (
-    Constraint(
-        "trace_regions_fit",
-        (),
-        lambda c, env: env.profile_space == 0 or env.profile_space > TRACE_REGIONS,
-        lambda c, env: (
-            f"tracing needs profile_space >= {TRACE_REGIONS + 1} to hold the {TRACE_REGIONS} "
-            f"regions of a warpgroup's first tile, got profile_space={env.profile_space}"
-        ),
-        kind="policy",
-    ),
-    Constraint(
-        "rows_tile",
-        ("block_rows",),
-        lambda c, env: env["rows"] % c["block_rows"] == 0,
-        lambda c, env: f"block_rows={c['block_rows']} must divide rows={env['rows']}",
-        kind="build",
-    ),
-    Constraint(
+    sc.trace_regions_fit(TRACE_REGIONS, "warpgroup"),
+    sc.tile_divides("rows_tile", "block_rows", "rows"),
+    ak.Constraint(
         "warp_rows",
         ("warps_per_row", "block_rows"),
         lambda c, env: (c["warps_per_row"] * c["block_rows"]) % WARPS == 0,
@@ -219,18 +183,17 @@ CONSTRAINTS = (
         ),
         kind="build",
     ),
-    Constraint(
-        "transfer_128b",
+    sc.copies_128b(
         ("warps_per_row", "block_rows"),
-        lambda c, env: all(is_aligned_transfer(s, env.dtype) for s in copy_shapes(c, env.problem)),
+        copy_shapes,
         lambda c, env: (
             f"a tile of block_rows={c['block_rows']} x cols={env['cols']} {env.dtype} moves "
-            f"{transfer_bytes((c['block_rows'], env['cols']), env.dtype)} bytes, not a whole "
+            f"{ak.transfer_bytes((c['block_rows'], env['cols']), env.dtype)} bytes, not a whole "
             "multiple of 128"
         ),
         kind="lowering",
     ),
-    Constraint(
+    ak.Constraint(
         "chunk_divides_segment",
         ("warps_per_row", "chunk_cols"),
         lambda c, env: env["cols"] % (c["warps_per_row"] * c["chunk_cols"]) == 0,
@@ -240,7 +203,7 @@ CONSTRAINTS = (
         ),
         kind="build",
     ),
-    Constraint(
+    ak.Constraint(
         "no_idle_buffers",
         ("block_rows", "warpgroups", "max_concurrent_steps"),
         lambda c, env: c["warpgroups"] * c["max_concurrent_steps"] <= _tiles(c, env),
@@ -251,34 +214,21 @@ CONSTRAINTS = (
         ),
         kind="policy",
     ),
-    Constraint(
+    sc.smem_fits(
         "smem_within_budget",
         ("warps_per_row", "block_rows", "warpgroups", "max_concurrent_steps"),
-        lambda c, env: (
-            smem_bytes(c, env.problem) <= env.smem_budget(block_threads=_block_threads(c))
-        ),
+        lambda c, env: smem_bytes(c, env.problem),
+        _block_threads,
         lambda c, env: (
             f"shared memory {smem_bytes(c, env.problem)} bytes (warpgroups x "
             f"max_concurrent_steps x block_rows x cols x itemsize, + barriers and scratch) "
             f"exceeds the {env.smem_budget(block_threads=_block_threads(c))}-byte budget"
         ),
-        kind="lowering",
     ),
-    Constraint(
-        "refill_needs_free_slot",
-        ("max_concurrent_steps", "refill_lag"),
-        lambda c, env: c["refill_lag"] < c["max_concurrent_steps"],
-        lambda c, env: (
-            f"refill_lag={c['refill_lag']} needs max_concurrent_steps > {c['refill_lag']}: a "
-            "lagged refill with one slot waits on a tile it has not fetched (deadlock)"
-        ),
-        kind="build",
-    ),
+    sc.refill_needs_free_slot("max_concurrent_steps"),
 )
 # Every rule's kind: the tunables' domains here, each constraint's its own.
-RULE_KINDS: dict[str, str] = {**_DOMAIN_KINDS, **{c.name: c.kind for c in CONSTRAINTS}}
-
-SPACE = Space(PARAMS, CONSTRAINTS)
+SPACE, RULE_KINDS = sc.space(PARAMS, CONSTRAINTS, _DOMAIN_KINDS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,24 +256,18 @@ class _Plan:
 
     def __post_init__(self) -> None:
         if self.warps_per_row not in (1, WARPS):
-            raise ValueError(f"{self.warps_per_row=} must be 1 or {WARPS}")
+            sc.refuse("warps_per_row_domain", f"{self.warps_per_row=} must be 1 or {WARPS}")
         if self.rows % self.block_rows:
-            raise ValueError(f"[rows_tile] {self.block_rows=} must divide {self.rows=}")
+            sc.refuse("rows_tile", f"{self.block_rows=} must divide {self.rows=}")
         if self.view_tile_rows % WARPS:
-            raise ValueError(
-                f"[warp_rows] {self.block_rows=} x {self.warps_per_row=} must be a multiple of "
-                f"{WARPS}"
-            )
+            sc.refuse("warp_rows", f"{self.block_rows=} x {self.warps_per_row=} must be a "
+                      f"multiple of {WARPS}")
         if self.cols % self.warps_per_row or self.segment_cols % self.chunk_cols:
-            raise ValueError(
-                f"[chunk_divides_segment] {self.chunk_cols=} must divide "
-                f"cols/warps_per_row = {self.cols}/{self.warps_per_row}"
-            )
-        if self.warpgroups < 1 or not 0 <= self.refill_lag < self.steps:
-            raise ValueError(
-                f"[refill_needs_free_slot] need warpgroups >= 1 and 0 <= refill_lag < "
-                f"max_concurrent_steps, got {self.warpgroups=}, {self.refill_lag=}, {self.steps=}"
-            )
+            sc.refuse("chunk_divides_segment", f"{self.chunk_cols=} must divide "
+                      f"cols/warps_per_row = {self.cols}/{self.warps_per_row}")
+        if self.warpgroups < 1:
+            sc.refuse("warpgroups_domain", f"{self.warpgroups=} must be at least 1")
+        sc.check_refill(self.refill_lag, self.steps, "max_concurrent_steps")
 
     @property
     def segment_cols(self) -> int:
@@ -346,17 +290,6 @@ class _Plan:
         return max(1, min(self.num_sms, -(-self.tiles // self.warpgroups)))
 
 
-def _num_sms(options: BuildOptions) -> int:
-    if options.num_sms is not None:
-        return options.num_sms
-    import jax
-
-    try:
-        return int(jax.devices("gpu")[0].core_count)
-    except (RuntimeError, AttributeError, IndexError):  # no GPU: the chosen device profile
-        return current_device().num_sms
-
-
 def _kernel_kwargs(fn: Callable[..., Any], **kwargs: Any) -> dict[str, Any]:
     """``out_type``/``scratch_types``, or ``out_shape``/``scratch_shapes`` where only those exist."""
     names = inspect.signature(fn).parameters
@@ -372,7 +305,7 @@ def _region(name: str, traced: bool) -> Iterator[None]:
         yield
 
 
-def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[..., Any]:
+def build(problem: ak.Problem, config: ak.Config, options: ak.BuildOptions) -> Callable[..., Any]:
     import jax
     import jax.experimental.pallas.mosaic_gpu as plgpu
     import jax.numpy as jnp
@@ -380,19 +313,14 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     from jax.experimental import pallas as pl
     from jax.experimental.mosaic.gpu import fragmented_array as fa
 
-    from autotune import _jax_compat
-
-    plan = _Plan(
-        rows=_dim(problem, "rows"),
-        cols=_dim(problem, "cols"),
-        warps_per_row=config["warps_per_row"],
-        block_rows=config["block_rows"],
-        chunk_cols=config["chunk_cols"],
-        warpgroups=config["warpgroups"],
+    plan = sc.plan(
+        _Plan,
+        config,
+        rows=sc.dim(problem, "rows"),
+        cols=sc.dim(problem, "cols"),
         steps=config["max_concurrent_steps"],
-        refill_lag=config["refill_lag"],
         approx_math=bool(config["approx_math"]),
-        num_sms=_num_sms(options),
+        num_sms=ak.launch_num_sms(options),
     )
     dtype = jnp.dtype(problem.dtype)
     nwg, steps, lag, chunk = plan.warpgroups, plan.steps, plan.refill_lag, plan.chunk_cols
@@ -526,12 +454,12 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
     params: dict[str, Any] = {"approx_math": plan.approx_math}
     if "reduction_scratch_bytes" in inspect.signature(plgpu.CompilerParams).parameters:
         params["reduction_scratch_bytes"] = REDUCTION_SCRATCH_BYTES
-    params.update(_jax_compat.profile_params(options))
+    params.update(ak.profile_params(options))
     extra: dict[str, Any] = {}
     if nwg > 1:
         extra.update(num_threads=nwg, thread_name="wg")
     if options.interpret:
-        extra["interpret"] = _jax_compat.interpret_params()
+        extra["interpret"] = ak.interpret_params()
     call = plgpu.kernel(
         body,
         grid=(plan.grid,),
@@ -557,16 +485,16 @@ def build(problem: Problem, config: Config, options: BuildOptions) -> Callable[.
 # Inputs, reference, baseline, defaults.
 
 
-def make_inputs(problem: Problem, key: Any) -> tuple[Any]:
+def make_inputs(problem: ak.Problem, key: Any) -> tuple[Any]:
     import jax
     import jax.numpy as jnp
 
     # Scale 2: a clear maximum per row and many small terms; in range for fp8 too.
-    x = 2.0 * jax.random.normal(key, (_dim(problem, "rows"), _dim(problem, "cols")), jnp.float32)
+    x = 2.0 * jax.random.normal(key, (sc.dim(problem, "rows"), sc.dim(problem, "cols")), jnp.float32)
     return (x.astype(jnp.dtype(problem.dtype)),)
 
 
-def reference(problem: Problem) -> Callable[..., Any]:
+def reference(problem: ak.Problem) -> Callable[..., Any]:
     import jax
     import jax.numpy as jnp
 
@@ -576,7 +504,7 @@ def reference(problem: Problem) -> Callable[..., Any]:
     return ref
 
 
-def baseline(problem: Problem) -> Callable[..., Any]:
+def baseline(problem: ak.Problem) -> Callable[..., Any]:
     import jax
     import jax.numpy as jnp
 
@@ -587,12 +515,12 @@ def baseline(problem: Problem) -> Callable[..., Any]:
         # XLA has no fp8 arithmetic: it computes in float32, as this kernel does.
         return jax.nn.softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)
 
-    return xla_softmax_upcast if dtype_bits(problem.dtype) == 8 else xla_softmax
+    return xla_softmax_upcast if ak.dtype_bits(problem.dtype) == 8 else xla_softmax
 
 
-def default_config(problem: Problem) -> Mapping[str, Any]:
+def default_config(problem: ak.Problem) -> Mapping[str, Any]:
     """A reasonable valid config: long rows split over warps, 16 KiB tiles, 2 x 3 slots."""
-    row_bytes = transfer_bytes((_dim(problem, "cols"),), problem.dtype)
+    row_bytes = ak.transfer_bytes((sc.dim(problem, "cols"),), problem.dtype)
     proposal = {
         "warps_per_row": WARPS if row_bytes > 16 * 1024 else 1,
         "block_rows": max(1, (16 * 1024) // row_bytes),
@@ -602,8 +530,7 @@ def default_config(problem: Problem) -> Mapping[str, Any]:
         "refill_lag": 1,
         "approx_math": True,
     }
-    # No driver call here: the run-time lookup's default (the query side) comes here too.
-    return KERNEL.bind(problem, device=current_device(ask_driver=False)).closest_valid(proposal)
+    return sc.closest_valid(KERNEL, problem, proposal)
 
 
 def shape_of(x: Any, *rest: Any) -> dict[str, int]:
@@ -611,22 +538,16 @@ def shape_of(x: Any, *rest: Any) -> dict[str, int]:
     return {"rows": int(x.shape[0]), "cols": int(x.shape[1])}
 
 
-KERNEL = Kernel(
-    name="softmax",
-    space=SPACE,
+KERNEL = sc.kernel(
+    "softmax",
+    globals(),
     shape_keys=("rows", "cols"),
     dtypes=DTYPES,
-    build=build,
-    make_inputs=make_inputs,
-    reference=reference,
     # Per element: max, subtract, exp, add (pass 1), subtract, exp, scale (pass 2) ~ 5 flops.
-    flops=lambda p: 5 * _dim(p, "rows") * _dim(p, "cols"),
-    bytes_moved=lambda p: 2 * _dim(p, "rows") * _dim(p, "cols") * p.dtype_bytes,
-    baseline=baseline,
+    flops=lambda p: 5 * sc.dim(p, "rows") * sc.dim(p, "cols"),
+    bytes_moved=lambda p: 2 * sc.dim(p, "rows") * sc.dim(p, "cols") * p.dtype_bytes,
     baseline_name="xla",
-    default_config=default_config,
     interpret_ok=True,
-    shape_of=shape_of,
     description=(
         "row softmax (Pallas Mosaic GPU): persistent in-place TMA pipeline of whole rows in "
         "shared memory, f32 in registers; tunes rows per copy, chunk, warpgroups, steps"

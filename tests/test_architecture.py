@@ -22,7 +22,9 @@ PACKAGE = REPO / "autotune"
 LAYERS: list[tuple[str, set[str]]] = [
     ("core", {"autotune", "autotune.errors", "autotune._paths", "autotune._jax_compat",
               "autotune.devices"}),
-    ("space", {"autotune.space"}),
+    # The bundled kernels (search_spaces/, loaded by name by autotune.space.kernel) and the
+    # public kernel API they import (autotune.kernels) sit in the space layer.
+    ("space", {"autotune.space", "autotune.kernels", "search_spaces"}),
     ("evaluation", {"autotune.evaluation"}),
     ("engine", {"autotune.engine"}),
     ("storage", {"autotune.storage"}),
@@ -185,3 +187,245 @@ def test_no_module_reaches_into_another_modules_private_names():
                     and not node.attr.startswith("__")):
                 bad.append(f"{module}:{node.lineno} {aliases[node.value.id]}.{node.attr}")
     assert not bad, "\n".join(bad)
+
+
+# -- Kernels: search_spaces/ and the modules loaded by name -------------------------------------
+# The bundled kernels sit in the space layer: autotune.space.kernel loads them by name. They
+# import autotune through its public kernel API only (autotune.kernels, or the root package's
+# public names), and no JAX private name.
+
+KERNEL_PACKAGE = REPO / "search_spaces"
+KERNEL_MODULES = {module_name(p): p for p in sorted(KERNEL_PACKAGE.rglob("*.py"))}
+PUBLIC_KERNEL_API = ("autotune", "autotune.kernels")
+# Modules that import others by a name computed at run time, each with the registry its
+# names come from (a dict literal at module level: key -> module name). A module loaded this
+# way is a dependency like an import, and the layer rules apply to it. The root package's
+# lazy public API (_EXPORTS) is exempt, as its imports under TYPE_CHECKING are; a user's
+# kernel (``package.module:NAME``, with --allow-import) is the user's code, not autotune's.
+DYNAMIC_IMPORTS: dict[str, str | None] = {"autotune": None, "autotune.space.kernel": "BUNDLED"}
+_DYNAMIC_CALLS = {"import_module", "__import__", "spec_from_file_location", "run_module",
+                  "run_path"}
+
+
+def _resolve(target: str, modules: dict[str, pathlib.Path]) -> str | None:
+    """The module of ``modules`` an imported name belongs to (a name of it, or a module)."""
+    while target not in modules and "." in target:
+        target = target.rsplit(".", 1)[0]
+    return target if target in modules else None
+
+
+def dynamic_import_lines(path: pathlib.Path) -> list[int]:
+    """Lines of ``path`` that import a module by a name computed at run time."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name in _DYNAMIC_CALLS:
+                lines.append(node.lineno)
+    return lines
+
+
+def registry(path: pathlib.Path, name: str) -> dict[str, str]:
+    """The dict literal assigned to ``name`` at the top level of ``path``."""
+    for node in ast.parse(path.read_text(), str(path)).body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            value = ast.literal_eval(node.value)  # type: ignore[arg-type]
+            assert isinstance(value, dict), f"{path}: {name} is not a dict literal"
+            return value
+    raise AssertionError(f"{path} assigns no {name}")
+
+
+def dependencies(module: str, modules: dict[str, pathlib.Path],
+                 dynamic: dict[str, list[str]]) -> list[tuple[str, int]]:
+    """``(module, line)`` for every module ``module`` imports, lazily or not, and every module
+    it loads by name from its registry (line 0)."""
+    found = [(t, line) for t, line, _top in imports(modules[module])]
+    found += [(t, 0) for t in dynamic.get(module, [])]
+    return [(r, line) for t, line in found if (r := _resolve(t, modules)) is not None]
+
+
+def registered_modules() -> dict[str, list[str]]:
+    """Module -> the modules it loads by name (from its registry, read with ``ast``)."""
+    return {m: sorted(set(registry(MODULES[m], reg).values()))
+            for m, reg in DYNAMIC_IMPORTS.items() if reg is not None}
+
+
+def layer_violations(modules: dict[str, pathlib.Path], dynamic: dict[str, list[str]],
+                     start: str) -> list[str]:
+    """Every module reached from ``start`` (imports, lazy ones included, and modules loaded
+    by name) that sits in a layer above ``start``'s, with the path that reaches it."""
+    own = LEVEL[layer_of(start)]
+    seen, todo, bad = {start: start}, [start], []
+    while todo:
+        module = todo.pop()
+        for target, line in dependencies(module, modules, dynamic):
+            if target in seen:
+                continue
+            seen[target] = f"{seen[module]} -> {target}" + (f" (line {line})" if line else
+                                                            " (loaded by name)")
+            if LEVEL[layer_of(target)] > own:
+                bad.append(f"{seen[target]} ({layer_of(target)})")
+            else:
+                todo.append(target)
+    return bad
+
+
+def public_api_violations(path: pathlib.Path) -> list[str]:
+    """Where a kernel module reaches autotune other than through its public kernel API, or
+    names a JAX private name."""
+    import autotune
+    import autotune.kernels
+
+    exported = {"autotune": set(autotune.__all__), "autotune.kernels": set(autotune.kernels.__all__)}
+    tree = ast.parse(path.read_text(), str(path))
+    bad, aliases, jax_aliases = [], {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                root = a.name.split(".")[0]
+                if root == "autotune":
+                    if a.name not in PUBLIC_KERNEL_API:
+                        bad.append(f"line {node.lineno}: import {a.name}")
+                    aliases[a.asname or a.name] = a.name
+                if root in JAX:
+                    jax_aliases.add(a.asname or root)
+                    if any(p.startswith("_") for p in a.name.split(".")):
+                        bad.append(f"line {node.lineno}: import {a.name} (a JAX private module)")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            root = node.module.split(".")[0]
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if root == "autotune":
+                    if full in PUBLIC_KERNEL_API:
+                        aliases[a.asname or a.name] = full
+                    elif node.module not in exported or a.name not in exported[node.module]:
+                        bad.append(f"line {node.lineno}: from {node.module} import {a.name}")
+                if root in JAX:
+                    jax_aliases.add(a.asname or a.name)
+                    if any(p.startswith("_") for p in full.split(".")):
+                        bad.append(f"line {node.lineno}: from {node.module} import {a.name} "
+                                   "(a JAX private name)")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            owner = node.value.id
+            if owner in aliases and node.attr not in exported[aliases[owner]]:
+                bad.append(f"line {node.lineno}: {aliases[owner]}.{node.attr} is not public")
+            if (owner in jax_aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                bad.append(f"line {node.lineno}: {owner}.{node.attr} (a JAX private name)")
+    return bad
+
+
+def test_every_kernel_module_is_in_the_space_layer():
+    """search_spaces/ is covered by the layer rules: each of its modules is in the space layer."""
+    assert KERNEL_MODULES, "no modules found under search_spaces/"
+    for module in KERNEL_MODULES:
+        assert layer_of(module) == "space", module
+
+
+@pytest.mark.parametrize("module", sorted(KERNEL_MODULES))
+def test_kernel_modules_import_nothing_above_the_space(module):
+    """A bundled kernel imports (lazily or not) nothing of a layer above the space: it is
+    loaded by the space layer itself."""
+    own = LEVEL[layer_of(module)]
+    modules = {**MODULES, **KERNEL_MODULES}
+    bad = [f"{module}:{line} imports {target} ({layer_of(target)})"
+           for target, line in dependencies(module, modules, {})
+           if LEVEL[layer_of(target)] > own]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", sorted(KERNEL_MODULES))
+def test_kernel_modules_use_only_the_public_kernel_api(module):
+    """A bundled kernel reaches autotune through ``autotune.kernels`` (or the root package's
+    public names) only, and names no JAX private name (those live in ``autotune._jax_compat``)."""
+    bad = public_api_violations(KERNEL_MODULES[module])
+    assert not bad, f"{module}:\n" + "\n".join(bad)
+
+
+def test_every_module_loaded_by_name_comes_from_a_registry_the_layer_test_reads():
+    """Only the modules of DYNAMIC_IMPORTS import by a computed name; a new one must name its
+    registry here, so the layer rules follow what it loads."""
+    found = {m for m, p in {**MODULES, **KERNEL_MODULES}.items() if dynamic_import_lines(p)}
+    assert found == set(DYNAMIC_IMPORTS), (
+        f"modules importing by name: {sorted(found)}; registered: {sorted(DYNAMIC_IMPORTS)}")
+
+
+def test_the_bundled_kernel_registry_names_kernel_modules_the_layers_allow():
+    """BUNDLED (read with ast, and as the running code has it) names modules of search_spaces/,
+    each in a layer the loading module may import from."""
+    import autotune.space.kernel
+
+    loaded = registered_modules()["autotune.space.kernel"]
+    assert loaded == sorted(set(autotune.space.kernel.BUNDLED.values()))
+    for target in loaded:
+        assert target in KERNEL_MODULES, f"BUNDLED names {target}, not a module of search_spaces/"
+        assert LEVEL[layer_of(target)] <= LEVEL[layer_of("autotune.space.kernel")], target
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) == "space"))
+def test_the_space_layer_reaches_no_layer_above_it_through_its_kernels(module):
+    """From each space module, every module reached (imports, lazy ones included, and the
+    kernels loaded by name, transitively) sits in the space layer or below."""
+    bad = layer_violations({**MODULES, **KERNEL_MODULES}, registered_modules(), module)
+    assert not bad, "\n".join(bad)
+
+
+def test_a_kernel_reaching_evaluation_fails_the_layer_rules(tmp_path):
+    """The checks above catch a registered kernel that imports the evaluation layer (lazily,
+    inside its build) or a private autotune module: they can fail."""
+    bad_kernel = tmp_path / "bad_kernel.py"
+    bad_kernel.write_text(
+        "import autotune.kernels as ak\n"
+        "from autotune._jax_compat import profile_params\n"
+        "def build(problem, config, options):\n"
+        "    from autotune.evaluation.lowering import lower_for_cuda\n"
+        "    return ak.Kernel, ak._private, lower_for_cuda, profile_params\n"
+    )
+    modules = {**MODULES, **KERNEL_MODULES, "search_spaces.bad_kernel": bad_kernel}
+    dynamic = registered_modules()
+    dynamic["autotune.space.kernel"] = [*dynamic["autotune.space.kernel"],
+                                        "search_spaces.bad_kernel"]
+    reached = layer_violations(modules, dynamic, "autotune.space.kernel")
+    assert reached == ["autotune.space.kernel -> search_spaces.bad_kernel (loaded by name) -> "
+                       "autotune.evaluation.lowering (line 4) (evaluation)"]
+    api = public_api_violations(bad_kernel)
+    assert any("from autotune._jax_compat import profile_params" in b for b in api), api
+    assert any("autotune.kernels._private is not public" in b for b in api), api
+    assert any("from autotune.evaluation.lowering import" in b for b in api), api
+
+
+def test_no_module_patches_jax_at_import():
+    """Importing every module of autotune/ and search_spaces/ leaves every JAX module it
+    finds loaded as it was: no attribute replaced, added or removed (submodules apart)."""
+    jax_modules = [
+        "jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pallas.mosaic_gpu",
+        "jax.experimental.pallas.ops.gpu.attention_mgpu",
+        "jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu", "jax.experimental.mosaic.gpu",
+        "jax._src.pallas.mosaic.interpret.thread_map", "jax._src.lib",
+    ]
+    # (not __main__, which runs the CLI, nor the migration scripts alembic runs)
+    ours = sorted(m for m in {**MODULES, **KERNEL_MODULES}
+                  if not m.endswith("__main__") and ".migrations" not in m)
+    code = (
+        "import importlib, sys, types\n"
+        f"for name in {jax_modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "def state():\n"
+        "    return {m: {k: id(v) for k, v in vars(mod).items()\n"
+        "                if not isinstance(v, types.ModuleType)}\n"
+        "            for m, mod in list(sys.modules.items())\n"
+        "            if m.split('.')[0] in ('jax', 'jaxlib') and mod is not None}\n"
+        "before = state()\n"
+        f"for name in {ours!r}:\n"
+        "    importlib.import_module(name)\n"
+        "after = state()\n"
+        "changed = sorted(f'{m}.{k}' for m in before for k in before[m].keys() | after[m].keys()\n"
+        "                 if before[m].get(k) != after[m].get(k))\n"
+        "assert not changed, f'changed by importing autotune: {changed}'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -29,7 +29,7 @@ import autotune
 import autotune.queries.exchange
 from autotune.cli import main
 from autotune.errors import AutotuneError, JobError
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
 from autotune.tuning.jobs import load_job
@@ -605,7 +605,7 @@ def test_injection_payloads_are_stored_verbatim_as_bound_parameters(db_url):
                         lambda conn, cursor, statement, *a: statements.append(statement))
         for i, payload in enumerate(INJECTIONS):
             problem = Problem(payload, {"m": 64 + i}, "f32")
-            result = TrialResult.failed(autotune.evaluation.trial.Outcome.COMPILE_ERROR, payload)
+            result = TrialResult.failed(autotune.space.outcomes.Outcome.COMPILE_ERROR, payload)
             store.record_trial(problem, Config(tile=payload, n=i), result,
                                device=DeviceInfo(payload, "gpu", payload[:32], payload),
                                software={"jax": payload, "extra": payload}, worker=payload,

@@ -20,8 +20,8 @@ import pytest
 
 from autotune import cli
 from autotune.cli import main
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.kernel import Kernel, bundled_kernels, register
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, PowerOfTwo, Space
 from autotune.storage.store import Store
@@ -965,7 +965,7 @@ def test_verify_prints_stored_and_retimed_speedups_and_stores_a_row(tmp_path, ca
     fake second method), the stored and re-timed speedups, their difference and the verdict in
     words; exit 0; the row is stored. A missing database exits 1; a bad --rounds exits 2."""
     from autotune.evaluation.pipeline import interpret_device_info
-    from autotune.evaluation.trial import TrialResult
+    from autotune.space.outcomes import TrialResult
     from autotune.space.problem import Config, Problem
     from autotune.storage.store import Store
     from autotune.tuning import verify

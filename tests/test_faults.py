@@ -634,7 +634,7 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
     import warnings
 
     import autotune.tuning.tuner as tuner
-    from autotune.evaluation.trial import DeviceInfo
+    from autotune.space.outcomes import DeviceInfo
     from autotune.storage.store import Store
     from tests.tuning.test_tuner import PROBLEM as TOY_PROBLEM
     from tests.tuning.test_tuner import TOY, FakeEngine, _job

@@ -171,7 +171,7 @@ def test_retime_alone_measures_an_earlier_runs_configs_once_first_and_appends(tm
 
 
 def test_a_config_whose_retime_fails_gets_retime_error_and_keeps_its_figures(tmp_path, monkeypatch):
-    from autotune.evaluation.trial import Outcome, TrialResult
+    from autotune.space.outcomes import Outcome, TrialResult
 
     first = _run(tmp_path, "--max", "4")
     broken = Config(first["results"][1]["config"]).digest()

@@ -93,7 +93,7 @@ from autotune.engine.tasks import (
     default_timeout_s,
 )
 from autotune.engine.workers import _STARTUP_TIMEOUT_S, _WorkerHandle, _WorkerPool
-from autotune.evaluation.trial import DEVICE_KINDS, DeviceInfo, DeviceKind, TrialResult
+from autotune.space.outcomes import DEVICE_KINDS, DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeout_s"]
@@ -162,7 +162,7 @@ class Engine(_TaskQueue, _WorkerPool):
       log_dir: where workers write their stdout/stderr (default: a temporary directory removed
         on :meth:`close`).
       cache: the cache policy of every timing, ``"cold"`` or ``"warm"``
-        (:mod:`autotune.evaluation.trial`); None: cold on a GPU, warm otherwise. It is the engine's
+        (:mod:`autotune.space.outcomes`); None: cold on a GPU, warm otherwise. It is the engine's
         (:attr:`cache_policy`), so a job runs on an engine made with the policy it asks for.
       keep_compiled: executables of its fastest configs each worker keeps, per problem, so
         that :meth:`confirm` times them again without compiling them again.
@@ -190,7 +190,7 @@ class Engine(_TaskQueue, _WorkerPool):
         keep_compiled: int = 5,
         compilation_cache: str | os.PathLike[str] | None = None,
     ) -> None:
-        from autotune.evaluation.trial import resolve_cache_policy
+        from autotune.space.outcomes import resolve_cache_policy
 
         if mode not in MODES:
             raise ValueError(f"Engine mode must be one of {MODES}, but got {mode!r}.")
@@ -357,12 +357,12 @@ class Engine(_TaskQueue, _WorkerPool):
         go on with the rotation.
 
         Programs are timed one after another in the order of
-        :func:`autotune.evaluation.trial.round_order` (A B C base, then B C base A, ...), each for
+        :func:`autotune.space.outcomes.round_order` (A B C base, then B C base A, ...), each for
         ``iterations`` runs in the engine's cache policy, on the worker that timed it before
         (:meth:`retime`). A program whose timing fails is not timed in later rounds; its
         later entries repeat the failure.
         """
-        from autotune.evaluation.trial import round_order
+        from autotune.space.outcomes import round_order
 
         programs: list[Config | None] = [Config(c) for c in configs]
         if baseline:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from autotune.evaluation.trial import DeviceKind
+from autotune.space.outcomes import DeviceKind
 
 
 def _cpu_count() -> int:

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.evaluation.trial import DeviceInfo
+from autotune.space.outcomes import DeviceInfo
 from autotune.space.problem import Config, Problem
 
 __all__ = [
@@ -48,7 +48,7 @@ class WorkerSpec:
     allow_import: bool
     log_level: int
     lock_path: str | None = None  # the GPU's lock file, shared by the workers of that GPU
-    cache: str = "warm"  # the cache policy of every timing (autotune.evaluation.trial)
+    cache: str = "warm"  # the cache policy of every timing (autotune.space.outcomes)
     keep_compiled: int = 5  # executables of its fastest configs a worker keeps for re-timing
     compilation_cache: str | None = None  # JAX's persistent compilation cache: its folder
 

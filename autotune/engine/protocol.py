@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Protocol
 
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = ["EngineLike"]

@@ -29,7 +29,7 @@ from autotune.engine.messages import (
     StageReached,
     TaskMsg,
 )
-from autotune.evaluation.trial import DeviceKind, Outcome, TrialResult
+from autotune.space.outcomes import DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from autotune.engine.messages import (
 )
 from autotune.engine.tasks import _ACTIVE_STAGES, _Task
 from autotune.engine.worker import _BOOT
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Problem
 
 log = logging.getLogger("autotune.engine.dispatcher")

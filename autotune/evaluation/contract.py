@@ -6,7 +6,7 @@ outcome (:func:`classify_error`), a compiled config (:class:`Compiled`) and the 
 mode (the JAX pipeline, :mod:`autotune.evaluation.pipeline`, or the fake one,
 :mod:`autotune.evaluation.fake`). No jax here.
 
-Every way a config can fail comes back as a :class:`~autotune.evaluation.trial.TrialResult` value whose
+Every way a config can fail comes back as a :class:`~autotune.space.outcomes.TrialResult` value whose
 outcome :func:`classify_error` chose from the *stage* that failed, never from an error message
 (PLATFORM.md: messages change between JAX versions):
 
@@ -40,8 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import BuildOptions, Kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = [
@@ -188,7 +188,7 @@ class Evaluator(abc.ABC):
     timing: str = ""
     iterations: int = 1
     healthy: bool = True
-    cache: str = "warm"  # the cache policy of every timing (autotune.evaluation.trial.CachePolicy)
+    cache: str = "warm"  # the cache policy of every timing (autotune.space.outcomes.CachePolicy)
 
     @abc.abstractmethod
     def device_info(self) -> DeviceInfo: ...
@@ -273,12 +273,12 @@ def make_evaluator(
 ) -> Evaluator:
     """The evaluator for an engine mode: ``"gpu"``, ``"interpret"`` or ``"fake"``.
 
-    ``cache``: the cache policy (:func:`autotune.evaluation.trial.resolve_cache_policy`; None: cold
+    ``cache``: the cache policy (:func:`autotune.space.outcomes.resolve_cache_policy`; None: cold
     on a GPU, warm otherwise).
     """
     from autotune.evaluation.fake import FakeEvaluator
     from autotune.evaluation.pipeline import GpuEvaluator, InterpretEvaluator
-    from autotune.evaluation.trial import resolve_cache_policy
+    from autotune.space.outcomes import resolve_cache_policy
 
     if mode == DeviceKind.GPU:
         return GpuEvaluator(iterations or 20, resolve_cache_policy(cache, DeviceKind.GPU).value)

@@ -28,8 +28,8 @@ from autotune.evaluation.contract import (
     _noop,
     _wrong,
 )
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = ["FakeBehaviour", "FakeEvaluator"]
@@ -113,7 +113,7 @@ class FakeEvaluator(Evaluator):
         rule: Callable[[Config], FakeBehaviour] = FakeBehaviour.from_config,
         cache: str = "warm",
     ) -> None:
-        from autotune.evaluation.trial import resolve_cache_policy
+        from autotune.space.outcomes import resolve_cache_policy
 
         self.iterations = iterations
         self.rule = rule

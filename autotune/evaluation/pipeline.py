@@ -39,8 +39,8 @@ from autotune.evaluation.contract import (
     _wrong,
 )
 from autotune.evaluation.timing import _device_ok, _time
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import DEFAULT_TOLERANCE, BuildOptions, Kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = [
@@ -254,7 +254,7 @@ def run_compiled(
 ) -> TrialResult:
     """Runs a compiled config once, checks it against ``expected``, then times it.
 
-    ``cache`` is the cache policy (:mod:`autotune.evaluation.trial`); ``cold`` with CUPTI needs
+    ``cache`` is the cache policy (:mod:`autotune.space.outcomes`); ``cold`` with CUPTI needs
     ``flush``, an :class:`autotune.evaluation.cold_timing.L2Flush`.
 
     ``timing`` is ``"cupti"`` (GPU time of the kernel's own launches, see
@@ -871,7 +871,7 @@ class InterpretEvaluator(_JaxEvaluator):
     interpret = True
 
     def __init__(self, iterations: int = 3, cache: str = "warm") -> None:
-        from autotune.evaluation.trial import resolve_cache_policy
+        from autotune.space.outcomes import resolve_cache_policy
 
         super().__init__(iterations, resolve_cache_policy(cache, DeviceKind.INTERPRET).value)
 

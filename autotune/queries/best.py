@@ -34,7 +34,7 @@ none; ``BestResult.stale`` says which, and the fallback is logged. GPU results o
 versions still come before interpret-mode ones. ``autotune revalidate`` re-measures such stale
 winners.
 
-Cache policies: times of the ``cold`` and ``warm`` policies (:mod:`autotune.evaluation.trial`)
+Cache policies: times of the ``cold`` and ``warm`` policies (:mod:`autotune.space.outcomes`)
 are never ranked together. A problem is answered from its ``cold`` results when it has any on
 the chosen device, else from its ``warm`` ones (``cache=`` picks one); ``BestResult.cache_policy``
 says which.
@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._jax_compat import installed_versions
 from autotune.errors import EmptyDatabaseError, JobError, did_you_mean
-from autotune.evaluation.trial import CACHE_POLICIES, DEVICE_KINDS, DeviceKind, plausible_us
+from autotune.space.outcomes import CACHE_POLICIES, DEVICE_KINDS, DeviceKind, plausible_us
 from autotune.space.problem import (
     Problem,
     ShapeValue,
@@ -290,7 +290,7 @@ def _first_servable(
     versions: Mapping[str, str] | None, cache: str | None = None,
 ) -> TrialRow | None:
     """The fastest ok trial with a plausible time (the one gate on times:
-    :func:`autotune.evaluation.trial.plausible_us`) whose config is valid under today's rules
+    :func:`autotune.space.outcomes.plausible_us`) whose config is valid under today's rules
     (the one check: :func:`autotune.space.validity.servable`); rows that break them are skipped
     with a warning."""
     n = 4
@@ -548,7 +548,7 @@ def results_frame(
             "results_frame needs pandas, which is not installed: pip install 'autotune[report]' "
             "(or pip install pandas)."
         ) from e
-    from autotune.evaluation.trial import Outcome
+    from autotune.space.outcomes import Outcome
 
     dtype = None if dtype is None else canonical_dtype(dtype)
     if status is not None and status not in {o.value for o in Outcome}:

@@ -44,7 +44,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import JobError
-from autotune.evaluation.trial import (
+from autotune.queries import best as best_queries
+from autotune.queries.best import _device_filter, _open, served_summaries
+from autotune.space.outcomes import (
     CACHE_POLICIES,
     DEVICE_KINDS,
     DeviceInfo,
@@ -53,8 +55,6 @@ from autotune.evaluation.trial import (
     plausible_us,
     time_problem,
 )
-from autotune.queries import best as best_queries
-from autotune.queries.best import _device_filter, _open, served_summaries
 from autotune.space.problem import Config, Problem
 from autotune.space.validity import servable
 from autotune.storage.rows import ProblemSummary

@@ -65,9 +65,9 @@ from typing import Any, NoReturn
 from autotune._jax_compat import default_backend_is_gpu
 from autotune.devices import current_device
 from autotune.errors import JobError, StorageError
-from autotune.evaluation.trial import DeviceKind
 from autotune.queries import best as queries
 from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
+from autotune.space.outcomes import DeviceKind
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import failure_reason
 from autotune.storage.urls import display_url, mask_text, read_timeout_s, resolve_url

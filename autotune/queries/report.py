@@ -38,7 +38,7 @@ from typing import Any
 from autotune._paths import output_dir, safe_path, write_output
 from autotune.devices import PROFILES, profile_for_name
 from autotune.errors import JobError, NothingTunedError
-from autotune.evaluation.trial import MAX_TIME_US, MIN_TIME_US, DeviceKind, plausible_us
+from autotune.space.outcomes import MAX_TIME_US, MIN_TIME_US, DeviceKind, plausible_us
 from autotune.storage.rows import ProblemSummary, TrialRow
 from autotune.storage.store import Store
 
@@ -312,7 +312,7 @@ class _StudyReader:
         import optuna
         import sqlalchemy.exc
 
-        from autotune.evaluation.trial import DeviceInfo, DeviceKind
+        from autotune.space.outcomes import DeviceInfo, DeviceKind
         from autotune.storage.store import failure_reason
         from autotune.tuning.tuner import study_name
 

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.evaluation.contract import Compiled, EvaluationError, Evaluator, StageHook
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.replay.ground_truth import recorded_us
 from autotune.space.kernel import Kernel, get_kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = ["ReplayEvaluator"]

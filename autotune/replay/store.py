@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.replay.ground_truth import recorded_samples
 from autotune.space.kernel import get_kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
 

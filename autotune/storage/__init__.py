@@ -2,5 +2,5 @@
 
 The schema and row values (:mod:`.schema`), database URLs (:mod:`.urls`), alembic migrations
 (:mod:`.migrations`) and the store itself (:mod:`.store`). May import :mod:`autotune.space` and
-:mod:`autotune.evaluation.trial`; never jax, never Optuna.
+:mod:`autotune.space.outcomes`; never jax, never Optuna.
 """

@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from autotune.devices import DeviceFacts
-from autotune.evaluation.trial import MAX_TIME_US, MIN_TIME_US, DeviceInfo, Outcome, TrialResult
+from autotune.space.outcomes import MAX_TIME_US, MIN_TIME_US, DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.rows import (
     TrialRow,
@@ -151,7 +151,7 @@ def _insert_or_stored(session: Session, row: Base, query: Any) -> tuple[int, boo
 
 
 def _plausible(column: Any) -> Any:
-    """The SQL form of :func:`autotune.evaluation.trial.plausible_us` on ``column``: false for
+    """The SQL form of :func:`autotune.space.outcomes.plausible_us` on ``column``: false for
     NULL, NaN (PostgreSQL sorts NaN above every number; SQLite stores it as NULL), infinities,
     zero, negative and implausible times, so that the database never ranks them first."""
     return column.between(MIN_TIME_US, MAX_TIME_US)
@@ -176,7 +176,7 @@ def _check_times(result: TrialResult) -> None:
 
 
 def _policy(cache: str) -> str:
-    from autotune.evaluation.trial import CACHE_POLICIES
+    from autotune.space.outcomes import CACHE_POLICIES
 
     if cache not in CACHE_POLICIES:
         raise ValueError(

@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.rows import (
     BaselineRow,

@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome
 from autotune.space.problem import Config, Problem
 from autotune.storage.keys import (
     _SOFTWARE_COLUMNS,

@@ -9,7 +9,7 @@ import dataclasses
 import datetime as dt
 from typing import Any, NamedTuple
 
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = [
@@ -116,7 +116,7 @@ class TrialRow:
         """``(p90 - p10) / median`` of the samples: as stored, else computed from them."""
         if self.stored_spread is not None:
             return self.stored_spread
-        from autotune.evaluation.trial import relative_spread
+        from autotune.space.outcomes import relative_spread
 
         return relative_spread(self.samples_us)
 

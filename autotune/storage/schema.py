@@ -152,7 +152,7 @@ class _Trials(Base):
     compile_s: Mapped[float | None] = mapped_column(sa.Double)
     rel_error: Mapped[float | None] = mapped_column(sa.Double)
     timing: Mapped[str] = mapped_column(sa.String(32))
-    # Revision 0003: "cold" | "warm" (autotune.evaluation.trial.CachePolicy); (p90 - p10) / median.
+    # Revision 0003: "cold" | "warm" (autotune.space.outcomes.CachePolicy); (p90 - p10) / median.
     cache_policy: Mapped[str] = mapped_column(sa.String(16), server_default="warm")
     spread: Mapped[float | None] = mapped_column(sa.Double)
     error: Mapped[str] = mapped_column(sa.Text)

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from autotune.errors import StorageError
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult, relative_spread
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult, relative_spread
 from autotune.space.problem import Config, Problem
 from autotune.storage.keys import (
     _check_aware,

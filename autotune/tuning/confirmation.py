@@ -2,10 +2,10 @@
 
 Pure functions and values: no jax, no database. When a problem's search ends, its best few
 configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in interleaved rounds
-(:func:`autotune.evaluation.trial.round_order`, ``Engine.confirm``), with more iterations;
+(:func:`autotune.space.outcomes.round_order`, ``Engine.confirm``), with more iterations;
 :func:`analyse_confirmation` turns those timings into the winner, the speedup and the tie marks:
 
-* per program, the pooled median and spread (:func:`autotune.evaluation.trial.relative_spread`) of all its
+* per program, the pooled median and spread (:func:`autotune.space.outcomes.relative_spread`) of all its
   samples, and the median of each round;
 * the *fastest* config has the lowest pooled median. For every other config ``c``, the
   per-round ratios ``r_i = median_i(c) / median_i(fastest)`` (paired: drift between rounds
@@ -39,7 +39,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.evaluation.trial import relative_spread
+from autotune.space.outcomes import relative_spread
 
 __all__ = [
     "DEFAULT_CONFIRM_TOP",

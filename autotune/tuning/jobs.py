@@ -30,8 +30,8 @@ from typing import Any
 
 from autotune._paths import check_file_name
 from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
-from autotune.evaluation.trial import CACHE_POLICIES
 from autotune.space.kernel import bundled_kernels, get_kernel
+from autotune.space.outcomes import CACHE_POLICIES
 from autotune.space.problem import Problem
 from autotune.tuning.names import SAMPLERS
 

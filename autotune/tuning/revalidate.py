@@ -28,7 +28,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 
 from autotune.engine.protocol import EngineLike
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.protocol import TrialStore
 from autotune.storage.rows import TrialRow

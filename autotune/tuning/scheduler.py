@@ -29,8 +29,8 @@ from optuna.trial import FrozenTrial
 
 from autotune._paths import LinkRefusedError, default_results_dir, output_dir, safe_path
 from autotune.engine.protocol import EngineLike
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.protocol import TrialStore
 from autotune.tuning import optuna_adapter as oa

@@ -4,7 +4,7 @@ For each problem of a job: bind the kernel's space, open (or resume) the problem
 in the same database as the results, measure the baseline once, then ask the
 :class:`~autotune.tuning.sampling.ValidSampler` for configs, hand them to the engine (which compiles
 in parallel while the GPU times one kernel at a time), and store every result as it arrives.
-When the search ends, the confirmation round (:mod:`autotune.evaluation.trial`) re-times the best
+When the search ends, the confirmation round (:mod:`autotune.space.outcomes`) re-times the best
 few configs and the baseline in interleaved rounds; the winner and the speedup come from it,
 with their spread and the tie marks, stored as rows of their own. Finally the best configs get
 a second, traced pass whose per-region times are stored too.
@@ -49,8 +49,8 @@ from autotune._paths import default_results_dir, output_dir, safe_path
 from autotune.engine.protocol import EngineLike
 from autotune.errors import JobError, NoValidConfigError, StorageError
 from autotune.evaluation.clocks import ClockSnapshot, clock_warnings, gpu_index, read_clocks
-from autotune.evaluation.trial import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.space.search_space import BoundSpace
 from autotune.storage import connection as storage_connection

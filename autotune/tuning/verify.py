@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.evaluation.trial import DeviceInfo
+from autotune.space.outcomes import DeviceInfo
 from autotune.space.problem import Config, Problem
 from autotune.tuning.confirmation import median_interval, speedup_words
 

@@ -15,7 +15,7 @@ import pytest
 from autotune.engine import dispatcher as engine_mod
 from autotune.engine.dispatcher import Engine, EngineError, default_timeout_s
 from autotune.errors import KernelNotFoundError
-from autotune.evaluation.trial import Outcome, TrialResult
+from autotune.space.outcomes import Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 FAKE = "tests.kernels_for_tests:FAKE"
@@ -660,7 +660,7 @@ def test_pipe_messages_are_frozen_dataclasses_that_pickle():
     import typing
 
     from autotune.engine import messages as m
-    from autotune.evaluation.trial import DeviceInfo
+    from autotune.space.outcomes import DeviceInfo
 
     kinds = typing.get_args(m.ToWorker) + typing.get_args(m.FromWorker)
     assert {k.__name__ for k in kinds} == {

@@ -13,8 +13,8 @@ from autotune.evaluation import contract, timing
 from autotune.evaluation import fake as fake_mod
 from autotune.evaluation import pipeline as ev
 from autotune.evaluation.contract import Stage
-from autotune.evaluation.trial import Outcome, TrialResult
 from autotune.space.kernel import get_kernel
+from autotune.space.outcomes import Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 SCALE_ADD = "tests.kernels_for_tests:SCALE_ADD"

@@ -30,7 +30,7 @@ def test_gpu_workers_get_the_pin_and_interpret_workers_do_not(tmp_path, monkeypa
     """The engine's GPU workers start with XLA_FLAGS naming one autotune folder (so every
     worker times the same baseline program); interpret workers are left alone."""
     from autotune.engine import workers
-    from autotune.evaluation.trial import DeviceKind
+    from autotune.space.outcomes import DeviceKind
 
     seen: list[dict[str, str]] = []
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from autotune import cli
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.queries.exchange import export_records, import_json, render
 from autotune.space.kernel import get_kernel
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
 
@@ -424,7 +424,7 @@ NOT_TIMES = [-5.0, 0.0, float("nan"), float("inf"), float("-inf"), 1e-300, 5e-4,
 def test_stored_times_that_are_not_times_are_never_served_exported_or_plotted(
         db_url, tmp_path, capsys, campaign):
     """Trials and a baseline whose stored times are not positive, finite and plausible (the one
-    gate, autotune.evaluation.trial.plausible_us) rank above a real 100 us trial in SQL order;
+    gate, autotune.space.outcomes.plausible_us) rank above a real 100 us trial in SQL order;
     best, the lookup, export (json, csv, python) and report skip them, and the export imports
     back (SQLite and PostgreSQL: NaN sorts first there)."""
     import sqlalchemy as sa

@@ -15,10 +15,10 @@ import pytest
 
 import autotune
 from autotune.errors import StorageError
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.queries import best as queries
 from autotune.queries import lookup
 from autotune.space.kernel import get_kernel
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
 

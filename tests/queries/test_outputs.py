@@ -14,10 +14,10 @@ import stat
 import pytest
 
 from autotune import cli
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.queries import best as queries
 from autotune.queries import outputs
 from autotune.space.kernel import get_kernel
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
 

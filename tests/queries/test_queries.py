@@ -13,9 +13,9 @@ import textwrap
 import pytest
 
 from autotune.errors import JobError
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.queries import best as queries
 from autotune.queries.best import best_config, best_result, list_results, nearest_results
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
 

@@ -15,9 +15,9 @@ import pytest
 
 from autotune import cli
 from autotune.errors import NothingTunedError
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.queries import report
 from autotune.space.kernel import Kernel, register
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Problem
 from autotune.space.search_space import Aligned, Choice, PowerOfTwo, Space
 from autotune.storage.store import Store

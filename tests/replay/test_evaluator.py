@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autotune.evaluation.contract import EvaluationError, Evaluator
-from autotune.evaluation.trial import Outcome
 from autotune.replay.evaluator import ReplayEvaluator
 from autotune.replay.ground_truth import load_ground_truth, recorded_us
+from autotune.space.outcomes import Outcome
 from autotune.space.problem import Config
 
 SMALL = "hopper_attention__batch4_causalfalse_head_dim128_heads_kv16_heads_q16_seq_kv2048_seq_q2048__float16"

@@ -111,7 +111,7 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     """--live: per problem, the trial index (in measuring order) of the final best and of the
     first results within 0.5% and 1% of it; ground truth stored with --store-ground-truth reads
     back."""
-    from autotune.evaluation.trial import DeviceInfo, TrialResult
+    from autotune.space.outcomes import DeviceInfo, TrialResult
     from autotune.space.problem import Problem
     from autotune.storage.store import Store
 
@@ -142,7 +142,7 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
 def test_live_reader_reports_when_the_served_best_was_first_measured(tmp_path):
     """--live: the served best is the confirmation round's winner, which need not be the
     fastest single measurement; its index is the trial that first measured its config."""
-    from autotune.evaluation.trial import DeviceInfo, TrialResult
+    from autotune.space.outcomes import DeviceInfo, TrialResult
     from autotune.space.problem import Problem
     from autotune.storage.store import Store
     from autotune.tuning.confirmation import Candidate, analyse_confirmation

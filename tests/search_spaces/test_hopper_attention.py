@@ -257,3 +257,42 @@ def test_kernel_declares_interpret_unsupported_and_cudnn_baseline():
     problem = _problem(_shape(causal=True))
     assert callable(KERNEL.baseline(problem))  # building it touches no device
     assert KERNEL.flops(problem) == 4 * 4 * 16 * 2048 * 2048 * 128 // 2
+
+
+def test_importing_the_kernel_leaves_attention_mgpu_as_it_was():
+    """Importing the kernel module (and the kernel API) changes nothing of JAX's
+    ``attention_mgpu``: its patch is a scoped call at trace time, not an import side effect."""
+    import subprocess
+    import sys
+
+    code = (
+        "from jax.experimental.pallas.ops.gpu import attention_mgpu as am\n"
+        "before = {k: id(v) for k, v in vars(am).items()}\n"
+        "import search_spaces.hopper_attention, autotune.kernels\n"
+        "search_spaces.hopper_attention.KERNEL.build\n"
+        "after = {k: id(v) for k, v in vars(am).items()}\n"
+        "assert before == after, sorted(k for k in before.keys() | after.keys()\n"
+        "                               if before.get(k) != after.get(k))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_attention_patch_holds_only_while_the_kernel_is_traced():
+    """Building and lowering the kernel leaves ``attention_mgpu`` as it was; inside the scope
+    the CUDA stand-in and the ``plgpu`` proxy are in place, and overlapping scopes (threads)
+    keep them until the last one closes."""
+    from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+
+    import autotune.kernels as ak
+
+    own = (am.cuda_versions, am.plgpu)
+    problem = _problem(_shape(batch=1, seq_q=256, seq_kv=256, heads_q=2, heads_kv=2, head_dim=64))
+    assert _lower(problem, KNOWN_GOOD).ok
+    assert (am.cuda_versions, am.plgpu) == own
+    with ak.patched_attention_mgpu() as patched:
+        assert patched is am and am.plgpu is not own[1] and am.cuda_versions is not None
+        with ak.patched_attention_mgpu({"profile_space": 8}):
+            assert am.plgpu is not own[1]
+        assert am.plgpu is not own[1]  # the outer scope is still open
+    assert (am.cuda_versions, am.plgpu) == own

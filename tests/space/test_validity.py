@@ -10,12 +10,12 @@ import logging
 import pytest
 
 from autotune import cli
-from autotune.evaluation.trial import DeviceInfo, TrialResult
 from autotune.queries import best as queries
 from autotune.queries import lookup
 from autotune.queries.exchange import export_records, render
 from autotune.space import validity
 from autotune.space.kernel import get_kernel
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
 

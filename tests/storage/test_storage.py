@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from autotune.errors import StorageError
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage import connection, rows, schema, urls
 from autotune.storage import store as storage

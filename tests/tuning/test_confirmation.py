@@ -36,7 +36,7 @@ def test_a_table_of_rounds_leaves_out_what_failed_in_any_round():
     """analyse_rounds (the tuner's and measurement.py's): a config that failed in one round is
     left out, a failed baseline gives no speedup, and with every config failed nothing is
     confirmed."""
-    from autotune.evaluation.trial import Outcome, TrialResult
+    from autotune.space.outcomes import Outcome, TrialResult
 
     def ok(us):
         return TrialResult.timed([us, us], compile_s=0.0, rel_error=None, timing="fake")

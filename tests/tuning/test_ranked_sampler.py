@@ -239,7 +239,7 @@ def test_auto_is_ranked_when_warm_or_the_space_is_small():
 def test_stored_history_reads_every_shape_of_the_kernel_on_the_device(tmp_path):
     """stored_history returns the kernel's results at all shapes on one device, failures
     without a time."""
-    from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
+    from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
     from autotune.storage.store import Store
 
     device = DeviceInfo(name="fake-gpu", kind="fake")
@@ -536,7 +536,7 @@ def test_a_related_winner_this_shape_refuses_is_repaired_and_goes_first_where_es
 
 def _store_user_history(store, device, problems, per_problem):
     """Stores ``per_problem`` valid configs of each of ``problems`` (one in five failed)."""
-    from autotune.evaluation.trial import Outcome, TrialResult
+    from autotune.space.outcomes import Outcome, TrialResult
 
     for p in problems:
         configs = USER_SPACE.bind(p).sample(per_problem, seed=1)
@@ -551,7 +551,7 @@ def test_stored_history_is_bounded_nearest_shapes_first_with_their_fastest(tmp_p
     """stored_history reads a bounded summary: every result of the problem itself, the nearest
     HISTORY_SHAPES other shapes only, each capped at HISTORY_PER_SHAPE with its fastest ok
     configs among them; under the caps it reads what trials() holds, in the same order."""
-    from autotune.evaluation.trial import DeviceInfo
+    from autotune.space.outcomes import DeviceInfo
     from autotune.storage import reading
     from autotune.storage.store import Store
 
@@ -618,7 +618,7 @@ def test_auto_counts_the_valid_set_only_where_the_count_decides():
 def test_other_gpus_results_are_a_labelled_prior(tmp_path):
     """On a GPU, stored_history adds the other GPUs' results of the kernel, labelled with their
     device (interpret and fake runs read their own device only); auto is then ranked."""
-    from autotune.evaluation.trial import DeviceInfo, TrialResult
+    from autotune.space.outcomes import DeviceInfo, TrialResult
     from autotune.storage.store import Store
 
     h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570")

@@ -7,8 +7,8 @@ from concurrent.futures import Future
 import pytest
 
 from autotune import cli
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.queries import best as queries
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
 from autotune.tuning.revalidate import revalidate, stale_configs

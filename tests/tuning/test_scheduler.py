@@ -25,7 +25,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.evaluation.trial import TrialResult
+from autotune.space.outcomes import TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
 from autotune.tuning import optuna_adapter, scheduler

@@ -17,8 +17,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.evaluation.trial import DeviceInfo, Outcome, TrialResult
 from autotune.space.kernel import Kernel, get_kernel, register
+from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage.store import Store

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.evaluation.trial import DeviceInfo, TrialResult
+from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import Store
 from autotune.tuning import verify as m

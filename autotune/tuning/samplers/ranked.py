@@ -65,7 +65,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.devices import current_device
 from autotune.errors import JobError
-from autotune.evaluation.trial import DeviceInfo, DeviceKind
+from autotune.space.outcomes import DeviceInfo, DeviceKind
 from autotune.space.problem import Config, Problem, dtype_bytes
 from autotune.space.search_space import Aligned, BoundSpace, Choice, PowerOfTwo
 from autotune.storage.protocol import TrialStore

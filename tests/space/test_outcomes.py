@@ -1,11 +1,11 @@
-"""The measurement vocabulary of autotune.evaluation.trial: cache policies, spread, interleaved rounds."""
+"""The measurement vocabulary of autotune.space.outcomes: cache policies, spread, interleaved rounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from autotune.evaluation import trial as m
-from autotune.evaluation.trial import CachePolicy
+from autotune.space import outcomes as m
+from autotune.space.outcomes import CachePolicy
 
 
 def test_public_api():
@@ -68,7 +68,7 @@ def test_round_order_interleaves_and_rotates():
 def test_device_kind_is_one_enum_and_a_plain_string_is_converted():
     """The device kind is a StrEnum used everywhere (it still compares and stores as its plain
     string); DeviceInfo converts a string, and refuses an unknown kind."""
-    from autotune.evaluation.trial import DEVICE_KINDS, DeviceInfo, DeviceKind
+    from autotune.space.outcomes import DEVICE_KINDS, DeviceInfo, DeviceKind
 
     assert DEVICE_KINDS == ("gpu", "interpret", "fake")
     info = DeviceInfo(name="NVIDIA H200", kind="gpu")
