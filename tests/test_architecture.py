@@ -202,7 +202,8 @@ PUBLIC_KERNEL_API = ("autotune", "autotune.kernels")
 # way is a dependency like an import, and the layer rules apply to it. The root package's
 # lazy public API (_EXPORTS) is exempt, as its imports under TYPE_CHECKING are; a user's
 # kernel (``package.module:NAME``, with --allow-import) is the user's code, not autotune's.
-DYNAMIC_IMPORTS: dict[str, str | None] = {"autotune": None, "autotune.space.kernel": "BUNDLED"}
+DYNAMIC_IMPORTS: dict[str, str | None] = {"autotune": None, "autotune.space.kernel": "BUNDLED",
+                                           "autotune.tuning.samplers": "ENTRIES"}
 _DYNAMIC_CALLS = {"import_module", "__import__", "spec_from_file_location", "run_module",
                   "run_path"}
 
@@ -248,9 +249,18 @@ def dependencies(module: str, modules: dict[str, pathlib.Path],
 
 
 def registered_modules() -> dict[str, list[str]]:
-    """Module -> the modules it loads by name (from its registry, read with ``ast``)."""
-    return {m: sorted(set(registry(MODULES[m], reg).values()))
-            for m, reg in DYNAMIC_IMPORTS.items() if reg is not None}
+    """Module -> the modules it loads by name: from its registry, read with ``ast`` where it is
+    a dict literal (BUNDLED), else from the running registry (the samplers' ENTRIES, whose
+    module paths are built from the package's name)."""
+    import importlib
+
+    found = {}
+    for m, reg in DYNAMIC_IMPORTS.items():
+        if reg == "ENTRIES":
+            found[m] = sorted({e.module for e in importlib.import_module(m).ENTRIES})
+        elif reg is not None:
+            found[m] = sorted(set(registry(MODULES[m], reg).values()))
+    return found
 
 
 def layer_violations(modules: dict[str, pathlib.Path], dynamic: dict[str, list[str]],
