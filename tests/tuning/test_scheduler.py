@@ -223,6 +223,30 @@ def test_problems_are_in_flight_together(tmp_path):
     assert all(r.best_us is not None and r.baseline_us == 150.5 for r in reports)
 
 
+
+def test_sequential_is_the_scheduler_with_one_problem_open_at_a_time(tmp_path):
+    """``run_job(sequential=True)`` runs the one loop with one problem open at a time, in job
+    order: a problem starts once the one before it is done (its confirmation round stored),
+    never two problems have configs in flight together, a problem already tuned is skipped
+    without stalling the next, and each stores exactly its budget."""
+    job = _problems(3, trials=4)
+    done_before = job.problems[1].problem
+    events = []
+    engine = SlowEngine(delay_s=0.05)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(Job("t", (job.problems[1],)), store=store, engine=FakeEngine())
+        reports = run_job(job, store=store, engine=engine, sequential=True,
+                          on_event=events.append)
+        counts = [len(store.trials(spec.problem)) for spec in job.problems]
+    first, last = job.problems[0].problem, job.problems[2].problem
+    assert engine.together == 1
+    assert engine.order == [first.digest()] * 4 + [last.digest()] * 4
+    assert [(e.kind, e.problem) for e in events if e.kind in ("start", "skip", "done")] == [
+        ("start", first), ("done", first), ("skip", done_before), ("start", last), ("done", last)]
+    assert counts == [4, 4, 4]
+    assert [r.measured_now for r in reports] == [4, 0, 4] and reports[1].skipped
+    assert all(r.best_us is not None and r.baseline_us == 150.5 for r in reports)
+
 def test_second_run_stores_nothing_more(tmp_path):
     """A second run of a job whose budget is stored asks for nothing and stores nothing."""
     url = f"sqlite:///{tmp_path}/t.db"

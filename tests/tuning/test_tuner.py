@@ -22,10 +22,9 @@ from autotune.space.kernel import Kernel, get_kernel, register
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage.store import Store
-from autotune.tuning import optuna_adapter
+from autotune.tuning import optuna_adapter, studies
 from autotune.tuning.confirmation import sized_iterations
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
-from autotune.tuning import studies
 from autotune.tuning.sampling import distributions
 from autotune.tuning.studies import WORKER_ATTR, study_name
 from autotune.tuning.tuner import run_job
