@@ -65,8 +65,10 @@ def confirm_best(
     # Below the top ones, configs the search could not tell from the fastest join the round.
     top = ranked[:n_top]
     below = ranked[n_top:]
-    top += [below[i] for i in joining_configs([(r.median_us, r.spread) for r in top],
-                                              [(r.median_us, r.spread) for r in below])]
+    # (store.best returns ok trials only, each with its median.)
+    top += [below[i] for i in joining_configs(
+        [(float(r.median_us or 0.0), r.spread) for r in top],
+        [(float(r.median_us or 0.0), r.spread) for r in below])]
     if only_if_missing:
         done = store.confirmations(problem, device_name=device.name, device_kind=device.kind,
                                    cache=policy)

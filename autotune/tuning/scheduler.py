@@ -373,12 +373,12 @@ class _Scheduler:
         safe_path(self.results_dir, "traces", problem.kernel)  # before anything is measured
 
         def skip(why: str, done: int, reason: str) -> None:
-            confirm_s = confirming.confirm_best(kernel, problem, spec, store=self.store, engine=self.engine,
-                                        device=device, software=self.software, run_id=self.run_id,
-                                        only_if_missing=True) if done else None
+            confirm_s = confirming.confirm_best(
+                kernel, problem, spec, store=self.store, engine=self.engine, device=device,
+                software=self.software, run_id=self.run_id, only_if_missing=True) if done else None
             report = build_report(kernel, problem, device, self.store, measured_now=0,
-                                     repaired=0, skipped=True, stop_reason=reason,
-                                     cache=self.policy, confirm_s=confirm_s)
+                                  repaired=0, skipped=True, stop_reason=reason,
+                                  cache=self.policy, confirm_s=confirm_s)
             self.reports[index] = report
             # The stored best (the summary's), so a resumed job's skip line does not say "best -".
             self.emit(Event("skip", problem, done, budget.trials, report.best_us, message=why))
@@ -400,7 +400,7 @@ class _Scheduler:
 
         stored_configs = [r.config for r in rows]
         sampler = problem_sampler(kernel, problem, spec, space, store=self.store, device=device,
-                                     policy=self.policy, stored_configs=stored_configs)
+                                  policy=self.policy, stored_configs=stored_configs)
         sampler.prefetch = True  # asks come as results arrive: the next proposal is made meanwhile
         study = studies.open_study(problem, device, self.storage, sampler, self.software, self.policy)
         studies.close_orphans(study, self.store, problem, device, self.policy)
@@ -458,28 +458,29 @@ class _Scheduler:
             )
             studies.tell_result(r.study, trial, result, duplicate=recorded.duplicate)
             r.measured_now += 0 if recorded.duplicate else 1
-            if result.ok and (r.best_us is None or result.median_us < r.best_us):
+            if result.ok and result.median_us is not None and (
+                    r.best_us is None or result.median_us < r.best_us):
                 r.best_us = result.median_us
             r.full = False  # the counts changed: look again before the next ask
             self.emit(Event("trial", r.problem, r.done_before + r.measured_now,
-                               r.spec.budget.trials, r.best_us,
-                               message=f"{result.outcome.value} {config.to_json()}",
-                               status=result.outcome.value, time_us=result.median_us,
-                               number=trial.number, config=dict(config),
-                               log_path=result.log_path))
+                            r.spec.budget.trials, r.best_us,
+                            message=f"{result.outcome.value} {config.to_json()}",
+                            status=result.outcome.value, time_us=result.median_us,
+                            number=trial.number, config=dict(config),
+                            log_path=result.log_path))
         # Counted until the next read of the study (which the next ask makes): so a problem
         # whose budget our own results just completed is not asked again.
         r.unread_results += len(finished)
         if finished:
             self._baseline_now(r)
-        for future in [f for f in r.side if f in done]:
-            kind, what = r.side.pop(future)
+        for side in [f for f in r.side if f in done]:
+            kind, what = r.side.pop(side)
             if kind == "baseline":
-                self._store_baseline(r, future)
+                self._store_baseline(r, side)
             elif kind == "confirm":
-                r.confirm_s = future.result()  # a database error propagates, as before
+                r.confirm_s = side.result()  # a database error propagates, as before
             else:
-                self._store_trace(r, future, what)
+                self._store_trace(r, side, what)
 
     def _store_baseline(self, r: _Run, future: Future[Any]) -> None:
         assert self.device is not None
@@ -539,11 +540,12 @@ class _Scheduler:
         studies.close_orphans(r.study, self.store, r.problem, self.device, self.policy, finished=True)
         confirm_s = r.confirm_s
         self.emit(Event("done", r.problem, r.done_before + r.measured_now,
-                           r.spec.budget.trials, r.best_us, message=r.stop_reason))
+                        r.spec.budget.trials, r.best_us, message=r.stop_reason))
         self.reports[r.index] = build_report(r.kernel, r.problem, self.device, self.store,
-                                           measured_now=r.measured_now,
-                                           repaired=r.sampler.repaired, stop_reason=r.stop_reason,
-                                           cache=self.policy, confirm_s=confirm_s)
+                                             measured_now=r.measured_now,
+                                             repaired=r.sampler.repaired,
+                                             stop_reason=r.stop_reason,
+                                             cache=self.policy, confirm_s=confirm_s)
 
     def _submit_traces(self, r: _Run) -> None:
         """In-kernel traces of the ``trace_top_k`` best configs not traced yet (GPU only)."""
@@ -590,7 +592,8 @@ def _trace_now(engine: EngineLike, *args: Any) -> Future[Any]:
 def _submit_baseline(engine: EngineLike, problem: Problem) -> Future[TrialResult]:
     """The engine's baseline without waiting; an engine without ``submit_baseline`` (a test
     double) measures it at once."""
-    submit = getattr(engine, "submit_baseline", None)
+    submit: Callable[[str, Problem], Future[TrialResult]] | None = getattr(
+        engine, "submit_baseline", None)
     if submit is not None:
         return submit(problem.kernel, problem)
     future: Future[TrialResult] = Future()

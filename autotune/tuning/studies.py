@@ -185,7 +185,7 @@ def age_s(start: Any) -> float:
     if start is None:
         return float("inf")
     now = dt.datetime.now(start.tzinfo) if start.tzinfo else dt.datetime.now()
-    return (now - start).total_seconds()
+    return float((now - start).total_seconds())
 
 
 _last_beat: dict[tuple[int, int], float] = {}  # (storage, trial id) -> last heartbeat written
@@ -219,7 +219,7 @@ def _heartbeat_storage(study: optuna.Study) -> Any:
     return oa.heartbeat_storage(study)
 
 
-def new_trial(study: optuna.Study, dists: Mapping) -> optuna.trial.Trial:
+def new_trial(study: optuna.Study, dists: Mapping[str, Any]) -> optuna.trial.Trial:
     """``study.ask(dists)``, with the trial created already tagged with its owner (one
     transaction): a process killed anywhere in between leaves no RUNNING trial of unknown
     owner, which no later run could safely close."""

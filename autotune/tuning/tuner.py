@@ -21,10 +21,9 @@ import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import optuna
 import sqlalchemy.exc
@@ -58,17 +57,15 @@ logger = logging.getLogger(__name__)
 JOB_SWITCH_INTERVAL_S = 0.0005
 
 
+# Jobs that overlap on threads of one process share the short interval; the last one out
+# restores the one from before.
 _SWITCH_LOCK = threading.Lock()
-
-
 _SWITCH_USERS = 0
-
-
 _SWITCH_BEFORE = 0.0
 
 
 @contextlib.contextmanager
-def job_switch_interval() -> Any:
+def job_switch_interval() -> Iterator[None]:
     """Python's switch interval at :data:`JOB_SWITCH_INTERVAL_S` while the block runs, then as it
     was; jobs that overlap in one process (threads) share it, and the last one out restores it."""
     global _SWITCH_USERS, _SWITCH_BEFORE
