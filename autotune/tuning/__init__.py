@@ -1,9 +1,12 @@
 """Tuning: proposals from Optuna, run over the engine, stored in the store.
 
 The one module that touches Optuna's private names (:mod:`.optuna_adapter`), the samplers
-(:mod:`.sampling`, :mod:`.ranked_sampler`, :mod:`.trial_index`), job files (:mod:`.jobs`), the
-runner and scheduler (:mod:`.tuner`, :mod:`.scheduler`), the confirmation round
-(:mod:`.confirmation`) and revalidation (:mod:`.revalidate`). May import every package below it.
+(:mod:`.sampling`, :mod:`.ranked_sampler`, :mod:`.trial_index`), job files (:mod:`.jobs`), a job
+run (:mod:`.tuner`) around the one run loop (:mod:`.scheduler`) and what the loop builds on:
+the shared studies (:mod:`.studies`), a problem's sampler and seeds (:mod:`.seeding`), the
+confirmation round (:mod:`.confirmation`, pure; run by :mod:`.confirming`), the reports
+(:mod:`.reports`) and a result's provenance (:mod:`.provenance`); and revalidation
+(:mod:`.revalidate`). May import every package below it.
 """
 
 # The sampler names (:mod:`.names`, a static list), here too so that the command line lists
