@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from autotune.engine.dispatcher import Engine
     from autotune.progress import Progress
     from autotune.storage.store import Store
-    from autotune.tuning.tuner import Event, ProblemReport
+    from autotune.tuning.reports import Event, ProblemReport
 
 __all__ = ["tune", "detect_device", "open_engine", "count_gpus", "compilation_cache_folder"]
 
@@ -185,7 +185,7 @@ def tune(
         better one (0: never; None: the default, 24).
       db: a SQLAlchemy URL; default ``$AUTOTUNE_DB`` or ``sqlite:///results/autotune.db``.
       device: "auto" (GPU if present, else interpret mode), "gpu" or "interpret".
-      on_event: called with each :class:`~autotune.tuning.tuner.Event` (an observer, as in
+      on_event: called with each :class:`~autotune.tuning.reports.Event` (an observer, as in
         :mod:`autotune.progress`).
       progress: show a live progress bar per problem where a person is watching (stderr is a
         terminal, or a Jupyter kernel runs this); ``False`` shows nothing.
@@ -196,7 +196,7 @@ def tune(
         spaces. A GPU the driver reports is used as it is.
 
     Returns:
-      One :class:`~autotune.tuning.tuner.ProblemReport` per problem: ``best_config``, ``best_us``,
+      One :class:`~autotune.tuning.reports.ProblemReport` per problem: ``best_config``, ``best_us``,
       ``baseline_us``, ``speedup``, ``tflops``, ``gbps``, ``by_status`` (trials per outcome).
 
     Results are stored as they come; calling again resumes, measuring nothing twice.

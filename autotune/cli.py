@@ -1113,7 +1113,7 @@ def _verify(args: argparse.Namespace) -> int:
     from autotune.evaluation.independent import CUPTI_METHOD, METHOD
     from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
     from autotune.storage.store import Store
-    from autotune.tuning.tuner import software_versions
+    from autotune.tuning.provenance import software_versions
     from autotune.tuning.verify import timing_on_this_machine, verify
 
     for flag, value, low in (("--rounds", args.rounds, 1), ("--calls", args.calls, 1),

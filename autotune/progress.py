@@ -1,7 +1,7 @@
 """Progress of a tuning job, drawn for people or written for machines.
 
-The runner (``autotune.tuning.tuner``, and any scheduler that runs problems side by side) reports
-what happens as :class:`~autotune.tuning.tuner.Event` values to one callable, an *observer*; it never
+The run loop (``autotune.tuning.scheduler``, which runs problems side by side) reports what
+happens as :class:`~autotune.tuning.reports.Event` values to one callable, an *observer*; it never
 prints. This module holds the observers the CLI and :func:`autotune.tune` use:
 
 * :class:`BarProgress`: on a terminal, one live tqdm bar per problem (several problems in

@@ -17,10 +17,10 @@ empty), with a new engine, and prints:
   first trial stored;
 * per problem: trials stored, best, baseline and speedup.
 
-``--sequential`` runs the earlier behaviour (one problem after another,
-``run_job(sequential=True)``); ``--compare`` runs both, each on its own fresh database and
-engine (the scheduler first), and prints both and their ratios, with each problem's best of the
-two (the quality goal: within 0.5%). The persistent compilation cache is off unless
+``--sequential`` runs one problem after another (``run_job(sequential=True)``: the same
+scheduler with one problem open at a time, in job order); ``--compare`` runs both, each on its
+own fresh database and engine (the scheduler first), and prints both and their ratios, with
+each problem's best of the two (the quality goal: within 0.5%). The persistent compilation cache is off unless
 ``--compilation-cache DIR`` names its folder: run twice on one folder, the second run shows what
 the cache saves (with ``--compare``, the sequential run would profit from the scheduled one's
 compiles). ``--keep-db DIR`` keeps each run's database. JSON of everything goes to ``--out``,

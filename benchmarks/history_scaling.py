@@ -18,7 +18,7 @@ database already filled to the size is reused (``--refill`` rebuilds it).
 Then, each in a fresh child process (its own CPU time and peak memory, from ``os.wait4``):
 
 * ``first proposal``: the tuner's path for a new shape of the kernel with ``auto``
-  (``tuning.tuner.problem_sampler``: related winners, the stored history, the sampler, then the
+  (``tuning.seeding.problem_sampler``: related winners, the stored history, the sampler, then the
   study on SQLite and its first ``ask``): wall and CPU seconds of that step, the child's peak
   RSS, and tracemalloc's peak of the step (in a second child, as tracemalloc slows it);
 * ``best``: ``python3 -m autotune best`` of one stored shape (CPU s, peak RSS);
@@ -173,7 +173,7 @@ def child_first_proposal(url: str, trace: bool) -> dict:
 
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
-    from autotune.tuning import tuner
+    from autotune.tuning import seeding, studies
     from autotune.tuning.jobs import Budget, ProblemSpec
     from autotune.tuning.sampling import distributions
 
@@ -184,13 +184,13 @@ def child_first_proposal(url: str, trace: bool) -> dict:
     space = kernel.valid_space(problem)
     spec = ProblemSpec(problem, Budget(trials=10), sampler="auto")
     with tempfile.TemporaryDirectory() as tmp, Store(url) as store:
-        storage = tuner.optuna_storage(f"sqlite:///{tmp}/study.db")
+        storage = studies.optuna_storage(f"sqlite:///{tmp}/study.db")
         if trace:
             tracemalloc.start()
         wall, cpu = time.perf_counter(), time.process_time()
-        sampler = tuner.problem_sampler(kernel, problem, spec, space, store=store, device=device,
-                                        policy="warm", stored_configs=[])
-        study = tuner.open_study(problem, device, storage, sampler, SOFTWARE, "warm")
+        sampler = seeding.problem_sampler(kernel, problem, spec, space, store=store, device=device,
+                                          policy="warm", stored_configs=[])
+        study = studies.open_study(problem, device, storage, sampler, SOFTWARE, "warm")
         trial = study.ask(distributions(space))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         peak = tracemalloc.get_traced_memory()[1] if trace else None
@@ -271,7 +271,7 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
     from optuna.trial import FrozenTrial, TrialState
 
     from autotune.space.kernel import get_kernel
-    from autotune.tuning import optuna_adapter, scheduler, tuner
+    from autotune.tuning import optuna_adapter, scheduler, studies
     from autotune.tuning.jobs import Budget, ProblemSpec
     from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler
 
@@ -286,7 +286,7 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
         return 100.0 * math.exp(0.3 * rng.gauss(0.0, 1.0)) + c["tile_k"] / 64
 
     with tempfile.TemporaryDirectory() as tmp:
-        storage = tuner.optuna_storage(f"sqlite:///{tmp}/study.db")
+        storage = studies.optuna_storage(f"sqlite:///{tmp}/study.db")
         sampler = valid_sampler(sampler_name, space, seed=0)
         sampler.prefetch = prefetch
         study = optuna.create_study(storage=storage, sampler=sampler, direction="minimize",
@@ -319,7 +319,7 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
             cpu.append((time.thread_time() - c) * 1000)
             assert asked is not None, "the ask was refused"
             trial, config = asked
-            tuner.tell_result(study, trial, _result(rng, 100.0), duplicate=False)
+            studies.tell_result(study, trial, _result(rng, 100.0), duplicate=False)
             time.sleep(gap_s)
     wall.sort()
     cpu.sort()

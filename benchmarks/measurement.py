@@ -218,7 +218,7 @@ def measure_policy(args: argparse.Namespace, policy: str, problems: list[tuple[A
                 counts.append(sized_iterations(baseline.median_us, args.confirm_iterations))
                 entry["confirm_iterations"] = counts
                 default = kernel.default_config(problem) if kernel.default_config else None
-                # As the tuner does (tuner.confirm_best): --rounds, or adaptive rounds.
+                # As the tuner does (confirming.confirm_best): --rounds, or adaptive rounds.
                 table = timed_rounds(
                     functools.partial(_time_rounds, engine, kernel, problem, ok, counts),
                     functools.partial(_analyse, ok, default), args.rounds)

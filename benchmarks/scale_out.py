@@ -52,7 +52,7 @@ from autotune.replay.sim_kernels import QUICK  # noqa: E402
 from autotune.space.outcomes import DeviceInfo, TrialResult  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.storage.store import Store  # noqa: E402
-from autotune.tuning import tuner  # noqa: E402
+from autotune.tuning import studies, tuner  # noqa: E402
 from autotune.tuning.jobs import Budget, Job, ProblemSpec  # noqa: E402
 from autotune.tuning.trial_index import OUTCOME_ATTR  # noqa: E402
 
@@ -171,14 +171,14 @@ def run(args: argparse.Namespace, runners: int, counter: Counter) -> dict[str, A
                         sampler=args.sampler, seed=i, trace_top_k=0)
             for i in range(args.problems)))
         store = Store(url)  # creates the schema once, before the clock
-        # One Optuna storage for every runner thread, as tuner.optuna_storage makes it, with a
+        # One Optuna storage for every runner thread, as studies.optuna_storage makes it, with a
         # pool large enough for 64 threads on a small machine (they wait for the GIL, not PG).
         with warnings.catch_warnings():  # heartbeat_interval is "experimental" since 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             storage = optuna.storages.RDBStorage(
                 store.url, engine_kwargs={"pool_size": 30, "max_overflow": 0,
                                           "pool_timeout": 600, "pool_pre_ping": True},
-                heartbeat_interval=tuner.HEARTBEAT_S, grace_period=tuner.GRACE_S)
+                heartbeat_interval=studies.HEARTBEAT_S, grace_period=studies.GRACE_S)
         real = tuner.optuna_storage
         tuner.optuna_storage = lambda _url: storage  # one pool for every runner thread
         errors: list[BaseException] = []

@@ -266,9 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         socket.gethostname = lambda: opts.hostname
     if opts.grace_s is not None:
-        import autotune.tuning.tuner
+        import autotune.tuning.studies
 
-        autotune.tuning.tuner.GRACE_S = opts.grace_s
+        autotune.tuning.studies.GRACE_S = opts.grace_s
 
     if opts.kill_on_sql:
         pattern = re.compile(opts.kill_on_sql, re.IGNORECASE)

@@ -169,7 +169,7 @@ def test_the_optuna_private_names_stay_in_tuning():
 
 def test_no_module_reaches_into_another_modules_private_names():
     """``module._name`` is that module's own: no autotune module reads an underscore name of
-    another autotune module it imports as a module (the scheduler uses the tuner's
+    another autotune module it imports as a module (the scheduler uses the study module's
     non-underscore interface)."""
     bad = []
     for module, path in MODULES.items():
@@ -439,3 +439,117 @@ def test_no_module_patches_jax_at_import():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# -- one run loop (docs/architecture.md, "One run loop") ----------------------------------------
+
+# The steps of a run loop, by the names of the calls that make them: ask a study for a trial,
+# submit its config to the engine, store the result, tell the study. A module that calls one
+# name of every step runs a loop of its own.
+RUN_LOOP_STEPS = {
+    "ask": {"new_trial", "ask"},
+    "submit": {"submit"},
+    "record": {"record_trial", "record_trials"},
+    "tell": {"tell_result", "tell"},
+}
+RUN_LOOP = "autotune.tuning.scheduler"
+# The modules of the run: the loop, the job's frame around it, and what the loop builds on.
+RUN_MODULES = ["autotune.tuning.tuner", "autotune.tuning.scheduler", "autotune.tuning.studies",
+               "autotune.tuning.reports", "autotune.tuning.confirming", "autotune.tuning.seeding",
+               "autotune.tuning.provenance"]
+
+
+def called_names(path: pathlib.Path) -> set[str]:
+    """The names a module calls: ``f(...)`` gives ``f``, ``x.f(...)`` gives ``f``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name):
+                names.add(node.func.id)
+            elif isinstance(node.func, ast.Attribute):
+                names.add(node.func.attr)
+    return names
+
+
+def run_loops(paths: dict[str, pathlib.Path]) -> list[str]:
+    """The modules that call a name of every step of a run loop."""
+    return sorted(m for m, path in paths.items()
+                  if all(called_names(path) & names for names in RUN_LOOP_STEPS.values()))
+
+
+def _imported_modules(module: str) -> set[str]:
+    """The autotune modules ``module`` imports, lazily or not (TYPE_CHECKING left out)."""
+    out = set()
+    for target, _line, _top in imports(MODULES[module]):
+        if target.startswith("autotune"):
+            while target not in MODULES and "." in target:
+                target = target.rsplit(".", 1)[0]
+            out.add(target)
+    return out - {module}
+
+
+def _reachable(start: str) -> set[str]:
+    """Every autotune module ``start`` imports, transitively, lazy imports included."""
+    seen: set[str] = set()
+    todo = list(_imported_modules(start))
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(_imported_modules(module))
+    return seen
+
+
+def test_there_is_one_run_loop():
+    """Ask -> submit -> record -> tell happens in the scheduler alone: no other module calls
+    every step (the sequential runner that tuner.py held was a second loop, and this check
+    finds it there), and the study's ask and tell (``studies.new_trial``,
+    ``studies.tell_result``) are called from the scheduler only."""
+    assert run_loops(MODULES) == [RUN_LOOP]
+    callers = {step: sorted(m for m, path in MODULES.items()
+                            if m != "autotune.tuning.studies" and step in called_names(path))
+               for step in ("new_trial", "tell_result")}
+    assert callers == {"new_trial": [RUN_LOOP], "tell_result": [RUN_LOOP]}
+
+
+def test_the_run_loop_check_finds_a_second_loop(tmp_path):
+    """The check above is not vacuous: a module that asks, submits, records and tells (the
+    shape of the sequential loop tuner.py once held) is found as a run loop."""
+    second = tmp_path / "second.py"
+    second.write_text(
+        "def tune(study, engine, store, dists):\n"
+        "    trial = new_trial(study, dists)\n"
+        "    result = engine.submit('k', None, trial.params).result()\n"
+        "    recorded = store.record_trial(None, trial.params, result)\n"
+        "    tell_result(study, trial, result, duplicate=recorded.duplicate)\n")
+    paths = {RUN_LOOP: MODULES[RUN_LOOP], "second": second}
+    assert run_loops(paths) == [RUN_LOOP, "second"]
+
+
+def test_the_queries_never_import_the_runner():
+    """The query side reads studies through ``tuning.studies`` and never reaches the job
+    runner or the scheduler, directly, lazily or through another module."""
+    runner = {"autotune.tuning.tuner", "autotune.tuning.scheduler"}
+    bad = {m: sorted(_reachable(m) & runner) for m in MODULES
+           if any(m.startswith(q) for q in QUERY_SIDE)}
+    assert not {m: r for m, r in bad.items() if r}, bad
+
+
+def test_the_study_module_needs_neither_jax_the_engine_nor_the_evaluation():
+    """``tuning.studies`` (what queries may import for study names and heartbeats) reaches no
+    module of the engine or the evaluation, and no jax, even through lazy imports."""
+    reached = _reachable("autotune.tuning.studies")
+    heavy = sorted(m for m in reached
+                   if m.startswith(("autotune.engine", "autotune.evaluation")))
+    assert not heavy, heavy
+    external = {t.split(".")[0] for m in reached | {"autotune.tuning.studies"}
+                for t, _line, _top in imports(MODULES[m]) if not t.startswith("autotune")}
+    assert not external & set(JAX), external
+
+
+def test_the_run_modules_import_one_way():
+    """No module of the run (the job frame, the loop, the pieces below it) lies on an import
+    cycle: the tuner imports the scheduler, never the other way."""
+    assert "autotune.tuning.tuner" not in _reachable(RUN_LOOP)
+    cyclic = [m for m in RUN_MODULES if m in _reachable(m)]
+    assert not cyclic, cyclic

@@ -633,30 +633,32 @@ def test_a_trial_never_tagged_with_its_owner_is_freed_after_the_grace_period(tmp
     is GRACE_S old, so its config is measured after all."""
     import warnings
 
-    import autotune.tuning.tuner as tuner
     from autotune.space.outcomes import DeviceInfo
     from autotune.storage.store import Store
+    from autotune.tuning import studies
+    from autotune.tuning.sampling import distributions
+    from autotune.tuning.tuner import run_job
     from tests.tuning.test_tuner import PROBLEM as TOY_PROBLEM
     from tests.tuning.test_tuner import TOY, FakeEngine, _job
 
     url = f"sqlite:///{tmp_path}/t.db"
     device = DeviceInfo(name="fake-gpu", kind="fake")
-    study = optuna.create_study(study_name=tuner.study_name(TOY_PROBLEM, device),
-                                storage=tuner.optuna_storage(url))
+    study = optuna.create_study(study_name=studies.study_name(TOY_PROBLEM, device),
+                                storage=studies.optuna_storage(url))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        untagged = study.ask(tuner.distributions(TOY.valid_space(TOY_PROBLEM)))
+        untagged = study.ask(distributions(TOY.valid_space(TOY_PROBLEM)))
     def state() -> TrialState:
         return optuna.load_study(study_name=study.study_name, storage=url).trials[
             untagged.number].state
 
     with Store(url) as store:
         # What every runner does on opening a problem and while it waits for others' trials.
-        tuner.close_orphans(study, store, TOY_PROBLEM, device)
+        studies.close_orphans(study, store, TOY_PROBLEM, device)
         assert state() == TrialState.RUNNING
-        monkeypatch.setattr(tuner, "GRACE_S", 1)
+        monkeypatch.setattr(studies, "GRACE_S", 1)
         time.sleep(1.2)
-        (report,) = tuner.run_job(_job(5), store=store, engine=FakeEngine())
+        (report,) = run_job(_job(5), store=store, engine=FakeEngine())
     assert state() == TrialState.FAIL and report.measured_now == 5
 
 

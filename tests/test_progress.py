@@ -20,7 +20,7 @@ from autotune.progress import (
     make_progress,
 )
 from autotune.space.problem import Problem
-from autotune.tuning.tuner import Event
+from autotune.tuning.reports import Event
 
 P = Problem("softmax", {"rows": 64, "cols": 512}, "float32")
 

@@ -314,7 +314,7 @@ class _StudyReader:
 
         from autotune.space.outcomes import DeviceInfo, DeviceKind
         from autotune.storage.store import failure_reason
-        from autotune.tuning.tuner import study_name
+        from autotune.tuning.studies import study_name
 
         # The study's name reads the device's name only; the kind must still be a real one.
         name = name or study_name(problem, DeviceInfo(device, DeviceKind.GPU))

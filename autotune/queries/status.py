@@ -61,8 +61,8 @@ def job_status(job: Job, store: Store) -> JobStatus:
     import optuna
 
     from autotune.storage.store import failure_reason
-    from autotune.tuning import tuner
     from autotune.tuning.optuna_adapter import has_studies_table
+    from autotune.tuning.studies import optuna_storage, running_owners
 
     summaries = {(s.problem, s.device): s for s in store.summaries()}
     storage: Any = None
@@ -71,7 +71,7 @@ def job_status(job: Job, store: Store) -> JobStatus:
         # Without Optuna's tables (a database only `autotune import` wrote) there are no
         # studies, and opening Optuna's storage would try to create its tables.
         if has_studies_table(store.engine):
-            storage = tuner.optuna_storage(store.url)
+            storage = optuna_storage(store.url)
             names = set(optuna.get_all_study_names(storage=storage))
     except Exception as e:  # noqa: BLE001 - any database failure, worded once
         raise StorageError(f"Could not read the Optuna studies in {store!r}: {failure_reason(e)}.") from e
@@ -80,7 +80,7 @@ def job_status(job: Job, store: Store) -> JobStatus:
     for spec in job.problems:
         problem, budget = spec.problem, spec.budget.trials
         # Its studies: readable names (``problem @ device``, ``... | cold``) and the older
-        # ``autotune|key|device[|cold]`` ones (autotune.tuning.tuner.study_name).
+        # ``autotune|key|device[|cold]`` ones (autotune.tuning.studies.study_name).
         studies: dict[str, list[str]] = {}
         readable, legacy = f"{problem} @ ", f"autotune|{problem.key()}|"
         for n in names:
@@ -98,7 +98,7 @@ def job_status(job: Job, store: Store) -> JobStatus:
             in_flight = stale = 0
             for name in studies.get(device, []):
                 study = optuna.load_study(study_name=name, storage=storage)
-                for owner, is_stale in tuner.running_owners(study):
+                for owner, is_stale in running_owners(study):
                     if is_stale:
                         stale += 1
                         continue

@@ -139,13 +139,13 @@ def revalidate(
       kernel: only this kernel's problems.
       top: stale configs re-measured per problem, the old winner first.
       software: the versions to store the new trials under; default: this process's
-        (:func:`autotune.tuning.tuner.software_versions`).
+        (:func:`autotune.tuning.provenance.software_versions`).
       on_result: called with each re-measured config as it is stored.
     """
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"top must be a positive integer, but got {top!r}.")
     if software is None:
-        from autotune.tuning.tuner import software_versions
+        from autotune.tuning.provenance import software_versions
 
         software = software_versions()
     software = dict(software)

@@ -1,5 +1,7 @@
-"""The scheduler: every problem of a job in flight together on one engine, and one job shared by
-any number of processes and hosts through one database (docs/scheduling.md).
+"""The run loop: ask, submit, store, tell. Every problem of a job in flight together on one
+engine (or one after another, ``one_at_a_time``), and one job shared by any number of processes
+and hosts through one database (docs/scheduling.md). It is the only loop that asks a study for
+trials and tells it results (``tests/test_architecture.py`` checks that no second one appears).
 
 One thread runs the loop: open the problems (one per pass, so the first trial is submitted as
 soon as the first problem is open), keep ``engine.parallelism`` configs in flight by asking the
@@ -7,7 +9,10 @@ problem that needs workers most, store and tell each result as it arrives, and i
 problem's baseline and traces with the trials. Budgets (``trials``, ``seconds``, ``patience``)
 are counted in the problem's Optuna study, which every process shares: a trial is admitted only
 while fewer than ``trials`` trials numbered before it count (measured or in flight), so N hosts
-store exactly the budget.
+store exactly the budget. What it builds on sits below it: the study's bookkeeping
+(:mod:`.studies`), a problem's sampler and seeds (:mod:`.seeding`), the confirmation round
+(:mod:`.confirming`), the reports (:mod:`.reports`); the job's frame around it is
+:func:`autotune.tuning.tuner.run_job`.
 
 Why one piece (over 400 lines): one loop (:func:`run_scheduled`) and the per-problem run state
 it drives; its steps (open, ask, submit, collect, confirm) share that state and the engine's
@@ -17,6 +22,7 @@ futures.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,17 +39,20 @@ from autotune.space.kernel import Kernel, get_kernel
 from autotune.space.outcomes import DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.protocol import TrialStore
+from autotune.tuning import confirming, studies
 from autotune.tuning import optuna_adapter as oa
-from autotune.tuning import tuner as _t
 from autotune.tuning.jobs import Job, ProblemSpec
+from autotune.tuning.provenance import cache_policy_of, software_versions, utc
+from autotune.tuning.reports import Event, ProblemReport, build_report
 from autotune.tuning.sampling import (
     ExhaustedError,
     ValidSampler,
     distributions,
 )
+from autotune.tuning.seeding import problem_sampler
 from autotune.tuning.trial_index import TrialIndex
 
-__all__ = ["run_scheduled", "POLL_S"]
+__all__ = ["run_scheduled", "next_to_ask", "POLL_S", "TRACE_PROFILE_SPACE"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +67,8 @@ MAX_POLL_S = 30.0
 AFFINITY_SLACK = 1
 # How often the loop looks again while slots are free only because samplers are making ready.
 SAMPLER_POLL_S = 0.02
+# Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
+TRACE_PROFILE_SPACE = 64
 
 
 @dataclasses.dataclass(eq=False)
@@ -112,7 +123,7 @@ class _Run:
         if budget.patience and index.stagnated(budget.patience):
             return f"no better config in the last {budget.patience} trials (patience)"
         if budget.seconds is not None and index.first_start is not None:
-            if _t.age_s(index.first_start) >= budget.seconds:
+            if studies.age_s(index.first_start) >= budget.seconds:
                 return f"time budget ({budget.seconds:g} s) spent"
         return ""
 
@@ -129,8 +140,10 @@ class _Run:
         """One admitted trial and its config; None when the shared budget or the space says
         no (then ``full`` or ``stop_reason`` says which).
 
-        As ``tuner._ask``, with the twin check on the index: a trial that sees an earlier
-        trial holding its config steps back and asks again.
+        Two processes can be handed the same config at the same moment (each proposes before
+        the other's params are stored): a trial that sees an earlier trial holding its config
+        (the twin check, on the index) steps back and asks again, so of any two such trials the
+        one that checks last sees the other, and never both measure the same config.
         """
         self.stop_reason = self.stop_rule()
         if self.stop_reason:
@@ -140,11 +153,11 @@ class _Run:
             return None
         for _ in range(16):
             try:
-                trial = _t.new_trial(self.study, self.dists)
+                trial = studies.new_trial(self.study, self.dists)
             except ExhaustedError:
                 trial_id = self.sampler.exhausted_trial_id
                 if trial_id is not None:
-                    _t.release_trial(self.study, oa.trial_number(self.study, trial_id))
+                    studies.release_trial(self.study, oa.trial_number(self.study, trial_id))
                 self.refresh()
                 if self.tally.running:
                     self.full = True  # others' configs in flight may yet be freed
@@ -155,11 +168,11 @@ class _Run:
             self.refresh()  # after the ask: every trial numbered before ours is visible
             twins = [n for n in self.tally.holders(self.space.key(config)) if n != trial.number]
             if twins:
-                _t.release_trial(self.study, trial)
-                self.sampler.diverge(f"{_t.worker_id()}:{trial.number}")
+                studies.release_trial(self.study, trial)
+                self.sampler.diverge(f"{studies.worker_id()}:{trial.number}")
                 continue
             if not self._admitted(trial):
-                _t.release_trial(self.study, trial)
+                studies.release_trial(self.study, trial)
                 self.full = True
                 return None
             return trial, config
@@ -197,21 +210,23 @@ class _Scheduler:
         engine: EngineLike,
         storage: optuna.storages.BaseStorage,
         results_dir: str | Path,
-        on_event: Callable[[_t.Event], None] | None,
+        on_event: Callable[[Event], None] | None,
         allow_import: bool,
         run_id: int | None = None,
+        one_at_a_time: bool = False,
     ) -> None:
         self.job, self.store, self.engine, self.storage = job, store, engine, storage
         self.run_id = run_id
-        self.policy = _t.cache_policy_of(engine)  # every store read and write keeps to it
+        self.one_at_a_time = one_at_a_time
+        self.policy = cache_policy_of(engine)  # every store read and write keeps to it
         self.results_dir = results_dir
         self.emit = on_event or (lambda e: None)
         self.allow_import = allow_import
         self.device: DeviceInfo | None = None
         # From package metadata (no jax import): stored with every result and baseline.
-        self.software = _t.software_versions()
+        self.software = software_versions()
         self.runs: list[_Run] = []
-        self.reports: dict[int, _t.ProblemReport] = {}
+        self.reports: dict[int, ProblemReport] = {}
         # Confirmation rounds run here, one at a time, so that the loop goes on asking and
         # storing for the other problems meanwhile (a round takes about a second on the H200).
         self._confirms = ThreadPoolExecutor(1, thread_name_prefix="autotune-confirm")
@@ -219,16 +234,23 @@ class _Scheduler:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self) -> list[_t.ProblemReport]:
+    def run(self) -> list[ProblemReport]:
         to_open = list(enumerate(self.job.problems))
         try:
             while True:
-                if to_open:
+                # One at a time: the next problem opens once every open one is finished.
+                opening = bool(to_open) and not (
+                    self.one_at_a_time and any(not r.finished for r in self.runs))
+                if opening:
                     if self.device is None:
                         self.device = self.engine.device_info()
-                        to_open = self._neediest_first(to_open)
-                    self._open(*to_open.pop(0))
-                    if not to_open:
+                        if not self.one_at_a_time:  # one at a time keeps the job's order
+                            to_open = self._neediest_first(to_open)
+                    opened = self._open(*to_open.pop(0))
+                    if self.one_at_a_time:
+                        if opened is not None:  # alone: it makes ready at once, as a last one
+                            opened.sampler.prepare()
+                    elif not to_open:
                         # Every problem open, the first configs of all but the last one asked for:
                         # the samplers that can make ready ahead (the ranked sampler draws its pool
                         # and climbs on a cost model) do it now, on threads, while the first configs
@@ -238,13 +260,15 @@ class _Scheduler:
                         for r in self.runs:
                             r.sampler.prepare()
                 self._fill(share=-(-self.engine.parallelism // len(self.job.problems))
-                           if to_open else None)
+                           if to_open and not self.one_at_a_time else None)
                 live = [r for r in self.runs if not r.finished]
                 if not to_open and not live:
                     break
                 futures = [f for r in live for f in (*r.in_flight, *r.side)]
-                timeout = (0.0 if to_open else SAMPLER_POLL_S if self._sampler_wait
-                           else min(POLL_S, _beat_s()))
+                # No wait while problems are still to be opened (one at a time: once it may).
+                timeout = (0.0 if to_open and not (self.one_at_a_time and live)
+                           else SAMPLER_POLL_S if self._sampler_wait
+                           else min(POLL_S, studies.beat_interval_s()))
                 if futures:
                     done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
                 else:
@@ -254,7 +278,7 @@ class _Scheduler:
                 for r in live:
                     self._collect(r, done)
                     if r.in_flight:
-                        _t.send_heartbeats(r.study, [trial for trial, _c, _s in r.in_flight.values()])
+                        studies.send_heartbeats(r.study, [trial for trial, _c, _s in r.in_flight.values()])
                 self._look_again()
                 for r in live:
                     self._maybe_finish(r)
@@ -262,7 +286,7 @@ class _Scheduler:
             for r in self.runs:
                 for future, (trial, _config, _s) in r.in_flight.items():
                     future.cancel()
-                    _t.release_trial(r.study, trial)
+                    studies.release_trial(r.study, trial)
                 r.in_flight.clear()
             self._confirms.shutdown(wait=True, cancel_futures=True)
         return [self.reports[i] for i in range(len(self.job.problems))]
@@ -328,9 +352,9 @@ class _Scheduler:
             # Another host's trial goes stale only GRACE_S after its last heartbeat: asking the
             # database for stale trials more often than every GRACE_S / 4 finds nothing new.
             # A dead process of this host is seen at once (its pid is gone).
-            if now - r.orphans_at >= _t.GRACE_S / 4 or _dead_here(r.tally.live):
+            if now - r.orphans_at >= studies.GRACE_S / 4 or _dead_here(r.tally.live):
                 r.orphans_at = now
-                _t.close_orphans(r.study, self.store, r.problem, self.device, self.policy)
+                studies.close_orphans(r.study, self.store, r.problem, self.device, self.policy)
                 r.refresh()
             r.full = not r.room()
             changed = (r.tally.measured, r.tally.running) != before
@@ -338,7 +362,8 @@ class _Scheduler:
 
     # -- one problem -----------------------------------------------------------------------
 
-    def _open(self, index: int, spec: ProblemSpec) -> None:
+    def _open(self, index: int, spec: ProblemSpec) -> _Run | None:
+        """Opens one problem of the job: its run, or None when it is skipped (reported now)."""
         problem = spec.problem
         kernel = get_kernel(problem.kernel, allow_import=self.allow_import)
         if self.device is None:
@@ -349,34 +374,37 @@ class _Scheduler:
         safe_path(self.results_dir, "traces", problem.kernel)  # before anything is measured
 
         def skip(why: str, done: int, reason: str) -> None:
-            confirm_s = _t.confirm_best(kernel, problem, spec, store=self.store, engine=self.engine,
-                                        device=device, software=self.software, run_id=self.run_id,
-                                        only_if_missing=True) if done else None
-            report = _t.build_report(kernel, problem, device, self.store, measured_now=0,
-                                     repaired=0, skipped=True, stop_reason=reason,
-                                     cache=self.policy, confirm_s=confirm_s)
+            confirm_s = confirming.confirm_best(
+                kernel, problem, spec, store=self.store, engine=self.engine, device=device,
+                software=self.software, run_id=self.run_id, only_if_missing=True) if done else None
+            report = build_report(kernel, problem, device, self.store, measured_now=0,
+                                  repaired=0, skipped=True, stop_reason=reason,
+                                  cache=self.policy, confirm_s=confirm_s)
             self.reports[index] = report
             # The stored best (the summary's), so a resumed job's skip line does not say "best -".
-            self.emit(_t.Event("skip", problem, done, budget.trials, report.best_us, message=why))
+            self.emit(Event("skip", problem, done, budget.trials, report.best_us, message=why))
 
         if device.kind == DeviceKind.INTERPRET and not kernel.interpret_ok:
             why = f"does not run in GPU interpret mode: {kernel.interpret_note or 'see the kernel'}"
-            return skip(why, 0, why)
+            skip(why, 0, why)
+            return None
         rows = self.store.trials(problem, device_name=device.name, cache=self.policy)
         spent = budget.trials is not None and len(rows) >= budget.trials
         if spent or len(rows) >= space.count():
-            _t.close_finished(self.storage, self.store, problem, device, self.policy)
+            studies.close_finished(self.storage, self.store, problem, device, self.policy)
         if spent:
-            return skip("already tuned", len(rows), "budget already spent")
+            skip("already tuned", len(rows), "budget already spent")
+            return None
         if rows and len(rows) >= space.count():  # nothing stored: no need to count
-            return skip("space exhausted", len(rows), "every valid config measured")
+            skip("space exhausted", len(rows), "every valid config measured")
+            return None
 
         stored_configs = [r.config for r in rows]
-        sampler = _t.problem_sampler(kernel, problem, spec, space, store=self.store, device=device,
-                                     policy=self.policy, stored_configs=stored_configs)
+        sampler = problem_sampler(kernel, problem, spec, space, store=self.store, device=device,
+                                  policy=self.policy, stored_configs=stored_configs)
         sampler.prefetch = True  # asks come as results arrive: the next proposal is made meanwhile
-        study = _t.open_study(problem, device, self.storage, sampler, self.software, self.policy)
-        _t.close_orphans(study, self.store, problem, device, self.policy)
+        study = studies.open_study(problem, device, self.storage, sampler, self.software, self.policy)
+        studies.close_orphans(study, self.store, problem, device, self.policy)
         sampler.index.refresh(study.get_trials(deepcopy=False))
         outside = 0  # results stored that no measured trial of the study holds (imports)
         for row in rows:
@@ -391,7 +419,7 @@ class _Scheduler:
                    done_before=len(rows), looked_at=time.monotonic())
         run.full = not run.room()
         self.runs.append(run)
-        self.emit(_t.Event("start", problem, len(rows), budget.trials, best_us))
+        self.emit(Event("start", problem, len(rows), budget.trials, best_us))
         # Its baseline goes to the engine once its first result is in (_baseline_now), so that
         # every worker's first task is a config: a fresh worker's first task pays its first-use
         # costs, and on the H200 baselines queued first held the first compile back 25 s.
@@ -400,6 +428,7 @@ class _Scheduler:
         run.baseline_due = device.kind != DeviceKind.INTERPRET and kernel.baseline is not None and self.store.baseline(
             problem, device_name=device.name, device_kind=device.kind, cache=self.policy
         ) is None
+        return run
 
     def _baseline_now(self, r: _Run) -> None:
         """Submits ``r``'s baseline (at the front of the engine's queue) if it is still due."""
@@ -413,7 +442,7 @@ class _Scheduler:
         if asked is None:
             return
         trial, config = asked
-        _t.send_heartbeats(r.study, [trial])
+        studies.send_heartbeats(r.study, [trial])
         future = self.engine.submit(r.problem.kernel, r.problem, config)
         r.in_flight[future] = (trial, config, time.time())
 
@@ -426,32 +455,33 @@ class _Scheduler:
             recorded = self.store.record_trial(
                 r.problem, config, result, device=self.device, software=self.software,
                 study_name=r.study.study_name, optuna_trial_number=trial.number,
-                worker=_t.worker_id(), started_at=_t.utc(started), cache=self.policy,
+                worker=studies.worker_id(), started_at=utc(started), cache=self.policy,
             )
-            _t.tell_result(r.study, trial, result, duplicate=recorded.duplicate)
+            studies.tell_result(r.study, trial, result, duplicate=recorded.duplicate)
             r.measured_now += 0 if recorded.duplicate else 1
-            if result.ok and (r.best_us is None or result.median_us < r.best_us):
+            if result.ok and result.median_us is not None and (
+                    r.best_us is None or result.median_us < r.best_us):
                 r.best_us = result.median_us
             r.full = False  # the counts changed: look again before the next ask
-            self.emit(_t.Event("trial", r.problem, r.done_before + r.measured_now,
-                               r.spec.budget.trials, r.best_us,
-                               message=f"{result.outcome.value} {config.to_json()}",
-                               status=result.outcome.value, time_us=result.median_us,
-                               number=trial.number, config=dict(config),
-                               log_path=result.log_path))
+            self.emit(Event("trial", r.problem, r.done_before + r.measured_now,
+                            r.spec.budget.trials, r.best_us,
+                            message=f"{result.outcome.value} {config.to_json()}",
+                            status=result.outcome.value, time_us=result.median_us,
+                            number=trial.number, config=dict(config),
+                            log_path=result.log_path))
         # Counted until the next read of the study (which the next ask makes): so a problem
         # whose budget our own results just completed is not asked again.
         r.unread_results += len(finished)
         if finished:
             self._baseline_now(r)
-        for future in [f for f in r.side if f in done]:
-            kind, what = r.side.pop(future)
+        for side in [f for f in r.side if f in done]:
+            kind, what = r.side.pop(side)
             if kind == "baseline":
-                self._store_baseline(r, future)
+                self._store_baseline(r, side)
             elif kind == "confirm":
-                r.confirm_s = future.result()  # a database error propagates, as before
+                r.confirm_s = side.result()  # a database error propagates, as before
             else:
-                self._store_trace(r, future, what)
+                self._store_trace(r, side, what)
 
     def _store_baseline(self, r: _Run, future: Future[Any]) -> None:
         assert self.device is not None
@@ -502,20 +532,21 @@ class _Scheduler:
             # (docs/measurement.md), on the confirm thread; the problem ends when it is stored.
             r.confirming = True
             future = self._confirms.submit(
-                _t.confirm_best, r.kernel, r.problem, r.spec, store=self.store,
+                confirming.confirm_best, r.kernel, r.problem, r.spec, store=self.store,
                 engine=self.engine, device=self.device, software=self.software,
                 run_id=self.run_id)
             r.side[future] = ("confirm", None)
             return
         r.finished = True
-        _t.close_orphans(r.study, self.store, r.problem, self.device, self.policy, finished=True)
+        studies.close_orphans(r.study, self.store, r.problem, self.device, self.policy, finished=True)
         confirm_s = r.confirm_s
-        self.emit(_t.Event("done", r.problem, r.done_before + r.measured_now,
-                           r.spec.budget.trials, r.best_us, message=r.stop_reason))
-        self.reports[r.index] = _t.build_report(r.kernel, r.problem, self.device, self.store,
-                                           measured_now=r.measured_now,
-                                           repaired=r.sampler.repaired, stop_reason=r.stop_reason,
-                                           cache=self.policy, confirm_s=confirm_s)
+        self.emit(Event("done", r.problem, r.done_before + r.measured_now,
+                        r.spec.budget.trials, r.best_us, message=r.stop_reason))
+        self.reports[r.index] = build_report(r.kernel, r.problem, self.device, self.store,
+                                             measured_now=r.measured_now,
+                                             repaired=r.sampler.repaired,
+                                             stop_reason=r.stop_reason,
+                                             cache=self.policy, confirm_s=confirm_s)
 
     def _submit_traces(self, r: _Run) -> None:
         """In-kernel traces of the ``trace_top_k`` best configs not traced yet (GPU only)."""
@@ -523,12 +554,9 @@ class _Scheduler:
         assert device is not None
         if spec.trace_top_k <= 0 or not device.is_gpu:
             return
-        submit = getattr(self.engine, "submit_trace", None)
-        if submit is None:
-            _t.trace_best(r.kernel, problem, spec, self.store, self.engine, device,
-                           self.results_dir)
-            return
-        traced_space = r.kernel.bind(problem, profile_space=_t.TRACE_PROFILE_SPACE)
+        submit = getattr(self.engine, "submit_trace", None) or functools.partial(
+            _trace_now, self.engine)
+        traced_space = r.kernel.bind(problem, profile_space=TRACE_PROFILE_SPACE)
         best = self.store.best(problem, device_name=device.name, device_kind=device.kind,
                                n=4 * spec.trace_top_k, cache=self.policy)
         for row in [row for row in best if traced_space.is_valid(row.config)][: spec.trace_top_k]:
@@ -541,26 +569,32 @@ class _Scheduler:
             except LinkRefusedError as e:
                 logger.warning("%s %s: not traced: %s", problem, config.to_json(), e)
                 continue
-            future = submit(problem.kernel, problem, config, str(out_dir), _t.TRACE_PROFILE_SPACE)
+            future = submit(problem.kernel, problem, config, str(out_dir), TRACE_PROFILE_SPACE)
             r.side[future] = ("trace", (row.id, str(out_dir)))
 
 
 def _dead_here(trials: Sequence[FrozenTrial]) -> bool:
     """Whether one of ``trials`` belongs to a process of this host that is gone (its pid not
     running, or reused by a process of another start time)."""
-    return any(_t.owner_dead_here(str(t.user_attrs.get(_t.WORKER_ATTR, ""))) for t in trials)
+    return any(studies.owner_dead_here(str(t.user_attrs.get(studies.WORKER_ATTR, ""))) for t in trials)
 
 
-def _beat_s() -> float:
-    """How often in-flight trials get a heartbeat: a third of the interval, at most a sixth of
-    the grace period after which other hosts treat them as dead."""
-    return min(_t.HEARTBEAT_S, _t.GRACE_S / 2) / 3
+def _trace_now(engine: EngineLike, *args: Any) -> Future[Any]:
+    """``engine.trace`` as a resolved future, for an engine without ``submit_trace`` (a test
+    double): the trace is taken at once."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(engine.trace(*args))
+    except Exception as e:  # noqa: BLE001 - reported as the trace's failure
+        future.set_exception(e)
+    return future
 
 
 def _submit_baseline(engine: EngineLike, problem: Problem) -> Future[TrialResult]:
     """The engine's baseline without waiting; an engine without ``submit_baseline`` (a test
     double) measures it at once."""
-    submit = getattr(engine, "submit_baseline", None)
+    submit: Callable[[str, Problem], Future[TrialResult]] | None = getattr(
+        engine, "submit_baseline", None)
     if submit is not None:
         return submit(problem.kernel, problem)
     future: Future[TrialResult] = Future()
@@ -578,13 +612,17 @@ def run_scheduled(
     engine: EngineLike,
     storage: optuna.storages.BaseStorage,
     results_dir: str | Path | None = None,
-    on_event: Callable[[_t.Event], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
     allow_import: bool = False,
     run_id: int | None = None,
-) -> list[_t.ProblemReport]:
+    one_at_a_time: bool = False,
+) -> list[ProblemReport]:
     """Tunes every problem of ``job`` together on ``engine``; one report per problem, in job
-    order. Each problem's confirmation round (:func:`autotune.tuning.tuner.confirm_best`) runs when
-    its search ends. Database errors propagate (``run_job`` words them)."""
+    order. Each problem's confirmation round (:func:`autotune.tuning.confirming.confirm_best`)
+    runs when its search ends. ``one_at_a_time``: one problem open at a time, in job order (the
+    next opens once the last is finished, its confirmation round stored): the same loop, the
+    same budgets. Database errors propagate (``run_job`` words them)."""
     return _Scheduler(job, store=store, engine=engine, storage=storage,
                       results_dir=results_dir or default_results_dir(),
-                      on_event=on_event, allow_import=allow_import, run_id=run_id).run()
+                      on_event=on_event, allow_import=allow_import, run_id=run_id,
+                      one_at_a_time=one_at_a_time).run()

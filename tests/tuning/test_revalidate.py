@@ -136,10 +136,10 @@ def test_revalidated_rows_become_what_queries_answer(tmp_path, monkeypatch):
 def test_cli_revalidate_prints_the_table(db: str, monkeypatch, capsys):
     """`autotune revalidate` prints old time, new time, ratio and whether the winner holds."""
     import autotune.api
-    import autotune.tuning.tuner
+    import autotune.tuning.provenance
 
     monkeypatch.setattr(autotune.api, "open_engine", lambda *a, **k: FakeEngine({A: 25.0, B: 21.0, C: 30.0}))
-    monkeypatch.setattr(autotune.tuning.tuner, "software_versions", lambda: dict(NEW))
+    monkeypatch.setattr(autotune.tuning.provenance, "software_versions", lambda: dict(NEW))
     assert cli.main(["revalidate", "--db", db, "--device", "interpret"]) == 0
     out = capsys.readouterr().out
     header, row = out.splitlines()[:2]

@@ -223,6 +223,30 @@ def test_problems_are_in_flight_together(tmp_path):
     assert all(r.best_us is not None and r.baseline_us == 150.5 for r in reports)
 
 
+
+def test_sequential_is_the_scheduler_with_one_problem_open_at_a_time(tmp_path):
+    """``run_job(sequential=True)`` runs the one loop with one problem open at a time, in job
+    order: a problem starts once the one before it is done (its confirmation round stored),
+    never two problems have configs in flight together, a problem already tuned is skipped
+    without stalling the next, and each stores exactly its budget."""
+    job = _problems(3, trials=4)
+    done_before = job.problems[1].problem
+    events = []
+    engine = SlowEngine(delay_s=0.05)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(Job("t", (job.problems[1],)), store=store, engine=FakeEngine())
+        reports = run_job(job, store=store, engine=engine, sequential=True,
+                          on_event=events.append)
+        counts = [len(store.trials(spec.problem)) for spec in job.problems]
+    first, last = job.problems[0].problem, job.problems[2].problem
+    assert engine.together == 1
+    assert engine.order == [first.digest()] * 4 + [last.digest()] * 4
+    assert [(e.kind, e.problem) for e in events if e.kind in ("start", "skip", "done")] == [
+        ("start", first), ("done", first), ("skip", done_before), ("start", last), ("done", last)]
+    assert counts == [4, 4, 4]
+    assert [r.measured_now for r in reports] == [4, 0, 4] and reports[1].skipped
+    assert all(r.best_us is not None and r.baseline_us == 150.5 for r in reports)
+
 def test_second_run_stores_nothing_more(tmp_path):
     """A second run of a job whose budget is stored asks for nothing and stores nothing."""
     url = f"sqlite:///{tmp_path}/t.db"
@@ -331,7 +355,7 @@ def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkey
     results back before the next submission (a loaded machine: asks slower than results), the loop
     stores them between asks and never fills the engine: a problem whose last result is stored
     there still starts its round at once (it waited for the other problem's whole budget)."""
-    from autotune.tuning import tuner
+    from autotune.tuning import confirming
 
     first = _problems(2).problems[0].problem
     window: list[float] = []
@@ -344,7 +368,7 @@ def test_a_confirmation_round_does_not_hold_back_other_problems(tmp_path, monkey
         window.append(time.monotonic())
         return 1.5
 
-    monkeypatch.setattr(tuner, "confirm_best", slow_confirm)
+    monkeypatch.setattr(confirming, "confirm_best", slow_confirm)
     job = _problems(2, trials=2)
     job = Job("t", (job.problems[0], dataclasses.replace(job.problems[1], budget=Budget(trials=40))))
     engine = SlowEngine(delay_s=delay_s, submit_s=submit_s)
@@ -429,7 +453,7 @@ def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys
     import json
 
     from autotune.cli import main
-    from autotune.tuning import tuner
+    from autotune.tuning import studies
     from autotune.tuning.sampling import distributions
 
     url = f"sqlite:///{tmp_path}/t.db"
@@ -437,10 +461,10 @@ def test_status_shows_done_in_flight_budget_best_and_live_hosts(tmp_path, capsys
     with Store(url) as store:
         run_job(Job("t", (ProblemSpec(done_problem, Budget(trials=6), sampler="random"),)),
                 store=store, engine=FakeEngine())
-    study = optuna.load_study(study_name=tuner.study_name(done_problem, FakeEngine().device_info()),
-                              storage=tuner.optuna_storage(url))
+    study = optuna.load_study(study_name=studies.study_name(done_problem, FakeEngine().device_info()),
+                              storage=studies.optuna_storage(url))
     live = study.ask(distributions(TOY.valid_space(done_problem)))
-    live.set_user_attr(tuner.WORKER_ATTR, "host-x:42")
+    live.set_user_attr(studies.WORKER_ATTR, "host-x:42")
     optuna_adapter.study_storage(study).record_heartbeat(optuna_adapter.trial_id(live))
     job = tmp_path / "job.toml"
     job.write_text('[defaults]\nsampler = "random"\n[[problem]]\nkernel = "tuner_toy"\n'

@@ -10,10 +10,21 @@ from optuna.trial import TrialState
 
 from autotune.tuning import optuna_adapter, sampling
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler
-from autotune.tuning.tuner import _stagnated
 from tests.tuning.test_tuner import PROBLEM, TOY, fake_time
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _stagnated(study: optuna.Study, patience: int) -> bool:
+    """The patience rule recounted over every trial: whether the last ``patience`` measured
+    configs all failed to beat the best (the rule of Optuna's
+    ``BestValueStagnationEvaluator``, over measured trials only)."""
+    values = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if t.value is not None]
+    if len(values) <= patience:
+        return False
+    best_at = min(range(len(values)), key=values.__getitem__)
+    return len(values) - 1 - best_at >= patience
 
 
 def test_index_matches_a_full_recount_as_trials_come_and_go():

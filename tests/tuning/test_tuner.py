@@ -22,10 +22,12 @@ from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage.store import Store
-from autotune.tuning import optuna_adapter
+from autotune.tuning import optuna_adapter, studies
 from autotune.tuning.confirmation import sized_iterations
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
-from autotune.tuning.tuner import WORKER_ATTR, run_job, study_name
+from autotune.tuning.sampling import distributions
+from autotune.tuning.studies import WORKER_ATTR, study_name
+from autotune.tuning.tuner import run_job
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -356,15 +358,13 @@ def test_several_runners_share_one_job(db_url, workers):
 
 def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, monkeypatch):
     """A RUNNING trial whose host stopped sending heartbeats is failed; its config is measured anew."""
-    import autotune.tuning.tuner as tuner
-
     url = f"sqlite:///{tmp_path}/t.db"
-    monkeypatch.setattr(tuner, "GRACE_S", 1)
+    monkeypatch.setattr(studies, "GRACE_S", 1)
     device = DeviceInfo(name="fake-gpu", kind="fake")
-    storage = tuner.optuna_storage(url)
+    storage = studies.optuna_storage(url)
     study = optuna.create_study(study_name=study_name(PROBLEM, device), storage=storage)
     stale_config = {"bm": 256, "bn": 128, "stages": 2, "order": "M"}  # the optimum
-    dists = tuner.distributions(TOY.valid_space(PROBLEM))
+    dists = distributions(TOY.valid_space(PROBLEM))
     study.enqueue_trial(stale_config)
     other = study.ask(dists)
     other.set_user_attr(WORKER_ATTR, "another-host:1234")
@@ -627,7 +627,7 @@ def test_software_versions_do_not_import_jax():
     import subprocess
     import sys
 
-    code = ("import sys; from autotune.tuning.tuner import software_versions; v = software_versions(); "
+    code = ("import sys; from autotune.tuning.provenance import software_versions; v = software_versions(); "
             "from autotune.queries.best import running_versions; r = running_versions(); "
             "assert v['jax'] == r['jax'] and v['jaxlib'] == r['jaxlib'], (v, r); "
             "assert 'jax' not in sys.modules, 'jax imported'")
@@ -696,7 +696,7 @@ def test_related_winners_add_other_gpus_winner_of_this_problem(tmp_path):
     """On a GPU, the winner of this very problem on each other GPU follows the nearest shapes'
     winners of this GPU (a seed from another device, never counted as measured here);
     interpret-mode runs do not take GPU results."""
-    from autotune.tuning.tuner import related_winners
+    from autotune.tuning.seeding import related_winners
 
     kernel = get_kernel("hopper_matmul")
     problem = kernel.problem({"m": 256, "n": 256, "k": 256}, "bfloat16")
@@ -724,30 +724,26 @@ def test_a_runner_is_named_by_host_pid_and_start_time_and_told_dead_at_once():
     import subprocess
     import sys
 
-    import autotune.tuning.tuner as tuner
-
     host, pid = socket.gethostname(), os.getpid()
-    assert tuner.worker_id() == f"{host}:{pid}:{tuner.process_start(pid)}"
-    assert not tuner.owner_dead_here(tuner.worker_id())
-    assert tuner.owner_dead_here(f"{host}:{pid}:1")  # this pid, but not this process: reused
+    assert studies.worker_id() == f"{host}:{pid}:{studies.process_start(pid)}"
+    assert not studies.owner_dead_here(studies.worker_id())
+    assert studies.owner_dead_here(f"{host}:{pid}:1")  # this pid, but not this process: reused
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    assert tuner.owner_dead_here(f"{host}:{gone.stdout.strip()}")  # an older runner's form
-    assert not tuner.owner_dead_here(f"another-host:{pid}:1")
-    assert tuner.parse_owner(f"{host}:12:345") == (host, 12, "345")
+    assert studies.owner_dead_here(f"{host}:{gone.stdout.strip()}")  # an older runner's form
+    assert not studies.owner_dead_here(f"another-host:{pid}:1")
+    assert studies.parse_owner(f"{host}:12:345") == (host, 12, "345")
 
 
 def _orphan(url: str, owner: str, config: dict | None = None):
     """A study of PROBLEM with one RUNNING trial owned by ``owner`` (a fresh heartbeat)."""
-    import autotune.tuning.tuner as tuner
-
     device = DeviceInfo(name="fake-gpu", kind="fake")
-    storage = tuner.optuna_storage(url)
+    storage = studies.optuna_storage(url)
     study = optuna.create_study(study_name=study_name(PROBLEM, device), storage=storage,
                                 load_if_exists=True)
     if config is not None:
         study.enqueue_trial(config)
-    trial = study.ask(tuner.distributions(TOY.valid_space(PROBLEM)))
+    trial = study.ask(distributions(TOY.valid_space(PROBLEM)))
     trial.set_user_attr(WORKER_ATTR, owner)
     storage.record_heartbeat(optuna_adapter.trial_id(trial))
     return study, trial, device
@@ -759,18 +755,17 @@ def test_a_dead_runners_trial_is_reclaimed_at_once_even_when_its_pid_was_reused(
     dead, not in flight (both used to wait for the 2-minute grace)."""
     import socket
 
-    import autotune.tuning.tuner as tuner
     from autotune.queries.status import job_status
 
     url = f"sqlite:///{tmp_path}/t.db"
     owner = f"{socket.gethostname()}:{os.getpid()}:1"
     study, trial, device = _orphan(url, owner)
-    assert tuner.running_owners(study) == [(owner, True)]
+    assert studies.running_owners(study) == [(owner, True)]
     with Store(url) as store:
         (status,) = job_status(_job(4), store).problems
         assert (status.in_flight, status.stale) == (0, 1)
         assert job_status(_job(4), store).hosts == {}
-        tuner.close_orphans(study, store, PROBLEM, device)
+        studies.close_orphans(study, store, PROBLEM, device)
     assert study.trials[trial.number].state == TrialState.FAIL
 
 

@@ -1,0 +1,123 @@
+"""Running a problem's confirmation round when its search ends: its best configs (and any the
+search could not tell from them) and the baseline re-timed on the engine in interleaved rounds,
+analysed (:mod:`autotune.tuning.confirmation`, pure) and stored as rows of their own."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from autotune.engine.protocol import EngineLike
+from autotune.space.kernel import Kernel
+from autotune.space.outcomes import DeviceInfo, DeviceKind, TrialResult
+from autotune.space.problem import Config, Problem
+from autotune.storage.protocol import TrialStore
+from autotune.tuning.confirmation import (
+    CONFIRM_JOIN_MAX,
+    DEFAULT_CONFIRM_TOP,
+    AnalysedRounds,
+    analyse_rounds,
+    joining_configs,
+    sized_iterations,
+    timed_rounds,
+)
+from autotune.tuning.jobs import ProblemSpec
+from autotune.tuning.provenance import cache_policy_of
+
+__all__ = ["confirm_best"]
+
+logger = logging.getLogger(__name__)
+
+def confirm_best(
+    kernel: Kernel,
+    problem: Problem,
+    spec: ProblemSpec,
+    *,
+    store: TrialStore,
+    engine: EngineLike,
+    device: DeviceInfo,
+    software: Mapping[str, str],
+    run_id: int | None = None,
+    only_if_missing: bool = False,
+) -> float | None:
+    """The confirmation round of ``problem``: its ``spec.confirm_top`` best configs (this
+    software, this cache policy) and the baseline re-timed in ``spec.confirm_rounds``
+    interleaved rounds (None: adaptive, :func:`~autotune.tuning.confirmation.timed_rounds`),
+    each program for ``spec.confirm_iterations`` runs a round (None: sized by its time,
+    :func:`~autotune.tuning.confirmation.sized_iterations`); stored with the tie marks as rows
+    of their own. Returns the seconds it took, or None when there was nothing to confirm (no
+    ``confirm`` on the engine, ``confirm_top`` 0, no ok trial) or, with ``only_if_missing``,
+    when the newest confirmation already covers the current best configs.
+    """
+    confirm = getattr(engine, "confirm", None)
+    n_top = spec.confirm_top
+    if n_top is None:
+        n_top = 0 if device.kind == DeviceKind.INTERPRET else DEFAULT_CONFIRM_TOP
+    if confirm is None or n_top <= 0:
+        return None
+    policy = cache_policy_of(engine)
+    versions = {k: software[k] for k in ("jax", "jaxlib") if software.get(k)}
+    ranked = store.best(problem, device_name=device.name, device_kind=device.kind,
+                        n=n_top + CONFIRM_JOIN_MAX, versions=versions, cache=policy)
+    if not ranked:
+        return None
+    # Below the top ones, configs the search could not tell from the fastest join the round.
+    top = ranked[:n_top]
+    below = ranked[n_top:]
+    # (store.best returns ok trials only, each with its median.)
+    top += [below[i] for i in joining_configs(
+        [(float(r.median_us or 0.0), r.spread) for r in top],
+        [(float(r.median_us or 0.0), r.spread) for r in below])]
+    if only_if_missing:
+        done = store.confirmations(problem, device_name=device.name, device_kind=device.kind,
+                                   cache=policy)
+        if done and {p.trial_id for p in done[0].programs} == {r.id for r in top}:
+            return None
+    start = time.monotonic()
+    baseline = kernel.baseline is not None
+    # Runs per round sized by each program's time (sized_iterations), unless the job fixes them.
+    iterations = [sized_iterations(r.median_us, spec.confirm_iterations) for r in top]
+    if baseline:
+        stored = store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                                cache=policy)
+        iterations.append(sized_iterations(getattr(stored, "median_us", None),
+                                           spec.confirm_iterations))
+    configs = [Config(r.config) for r in top]
+    default = kernel.default_config(problem) if kernel.default_config is not None else None
+    # A job's confirm_rounds is what it gets; else adaptive rounds (timed_rounds).
+    medians_us = [r.median_us for r in top]
+
+    def analyse(rows: list[list[TrialResult]]) -> AnalysedRounds:
+        return analyse_rounds(rows, [r.config for r in top], search_us=medians_us,
+                              trial_ids=[r.id for r in top], baseline=baseline,
+                              default_config=default)
+
+    table = timed_rounds(
+        lambda n, first: confirm(problem.kernel, problem, configs, rounds=n, first_round=first,
+                                 iterations=iterations, baseline=baseline, medians_us=medians_us),
+        lambda rows: analyse(rows).confirmation,
+        spec.confirm_rounds,
+    )
+    analysed = analyse(table)
+    for i in analysed.failed:
+        bad = next(row[i] for row in table if not row[i].ok)
+        logger.warning("%s: confirming %s failed (%s): %s; left out of the confirmation.",
+                       problem, Config(top[i].config).to_json(), bad.outcome.value, bad.error)
+    if baseline and analysed.confirmation is not None and analysed.base_rounds is None:
+        logger.warning("%s: the baseline failed in the confirmation round; no confirmed "
+                       "speedup.", problem)
+    confirmation, kept, base_rounds = analysed.confirmation, analysed.kept, analysed.base_rounds
+    if confirmation is None:
+        return time.monotonic() - start
+    store.record_confirmation(
+        problem, confirmation, trial_ids=[top[i].id for i in kept], device=device,
+        software=software, cache=policy, iterations=max(iterations),
+        baseline_name=kernel.baseline_name if base_rounds is not None else None, run_id=run_id,
+    )
+    winner = confirmation.winner
+    if confirmation.crowned != 0:
+        logger.info("%s: the confirmation round crowned %s (%.2f us) over the search's fastest "
+                    "%s", problem, Config(winner.config).to_json(), winner.median_us,
+                    Config(top[kept[0]].config).to_json())
+    return time.monotonic() - start
