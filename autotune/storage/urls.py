@@ -347,7 +347,7 @@ def read_timeout_s(value: float | None = None) -> float:
     return float(value)
 
 
-def _read_only_url(url: URL, timeout_s: float) -> URL:
+def read_only_url(url: URL, timeout_s: float) -> URL:
     """``url`` opened so that nothing can be written through it, with bounded waits.
 
     SQLite: the file as a ``mode=ro`` URI (no journal or header is ever written) with a busy
