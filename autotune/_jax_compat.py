@@ -165,7 +165,8 @@ def cupti_session(run: Any, *, detach: bool | None = None) -> list[tuple[str, fl
     import jax
     from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
 
-    ext = mosaic_gpu_lib._mosaic_gpu_ext
+    # A private name of jaxlib's, not re-exported: read from the module's namespace.
+    ext = vars(mosaic_gpu_lib)["_mosaic_gpu_ext"]
     ext._cupti_init()
     try:
         jax.block_until_ready(run())  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in jax

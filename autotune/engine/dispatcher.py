@@ -297,8 +297,9 @@ class Engine:
         with self._lock:
             slot = self._tasks.timed_on.get((problem, digest))
         extra = {"iterations": int(iterations), "median_us": median_us}
-        return self._tasks.submit("retime", kernel_name, problem, config, extra, urgent=True,
-                            slot=slot).result()
+        result: TrialResult = self._tasks.submit(
+            "retime", kernel_name, problem, config, extra, urgent=True, slot=slot).result()
+        return result
 
     def confirm(
         self,
@@ -379,7 +380,8 @@ class Engine:
             raise EngineError(
                 f"Tracing {config} of {problem} ended {result.outcome}: {result.error}"
             )
-        return result
+        regions: dict[str, tuple[float, int]] = result
+        return regions
 
     def submit_trace(
         self,

@@ -371,7 +371,7 @@ class TaskQueue:
             return compile_limit
         if task.msg.kind == "retime":
             # Times the program again with more iterations (and compiles a baseline anew).
-            return compile_limit + run_limit * max(1.0, task.msg.extra["iterations"] / 20)
+            return compile_limit + run_limit * max(1.0, float(task.msg.extra["iterations"]) / 20)
         if task.msg.kind != "trial":
             return compile_limit + run_limit  # a baseline or trace compiles in its run
         return run_limit

@@ -96,7 +96,8 @@ def _error_terms(out: Any, ref: Any) -> tuple[Any, Any, Any]:
             return compiled(out, ref)  # type: ignore[no-any-return]
         except (TypeError, ValueError):  # placed or laid out otherwise than compiled for
             pass
-    return _error_terms_jit()(out, ref)
+    terms: tuple[Any, Any, Any] = _error_terms_jit()(out, ref)
+    return terms
 
 
 def _error_key(out: Any, ref: Any) -> tuple[Any, ...]:

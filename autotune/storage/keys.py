@@ -15,7 +15,14 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from autotune.devices import DeviceFacts
-from autotune.evaluation.trial import MAX_TIME_US, MIN_TIME_US, DeviceInfo, Outcome, TrialResult
+from autotune.evaluation.trial import (
+    MAX_TIME_US,
+    MIN_TIME_US,
+    DeviceInfo,
+    DeviceKind,
+    Outcome,
+    TrialResult,
+)
 from autotune.space.problem import Config, Problem
 from autotune.storage.rows import (
     TrialRow,
@@ -72,7 +79,8 @@ def software_from_row(row: Software) -> dict[str, str]:
 
 def device_from_row(row: Devices) -> DeviceInfo:
     return DeviceInfo(
-        name=row.name, kind=row.kind, compute_capability=row.compute_capability, driver=row.driver,
+        name=row.name, kind=DeviceKind(row.kind), compute_capability=row.compute_capability,
+        driver=row.driver,
         facts=_facts(row.facts),
     )
 

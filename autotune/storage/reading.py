@@ -526,17 +526,17 @@ class StoreReader:
                     crowned=bool(p.crowned),
                 ))
             out = []
-            for c, p, k, d, s in session.execute(query):
-                out.append((p.id, ConfirmationRow(
-                    id=c.id, problem=problem_from_rows(k, p), device=device_from_row(d),
-                    software=software_from_row(s), cache_policy=c.cache_policy, rounds=c.rounds,
-                    iterations=c.iterations, crowned_trial_id=c.crowned_trial_id,
-                    fastest_trial_id=c.fastest_trial_id, baseline_name=c.baseline_name,
-                    baseline_median_us=c.baseline_median_us, baseline_spread=c.baseline_spread,
-                    baseline_rounds_us=c.baseline_rounds_us, speedup=c.speedup,
-                    speedup_spread=c.speedup_spread, speedup_low=c.speedup_low,
-                    speedup_high=c.speedup_high, created_at=c.created_at, run_id=c.run_id,
-                    programs=tuple(programs.get(c.id, ())),
+            for conf, prob, k, d, s in session.execute(query):
+                out.append((prob.id, ConfirmationRow(
+                    id=conf.id, problem=problem_from_rows(k, prob), device=device_from_row(d),
+                    software=software_from_row(s), cache_policy=conf.cache_policy, rounds=conf.rounds,
+                    iterations=conf.iterations, crowned_trial_id=conf.crowned_trial_id,
+                    fastest_trial_id=conf.fastest_trial_id, baseline_name=conf.baseline_name,
+                    baseline_median_us=conf.baseline_median_us, baseline_spread=conf.baseline_spread,
+                    baseline_rounds_us=conf.baseline_rounds_us, speedup=conf.speedup,
+                    speedup_spread=conf.speedup_spread, speedup_low=conf.speedup_low,
+                    speedup_high=conf.speedup_high, created_at=conf.created_at, run_id=conf.run_id,
+                    programs=tuple(programs.get(conf.id, ())),
                 )))
         return out
 
@@ -663,7 +663,7 @@ class StoreReader:
                 )
             }
         confirmations = {
-            (problem_id, c.device.name, c.device.kind, c.cache_policy): c
+            (problem_id, c.device.name, c.device.kind.value, c.cache_policy): c
             for problem_id, c in self._confirmation_rows(confirmation_ids)
         }
         out = []

@@ -44,7 +44,8 @@ class _UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
     def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
+        stamp: dt.datetime = value
+        return stamp.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
 
 
 class _Samples(sa.types.TypeDecorator[tuple[float, ...]]):

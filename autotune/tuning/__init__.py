@@ -8,4 +8,4 @@ runner and scheduler (:mod:`.tuner`, :mod:`.scheduler`), the confirmation round
 
 # The sampler names (:mod:`.names`, a static list), here too so that the command line lists
 # them without importing Optuna (:mod:`.sampling` holds the samplers and re-exports them).
-from autotune.tuning.names import SAMPLERS  # noqa: E402, F401
+from autotune.tuning.names import SAMPLERS as SAMPLERS  # noqa: E402, F401
