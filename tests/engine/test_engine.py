@@ -682,3 +682,47 @@ def test_pipe_messages_are_frozen_dataclasses_that_pickle():
     assert pickle.loads(pickle.dumps(samples[2])) == samples[2]
     with pytest.raises(dataclasses.FrozenInstanceError):
         samples[2].stage = "run"  # type: ignore[misc]
+
+
+def test_the_engine_owns_a_task_queue_and_a_worker_pool_not_mixins():
+    """Engine is no mixin: it owns a TaskQueue and a WorkerPool, objects of their own that
+    share its one lock."""
+    from autotune.engine.tasks import TaskQueue
+    from autotune.engine.workers import WorkerPool
+
+    assert Engine.__mro__ == (Engine, object)
+    with fake_engine(workers_per_gpu=1) as eng:
+        assert isinstance(eng._tasks, TaskQueue) and isinstance(eng._pool, WorkerPool)
+        assert eng._tasks.lock is eng._pool.lock is eng._lock
+        assert eng.submit(FAKE, PROBLEM, cfg()).result(timeout=60).ok
+        assert eng.stats().worker_starts == eng._pool.worker_starts == 1
+
+
+def test_the_task_queue_works_alone_without_worker_processes():
+    """TaskQueue stands alone: urgent work goes first, a crash with two configs executing
+    re-runs both alone, and each future resolves once (no process is started)."""
+    import multiprocessing
+    import threading
+
+    from autotune.engine.tasks import TaskQueue
+    from autotune.engine.workers import WorkerHandle
+
+    queue = TaskQueue(threading.Lock(), mode="fake", capacity=2, trial_timeout_s=None,
+                      compile_timeout_s=None)
+    trial = queue.submit("trial", FAKE, PROBLEM, cfg(), {})
+    baseline = queue.submit("baseline", FAKE, PROBLEM, None, {}, urgent=True)
+    ours, theirs = multiprocessing.Pipe()
+    w = WorkerHandle(slot=0, gpu=None, process=None, conn=ours, log_path="", started=0.0,
+                     state="ready")
+    queue.dispatch([w])
+    assert [theirs.recv().task.kind for _ in range(2)] == ["baseline", "trial"]
+    for task in w.tasks.values():
+        task.stage = "compile"
+    held = list(w.tasks.values())
+    w.tasks.clear()
+    queue.blame_crash(w, held, how="died with SIGSEGV", tail="")
+    assert len(queue.isolation) == 2 and queue.isolated_reruns == 2 and queue.crashes == 1
+    queue.fail_all(EngineError("stopped"), [w])
+    queue.fail_all(EngineError("again"), [w])  # nothing left to fail twice
+    assert str(trial.exception(timeout=1)) == str(baseline.exception(timeout=1)) == "stopped"
+    assert queue.resolved == 2
