@@ -174,7 +174,8 @@ def cupti_session(run: Any, *, detach: bool | None = None) -> list[tuple[str, fl
     import jax
     from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
 
-    ext = mosaic_gpu_lib._mosaic_gpu_ext
+    # A private name of jaxlib's, not re-exported: read from the module's namespace.
+    ext = vars(mosaic_gpu_lib)["_mosaic_gpu_ext"]
     ext._cupti_init()
     try:
         jax.block_until_ready(run())  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in jax
@@ -273,15 +274,16 @@ def patched_attention_mgpu(compiler_params: Mapping[str, Any] | None = None) -> 
     nothing stays patched after the last one. Trace the kernel inside the block; lowering
     after it needs nothing of the patch.
     """
-    from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
 
+    am: Any = attention_mgpu  # its attributes are the private ones this adapter swaps
     global _ATTENTION_SCOPES
     with _ATTENTION_LOCK:
         if _ATTENTION_SCOPES == 0:
             _ATTENTION_SAVED.update(cuda_versions=am.cuda_versions, plgpu=am.plgpu)
             if am.cuda_versions is None:
-                am.cuda_versions = _CudaRuntimeStandIn()  # type: ignore[assignment]
-            am.plgpu = _PlgpuWithExtraParams(am.plgpu)  # type: ignore[assignment]
+                am.cuda_versions = _CudaRuntimeStandIn()
+            am.plgpu = _PlgpuWithExtraParams(am.plgpu)
         _ATTENTION_SCOPES += 1
     token = _ATTENTION_PARAMS.set(dict(compiler_params) if compiler_params else None)
     try:
@@ -311,10 +313,11 @@ def attention_forward(q: Any, k: Any, v: Any, config: Any, *,
 def mosaic_gpu_ir_context() -> Iterator[None]:
     """An MLIR context with Mosaic GPU's dialect registered, as ``mosaic.gpu.as_gpu_kernel``
     expects its caller to have entered (a raw Mosaic GPU kernel builds inside it)."""
+    from jax._src import lib as jax_lib
     from jax._src.interpreters import mlir
-    from jax._src.lib import mosaic_gpu_dialect
     from jaxlib.mlir import ir
 
+    mosaic_gpu_dialect: Any = getattr(jax_lib, "mosaic_gpu_dialect", None)
     ctx = mlir.make_ir_context()
     if mosaic_gpu_dialect is not None:
         mosaic_gpu_dialect.register_dialect(ctx)

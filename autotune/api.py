@@ -118,7 +118,7 @@ def open_engine(
     """The engine for ``device`` ("auto", "gpu", "interpret"); worker logs go to ``log_dir``;
     ``cache``: the cache policy (None: cold on a GPU, warm in interpret mode).
     ``workers_per_gpu`` and ``compile_threads`` default to the machine's cores and GPU memory
-    (:func:`autotune.engine.layout._default_layout`). ``compilation_cache``: the folder of JAX's
+    (:func:`autotune.engine.layout.default_layout`). ``compilation_cache``: the folder of JAX's
     persistent compilation cache for the workers (None: off; :func:`compilation_cache_folder`)."""
     from autotune.engine.dispatcher import Engine
 

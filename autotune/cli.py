@@ -45,7 +45,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from autotune._paths import default_results_dir
 from autotune.errors import AutotuneError, JobError, NothingTunedError, did_you_mean
@@ -103,7 +103,7 @@ class _MaskingFormatter(logging.Formatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; keep its message short
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep its message short
         import re
 
         choice = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)", message)

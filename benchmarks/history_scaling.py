@@ -104,7 +104,7 @@ def fill(url: str, size: int, per_shape: int, how: str) -> tuple[str, float]:
     import sqlalchemy as sa
 
     from autotune.space.kernel import get_kernel
-    from autotune.storage.schema import _Configs, _Kernels, _Trials
+    from autotune.storage.schema import Configs, Kernels, Trials
     from autotune.storage.store import Store
 
     how = how if how != "auto" else ("record" if size <= RECORD_UP_TO else "bulk")
@@ -131,25 +131,25 @@ def fill(url: str, size: int, per_shape: int, how: str) -> tuple[str, float]:
             (first,) = store.record_trials([(problem, configs[0], results[0], device, SOFTWARE)],
                                            worker="history-scaling", cache="warm")
             with store.engine.begin() as conn:
-                row = conn.execute(sa.select(_Trials.problem_id, _Trials.device_id,
-                                             _Trials.software_id).where(_Trials.id == first.id)).one()
-                kernel_id = conn.scalar(sa.select(_Kernels.id).where(_Kernels.name == KERNEL))
+                row = conn.execute(sa.select(Trials.problem_id, Trials.device_id,
+                                             Trials.software_id).where(Trials.id == first.id)).one()
+                kernel_id = conn.scalar(sa.select(Kernels.id).where(Kernels.name == KERNEL))
                 digests = {c.digest(): c for c in configs[1:]}
                 missing = [d for d in digests if d not in config_ids]
                 for chunk in range(0, len(missing), 500):
                     part = missing[chunk:chunk + 500]
-                    found = dict(conn.execute(sa.select(_Configs.digest, _Configs.id).where(
-                        _Configs.kernel_id == kernel_id, _Configs.digest.in_(part))).all())
+                    found = dict(conn.execute(sa.select(Configs.digest, Configs.id).where(
+                        Configs.kernel_id == kernel_id, Configs.digest.in_(part))).all())
                     new = [d for d in part if d not in found]
                     if new:
-                        conn.execute(sa.insert(_Configs), [
+                        conn.execute(sa.insert(Configs), [
                             {"kernel_id": kernel_id, "digest": d, "config_json": digests[d].to_json()}
                             for d in new])
-                        found.update(conn.execute(sa.select(_Configs.digest, _Configs.id).where(
-                            _Configs.kernel_id == kernel_id, _Configs.digest.in_(new))).all())
+                        found.update(conn.execute(sa.select(Configs.digest, Configs.id).where(
+                            Configs.kernel_id == kernel_id, Configs.digest.in_(new))).all())
                     config_ids.update(found)
                 now = dt.datetime.now(dt.UTC)
-                conn.execute(sa.insert(_Trials), [
+                conn.execute(sa.insert(Trials), [
                     {"problem_id": row.problem_id, "config_id": config_ids[c.digest()],
                      "device_id": row.device_id, "software_id": row.software_id,
                      "status": r.outcome.value, "median_us": r.median_us, "min_us": r.min_us,

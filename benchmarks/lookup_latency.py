@@ -220,11 +220,11 @@ def query_plan(url: str, shape: dict[str, int]) -> list[str]:
         if store.engine.dialect.name != "sqlite":
             return []
         query = (
-            keys._trial_query()
-            .where(schema._Problems.digest == problem.digest())
-            .where(schema._Trials.status == "ok", schema._Trials.median_us.is_not(None))
-            .where(schema._Devices.kind == "gpu", schema._Software.jax == "0.10.2")
-            .order_by(schema._Trials.median_us, schema._Trials.id)
+            keys.trial_query()
+            .where(schema.Problems.digest == problem.digest())
+            .where(schema.Trials.status == "ok", schema.Trials.median_us.is_not(None))
+            .where(schema.Devices.kind == "gpu", schema.Software.jax == "0.10.2")
+            .order_by(schema.Trials.median_us, schema.Trials.id)
             .limit(1)
         )
         sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))

@@ -167,26 +167,106 @@ def test_the_optuna_private_names_stay_in_tuning():
             assert LEVEL[layer_of(module)] >= LEVEL["tuning"], (module, uses)
 
 
-def test_no_module_reaches_into_another_modules_private_names():
-    """``module._name`` is that module's own: no autotune module reads an underscore name of
-    another autotune module it imports as a module (the scheduler uses the study module's
-    non-underscore interface)."""
-    bad = []
+# Underscore names of other modules that the modules below still import, while other branches
+# restructure them (issue 33): (importing file, "module._name"). This list must only shrink:
+# never add to it; remove an entry once its file no longer needs it (a stale entry fails
+# test_the_private_import_allowlist_holds_no_stale_entry).
+PRIVATE_IMPORT_ALLOWLIST: frozenset[tuple[str, str]] = frozenset()
+
+
+def _private_uses(source: str, module: str, filename: str = "<src>") -> list[tuple[str, int]]:
+    """``("target_module._name", line)`` for every underscore name of another autotune module
+    that ``source`` (the module ``module``) imports by name (``from m import _x``, relative
+    imports included) or reads through a module it imported (``m._x``, ``import a.b as m``
+    then ``m._x``, ``a.b._x``). A private *module* (``from autotune import _paths``) is a
+    module, not a name: importing it is not counted."""
+    tree = ast.parse(source, filename)
+    package = module if MODULES.get(module, pathlib.Path()).name == "__init__.py" else (
+        module.rsplit(".", 1)[0])
+    found: list[tuple[str, int]] = []
+    aliases: dict[str, str] = {}  # local name -> autotune module (or package prefix)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source_module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source_module = node.module or ""
+            if not source_module.startswith("autotune"):
+                continue
+            for a in node.names:
+                full = f"{source_module}.{a.name}"
+                if full in MODULES:
+                    aliases[a.asname or a.name] = full
+                elif (a.name.startswith("_") and not a.name.startswith("__")
+                        and source_module != module):
+                    found.append((full, node.lineno))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("autotune"):
+                    if a.asname:
+                        aliases[a.asname] = a.name
+                    else:
+                        aliases[a.name.split(".")[0]] = a.name.split(".")[0]
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            continue
+        parts, value = [], node.value
+        while isinstance(value, ast.Attribute):
+            parts.append(value.attr)
+            value = value.value
+        if not isinstance(value, ast.Name) or value.id not in aliases:
+            continue
+        target = ".".join([aliases[value.id], *reversed(parts)])
+        if target in MODULES and target != module and f"{target}.{node.attr}" not in MODULES:
+            found.append((f"{target}.{node.attr}", node.lineno))
+    return found
+
+
+def _private_imports() -> dict[tuple[str, str], list[int]]:
+    """(file, "module._name") -> lines, over every autotune module."""
+    out: dict[tuple[str, str], list[int]] = {}
     for module, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
-        aliases = {}  # local name -> autotune module imported as a module
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                for a in node.names:
-                    full = f"{node.module}.{a.name}"
-                    if full in MODULES:
-                        aliases[a.asname or a.name] = full
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in aliases and node.attr.startswith("_")
-                    and not node.attr.startswith("__")):
-                bad.append(f"{module}:{node.lineno} {aliases[node.value.id]}.{node.attr}")
+        rel = path.relative_to(REPO).as_posix()
+        for target, line in _private_uses(path.read_text(), module, str(path)):
+            out.setdefault((rel, target), []).append(line)
+    return out
+
+
+def test_no_module_imports_or_reads_another_modules_private_names():
+    """No autotune module imports an underscore name of another (``from m import _x``) or
+    reads one through a module it imported (``m._x``): shared helpers are public within
+    their package. Only PRIVATE_IMPORT_ALLOWLIST's pairs are left (the scheduler uses the
+    tuner's non-underscore interface)."""
+    bad = [f"{file}:{lines[0]} uses {target}"
+           for (file, target), lines in sorted(_private_imports().items())
+           if (file, target) not in PRIVATE_IMPORT_ALLOWLIST]
     assert not bad, "\n".join(bad)
+
+
+def test_the_private_import_allowlist_holds_no_stale_entry():
+    """Every allowlisted (file, name) pair still occurs: one that is gone must be removed,
+    so the list only shrinks."""
+    stale = sorted(PRIVATE_IMPORT_ALLOWLIST - set(_private_imports()))
+    assert not stale, f"remove from PRIVATE_IMPORT_ALLOWLIST: {stale}"
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("from autotune.storage.keys import _policy, software_key", ["autotune.storage.keys._policy"]),
+    ("from .keys import _policy", ["autotune.storage.keys._policy"]),
+    ("from autotune.storage import keys\nkeys._policy('warm')", ["autotune.storage.keys._policy"]),
+    ("import autotune.storage.keys as k\nk._policy", ["autotune.storage.keys._policy"]),
+    ("import autotune.storage.keys\nautotune.storage.keys._policy", ["autotune.storage.keys._policy"]),
+    ("from autotune import _paths\nfrom autotune._paths import safe_path", []),
+    ("from autotune.storage.keys import software_key\nx._private", []),
+    ("from autotune.storage.store import _SOUND_FILES", []),  # its own name
+])
+def test_the_private_name_check_sees_every_form(source, expected):
+    """The check above catches ``from m import _x`` (absolute and relative) and ``m._x``
+    through every import form, and not a module's own names or a private module."""
+    found = [target for target, _line in _private_uses(source, "autotune.storage.store")]
+    assert found == expected
 
 
 # -- Kernels: search_spaces/ and the modules loaded by name -------------------------------------

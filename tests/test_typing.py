@@ -1,4 +1,5 @@
-"""The public modules pass ``mypy --strict`` (pyproject.toml ``[tool.mypy]`` names them).
+"""Every autotune module passes ``mypy --strict`` (pyproject.toml ``[tool.mypy]``), except the
+few its ``exclude`` names while other branches restructure them (issue 33).
 
 This is how mypy runs in CI: the test extra installs it, and this test runs it with the
 project's configuration, failing with mypy's own report.
@@ -8,12 +9,18 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The modules mypy may leave unchecked, until they pass: this set must only shrink.
+NOT_YET_STRICT = {
+    "autotune/tuning/samplers/ranked.py",
+}
 
 
 def test_public_modules_pass_mypy_strict(tmp_path):
@@ -26,3 +33,15 @@ def test_public_modules_pass_mypy_strict(tmp_path):
         cwd=REPO, capture_output=True, text=True, env=env, timeout=600, check=False,
     )
     assert proc.returncode == 0, f"mypy --strict failed:\n{proc.stdout}{proc.stderr}"
+
+
+def test_mypy_checks_every_module_but_the_few_named():
+    """The configuration checks all of autotune/ in strict mode and excludes exactly the
+    NOT_YET_STRICT modules, each of which still exists (a stale or new exclusion fails)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert config["files"] == ["autotune"]
+    strict = next(o for o in config["overrides"] if o.get("disallow_untyped_defs"))
+    assert set(strict["module"]) == {"autotune", "autotune.*"}
+    modules = [p.relative_to(REPO).as_posix() for p in (REPO / "autotune").rglob("*.py")]
+    excluded = {m for m in modules if any(re.search(x, m) for x in config["exclude"])}
+    assert excluded == NOT_YET_STRICT

@@ -1,12 +1,12 @@
 """The engine: keeps every GPU busy and survives kernels that crash or hang.
 
-This module is the :class:`Engine` facade: its constructor and public API (submit, baseline,
-retime, confirm, trace, warm-up, stats, close). The dispatcher thread owns every task's state
-and every worker handle, under one lock, so the engine stays one object; its two halves are
-base classes in modules of their own: :mod:`.tasks` (``_TaskQueue``: the queue, handing tasks
-to workers, stages, time limits, resolving futures) and :mod:`.workers` (``_WorkerPool``:
-starting, killing, reaping and respawning worker processes). Over 400 lines because the
-public methods and the constructor's arguments are documented here, where users read them.
+This module is the :class:`Engine`: its constructor, its public API (submit, baseline,
+retime, confirm, trace, warm-up, stats, close) and its dispatcher thread, which ties together
+the two objects the engine owns: a :class:`~.tasks.TaskQueue` (the queue, handing tasks to
+workers, stages, time limits, blame, resolving futures) and a :class:`~.workers.WorkerPool`
+(starting, killing, reaping and respawning worker processes). Both share the engine's lock.
+Over 400 lines because the public methods and the constructor's arguments are documented
+here, where users read them.
 The worker process is :mod:`.worker`, the pipe messages :mod:`.messages`, the default layout
 :mod:`.layout`.
 
@@ -38,7 +38,7 @@ cost is a CUDA context per worker (hundreds of MB of GPU memory each; workers st
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) and, for a worker's first config of a problem, the
 reference's compile under the lock (the throughput benchmark warms every worker up first).
 ``workers_per_gpu=1`` is the earlier engine: one worker per GPU, its compile threads pipelined
-with its timing. The default is in :func:`autotune.engine.layout._default_layout`.
+with its timing. The default is in :func:`autotune.engine.layout.default_layout`.
 
 Isolation. A worker that dies (segfault, abort, an illegal address that leaves the CUDA context
 unusable) or stops answering is replaced by a fresh one, and only the config that caused it is
@@ -61,15 +61,13 @@ resolve, a broken reference) resolve its future with an exception instead.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import itertools
 import logging
+import multiprocessing.connection
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -77,22 +75,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.engine.layout import _cpu_count, _default_layout, gpu_memory_mib
+from autotune.engine.layout import cpu_count, default_layout, gpu_memory_mib
 from autotune.engine.messages import (
     EngineError,
+    Failed,
+    FromWorker,
+    Result,
+    StageReached,
+    WorkerSpec,
 )
 from autotune.engine.tasks import (
-    _TIMEOUT_FLOORS as _TIMEOUT_FLOORS,
-)
-from autotune.engine.tasks import (
-    _gpu_load,
-    _next_in_line,
-    _open_workers,
-    _Task,
-    _TaskQueue,
+    ACTIVE_STAGES,
+    HEARTBEAT_STALE_S,
+    StageEvent,
+    TaskQueue,
     default_timeout_s,
+    gpu_load,
+    next_in_line,
+    open_workers,
 )
-from autotune.engine.workers import _STARTUP_TIMEOUT_S, _WorkerHandle, _WorkerPool
+from autotune.engine.workers import STARTUP_TIMEOUT_S, WorkerHandle, WorkerPool, describe_exit
 from autotune.space.outcomes import DEVICE_KINDS, DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 
@@ -101,21 +103,6 @@ __all__ = ["Engine", "EngineError", "StageEvent", "EngineStats", "default_timeou
 log = logging.getLogger(__name__)
 
 MODES = DEVICE_KINDS
-
-
-@dataclasses.dataclass(frozen=True)
-class StageEvent:
-    """One step of one task, as the worker saw it: ``t`` is wall-clock (``time.time()``)."""
-
-    task_id: int
-    worker: int  # index of the worker slot (workers_per_gpu of them per GPU)
-    gpu: int | None
-    # build, lower, compile, compiled (waiting for the GPU), device (the GPU's lock acquired:
-    # inputs and reference), run, check, time, done (sent before the lock is released)
-    stage: str
-    t: float
-    kind: str = "trial"  # the task's kind: trial, baseline, trace, retime
-    problem: Problem | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,15 +118,7 @@ class EngineStats:
     isolated_reruns: int  # configs re-run alone to find a culprit
 
 
-# ---------------------------------------------------------------------------------------------
-# The worker process.
-
-
-# ---------------------------------------------------------------------------------------------
-# The engine side.
-
-
-class Engine(_TaskQueue, _WorkerPool):
+class Engine:
     """Evaluates configs in worker processes: pipelined, isolated, over one or several GPUs.
 
     Args:
@@ -151,7 +130,7 @@ class Engine(_TaskQueue, _WorkerPool):
       workers_per_gpu: worker processes per GPU. They compile in parallel (a GIL each) and take
         turns on the GPU, one config checked and timed at a time. Default: ``min(8, cores //
         (2 x GPUs))``, at least 1 (1 in fake mode); ``1`` is one worker whose compile threads
-        are pipelined with its timing. See :func:`autotune.engine.layout._default_layout`.
+        are pipelined with its timing. See :func:`autotune.engine.layout.default_layout`.
       compile_threads: compile threads per worker (default: with one worker per GPU, the cores
         shared out among the GPUs, at most 8; with several, 1 or 2).
       trial_timeout_s: limit on a config's run (run, check, time); ``None`` derives it as
@@ -185,7 +164,7 @@ class Engine(_TaskQueue, _WorkerPool):
         allow_import: bool = False,
         iterations: int | None = None,
         log_dir: str | os.PathLike[str] | None = None,
-        startup_timeout_s: float = _STARTUP_TIMEOUT_S,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
         cache: str | None = None,
         keep_compiled: int = 5,
         compilation_cache: str | os.PathLike[str] | None = None,
@@ -228,8 +207,8 @@ class Engine(_TaskQueue, _WorkerPool):
         if mode == DeviceKind.GPU and workers_per_gpu is None:
             sizes = [gpu_memory_mib(g) for g in devices]
             memory = min((m for m in sizes if m), default=None)
-        workers_per_gpu, compile_threads = _default_layout(
-            mode, len(devices), _cpu_count(), workers_per_gpu, compile_threads, memory
+        workers_per_gpu, compile_threads = default_layout(
+            mode, len(devices), cpu_count(), workers_per_gpu, compile_threads, memory
         )
         # Worker slots, GPU-major: slot i runs on devices[i // workers_per_gpu].
         slots = [gpu for gpu in devices for _ in range(workers_per_gpu)]
@@ -244,47 +223,30 @@ class Engine(_TaskQueue, _WorkerPool):
         self.iterations = iterations
         self.keep_compiled = max(0, int(keep_compiled))
         self.compilation_cache = None if compilation_cache is None else str(compilation_cache)
-        # (problem, config digest or None for the baseline) -> the worker slot that timed it
-        # last: the confirmation round times it there again, with the executable it kept.
-        self._timed_on: dict[tuple[Problem, str | None], int] = {}
         self.startup_timeout_s = startup_timeout_s
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir or tempfile.mkdtemp(prefix="autotune-engine-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
 
+        # One lock for the engine, its task queue and its worker pool.
         self._lock = threading.Lock()
-        self._pending: collections.deque[_Task] = collections.deque()
-        self._isolation: collections.deque[_Task] = collections.deque()
-        self._ids = itertools.count()
-        self._closing = False
-        self._cancel_pending = False
-        self._kill_running = False
-        self._broken: str | None = None
-        self._ready_event = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-
-        self._slots = slots
-        self._lock_paths = {
-            gpu: str(self._log_dir / f"gpu-{'visible' if gpu is None else gpu}.lock")
-            for gpu in devices
-        }
-        self._workers: dict[int, _WorkerHandle | None] = {i: None for i in range(len(slots))}
-        self._incarnation = itertools.count()
-        self._startup_failures = 0
-        self._slowest_compile_s = 0.0
-        self._slowest_run_s = 0.0
-        self._timeline: list[StageEvent] = []
-        self._submitted = 0
-        self._resolved = 0
-        self._by_worker: collections.Counter[int] = collections.Counter()
-        self._worker_starts = 0
-        self._crashes = 0
-        self._timeouts = 0
-        self._isolated_reruns = 0
-
-        for slot in self._workers:
-            self._workers[slot] = self._spawn(slot)
+        self._tasks = TaskQueue(
+            self._lock, mode=mode, capacity=compile_threads + 1,
+            trial_timeout_s=trial_timeout_s, compile_timeout_s=compile_timeout_s,
+        )
+        spec = WorkerSpec(
+            mode=mode,
+            iterations=iterations,
+            compile_threads=compile_threads,
+            allow_import=allow_import,
+            log_level=logging.getLogger().getEffectiveLevel(),
+            cache=self.cache_policy,
+            keep_compiled=self.keep_compiled,
+            compilation_cache=self.compilation_cache,
+        )
+        self._pool = WorkerPool(self._lock, slots=slots, spec=spec, log_dir=self._log_dir,
+                                startup_timeout_s=startup_timeout_s)
+        self._pool.start()
         self._thread = threading.Thread(target=self._loop, name="autotune-engine", daemon=True)
         self._thread.start()
 
@@ -301,7 +263,7 @@ class Engine(_TaskQueue, _WorkerPool):
         """
         if not isinstance(config, Config):
             config = Config(config)
-        return self._submit("trial", kernel_name, problem, config, {})
+        return self._tasks.submit("trial", kernel_name, problem, config, {})
 
     def baseline(self, kernel_name: str, problem: Problem) -> TrialResult:
         """Times the kernel's baseline (XLA, cuDNN) on a worker, the way configs are timed."""
@@ -312,7 +274,7 @@ class Engine(_TaskQueue, _WorkerPool):
     ) -> concurrent.futures.Future[TrialResult]:
         """:meth:`baseline` without waiting: queued ahead of the configs, so it is measured by
         the next worker free while the others go on compiling."""
-        return self._submit("baseline", kernel_name, problem, None, {}, urgent=True)
+        return self._tasks.submit("baseline", kernel_name, problem, None, {}, urgent=True)
 
     def retime(
         self,
@@ -333,10 +295,11 @@ class Engine(_TaskQueue, _WorkerPool):
             config = Config(config)
         digest = None if config is None else config.digest()
         with self._lock:
-            slot = self._timed_on.get((problem, digest))
+            slot = self._tasks.timed_on.get((problem, digest))
         extra = {"iterations": int(iterations), "median_us": median_us}
-        return self._submit("retime", kernel_name, problem, config, extra, urgent=True,
-                            slot=slot).result()
+        result: TrialResult = self._tasks.submit(
+            "retime", kernel_name, problem, config, extra, urgent=True, slot=slot).result()
+        return result
 
     def confirm(
         self,
@@ -370,15 +333,15 @@ class Engine(_TaskQueue, _WorkerPool):
         # All on one GPU (the fastest config's): a program timed on another is compiled again
         # on a worker of that GPU, which keeps it for the later rounds.
         with self._lock:
-            first = self._timed_on.get((problem, programs[0].digest() if programs[0] else None))
-            if first is not None and len(set(self._slots)) > 1:
-                gpu = self._slots[first]
-                here = [s for s, g in enumerate(self._slots) if g == gpu]
+            first = self._tasks.timed_on.get((problem, programs[0].digest() if programs[0] else None))
+            if first is not None and len(set(self._pool.slots)) > 1:
+                gpu = self._pool.slots[first]
+                here = [s for s, g in enumerate(self._pool.slots) if g == gpu]
                 for n, program in enumerate(programs):
                     key = (problem, None if program is None else program.digest())
-                    slot = self._timed_on.get(key)
-                    if slot is None or self._slots[slot] != gpu:
-                        self._timed_on[key] = here[n % len(here)]
+                    slot = self._tasks.timed_on.get(key)
+                    if slot is None or self._pool.slots[slot] != gpu:
+                        self._tasks.timed_on[key] = here[n % len(here)]
         medians = list(medians_us or [None] * len(configs)) + [None]
         counts = ([int(iterations)] * len(programs) if isinstance(iterations, int)
                   else [int(n) for n in iterations])
@@ -417,7 +380,8 @@ class Engine(_TaskQueue, _WorkerPool):
             raise EngineError(
                 f"Tracing {config} of {problem} ended {result.outcome}: {result.error}"
             )
-        return result
+        regions: dict[str, tuple[float, int]] = result
+        return regions
 
     def submit_trace(
         self,
@@ -432,31 +396,31 @@ class Engine(_TaskQueue, _WorkerPool):
         if not isinstance(config, Config):
             config = Config(config)
         extra = {"out_dir": str(out_dir), "profile_space": int(profile_space)}
-        return self._submit("trace", kernel_name, problem, config, extra, urgent=True)
+        return self._tasks.submit("trace", kernel_name, problem, config, extra, urgent=True)
 
     def device_info(self, timeout_s: float | None = None) -> DeviceInfo:
         """The device of the first worker to start (waits for it)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            for w in list(self._workers.values()):
-                if w is not None and w.device is not None:
+            for w in self._pool.live():
+                if w.device is not None:
                     return w.device
-            if self._broken:
-                raise EngineError(self._broken)
+            if self._tasks.broken:
+                raise EngineError(self._tasks.broken)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise EngineError("No worker became ready in time.")
-            self._ready_event.wait(0.1 if remaining is None else min(0.1, remaining))
+            self._pool.ready_event.wait(0.1 if remaining is None else min(0.1, remaining))
 
     def device_infos(self) -> dict[int | None, DeviceInfo]:
         """GPU id (None for a single unpinned worker) -> device, for the workers started."""
         self.device_info()
-        return {w.gpu: w.device for w in list(self._workers.values()) if w and w.device}
+        return {w.gpu: w.device for w in self._pool.live() if w.device}
 
     @property
     def workers(self) -> int:
         """Worker processes (slots): ``workers_per_gpu`` per GPU."""
-        return len(self._slots)
+        return len(self._pool.slots)
 
     @property
     def parallelism(self) -> int:
@@ -466,7 +430,7 @@ class Engine(_TaskQueue, _WorkerPool):
         A job runner that keeps this many submitted keeps every GPU and compile thread busy;
         more only waits in the engine's queue.
         """
-        return len(self._slots) * self._capacity
+        return len(self._pool.slots) * self._tasks.capacity
 
     def warm_up(self, kernel_name: str, problem: Problem, config: Config) -> list[TrialResult]:
         """Evaluates ``config`` once on every worker; their results, by worker slot.
@@ -479,26 +443,26 @@ class Engine(_TaskQueue, _WorkerPool):
         if not isinstance(config, Config):
             config = Config(config)
         futures = [
-            self._submit("trial", kernel_name, problem, config, {}, slot=slot)
-            for slot in range(len(self._slots))
+            self._tasks.submit("trial", kernel_name, problem, config, {}, slot=slot)
+            for slot in range(len(self._pool.slots))
         ]
         return [f.result() for f in futures]
 
     def timeline(self) -> list[StageEvent]:
         """Every stage event so far, in arrival order (for pipelining and load reports)."""
         with self._lock:
-            return list(self._timeline)
+            return list(self._tasks.timeline)
 
     def stats(self) -> EngineStats:
         with self._lock:
             return EngineStats(
-                submitted=self._submitted,
-                resolved=self._resolved,
-                by_worker=dict(self._by_worker),
-                worker_starts=self._worker_starts,
-                crashes=self._crashes,
-                timeouts=self._timeouts,
-                isolated_reruns=self._isolated_reruns,
+                submitted=self._tasks.submitted,
+                resolved=self._tasks.resolved,
+                by_worker=dict(self._tasks.by_worker),
+                worker_starts=self._pool.worker_starts,
+                crashes=self._tasks.crashes,
+                timeouts=self._tasks.timeouts,
+                isolated_reruns=self._tasks.isolated_reruns,
             )
 
     def warm_problems(self) -> frozenset[Problem]:
@@ -511,24 +475,24 @@ class Engine(_TaskQueue, _WorkerPool):
         H200) and loading the inputs' and reference's programs under the GPU's lock. Empty when
         no worker has room after the configs already queued.
         """
-        capacity = self._capacity
+        capacity = self._tasks.capacity
         with self._lock:
-            ready = [w for w in self._workers.values() if w is not None and w.state == "ready"]
-            open_ = _open_workers(ready, capacity)
+            ready = self._pool.ready()
+            open_ = open_workers(ready, capacity)
             room = sum(capacity - len(w.tasks) for w in open_)
-            if room <= len(self._pending) + len(self._isolation):
+            if room <= len(self._tasks.pending) + len(self._tasks.isolation):
                 return frozenset()
-            gpu_load = _gpu_load(ready)
-            first = min(_next_in_line(w, gpu_load) for w in open_)
-            return frozenset(p for w in open_ if _next_in_line(w, gpu_load) == first
+            load = gpu_load(ready)
+            first = min(next_in_line(w, load) for w in open_)
+            return frozenset(p for w in open_ if next_in_line(w, load) == first
                              for p in w.problems)
 
     @property
     def in_flight(self) -> int:
         """Tasks submitted and not finished (queued, compiling or running). Takes no lock: a
         signal handler may read it."""
-        queued = len(self._pending) + len(self._isolation)
-        return queued + sum(len(w.tasks) for w in list(self._workers.values()) if w is not None)
+        queued = len(self._tasks.pending) + len(self._tasks.isolation)
+        return queued + sum(len(w.tasks) for w in list(self._pool.handles.values()) if w is not None)
 
     @property
     def log_dir(self) -> Path:
@@ -538,30 +502,20 @@ class Engine(_TaskQueue, _WorkerPool):
     def kill_workers(self) -> None:
         """SIGKILLs every worker's process group at once, for a process about to end (a second
         Ctrl-C). Takes no lock: a signal handler may call it."""
-        for w in list(self._workers.values()):
-            if w is not None:
-                with contextlib.suppress(OSError):
-                    os.killpg(w.process.pid, signal.SIGKILL)
+        self._pool.kill_all()
 
     def close(self, *, cancel_pending: bool = False, kill_running: bool = False) -> None:
         """Finishes the work submitted (or cancels what has not started), then stops workers.
         ``kill_running``: kills the workers at once instead, failing what they were doing (an
         interrupted job: its runner re-runs those configs later)."""
-        with self._lock:
-            self._closing = True
-            self._cancel_pending = self._cancel_pending or cancel_pending or kill_running
-            self._kill_running = self._kill_running or kill_running
-        self._wake()
+        self._tasks.close(cancel_pending=cancel_pending, kill_running=kill_running)
+        self._tasks.wake()
         self._thread.join()
-        with self._lock:
-            if self._wake_w >= 0:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
-                self._wake_r = self._wake_w = -1
+        self._tasks.close_wake()
         if self._own_log_dir:
             shutil.rmtree(self._log_dir, ignore_errors=True)
         else:
-            for path in set(self._lock_paths.values()):  # the workers are gone
+            for path in set(self._pool.lock_paths.values()):  # the workers are gone
                 with contextlib.suppress(OSError):
                     os.unlink(path)
 
@@ -574,17 +528,111 @@ class Engine(_TaskQueue, _WorkerPool):
         interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
         self.close(cancel_pending=exc_type is not None, kill_running=interrupted)
 
-    # -- submission ---------------------------------------------------------------------------
+    # -- the dispatcher thread -------------------------------------------------------------------
 
-    # -- workers ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        tasks, pool = self._tasks, self._pool
+        try:
+            while True:
+                with self._lock:
+                    closing, cancel, kill = tasks.closing, tasks.cancel_pending, tasks.kill_running
+                if cancel:
+                    tasks.cancel_queued()
+                if closing and (kill or not tasks.has_work(pool.live())):
+                    break
+                live = pool.live()
+                waitables: list[Any] = [tasks.wake_fd]
+                for w in live:
+                    waitables.append(w.conn)
+                    if w.sentinel is not None:
+                        waitables.append(w.sentinel)
+                ready = multiprocessing.connection.wait(waitables, timeout=0.1)
+                if tasks.wake_fd in ready:
+                    tasks.clear_wake()
+                for w in live:
+                    if w.conn in ready or (w.sentinel is not None and w.sentinel in ready):
+                        self._drain(w)
+                self._reap()
+                self._check_timeouts()
+                self._respawn()
+                tasks.dispatch(pool.ready())
+        except Exception as e:  # noqa: BLE001 - never leave futures hanging
+            log.exception("The engine's dispatcher failed.")
+            tasks.mark_broken(f"The engine's dispatcher failed: {e!r}")
+            tasks.fail_all(EngineError(f"The engine's dispatcher failed: {e!r}"), pool.live())
+        finally:
+            with self._lock:
+                kill = tasks.kill_running
+            pool.stop(kill=kill)
+            tasks.fail_all(EngineError("The engine stopped before this task ran."), [])
 
+    def _drain(self, w: WorkerHandle) -> None:
+        """Takes every message ``w`` has sent: its own to the pool, its tasks' to the queue."""
+        while True:
+            try:
+                if not w.conn.poll():
+                    return
+                msg: FromWorker = w.conn.recv()
+            except (EOFError, OSError):
+                w.eof = True
+                return
+            if isinstance(msg, (StageReached, Result, Failed)):
+                self._tasks.on_message(w, msg)
+            else:
+                self._pool.on_message(w, msg)
 
-    # -- the dispatcher -----------------------------------------------------------------------
+    def _reap(self) -> None:
+        """Handles workers that exited, or whose pipe closed."""
+        for w in self._pool.exited():
+            self._drain(w)  # results sent just before dying still count
+            self._pool.wait_exit(w)
+            self._on_death(w)
+            self._pool.remove(w)
 
-    def _event(self, task: _Task, w: _WorkerHandle, stage: str, t: float) -> None:
+    def _on_death(self, w: WorkerHandle) -> None:
+        tasks = sorted(w.tasks.values(), key=lambda t: t.id)
+        w.tasks.clear()
+        if w.state == "killed":
+            if w.fatal:  # killed during startup
+                self._startup_failed(w, w.fatal)
+            return  # blame was decided when it was killed
+        code = w.process.returncode
+        if w.state == "starting" or w.fatal or (w.device is None and not tasks):
+            self._startup_failed(w, w.fatal or f"exit code {code}")
+            self._tasks.requeue(tasks, isolate=False)
+            return
+        if w.state == "retiring":
+            self._tasks.requeue(tasks, isolate=False)
+            return
+        self._tasks.blame_crash(w, tasks, how=describe_exit(code), tail=self._pool.stderr_tail(w))
+
+    def _startup_failed(self, w: WorkerHandle, why: str) -> None:
+        """A worker did not start; after a few in a row, the engine is broken."""
+        message = self._pool.startup_failed(w, why)
+        if message is not None:
+            self._tasks.mark_broken(message)
+            self._tasks.fail_all(EngineError(message), self._pool.live())
+            self._pool.ready_event.set()
+
+    def _check_timeouts(self) -> None:
+        """Kills the workers silent since their start, and those with a stage past its limit
+        (then blames, or re-runs, what they held)."""
+        now = time.monotonic()
+        self._pool.kill_stalled_startups(now)
+        for w in self._pool.ready():
+            over = {t.id: o for t in w.tasks.values() if (o := self._tasks.overdue(t, now))}
+            if not over:
+                continue
+            active = [t for t in w.tasks.values() if t.stage in ACTIVE_STAGES]
+            alive = now - w.last_hb < HEARTBEAT_STALE_S
+            self._pool.kill(w, dump_stacks=True)
+            self._tasks.blame_timeout(w, over, active, alive=alive, tail=self._pool.stderr_tail(w))
+
+    def _respawn(self) -> None:
+        if self._tasks.broken:
+            return
         with self._lock:
-            if len(self._timeline) < 1_000_000:
-                self._timeline.append(StageEvent(task.id, w.slot, w.gpu, stage, t,
-                                                 task.msg.kind, task.msg.problem))
-
-
+            closing = self._tasks.closing
+        if closing and not self._tasks.has_work(self._pool.live()):
+            return
+        self._pool.respawn()

@@ -1,7 +1,7 @@
 """How many worker processes per GPU, and compile threads per worker: the engine's layout.
 
 Sized from the cores this process may use and the GPUs' memory (read with ``nvidia-smi``,
-never by initialising CUDA here); given counts always win. See :func:`_default_layout`.
+never by initialising CUDA here); given counts always win. See :func:`default_layout`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 from autotune.space.outcomes import DeviceKind
 
 
-def _cpu_count() -> int:
+def cpu_count() -> int:
     """CPU cores this process may use (its affinity mask, e.g. a container's share)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -47,7 +47,7 @@ def gpu_memory_mib(gpu: int | None = None) -> int | None:
     return min(sizes) if sizes else None
 
 
-def _default_layout(
+def default_layout(
     mode: str,
     n_gpus: int,
     cores: int,

@@ -1,7 +1,7 @@
 """A worker process: compiles configs in its compile threads, times them on its main thread.
 
 A worker is a fresh interpreter started by the engine (:mod:`.dispatcher`) with
-:data:`_BOOT`; it reads its :class:`~.messages.WorkerSpec`, answers with typed messages
+:data:`BOOT`; it reads its :class:`~.messages.WorkerSpec`, answers with typed messages
 (:mod:`.messages`) and holds its GPU's lock (``flock`` on a file shared by the workers of one
 GPU) around everything it does on the device.
 """
@@ -68,7 +68,7 @@ SWITCH_INTERVAL_S = 0.0005
 # or one that touches the GPU at import, would otherwise run again in every worker), and its
 # stdout/stderr go to a log file from the first byte, so even an interpreter crash leaves a
 # tail to report.
-_BOOT = (
+BOOT = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
     "from autotune.engine.worker import _worker_entry; _worker_entry(int(sys.argv[2]))"
 )

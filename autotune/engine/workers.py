@@ -1,12 +1,16 @@
 """The engine's worker processes: starting one per slot (fork + exec, with its GPU and log),
 killing, reaping and respawning them, and what a dead worker's exit and stderr say.
 
-:class:`_WorkerPool` is a part of :class:`~.dispatcher.Engine` (its base class): the methods
-run on the engine's dispatcher thread, over the engine's own state and lock."""
+:class:`WorkerPool` is an object the :class:`~.dispatcher.Engine` owns, beside its
+:class:`~.tasks.TaskQueue`: it holds a :class:`WorkerHandle` per slot (None while the slot's
+process is being replaced). The tasks a worker holds are the queue's; the pool only carries
+them in the handle. It shares the engine's lock."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import multiprocessing
@@ -16,34 +20,40 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from pathlib import Path
 
 from autotune._paths import open_log
 from autotune.engine.messages import (
-    EngineError,
+    Fatal,
+    Heartbeat,
+    Ready,
+    Retire,
     Stop,
     WorkerSpec,
 )
-from autotune.engine.tasks import _ACTIVE_STAGES, _Task
-from autotune.engine.worker import _BOOT
+from autotune.engine.tasks import Task
+from autotune.engine.worker import BOOT
 from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
-from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
+from autotune.space.outcomes import DeviceInfo, DeviceKind
 from autotune.space.problem import Problem
 
 log = logging.getLogger("autotune.engine.dispatcher")
 
-_STARTUP_TIMEOUT_S = 300.0
-_MAX_STARTUP_FAILURES = 3
-_STDERR_TAIL_CHARS = 2000
-
+STARTUP_TIMEOUT_S = 300.0
+MAX_STARTUP_FAILURES = 3
+STDERR_TAIL_CHARS = 2000
 
 
 @dataclasses.dataclass(eq=False)
-class _WorkerHandle:
+class WorkerHandle:
+    """One worker process, as the dispatcher thread sees it."""
+
     slot: int
     gpu: int | None
-    process: Any
+    process: subprocess.Popen[bytes]
     conn: multiprocessing.connection.Connection
     log_path: str
     started: float
@@ -54,7 +64,7 @@ class _WorkerHandle:
     pid: int | None = None
     device: DeviceInfo | None = None
     fatal: str = ""
-    tasks: dict[int, _Task] = dataclasses.field(default_factory=dict)
+    tasks: dict[int, Task] = dataclasses.field(default_factory=dict)
     # The problems it has been sent work of: their first-use costs (the problem's first
     # compile, its inputs' and reference's programs loaded) are paid in this process.
     problems: set[Problem] = dataclasses.field(default_factory=set)
@@ -64,7 +74,8 @@ class _WorkerHandle:
         return any(t.isolate for t in self.tasks.values())
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
+    """How a worker's process ended, from its exit code (None: it did not end)."""
     if code is None:
         return "stopped answering"
     if code < 0:
@@ -76,11 +87,63 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class _WorkerPool:
-    """The worker-process half of :class:`~.dispatcher.Engine`."""
+class WorkerPool:
+    """The worker processes of an engine, one per slot.
 
-    def _spawn(self, slot: int) -> _WorkerHandle:
-        gpu = self._slots[slot]
+    Args:
+      lock: the engine's lock (shared with its :class:`~.tasks.TaskQueue`).
+      slots: the GPU of each slot (None: the GPUs this process sees), GPU-major.
+      spec: what every worker is started with, less its GPU's lock file (set per slot).
+      log_dir: where the workers' logs and the per-GPU lock files go.
+      startup_timeout_s: a worker silent this long after its start is killed.
+
+    Nothing starts until :meth:`start`. :meth:`kill_all` and the :attr:`handles` read by
+    :meth:`~.dispatcher.Engine.in_flight` take no lock (a signal handler may use them); the
+    other methods run on the engine's dispatcher thread (or before it starts).
+    """
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        *,
+        slots: Sequence[int | None],
+        spec: WorkerSpec,
+        log_dir: Path,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
+        self.lock = lock
+        self.slots = list(slots)
+        self.spec = spec
+        self.mode = spec.mode
+        self.log_dir = log_dir
+        self.startup_timeout_s = startup_timeout_s
+        self.lock_paths = {
+            gpu: str(log_dir / f"gpu-{'visible' if gpu is None else gpu}.lock")
+            for gpu in dict.fromkeys(self.slots)
+        }
+        self.handles: dict[int, WorkerHandle | None] = {i: None for i in range(len(self.slots))}
+        self._incarnation = itertools.count()
+        self.startup_failures = 0
+        self.worker_starts = 0
+        # Set when a worker is ready, and when the pool gives up on starting them.
+        self.ready_event = threading.Event()
+
+    def start(self) -> None:
+        """Starts a worker in every slot."""
+        for slot in self.handles:
+            self.handles[slot] = self.spawn(slot)
+
+    def live(self) -> list[WorkerHandle]:
+        """The workers started and not yet reaped."""
+        return [w for w in list(self.handles.values()) if w is not None]
+
+    def ready(self) -> list[WorkerHandle]:
+        """The workers ready for tasks."""
+        return [w for w in self.live() if w.state == "ready"]
+
+    def spawn(self, slot: int) -> WorkerHandle:
+        """Starts the worker of ``slot`` (its process, its pipe, its log)."""
+        gpu = self.slots[slot]
         env = dict(os.environ)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -88,28 +151,22 @@ class _WorkerPool:
             # The tuner process may use the same GPU: a worker must not grab 75% of it.
             env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
             # Every worker times the same XLA program for a baseline (evaluation.xla_autotune).
-            pin_in(env, autotune_cache_folder(self.compilation_cache, self._log_dir))
+            pin_in(env, autotune_cache_folder(self.spec.compilation_cache, self.log_dir))
         if self.mode == DeviceKind.INTERPRET:
             env.setdefault("JAX_PLATFORMS", "cpu")
         env.setdefault("PYTHONFAULTHANDLER", "1")
         n = next(self._incarnation)
-        log_path = str(self._log_dir / f"worker-{slot}-{n}.log")
-        spec = WorkerSpec(
-            mode=self.mode,
-            iterations=self.iterations,
-            compile_threads=self.compile_threads,
-            allow_import=self.allow_import,
+        log_path = str(self.log_dir / f"worker-{slot}-{n}.log")
+        spec = dataclasses.replace(
+            self.spec,
             log_level=logging.getLogger().getEffectiveLevel(),
-            lock_path=self._lock_paths[gpu],
-            cache=self.cache_policy,
-            keep_compiled=self.keep_compiled,
-            compilation_cache=self.compilation_cache,
+            lock_path=self.lock_paths[gpu],
         )
         ours, theirs = socket.socketpair()
         try:
             with os.fdopen(open_log(log_path), "ab") as log_file:  # never through a link
                 process = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(theirs.fileno())],
+                    [sys.executable, "-c", BOOT, json.dumps(sys.path), str(theirs.fileno())],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
@@ -125,10 +182,10 @@ class _WorkerPool:
             sentinel: int | None = os.pidfd_open(process.pid)
         except (AttributeError, OSError):
             sentinel = None  # polled instead
-        with self._lock:
-            self._worker_starts += 1
+        with self.lock:
+            self.worker_starts += 1
         log.debug("Started worker %d (gpu %s, pid %s).", slot, gpu, process.pid)
-        return _WorkerHandle(
+        return WorkerHandle(
             slot=slot,
             gpu=gpu,
             process=process,
@@ -139,7 +196,24 @@ class _WorkerPool:
             sentinel=sentinel,
         )
 
-    def _kill(self, w: _WorkerHandle, *, dump_stacks: bool = False) -> None:
+    def on_message(self, w: WorkerHandle, msg: Heartbeat | Ready | Fatal | Retire) -> None:
+        """Takes a message about worker ``w`` itself (a task's are the queue's)."""
+        now = time.monotonic()
+        if isinstance(msg, Heartbeat):
+            w.last_hb = now
+        elif isinstance(msg, Ready):
+            w.state, w.device, w.pid, w.last_hb = "ready", msg.device, msg.pid, now
+            self.startup_failures = 0
+            self.ready_event.set()
+        elif isinstance(msg, Fatal):
+            w.fatal = msg.error
+        elif isinstance(msg, Retire):
+            w.state = "retiring"
+            log.info("Worker %d retires: %s", w.slot, msg.reason)
+
+    def kill(self, w: WorkerHandle, *, dump_stacks: bool = False) -> None:
+        """SIGKILLs ``w``'s process group (``dump_stacks``: asks it for its threads' stacks
+        first, into its log)."""
         w.state = "killed"
         if w.process.poll() is not None:
             return
@@ -157,35 +231,50 @@ class _WorkerPool:
             except OSError:
                 pass
 
-    def _stderr_tail(self, w: _WorkerHandle) -> str:
+    def kill_stalled_startups(self, now: float) -> None:
+        """Kills the workers silent ``startup_timeout_s`` after their start."""
+        for w in self.live():
+            if w.state == "starting" and now - w.started > self.startup_timeout_s:
+                w.fatal = w.fatal or f"no sign of life {self.startup_timeout_s:.0f} s after start"
+                self.kill(w)
+
+    def kill_all(self) -> None:
+        """SIGKILLs every worker's process group at once. Takes no lock."""
+        for w in list(self.handles.values()):
+            if w is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(w.process.pid, signal.SIGKILL)
+
+    def stderr_tail(self, w: WorkerHandle) -> str:
+        """The last characters of ``w``'s log."""
         try:
             with open(w.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
-                f.seek(max(0, size - 8 * _STDERR_TAIL_CHARS))
+                f.seek(max(0, size - 8 * STDERR_TAIL_CHARS))
                 text = f.read().decode(errors="replace")
         except OSError:
             return ""
-        return text[-_STDERR_TAIL_CHARS:].strip()
+        return text[-STDERR_TAIL_CHARS:].strip()
 
-    def _reap(self) -> None:
-        """Handles workers that exited, or whose pipe closed."""
-        for slot, w in list(self._workers.items()):
-            if w is None:
-                continue
-            if w.process.poll() is None and not w.eof:
-                continue
-            self._drain(w)  # results sent just before dying still count
-            try:
-                w.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._kill(w)
-                w.process.wait(timeout=5)
-            self._on_death(w)
-            self._close_handle(w)
-            self._workers[slot] = None
+    def exited(self) -> list[WorkerHandle]:
+        """The workers whose process exited, or whose pipe closed."""
+        return [w for w in self.live() if w.process.poll() is not None or w.eof]
 
-    def _close_handle(self, w: _WorkerHandle) -> None:
+    def wait_exit(self, w: WorkerHandle) -> None:
+        """Waits for ``w``'s process to end, killing it after 5 s."""
+        try:
+            w.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill(w)
+            w.process.wait(timeout=5)
+
+    def remove(self, w: WorkerHandle) -> None:
+        """Closes a dead worker's handle and frees its slot (for :meth:`respawn`)."""
+        self.close_handle(w)
+        self.handles[w.slot] = None
+
+    def close_handle(self, w: WorkerHandle) -> None:
         try:
             w.conn.close()
         except OSError:
@@ -197,85 +286,36 @@ class _WorkerPool:
                 pass
             w.sentinel = None
 
-    def _on_death(self, w: _WorkerHandle) -> None:
-        code = w.process.returncode
-        tasks = sorted(w.tasks.values(), key=lambda t: t.id)
-        w.tasks.clear()
-        if w.state == "killed":
-            if w.fatal:  # killed during startup
-                self._startup_failed(w, w.fatal)
-            return  # blame was decided when it was killed
-        if w.state == "starting" or w.fatal or (w.device is None and not tasks):
-            self._startup_failed(w, w.fatal or f"exit code {code}")
-            self._requeue(tasks, isolate=False)
-            return
-        if w.state == "retiring":
-            self._requeue(tasks, isolate=False)
-            return
-        with self._lock:
-            self._crashes += 1
-        active = [t for t in tasks if t.stage in _ACTIVE_STAGES]
-        how = _describe_exit(code)
-        tail = self._stderr_tail(w)
-        log.warning("Worker %d (gpu %s, pid %s) died: %s; its log: %s", w.slot, w.gpu, w.pid,
-                    how, w.log_path)
-        if len(active) == 1:
-            (task,) = active
-            self._resolve(
-                task,
-                result=dataclasses.replace(TrialResult.failed(
-                    Outcome.CRASHED,
-                    f"[{task.stage}] worker {w.slot} (gpu {w.gpu}, pid {w.pid}) {how} while "
-                    f"this config was the only one executing (last stage: {task.stage}; "
-                    f"worker log {w.log_path})."
-                    f"\n--- worker stderr tail ---\n{tail}",
-                    compile_s=self._compile_s(task),
-                ), log_path=w.log_path),
-            )
-            self._requeue([t for t in tasks if t is not task], isolate=False)
-        else:
-            self._requeue(active, isolate=True)
-            self._requeue([t for t in tasks if t not in active], isolate=False)
-
-    def _startup_failed(self, w: _WorkerHandle, why: str) -> None:
-        """Counts a worker that did not start; after _MAX_STARTUP_FAILURES in a row the engine
-        is broken, with one line: what failed and the worker's log, which holds the traceback
-        (a worker that died before it could say why: its log's last line, e.g. an import
-        error)."""
-        self._startup_failures += 1
+    def startup_failed(self, w: WorkerHandle, why: str) -> str | None:
+        """Counts a worker that did not start; after MAX_STARTUP_FAILURES in a row, the
+        message that breaks the engine, in one line: what failed and the worker's log, which
+        holds the traceback (a worker that died before it could say why: its log's last line,
+        e.g. an import error)."""
+        self.startup_failures += 1
         if not w.fatal:
-            last = [line for line in self._stderr_tail(w).splitlines() if line.strip()]
+            last = [line for line in self.stderr_tail(w).splitlines() if line.strip()]
             if last:
                 why = f"{why}: {' '.join(last[-1].split())}"
         log.info("Worker %d failed to start (%s); its log: %s", w.slot, why, w.log_path)
-        if self._startup_failures >= _MAX_STARTUP_FAILURES:
-            message = (
-                f"Engine workers (mode {self.mode!r}) failed to start {self._startup_failures} "
-                f"times in a row; last: {why.strip()} (traceback in the worker log {w.log_path})"
-            )
-            with self._lock:
-                self._broken = message
-            self._fail_all(EngineError(message))
-            self._ready_event.set()
+        if self.startup_failures < MAX_STARTUP_FAILURES:
+            return None
+        return (
+            f"Engine workers (mode {self.mode!r}) failed to start {self.startup_failures} "
+            f"times in a row; last: {why.strip()} (traceback in the worker log {w.log_path})"
+        )
 
-    def _respawn(self) -> None:
-        if self._broken:
-            return
-        with self._lock:
-            closing = self._closing
-        if closing and not self._has_work():
-            return
-        for slot, w in self._workers.items():
+    def respawn(self) -> None:
+        """Starts a worker in every free slot."""
+        for slot, w in self.handles.items():
             if w is None:
-                self._workers[slot] = self._spawn(slot)
+                self.handles[slot] = self.spawn(slot)
 
-    def _stop_workers(self) -> None:
-        workers = [w for w in self._workers.values() if w is not None]
-        with self._lock:
-            kill = self._kill_running
+    def stop(self, *, kill: bool) -> None:
+        """Stops every worker (``kill``: at once) and waits for them; the slots are freed."""
+        workers = self.live()
         for w in workers:
             if kill:
-                self._kill(w)
+                self.kill(w)
                 continue
             try:
                 w.conn.send(Stop())
@@ -286,9 +326,8 @@ class _WorkerPool:
             try:
                 w.process.wait(timeout=max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self._kill(w)
+                self.kill(w)
                 w.process.wait(timeout=5)
-            self._close_handle(w)
-        for slot in self._workers:
-            self._workers[slot] = None
-        self._fail_all(EngineError("The engine stopped before this task ran."))
+            self.close_handle(w)
+        for slot in self.handles:
+            self.handles[slot] = None

@@ -94,12 +94,13 @@ def read_clocks(gpu: int = 0, *, nvml: Any = None) -> ClockSnapshot:
     """
     if nvml is None:
         try:
-            import pynvml as nvml  # the nvidia-ml-py package
+            import pynvml  # the nvidia-ml-py package
         except ImportError:
             return ClockSnapshot(
                 available=False, gpu=gpu, taken_at=_now(),
                 reason="nvidia-ml-py is not installed (pip install 'autotune[nvml]')",
             )
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - no driver, no GPU: recorded, not raised
@@ -111,7 +112,7 @@ def read_clocks(gpu: int = 0, *, nvml: Any = None) -> ClockSnapshot:
         temp = int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
         get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         bits = int(get_reasons(handle))
-        violations = []
+        violations: list[int | None] = []
         for policy in (_POLICY_POWER, _POLICY_THERMAL):
             try:
                 violations.append(int(nvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime))

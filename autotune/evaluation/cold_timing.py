@@ -104,9 +104,13 @@ class L2Flush:
             import jax
 
             self._buf = jax.block_until_ready(self._zeros())
+        def launched() -> Any:
+            self.launch()
+            return self._buf
+
         seen: list[tuple[str, ...]] = []
         for _ in range(CALIBRATION_SESSIONS):
-            names = tuple(name for name, _ in session(lambda: (self.launch(), self._buf)[1]))
+            names = tuple(name for name, _ in session(launched))
             if not names:
                 raise RuntimeError("CUPTI recorded no launch of the L2 flush.")
             if seen and names == seen[-1]:

@@ -123,7 +123,7 @@ def _describe(error: BaseException, stage: Stage) -> str:
     return f"[{stage}] {text}"
 
 
-def _failure(
+def failure_result(
     error: BaseException,
     stage: Stage,
     *,
@@ -140,7 +140,7 @@ def _failure(
     return TrialResult.failed(outcome, message, compile_s=compile_s)
 
 
-def _with_rule_hint(
+def with_rule_hint(
     result: TrialResult, kernel: Kernel, problem: Problem, config: Config
 ) -> TrialResult:
     """An ``invalid`` trial's error plus the rule the space is missing (advice only: the
@@ -171,7 +171,7 @@ class Compiled:
     options: BuildOptions = dataclasses.field(default_factory=BuildOptions)
 
 
-def _noop(stage: Stage) -> None:
+def ignore_stage(stage: Stage) -> None:
     pass
 
 
@@ -289,7 +289,7 @@ def make_evaluator(
     raise ValueError(f"Evaluator mode must be 'gpu', 'interpret' or 'fake', but got {mode!r}.")
 
 
-def _wrong(rel: float, tolerance: float, compile_s: float | None, when: str = "") -> TrialResult:
+def wrong_result(rel: float, tolerance: float, compile_s: float | None, when: str = "") -> TrialResult:
     what = "non-finite or mis-shaped output" if math.isinf(rel) else f"relative error {rel:.3g}"
     return TrialResult(
         outcome=Outcome.WRONG_RESULT,

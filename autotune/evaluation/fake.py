@@ -24,9 +24,9 @@ from autotune.evaluation.contract import (
     Evaluator,
     Stage,
     StageHook,
-    _failure,
-    _noop,
-    _wrong,
+    failure_result,
+    ignore_stage,
+    wrong_result,
 )
 from autotune.space.kernel import Kernel
 from autotune.space.outcomes import DeviceInfo, DeviceKind, TrialResult
@@ -156,7 +156,7 @@ class FakeEvaluator(Evaluator):
     def compile(
         self, kernel: Kernel, problem: Problem, config: Config, *, on_stage: StageHook | None = None
     ) -> Compiled | TrialResult:
-        on_stage = on_stage or _noop
+        on_stage = on_stage or ignore_stage
         b = self.rule(config)
         start = time.perf_counter()
         stage = Stage.BUILD
@@ -167,11 +167,11 @@ class FakeEvaluator(Evaluator):
                     time.sleep(b.compile_s)
                 self._act(b, stage)
         except _FakeKernelError as e:
-            return _failure(e, stage, compile_s=time.perf_counter() - start)
+            return failure_result(e, stage, compile_s=time.perf_counter() - start)
         return Compiled(kernel, problem, config, b, time.perf_counter() - start)
 
     def run(self, compiled: Compiled, *, on_stage: StageHook | None = None) -> TrialResult:
-        on_stage = on_stage or _noop
+        on_stage = on_stage or ignore_stage
         b: FakeBehaviour = compiled.executable
         stage = Stage.RUN
         try:
@@ -185,12 +185,12 @@ class FakeEvaluator(Evaluator):
             on_stage(stage)
             self._act(b, Stage.CHECK)
             if b.mode == "wrong":
-                return _wrong(0.5, 0.02, compiled.compile_s)
+                return wrong_result(0.5, 0.02, compiled.compile_s)
             stage = Stage.TIME
             on_stage(stage)
             self._act(b, Stage.TIME)
         except (_FakeKernelError, RuntimeError) as e:
-            return _failure(e, stage, compile_s=compiled.compile_s, device_ok=self.healthy)
+            return failure_result(e, stage, compile_s=compiled.compile_s, device_ok=self.healthy)
         center = b.search_us if b.search_us is not None else b.true_us(self.cache)
         samples = self._samples(compiled.config.digest(), center, b.noise, self.iterations)
         return TrialResult.timed(

@@ -258,7 +258,8 @@ def time_configs(
             fn = jax.jit(kernel.baseline(problem)).trace(*inputs).lower().compile()
             programs.append((fn, inputs))
         table = (timer or WallClockTimer()).rounds(programs, rounds=rounds, calls=calls)
-    per_program = [tuple((row[i],) for row in table) for i in range(len(programs))]
+    per_program: list[tuple[tuple[float, ...], ...]] = [
+        tuple((row[i],) for row in table) for i in range(len(programs))]
     if baseline:
         return per_program[:-1], per_program[-1]
     return per_program, None

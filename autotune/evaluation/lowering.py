@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 from autotune._jax_compat import default_backend_is_gpu
 from autotune.space.kernel import BuildOptions, Kernel
@@ -56,7 +57,7 @@ class LoweringResult:
     seconds: float = 0.0
 
 
-def input_specs(kernel: Kernel, problem: Problem) -> tuple:
+def input_specs(kernel: Kernel, problem: Problem) -> tuple[Any, ...]:
     """``ShapeDtypeStruct``s of the kernel's inputs, without making any array."""
     import jax
 

@@ -33,12 +33,12 @@ from autotune.evaluation.contract import (
     Evaluator,
     Stage,
     StageHook,
-    _failure,
-    _noop,
-    _with_rule_hint,
-    _wrong,
+    failure_result,
+    ignore_stage,
+    with_rule_hint,
+    wrong_result,
 )
-from autotune.evaluation.timing import _device_ok, _time
+from autotune.evaluation.timing import device_still_works, time_runs
 from autotune.space.kernel import DEFAULT_TOLERANCE, BuildOptions, Kernel
 from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
@@ -96,7 +96,8 @@ def _error_terms(out: Any, ref: Any) -> tuple[Any, Any, Any]:
             return compiled(out, ref)  # type: ignore[no-any-return]
         except (TypeError, ValueError):  # placed or laid out otherwise than compiled for
             pass
-    return _error_terms_jit()(out, ref)
+    terms: tuple[Any, Any, Any] = _error_terms_jit()(out, ref)
+    return terms
 
 
 def _error_key(out: Any, ref: Any) -> tuple[Any, ...]:
@@ -180,7 +181,7 @@ def compile_config(
     from autotune.evaluation.lowering import input_specs
 
     options = options or BuildOptions()
-    on_stage = on_stage or _noop
+    on_stage = on_stage or ignore_stage
     stage = Stage.BUILD
     start = time.perf_counter()
     try:
@@ -195,10 +196,10 @@ def compile_config(
         on_stage(stage)
         executable = lowered.compile()
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
-        failed = _failure(
+        failed = failure_result(
             e, stage, compile_s=time.perf_counter() - start, interpret=options.interpret
         )
-        return _with_rule_hint(failed, kernel, problem, config)
+        return with_rule_hint(failed, kernel, problem, config)
     return Compiled(kernel, problem, config, executable, time.perf_counter() - start, options)
 
 
@@ -221,7 +222,7 @@ def lower_config_for_cuda(
     from autotune.devices import current_device
     from autotune.evaluation.lowering import input_specs
 
-    on_stage = on_stage or _noop
+    on_stage = on_stage or ignore_stage
     stage = Stage.BUILD
     start = time.perf_counter()
     try:
@@ -232,11 +233,11 @@ def lower_config_for_cuda(
             specs = input_specs(kernel, problem)
         jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
-        failed = _failure(e, stage, compile_s=time.perf_counter() - start)
+        failed = failure_result(e, stage, compile_s=time.perf_counter() - start)
         failed = dataclasses.replace(
             failed, error=f"{failed.error} (lowering for CUDA, as on the GPU)"
         )
-        return _with_rule_hint(failed, kernel, problem, config)
+        return with_rule_hint(failed, kernel, problem, config)
     return None
 
 
@@ -266,7 +267,7 @@ def run_compiled(
     """
     import jax
 
-    on_stage = on_stage or _noop
+    on_stage = on_stage or ignore_stage
     fn = compiled.executable
     stage = Stage.RUN
     rel: float | None = None
@@ -280,24 +281,24 @@ def run_compiled(
         rel = relative_error(out, expected)
         del out
         if not rel <= tolerance:
-            return _wrong(rel, tolerance, compiled.compile_s)
+            return wrong_result(rel, tolerance, compiled.compile_s)
         if iterations == 0:
             return TrialResult.timed([once_us], compile_s=compiled.compile_s, rel_error=rel,
                                      timing="wallclock", cache=cache)
         stage = Stage.TIME
         on_stage(stage)
-        samples, last = _time(fn, inputs, iterations, timing, cache=cache, flush=flush)
+        samples, last = time_runs(fn, inputs, iterations, timing, cache=cache, flush=flush)
         stage = Stage.CHECK
         rel = max(rel, relative_error(last, expected))
         if not rel <= tolerance:
-            return _wrong(rel, tolerance, compiled.compile_s, when=" in a timed iteration")
+            return wrong_result(rel, tolerance, compiled.compile_s, when=" in a timed iteration")
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
-        device_ok = _device_ok() if timing == "cupti" else True
+        device_ok = device_still_works() if timing == "cupti" else True
         if compiled.options.interpret:
             from autotune import _jax_compat
 
             _jax_compat.reset_interpret_state()
-        return _failure(e, stage, compile_s=compiled.compile_s, device_ok=device_ok)
+        return failure_result(e, stage, compile_s=compiled.compile_s, device_ok=device_ok)
     return TrialResult.timed(
         samples, compile_s=compiled.compile_s, rel_error=rel, timing=timing, cache=cache
     )
@@ -344,12 +345,12 @@ def measure_baseline(
         out = jax.block_until_ready(executable(*inputs))
         rel = relative_error(out, expected) if expected is not None else None
         stage = Stage.TIME
-        samples, _ = _time(
+        samples, _ = time_runs(
             executable, inputs, iterations, timing, aggregate=True, cache=cache, flush=flush
         )
     except Exception as e:  # noqa: BLE001
-        device_ok = _device_ok() if timing == "cupti" else True
-        return _failure(e, stage, compile_s=compile_s, device_ok=device_ok)
+        device_ok = device_still_works() if timing == "cupti" else True
+        return failure_result(e, stage, compile_s=compile_s, device_ok=device_ok)
     return TrialResult.timed(
         samples, compile_s=compile_s, rel_error=rel, timing=timing, cache=cache
     )
@@ -693,7 +694,7 @@ class _JaxEvaluator(Evaluator):
         """
         import jax
 
-        hook = on_stage or _noop
+        hook = on_stage or ignore_stage
         self._prepare_here(kernel, problem)
         key = (kernel.name, problem)
         with self._lock:
@@ -715,11 +716,11 @@ class _JaxEvaluator(Evaluator):
         with self._device_context():
             inputs = self._fresh_inputs(compiled.kernel, compiled.problem)
             try:
-                samples, _ = _time(compiled.executable, inputs, iterations, self.timing,
+                samples, _ = time_runs(compiled.executable, inputs, iterations, self.timing,
                                    cache=self.cache, flush=self._flush())
             except Exception as e:  # noqa: BLE001 - a failure is a value, as in run()
-                device_ok = _device_ok() if self.timing == "cupti" else True
-                result = _failure(e, Stage.TIME, compile_s=compiled.compile_s, device_ok=device_ok)
+                device_ok = device_still_works() if self.timing == "cupti" else True
+                result = failure_result(e, Stage.TIME, compile_s=compiled.compile_s, device_ok=device_ok)
                 if result.outcome is Outcome.CRASHED:
                     self.healthy = False
                 return result

@@ -91,7 +91,7 @@ def select_kernel_time(
     return samples
 
 
-def _device_ok() -> bool:
+def device_still_works() -> bool:
     """Whether the default device still runs a trivial computation (False once poisoned)."""
     try:
         import jax
@@ -131,7 +131,7 @@ def _time_cupti(
     return select_kernel_time(timings), out
 
 
-def _time(
+def time_runs(
     fn: Any,
     inputs: Sequence[Any],
     iterations: int,
@@ -154,7 +154,7 @@ def _time(
         except Exception:  # noqa: BLE001
             # A launch by another thread (an XLA autotuning compile) can land inside the
             # measured window and break measure()'s per-iteration split: try once more.
-            if not _device_ok():
+            if not device_still_works():
                 raise
             log.debug("CUPTI measurement failed; retrying once.", exc_info=True)
             return _time_cupti(fn, inputs, iterations, aggregate=aggregate)

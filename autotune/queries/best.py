@@ -219,7 +219,7 @@ def best_result(
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
     if cache is not None and cache not in CACHE_POLICIES:
         raise JobError(f"cache must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}.")
-    with _open(db, timeout_s=timeout_s) as store:
+    with open_store(db, timeout_s=timeout_s) as store:
         if store is None:
             return None
         if device is None:
@@ -231,7 +231,7 @@ def best_result(
                              "with the interpret-mode result (a functional run on a CPU).",
                              problem)
         else:
-            name, kind = _device_filter(store, device)
+            name, kind = resolve_device(store, device)
             found = _best_row(store, problem, name, kind, cache)
         if found is None:
             return None
@@ -425,7 +425,7 @@ def nearest_results(
     by device); ties in distance keep the order problems were stored in.
     """
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
-    with _open(db, timeout_s=timeout_s) as store:
+    with open_store(db, timeout_s=timeout_s) as store:
         if store is None:
             return []
         candidates = [
@@ -435,7 +435,7 @@ def nearest_results(
             and math.isfinite(d := shape_distance(p.dims, problem.dims))
         ]
         candidates.sort(key=lambda item: item[0])
-        filters = [(None, DeviceKind.GPU)] if device is None else [_device_filter(store, device)]
+        filters = [(None, DeviceKind.GPU)] if device is None else [resolve_device(store, device)]
         out: list[BestResult] = []
         for name, kind in filters:
             found = 0
@@ -460,10 +460,10 @@ def list_results(
     fastest baseline. ``device=None`` lists every device, interpret mode included (each
     summary names its device and kind)."""
     dtype = None if dtype is None else canonical_dtype(dtype)
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return []
-        name, kind = (None, None) if device is None else _device_filter(store, device)
+        name, kind = (None, None) if device is None else resolve_device(store, device)
         return served_summaries(
             store, store.summaries(kernel=kernel, dtype=dtype, device_name=name, device_kind=kind)
         )
@@ -496,7 +496,7 @@ def unservable_results(
     """The stored ok trials that are never served because their config breaks today's rules
     (a rule tightened, or a tunable renamed, after they were measured), oldest first."""
     dtype = None if dtype is None else canonical_dtype(dtype)
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return []
         rows = _frame_rows(store, kernel, dtype, device, "ok")
@@ -560,10 +560,10 @@ def results_frame(
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise JobError(f"results_frame(limit={limit!r}): the limit must be a whole number >= 0, "
                        "or None for every trial.")
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return pd.DataFrame(columns=list(FRAME_COLUMNS))
-        name, kind = (None, None) if device is None else _device_filter(store, device)
+        name, kind = (None, None) if device is None else resolve_device(store, device)
         table = store.trial_table(kernel=kernel, dtype=dtype, device_name=name, device_kind=kind,
                                   status=status, limit=limit)
     return _frame(pd, table)
@@ -676,7 +676,7 @@ def _whole(pd: Any, values: list[Any]) -> Any:
 def _frame_rows(
     store: Store, kernel: str | None, dtype: str | None, device: str | None, status: str | None
 ) -> list[TrialRow]:
-    name, kind = (None, None) if device is None else _device_filter(store, device)
+    name, kind = (None, None) if device is None else resolve_device(store, device)
     return store.trials(
         kernel=kernel, dtype=dtype, device_name=name, device_kind=kind, status=status
     )
@@ -690,7 +690,7 @@ _MAX_OPEN_STORES = 4
 
 
 @contextlib.contextmanager
-def _open(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store | None]:
+def open_store(db: str | None, *, timeout_s: float | None = None) -> Iterator[Store | None]:
     """The database ``db``, opened read-only (never written to, every wait bounded by
     ``timeout_s``, see :class:`Store`), or None when its SQLite file does not exist or it
     holds no autotune tables (:class:`~autotune.errors.EmptyDatabaseError`)."""
@@ -776,7 +776,7 @@ def _caller_level() -> int:
 
 def stored_kernels(db: str | None = None) -> list[str]:
     """Names of the kernels with stored problems (empty when the database does not exist)."""
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return []
         return sorted({p.kernel for p in store.problems()})
@@ -791,7 +791,7 @@ def stored_trial_seconds(
     the trials of ``problem`` itself stored on that kind already."""
     import statistics
 
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return None, 0, 0
         rows = store.trials(kernel=problem.kernel, device_kind=device_kind)
@@ -823,7 +823,7 @@ def close_stores() -> None:
 
 def check_device(device: str | None, db: str | None = None) -> None:
     """Checks a device filter against the devices stored in ``db``, as the queries match it
-    (:func:`_device_filter`: a kind, a name, or part of one); None, and a database that does
+    (:func:`resolve_device`: a kind, a name, or part of one); None, and a database that does
     not exist, pass.
 
     Raises:
@@ -832,10 +832,10 @@ def check_device(device: str | None, db: str | None = None) -> None:
     """
     if device is None:
         return
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return
-        name, kind = _device_filter(store, device)
+        name, kind = resolve_device(store, device)
         devices = store.devices()
         names = sorted({d.name for d in devices})
     if kind is not None and names and kind not in {d.kind for d in devices}:
@@ -852,7 +852,7 @@ def check_device(device: str | None, db: str | None = None) -> None:
         )
 
 
-def _device_filter(store: Store, device: str) -> tuple[str | None, str | None]:
+def resolve_device(store: Store, device: str) -> tuple[str | None, str | None]:
     """(device name, device kind) to filter by, from a kind, a name, or part of a name."""
     if not isinstance(device, str) or not device.strip():
         raise JobError(

@@ -45,7 +45,7 @@ from typing import Any
 
 from autotune.errors import JobError
 from autotune.queries import best as best_queries
-from autotune.queries.best import _device_filter, _open, served_summaries
+from autotune.queries.best import open_store, resolve_device, served_summaries
 from autotune.space.outcomes import (
     CACHE_POLICIES,
     DEVICE_KINDS,
@@ -88,10 +88,10 @@ def export_records(
 ) -> list[dict[str, Any]]:
     """The best stored config of every (problem, device), as JSON-ready dicts."""
     records: list[dict[str, Any]] = []
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return records
-        name, kind = (None, None) if device is None else _device_filter(store, device)
+        name, kind = (None, None) if device is None else resolve_device(store, device)
         summaries = store.summaries(kernel=kernel, device_name=name, device_kind=kind)
         left_out = _interpret_left_out(summaries) if device is None else set()
         for summary in served_summaries(store, summaries):  # configs valid under today's rules
@@ -160,7 +160,7 @@ def interpret_export_counts(db: str | None = None, *,
                             kernel: str | None = None) -> tuple[int, int]:
     """``(left out, included)``: how many (problem, interpret device) results with a best
     config :func:`export_records` leaves out, and includes, when no device is asked for."""
-    with _open(db) as store:
+    with open_store(db) as store:
         if store is None:
             return 0, 0
         summaries = [s for s in store.summaries(kernel=kernel) if s.best_config is not None]

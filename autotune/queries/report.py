@@ -140,12 +140,12 @@ def write_report(
       ImportError: matplotlib is not installed.
     """
     _require_matplotlib()
-    from autotune.queries.best import _open, served_summaries
+    from autotune.queries.best import open_store, served_summaries
     from autotune.queries.outputs import check_output_dir
     from autotune.storage.urls import display_url, resolve_url
 
     out = check_output_dir(out_dir, flag="the report folder (--out)")
-    with _open(db) as store:
+    with open_store(db) as store:
         summaries = [] if store is None else served_summaries(store, store.summaries(kernel=kernel))
         if store is None or not summaries:
             raise NothingTunedError(

@@ -1,19 +1,23 @@
 """The connection to the results database: SQLAlchemy engines (SQLite PRAGMAs, read-only
 and busy timeouts, PostgreSQL), how a database failure is worded, and migrating the schema on
-open (alembic, the ``at_alembic_version`` table). Used by :class:`~.store.Store`."""
+open (alembic, the ``at_alembic_version`` table), and the :class:`Sessions` a store's reader
+and writer share. Used by :class:`~.store.Store`."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import pathlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import EmptyDatabaseError, StorageError
 from autotune.storage.urls import in_memory, mask_text
@@ -28,7 +32,7 @@ _PG_MIGRATION_LOCK = 0x6175746F74756E65
 _MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent / "migrations"
 
 
-def _create_engine(url: URL, *, read_only: bool = False) -> Engine:
+def make_engine(url: URL, *, read_only: bool = False) -> Engine:
     if url.get_backend_name() != "sqlite":
         kwargs: dict[str, Any] = {}
         if url.get_backend_name() == "postgresql":
@@ -95,7 +99,7 @@ def damaged_hint(reason: str) -> str:
     return ""
 
 
-def _open_hint(path: pathlib.Path | None, reason: str) -> str:
+def open_hint(path: pathlib.Path | None, reason: str) -> str:
     """What to do when an SQLite file cannot be opened, or nothing for other backends."""
     if path is None:
         return ""
@@ -191,7 +195,7 @@ def repair_version_record(url: URL, where: str) -> tuple[list[str] | None, str]:
     from alembic import command
     from alembic.script import ScriptDirectory
 
-    engine = _create_engine(url)
+    engine = make_engine(url)
     try:
         with engine.connect() as connection:
             rows = _version_rows(connection)
@@ -205,7 +209,7 @@ def repair_version_record(url: URL, where: str) -> tuple[list[str] | None, str]:
         revisions = [r.revision for r in reversed(list(script.walk_revisions()))]
         match = None
         for revision in revisions:
-            memory = _create_engine(sa.make_url("sqlite://"))
+            memory = make_engine(sa.make_url("sqlite://"))
             try:
                 with memory.begin() as mc:
                     command.upgrade(_alembic_config(mc), revision)
@@ -226,7 +230,7 @@ def repair_version_record(url: URL, where: str) -> tuple[list[str] | None, str]:
         engine.dispose()
 
 
-class _SchemaBehind(StorageError):
+class SchemaBehind(StorageError):
     """A read-only store found a schema older than head (it migrates through a writer)."""
 
 
@@ -262,9 +266,9 @@ def _at_head(read_engine: Engine) -> bool:
     return list(found) == [head]  # exactly one row: a doubled record goes to the full check
 
 
-def _migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool = False) -> None:
+def migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool = False) -> None:
     """Brings the schema to head; refuses a schema newer than this code. ``read_only``: only
-    checks, raising :class:`_SchemaBehind` when the schema is older than head."""
+    checks, raising :class:`SchemaBehind` when the schema is older than head."""
     if _at_head(read_engine):
         return
     from alembic import command
@@ -300,10 +304,47 @@ def _migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool
             "or AUTOTUNE_DB at the database autotune stores its results in."
         )
     if read_only:
-        raise _SchemaBehind(f"The database {where} has an older autotune schema than {head}.")
+        raise SchemaBehind(f"The database {where} has an older autotune schema than {head}.")
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
         if current(connection) != {head}:
             log.info("Upgrading the autotune schema of %s to %s.", where, head)
             command.upgrade(_alembic_config(connection), "head")
+
+
+class Sessions:
+    """One database's sessions, shared by a store's :class:`~.reading.StoreReader` and
+    :class:`~.writing.StoreWriter`: a write session is one transaction, a read session runs
+    on the read-only engine; a database error in either becomes a :class:`StorageError` that
+    says what was being done, where, and why.
+
+    ``where``: the database as messages name it (a SQLite path, or the URL without password).
+    """
+
+    def __init__(self, engine: Engine, read_engine: Engine, where: str) -> None:
+        self.where = where
+        self._writes = sessionmaker(engine, expire_on_commit=False)
+        self._reads = sessionmaker(read_engine)
+
+    @contextlib.contextmanager
+    def write(self, what: str) -> Iterator[Session]:
+        """A session in one write transaction, committed on leaving (``what``: for errors)."""
+        try:
+            with self._writes.begin() as session:
+                yield session
+        except sa_exc.SQLAlchemyError as e:
+            raise StorageError(f"Could not {what} in {self.where}: {failure_reason(e)}.") from e
+
+    @contextlib.contextmanager
+    def read(self, what: str) -> Iterator[Session]:
+        """A read session (``what``: for errors, which carry the damaged-file hint)."""
+        try:
+            with self._reads() as session:
+                yield session
+        except sa_exc.SQLAlchemyError as e:
+            reason = failure_reason(e)
+            hint = damaged_hint(reason)
+            raise StorageError(
+                f"Could not {what} from {self.where}: {reason}." + (f" {hint}" if hint else "")
+            ) from e

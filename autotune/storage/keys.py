@@ -1,53 +1,59 @@
 """What every :class:`~.store.Store` method shares: timestamps, the software and device keys,
 get-or-create of a keyed row (race-safe inserts), the checks of a result's times, the trial
-query with the :class:`~.rows.TrialRow` it reads, and the sessions the store's halves use."""
+query with the :class:`~.rows.TrialRow` it reads."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from autotune.devices import DeviceFacts
-from autotune.space.outcomes import MAX_TIME_US, MIN_TIME_US, DeviceInfo, Outcome, TrialResult
+from autotune.space.outcomes import (
+    MAX_TIME_US,
+    MIN_TIME_US,
+    DeviceInfo,
+    DeviceKind,
+    Outcome,
+    TrialResult,
+)
 from autotune.space.problem import Config, Problem
 from autotune.storage.rows import (
     TrialRow,
 )
 from autotune.storage.schema import (
     Base,
-    _Configs,
-    _Devices,
-    _Kernels,
-    _Problems,
-    _Software,
-    _TraceRegions,
-    _Trials,
+    Configs,
+    Devices,
+    Kernels,
+    Problems,
+    Software,
+    TraceRegions,
+    Trials,
 )
 
-_SOFTWARE_COLUMNS = ("jax", "jaxlib", "autotune")
+SOFTWARE_COLUMNS = ("jax", "jaxlib", "autotune")
 _UTC = dt.UTC
 
 
-def _now() -> dt.datetime:
+def utc_now() -> dt.datetime:
     return dt.datetime.now(_UTC)
 
 
-def _check_aware(name: str, value: dt.datetime | None) -> None:
+def check_aware(name: str, value: dt.datetime | None) -> None:
     if value is not None and (value.tzinfo is None or value.utcoffset() is None):
         raise ValueError(
             f"{name} must be timezone-aware, e.g. datetime.now(timezone.utc), but got {value!r}."
         )
 
 
-def _software_key(software: Mapping[str, str]) -> dict[str, str]:
+def software_key(software: Mapping[str, str]) -> dict[str, str]:
     if not isinstance(software, Mapping):
         raise ValueError(
             f"software must map names to versions, e.g. {{'jax': '0.10.2'}}, but got {software!r}."
@@ -57,23 +63,24 @@ def _software_key(software: Mapping[str, str]) -> dict[str, str]:
             raise ValueError(
                 f"software must map names to version strings, but got {key!r}: {value!r}."
             )
-    columns = {name: software.get(name, "") for name in _SOFTWARE_COLUMNS}
-    extra = {k: v for k, v in software.items() if k not in _SOFTWARE_COLUMNS and v}
+    columns = {name: software.get(name, "") for name in SOFTWARE_COLUMNS}
+    extra = {k: v for k, v in software.items() if k not in SOFTWARE_COLUMNS and v}
     columns["extra"] = json.dumps(extra, sort_keys=True, separators=(",", ":"))
     if len(columns["extra"]) > 1000:
         raise ValueError(f"software has too many extra keys to store: {sorted(extra)}.")
     return columns
 
 
-def _software_dict(row: _Software) -> dict[str, str]:
-    out = {name: getattr(row, name) for name in _SOFTWARE_COLUMNS if getattr(row, name)}
+def software_from_row(row: Software) -> dict[str, str]:
+    out = {name: getattr(row, name) for name in SOFTWARE_COLUMNS if getattr(row, name)}
     out.update(json.loads(row.extra or "{}"))
     return out
 
 
-def _device_info(row: _Devices) -> DeviceInfo:
+def device_from_row(row: Devices) -> DeviceInfo:
     return DeviceInfo(
-        name=row.name, kind=row.kind, compute_capability=row.compute_capability, driver=row.driver,
+        name=row.name, kind=DeviceKind(row.kind), compute_capability=row.compute_capability,
+        driver=row.driver,
         facts=_facts(row.facts),
     )
 
@@ -93,46 +100,35 @@ def _facts_json(device: DeviceInfo) -> str | None:
     return json.dumps(device.facts.to_dict(), sort_keys=True) if device.facts is not None else None
 
 
-def _device_id(session: Session, device: DeviceInfo, *, fill: bool = False) -> int:
+def device_row_id(session: Session, device: DeviceInfo, *, fill: bool = False) -> int:
     """The id of ``device``'s row, created with its facts; ``fill``: also writes the facts
     into a row stored without them (done once per job run, not per trial)."""
     facts = _facts_json(device)
-    device_id = _get_or_create(session, _Devices, _device_key(device), facts=facts)
+    device_id = get_or_create(session, Devices, device_key(device), facts=facts)
     if fill and facts is not None:
         session.execute(
-            sa.update(_Devices)
-            .where(_Devices.id == device_id, _Devices.facts.is_(None))
+            sa.update(Devices)
+            .where(Devices.id == device_id, Devices.facts.is_(None))
             .values(facts=facts)
         )
     return device_id
 
 
-class _StoreSessions:
-    """What :class:`~.store.Store` gives its reading and writing halves (``_StoreReads``,
-    ``_StoreWrites``): where it stores, and its read and write sessions."""
-
-    if TYPE_CHECKING:  # provided by Store
-        _where: str
-
-        def _write(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
-        def _read(self, what: str) -> contextlib.AbstractContextManager[Session]: ...
-
-
-def _problem(kernel: _Kernels, row: _Problems) -> Problem:
+def problem_from_rows(kernel: Kernels, row: Problems) -> Problem:
     return Problem(kernel.name, json.loads(row.shape_json), row.dtype)
 
 
-def _get_or_create(session: Session, model: type[Base], key: Mapping[str, Any], **extra: Any) -> int:
+def get_or_create(session: Session, model: type[Base], key: Mapping[str, Any], **extra: Any) -> int:
     """The id of the row matching ``key``, inserting it (with ``extra``) if missing
-    (race-safe: :func:`_insert_or_stored`)."""
+    (race-safe: :func:`insert_or_stored`)."""
     query = sa.select(model.id).filter_by(**key)  # type: ignore[attr-defined]
     found = session.scalar(query)
     if found is not None:
         return int(found)
-    return _insert_or_stored(session, model(**key, **extra), query)[0]
+    return insert_or_stored(session, model(**key, **extra), query)[0]
 
 
-def _insert_or_stored(session: Session, row: Base, query: Any) -> tuple[int, bool]:
+def insert_or_stored(session: Session, row: Base, query: Any) -> tuple[int, bool]:
     """Inserts ``row``: ``(its id, False)``; or, where another transaction stored the same row
     first, ``(that row's id, True)``, read with ``query``.
 
@@ -150,21 +146,21 @@ def _insert_or_stored(session: Session, row: Base, query: Any) -> tuple[int, boo
     return int(row.id), False  # type: ignore[attr-defined]
 
 
-def _plausible(column: Any) -> Any:
+def plausible(column: Any) -> Any:
     """The SQL form of :func:`autotune.space.outcomes.plausible_us` on ``column``: false for
     NULL, NaN (PostgreSQL sorts NaN above every number; SQLite stores it as NULL), infinities,
     zero, negative and implausible times, so that the database never ranks them first."""
     return column.between(MIN_TIME_US, MAX_TIME_US)
 
 
-def _samples(samples_us: Sequence[float], what: str) -> tuple[float, ...]:
+def checked_samples(samples_us: Sequence[float], what: str) -> tuple[float, ...]:
     values = tuple(float(s) for s in samples_us)
     if not values or not all(math.isfinite(v) for v in values):
         raise ValueError(f"{what} must be a non-empty sequence of finite times, but got {values!r}.")
     return values
 
 
-def _check_times(result: TrialResult) -> None:
+def check_times(result: TrialResult) -> None:
     """Non-finite times are never stored (they would break strict JSON and exports)."""
     if not all(math.isfinite(float(v)) for v in result.samples_us):
         raise ValueError(
@@ -175,7 +171,7 @@ def _check_times(result: TrialResult) -> None:
 # SQLite files a writer found sound in this process: (path, size, mtime) as checked.
 
 
-def _policy(cache: str) -> str:
+def checked_policy(cache: str) -> str:
     from autotune.space.outcomes import CACHE_POLICIES
 
     if cache not in CACHE_POLICIES:
@@ -185,7 +181,7 @@ def _policy(cache: str) -> str:
     return cache
 
 
-def _device_key(device: DeviceInfo) -> dict[str, str]:
+def device_key(device: DeviceInfo) -> dict[str, str]:
     return {
         "name": device.name,
         "kind": device.kind,
@@ -194,41 +190,41 @@ def _device_key(device: DeviceInfo) -> dict[str, str]:
     }
 
 
-def _device_filter(query: Any, device_name: str | None, device_kind: str | None) -> Any:
+def device_filter(query: Any, device_name: str | None, device_kind: str | None) -> Any:
     if device_kind is not None:
-        query = query.where(_Devices.kind == device_kind)
+        query = query.where(Devices.kind == device_kind)
     if device_name is not None:
-        query = query.where(_Devices.name == device_name)
+        query = query.where(Devices.name == device_name)
     return query
 
 
-def _trial_query() -> Any:
-    traced = sa.exists().where(_TraceRegions.trial_id == _Trials.id).label("traced")
+def trial_query() -> Any:
+    traced = sa.exists().where(TraceRegions.trial_id == Trials.id).label("traced")
     return (
-        sa.select(_Trials, _Problems, _Kernels, _Configs, _Devices, _Software, traced)
-        .join(_Problems, _Problems.id == _Trials.problem_id)
-        .join(_Kernels, _Kernels.id == _Problems.kernel_id)
-        .join(_Configs, _Configs.id == _Trials.config_id)
-        .join(_Devices, _Devices.id == _Trials.device_id)
-        .join(_Software, _Software.id == _Trials.software_id)
+        sa.select(Trials, Problems, Kernels, Configs, Devices, Software, traced)
+        .join(Problems, Problems.id == Trials.problem_id)
+        .join(Kernels, Kernels.id == Problems.kernel_id)
+        .join(Configs, Configs.id == Trials.config_id)
+        .join(Devices, Devices.id == Trials.device_id)
+        .join(Software, Software.id == Trials.software_id)
     )
 
 
-def _trial_row(
-    t: _Trials,
-    p: _Problems,
-    k: _Kernels,
-    c: _Configs,
-    d: _Devices,
-    s: _Software,
+def trial_row(
+    t: Trials,
+    p: Problems,
+    k: Kernels,
+    c: Configs,
+    d: Devices,
+    s: Software,
     traced: bool,
 ) -> TrialRow:
     return TrialRow(
         id=t.id,
-        problem=_problem(k, p),
+        problem=problem_from_rows(k, p),
         config=Config.from_json(c.config_json),
-        device=_device_info(d),
-        software=_software_dict(s),
+        device=device_from_row(d),
+        software=software_from_row(s),
         status=Outcome(t.status),
         median_us=t.median_us,
         min_us=t.min_us,

@@ -1,6 +1,6 @@
 """Reading the results database: trials, the best configs, baselines, trace regions, problems,
 devices, job runs, confirmation rounds and per-problem summaries, as frozen rows.
-:class:`_StoreReads` is a part of :class:`~.store.Store` (its base class)."""
+:class:`StoreReader` is the reading part a :class:`~.store.Store` owns."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ import sqlalchemy as sa
 
 from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome
 from autotune.space.problem import Config, Problem
+from autotune.storage.connection import Sessions
 from autotune.storage.keys import (
-    _SOFTWARE_COLUMNS,
-    _device_filter,
-    _device_info,
-    _device_key,
-    _plausible,
-    _policy,
-    _problem,
-    _software_dict,
-    _software_key,
-    _StoreSessions,
-    _trial_query,
-    _trial_row,
+    SOFTWARE_COLUMNS,
+    checked_policy,
+    device_filter,
+    device_from_row,
+    device_key,
+    plausible,
+    problem_from_rows,
+    software_from_row,
+    software_key,
+    trial_query,
+    trial_row,
 )
 from autotune.storage.rows import (
     NO_TIME,
@@ -44,18 +44,18 @@ from autotune.storage.rows import (
     VerificationRow,
 )
 from autotune.storage.schema import (
-    _Baselines,
-    _Configs,
-    _ConfirmationPrograms,
-    _Confirmations,
-    _Devices,
-    _Kernels,
-    _Problems,
-    _Runs,
-    _Software,
-    _TraceRegions,
-    _Trials,
-    _Verifications,
+    Baselines,
+    Configs,
+    ConfirmationPrograms,
+    Confirmations,
+    Devices,
+    Kernels,
+    Problems,
+    Runs,
+    Software,
+    TraceRegions,
+    Trials,
+    Verifications,
 )
 
 log = logging.getLogger("autotune.storage.store")
@@ -68,8 +68,12 @@ HISTORY_SHAPES = 8
 HISTORY_PER_SHAPE = 768
 
 
-class _StoreReads(_StoreSessions):
-    """The reading half of :class:`~.store.Store`."""
+class StoreReader:
+    """Every read of one database, through the :class:`~.connection.Sessions` it is
+    given (a :class:`~.store.Store` owns one and forwards its public methods to it)."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
 
     def finished_digests(
         self,
@@ -86,22 +90,22 @@ class _StoreReads(_StoreSessions):
         measure again.
         """
         query = (
-            sa.select(_Configs.digest)
-            .join(_Trials, _Trials.config_id == _Configs.id)
-            .join(_Problems, _Problems.id == _Trials.problem_id)
-            .where(_Problems.digest == problem.digest())
+            sa.select(Configs.digest)
+            .join(Trials, Trials.config_id == Configs.id)
+            .join(Problems, Problems.id == Trials.problem_id)
+            .where(Problems.digest == problem.digest())
         )
         if device is not None:
-            query = query.join(_Devices, _Devices.id == _Trials.device_id).filter_by(
-                **_device_key(device)
+            query = query.join(Devices, Devices.id == Trials.device_id).filter_by(
+                **device_key(device)
             )
         if software is not None:
-            query = query.join(_Software, _Software.id == _Trials.software_id).filter_by(
-                **_software_key(software)
+            query = query.join(Software, Software.id == Trials.software_id).filter_by(
+                **software_key(software)
             )
         if cache is not None:
-            query = query.where(_Trials.cache_policy == _policy(cache))
-        with self._read("read finished configs") as session:
+            query = query.where(Trials.cache_policy == checked_policy(cache))
+        with self._sessions.read("read finished configs") as session:
             return set(session.scalars(query))
 
     def trials(
@@ -117,20 +121,20 @@ class _StoreReads(_StoreSessions):
     ) -> list[TrialRow]:
         """Stored trials, oldest first, filtered by problem, kernel, device name and kind,
         outcome, dtype and cache policy."""
-        query = _trial_query()
+        query = trial_query()
         if problem is not None:
-            query = query.where(_Problems.digest == problem.digest())
+            query = query.where(Problems.digest == problem.digest())
         if kernel is not None:
-            query = query.where(_Kernels.name == kernel)
+            query = query.where(Kernels.name == kernel)
         if dtype is not None:
-            query = query.where(_Problems.dtype == dtype)
-        query = _device_filter(query, device_name, device_kind)
+            query = query.where(Problems.dtype == dtype)
+        query = device_filter(query, device_name, device_kind)
         if status is not None:
-            query = query.where(_Trials.status == Outcome(status).value)
+            query = query.where(Trials.status == Outcome(status).value)
         if cache is not None:
-            query = query.where(_Trials.cache_policy == _policy(cache))
-        with self._read("read trials") as session:
-            return [_trial_row(*row) for row in session.execute(query.order_by(_Trials.id))]
+            query = query.where(Trials.cache_policy == checked_policy(cache))
+        with self._sessions.read("read trials") as session:
+            return [trial_row(*row) for row in session.execute(query.order_by(Trials.id))]
 
     def observations(
         self,
@@ -159,16 +163,16 @@ class _StoreReads(_StoreSessions):
         from autotune.space.problem import shape_distance
 
         kernel_query = (
-            sa.select(_Problems.id, _Problems.shape_json, _Problems.dtype)
-            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
-            .where(_Kernels.name == problem.kernel)
-            .order_by(_Problems.id)
+            sa.select(Problems.id, Problems.shape_json, Problems.dtype)
+            .join(Kernels, Kernels.id == Problems.kernel_id)
+            .where(Kernels.name == problem.kernel)
+            .order_by(Problems.id)
         )
-        with self._read("read the kernel's history") as session:
-            devices = [d for d in session.scalars(_device_filter(sa.select(_Devices.id), device_name, device_kind))]
+        with self._sessions.read("read the kernel's history") as session:
+            devices = [d for d in session.scalars(device_filter(sa.select(Devices.id), device_name, device_kind))]
             if not devices:
                 return []
-            on_device = _Trials.device_id.in_(devices)
+            on_device = Trials.device_id.in_(devices)
             here_digest = problem.digest()
             problems: dict[int, Problem] = {}
             ranked: list[tuple[bool, float, int]] = []
@@ -185,36 +189,36 @@ class _StoreReads(_StoreSessions):
             for _other_dtype, _distance, pid in ranked:
                 if len(picked) >= shapes:
                     break
-                if session.scalar(sa.select(_Trials.id).where(_Trials.problem_id == pid, on_device).limit(1)) is not None:
+                if session.scalar(sa.select(Trials.id).where(Trials.problem_id == pid, on_device).limit(1)) is not None:
                     picked.append(pid)
 
             # (trial id, problem id, config id, status, median): the rows chosen, by trial id.
-            base = sa.select(_Trials.id, _Trials.problem_id, _Trials.config_id, _Trials.status,
-                             _Trials.median_us).where(on_device)
+            base = sa.select(Trials.id, Trials.problem_id, Trials.config_id, Trials.status,
+                             Trials.median_us).where(on_device)
             chosen: dict[int, Any] = {}
             if here_id is not None:
-                chosen.update((r[0], r) for r in session.execute(base.where(_Trials.problem_id == here_id)))
+                chosen.update((r[0], r) for r in session.execute(base.where(Trials.problem_id == here_id)))
             for pid in picked:
-                mine = base.where(_Trials.problem_id == pid)
-                count = int(session.scalar(sa.select(sa.func.count()).select_from(_Trials).where(
-                    _Trials.problem_id == pid, on_device)) or 0)
+                mine = base.where(Trials.problem_id == pid)
+                count = int(session.scalar(sa.select(sa.func.count()).select_from(Trials).where(
+                    Trials.problem_id == pid, on_device)) or 0)
                 if count <= per_shape:
                     chosen.update((r[0], r) for r in session.execute(mine))
                     continue
                 fastest = per_shape // 4
                 chosen.update((r[0], r) for r in session.execute(
-                    mine.where(_Trials.status == Outcome.OK.value, _Trials.median_us.is_not(None))
-                    .order_by(_Trials.median_us, _Trials.id).limit(fastest)))
+                    mine.where(Trials.status == Outcome.OK.value, Trials.median_us.is_not(None))
+                    .order_by(Trials.median_us, Trials.id).limit(fastest)))
                 step = -(-count // (per_shape - fastest))
                 chosen.update((r[0], r) for r in session.execute(
-                    mine.where(_Trials.id % step == 0).order_by(_Trials.id).limit(per_shape - fastest)))
+                    mine.where(Trials.id % step == 0).order_by(Trials.id).limit(per_shape - fastest)))
             config_ids = sorted({r[2] for r in chosen.values()})
             configs: dict[int, Config] = {}
             for at in range(0, len(config_ids), 500):
                 configs.update(
                     (cid, Config.from_json(text)) for cid, text in session.execute(
-                        sa.select(_Configs.id, _Configs.config_json)
-                        .where(_Configs.id.in_(config_ids[at:at + 500]))))
+                        sa.select(Configs.id, Configs.config_json)
+                        .where(Configs.id.in_(config_ids[at:at + 500]))))
         return [
             Observed(problems[pid], configs[cid], median if status == Outcome.OK.value else None)
             for _tid, pid, cid, status, median in (chosen[t] for t in sorted(chosen))
@@ -235,25 +239,25 @@ class _StoreReads(_StoreSessions):
         software they name are read once each, not once per trial."""
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
             raise ValueError(f"limit must be a whole number >= 0, but got {limit!r}.")
-        traced = sa.exists().where(_TraceRegions.trial_id == _Trials.id)
-        t = _Trials.__table__.c
+        traced = sa.exists().where(TraceRegions.trial_id == Trials.id)
+        t = Trials.__table__.c
         query = (
             sa.select(t.id, t.problem_id, t.config_id, t.device_id, t.software_id, t.status,
                       t.median_us, t.min_us, t.max_us, t.compile_s, t.rel_error, t.timing,
                       t.cache_policy, t.spread, t.study_name, t.optuna_trial_number, t.worker,
                       t.host, t.started_at, t.finished_at, traced, t.error)
-            .join(_Problems, _Problems.id == _Trials.problem_id)
-            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
-            .join(_Devices, _Devices.id == _Trials.device_id)
+            .join(Problems, Problems.id == Trials.problem_id)
+            .join(Kernels, Kernels.id == Problems.kernel_id)
+            .join(Devices, Devices.id == Trials.device_id)
         )
         if kernel is not None:
-            query = query.where(_Kernels.name == kernel)
+            query = query.where(Kernels.name == kernel)
         if dtype is not None:
-            query = query.where(_Problems.dtype == dtype)
-        query = _device_filter(query, device_name, device_kind)
+            query = query.where(Problems.dtype == dtype)
+        query = device_filter(query, device_name, device_kind)
         if status is not None:
-            query = query.where(_Trials.status == Outcome(status).value)
-        query = query.order_by(_Trials.id)
+            query = query.where(Trials.status == Outcome(status).value)
+        query = query.order_by(Trials.id)
         if limit is not None:
             query = query.limit(limit)
         numbers = {"median_us", "min_us", "max_us", "compile_s", "rel_error", "spread",
@@ -267,7 +271,7 @@ class _StoreReads(_StoreSessions):
         epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
         micro = dt.timedelta(microseconds=1)
         nan = float("nan")
-        with self._read("read trials") as session:
+        with self._sessions.read("read trials") as session:
             # Streamed (yield_per), so that a million rows are never held at once.
             # On the session's connection (Core: no ORM row handling), one column at a time.
             result = session.connection().execute(query.execution_options(yield_per=20_000))
@@ -286,23 +290,23 @@ class _StoreReads(_StoreSessions):
                         out.extend(shared.setdefault(v, v) for v in values)
             problem_ids = set(columns["problem_id"])
             problems = {pid: Problem(name, json.loads(shape), dtype_) for pid, name, shape, dtype_ in session.execute(
-                sa.select(_Problems.id, _Kernels.name, _Problems.shape_json, _Problems.dtype)
-                .join(_Kernels, _Kernels.id == _Problems.kernel_id)) if pid in problem_ids}
+                sa.select(Problems.id, Kernels.name, Problems.shape_json, Problems.dtype)
+                .join(Kernels, Kernels.id == Problems.kernel_id)) if pid in problem_ids}
             config_ids = sorted(set(columns["config_id"]))
             configs: dict[int, str] = {}
             for at in range(0, len(config_ids), 500):
                 configs.update((cid, text) for cid, text in session.execute(
-                    sa.select(_Configs.id, _Configs.config_json)
-                    .where(_Configs.id.in_(config_ids[at:at + 500]))))
-            devices = {d.id: _device_info(d) for d in session.scalars(sa.select(_Devices))}
-            software = {s.id: _software_dict(s) for s in session.scalars(sa.select(_Software))}
+                    sa.select(Configs.id, Configs.config_json)
+                    .where(Configs.id.in_(config_ids[at:at + 500]))))
+            devices = {d.id: device_from_row(d) for d in session.scalars(sa.select(Devices))}
+            software = {s.id: software_from_row(s) for s in session.scalars(sa.select(Software))}
         return TrialTable(columns, problems, configs, devices, software)
 
     def trial(self, trial_id: int) -> TrialRow | None:
         """The trial with id ``trial_id``, or None."""
-        with self._read("read a trial") as session:
-            row = session.execute(_trial_query().where(_Trials.id == trial_id)).first()
-            return None if row is None else _trial_row(*row)
+        with self._sessions.read("read a trial") as session:
+            row = session.execute(trial_query().where(Trials.id == trial_id)).first()
+            return None if row is None else trial_row(*row)
 
     def best(
         self,
@@ -326,23 +330,23 @@ class _StoreReads(_StoreSessions):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, but got {n!r}.")
         query = (
-            _trial_query()
-            .where(_Problems.digest == problem.digest())
-            .where(_Trials.status == Outcome.OK.value, _plausible(_Trials.median_us))
+            trial_query()
+            .where(Problems.digest == problem.digest())
+            .where(Trials.status == Outcome.OK.value, plausible(Trials.median_us))
         )
-        query = _device_filter(query, device_name, device_kind)
+        query = device_filter(query, device_name, device_kind)
         if cache is None:
             cache = self.preferred_policy(problem, device_name=device_name, device_kind=device_kind)
-        query = query.where(_Trials.cache_policy == _policy(cache))
+        query = query.where(Trials.cache_policy == checked_policy(cache))
         for key, value in (versions or {}).items():
-            if key not in _SOFTWARE_COLUMNS:
+            if key not in SOFTWARE_COLUMNS:
                 raise ValueError(
-                    f"versions may name {', '.join(_SOFTWARE_COLUMNS)}, but got {key!r}."
+                    f"versions may name {', '.join(SOFTWARE_COLUMNS)}, but got {key!r}."
                 )
-            query = query.where(getattr(_Software, key) == value)
-        query = query.order_by(_Trials.median_us, _Trials.id).limit(n)
-        with self._read("read the best trials") as session:
-            return [_trial_row(*row) for row in session.execute(query)]
+            query = query.where(getattr(Software, key) == value)
+        query = query.order_by(Trials.median_us, Trials.id).limit(n)
+        with self._sessions.read("read the best trials") as session:
+            return [trial_row(*row) for row in session.execute(query)]
 
     def preferred_policy(
         self,
@@ -354,15 +358,15 @@ class _StoreReads(_StoreSessions):
         """The cache policy whose results answer for ``problem`` on these devices: ``cold``
         when it has an ok trial timed cold there, else ``warm`` (one query)."""
         query = (
-            sa.select(_Trials.id)
-            .join(_Problems, _Problems.id == _Trials.problem_id)
-            .join(_Devices, _Devices.id == _Trials.device_id)
-            .where(_Problems.digest == problem.digest())
-            .where(_Trials.status == Outcome.OK.value, _Trials.cache_policy == "cold")
-            .where(_plausible(_Trials.median_us))
+            sa.select(Trials.id)
+            .join(Problems, Problems.id == Trials.problem_id)
+            .join(Devices, Devices.id == Trials.device_id)
+            .where(Problems.digest == problem.digest())
+            .where(Trials.status == Outcome.OK.value, Trials.cache_policy == "cold")
+            .where(plausible(Trials.median_us))
         )
-        query = _device_filter(query, device_name, device_kind).limit(1)
-        with self._read("read the cache policies") as session:
+        query = device_filter(query, device_name, device_kind).limit(1)
+        with self._sessions.read("read the cache policies") as session:
             return "cold" if session.scalar(query) is not None else "warm"
 
     def baseline(
@@ -391,26 +395,26 @@ class _StoreReads(_StoreSessions):
     ) -> list[BaselineRow]:
         """Stored baselines of ``problem``, fastest first (of one cache policy, if given)."""
         query = (
-            sa.select(_Baselines, _Problems, _Kernels, _Devices, _Software)
-            .join(_Problems, _Problems.id == _Baselines.problem_id)
-            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
-            .join(_Devices, _Devices.id == _Baselines.device_id)
-            .join(_Software, _Software.id == _Baselines.software_id)
-            .where(_Problems.digest == problem.digest())
+            sa.select(Baselines, Problems, Kernels, Devices, Software)
+            .join(Problems, Problems.id == Baselines.problem_id)
+            .join(Kernels, Kernels.id == Problems.kernel_id)
+            .join(Devices, Devices.id == Baselines.device_id)
+            .join(Software, Software.id == Baselines.software_id)
+            .where(Problems.digest == problem.digest())
         )
         if name is not None:
-            query = query.where(_Baselines.name == name)
+            query = query.where(Baselines.name == name)
         if cache is not None:
-            query = query.where(_Baselines.cache_policy == _policy(cache))
-        query = _device_filter(query, device_name, device_kind).where(_plausible(_Baselines.median_us))
-        query = query.order_by(_Baselines.median_us, _Baselines.id)
-        with self._read("read baselines") as session:
+            query = query.where(Baselines.cache_policy == checked_policy(cache))
+        query = device_filter(query, device_name, device_kind).where(plausible(Baselines.median_us))
+        query = query.order_by(Baselines.median_us, Baselines.id)
+        with self._sessions.read("read baselines") as session:
             return [
                 BaselineRow(
                     id=b.id,
-                    problem=_problem(k, p),
-                    device=_device_info(d),
-                    software=_software_dict(s),
+                    problem=problem_from_rows(k, p),
+                    device=device_from_row(d),
+                    software=software_from_row(s),
                     name=b.name,
                     median_us=b.median_us,
                     min_us=b.min_us,
@@ -426,11 +430,11 @@ class _StoreReads(_StoreSessions):
     def trace_regions(self, trial_id: int) -> list[TraceRegionRow]:
         """The trace regions stored for a trial, by region name."""
         query = (
-            sa.select(_TraceRegions)
-            .where(_TraceRegions.trial_id == trial_id)
-            .order_by(_TraceRegions.region)
+            sa.select(TraceRegions)
+            .where(TraceRegions.trial_id == trial_id)
+            .order_by(TraceRegions.region)
         )
-        with self._read("read trace regions") as session:
+        with self._sessions.read("read trace regions") as session:
             return [
                 TraceRegionRow(r.trial_id, r.region, r.median_us, r.count, r.trace_path)
                 for r in session.scalars(query)
@@ -438,32 +442,32 @@ class _StoreReads(_StoreSessions):
 
     def problems(self, kernel: str | None = None) -> list[Problem]:
         """The problems with anything stored, by kernel name then insertion order."""
-        query = sa.select(_Kernels, _Problems).join(_Problems, _Problems.kernel_id == _Kernels.id)
+        query = sa.select(Kernels, Problems).join(Problems, Problems.kernel_id == Kernels.id)
         if kernel is not None:
-            query = query.where(_Kernels.name == kernel)
-        query = query.order_by(_Kernels.name, _Problems.id)
-        with self._read("read problems") as session:
-            return [_problem(k, p) for k, p in session.execute(query)]
+            query = query.where(Kernels.name == kernel)
+        query = query.order_by(Kernels.name, Problems.id)
+        with self._sessions.read("read problems") as session:
+            return [problem_from_rows(k, p) for k, p in session.execute(query)]
 
     def devices(self) -> list[DeviceInfo]:
         """Every device with anything stored."""
-        query = sa.select(_Devices).order_by(_Devices.kind, _Devices.name, _Devices.id)
-        with self._read("read devices") as session:
-            return [_device_info(d) for d in session.scalars(query)]
+        query = sa.select(Devices).order_by(Devices.kind, Devices.name, Devices.id)
+        with self._sessions.read("read devices") as session:
+            return [device_from_row(d) for d in session.scalars(query)]
 
     def runs(self) -> list[RunRow]:
         """Every job run, oldest first."""
-        query = sa.select(_Runs, _Devices).join(_Devices, _Devices.id == _Runs.device_id)
-        with self._read("read job runs") as session:
+        query = sa.select(Runs, Devices).join(Devices, Devices.id == Runs.device_id)
+        with self._sessions.read("read job runs") as session:
             return [
                 RunRow(
-                    id=r.id, job=r.job, device=_device_info(d), host=r.host,
+                    id=r.id, job=r.job, device=device_from_row(d), host=r.host,
                     cache_policy=r.cache_policy, started_at=r.started_at,
                     finished_at=r.finished_at, clocks_before=json.loads(r.clocks_before),
                     clocks_after=None if r.clocks_after is None else json.loads(r.clocks_after),
                     warnings=tuple(json.loads(r.warnings or "[]")),
                 )
-                for r, d in session.execute(query.order_by(_Runs.id))
+                for r, d in session.execute(query.order_by(Runs.id))
             ]
 
     def confirmations(
@@ -477,18 +481,18 @@ class _StoreReads(_StoreSessions):
     ) -> list[ConfirmationRow]:
         """The stored confirmation rounds of ``problem``, newest first (the newest ``limit``)."""
         query = (
-            sa.select(_Confirmations.id)
-            .join(_Problems, _Problems.id == _Confirmations.problem_id)
-            .join(_Devices, _Devices.id == _Confirmations.device_id)
-            .where(_Problems.digest == problem.digest())
+            sa.select(Confirmations.id)
+            .join(Problems, Problems.id == Confirmations.problem_id)
+            .join(Devices, Devices.id == Confirmations.device_id)
+            .where(Problems.digest == problem.digest())
         )
         if cache is not None:
-            query = query.where(_Confirmations.cache_policy == _policy(cache))
-        query = _device_filter(query, device_name, device_kind)
-        query = query.order_by(_Confirmations.id.desc())
+            query = query.where(Confirmations.cache_policy == checked_policy(cache))
+        query = device_filter(query, device_name, device_kind)
+        query = query.order_by(Confirmations.id.desc())
         if limit is not None:
             query = query.limit(limit)
-        with self._read("read confirmation rounds") as session:
+        with self._sessions.read("read confirmation rounds") as session:
             ids = [int(i) for i in session.scalars(query)]
         rows = dict(self._confirmation_rows(ids)).values()
         return sorted(rows, key=lambda r: -r.id)
@@ -498,21 +502,21 @@ class _StoreReads(_StoreSessions):
         if not ids:
             return []
         query = (
-            sa.select(_Confirmations, _Problems, _Kernels, _Devices, _Software)
-            .join(_Problems, _Problems.id == _Confirmations.problem_id)
-            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
-            .join(_Devices, _Devices.id == _Confirmations.device_id)
-            .join(_Software, _Software.id == _Confirmations.software_id)
-            .where(_Confirmations.id.in_(list(ids)))
+            sa.select(Confirmations, Problems, Kernels, Devices, Software)
+            .join(Problems, Problems.id == Confirmations.problem_id)
+            .join(Kernels, Kernels.id == Problems.kernel_id)
+            .join(Devices, Devices.id == Confirmations.device_id)
+            .join(Software, Software.id == Confirmations.software_id)
+            .where(Confirmations.id.in_(list(ids)))
         )
         programs_q = (
-            sa.select(_ConfirmationPrograms, _Configs)
-            .join(_Trials, _Trials.id == _ConfirmationPrograms.trial_id)
-            .join(_Configs, _Configs.id == _Trials.config_id)
-            .where(_ConfirmationPrograms.confirmation_id.in_(list(ids)))
-            .order_by(_ConfirmationPrograms.confirmation_id, _ConfirmationPrograms.position)
+            sa.select(ConfirmationPrograms, Configs)
+            .join(Trials, Trials.id == ConfirmationPrograms.trial_id)
+            .join(Configs, Configs.id == Trials.config_id)
+            .where(ConfirmationPrograms.confirmation_id.in_(list(ids)))
+            .order_by(ConfirmationPrograms.confirmation_id, ConfirmationPrograms.position)
         )
-        with self._read("read confirmation rounds") as session:
+        with self._sessions.read("read confirmation rounds") as session:
             programs: dict[int, list[ConfirmedProgram]] = {}
             for p, c in session.execute(programs_q):
                 programs.setdefault(p.confirmation_id, []).append(ConfirmedProgram(
@@ -522,17 +526,17 @@ class _StoreReads(_StoreSessions):
                     crowned=bool(p.crowned),
                 ))
             out = []
-            for c, p, k, d, s in session.execute(query):
-                out.append((p.id, ConfirmationRow(
-                    id=c.id, problem=_problem(k, p), device=_device_info(d),
-                    software=_software_dict(s), cache_policy=c.cache_policy, rounds=c.rounds,
-                    iterations=c.iterations, crowned_trial_id=c.crowned_trial_id,
-                    fastest_trial_id=c.fastest_trial_id, baseline_name=c.baseline_name,
-                    baseline_median_us=c.baseline_median_us, baseline_spread=c.baseline_spread,
-                    baseline_rounds_us=c.baseline_rounds_us, speedup=c.speedup,
-                    speedup_spread=c.speedup_spread, speedup_low=c.speedup_low,
-                    speedup_high=c.speedup_high, created_at=c.created_at, run_id=c.run_id,
-                    programs=tuple(programs.get(c.id, ())),
+            for conf, prob, k, d, s in session.execute(query):
+                out.append((prob.id, ConfirmationRow(
+                    id=conf.id, problem=problem_from_rows(k, prob), device=device_from_row(d),
+                    software=software_from_row(s), cache_policy=conf.cache_policy, rounds=conf.rounds,
+                    iterations=conf.iterations, crowned_trial_id=conf.crowned_trial_id,
+                    fastest_trial_id=conf.fastest_trial_id, baseline_name=conf.baseline_name,
+                    baseline_median_us=conf.baseline_median_us, baseline_spread=conf.baseline_spread,
+                    baseline_rounds_us=conf.baseline_rounds_us, speedup=conf.speedup,
+                    speedup_spread=conf.speedup_spread, speedup_low=conf.speedup_low,
+                    speedup_high=conf.speedup_high, created_at=conf.created_at, run_id=conf.run_id,
+                    programs=tuple(programs.get(conf.id, ())),
                 )))
         return out
 
@@ -547,24 +551,24 @@ class _StoreReads(_StoreSessions):
         """The stored ``autotune verify`` rows (of ``problem``, or of every problem), newest
         first (the newest ``limit``)."""
         query = (
-            sa.select(_Verifications, _Problems, _Kernels, _Devices, _Software, _Configs)
-            .join(_Problems, _Problems.id == _Verifications.problem_id)
-            .join(_Kernels, _Kernels.id == _Problems.kernel_id)
-            .join(_Devices, _Devices.id == _Verifications.device_id)
-            .join(_Software, _Software.id == _Verifications.software_id)
-            .join(_Configs, _Configs.id == _Verifications.config_id)
+            sa.select(Verifications, Problems, Kernels, Devices, Software, Configs)
+            .join(Problems, Problems.id == Verifications.problem_id)
+            .join(Kernels, Kernels.id == Problems.kernel_id)
+            .join(Devices, Devices.id == Verifications.device_id)
+            .join(Software, Software.id == Verifications.software_id)
+            .join(Configs, Configs.id == Verifications.config_id)
         )
         if problem is not None:
-            query = query.where(_Problems.digest == problem.digest())
-        query = _device_filter(query, device_name, device_kind)
-        query = query.order_by(_Verifications.id.desc())
+            query = query.where(Problems.digest == problem.digest())
+        query = device_filter(query, device_name, device_kind)
+        query = query.order_by(Verifications.id.desc())
         if limit is not None:
             query = query.limit(limit)
-        with self._read("read verifications") as session:
+        with self._sessions.read("read verifications") as session:
             return [
                 VerificationRow(
-                    id=v.id, problem=_problem(k, p), device=_device_info(d),
-                    software=_software_dict(s), confirmation_id=v.confirmation_id,
+                    id=v.id, problem=problem_from_rows(k, p), device=device_from_row(d),
+                    software=software_from_row(s), confirmation_id=v.confirmation_id,
                     config=Config.from_json(c.config_json), method=v.method, rounds=v.rounds,
                     calls=v.calls, baseline_name=v.baseline_name,
                     winner_rounds_us=v.winner_rounds_us, baseline_rounds_us=v.baseline_rounds_us,
@@ -588,47 +592,47 @@ class _StoreReads(_StoreSessions):
     ) -> list[ProblemSummary]:
         """One summary per (problem, device name, device kind, cache policy) with stored trials;
         each carries its policy's newest confirmation round, if any."""
-        group = (_Trials.problem_id, _Devices.name, _Devices.kind, _Trials.cache_policy)
+        group = (Trials.problem_id, Devices.name, Devices.kind, Trials.cache_policy)
 
         def filtered(query: Any) -> Any:
             query = (
-                query.join(_Devices, _Devices.id == _Trials.device_id)
-                .join(_Problems, _Problems.id == _Trials.problem_id)
-                .join(_Kernels, _Kernels.id == _Problems.kernel_id)
+                query.join(Devices, Devices.id == Trials.device_id)
+                .join(Problems, Problems.id == Trials.problem_id)
+                .join(Kernels, Kernels.id == Problems.kernel_id)
             )
             if kernel is not None:
-                query = query.where(_Kernels.name == kernel)
+                query = query.where(Kernels.name == kernel)
             if dtype is not None:
-                query = query.where(_Problems.dtype == dtype)
-            return _device_filter(query, device_name, device_kind)
+                query = query.where(Problems.dtype == dtype)
+            return device_filter(query, device_name, device_kind)
 
-        counts_q = filtered(sa.select(*group, _Trials.status, sa.func.count()).select_from(_Trials))
-        counts_q = counts_q.group_by(*group, _Trials.status)
-        rank = sa.func.row_number().over(partition_by=group, order_by=(_Trials.median_us, _Trials.id))
+        counts_q = filtered(sa.select(*group, Trials.status, sa.func.count()).select_from(Trials))
+        counts_q = counts_q.group_by(*group, Trials.status)
+        rank = sa.func.row_number().over(partition_by=group, order_by=(Trials.median_us, Trials.id))
         ranked = filtered(
-            sa.select(*group, _Trials.id, _Trials.median_us, _Configs.config_json, rank.label("rank"))
-            .select_from(_Trials)
-            .join(_Configs, _Configs.id == _Trials.config_id)
-            .where(_Trials.status == Outcome.OK.value, _plausible(_Trials.median_us))
+            sa.select(*group, Trials.id, Trials.median_us, Configs.config_json, rank.label("rank"))
+            .select_from(Trials)
+            .join(Configs, Configs.id == Trials.config_id)
+            .where(Trials.status == Outcome.OK.value, plausible(Trials.median_us))
         ).subquery()
         best_q = sa.select(ranked).where(ranked.c.rank == 1)
         base_rank = sa.func.row_number().over(
-            partition_by=(_Baselines.problem_id, _Devices.name, _Devices.kind,
-                          _Baselines.cache_policy),
-            order_by=(_Baselines.median_us, _Baselines.id),
+            partition_by=(Baselines.problem_id, Devices.name, Devices.kind,
+                          Baselines.cache_policy),
+            order_by=(Baselines.median_us, Baselines.id),
         )
         base_sub = (
             sa.select(
-                _Baselines.problem_id, _Devices.name, _Devices.kind, _Baselines.cache_policy,
-                _Baselines.name.label("baseline"), _Baselines.median_us, base_rank.label("rank"),
+                Baselines.problem_id, Devices.name, Devices.kind, Baselines.cache_policy,
+                Baselines.name.label("baseline"), Baselines.median_us, base_rank.label("rank"),
             )
-            .join(_Devices, _Devices.id == _Baselines.device_id)
-            .where(_plausible(_Baselines.median_us))
+            .join(Devices, Devices.id == Baselines.device_id)
+            .where(plausible(Baselines.median_us))
             .subquery()
         )
         base_q = sa.select(base_sub).where(base_sub.c.rank == 1)
 
-        with self._read("summarise results") as session:
+        with self._sessions.read("summarise results") as session:
             trials: dict[tuple[int, str, str, str], dict[str, int]] = {}
             for problem_id, name, kind, policy, status, count in session.execute(counts_q):
                 trials.setdefault((problem_id, name, kind, policy), {})[status] = int(count)
@@ -642,24 +646,24 @@ class _StoreReads(_StoreSessions):
                 for r in session.execute(base_q)
             }
             newest = (
-                sa.select(sa.func.max(_Confirmations.id))
-                .join(_Devices, _Devices.id == _Confirmations.device_id)
-                .where(_Confirmations.problem_id.in_(sorted({k[0] for k in trials})))
-                .group_by(_Confirmations.problem_id, _Devices.name, _Devices.kind,
-                          _Confirmations.cache_policy)
+                sa.select(sa.func.max(Confirmations.id))
+                .join(Devices, Devices.id == Confirmations.device_id)
+                .where(Confirmations.problem_id.in_(sorted({k[0] for k in trials})))
+                .group_by(Confirmations.problem_id, Devices.name, Devices.kind,
+                          Confirmations.cache_policy)
             )
             confirmation_ids = [int(i) for i in session.scalars(newest)]
             problem_ids = sorted({key[0] for key in trials})
             problems = {
-                p.id: _problem(k, p)
+                p.id: problem_from_rows(k, p)
                 for k, p in session.execute(
-                    sa.select(_Kernels, _Problems)
-                    .join(_Problems, _Problems.kernel_id == _Kernels.id)
-                    .where(_Problems.id.in_(problem_ids))
+                    sa.select(Kernels, Problems)
+                    .join(Problems, Problems.kernel_id == Kernels.id)
+                    .where(Problems.id.in_(problem_ids))
                 )
             }
         confirmations = {
-            (problem_id, c.device.name, c.device.kind, c.cache_policy): c
+            (problem_id, c.device.name, c.device.kind.value, c.cache_policy): c
             for problem_id, c in self._confirmation_rows(confirmation_ids)
         }
         out = []

@@ -44,7 +44,8 @@ class _UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
     def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
+        stamp: dt.datetime = value
+        return stamp.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
 
 
 class _Samples(sa.types.TypeDecorator[tuple[float, ...]]):
@@ -60,7 +61,7 @@ class _Samples(sa.types.TypeDecorator[tuple[float, ...]]):
         return tuple(float(v) for v in json.loads(value or "[]"))
 
 
-class _Kernels(Base):
+class Kernels(Base):
     __tablename__ = "at_kernels"
     __table_args__ = (sa.UniqueConstraint("name", name="uq_at_kernels_name"),)
 
@@ -68,7 +69,7 @@ class _Kernels(Base):
     name: Mapped[str] = mapped_column(sa.String(200))
 
 
-class _Problems(Base):
+class Problems(Base):
     __tablename__ = "at_problems"
     __table_args__ = (
         sa.UniqueConstraint("digest", name="uq_at_problems_digest"),
@@ -82,7 +83,7 @@ class _Problems(Base):
     digest: Mapped[str] = mapped_column(sa.String(16))
 
 
-class _Devices(Base):
+class Devices(Base):
     __tablename__ = "at_devices"
     __table_args__ = (
         sa.UniqueConstraint(
@@ -99,7 +100,7 @@ class _Devices(Base):
     facts: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
 
 
-class _Software(Base):
+class Software(Base):
     __tablename__ = "at_software"
     __table_args__ = (
         sa.UniqueConstraint("jax", "jaxlib", "autotune", "extra", name="uq_at_software_versions"),
@@ -113,7 +114,7 @@ class _Software(Base):
     extra: Mapped[str] = mapped_column(sa.String(1000))
 
 
-class _Configs(Base):
+class Configs(Base):
     __tablename__ = "at_configs"
     __table_args__ = (sa.UniqueConstraint("kernel_id", "digest", name="uq_at_configs_kernel_digest"),)
 
@@ -123,7 +124,7 @@ class _Configs(Base):
     digest: Mapped[str] = mapped_column(sa.String(16))
 
 
-class _Trials(Base):
+class Trials(Base):
     __tablename__ = "at_trials"
     __table_args__ = (
         # The database's own guarantee that no config is measured twice.
@@ -164,7 +165,7 @@ class _Trials(Base):
     finished_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
 
 
-class _Baselines(Base):
+class Baselines(Base):
     __tablename__ = "at_baselines"
     __table_args__ = (
         sa.UniqueConstraint(
@@ -187,7 +188,7 @@ class _Baselines(Base):
     spread: Mapped[float | None] = mapped_column(sa.Double)
 
 
-class _TraceRegions(Base):
+class TraceRegions(Base):
     __tablename__ = "at_trace_regions"
     __table_args__ = (
         sa.UniqueConstraint("trial_id", "region", name="uq_at_trace_regions_trial_region"),
@@ -214,7 +215,7 @@ class _Rounds(sa.types.TypeDecorator[tuple[tuple[float, ...], ...]]):
         return tuple(tuple(float(v) for v in r) for r in json.loads(value or "[]"))
 
 
-class _Runs(Base):
+class Runs(Base):
     """One job run: where, with which cache policy, and the GPU's clocks around it (0003)."""
 
     __tablename__ = "at_runs"
@@ -231,8 +232,8 @@ class _Runs(Base):
     warnings: Mapped[str] = mapped_column(sa.Text)  # JSON list of strings
 
 
-class _Confirmations(Base):
-    """One confirmation round of a problem (0003); its programs in _ConfirmationPrograms."""
+class Confirmations(Base):
+    """One confirmation round of a problem (0003); its programs in ConfirmationPrograms."""
 
     __tablename__ = "at_confirmations"
     __table_args__ = (
@@ -260,7 +261,7 @@ class _Confirmations(Base):
     created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime)
 
 
-class _ConfirmationPrograms(Base):
+class ConfirmationPrograms(Base):
     __tablename__ = "at_confirmation_programs"
     __table_args__ = (
         sa.UniqueConstraint(
@@ -281,7 +282,7 @@ class _ConfirmationPrograms(Base):
     crowned: Mapped[bool] = mapped_column(sa.Boolean)
 
 
-class _Verifications(Base):
+class Verifications(Base):
     """One independent re-time of a problem's stored winner and baseline (0004):
     ``autotune verify`` (autotune.tuning.verify), rows of their own; nothing else changes."""
 

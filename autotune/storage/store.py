@@ -21,44 +21,60 @@ session). After ``fork``, open a new Store in the child (or call
 This module does not import jax: :mod:`autotune.queries.best` uses it.
 
 The tables are in :mod:`.schema`, the row values in :mod:`.rows`, the URL policy in
-:mod:`.urls`. :class:`Store` is this module's opening (engines, soundness check, migration,
-one session per call) over three parts: :mod:`.connection` (SQLAlchemy engines and PRAGMAs,
-failure wording, migrations), :mod:`.writing` (``_StoreWrites``: every write transaction) and
-:mod:`.reading` (``_StoreReads``: every read), which share the keys and row conversions of
-:mod:`.keys`.
+:mod:`.urls`. :class:`Store` opens the database (engines, soundness check, migration) and
+owns three objects: the :class:`~.connection.Sessions` (one session per call, failures
+worded), a :class:`~.writing.StoreWriter` (every write transaction) and a
+:class:`~.reading.StoreReader` (every read), both over those sessions and sharing the keys
+and row conversions of :mod:`.keys`. Its public methods forward to them, with the same
+signatures (``tests/storage/test_storage.py`` checks that they match).
 """
 
 from __future__ import annotations
 
-import contextlib
+import datetime as dt
 import logging
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import StorageError
+from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
+from autotune.space.problem import Config, Problem
 from autotune.storage.connection import (
     VERSION_TABLE,
-    _create_engine,
-    _migrate,
-    _open_hint,
-    _SchemaBehind,
+    SchemaBehind,
+    Sessions,
     damaged_hint,
     failure_reason,
+    make_engine,
+    migrate,
+    open_hint,
 )
-from autotune.storage.reading import _StoreReads
+from autotune.storage.reading import HISTORY_PER_SHAPE, HISTORY_SHAPES, StoreReader
+from autotune.storage.rows import (
+    BaselineRow,
+    ConfirmationRow,
+    Observed,
+    ProblemSummary,
+    RecordedTrial,
+    RunRow,
+    TraceRegionRow,
+    TrialRow,
+    TrialTable,
+    VerificationRow,
+)
 from autotune.storage.urls import (
-    _read_only_url,
     check_database_path,
     display_url,
+    read_only_url,
     read_timeout_s,
     resolve_url,
     sqlite_path,
 )
-from autotune.storage.writing import _StoreWrites
+from autotune.storage.writing import StoreWriter
 
 __all__ = [
     "Store",
@@ -76,7 +92,7 @@ log = logging.getLogger(__name__)
 _SOUND_FILES: set[tuple[str, int, int]] = set()
 
 
-class Store(_StoreWrites, _StoreReads):
+class Store:
     """The results database (SQLite or PostgreSQL), migrated to the newest schema on open.
 
     Args:
@@ -113,14 +129,14 @@ class Store(_StoreWrites, _StoreReads):
             # Opened read-only, the database is never written: not its header (no journal
             # mode switch), not its schema (an older one is upgraded by a writer, and only
             # once SQLite's quick_check found the file sound), not a row.
-            self._url = _read_only_url(self._url, read_timeout_s(timeout_s))
+            self._url = read_only_url(self._url, read_timeout_s(timeout_s))
         elif path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise StorageError(f"Cannot create the folder of the database {path}: {e}.") from e
         try:
-            self.engine: Engine = _create_engine(self._url, read_only=read_only)
+            self.engine: Engine = make_engine(self._url, read_only=read_only)
         except (sa_exc.ArgumentError, ImportError) as e:
             raise StorageError(
                 f"Cannot use the database URL {self!r}: {failure_reason(e)}. Expected sqlite:///PATH "
@@ -128,14 +144,15 @@ class Store(_StoreWrites, _StoreReads):
                 "(pip install 'autotune[postgres]')."
             ) from e
         self._read_engine = self.engine.execution_options(autotune_read_only=True)
-        self._writes = sessionmaker(self.engine, expire_on_commit=False)
-        self._reads = sessionmaker(self._read_engine)
+        self._sessions = Sessions(self.engine, self._read_engine, self._where)
+        self._writer = StoreWriter(self._sessions)
+        self._reader = StoreReader(self._sessions)
         try:
             if not read_only and path is not None:
                 self._check_sound(path)
             try:
-                _migrate(self.engine, self._read_engine, self._where, read_only=read_only)
-            except _SchemaBehind:
+                migrate(self.engine, self._read_engine, self._where, read_only=read_only)
+            except SchemaBehind:
                 self._upgrade(url, path)
         except StorageError:
             self.engine.dispose()
@@ -148,12 +165,12 @@ class Store(_StoreWrites, _StoreReads):
                     "file was left untouched; move it aside or point AUTOTUNE_DB at another file."
                 ) from e
             raise StorageError(
-                f"Cannot open the database {self._where}: {failure_reason(e)}.{_open_hint(path, failure_reason(e))}"
+                f"Cannot open the database {self._where}: {failure_reason(e)}.{open_hint(path, failure_reason(e))}"
             ) from e
         except sa_exc.SQLAlchemyError as e:
             self.engine.dispose()
             raise StorageError(
-                f"Cannot open the database {self._where}: {failure_reason(e)}.{_open_hint(path, failure_reason(e))}"
+                f"Cannot open the database {self._where}: {failure_reason(e)}.{open_hint(path, failure_reason(e))}"
             ) from e
 
     def _check_sound(self, path: pathlib.Path) -> None:
@@ -202,22 +219,293 @@ class Store(_StoreWrites, _StoreReads):
         """Closes every pooled connection. The store must not be used afterwards."""
         self.engine.dispose()
 
-    @contextlib.contextmanager
-    def _write(self, what: str) -> Iterator[Session]:
-        try:
-            with self._writes.begin() as session:
-                yield session
-        except sa_exc.SQLAlchemyError as e:
-            raise StorageError(f"Could not {what} in {self._where}: {failure_reason(e)}.") from e
+    # -- writes: StoreWriter (.writing) ----------------------------------------------------
 
-    @contextlib.contextmanager
-    def _read(self, what: str) -> Iterator[Session]:
-        try:
-            with self._reads() as session:
-                yield session
-        except sa_exc.SQLAlchemyError as e:
-            reason = failure_reason(e)
-            hint = damaged_hint(reason)
-            raise StorageError(
-                f"Could not {what} from {self._where}: {reason}." + (f" {hint}" if hint else "")
-            ) from e
+    def record_trial(
+        self,
+        problem: Problem,
+        config: Config,
+        result: TrialResult,
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+        study_name: str | None = None,
+        optuna_trial_number: int | None = None,
+        worker: str = "",
+        started_at: dt.datetime | None = None,
+        cache: str | None = None,
+    ) -> RecordedTrial:
+        """Stores one finished trial, in one transaction
+        (:meth:`.writing.StoreWriter.record_trial`)."""
+        return self._writer.record_trial(problem, config, result, device=device, software=software,
+            study_name=study_name, optuna_trial_number=optuna_trial_number, worker=worker,
+            started_at=started_at, cache=cache)
+
+    def record_trials(
+        self, trials: Sequence[tuple[Problem, Config, TrialResult, DeviceInfo, Mapping[str, str]]],
+        *, worker: str = "", cache: str | None = None,
+        spreads: Sequence[float | None] | None = None,
+    ) -> list[RecordedTrial]:
+        """Stores many finished trials ``(problem, config, result, device, software)`` in ONE
+        transaction: all of them, or (on any error) none
+        (:meth:`.writing.StoreWriter.record_trials`)."""
+        return self._writer.record_trials(trials, worker=worker, cache=cache, spreads=spreads)
+
+    def record_baseline(
+        self,
+        problem: Problem,
+        name: str,
+        samples_us: Sequence[float],
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+        cache: str = "warm",
+    ) -> int:
+        """Stores a baseline's timing (e.g. ``name="xla"``) and returns its row id
+        (:meth:`.writing.StoreWriter.record_baseline`)."""
+        return self._writer.record_baseline(problem, name, samples_us, device=device,
+            software=software, cache=cache)
+
+    def record_trace_regions(
+        self, trial_id: int, regions: Mapping[str, tuple[float, int]], trace_path: str
+    ) -> None:
+        """Stores per-region times of a traced trial: region -> (median_us, count)
+        (:meth:`.writing.StoreWriter.record_trace_regions`)."""
+        return self._writer.record_trace_regions(trial_id, regions, trace_path)
+
+    def start_run(
+        self,
+        job: str,
+        *,
+        device: DeviceInfo,
+        cache: str,
+        clocks_before: Mapping[str, Any],
+    ) -> int:
+        """Stores the start of a job run (with the GPU's clocks before it); returns its id
+        (:meth:`.writing.StoreWriter.start_run`)."""
+        return self._writer.start_run(job, device=device, cache=cache, clocks_before=clocks_before)
+
+    def finish_run(
+        self, run_id: int, *, clocks_after: Mapping[str, Any], warnings: Sequence[str] = ()
+    ) -> None:
+        """Stores the end of a job run: the clocks after it and the warnings they gave
+        (:meth:`.writing.StoreWriter.finish_run`)."""
+        return self._writer.finish_run(run_id, clocks_after=clocks_after, warnings=warnings)
+
+    def record_confirmation(
+        self,
+        problem: Problem,
+        confirmation: Any,
+        *,
+        trial_ids: Sequence[int],
+        device: DeviceInfo,
+        software: Mapping[str, str],
+        cache: str,
+        iterations: int,
+        baseline_name: str | None,
+        run_id: int | None = None,
+    ) -> int:
+        """Stores a confirmation round (an :class:`autotune.tuning.confirmation.Confirmation`) as
+        rows of its own, in one transaction; returns its id
+        (:meth:`.writing.StoreWriter.record_confirmation`)."""
+        return self._writer.record_confirmation(problem, confirmation, trial_ids=trial_ids,
+            device=device, software=software, cache=cache, iterations=iterations,
+            baseline_name=baseline_name, run_id=run_id)
+
+    def record_verification(
+        self,
+        problem: Problem,
+        verification: Any,
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+    ) -> int:
+        """Stores an independent re-time (an :class:`autotune.tuning.verify.Verification`) as a row
+        of its own, in one transaction; returns its id
+        (:meth:`.writing.StoreWriter.record_verification`)."""
+        return self._writer.record_verification(problem, verification, device=device,
+            software=software)
+
+    # -- reads: StoreReader (.reading) ----------------------------------------------------
+
+    def finished_digests(
+        self,
+        problem: Problem,
+        *,
+        device: DeviceInfo | None = None,
+        software: Mapping[str, str] | None = None,
+        cache: str | None = None,
+    ) -> set[str]:
+        """Digests of the configs of ``problem`` with a stored trial (any outcome)
+        (:meth:`.reading.StoreReader.finished_digests`)."""
+        return self._reader.finished_digests(problem, device=device, software=software,
+            cache=cache)
+
+    def trials(
+        self,
+        problem: Problem | None = None,
+        *,
+        kernel: str | None = None,
+        device_name: str | None = None,
+        status: Outcome | str | None = None,
+        device_kind: str | None = None,
+        dtype: str | None = None,
+        cache: str | None = None,
+    ) -> list[TrialRow]:
+        """Stored trials, oldest first, filtered by problem, kernel, device name and kind, outcome,
+        dtype and cache policy (:meth:`.reading.StoreReader.trials`)."""
+        return self._reader.trials(problem, kernel=kernel, device_name=device_name, status=status,
+            device_kind=device_kind, dtype=dtype, cache=cache)
+
+    def observations(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+        shapes: int = HISTORY_SHAPES,
+        per_shape: int = HISTORY_PER_SHAPE,
+    ) -> list[Observed]:
+        """What ``problem``'s kernel measured on these devices, as a bounded summary: every trial
+        of ``problem`` itself, then of the ``shapes`` other problems of the kernel nearest to it
+        (:func:`~autotune.space.problem.shape_distance`, same dtype first) with a trial there, at
+        most ``per_shape`` trials each: all of a problem's when it has that few, else its
+        ``per_shape // 4`` fastest ok trials (on the ``ix_at_trials_best`` index) and an even
+        sample of the others (every n-th by id) (:meth:`.reading.StoreReader.observations`)."""
+        return self._reader.observations(problem, device_name=device_name, device_kind=device_kind,
+            shapes=shapes, per_shape=per_shape)
+
+    def trial_table(
+        self,
+        *,
+        kernel: str | None = None,
+        device_name: str | None = None,
+        status: Outcome | str | None = None,
+        device_kind: str | None = None,
+        dtype: str | None = None,
+        limit: int | None = None,
+    ) -> TrialTable:
+        """Stored trials as columns, oldest first, filtered as :meth:`trials` filters them, the
+        first ``limit`` only (filters and limit in SQL)
+        (:meth:`.reading.StoreReader.trial_table`)."""
+        return self._reader.trial_table(kernel=kernel, device_name=device_name, status=status,
+            device_kind=device_kind, dtype=dtype, limit=limit)
+
+    def trial(self, trial_id: int) -> TrialRow | None:
+        """The trial with id ``trial_id``, or None (:meth:`.reading.StoreReader.trial`)."""
+        return self._reader.trial(trial_id)
+
+    def best(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        n: int = 1,
+        versions: Mapping[str, str] | None = None,
+        cache: str | None = None,
+    ) -> list[TrialRow]:
+        """The ``n`` fastest ok trials of ``problem`` (lowest median first)
+        (:meth:`.reading.StoreReader.best`)."""
+        return self._reader.best(problem, device_name=device_name, device_kind=device_kind, n=n,
+            versions=versions, cache=cache)
+
+    def preferred_policy(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+    ) -> str:
+        """The cache policy whose results answer for ``problem`` on these devices: ``cold`` when it
+        has an ok trial timed cold there, else ``warm`` (one query)
+        (:meth:`.reading.StoreReader.preferred_policy`)."""
+        return self._reader.preferred_policy(problem, device_name=device_name,
+            device_kind=device_kind)
+
+    def baseline(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        name: str | None = None,
+        cache: str | None = None,
+    ) -> BaselineRow | None:
+        """The fastest stored baseline of ``problem`` (of ``name``, if given), or None
+        (:meth:`.reading.StoreReader.baseline`)."""
+        return self._reader.baseline(problem, device_name=device_name, device_kind=device_kind,
+            name=name, cache=cache)
+
+    def baselines(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        name: str | None = None,
+        cache: str | None = None,
+    ) -> list[BaselineRow]:
+        """Stored baselines of ``problem``, fastest first (of one cache policy, if given)
+        (:meth:`.reading.StoreReader.baselines`)."""
+        return self._reader.baselines(problem, device_name=device_name, device_kind=device_kind,
+            name=name, cache=cache)
+
+    def trace_regions(self, trial_id: int) -> list[TraceRegionRow]:
+        """The trace regions stored for a trial, by region name
+        (:meth:`.reading.StoreReader.trace_regions`)."""
+        return self._reader.trace_regions(trial_id)
+
+    def problems(self, kernel: str | None = None) -> list[Problem]:
+        """The problems with anything stored, by kernel name then insertion order
+        (:meth:`.reading.StoreReader.problems`)."""
+        return self._reader.problems(kernel)
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every device with anything stored (:meth:`.reading.StoreReader.devices`)."""
+        return self._reader.devices()
+
+    def runs(self) -> list[RunRow]:
+        """Every job run, oldest first (:meth:`.reading.StoreReader.runs`)."""
+        return self._reader.runs()
+
+    def confirmations(
+        self,
+        problem: Problem,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = DeviceKind.GPU,
+        cache: str | None = None,
+        limit: int | None = None,
+    ) -> list[ConfirmationRow]:
+        """The stored confirmation rounds of ``problem``, newest first (the newest ``limit``)
+        (:meth:`.reading.StoreReader.confirmations`)."""
+        return self._reader.confirmations(problem, device_name=device_name,
+            device_kind=device_kind, cache=cache, limit=limit)
+
+    def verifications(
+        self,
+        problem: Problem | None = None,
+        *,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+        limit: int | None = None,
+    ) -> list[VerificationRow]:
+        """The stored ``autotune verify`` rows (of ``problem``, or of every problem), newest first
+        (the newest ``limit``) (:meth:`.reading.StoreReader.verifications`)."""
+        return self._reader.verifications(problem, device_name=device_name,
+            device_kind=device_kind, limit=limit)
+
+    def summaries(
+        self,
+        *,
+        kernel: str | None = None,
+        dtype: str | None = None,
+        device_name: str | None = None,
+        device_kind: str | None = None,
+    ) -> list[ProblemSummary]:
+        """One summary per (problem, device name, device kind, cache policy) with stored trials;
+        each carries its policy's newest confirmation round, if any
+        (:meth:`.reading.StoreReader.summaries`)."""
+        return self._reader.summaries(kernel=kernel, dtype=dtype, device_name=device_name,
+            device_kind=device_kind)

@@ -26,6 +26,7 @@ import stat
 import threading
 import urllib.parse
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -271,7 +272,7 @@ def check_database_path(url: URL | str, *, timeout_s: float | None = None) -> No
     if path is None:
         return
     timeout = read_timeout_s(timeout_s)
-    found: dict[str, object] = {}
+    found: dict[str, Any] = {}
 
     def look() -> None:  # stat never opens the file, but a hung file system can still block it
         try:
@@ -298,7 +299,7 @@ def check_database_path(url: URL | str, *, timeout_s: float | None = None) -> No
             f"not respond); nothing was read. Check the mount, or raise ${READ_TIMEOUT_ENV}."
         )
     if "bad" in found:
-        candidate, kind = found["bad"]  # type: ignore[misc]
+        candidate, kind = found["bad"]
         if candidate == path and kind == "a folder":
             raise StorageError(
                 f"The database {path} is a folder, not a file: name a file in it, e.g. "
@@ -347,7 +348,7 @@ def read_timeout_s(value: float | None = None) -> float:
     return float(value)
 
 
-def _read_only_url(url: URL, timeout_s: float) -> URL:
+def read_only_url(url: URL, timeout_s: float) -> URL:
     """``url`` opened so that nothing can be written through it, with bounded waits.
 
     SQLite: the file as a ``mode=ro`` URI (no journal or header is ever written) with a busy

@@ -1,6 +1,6 @@
 """Writing the results database: trials (one or many in one transaction), baselines, trace
-regions, job runs and confirmation rounds. :class:`_StoreWrites` is a part of
-:class:`~.store.Store` (its base class); each method is one write transaction."""
+regions, job runs, confirmation rounds and verifications. :class:`StoreWriter` is the
+writing part a :class:`~.store.Store` owns; each method is one write transaction."""
 
 from __future__ import annotations
 
@@ -19,40 +19,44 @@ from sqlalchemy.orm import Session
 from autotune.errors import StorageError
 from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult, relative_spread
 from autotune.space.problem import Config, Problem
+from autotune.storage.connection import Sessions
 from autotune.storage.keys import (
-    _check_aware,
-    _check_times,
-    _device_id,
-    _get_or_create,
-    _insert_or_stored,
-    _now,
-    _policy,
-    _samples,
-    _software_key,
-    _StoreSessions,
+    check_aware,
+    check_times,
+    checked_policy,
+    checked_samples,
+    device_row_id,
+    get_or_create,
+    insert_or_stored,
+    software_key,
+    utc_now,
 )
 from autotune.storage.rows import (
     RecordedTrial,
 )
 from autotune.storage.schema import (
-    _Baselines,
-    _Configs,
-    _ConfirmationPrograms,
-    _Confirmations,
-    _Kernels,
-    _Problems,
-    _Runs,
-    _Software,
-    _TraceRegions,
-    _Trials,
-    _Verifications,
+    Baselines,
+    Configs,
+    ConfirmationPrograms,
+    Confirmations,
+    Kernels,
+    Problems,
+    Runs,
+    Software,
+    TraceRegions,
+    Trials,
+    Verifications,
 )
 
 log = logging.getLogger("autotune.storage.store")
 
 
-class _StoreWrites(_StoreSessions):
-    """The writing half of :class:`~.store.Store`."""
+class StoreWriter:
+    """Every write of one database, through the :class:`~.connection.Sessions` it is
+    given (a :class:`~.store.Store` owns one and forwards its public methods to it)."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
 
     def _ids(
         self,
@@ -61,17 +65,17 @@ class _StoreWrites(_StoreSessions):
         device: DeviceInfo,
         software: Mapping[str, str],
     ) -> tuple[int, int, int, int]:
-        kernel_id = _get_or_create(session, _Kernels, {"name": problem.kernel})
-        problem_id = _get_or_create(
+        kernel_id = get_or_create(session, Kernels, {"name": problem.kernel})
+        problem_id = get_or_create(
             session,
-            _Problems,
+            Problems,
             {"digest": problem.digest()},
             kernel_id=kernel_id,
             shape_json=problem.shape_json,
             dtype=problem.dtype,
         )
-        device_id = _device_id(session, device)
-        software_id = _get_or_create(session, _Software, _software_key(software))
+        device_id = device_row_id(session, device)
+        software_id = get_or_create(session, Software, software_key(software))
         return kernel_id, problem_id, device_id, software_id
 
     def record_trial(
@@ -99,10 +103,10 @@ class _StoreWrites(_StoreSessions):
           ValueError: a malformed argument (a naive ``started_at``, non-string versions).
           StorageError: the database could not be written.
         """
-        _check_aware("started_at", started_at)
-        _software_key(software)  # validates before any write
-        _check_times(result)
-        with self._write("record a trial") as session:
+        check_aware("started_at", started_at)
+        software_key(software)  # validates before any write
+        check_times(result)
+        with self._sessions.write("record a trial") as session:
             return self._record_trial_in(
                 session, problem, config, result, device=device, software=software,
                 study_name=study_name, optuna_trial_number=optuna_trial_number, worker=worker,
@@ -124,15 +128,15 @@ class _StoreWrites(_StoreSessions):
           StorageError: the database could not be written; nothing was.
         """
         for _, _, result, _, software in trials:
-            _software_key(software)
-            _check_times(result)
+            software_key(software)
+            check_times(result)
         if spreads is not None and len(spreads) != len(trials):
             raise ValueError(f"spreads has {len(spreads)} values for {len(trials)} trials.")
         for spread in spreads or ():
             if spread is not None and not (math.isfinite(spread) and spread >= 0):
                 raise ValueError(f"a spread must be a finite number >= 0, got {spread!r}.")
         given = list(spreads) if spreads is not None else [None] * len(trials)
-        with self._write(f"record {len(trials)} trials") as session:
+        with self._sessions.write(f"record {len(trials)} trials") as session:
             return [
                 self._record_trial_in(session, problem, config, result, device=device,
                                       software=software, worker=worker, cache=cache,
@@ -158,19 +162,19 @@ class _StoreWrites(_StoreSessions):
         spread: float | None = None,
     ) -> RecordedTrial:
         outcome = Outcome(result.outcome)
-        policy = _policy(cache or result.cache or "warm")
+        policy = checked_policy(cache or result.cache or "warm")
         if not isinstance(config, Config):
             config = Config(config)
         kernel_id, problem_id, device_id, software_id = self._ids(
             session, problem, device, software
         )
-        config_id = _get_or_create(
+        config_id = get_or_create(
             session,
-            _Configs,
+            Configs,
             {"kernel_id": kernel_id, "digest": config.digest()},
             config_json=config.to_json(),
         )
-        query = sa.select(_Trials.id).filter_by(
+        query = sa.select(Trials.id).filter_by(
             problem_id=problem_id, config_id=config_id, device_id=device_id,
             software_id=software_id, cache_policy=policy,
         )
@@ -178,7 +182,7 @@ class _StoreWrites(_StoreSessions):
         if existing is not None:
             log.debug("Trial of %s %s already stored as %d.", problem, config, existing)
             return RecordedTrial(int(existing), duplicate=True)
-        row = _Trials(
+        row = Trials(
             problem_id=problem_id,
             config_id=config_id,
             device_id=device_id,
@@ -199,10 +203,10 @@ class _StoreWrites(_StoreSessions):
             worker=worker,
             host=socket.gethostname(),
             started_at=started_at,
-            finished_at=_now(),
+            finished_at=utc_now(),
         )
         # Another worker may store the same measurement between our check and insert.
-        trial_id, duplicate = _insert_or_stored(session, row, query)
+        trial_id, duplicate = insert_or_stored(session, row, query)
         return RecordedTrial(trial_id, duplicate=duplicate)
 
     def record_baseline(
@@ -220,16 +224,16 @@ class _StoreWrites(_StoreSessions):
         One baseline per (problem, device, software, name, cache policy): a second one is not
         written, and the first one's id comes back.
         """
-        policy = _policy(cache)
+        policy = checked_policy(cache)
         if not isinstance(name, str) or not name:
             raise ValueError(f"baseline name must be a non-empty string such as 'xla', but got {name!r}.")
-        values = _samples(samples_us, "baseline samples_us")
-        _software_key(software)
-        with self._write("record a baseline") as session:
+        values = checked_samples(samples_us, "baseline samples_us")
+        software_key(software)
+        with self._sessions.write("record a baseline") as session:
             _, problem_id, device_id, software_id = self._ids(session, problem, device, software)
-            return _get_or_create(
+            return get_or_create(
                 session,
-                _Baselines,
+                Baselines,
                 {
                     "problem_id": problem_id,
                     "device_id": device_id,
@@ -241,7 +245,7 @@ class _StoreWrites(_StoreSessions):
                 min_us=min(values),
                 max_us=max(values),
                 samples_us=values,
-                measured_at=_now(),
+                measured_at=utc_now(),
                 spread=relative_spread(values),
             )
 
@@ -255,16 +259,16 @@ class _StoreWrites(_StoreSessions):
         Raises:
           StorageError: there is no trial ``trial_id``.
         """
-        with self._write("record trace regions") as session:
-            if session.get(_Trials, trial_id) is None:
+        with self._sessions.write("record trace regions") as session:
+            if session.get(Trials, trial_id) is None:
                 raise StorageError(
-                    f"Cannot record trace regions of trial {trial_id}: {self._where} has no "
+                    f"Cannot record trace regions of trial {trial_id}: {self._sessions.where} has no "
                     "trial with that id. Pass the id record_trial returned."
                 )
             for region, (median_us, count) in regions.items():
-                _get_or_create(
+                get_or_create(
                     session,
-                    _TraceRegions,
+                    TraceRegions,
                     {"trial_id": trial_id, "region": region},
                     median_us=float(median_us),
                     count=int(count),
@@ -280,12 +284,12 @@ class _StoreWrites(_StoreSessions):
         clocks_before: Mapping[str, Any],
     ) -> int:
         """Stores the start of a job run (with the GPU's clocks before it); returns its id."""
-        policy = _policy(cache)
-        with self._write("record a job run") as session:
-            device_id = _device_id(session, device, fill=True)
-            row = _Runs(
+        policy = checked_policy(cache)
+        with self._sessions.write("record a job run") as session:
+            device_id = device_row_id(session, device, fill=True)
+            row = Runs(
                 job=str(job)[:200], device_id=device_id, host=socket.gethostname(),
-                cache_policy=policy, started_at=_now(), finished_at=None,
+                cache_policy=policy, started_at=utc_now(), finished_at=None,
                 clocks_before=json.dumps(dict(clocks_before), sort_keys=True),
                 clocks_after=None, warnings="[]",
             )
@@ -301,11 +305,11 @@ class _StoreWrites(_StoreSessions):
         Raises:
           StorageError: there is no run ``run_id``.
         """
-        with self._write("finish a job run") as session:
-            row = session.get(_Runs, run_id)
+        with self._sessions.write("finish a job run") as session:
+            row = session.get(Runs, run_id)
             if row is None:
-                raise StorageError(f"There is no job run {run_id} in {self._where}.")
-            row.finished_at = _now()
+                raise StorageError(f"There is no job run {run_id} in {self._sessions.where}.")
+            row.finished_at = utc_now()
             row.clocks_after = json.dumps(dict(clocks_after), sort_keys=True)
             row.warnings = json.dumps(list(warnings))
 
@@ -330,7 +334,7 @@ class _StoreWrites(_StoreSessions):
           ValueError: ``trial_ids`` does not match the configs, or names a trial of another
             problem.
         """
-        policy = _policy(cache)
+        policy = checked_policy(cache)
         programs = list(confirmation.configs)
         if len(trial_ids) != len(programs):
             raise ValueError(
@@ -338,16 +342,16 @@ class _StoreWrites(_StoreSessions):
                 f"but got {len(trial_ids)}."
             )
         base = confirmation.baseline
-        with self._write("record a confirmation round") as session:
+        with self._sessions.write("record a confirmation round") as session:
             _, problem_id, device_id, software_id = self._ids(session, problem, device, software)
             for trial_id in trial_ids:
-                trial = session.get(_Trials, trial_id)
+                trial = session.get(Trials, trial_id)
                 if trial is None or trial.problem_id != problem_id:
                     raise ValueError(
                         f"trial {trial_id} is not a stored trial of {problem}: a confirmation "
                         "names the search trials of its own problem."
                     )
-            row = _Confirmations(
+            row = Confirmations(
                 run_id=run_id, problem_id=problem_id, device_id=device_id,
                 software_id=software_id, cache_policy=policy,
                 rounds=len(programs[0].rounds_us), iterations=int(iterations),
@@ -359,12 +363,12 @@ class _StoreWrites(_StoreSessions):
                 baseline_spread=None if base is None else base.spread,
                 speedup=confirmation.speedup, speedup_spread=confirmation.speedup_spread,
                 speedup_low=confirmation.speedup_low, speedup_high=confirmation.speedup_high,
-                created_at=_now(),
+                created_at=utc_now(),
             )
             session.add(row)
             session.flush()
             for position, (trial_id, p) in enumerate(zip(trial_ids, programs, strict=True)):
-                session.add(_ConfirmationPrograms(
+                session.add(ConfirmationPrograms(
                     confirmation_id=row.id, trial_id=int(trial_id), position=position,
                     rounds_us=p.rounds_us, median_us=p.median_us, spread=p.spread,
                     diff=p.diff, noise=p.noise, tie=bool(p.tie), crowned=bool(p.crowned),
@@ -390,14 +394,14 @@ class _StoreWrites(_StoreSessions):
             if not (isinstance(t, int | float) and t > 0 and t != float("inf")):
                 raise ValueError(f"a verification stores positive finite times, but got {t!r}.")
         config = v.config if isinstance(v.config, Config) else Config(v.config)
-        with self._write("record a verification") as session:
+        with self._sessions.write("record a verification") as session:
             kernel_id, problem_id, device_id, software_id = self._ids(
                 session, problem, device, software)
-            config_id = _get_or_create(
-                session, _Configs, {"kernel_id": kernel_id, "digest": config.digest()},
+            config_id = get_or_create(
+                session, Configs, {"kernel_id": kernel_id, "digest": config.digest()},
                 config_json=config.to_json(),
             )
-            row = _Verifications(
+            row = Verifications(
                 problem_id=problem_id, device_id=device_id, software_id=software_id,
                 confirmation_id=v.confirmation_id, config_id=config_id, method=v.method,
                 rounds=len(v.winner_rounds_us), calls=int(v.calls),
@@ -409,7 +413,7 @@ class _StoreWrites(_StoreSessions):
                 ], sort_keys=True),
                 winner_median_us=v.winner_median_us, baseline_median_us=v.baseline_median_us,
                 speedup=v.speedup, speedup_low=v.speedup_low, speedup_high=v.speedup_high,
-                stored_speedup=v.stored_speedup, still_wins=v.still_wins, created_at=_now(),
+                stored_speedup=v.stored_speedup, still_wins=v.still_wins, created_at=utc_now(),
             )
             session.add(row)
             session.flush()

@@ -12,4 +12,4 @@ confirmation round (:mod:`.confirmation`, pure; run by :mod:`.confirming`), the 
 
 # The sampler names (:mod:`.names`: the registry's, read without importing a sampler), here too so that the command line lists
 # them without importing Optuna (:mod:`.sampling` holds the samplers and re-exports them).
-from autotune.tuning.names import SAMPLERS  # noqa: E402, F401
+from autotune.tuning.names import SAMPLERS as SAMPLERS  # noqa: E402, F401

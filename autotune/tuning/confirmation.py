@@ -392,9 +392,9 @@ def analyse_confirmation(
             continue
         ratios = [c / w for c, w in zip(s.round_medians_us, f.round_medians_us, strict=True)]
         diff = statistics.median(ratios) - 1.0
-        low, high = median_interval(ratios)
-        noise = max(f.spread / 2, s.spread / 2, (high - low) / 2, tie_floor)
-        settled = low > 1.0 or high - low <= 2 * CONFIRM_TIE_BAND
+        ratio_low, ratio_high = median_interval(ratios)
+        noise = max(f.spread / 2, s.spread / 2, (ratio_high - ratio_low) / 2, tie_floor)
+        settled = ratio_low > 1.0 or ratio_high - ratio_low <= 2 * CONFIRM_TIE_BAND
         marked.append(dataclasses.replace(s, diff=diff, noise=noise, tie=diff <= noise,
                                           settled=settled))
     pool = [i for i, s in enumerate(marked) if i == fastest or s.tie]
@@ -406,7 +406,10 @@ def analyse_confirmation(
     marked[crowned] = dataclasses.replace(marked[crowned], crowned=True)
 
     baseline = None
-    speedup = spread = low = high = None
+    speedup: float | None = None
+    spread: float | None = None
+    low: float | None = None
+    high: float | None = None
     if baseline_rounds_us is not None:
         baseline = _summary(None, baseline_rounds_us, trial_id=None, search_us=None,
                             what="the baseline")

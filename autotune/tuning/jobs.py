@@ -266,7 +266,9 @@ def _expand(
     return out
 
 
-def _one_or_many(entry: Mapping[str, Any], one: str, many: str, where: str, kind: type) -> list:
+def _one_or_many(
+    entry: Mapping[str, Any], one: str, many: str, where: str, kind: type
+) -> list[Any]:
     if one in entry and many in entry:
         raise JobError(f"{where}: give either '{one}' or '{many}', not both.")
     if one in entry:

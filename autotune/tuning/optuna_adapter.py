@@ -114,7 +114,7 @@ def suggest_all(trial: optuna.trial.Trial, dists: Mapping[str, Any]) -> None:
     the write fails, none of the parameters is stored and the error propagates.
     """
     storage = trial.storage
-    batch = _ParamBatch(storage)
+    batch: Any = _ParamBatch(storage)  # stands in for the storage, for these writes only
     trial.storage = batch  # what Trial._suggest writes through
     try:
         for name, distribution in dists.items():

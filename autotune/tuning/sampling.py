@@ -417,7 +417,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
                 self._model.add_trial(t)
                 self._model_size += 1
         self._model_cursor = len(index.complete_log)
-        assert self._model_base is not None
+        assert self._model is not None and self._model_base is not None
         return self._model, self._model_base
 
     def _new_model(

@@ -52,7 +52,8 @@ class TrialIndex:
 
     def _key(self, params: Any) -> tuple[Any, ...] | None:
         try:
-            return self._space.key(params)
+            key: tuple[Any, ...] = self._space.key(params)
+            return key
         except KeyError:
             return None
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from autotune.engine import dispatcher as engine_mod
+from autotune.engine import tasks as tasks_mod
 from autotune.engine.dispatcher import Engine, EngineError, default_timeout_s
 from autotune.errors import KernelNotFoundError
 from autotune.space.outcomes import Outcome, TrialResult
@@ -124,7 +125,7 @@ def test_wedged_worker_reruns_suspects_instead_of_blaming_the_overdue_one():
 
 def test_default_timeout_is_derived_from_what_was_seen(monkeypatch):
     """Without a limit given, a hang times out at max(floor, 10 x the slowest stage seen)."""
-    monkeypatch.setitem(engine_mod._TIMEOUT_FLOORS, "fake", (1.0, 1.0))
+    monkeypatch.setitem(tasks_mod.TIMEOUT_FLOORS, "fake", (1.0, 1.0))
     assert default_timeout_s(None, floor_s=30) == 30
     assert default_timeout_s(5.0, floor_s=30) == 50
     with fake_engine(trial_timeout_s=None, compile_timeout_s=None) as eng:
@@ -331,7 +332,7 @@ def test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time():
         results = [f.result(timeout=60) for f in [eng.submit(FAKE, PROBLEM, c) for c in plan]]
         wall = time.monotonic() - start
         timeline = eng.timeline()
-        pids = {w.pid for w in eng._workers.values() if w is not None}
+        pids = {w.pid for w in eng._pool.handles.values() if w is not None}
     assert [r.median_us for r in results] == pytest.approx(list(range(n)), rel=0.01)
     assert len(pids) == 3
     warm_ups = {e.task_id: e.worker for e in timeline if e.stage == "done" and e.task_id < 3}
@@ -395,7 +396,7 @@ def test_waiting_for_the_gpu_is_not_a_timeout():
 
 def test_default_layout_processes_on_a_gpu_host_threads_on_a_small_one():
     """8 workers x 1 thread on a 16-core 1-GPU host, 1 worker x threads on 2 cores; a lock per GPU."""
-    from autotune.engine.layout import _default_layout as layout
+    from autotune.engine.layout import default_layout as layout
 
     assert layout("gpu", 1, 16) == (8, 1)
     assert layout("gpu", 1, 64) == (8, 2)
@@ -532,7 +533,7 @@ def test_a_worker_that_dies_at_startup_is_one_line_naming_its_log(monkeypatch, t
     with one line: the error's last line and the worker's log, which holds the traceback."""
     from autotune.engine import workers
 
-    monkeypatch.setattr(workers, "_BOOT", "import autotune_no_such_module")
+    monkeypatch.setattr(workers, "BOOT", "import autotune_no_such_module")
     with Engine("fake", log_dir=tmp_path) as eng:
         with pytest.raises(EngineError) as info:
             eng.device_info(timeout_s=120)
@@ -681,3 +682,47 @@ def test_pipe_messages_are_frozen_dataclasses_that_pickle():
     assert pickle.loads(pickle.dumps(samples[2])) == samples[2]
     with pytest.raises(dataclasses.FrozenInstanceError):
         samples[2].stage = "run"  # type: ignore[misc]
+
+
+def test_the_engine_owns_a_task_queue_and_a_worker_pool_not_mixins():
+    """Engine is no mixin: it owns a TaskQueue and a WorkerPool, objects of their own that
+    share its one lock."""
+    from autotune.engine.tasks import TaskQueue
+    from autotune.engine.workers import WorkerPool
+
+    assert Engine.__mro__ == (Engine, object)
+    with fake_engine(workers_per_gpu=1) as eng:
+        assert isinstance(eng._tasks, TaskQueue) and isinstance(eng._pool, WorkerPool)
+        assert eng._tasks.lock is eng._pool.lock is eng._lock
+        assert eng.submit(FAKE, PROBLEM, cfg()).result(timeout=60).ok
+        assert eng.stats().worker_starts == eng._pool.worker_starts == 1
+
+
+def test_the_task_queue_works_alone_without_worker_processes():
+    """TaskQueue stands alone: urgent work goes first, a crash with two configs executing
+    re-runs both alone, and each future resolves once (no process is started)."""
+    import multiprocessing
+    import threading
+
+    from autotune.engine.tasks import TaskQueue
+    from autotune.engine.workers import WorkerHandle
+
+    queue = TaskQueue(threading.Lock(), mode="fake", capacity=2, trial_timeout_s=None,
+                      compile_timeout_s=None)
+    trial = queue.submit("trial", FAKE, PROBLEM, cfg(), {})
+    baseline = queue.submit("baseline", FAKE, PROBLEM, None, {}, urgent=True)
+    ours, theirs = multiprocessing.Pipe()
+    w = WorkerHandle(slot=0, gpu=None, process=None, conn=ours, log_path="", started=0.0,
+                     state="ready")
+    queue.dispatch([w])
+    assert [theirs.recv().task.kind for _ in range(2)] == ["baseline", "trial"]
+    for task in w.tasks.values():
+        task.stage = "compile"
+    held = list(w.tasks.values())
+    w.tasks.clear()
+    queue.blame_crash(w, held, how="died with SIGSEGV", tail="")
+    assert len(queue.isolation) == 2 and queue.isolated_reruns == 2 and queue.crashes == 1
+    queue.fail_all(EngineError("stopped"), [w])
+    queue.fail_all(EngineError("again"), [w])  # nothing left to fail twice
+    assert str(trial.exception(timeout=1)) == str(baseline.exception(timeout=1)) == "stopped"
+    assert queue.resolved == 2

@@ -566,8 +566,8 @@ def test_run_compiled_cupti_path_selects_the_kernel(interp, monkeypatch):
         return wrapper
 
     monkeypatch.setattr(profiler, "measure", fake_measure)
-    monkeypatch.setattr(ev, "_device_ok", lambda: True)
-    monkeypatch.setattr(timing, "_device_ok", lambda: True)
+    monkeypatch.setattr(ev, "device_still_works", lambda: True)
+    monkeypatch.setattr(timing, "device_still_works", lambda: True)
     kernel, problem = _scale_add()
     compiled = interp.compile(kernel, problem, Config(block=128))
     inputs = interp._fresh_inputs(kernel, problem)
@@ -727,6 +727,6 @@ def test_cold_timing_goes_through_the_l2_flush(monkeypatch):
     monkeypatch.setattr(cold_timing, "time_cold", fake_cold)
     monkeypatch.setattr(timing, "_time_cupti", fake_cupti)
     flush = object()
-    assert timing._time(None, (), 3, "cupti", cache="cold", flush=flush, aggregate=True)[0] == [1.0] * 3
-    assert timing._time(None, (), 2, "cupti", cache="warm")[0] == [2.0] * 2
+    assert timing.time_runs(None, (), 3, "cupti", cache="cold", flush=flush, aggregate=True)[0] == [1.0] * 3
+    assert timing.time_runs(None, (), 2, "cupti", cache="warm")[0] == [2.0] * 2
     assert seen == [("cold", flush, True), ("warm", None, False)]

@@ -29,7 +29,10 @@ def test_pin_in_sets_xla_flags_from_the_source_environment():
 def test_gpu_workers_get_the_pin_and_interpret_workers_do_not(tmp_path, monkeypatch):
     """The engine's GPU workers start with XLA_FLAGS naming one autotune folder (so every
     worker times the same baseline program); interpret workers are left alone."""
+    import threading
+
     from autotune.engine import workers
+    from autotune.engine.messages import WorkerSpec
     from autotune.space.outcomes import DeviceKind
 
     seen: list[dict[str, str]] = []
@@ -44,17 +47,12 @@ def test_gpu_workers_get_the_pin_and_interpret_workers_do_not(tmp_path, monkeypa
     monkeypatch.setattr(workers.subprocess, "Popen", fake_popen)
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     for mode in (DeviceKind.GPU, DeviceKind.INTERPRET):
-        pool = workers._WorkerPool.__new__(workers._WorkerPool)
-        pool._slots = [None]
-        pool.mode = mode
-        pool._log_dir = tmp_path
-        pool.compilation_cache = str(tmp_path / "jax_cache")
-        pool.iterations, pool.compile_threads, pool.allow_import = 20, 1, False
-        pool._lock_paths = {None: str(tmp_path / "gpu.lock")}
-        pool.cache_policy, pool.keep_compiled = "cold", 5
-        pool._incarnation = iter(range(10))
+        spec = WorkerSpec(mode=mode, iterations=20, compile_threads=1, allow_import=False,
+                          log_level=0, cache="cold", keep_compiled=5,
+                          compilation_cache=str(tmp_path / "jax_cache"))
+        pool = workers.WorkerPool(threading.Lock(), slots=[None], spec=spec, log_dir=tmp_path)
         try:
-            pool._spawn(0)
+            pool.spawn(0)
         except Stop:
             pass
     gpu_env, interpret_env = seen

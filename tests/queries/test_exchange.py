@@ -277,22 +277,22 @@ def test_import_is_one_transaction(db_url, tmp_path, monkeypatch, campaign):
                                    for i, c in enumerate((M1, M2, M3))])
     with Store(db_url):
         pass  # the schema exists: only the import's own writes are counted
-    real = writing._get_or_create  # what the store's writes call
+    real = writing.get_or_create  # what the store's writes call
     calls = {"trials": 0}
 
     def failing(session, model, key, **extra):
-        if model is schema._Configs:
+        if model is schema.Configs:
             calls["trials"] += 1
             if calls["trials"] == 3:
                 raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("disk I/O error"))
         return real(session, model, key, **extra)
 
-    monkeypatch.setattr(writing, "_get_or_create", failing)
+    monkeypatch.setattr(writing, "get_or_create", failing)
     campaign.add(faults=1)
     with pytest.raises(StorageError):
         import_json(path, db_url)
     assert calls["trials"] == 3
-    monkeypatch.setattr(writing, "_get_or_create", real)
+    monkeypatch.setattr(writing, "get_or_create", real)
     assert _trial_count(db_url) == 0
     assert import_json(path, db_url) == (3, 0)
 

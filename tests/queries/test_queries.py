@@ -334,9 +334,9 @@ def _frame_from_rows(db: str, **filters):
     gap as Int64)."""
     import pandas as pd
 
-    from autotune.queries.best import _frame_rows, _open
+    from autotune.queries.best import _frame_rows, open_store
 
-    with _open(db) as store:
+    with open_store(db) as store:
         rows = _frame_rows(store, filters.get("kernel"), filters.get("dtype"), filters.get("device"),
                            filters.get("status"))
     records, shape_keys, config_keys = [], {}, {}

@@ -76,6 +76,27 @@ def test_public_api_is_pinned():
     )
 
 
+def test_the_store_owns_a_reader_and_a_writer_and_forwards_to_them_unchanged(store: Store):
+    """Store is no mixin: it owns a StoreReader and a StoreWriter, and each public method of
+    theirs is a Store method of the same name and signature (defaults included), so a
+    default changed on one side only fails here."""
+    import inspect
+
+    from autotune.storage.reading import StoreReader
+    from autotune.storage.writing import StoreWriter
+
+    assert Store.__mro__ == (Store, object)
+    for part in (StoreReader, StoreWriter):
+        public = [n for n, f in vars(part).items() if callable(f) and not n.startswith("_")]
+        assert public, part
+        for name in public:
+            assert inspect.signature(getattr(Store, name)) == inspect.signature(
+                getattr(part, name)), f"Store.{name} differs from {part.__name__}.{name}"
+    extra = {n for n, f in vars(Store).items() if callable(f) and not n.startswith("_")}
+    extra -= {n for part in (StoreReader, StoreWriter) for n in vars(part)}
+    assert extra == {"close"}, extra  # (url is a property)
+
+
 def test_trial_round_trips_every_field(store: Store):
     """Every field of a recorded trial reads back unchanged."""
     problem = Problem("attention", {"batch": 2, "seq_len": 1024, "head_dim": 128, "causal": True}, "f16")

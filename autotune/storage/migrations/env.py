@@ -12,7 +12,7 @@ from typing import Any
 
 from alembic import context
 
-from autotune.storage.connection import VERSION_TABLE, _create_engine
+from autotune.storage.connection import VERSION_TABLE, make_engine
 from autotune.storage.schema import Base
 from autotune.storage.urls import resolve_url
 
@@ -53,7 +53,7 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = _create_engine(_url())
+    engine = make_engine(_url())
     try:
         with engine.connect() as connection:
             _configure(connection=connection)

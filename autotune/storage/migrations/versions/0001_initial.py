@@ -18,7 +18,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _id() -> sa.Column:
+def _id() -> sa.Column[int]:
     return sa.Column("id", sa.Integer(), nullable=False)
 
 
