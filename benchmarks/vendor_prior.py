@@ -25,10 +25,8 @@ Part ``vendor`` (item 5; needs ``pip install nvidia-matmul-heuristics``): per pr
 Part ``cross`` (item 4's goal): each H100 problem replayed with only H200 results stored, as
 the tuner would have them (every H200 result as a prior labelled with its device, and the
 H200's winner of the same shape as a related winner), against cold: the first proposal's gap
-(goal: within 3% of the best on 4 of 5 shapes) and trials to within 1%; ``no transfer``
-leaves out the ranked sampler's correction of its cost model by the other device's results of
-the same shape (``RankedSampler(transfer=False)``). Then the other way round (H200 truth, H100
-results stored) as a check.
+(goal: within 3% of the best on 4 of 5 shapes) and trials to within 1%. Then the other way
+round (H200 truth, H100 results stored) as a check.
 """
 
 from __future__ import annotations
@@ -83,13 +81,12 @@ def records(device: str) -> list[Recorded]:
 
 def replay(rec: Recorded, seed: int, budget: int, *, seeds: Sequence[Mapping[str, Any]] = (),
            history: Sequence[Observation] = (), related: Sequence[Mapping[str, Any]] = (),
-           estimate: Callable[..., float] | None = None,
-           options: Mapping[str, Any] | None = None) -> list[float]:
+           estimate: Callable[..., float] | None = None) -> list[float]:
     """The best recorded time after each trial of the ranked sampler, as the tuner builds it
     (``valid_sampler("ranked", ...)``), over the recorded configs only."""
     vs = valid_sampler("ranked", rec.bound, seed=seed, seeds=seeds, related=related,
                        history=history, estimate=estimate if estimate is not None else rec.kernel.cost_model,
-                       ranked={"draw": rec.draw, "estimate_space": rec.full, **(options or {})})
+                       ranked={"draw": rec.draw, "estimate_space": rec.full})
     study = optuna.create_study(sampler=vs)
     dists = distributions(rec.bound)
     best, curve = math.inf, []
@@ -151,7 +148,7 @@ def _first_by(rec: Recorded, estimate: Callable[..., float]) -> tuple[float, int
 
 def vendor_part(recs: Sequence[Recorded], *, seeds: int, budget: int, top: int,
                 target: str) -> list[dict[str, Any]]:
-    from autotune.tuning.vendor_prior import VendorModel
+    from vendor_heuristics import VendorModel
 
     rows = []
     for rec in recs:
@@ -231,15 +228,13 @@ def cross_part(truth: Sequence[Recorded], stored: Sequence[Recorded], *, seeds: 
         with using_profile(profile_for_name(rec.device)):
             cold = [replay(rec, s, budget) for s in range(seeds)]
             warm = [replay(rec, s, budget, history=history, related=related) for s in range(seeds)]
-            plain = [replay(rec, s, budget, history=history, related=related,
-                            options={"transfer": False}) for s in range(seeds)]
             default = rec.kernel.default_config(rec.problem)
             default_near, _ = _nearest_recorded(rec, default)
         other_winner = related[0] if related else None
         rows.append({
             "problem": rec.name, "device": rec.device, "stored": sorted({s.device for s in stored}),
             "cold": summarise(rec, cold, budget), "warm": summarise(rec, warm, budget),
-            "warm_no_transfer": summarise(rec, plain, budget),
+
             "other_winner_gap": (_gap(rec, _nearest_recorded(rec, other_winner)[0])
                                  if other_winner else None),
             "known_good_gap": _gap(rec, default_near) if default_near else None,
@@ -251,17 +246,15 @@ def print_cross(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
     print("Warm from another device only: first proposal's gap (median over seeds) and trials to "
           "within 1% (median / p90)")
     print()
-    print("| device | problem | stored | cold: first gap | warm, no transfer: first gap "
-          "| warm: first gap | cold: to 1% | warm, no transfer: to 1% | warm: to 1% "
-          "| the other device's winner here | known-good default here |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| device | problem | stored | cold: first gap | warm: first gap | cold: to 1% "
+          "| warm: to 1% | the other device's winner here | known-good default here |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         other = "-" if r["other_winner_gap"] is None else f"{r['other_winner_gap']:.1%}"
         known = "-" if r["known_good_gap"] is None else f"{r['known_good_gap']:.1%}"
         print(f"| {r['device']} | {r['problem']} | {', '.join(r['stored'])} "
-              f"| {r['cold']['first_gap']:.1%} | {r['warm_no_transfer']['first_gap']:.1%} "
-              f"| {r['warm']['first_gap']:.1%} | {fmt_trials(r['cold']['within_1pct'], budget)} "
-              f"| {fmt_trials(r['warm_no_transfer']['within_1pct'], budget)} "
+              f"| {r['cold']['first_gap']:.1%} | {r['warm']['first_gap']:.1%} "
+              f"| {fmt_trials(r['cold']['within_1pct'], budget)} "
               f"| {fmt_trials(r['warm']['within_1pct'], budget)} | {other} | {known} |")
     for device in sorted({r["device"] for r in rows}):
         part = [r for r in rows if r["device"] == device]
@@ -298,15 +291,12 @@ def main() -> None:
     out: dict[str, Any] = {"seeds": args.seeds, "budget": args.budget, "top": args.top,
                            "target": args.target}
     if "vendor" in parts:
-        from autotune.tuning.vendor_prior import VendorPriorError, vendor_available
+        from vendor_heuristics import VendorPriorError, check_installed
 
-        if not vendor_available():
-            try:
-                from autotune.tuning.vendor_prior import _package
-
-                _package()
-            except VendorPriorError as error:
-                raise SystemExit(f"part vendor: {error}") from None
+        try:
+            check_installed()
+        except VendorPriorError as error:
+            raise SystemExit(f"part vendor: {error}") from None
         out["vendor"] = vendor_part([*h200, *h100], seeds=args.seeds, budget=args.budget,
                                     top=args.top, target=args.target)
         print_vendor(out["vendor"], args.budget, args.top)

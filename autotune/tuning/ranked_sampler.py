@@ -128,15 +128,6 @@ ESTIMATE_SCALE_OFF = math.log(4.0)
 # With a cost model, other shapes' winners rank as if this much faster (log): one goes first when
 # the estimate puts it within about 3% of its best.
 RELATED_BONUS = 0.03
-# With a cost model, this problem's results on other devices correct it before anything is
-# measured here, as this device's own results do (LOCAL_DECAY, LOCAL_SHRINK), once each
-# device's common offset (its scale: another clock, bandwidth, SM count) is taken out: over the
-# recorded shapes both GPUs measured, the H100 and the H200 order configs alike (Spearman 0.996)
-# while the estimate is off by a few percent near the best (benchmarks/vendor_prior.md).
-TRANSFER_DECAY = LOCAL_DECAY
-TRANSFER_SHRINK = LOCAL_SHRINK
-TRANSFER_WEIGHT = 1.0
-TRANSFER_NEAR = math.inf
 # The feature the cost model's estimate becomes (log seconds).
 ESTIMATE_FEATURE = "extra:estimate"
 
@@ -617,8 +608,6 @@ class RankedSampler(optuna.samplers.BaseSampler):
         first proposal; it is the prior, cold or warm (other shapes' winners join the pool),
         corrected near measured configs, until measurements contradict it; its log is a
         feature of the models fitted without it as prior.
-      transfer: with ``estimate``, correct it by this problem's results on other devices in
-        ``history`` (each device's times less its own scale) before the first proposal.
 
     Thread safety: as Optuna's samplers; one instance per study and process.
     """
@@ -641,7 +630,6 @@ class RankedSampler(optuna.samplers.BaseSampler):
         draw: Callable[[int, int], Sequence[Mapping[str, Any]]] | None = None,
         estimate: Callable[[Problem, Mapping[str, Any]], float] | None = None,
         estimate_space: BoundSpace | None = None,
-        transfer: bool = True,
     ) -> None:
         if not 0.0 <= explore <= 1.0:
             raise ValueError(f"explore must be a share between 0 and 1, got {explore!r}.")
@@ -662,8 +650,6 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._clip = clip
         self._estimate = estimate
         self._estimate_space = estimate_space or space
-        self._transfer_on = transfer
-        self._transfer: tuple[np.ndarray, np.ndarray] | None = None
         self._features = Features(
             space.params, sorted(self._problem.dims),
             num_sms=num_sms if num_sms is not None else space.env.device.num_sms,
@@ -860,7 +846,6 @@ class RankedSampler(optuna.samplers.BaseSampler):
             # The kernel's cost model is the prior, warm or cold: over the recorded shapes it
             # ranked better than a model learnt from the other shapes' results (RESULTS.md 8).
             self._prior = _EstimatePrior(self._estimate_column())
-            self._transfer = self._device_transfer()
         elif self._others:
             self._prior = self._fit_prior()
         if self._prior is not None:
@@ -890,48 +875,11 @@ class RankedSampler(optuna.samplers.BaseSampler):
         """The pool as an integer matrix (one column per tunable, one code per value)."""
         have = 0 if self._pool_codes is None else len(self._pool_codes)
         if have < len(self._pool):
-            new = self._encode(self._pool[have:])
+            lookup = self._value_codes
+            new = np.array([[lookup[i].setdefault(repr(v), len(lookup[i])) for i, v in enumerate(key)]
+                            for key in self._pool[have:]], dtype=np.int32).reshape(-1, len(self._space.names))
             self._pool_codes = new if self._pool_codes is None else np.vstack([self._pool_codes, new])
         return self._pool_codes
-
-    def _encode(self, keys: Sequence[tuple[Any, ...]]) -> np.ndarray:
-        lookup = self._value_codes
-        return np.array([[lookup[i].setdefault(repr(v), len(lookup[i])) for i, v in enumerate(key)]
-                         for key in keys], dtype=np.int32).reshape(-1, len(self._space.names))
-
-    def _device_transfer(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """This problem's results on other devices as evidence of where the kernel's cost
-        model is wrong here: the configs' codes and their residuals (log time less the log
-        estimate, less the device's median residual: its scale). None without any."""
-        if not self._transfer_on or self._estimate is None:
-            return None
-        by_device: dict[str, list[tuple[tuple[Any, ...], Observation]]] = {}
-        for o in self._others:
-            if o.device and o.problem == self._problem:
-                with contextlib.suppress(KeyError):
-                    by_device.setdefault(o.device, []).append((self._space.key(o.config), o))
-        keys: list[tuple[Any, ...]] = []
-        residuals: list[np.ndarray] = []
-        for found in by_device.values():
-            measured = _log_seconds([o.time_us for _, o in found])
-            error = measured - np.log([float(self._estimate(self._problem, o.config)) for _, o in found])
-            near = measured <= measured.min() + TRANSFER_NEAR
-            keys.extend(key for (key, _), keep in zip(found, near, strict=True) if keep)
-            residuals.append((error - float(np.median(error)))[near])
-        if not keys:
-            return None
-        return self._encode(keys), np.concatenate(residuals)
-
-    def _transfer_correction(self, first: int) -> np.ndarray:
-        """The other devices' residuals (:meth:`_device_transfer`) spread to the pool from
-        ``first`` on, by similarity, as :meth:`_local_residual` spreads this device's."""
-        codes = self._codes()[first:]
-        if self._transfer is None:
-            return np.zeros(len(codes))
-        known, residual = self._transfer
-        differ = (codes[:, None, :] != known[None, :, :]).sum(axis=2)
-        weights = np.exp(-TRANSFER_DECAY * differ)
-        return TRANSFER_WEIGHT * (weights @ residual) / (weights.sum(axis=1) + TRANSFER_SHRINK)
 
     def _local_residual(self, measured: np.ndarray, residual: np.ndarray) -> np.ndarray:
         """The estimate's error near what was measured, for every pool candidate: each measured
@@ -978,8 +926,6 @@ class RankedSampler(optuna.samplers.BaseSampler):
         if self._prior is None or first >= len(self._pool):
             return
         mean, spread = self._prior.predict(self._x[first:])
-        if isinstance(self._prior, _EstimatePrior):
-            mean = mean + self._transfer_correction(first)
         self._prior_mean = np.concatenate([self._prior_mean[:first], mean])
         self._prior_spread = np.concatenate([self._prior_spread[:first], spread])
 

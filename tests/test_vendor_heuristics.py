@@ -1,28 +1,29 @@
-"""NVIDIA's matmul heuristics mapped onto hopper_matmul: the mapping both ways, the device
-names, the missing package, and (where installed) ranked configs valid in the kernel's space."""
+"""benchmarks/vendor_heuristics.py: NVIDIA's matmul heuristics mapped onto hopper_matmul (the
+mapping both ways, the device names, the missing package, and where installed, ranked configs
+valid in the kernel's space); benchmarks/vendor_prior.py's replay on a small budget."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
 from autotune.devices import PROFILES, using_profile
 from autotune.space.kernel import get_kernel
-from autotune.tuning import vendor_prior
-from autotune.tuning.vendor_prior import (
-    VENDOR_GPUS,
-    VendorModel,
-    VendorPriorError,
-    from_vendor,
-    to_vendor,
-    vendor_available,
-    vendor_gpu,
-)
+from tests.benchmark_scripts import load
+
+vendor_prior = load("vendor_heuristics")
+VENDOR_GPUS = vendor_prior.VENDOR_GPUS
+VendorModel = vendor_prior.VendorModel
+VendorPriorError = vendor_prior.VendorPriorError
+from_vendor = vendor_prior.from_vendor
+to_vendor = vendor_prior.to_vendor
+vendor_available = vendor_prior.vendor_available
+vendor_gpu = vendor_prior.vendor_gpu
 
 HAVE_VENDOR = vendor_available()
-needs_vendor = pytest.mark.skipif(not HAVE_VENDOR, reason="nvidia-matmul-heuristics not installed "
-                                  "(the [vendor] extra)")
+needs_vendor = pytest.mark.skipif(not HAVE_VENDOR, reason="nvidia-matmul-heuristics not installed")
 KERNEL = get_kernel("hopper_matmul")
 
 
@@ -89,7 +90,7 @@ def test_a_missing_package_says_what_to_install(monkeypatch):
     vendor_prior._package.cache_clear()
     try:
         assert not vendor_available()
-        with pytest.raises(VendorPriorError, match=r"pip install 'autotune\[vendor\]'"):
+        with pytest.raises(VendorPriorError, match="pip install nvidia-matmul-heuristics"):
             VendorModel("h200")
     finally:
         vendor_prior._package.cache_clear()
@@ -129,3 +130,44 @@ def test_the_estimate_knows_the_device_and_refuses_what_it_cannot_answer():
     with pytest.raises(ValueError, match="CUTLASS3"):
         VendorModel("h200", target="TRITON")
     assert set(VENDOR_GPUS) <= set(PROFILES)
+
+
+@needs_vendor
+def test_ground_truth_measures_the_vendors_first_configurations(tmp_path):
+    """benchmarks/ground_truth.py --vendor N measures the vendor's first N configurations for
+    the device (on the fake device: the current profile's), marked stage "vendor", and the
+    replay's space holds them exactly."""
+    ground_truth = load("ground_truth")
+    with using_profile("h200"):
+        ground_truth.main(["--kernel", "hopper_matmul", "--shape", "m=512,n=512,k=512", "--device",
+                           "fake", "--iterations", "3", "--out", str(tmp_path), "--max", "3",
+                           "--vendor", "4"])
+        data = json.loads((tmp_path / "hopper_matmul__k512_m512_n512__bfloat16.json").read_text())
+        space = bound({"m": 512, "n": 512, "k": 512})
+        expected = [dict(c) for c, _ in VendorModel("h200").ranked(space, 4)][:4]
+    uniform = [r["config"] for r in data["results"][:3]]
+    expected = [c for c in expected if c not in uniform]  # measured once, in the first stage
+    assert len(expected) >= 2
+    assert [r["stage"] for r in data["results"]] == ["uniform"] * 3 + ["vendor"] * len(expected)
+    assert [r["config"] for r in data["results"][3:]] == expected
+
+
+def test_ground_truth_refuses_a_negative_vendor_count(tmp_path):
+    """--vendor takes 0 or more, and says so."""
+    with pytest.raises(SystemExit, match="--vendor must be 0 or more"):
+        load("ground_truth").main(["--kernel", "hopper_matmul", "--shape", "m=256,n=256,k=256",
+                                   "--device", "fake", "--out", str(tmp_path), "--vendor", "-1"])
+
+
+def test_the_cross_device_replay_gives_the_first_gap_of_cold_and_warm():
+    """benchmarks/vendor_prior.py replays an H100 problem cold and warm from the H200's results:
+    each has a first proposal's gap and trials to within 1%, and the other device's winner is
+    a related winner (its gap here is reported)."""
+    script = load("vendor_prior")
+    h100 = [r for r in script.records(script.H100) if r.problem["m"] == 128]
+    h200 = [r for r in script.records(script.H200) if r.problem["m"] == 128]
+    (row,) = script.cross_part(h100, h200, seeds=1, budget=4)
+    assert row["device"] == script.H100 and row["stored"] == [script.H200]
+    for mode in ("cold", "warm"):
+        assert row[mode]["first_gap"] >= 0 and 1 <= row[mode]["within_1pct"][0] <= 5
+    assert row["other_winner_gap"] is not None

@@ -1,10 +1,11 @@
-"""NVIDIA's matmul heuristics (``nvidia-matmul-heuristics``) as a prior for ``hopper_matmul``.
+"""NVIDIA's matmul heuristics (``nvidia-matmul-heuristics``) mapped onto ``hopper_matmul``.
 
 The package ranks GEMM configurations analytically per shape and GPU (CUTLASS and TensorRT-LLM
 profile only its top-ranked ones); it runs on a CPU-only machine (a named GPU, no CUDA needed)
 and answers in about a millisecond. This module maps its configurations onto the kernel's
-tunables and back, so that a replay can measure what its choices are worth here
-(``benchmarks/vendor_prior.py``, ``benchmarks/vendor_prior.md``):
+tunables and back, so that the replay can measure what its choices are worth here
+(``benchmarks/vendor_prior.py``, figures in ``benchmarks/vendor_prior.md``) and
+``benchmarks/ground_truth.py --vendor N`` can measure them on a GPU:
 
 ==================================  ============================================================
 vendor (``nvmmhKernelConfiguration``)  ``hopper_matmul``
@@ -24,22 +25,27 @@ vendor (``nvmmhKernelConfiguration``)  ``hopper_matmul``
                                     canonically (``None`` where it is the whole tile)
 ==================================  ============================================================
 
-The package is optional (``pip install 'autotune[vendor]'``) and imported only when used; its
-licence is NVIDIA's SDK licence, not an open-source one. Nothing in the tuner uses it by
-default: the replay found it no better a prior than the kernel's own cost model
-(``benchmarks/vendor_prior.md``).
+A benchmark helper, not part of the package: over the recorded ground truth the vendor's
+choices were no better a prior than the kernel's own cost model on the H200's shapes
+(``benchmarks/vendor_prior.md``), so the tuner does not use them. The package is imported only
+when used (``pip install nvidia-matmul-heuristics``); its licence is NVIDIA's SDK licence, not
+an open-source one.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from autotune.devices import DeviceFacts, profile_for_name
-from autotune.space.problem import Config, Problem
-from autotune.space.search_space import BoundSpace
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.devices import DeviceFacts, profile_for_name  # noqa: E402
+from autotune.space.problem import Config, Problem  # noqa: E402
+from autotune.space.search_space import BoundSpace  # noqa: E402
 
 __all__ = [
     "VENDOR_GPUS",
@@ -48,6 +54,8 @@ __all__ = [
     "DEFAULT_TARGET",
     "VendorPriorError",
     "vendor_available",
+    "check_installed",
+    "vendor_gpu",
     "from_vendor",
     "to_vendor",
     "VendorModel",
@@ -75,12 +83,18 @@ _CONSUMER_WARPS = 8
 _INSTR_TILE = (64, 8, 16)
 _DEFAULT_EPILOGUE = 64  # upstream TuningConfig's epi_tile_m and epi_tile_n
 _STATUS_SUCCESS = 1
-_INSTALL = "pip install 'autotune[vendor]' (or pip install nvidia-matmul-heuristics)"
+_INSTALL = "pip install nvidia-matmul-heuristics"
 
 
 class VendorPriorError(ImportError):
     """The vendor's heuristics cannot be used here: the package is missing, or the device or
     dtype has no counterpart in it. The message says which and what to do."""
+
+
+def check_installed() -> None:
+    """Raises :class:`VendorPriorError`, saying what to install, where the package cannot be
+    used."""
+    _package()
 
 
 def vendor_available() -> bool:
