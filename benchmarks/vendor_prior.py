@@ -12,7 +12,7 @@ Part ``vendor`` (item 5; needs ``pip install nvidia-matmul-heuristics``): per pr
 
 - *first choices*: the gap to the best recorded time of the vendor's first configuration (its
   nearest recorded config: the ground truth is a sample of the valid set, so the vendor's own
-  choice is rarely in it; ``d`` is how far, in the space's distance), of the best of its first
+  choice is rarely in it; ``d``: the tunables it differs in), of the best of its first
   ``--top``, of the first recorded config by the vendor's runtime estimate (ties: the median of
   the tied group), and of the first recorded config by the kernel's own cost model;
 - *replay*: the ranked sampler as the tuner runs it cold (the kernel's cost model), against the
@@ -180,7 +180,7 @@ def vendor_part(recs: Sequence[Recorded], *, seeds: int, budget: int, top: int,
 
 def print_vendor(rows: Sequence[Mapping[str, Any]], budget: int, top: int) -> None:
     print(f"First choices: gap to the best recorded time (vendor: its configuration's nearest "
-          f"recorded config, d = distance; top {top}: the best of its first {top})")
+          f"recorded config, d = tunables that differ; top {top}: the best of its first {top})")
     print()
     print(f"| device | problem | vendor first (d) | vendor best of top {top} | vendor estimate's "
           "first recorded (ties) | own cost model's first recorded (ties) |")
