@@ -27,6 +27,8 @@ the tuner would have them (every H200 result as a prior labelled with its device
 H200's winner of the same shape as a related winner), against cold: the first proposal's gap
 (goal: within 3% of the best on 4 of 5 shapes) and trials to within 1%. Then the other way
 round (H200 truth, H100 results stored) as a check.
+
+Figures and what they say: ``benchmarks/vendor_prior.md``.
 """
 
 from __future__ import annotations
