@@ -44,6 +44,11 @@ measured:
 
     python3 benchmarks/ground_truth.py --files gt/hopper_matmul__*.json --max 0 \
         --retime 0.08 --retime-max 128
+
+``--vendor N`` (``hopper_matmul``; needs ``pip install nvidia-matmul-heuristics``) measures the
+first N configurations of NVIDIA's matmul heuristics for the device, mapped onto the kernel
+(``benchmarks/vendor_heuristics.py``; marked ``"stage": "vendor"``), so that the replay of
+``benchmarks/vendor_prior.py`` proposes exactly them rather than their nearest recorded configs.
 """
 
 from __future__ import annotations
@@ -98,6 +103,22 @@ def estimated_configs(kernel: Any, space: BoundSpace, n: int, *, seed: int = 0,
     return [Config(c) for c in found[:n]]
 
 
+def vendor_configs(kernel: Any, space: BoundSpace, n: int, device: Any) -> list[Config]:
+    """The first ``n`` configurations of NVIDIA's matmul heuristics for ``device`` (on a fake
+    or interpreted device: the current device profile's), as valid configs of ``space``."""
+    from vendor_heuristics import VendorModel, VendorPriorError
+
+    from autotune.devices import current_device
+
+    if kernel.name != "hopper_matmul":
+        raise SystemExit(f"--vendor: NVIDIA's matmul heuristics map onto hopper_matmul, not {kernel.name!r}")
+    try:
+        model = VendorModel(device.name if device.kind == "gpu" else current_device())
+    except VendorPriorError as error:
+        raise SystemExit(f"--vendor: {error}") from None
+    return [c for c, _ in model.ranked(space, n)][:n]
+
+
 def merge(previous: Mapping[str, Any] | None, payload: dict[str, Any], problem: Problem) -> dict[str, Any]:
     """``payload`` with ``previous``'s results (and re-times) first (``--extend``): the counts
     cover both, the time spent is the sum. Refuses a file of another problem."""
@@ -134,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--estimated", type=int, default=0,
                     help="then measure this many of the best configs by the kernel's cost model")
+    ap.add_argument("--vendor", type=int, default=0, help="then measure this many of the first "
+                    "configurations of NVIDIA's matmul heuristics (hopper_matmul)")
     ap.add_argument("--constants", default="",
                     help="--estimated with the cost model's constants changed: NAME=VALUE,... "
                          "(benchmarks/cost_model_check.py)")
@@ -159,6 +182,15 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.max < 0 or args.estimated < 0:
         raise SystemExit(f"--max and --estimated must be 0 or more (got {args.max}, {args.estimated})")
+    if args.vendor < 0:
+        raise SystemExit(f"--vendor must be 0 or more (got {args.vendor})")
+    if args.vendor:
+        from vendor_heuristics import VendorPriorError, check_installed
+
+        try:
+            check_installed()
+        except VendorPriorError as error:
+            raise SystemExit(f"--vendor: {error}") from None
     if args.constants and not args.estimated:
         raise SystemExit("--constants changes the cost model that --estimated follows; give --estimated N too")
     if bool(args.files) == bool(args.kernel and args.shape):
@@ -372,6 +404,8 @@ def record(engine: Engine, kernel: Any, problem: Problem, path: Path, previous: 
         already = [r["config"] for r in (previous or {}).get("results", ())] + [r["config"] for r in results]
         measure(estimated_configs(kernel, space, args.estimated, seed=args.seed, skip=already,
                                   estimate=estimate), "estimated")
+    if args.vendor:
+        measure(vendor_configs(kernel, space, args.vendor, device), "vendor")
     elapsed = time.monotonic() - start
     ok = [r for r in results if r["status"] == "ok"]
     payload = {
