@@ -4,8 +4,8 @@ ground truth (CPU only; issue 32 items 4 and 5).
     python3 benchmarks/vendor_prior.py [--seeds 10] [--budget 48] [--top 4] [--target CUTLASS3]
         [--parts vendor,cross] [--json OUT]
 
-Ground truth: the ``hopper_matmul`` files of each device (``benchmarks/data/*.json``: the H200;
-``benchmarks/data/nvidia-h100-80gb-hbm3/``: the H100), each replayed with that device's profile
+Ground truth: each device's ``hopper_matmul`` problems (``autotune/replay/data/<device>/``,
+read through ``autotune.replay.ground_truth.load_ground_truth``), each replayed with that device's profile
 (its SMs, clock, bandwidth: the cost model's device).
 
 Part ``vendor`` (item 5; needs ``pip install nvidia-matmul-heuristics``): per problem,
@@ -49,13 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
-from recorded_times import DATA, device_folder  # noqa: E402
-from search_efficiency import Recorded, ground_truth_files, load, pct, trials_to  # noqa: E402
 
 from autotune.devices import profile_for_name, using_profile  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
+from autotune.replay.runner import Recorded, pct, trials_to  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning import optuna_adapter  # noqa: E402
-from autotune.tuning.ranked_sampler import Observation  # noqa: E402
+from autotune.tuning.samplers.ranked import Observation  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 
 KERNEL = "hopper_matmul"
@@ -66,15 +66,10 @@ CROSS_GOAL = 0.03
 VARIANTS = ("ranked", "vendor_seeds", "vendor_pool", "vendor_model")
 
 
-def device_files(device: str) -> list[str]:
-    """The device's recorded ``hopper_matmul`` ground-truth files."""
-    return [f for f in ground_truth_files(device_folder(device, DATA))
-            if Path(f).name.startswith(KERNEL + "__")]
-
-
 def records(device: str) -> list[Recorded]:
+    """The device's recorded ``hopper_matmul`` problems (the package's ground truth)."""
     with using_profile(profile_for_name(device)):
-        return [Recorded(d) for d in load(device_files(device))]
+        return [Recorded(d) for d in load_ground_truth(device, KERNEL)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +283,7 @@ def main() -> None:
     started = time.monotonic()
     h200, h100 = records(H200), records(H100)
     if not h200 or not h100:
-        raise SystemExit(f"need {KERNEL} ground truth of both devices under {DATA} "
+        raise SystemExit(f"need {KERNEL} ground truth of both devices in autotune/replay/data "
                          "(benchmarks/ground_truth.py on each GPU)")
     out: dict[str, Any] = {"seeds": args.seeds, "budget": args.budget, "top": args.top,
                            "target": args.target}
