@@ -5,6 +5,7 @@
         [--save-reference PATH]
     python3 benchmarks/search_efficiency.py --live DB [--job examples/unseen_shapes.toml]
     python3 benchmarks/search_efficiency.py --store-ground-truth DB [FILES]
+    python3 benchmarks/search_efficiency.py FILES --live-truth DB[,DB...] [...]
 
 Ground truth: every ``benchmarks/data/<kernel>__<shape>__<dtype>.json`` written by
 ``benchmarks/ground_truth.py`` on a GPU (a uniform sample of the valid set plus climbing around
@@ -41,6 +42,17 @@ table then adds the trial whose *measurement* was the fastest, as ``--live`` rep
 job, and the median of it over every problem and seed (issue 17's live goal: at most 8). Spec
 ``oracle`` measures the recorded configs fastest first: no search does better, so under noise it
 shows what noise alone does to that trial.
+
+``--live-truth DB,...`` adds the configs that live jobs measured (median over the databases,
+per config; a config the file records keeps its recorded time) to each file's problem as extra
+truth, reachable by the climb and as neighbours but never drawn into the pool. The recorded
+files hold a uniform sample with few variants of each (tile, stages) family, so a replayed
+search cannot dwell on one family's grid-order variants as a live one can, on the real valid
+set of 10^5 configs; with them it can (``benchmarks/RESULTS.md`` section 11, "Reach").
+``--family T1,T2,...`` goes further: every valid config of a recorded family (the configs that
+share the values of T1, T2, ...) is reachable, as in the real valid set, and is timed as the
+median of its family's recorded configs that share the most tunables with it (the grid order's
+effect is then that of the nearest measured variant, not known exactly).
 
 ``--live DB`` reads a live job's results instead: for each problem in the database (or in
 ``--job``), the trial index at which its final best was first reached, the trial that first
@@ -101,6 +113,46 @@ RANKED_OPTIONS = {"explore": float, "kappa": float, "candidates": int, "model": 
                   "estimate": lambda v: v not in ("0", "false")}
 
 
+def add_live_truth(data: dict[str, Any], dbs: Sequence[str]) -> int:
+    """Adds to a ground-truth file's results the configs the databases ``dbs`` measured for its
+    problem on its device (stage ``"live"``: never drawn; their median over the databases), where
+    the file does not record them. Returns how many were added."""
+    from autotune.queries.best import results_frame
+
+    kernel = get_kernel(data["kernel"])
+    problem = kernel.problem(data["shape"], data["dtype"])
+    names = kernel.bind(problem).names
+    recorded = {Config(r["config"]).digest() for r in data["results"]}
+    times: dict[str, list[float]] = {}
+    configs: dict[str, Config] = {}
+    for db in dbs:
+        frame = results_frame(db if "://" in db else f"sqlite:///{db}")
+        frame = frame[(frame["problem"] == str(problem)) & (frame["status"] == "ok")]
+        if data.get("device"):
+            frame = frame[frame["device"] == data["device"]]
+        for _, row in frame.iterrows():
+            config = Config({n: _plain(row[f"config.{n}"]) for n in names})
+            digest = config.digest()
+            if digest not in recorded:
+                configs[digest] = config
+                times.setdefault(digest, []).append(float(row["median_us"]))
+    for digest, config in configs.items():
+        data["results"].append({"config": dict(config), "stage": "live", "status": "ok",
+                                "median_us": statistics.median(times[digest])})
+    return len(configs)
+
+
+def _plain(value: Any) -> Any:
+    """A frame cell as a config value: missing as None, whole floats as ints."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or str(value) == "<NA>":
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def ground_truth_files(folder: Path = DATA) -> list[str]:
     """Every ``<kernel>__<shape>__<dtype>.json`` in ``folder``, sorted."""
     return sorted(p for p in glob.glob(str(folder / "*.json")) if GROUND_TRUTH.match(Path(p).name))
@@ -121,8 +173,9 @@ def load(paths: Sequence[str]) -> list[dict[str, Any]]:
 class Recorded:
     """One ground-truth problem: its space restricted to the recorded configs, and times."""
 
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, Any], family: Sequence[str] = ()) -> None:
         self.data = data
+        self.family = tuple(family)
         self.kernel = get_kernel(data["kernel"])
         self.problem = self.kernel.problem(data["shape"], data["dtype"])
         base = self.kernel.bind(self.problem)
@@ -140,6 +193,21 @@ class Recorded:
                        "only configs measured in the ground truth")
             for d in range(len(names))
         )
+        if self.family:
+            # Every valid config of a recorded family (``--family``), as in the real valid set;
+            # an unrecorded one is timed as its family's recorded configs nearest to it.
+            known = [tuple(r["config"][n] for n in self.family) for r in data["results"]]
+            rules = tuple(
+                Constraint(f"recorded_family_{d}", self.family[:d + 1],
+                           lambda c, e, d=d, seen={t[:d + 1] for t in known}: tuple(c[n] for n in self.family[:d + 1]) in seen,
+                           "only families measured in the ground truth")
+                for d in range(len(self.family))
+            )
+            self.members: dict[tuple[Any, ...], list[tuple[Config, float | None]]] = {}
+            for r in data["results"]:
+                c = Config(r["config"])
+                self.members.setdefault(tuple(c[n] for n in self.family), []).append(
+                    (c, self.times[c.digest()]))
         self.bound = Space(base.space.params, base.space.constraints + rules).bind(self.problem)
         self.full = base
         self.best = min(t for t in self.times.values() if t is not None)
@@ -155,6 +223,18 @@ class Recorded:
         return [Observation(self.problem, Config(r["config"]),
                             recorded_us(r) if r["status"] == "ok" else None)
                 for r in self.data["results"]]
+
+    def time(self, config: Config) -> float | None:
+        """The recorded time of ``config``; with ``family``, of an unrecorded config the median
+        of its family's recorded configs that share the most tunables with it."""
+        digest = config.digest()
+        if digest in self.times or not self.family:
+            return self.times[digest]
+        members = self.members[tuple(config[n] for n in self.family)]
+        share = [sum(c[n] == config[n] for n in config) for c, _ in members]
+        nearest = [t for (_, t), s in zip(members, share, strict=True) if s == max(share)]
+        ok = [t for t in nearest if t is not None]
+        return statistics.median(ok) if len(ok) * 2 >= len(nearest) else None
 
     def winner(self) -> Config:
         return min((r for r in self.data["results"] if r["status"] == "ok"),
@@ -240,7 +320,7 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
             trial = study.ask(dists)
         except ExhaustedError:
             break
-        t = rec.times[Config(trial.params).digest()]
+        t = rec.time(Config(trial.params))
         optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok" if t else "wrong_result")
         if t is None:
             study.tell(trial, state=TrialState.FAIL)
@@ -292,8 +372,13 @@ def related_to(rec: Recorded, recs: Sequence[Recorded]) -> list[Recorded]:
 
 
 def run(files: Sequence[str], *, seeds: int, budget: int, samplers: Sequence[str],
-        modes: Sequence[str] = MODES, patience: Sequence[int] = (), noise: float = 0.0) -> list[dict[str, Any]]:
-    recs = [Recorded(d) for d in load(files)]
+        modes: Sequence[str] = MODES, patience: Sequence[int] = (), noise: float = 0.0,
+        live_truth: Sequence[str] = (), family: Sequence[str] = ()) -> list[dict[str, Any]]:
+    datas = load(files)
+    for data in datas:
+        if live_truth:
+            print(f"{data['file']}: {add_live_truth(data, live_truth)} configs measured live added")
+    recs = [Recorded(d, family) for d in datas]
     rows = []
     for rec in recs:
         others = related_to(rec, recs)
@@ -512,6 +597,14 @@ def main() -> None:
     ap.add_argument("--save-reference", metavar="PATH",
                     help="write the settings and median trials per problem, mode, sampler and "
                          "threshold: the committed reference of the CI regression test")
+    ap.add_argument("--live-truth", metavar="DB,...", default="",
+                    help="add the configs these live databases measured (their median) to the "
+                         "recorded problems as extra truth, reachable but never drawn")
+    ap.add_argument("--family", metavar="TUNABLE,...", default="",
+                    help="every valid config of a recorded family (the configs sharing these "
+                         "tunables' values) is reachable, as in the real valid set, and timed as "
+                         "the family's recorded configs nearest to it; e.g. "
+                         "tile_m,tile_n,tile_k,max_concurrent_steps")
     ap.add_argument("--live", metavar="DB", help="read a live job's database instead of replaying")
     ap.add_argument("--job", help="with --live: only this job file's problems")
     ap.add_argument("--store-ground-truth", metavar="DB",
@@ -542,7 +635,9 @@ def main() -> None:
     patience = [int(p) for p in args.patience.split(",") if p]
     started = time.monotonic()
     rows = run(files, seeds=args.seeds, budget=args.budget, samplers=samplers,
-               modes=args.modes.split(","), patience=patience, noise=args.noise)
+               modes=args.modes.split(","), patience=patience, noise=args.noise,
+               live_truth=[d for d in args.live_truth.split(",") if d],
+               family=[n for n in args.family.split(",") if n])
     if args.with_default:
         rows += run(files, seeds=args.seeds, budget=args.budget, samplers=["auto+default"],
                     modes=["cold"], patience=patience)
