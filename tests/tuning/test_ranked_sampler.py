@@ -401,6 +401,8 @@ def test_a_family_far_slower_than_estimated_is_left_after_two_trials(monkeypatch
 
     assert trials_to_best() == [3, 3, 3]
     monkeypatch.setattr(ranked_sampler, "ESTIMATE_SCALE_SLACK", 100.0)
+    # The control isolates this rule: family diversity (FAMILY_PATIENCE) would leave at trial 4.
+    monkeypatch.setattr(ranked_sampler, "FAMILY_PATIENCE", 10**6)
     assert trials_to_best() == [5, 5, 5]
 
 
