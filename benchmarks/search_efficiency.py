@@ -3,6 +3,7 @@
     python3 benchmarks/search_efficiency.py [--device NAME] [--kernel K] [--problems N,...]
         [FILES] [--seeds 10] [--budget 64] [--samplers auto,ranked,oracle] [--modes cold,warm]
         [--noise SD] [--patience P,...] [--json OUT] [--save-reference PATH]
+        [--live-truth DB,...] [--family T1,T2,...]
     python3 benchmarks/search_efficiency.py --live DB [--job examples/unseen_shapes.toml]
     python3 benchmarks/search_efficiency.py --store-ground-truth DB [--device NAME] [--kernel K]
 
@@ -23,6 +24,15 @@ measures the recorded configs fastest first (no search does better).
 log-normal factor of relative standard deviation SD (the H200's run-to-run noise on live shapes
 is about 0.01), while the thresholds still count true times; the table adds the trial whose
 *measurement* was the fastest, as ``--live`` reports for a live job.
+
+``--live-truth DB,...`` adds the configs that live jobs measured (median over the databases, per
+config; a recorded config keeps its recorded time) to each problem as extra truth, reachable by
+the climb and as neighbours but never drawn into the pool: the recorded data hold few variants
+of each (tile, stages) family, so a replayed search cannot dwell on one family's grid-order
+variants as a live one can on the real valid set; with them it can (``benchmarks/RESULTS.md``
+§12). ``--family T1,T2,...`` goes further: every valid config of a recorded family (the configs
+sharing the values of T1, T2, ...) is reachable, as in the real valid set, and is timed as the
+median of its family's recorded configs that share the most tunables with it.
 
 ``--live DB`` reads a live job's results instead: for each problem in the database (or in
 ``--job``), the trial index at which its final best was first reached, the trial that first
@@ -49,7 +59,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 
 from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
-from autotune.replay.runner import MODES, SAMPLERS, THRESHOLDS, ReplayError, parse_sampler, run  # noqa: E402
+from autotune.replay.runner import (  # noqa: E402
+    MODES,
+    SAMPLERS,
+    THRESHOLDS,
+    ReplayError,
+    add_live_truth,
+    parse_sampler,
+    run,
+)
 from autotune.tuning.samplers.ranked import model_backend  # noqa: E402
 
 
@@ -246,6 +264,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--save-reference", metavar="PATH",
                     help="write the settings and median trials per problem, mode, sampler and "
                          "threshold: the committed reference of the CI regression test")
+    ap.add_argument("--live-truth", metavar="DB,...", default="",
+                    help="add the configs these live databases measured (their median) to the "
+                         "recorded problems as extra truth, reachable but never drawn")
+    ap.add_argument("--family", metavar="TUNABLE,...", default="",
+                    help="every valid config of a recorded family (the configs sharing these "
+                         "tunables' values) is reachable, as in the real valid set, and timed as "
+                         "the family's recorded configs nearest to it; e.g. "
+                         "tile_m,tile_n,tile_k,max_concurrent_steps")
     ap.add_argument("--live", metavar="DB", help="read a live job's database instead of replaying")
     ap.add_argument("--job", help="with --live: only this job file's problems")
     ap.add_argument("--store-ground-truth", metavar="DB",
@@ -275,9 +301,15 @@ def main(argv: list[str] | None = None) -> None:
     if not 0.0 <= args.noise < 1.0:
         raise SystemExit(f"--noise is a relative standard deviation between 0 and 1, got {args.noise}")
     patience = [int(p) for p in args.patience.split(",") if p]
+    live_truth = [d for d in args.live_truth.split(",") if d]
+    if live_truth:
+        problems = [dict(p, results=list(p["results"])) for p in problems]
+        for p in problems:
+            print(f"{p['name']}: {add_live_truth(p, live_truth)} configs measured live added")
+    family = [n for n in args.family.split(",") if n]
     started = time.monotonic()
     rows = run(problems, seeds=args.seeds, budget=args.budget, samplers=samplers,
-               modes=args.modes.split(","), patience=patience, noise=args.noise)
+               modes=args.modes.split(","), patience=patience, noise=args.noise, family=family)
     if args.with_default:
         rows += run(problems, seeds=args.seeds, budget=args.budget, samplers=["auto+default"],
                     modes=["cold"], patience=patience)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.evaluation.contract import Compiled, EvaluationError, Evaluator, StageHook
@@ -38,7 +38,8 @@ class ReplayEvaluator(Evaluator):
 
     timing = TIMING
 
-    def __init__(self, recorded: Mapping[str, Any], *, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, recorded: Mapping[str, Any], *, noise: float = 0.0, seed: int = 0,
+                 unrecorded: Callable[[Config], float | None] | None = None) -> None:
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise is a relative standard deviation in [0, 1), but got {noise=}.")
         self.kernel = get_kernel(recorded["kernel"])
@@ -46,6 +47,8 @@ class ReplayEvaluator(Evaluator):
         self.device = str(recorded.get("device", ""))
         self.noise = noise
         self._records = {Config(r["config"]).digest(): r for r in recorded["results"]}
+        # The time of a config never recorded (the replay's --family mode), else it is invalid.
+        self._unrecorded = unrecorded
         self._baseline = recorded.get("baseline") or {}
         name = f"{recorded['kernel']} {self.problem.shape_text} {self.problem.dtype}"
         self._rng = random.Random(f"noise:{seed}:{name}")
@@ -53,9 +56,17 @@ class ReplayEvaluator(Evaluator):
     def device_info(self) -> DeviceInfo:
         return DeviceInfo(name=f"replay ({self.device})", kind=DeviceKind.FAKE)
 
+    def _record(self, config: Config) -> Mapping[str, Any] | None:
+        record = self._records.get(config.digest())
+        if record is None and self._unrecorded is not None:
+            t = self._unrecorded(config)
+            record = ({"config": dict(config), "status": "ok", "median_us": t} if t is not None
+                      else {"config": dict(config), "status": "wrong_result"})
+        return record
+
     def true_us(self, config: Config) -> float | None:
         """The recorded time of ``config`` (None: it failed, or was never recorded)."""
-        record = self._records.get(config.digest())
+        record = self._record(config)
         return recorded_us(record) if record is not None and record["status"] == "ok" else None
 
     def seen_us(self, true_us: float) -> float:
@@ -66,7 +77,7 @@ class ReplayEvaluator(Evaluator):
                 on_stage: StageHook | None = None) -> Compiled | TrialResult:
         if problem != self.problem:
             raise EvaluationError(f"This replay serves {self.problem}, not {problem}.")
-        record = self._records.get(config.digest())
+        record = self._record(config)
         if record is None:
             return TrialResult.failed(Outcome.INVALID, "[replay] config not in the ground truth")
         if record["status"] != "ok" or not record.get("median_us"):

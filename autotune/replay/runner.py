@@ -87,8 +87,9 @@ def _recorded_prefix(prefix: Sequence[str], seen: set[tuple[Any, ...]]) -> Const
 class Recorded:
     """One ground-truth problem: its space restricted to the recorded configs, and times."""
 
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, Any], family: Sequence[str] = ()) -> None:
         self.data = data
+        self.family = tuple(family)
         self.kernel = get_kernel(data["kernel"])
         self.problem = self.kernel.problem(data["shape"], data["dtype"])
         base = self.kernel.bind(self.problem)
@@ -102,6 +103,17 @@ class Recorded:
         recorded = [tuple(r["config"][n] for n in names) for r in data["results"]]
         rules = tuple(_recorded_prefix(names[:d + 1], {t[:d + 1] for t in recorded})
                       for d in range(len(names)))
+        if self.family:
+            # Every valid config of a recorded family (``family``), as in the real valid set;
+            # an unrecorded one is timed as its family's recorded configs nearest to it.
+            known = [tuple(r["config"][n] for n in self.family) for r in data["results"]]
+            rules = tuple(_recorded_prefix(self.family[:d + 1], {t[:d + 1] for t in known})
+                          for d in range(len(self.family)))
+            self.members: dict[tuple[Any, ...], list[tuple[Config, float | None]]] = {}
+            for r in data["results"]:
+                c = Config(r["config"])
+                self.members.setdefault(tuple(c[n] for n in self.family), []).append(
+                    (c, self.times[c.digest()]))
         self.bound = Space(base.space.params, base.space.constraints + rules).bind(self.problem)
         self.full = base
         self.best = min(t for t in self.times.values() if t is not None)
@@ -112,6 +124,18 @@ class Recorded:
                          if r.get("stage", "uniform") == "uniform"]
         self.device = data.get("device", "")
         self.name = f"{data['kernel']} {self.problem.shape_text} {self.problem.dtype}"
+
+    def time(self, config: Config) -> float | None:
+        """The recorded time of ``config``; with ``family``, of an unrecorded config the median
+        of its family's recorded configs that share the most tunables with it."""
+        digest = config.digest()
+        if digest in self.times or not self.family:
+            return self.times[digest]
+        members = self.members[tuple(config[n] for n in self.family)]
+        share = [sum(c[n] == config[n] for n in config) for c, _ in members]
+        nearest = [t for (_, t), s in zip(members, share, strict=True) if s == max(share)]
+        ok = [t for t in nearest if t is not None]
+        return statistics.median(ok) if len(ok) * 2 >= len(nearest) else None
 
     def observations(self) -> list[Observation]:
         return [Observation(self.problem, Config(r["config"]),
@@ -177,7 +201,8 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
     ``seed``); 0 replays the recorded medians exactly. Spec ``oracle`` measures the recorded
     configs fastest first: no search can do better, so under noise it shows what noise alone
     does to ``final_at``."""
-    evaluator = ReplayEvaluator(rec.data, noise=noise, seed=seed)
+    evaluator = ReplayEvaluator(rec.data, noise=noise, seed=seed,
+                                unrecorded=rec.time if rec.family else None)
     measured: list[tuple[float, float]] = []  # (as seen, true) per successful trial, in order
     measured_at: list[int] = []
     best, curve = math.inf, []
@@ -231,6 +256,49 @@ def _replayed(curve: list[float], measured: Sequence[tuple[float, float]], at: S
     return Replayed(curve, at[i], measured[i][1] / best - 1)
 
 
+def add_live_truth(data: dict[str, Any], dbs: Sequence[str]) -> int:
+    """Adds to a ground-truth problem's results the configs the databases ``dbs`` measured for
+    it on its device (stage ``"live"``: never drawn into the ranked sampler's pool; their median
+    over the databases), where the problem does not record them. Returns how many were added.
+    The recorded data hold a uniform sample with few variants of each (tile, stages) family, so
+    a replayed search cannot dwell on one family's grid-order variants as a live one can, on
+    the real valid set; with the live ones it can (``benchmarks/RESULTS.md`` §12)."""
+    from autotune.queries.best import results_frame
+
+    kernel = get_kernel(data["kernel"])
+    problem = kernel.problem(data["shape"], data["dtype"])
+    names = kernel.bind(problem).names
+    recorded = {Config(r["config"]).digest() for r in data["results"]}
+    times: dict[str, list[float]] = {}
+    configs: dict[str, Config] = {}
+    for db in dbs:
+        frame = results_frame(db if "://" in db else f"sqlite:///{db}")
+        frame = frame[(frame["problem"] == str(problem)) & (frame["status"] == "ok")]
+        if data.get("device"):
+            frame = frame[frame["device"] == data["device"]]
+        for _, row in frame.iterrows():
+            config = Config({n: _plain(row[f"config.{n}"]) for n in names})
+            digest = config.digest()
+            if digest not in recorded:
+                configs[digest] = config
+                times.setdefault(digest, []).append(float(row["median_us"]))
+    for digest, config in configs.items():
+        data["results"].append({"config": dict(config), "stage": "live", "status": "ok",
+                                "median_us": statistics.median(times[digest])})
+    return len(configs)
+
+
+def _plain(value: Any) -> Any:
+    """A frame cell as a config value: missing as None, whole floats as ints."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or str(value) == "<NA>":
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def trials_to(curve: Sequence[float], target: float, budget: int) -> int:
     for i, best in enumerate(curve):
         if best <= target:
@@ -262,15 +330,17 @@ def related_to(rec: Recorded, recs: Sequence[Recorded]) -> list[Recorded]:
 
 
 def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, samplers: Sequence[str],
-        modes: Sequence[str] = MODES, patience: Sequence[int] = (), noise: float = 0.0) -> list[dict[str, Any]]:
+        modes: Sequence[str] = MODES, patience: Sequence[int] = (), noise: float = 0.0,
+        family: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The replay's rows: one per problem (ground-truth dicts, as
     :func:`~autotune.replay.ground_truth.load_ground_truth` gives them), mode and sampler spec,
     over ``seeds`` seeds of ``budget`` trials each (``patience``: also the early-stop figures
-    for these patiences)."""
+    for these patiences; ``family``: every valid config of a recorded family is reachable, see
+    :class:`Recorded`)."""
     for spec in samplers:
         if spec != "oracle":
             parse_sampler(spec)
-    recs = [Recorded(d) for d in problems]
+    recs = [Recorded(d, family) for d in problems]
     rows = []
     for rec in recs:
         others = related_to(rec, recs)

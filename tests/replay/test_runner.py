@@ -229,3 +229,45 @@ def test_the_replay_command_refuses_bad_input_by_name(args, message):
                            "--seeds", "1", "--budget", "2"], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_live_measurements_and_unrecorded_family_members_join_the_replay(tmp_path):
+    """--live-truth: configs live databases measured for a recorded problem on its device join
+    it at their median over the databases (reachable, never drawn; a recorded config keeps its
+    time). --family: an unrecorded valid config of a recorded family is reachable, timed as the
+    median of its family's recorded configs that share the most tunables with it."""
+    import statistics
+
+    from autotune.space.outcomes import DeviceInfo, TrialResult
+    from autotune.space.problem import Config
+    from autotune.storage.store import Store
+
+    (data,) = [p for p in load_ground_truth("NVIDIA H200", "hopper_attention") if p["name"] == SMALL]
+    data = dict(data, results=list(data["results"]))
+    full = replay.Recorded(data)
+    dropped = [r for r in data["results"] if r["status"] == "ok"][:2]
+    data["results"] = [r for r in data["results"] if r not in dropped]
+    live, kept = Config(dropped[0]["config"]), Config(data["results"][0]["config"])
+    dbs = []
+    for i, t in enumerate((100.0, 110.0, 130.0)):
+        url = f"sqlite:///{tmp_path}/live{i}.db"
+        with Store(url) as store:
+            for number, config in enumerate((live, kept)):
+                store.record_trial(full.problem, config,
+                                   TrialResult.timed([t], compile_s=1.0, rel_error=0.0, timing="cupti"),
+                                   device=DeviceInfo(name=data["device"], kind="gpu"), software={},
+                                   optuna_trial_number=number)
+        dbs.append(url)
+    assert replay.add_live_truth(data, dbs) == 1
+    rec = replay.Recorded(data)
+    assert rec.time(live) == 110.0 and rec.time(kept) == recorded_us(data["results"][0])
+    assert live not in rec.drawable and rec.bound.is_valid(live)
+    unrecorded = Config(dropped[1]["config"])
+    assert not rec.bound.is_valid(unrecorded)
+    family = ("block_q", "block_kv")
+    rec = replay.Recorded(data, family)
+    assert rec.bound.is_valid(unrecorded)
+    members = [r for r in data["results"] if all(r["config"][n] == unrecorded[n] for n in family)]
+    share = [sum(r["config"][n] == unrecorded[n] for n in unrecorded) for r in members]
+    nearest = [recorded_us(r) for r, s in zip(members, share, strict=True) if s == max(share)]
+    assert rec.time(unrecorded) == statistics.median(nearest)
