@@ -354,11 +354,7 @@ def _lookup(
 
 def _faster(result: queries.BestResult) -> str:
     """Which implementation the stored confirmation found faster beyond its interval."""
-    if result.confirmed_speedup is None or result.speedup_low is None or result.speedup_high is None:
-        return "tie"
-    if result.speedup_high < 1.0:
-        return "baseline"
-    return "kernel" if result.speedup_low > 1.0 else "tie"
+    return queries.faster_of(result.confirmed_speedup, result.speedup_low, result.speedup_high)
 
 
 def _fallback(
