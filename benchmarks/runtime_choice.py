@@ -181,6 +181,15 @@ def _implementations(kernel_name: str, problem: Any, device: str, seed: int
     return kernel_at, baseline, inputs
 
 
+def _calling(kernel_at: Callable[[Any], Callable[..., Any]]) -> Callable[..., Any]:
+    """The function the program decorates: the kernel at the config it is given."""
+
+    def call(*arrays: Any, config: Any = None) -> Any:
+        return kernel_at(config)(*arrays)
+
+    return call
+
+
 def _time(fns: Mapping[str, Callable[..., Any]], inputs: Callable[[int], tuple[Any, ...]],
           reps: int, sets: int) -> dict[str, float]:
     """Median seconds per call of each function: all of them in turn, rotating the order, on
@@ -229,9 +238,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             choice = lookup.lookup_choice(name, shape, dtype, db=db)
             best = kernel_at(choice.config)
 
-            @autotune.tuned(name, db=db, baseline=baseline)
-            def decorated(*arrays: Any, config: Any = None) -> Any:
-                return kernel_at(config)(*arrays)
+            decorated = autotune.tuned(name, db=db, baseline=baseline)(_calling(kernel_at))
 
             times = _time({"decorated": decorated, "kernel": best, "baseline": baseline},
                           inputs, args.reps, args.input_sets)
