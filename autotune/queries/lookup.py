@@ -561,16 +561,11 @@ _SHAPE_CACHES: weakref.WeakValueDictionary[int, _ShapeCache] = weakref.WeakValue
 
 
 def _signature(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The key of a call's answer: each array's shape and dtype (what ``shape_of`` and the
-    dtype are read from); a positional that is not an array (attention's ``causal``) by its
-    type and value. Raises TypeError for an unhashable one (never cached)."""
-    try:
-        key = tuple([(a.shape, a.dtype) for a in arrays])
-    except AttributeError:
-        key = tuple([(a.shape, a.dtype) if hasattr(a, "shape") and hasattr(a, "dtype")
-                     else (type(a), a) for a in arrays])
-    hash(key)
-    return key
+    """The key of a call's answer where some positional is not an array (attention's
+    ``causal``): arrays by shape and dtype, the others by type and value (the wrapper keys a
+    call of arrays only by ``(shape, dtype)`` pairs itself, inline, as the fast path)."""
+    return tuple([(a.shape, a.dtype) if hasattr(a, "shape") and hasattr(a, "dtype")
+                  else (type(a), a) for a in arrays])
 
 
 def tuned(
@@ -657,11 +652,17 @@ def tuned(
         def wrapper(*arrays: Any, config: Mapping[str, Any] | None = None, **kw: Any) -> Any:
             if config is not None:
                 return fn(*arrays, config=config, **kw)
+            # The fast path, inline (each call saved is ~0.1 us): the arrays' shapes and dtypes.
+            signature: tuple[Any, ...] | None
             try:
-                signature: tuple[Any, ...] | None = _signature(arrays)
-                hit = answers.get(signature)  # type: ignore[arg-type]
-            except TypeError:  # an unhashable positional: answered, never cached
-                signature = hit = None
+                signature = tuple([(a.shape, a.dtype) for a in arrays])
+                hit = answers.get(signature)
+            except (AttributeError, TypeError):  # a positional that is not an array
+                signature = _signature(arrays)
+                try:
+                    hit = answers.get(signature)
+                except TypeError:  # an unhashable one: answered, never cached
+                    signature = hit = None
             if hit is None:
                 hit, keep = decide(name, arrays)
                 if keep and signature is not None:
