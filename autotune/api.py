@@ -462,6 +462,11 @@ def tuned(
     whose process is gone (on this host) or older than :data:`CLAIM_STALE_S` is taken over.
     A tuning that fails is logged at WARNING and not tried again in this process.
 
+    On a GPU the tuning's worker processes share the GPU with the program: a program whose
+    JAX preallocates most of the GPU's memory (JAX's default, 75%) leaves them little; run it
+    with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or a smaller
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION``) where it tunes missing shapes.
+
     Raises:
       JobError: a ``tune_missing`` that is not one of the above (at decoration); a shape the
         kernel does not accept (on a call); see :func:`autotune.queries.lookup.tuned`.
@@ -598,6 +603,7 @@ def _claim(db: str | None, problem: Any) -> Callable[[], None] | None:
             stale = (isinstance(owner, str) and owner_dead_here(owner)) or (
                 isinstance(since, (int, float)) and time.time() - since > CLAIM_STALE_S)
             if not stale:
+                storage.engine.dispose()
                 return None
             log.warning("%s: taking over the claim to tune it from %s (gone, or claimed %s s "
                         "ago).", problem, owner, None if since is None else round(time.time() - since))
@@ -610,8 +616,12 @@ def _claim(db: str | None, problem: Any) -> Callable[[], None] | None:
         storage.set_study_user_attr(study_id, "claimed_at", time.time())
 
         def release(study_id: int = study_id) -> None:
-            with contextlib.suppress(KeyError):
-                storage.delete_study(study_id)
+            try:
+                with contextlib.suppress(KeyError):
+                    storage.delete_study(study_id)
+            finally:
+                storage.engine.dispose()
 
         return release
+    storage.engine.dispose()
     return None
