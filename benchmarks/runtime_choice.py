@@ -17,8 +17,9 @@ implementation the decorator chose. The table (Markdown) and the figures (JSON) 
 ``--out`` (``runtime_choice.md``, ``runtime_choice.json``) with the device's name.
 
 Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
-(hopper_matmul at tiny shapes in GPU interpret mode on a CPU; attention cannot run
-interpreted); ``fake`` (no jax: two stand-in functions that busy-wait for shape-dependent
+(hopper_matmul at small shapes in GPU interpret mode on a CPU, each of 2 output tiles or more:
+one-tile outputs crash XLA's CPU compiler, benchmarks/interpret_crash_sweep.py; attention
+cannot run interpreted; interpret-mode timings are a functional run, not a GPU's); ``fake`` (no jax: two stand-in functions that busy-wait for shape-dependent
 times play kernel and baseline, and their confirmation is measured and stored the way the
 tuner's confirmation round stores it, so that the decorator's routing and this script's
 plumbing are exercised in seconds; its figures are not a GPU's).
@@ -56,8 +57,8 @@ GPU_SHAPES: dict[str, tuple[str, list[dict[str, int]]]] = {
         {"batch": 2, "seq_q": 4096, "seq_kv": 4096, "heads_q": 8, "heads_kv": 8, "head_dim": 64},
     ]),
 }
-INTERPRET_SHAPES = {"hopper_matmul": ("bfloat16", [{"m": 128, "n": 128, "k": 128},
-                                                     {"m": 256, "n": 128, "k": 128}])}
+INTERPRET_SHAPES = {"hopper_matmul": ("bfloat16", [{"m": 256, "n": 128, "k": 128},
+                                                     {"m": 512, "n": 256, "k": 128}])}
 # The fake device: (kernel us, baseline us) per shape: the baseline faster, the kernel
 # faster, and a tie.
 FAKE_SHAPES = {"fake_matmul": ("float32", [{"m": 64}, {"m": 128}, {"m": 192}])}
