@@ -39,7 +39,9 @@ fallback at once, and are asked again afterwards. ``strict=True`` raises
 :class:`~autotune.errors.StorageError` instead.
 
 Answers are cached in memory per (kernel, shape, dtype, device, db, default, table): a repeated
-lookup is a dict hit. :func:`clear_cache` forgets them (e.g. after tuning more). The source used
+lookup is a dict hit; the decorator also keeps, per decorated function, its choice (the
+function to call and the config) per call signature (the arrays' shapes and dtypes), so a
+repeated call costs one tuple and one dict hit. :func:`clear_cache` forgets them (e.g. after tuning more). The source used
 is logged at INFO level, with the jax/jaxlib versions the config was measured with and whether
 those are the running ones. Nothing here imports jax; shapes and dtypes are read as plain
 attributes.
