@@ -64,7 +64,7 @@ _EXPORTS = {
     "best_result": "autotune.queries.best",
     "list_results": "autotune.queries.best",
     "results_frame": "autotune.queries.best",
-    "tuned": "autotune.queries.lookup",
+    "tuned": "autotune.api",
     "lookup_config": "autotune.queries.lookup",
     "AutotuneError": "autotune.errors",
     "SpaceError": "autotune.errors",
@@ -93,7 +93,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune._jax_compat import interpret_params, profile_params
-    from autotune.api import tune
+    from autotune.api import tune, tuned
     from autotune.errors import (
         AutotuneError,
         JobError,
@@ -105,7 +105,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from autotune.evaluation.checking import check_space
     from autotune.queries.best import best_config, best_result, list_results, results_frame
-    from autotune.queries.lookup import lookup_config, tuned
+    from autotune.queries.lookup import lookup_config
     from autotune.space.kernel import BuildOptions, Kernel, get_kernel
     from autotune.space.outcomes import Outcome, TrialResult
     from autotune.space.problem import Config, Problem, parse_shape

@@ -6,9 +6,14 @@ The CLI's ``autotune tune JOB.toml`` and this function share one path, :func:`ru
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +28,7 @@ if TYPE_CHECKING:
     from autotune.storage.store import Store
     from autotune.tuning.reports import Event, ProblemReport
 
-__all__ = ["tune", "detect_device", "open_engine", "count_gpus", "compilation_cache_folder"]
+__all__ = ["tune", "tuned", "detect_device", "open_engine", "count_gpus", "compilation_cache_folder"]
 
 
 def detect_device() -> str:
@@ -365,3 +370,258 @@ def _watched() -> bool:
     except (AttributeError, ValueError):
         pass
     return "ipykernel" in sys.modules
+
+
+# ------------------------------------------------------------------------ the run-time decorator
+
+# tune_missing's claim on a problem: an Optuna study of this name in the results database.
+# Creating a study is atomic in the database (its name is unique), on SQLite and PostgreSQL
+# alike, so of the processes that meet one missing shape exactly one creates it and tunes.
+CLAIM_PREFIX = "autotune-claim|"
+# A claim older than this, or whose process on this host is gone, is taken over.
+CLAIM_STALE_S = 15 * 60.0
+# How often a process that did not win the claim looks for the stored answer (growing to MAX).
+POLL_S = 0.5
+MAX_POLL_S = 5.0
+# How long a process waits for another's tuning of a shape before it stops asking.
+WAIT_S = 30 * 60.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Budget:
+    """What ``tune_missing`` spends on a missing shape."""
+
+    trials: int
+    patience: int | None
+
+
+def _budget(tune_missing: bool | str | int) -> _Budget | None:
+    """The budget ``tune_missing`` asks for (None: off), or a JobError naming the choices."""
+    from autotune.cli import EFFORTS
+
+    if tune_missing is False or tune_missing is None:
+        return None
+    if tune_missing is True:
+        tune_missing = "quick"
+    if isinstance(tune_missing, str) and tune_missing in EFFORTS:
+        trials, patience = EFFORTS[tune_missing]
+        return _Budget(trials, patience)
+    if isinstance(tune_missing, int) and not isinstance(tune_missing, bool) and tune_missing > 0:
+        return _Budget(tune_missing, None)
+    raise JobError(
+        "tuned(tune_missing=...) must be False, True (the quick effort), an effort name "
+        f"({', '.join(map(repr, EFFORTS))}) or a number of trials above 0, but got "
+        f"{tune_missing!r}."
+    )
+
+
+def tuned(
+    kernel: str | Kernel,
+    *,
+    default: Any = None,
+    db: str | None = None,
+    device: str | None = None,
+    table: Any = None,
+    strict: bool = False,
+    timeout_s: float | None = None,
+    baseline: Callable[..., Any] | bool | None = None,
+    prefer: str = "fastest",
+    tune_missing: bool | str | int = False,
+    block: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorates ``fn(*arrays, config=None, **kw)`` so that a call without ``config`` runs
+    with the best stored config of its shape (:func:`autotune.queries.lookup.tuned`: the
+    lookup, its fallbacks, ``baseline=`` routing and ``prefer``), and, when asked, tunes a
+    shape that has nothing stored.
+
+    ``tune_missing``: off by default (the decorator never tunes unless asked). ``True`` or
+    ``"quick"`` (16 trials, patience 8), ``"full"`` (256 trials, patience 48; the CLI's
+    ``--effort`` names), or a number of trials: the first call of a shape with no result of
+    exactly its problem stored for this device tunes it with :func:`tune` (``db``, the device
+    found, no progress bars), stores the results in the database and serves them from then on.
+    A later process finds them stored and tunes nothing.
+
+    ``block``: ``False`` (default): the tuning runs on a background thread, and the calls
+    meanwhile run with what the lookup answers without it (the nearest tuned shape's config,
+    else the kernel's default config); the first call after the results are stored uses them.
+    ``True``: the first call waits until the shape is tuned, then runs with its best config
+    (as ``triton.autotune`` and tune-jax do on the first call of a shape).
+
+    Under ``jax.jit`` the lookup runs while the function is traced (shapes are static there);
+    no tuning happens in the trace itself: it runs in the engine's worker processes, and the
+    trace either goes on with the fallback config (``block=False``; the jitted function keeps
+    it until it is traced again, e.g. in the next process) or waits for the tuned one
+    (``block=True``).
+
+    Of several processes (or hosts) that meet the same missing shape on one database,
+    exactly one tunes it: each first claims the shape (an Optuna study named
+    ``autotune-claim|<problem>``, created atomically in the database); the others poll for the
+    stored answer (and serve the fallback meanwhile, or wait with ``block=True``). A claim
+    whose process is gone (on this host) or older than :data:`CLAIM_STALE_S` is taken over.
+    A tuning that fails is logged at WARNING and not tried again in this process.
+
+    On a GPU the tuning's worker processes share the GPU with the program: a program whose
+    JAX preallocates most of the GPU's memory (JAX's default, 75%) leaves them little; run it
+    with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or a smaller
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION``) where it tunes missing shapes.
+
+    Raises:
+      JobError: a ``tune_missing`` that is not one of the above (at decoration); a shape the
+        kernel does not accept (on a call); see :func:`autotune.queries.lookup.tuned`.
+      ValueError: ``prefer`` is not ``"fastest"`` or ``"kernel"``.
+    """
+    from autotune.queries import lookup
+
+    budget = _budget(tune_missing)
+    if not isinstance(block, bool):
+        raise JobError(f"tuned(block=...) must be True or False, but got {block!r}.")
+    hook = None if budget is None else _MissingShapes(budget, db=db, device=device, block=block)
+    return lookup.tuned(kernel, default=default, db=db, device=device, table=table,
+                        strict=strict, timeout_s=timeout_s, baseline=baseline, prefer=prefer,
+                        on_missing=hook)
+
+
+class _Tuning:
+    """One missing problem being tuned (or waited for) by this process, on its own thread."""
+
+    def __init__(self, kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, budget: _Budget,
+                 db: str | None, device: str | None) -> None:
+        self.kernel, self.shape, self.dtype = kernel, dict(shape), dtype
+        self.budget, self.db, self.device = budget, db, device
+        self.done = threading.Event()
+        self.tuned_here = False  # whether this process ran the tuning (won the claim)
+        self.thread = threading.Thread(target=self._run, name="autotune-tune-missing",
+                                       daemon=True)
+
+    def _stored(self) -> bool:
+        from autotune.queries import lookup
+
+        # By the name its results are stored under (a Kernel object would be resolved again).
+        return lookup.stored_here(self.kernel.name, self.shape, self.dtype, db=self.db,
+                                  device=self.device)
+
+    def _run(self) -> None:
+        problem = self.kernel.problem(self.shape, self.dtype)
+        try:
+            deadline = time.monotonic() + WAIT_S
+            poll = POLL_S
+            while not self._stored():
+                release = _claim(self.db, problem)
+                if release is not None:
+                    try:
+                        if not self._stored():  # stored between our look and our claim
+                            self._tune()
+                    finally:
+                        release()
+                    return
+                if time.monotonic() > deadline:
+                    log.warning("%s: another process has held the claim to tune it for %g s; "
+                                "no longer waiting for its answer.", problem, WAIT_S)
+                    return
+                time.sleep(poll)
+                poll = min(MAX_POLL_S, poll * 2)
+        except Exception as e:  # noqa: BLE001 - the program goes on with its fallback config
+            log.warning("%s: tune_missing failed (%s: %s); the call runs with the lookup's "
+                        "answer, and this process does not try again.", problem,
+                        type(e).__name__, e)
+        finally:
+            self.done.set()
+
+    def _tune(self) -> None:
+        name = self.kernel.name
+        log.info("%s: nothing stored for this shape; tuning it (%d trials).",
+                 self.kernel.problem(self.shape, self.dtype), self.budget.trials)
+        self.tuned_here = True
+        tune(name, [self.shape], dtype=self.dtype, trials=self.budget.trials, seconds=None,
+             patience=self.budget.patience, db=self.db, allow_import=":" in name,
+             progress=False)
+
+
+# Every problem this process tunes or waits for: (database, problem key) -> its tuning.
+_TUNINGS: dict[tuple[str, str], _Tuning] = {}
+_TUNINGS_LOCK = threading.Lock()
+
+
+class _MissingShapes:
+    """The ``on_missing`` hook of ``tuned(tune_missing=...)``: starts one :class:`_Tuning`
+    per missing problem (shared by every decorator of the process on that database)."""
+
+    def __init__(self, budget: _Budget, *, db: str | None, device: str | None,
+                 block: bool) -> None:
+        self.budget, self.db, self.device, self.block = budget, db, device, block
+
+    def __call__(self, kernel: Kernel, shape: Mapping[str, Any], dtype: str) -> str:
+        from autotune.storage.urls import resolve_url
+
+        problem = kernel.problem(shape, dtype)
+        key = (resolve_url(self.db).render_as_string(hide_password=False), problem.key())
+        with _TUNINGS_LOCK:
+            tuning = _TUNINGS.get(key)
+            if tuning is None:
+                tuning = _TUNINGS[key] = _Tuning(kernel, shape, dtype, budget=self.budget,
+                                                 db=self.db, device=self.device)
+                tuning.thread.start()
+        if self.block:
+            tuning.done.wait()
+        if not tuning.done.is_set():
+            return "pending"
+        # Done: look the answer up once more. The decorator caches what it finds then, so a
+        # shape whose tuning stored nothing usable is not asked about again.
+        return "stored"
+
+
+def _optuna_storage(url: str) -> Any:
+    from autotune.tuning.studies import optuna_storage
+
+    return optuna_storage(url)
+
+
+def _claim(db: str | None, problem: Any) -> Callable[[], None] | None:
+    """Claims ``problem`` for tuning in the database: a function that releases the claim, or
+    None where another live process holds it."""
+    import optuna
+
+    from autotune.storage.urls import resolve_url
+    from autotune.tuning.studies import owner_dead_here, worker_id
+
+    storage = _optuna_storage(resolve_url(db).render_as_string(hide_password=False))
+    name = f"{CLAIM_PREFIX}{problem.key()}"
+    for _attempt in range(2):
+        verbosity = optuna.logging.get_verbosity()  # no "A new study created" line
+        optuna.logging.set_verbosity(max(verbosity, optuna.logging.WARNING))
+        try:
+            study_id = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
+        except optuna.exceptions.DuplicatedStudyError:
+            try:
+                held = storage.get_study_id_from_name(name)
+                attrs = storage.get_study_user_attrs(held)
+            except KeyError:
+                continue  # released meanwhile: try again
+            owner, since = attrs.get("owner"), attrs.get("claimed_at")
+            stale = (isinstance(owner, str) and owner_dead_here(owner)) or (
+                isinstance(since, (int, float)) and time.time() - since > CLAIM_STALE_S)
+            if not stale:
+                storage.engine.dispose()
+                return None
+            log.warning("%s: taking over the claim to tune it from %s (gone, or claimed %s s "
+                        "ago).", problem, owner, None if since is None else round(time.time() - since))
+            with contextlib.suppress(KeyError):
+                storage.delete_study(held)
+            continue
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+        storage.set_study_user_attr(study_id, "owner", worker_id())
+        storage.set_study_user_attr(study_id, "claimed_at", time.time())
+
+        def release(study_id: int = study_id) -> None:
+            try:
+                with contextlib.suppress(KeyError):
+                    storage.delete_study(study_id)
+            finally:
+                storage.engine.dispose()
+
+        return release
+    storage.engine.dispose()
+    return None

@@ -13,7 +13,11 @@ versions (an old one and the running one), 5% failed trials) and times
   (goal < 5 ms). Each sample asks for another stored problem;
 * ``cold, first in process``: also the database closed before each lookup, so the time includes
   opening it and checking its schema (what the first lookup of a process pays);
-* ``nearest``: a problem that is not stored, answered from its nearest tuned neighbours.
+* ``nearest``: a problem that is not stored, answered from its nearest tuned neighbours;
+* ``decorator``: the cost of a cached call through ``@tuned`` (goal < 2 us), in CPU time,
+  beside the same call through the lookup's cache only (``--decorator-only``: just these).
+
+The script imports the autotune of its own checkout (not an installed one).
 
 Prints median and 90th percentile per kind, and the query plan of the best-trial query.
 """
@@ -26,15 +30,20 @@ import os
 import platform
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's autotune
+
 from autotune.queries import best as queries
 from autotune.queries import lookup
+from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem
 from autotune.storage import keys, schema
 from autotune.storage import store as storage
@@ -141,7 +150,8 @@ def _summary(label: str, samples: list[float]) -> tuple[str, int, float, float]:
     return label, len(samples), statistics.median(ordered), p90
 
 
-def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int) -> list[tuple]:
+def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int,
+            decorator_only: bool = False) -> list[tuple]:
     rng = random.Random(seed + 1)
     stored = {tuple(sorted(s.items())) for s in shapes}
     missing = [s for s in _shapes(len(SIZES) ** 3, random.Random(seed))
@@ -155,6 +165,16 @@ def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int) 
     ask(shapes[0])()  # imports, the kernel module, the first open
     out = []
 
+    if not decorator_only:
+        out += _lookups(url, shapes, missing, ask, samples=samples, rng=rng)
+    out += _decorator(url, shapes, samples=samples)
+    return out
+
+
+def _lookups(url: str, shapes: list[dict[str, int]], missing: list[dict[str, int]],
+             ask: Callable[[dict[str, int]], Callable[[], object]], *, samples: int,
+             rng: random.Random) -> list[tuple]:
+    out = []
     cached = [_time_us(ask(shapes[0])) for _ in range(samples)]
     out.append(_summary("cached", cached))
 
@@ -185,8 +205,17 @@ def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int) 
     if near:
         out.append(_summary(f"nearest (shape not stored; {dict(sorted(sources.items()))})", near))
 
-    # The decorator's own cost once a shape is cached: a call through @tuned (with the
-    # baseline routing on) minus a direct call of the same function, per call.
+    return out
+
+
+def _decorator(url: str, shapes: list[dict[str, int]], *, samples: int) -> list[tuple]:
+    """The decorator's own cost once a shape is cached: a call through @tuned (with the
+    baseline routing on) minus a direct call of the same function, per call; and, in the same
+    samples, the same call through the lookup's cache only (what @tuned did per call before
+    it cached its choice per call signature: shape_of, the dtype, lookup_choice, the routing).
+
+    Timed in this process's CPU time (``time.process_time_ns``), so that other processes on a
+    loaded machine do not count; each sample times both paths and the direct call in turn."""
     import types
 
     a = types.SimpleNamespace(shape=(shapes[0]["m"], shapes[0]["k"]), dtype=DTYPE)
@@ -195,22 +224,39 @@ def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int) 
     def body(x: Any, y: Any, *, config: Any = None) -> Any:
         return config
 
-    routed = lookup.tuned(KERNEL, db=url, baseline=lambda x, y: None)(body)
+    def route(x: Any, y: Any) -> None:
+        return None
+
+    routed = lookup.tuned(KERNEL, db=url, baseline=route)(body)
+    kernel = get_kernel(KERNEL)
+    shape_of = kernel.shape_of
+    assert shape_of is not None
+
+    def through_lookup(x: Any, y: Any) -> Any:
+        choice = lookup.lookup_choice(kernel, dict(shape_of(x, y)), str(x.dtype), db=url)
+        if choice.faster == "baseline":
+            return route(x, y)
+        return body(x, y, config=choice.config)
+
+    def loop_ns(fn: Callable[..., Any], n: int) -> int:
+        start = time.process_time_ns()
+        for _ in range(n):
+            fn(a, b)
+        return time.process_time_ns() - start
+
     routed(a, b)
-    per_call = []
+    through_lookup(a, b)
+    now, before = [], []
+    n = 5000
     for _ in range(max(5, samples // 10)):
-        n = 2000
-        start = time.perf_counter_ns()
-        for _ in range(n):
-            routed(a, b)
-        through = time.perf_counter_ns() - start
-        start = time.perf_counter_ns()
-        for _ in range(n):
-            body(a, b, config=None)
-        direct = time.perf_counter_ns() - start
-        per_call.append((through - direct) / n / 1000)
-    out.append(_summary("decorator, cached (@tuned with baseline=, minus a direct call)", per_call))
-    return out
+        direct = loop_ns(lambda x, y: body(x, y, config=None), n)
+        now.append((loop_ns(routed, n) - direct) / n / 1000)
+        before.append((loop_ns(through_lookup, n) - direct) / n / 1000)
+    return [
+        _summary("decorator, cached (@tuned with baseline=, minus a direct call; CPU time)", now),
+        _summary("decorator path without its per-signature cache (lookup cache only; CPU time)",
+                 before),
+    ]
 
 
 def query_plan(url: str, shape: dict[str, int]) -> list[str]:
@@ -239,6 +285,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=1000, help="timed lookups per kind")
     p.add_argument("--db", help="an empty database (default: a temporary SQLite file)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decorator-only", action="store_true",
+                   help="time only the decorator's cost per cached call")
     args = p.parse_args()
     tmp = None
     url = args.db
@@ -257,7 +305,8 @@ def main() -> None:
           f"{platform.python_version()}, SQLAlchemy {sa.__version__}, {url.split(':')[0]}")
     print("\n| lookup | samples | median (us) | p90 (us) | goal |")
     print("|---|---|---|---|---|")
-    for label, n, median, p90 in measure(url, shapes, samples=args.samples, seed=args.seed):
+    for label, n, median, p90 in measure(url, shapes, samples=args.samples, seed=args.seed,
+                                         decorator_only=args.decorator_only):
         goal = GOALS_US.get(label.split(" ")[0].rstrip(","), None) if label.startswith(
             ("cached", "cold (", "decorator")) else None
         verdict = "-" if goal is None else f"< {goal:g} us: {'met' if p90 < goal else 'MISSED'} (p90)"

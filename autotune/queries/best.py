@@ -92,10 +92,47 @@ __all__ = [
     "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
     "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
     "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
+    "faster_of", "choice_words", "FASTER",
 ]
 
 log = logging.getLogger(__name__)
 
+# Which implementation a problem's confirmation round found faster: the kernel (its speedup's
+# interval lies above 1.0), the baseline (below) or neither (it holds 1.0, or none confirmed).
+FASTER = ("kernel", "baseline", "tie")
+
+
+def faster_of(speedup: float | None, low: float | None, high: float | None) -> str:
+    """``"kernel"``, ``"baseline"`` or ``"tie"`` (:data:`FASTER`) for a confirmed speedup
+    (baseline time over kernel time) and its interval; "tie" without one."""
+    if speedup is None or low is None or high is None:
+        return "tie"
+    if high < 1.0:
+        return "baseline"
+    return "kernel" if low > 1.0 else "tie"
+
+
+def choice_words(config: Mapping[str, Any] | None, speedup: float | None, low: float | None,
+                 high: float | None, baseline: str | None) -> str:
+    """Which implementation to run, in words, with the margin and its interval: "XLA is 2.1%
+    faster (interval 1.8-2.4%); the kernel's best config is {...}" where the baseline wins,
+    "the kernel is 3.0% faster than XLA (...): config {...}" where the kernel does, "no faster
+    than XLA (within the measured noise: ...); the kernel's best config is {...}" for a tie;
+    "the kernel's best config is {...} (no confirmed comparison with a baseline)" without."""
+    text = "-" if config is None else json.dumps(dict(config), sort_keys=True)
+    name = baseline or "the baseline"
+    if speedup is None or low is None or high is None:
+        return f"the kernel's best config is {text} (no confirmed comparison with a baseline)"
+    faster = faster_of(speedup, low, high)
+    if faster == "baseline":
+        return (f"{name} is {100 * (1 / speedup - 1):.1f}% faster (interval "
+                f"{100 * (1 / high - 1):.1f}% to {100 * (1 / low - 1):.1f}%): it runs; the "
+                f"kernel's best config is {text}")
+    if faster == "kernel":
+        return (f"the kernel is {100 * (speedup - 1):.1f}% faster than {name} (interval "
+                f"{100 * (low - 1):.1f}% to {100 * (high - 1):.1f}%): config {text}")
+    return (f"no faster than {name} (within the measured noise: {100 * (low - 1):+.1f}% to "
+            f"{100 * (high - 1):+.1f}%); the kernel runs with its best config {text}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +219,9 @@ class BestResult:
             "speedup_low": self.speedup_low,
             "speedup_high": self.speedup_high,
             "verdict": self.verdict,
+            "faster": faster_of(self.confirmed_speedup, self.speedup_low, self.speedup_high),
+            "choice": choice_words(self.config, self.confirmed_speedup, self.speedup_low,
+                                   self.speedup_high, self.baseline_name),
             "ties": [dict(t) for t in self.ties],
         }
 

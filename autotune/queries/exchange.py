@@ -4,7 +4,10 @@
   (problem, device, cache policy) with kernel, shape, dtype, device, device_kind,
   compute_capability, driver, median_us, jax_version, software, config, cache_policy, spread,
   and, when a confirmation round crowned the config, confirmed (true), confirmed_speedup,
-  speedup_spread and ties (the configs within the noise of the fastest).
+  speedup_spread and ties (the configs within the noise of the fastest); and which
+  implementation wins: baseline_name, speedup_low and speedup_high (the confirmed speedup's
+  interval), faster ("kernel", "baseline" or "tie") and choice (in words: "XLA is 2.1% faster
+  (...): it runs; the kernel's best config is ...").
   :func:`import_json` reads it back (a record without cache_policy is ``warm``).
 * ``csv``: the same records, one row each (shape as ``m=..,n=..``, config as JSON).
 * ``python``: a module needing nothing but Python, keyed by device as JAX's tuned block-size
@@ -13,7 +16,10 @@
   ``"NVIDIA H200"``), plus a ``"default"`` table (per problem, the fastest of the devices);
   ``COMPUTE_CAPABILITY`` maps device names to their compute capability, and
   ``lookup(kernel, shape, dtype, device=None)`` takes a device name or a compute capability
-  (``"9.0"``) and falls back to ``"default"``.
+  (``"9.0"``) and falls back to ``"default"``; ``CHOICE`` (keyed as ``TUNED``) says which
+  implementation wins each problem, and ``choose(...)`` answers ``("baseline", name)`` or
+  ``("kernel", config)`` as ``autotune.tuned(baseline=...)`` routes (also given the module as
+  its ``table=``).
 
 Interpret-mode results (functional runs on a CPU, not GPU timings) are left out unless asked
 for by device (``device="interpret"`` or the interpret device's name).
@@ -74,7 +80,8 @@ _VERSION = 1
 PYTHON_MARKER = f"# {_MAGIC} version {_VERSION} (python): written by `autotune export`"
 CSV_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "median_us", "jax_version",
               "config", "cache_policy", "spread", "confirmed", "confirmed_speedup",
-              "speedup_spread", "ties")
+              "speedup_spread", "ties", "baseline_name", "speedup_low", "speedup_high", "faster",
+              "choice")
 CSV_HEADER = ",".join(CSV_FIELDS)
 # Every CSV export so far starts with these columns (later versions add columns after them).
 _CSV_HEADER_V1 = ",".join(CSV_FIELDS[:8])
@@ -138,12 +145,27 @@ def export_records(
                 "confirmed": confirmation is not None,
                 "confirmed_speedup": None if confirmation is None else _finite(confirmation.speedup),
                 "speedup_spread": None if confirmation is None else _finite(confirmation.speedup_spread),
+                **_choice(confirmation, config),
                 "ties": [] if confirmation is None else [
                     {"config": dict(p.config), "median_us": p.median_us, "diff": _finite(p.diff)}
                     for p in confirmation.tied_with_winner() if plausible_us(p.median_us)
                 ],
             })
     return records
+
+
+def _choice(confirmation: Any, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Which implementation wins the problem (issue 35): the baseline named, the confirmed
+    speedup's interval, ``faster`` ("kernel", "baseline" or "tie") and the choice in words."""
+    speedup = low = high = name = None
+    if confirmation is not None and confirmation.speedup is not None:
+        speedup, name = _finite(confirmation.speedup), confirmation.baseline_name
+        low, high = _finite(confirmation.speedup_low), _finite(confirmation.speedup_high)
+    return {
+        "baseline_name": name, "speedup_low": low, "speedup_high": high,
+        "faster": best_queries.faster_of(speedup, low, high),
+        "choice": best_queries.choice_words(config, speedup, low, high, name),
+    }
 
 
 def _interpret_left_out(summaries: Sequence[ProblemSummary]) -> set[tuple[Problem, str]]:
@@ -274,6 +296,17 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
                        "speedup_spread": r.get("speedup_spread")}
             lines.append(f"        {key!r}: {details!r},")
         lines.append("    },")
+    lines += ["}", "", "CHOICE = {"]
+    for device in named:
+        table = default if device == "default" else tables[device]
+        lines.append(f"    {device!r}: {{")
+        for key in sorted(table, key=repr):
+            r = table[key]
+            choice = {"faster": r.get("faster", "tie"), "baseline": r.get("baseline_name"),
+                      "speedup": r.get("confirmed_speedup"), "speedup_low": r.get("speedup_low"),
+                      "speedup_high": r.get("speedup_high"), "words": r.get("choice", "")}
+            lines.append(f"        {key!r}: {choice!r},")
+        lines.append("    },")
     lines += [
         "}",
         "",
@@ -298,6 +331,26 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         "            return dict(config)",
         "    return None",
         "",
+        "",
+        "def choose(kernel, shape, dtype, device=None):",
+        '    """Which implementation to run: ("baseline", its name) where the baseline was',
+        '    confirmed faster beyond the measured noise, else ("kernel", config); None if untuned.',
+        "",
+        "    The table is picked as lookup() picks it (the device's, then \"default\").",
+        '    """',
+        "    dtype = _ALIASES.get(dtype, dtype)",
+        "    key = (kernel, tuple(sorted(dict(shape).items())), dtype)",
+        "    names = [device] if device in TUNED else sorted(",
+        "        name for name, cc in COMPUTE_CAPABILITY.items() if device is not None and cc == device)",
+        '    for name in [*names, "default"]:',
+        "        config = TUNED.get(name, {}).get(key)",
+        "        if config is not None:",
+        "            choice = CHOICE.get(name, {}).get(key, {})",
+        '            if choice.get("faster") == "baseline":',
+        '                return "baseline", choice.get("baseline")',
+        '            return "kernel", dict(config)',
+        "    return None",
+        "",
     ]
     return "\n".join(lines)
 
@@ -317,6 +370,8 @@ _KNOWN_KEYS = frozenset({
     "trial_id",  # the exporting database's id: informational, never imported as an id
     # The measurement (issue 19): the cache policy is imported; the rest is informational.
     "cache_policy", "spread", "confirmed", "confirmed_speedup", "speedup_spread", "ties",
+    # Which implementation wins (issue 35): informational, never imported.
+    "baseline_name", "speedup_low", "speedup_high", "faster", "choice",
 })
 _DEVICE_KINDS = DEVICE_KINDS
 

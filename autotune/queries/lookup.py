@@ -39,7 +39,9 @@ fallback at once, and are asked again afterwards. ``strict=True`` raises
 :class:`~autotune.errors.StorageError` instead.
 
 Answers are cached in memory per (kernel, shape, dtype, device, db, default, table): a repeated
-lookup is a dict hit. :func:`clear_cache` forgets them (e.g. after tuning more). The source used
+lookup is a dict hit; the decorator also keeps, per decorated function, its choice (the
+function to call and the config) per call signature (the arrays' shapes and dtypes), so a
+repeated call costs one tuple and one dict hit. :func:`clear_cache` forgets them (e.g. after tuning more). The source used
 is logged at INFO level, with the jax/jaxlib versions the config was measured with and whether
 those are the running ones. Nothing here imports jax; shapes and dtypes are read as plain
 attributes.
@@ -59,6 +61,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -74,7 +77,8 @@ from autotune.storage.urls import display_url, mask_text, read_timeout_s, resolv
 
 __all__ = [
     "tuned", "lookup_config", "lookup_choice", "LookupChoice", "clear_cache", "NEAREST_TRIES",
-    "SOURCES", "RETRY_AFTER_S", "RETRY_ENV", "PREFER",
+    "SOURCES", "RETRY_AFTER_S", "RETRY_ENV", "PREFER", "stored_here", "OnMissing",
+    "MISSING_STATES",
 ]
 
 log = logging.getLogger(__name__)
@@ -122,6 +126,8 @@ def clear_cache() -> None:
         _DOWN.clear()
         _WARNED.clear()
         _BASELINES.clear()
+        for answers in list(_SHAPE_CACHES.values()):
+            answers.clear()
 
 
 _RESOLVED: dict[int, tuple[Kernel, Kernel]] = {}  # id(object) -> (object, under its stored name)
@@ -193,16 +199,37 @@ def lookup_choice(
 ) -> LookupChoice:
     """:func:`lookup_config`'s answer with the stored verdict on the baseline (:class:`LookupChoice`).
     Same cache, bounds and fallbacks."""
+    answer, _kept = _choose(kernel, shape, dtype, default=default, db=db, device=device,
+                            table=table, strict=strict, timeout_s=timeout_s)
+    return LookupChoice(*answer)
+
+
+def _choose(
+    kernel: str | Kernel,
+    shape: Mapping[str, Any],
+    dtype: str,
+    *,
+    default: Default,
+    db: str | None,
+    device: str | None,
+    table: Any,
+    strict: bool,
+    timeout_s: float | None,
+    refresh: bool = False,
+) -> tuple[_Answer, bool]:
+    """The answer, and whether it is kept (an answer given while the database is down is not:
+    the database is asked again after the retry interval). ``refresh``: ask the database
+    again even where an answer is cached (after tuning stored a new one)."""
     name = _kernel(kernel).name if isinstance(kernel, Kernel) else kernel
     key = (name, tuple(sorted(shape.items())), dtype, device, db, id(default), id(table))
-    hit = _CACHE.get(key)
+    hit = None if refresh else _CACHE.get(key)
     if hit is not None:
-        return LookupChoice(*hit)
+        return hit, True
     resolved = _kernel(kernel)
     problem = resolved.problem(shape, dtype)  # a bad shape or dtype is the caller's: it raises
     degraded = _DEGRADED.get(key)
     if degraded is not None and not strict and time.monotonic() < degraded[1]:
-        return LookupChoice(*degraded[0])
+        return degraded[0], False
     where = _database(db)
     try:
         stored = _ask_database(where, strict=strict, timeout_s=timeout_s, ask=lambda t: _lookup_here(
@@ -211,16 +238,34 @@ def lookup_choice(
         answer = _fallback(resolved, problem, default, table, device)
         with _LOCK:
             _DEGRADED[key] = (answer, e.retry_at)
-        return LookupChoice(*answer)
+        return answer, False
     if stored is not None and stored[1] == "other_device":
         from_table = _from_table(resolved, problem, table, device)
-        answer = (from_table, "table", "tie") if from_table is not None else stored
+        answer = (from_table, "table", _table_faster(resolved, problem, table, device)) \
+            if from_table is not None else stored
     else:
         answer = stored if stored is not None else _fallback(resolved, problem, default, table, device)
     with _LOCK:
         _CACHE[key] = answer
         _DEGRADED.pop(key, None)
-    return LookupChoice(*answer)
+    return answer, True
+
+
+def stored_here(
+    kernel: str | Kernel, shape: Mapping[str, Any], dtype: str, *, db: str | None = None,
+    device: str | None = None, timeout_s: float | None = None,
+) -> bool:
+    """Whether the database holds a result of exactly this problem for this process's device
+    (what the lookup answers as ``"exact"``); asked afresh, never cached. False when the
+    database cannot answer. For ``tuned(tune_missing=...)``: a shape to tune is one without."""
+    resolved = _kernel(kernel)
+    try:
+        stored = _lookup_here(resolved, shape, dtype, default=None, db=db, device=device,
+                              timeout_s=timeout_s, nearest=False)
+    except StorageError as e:
+        log.info("%s: the database cannot say whether a result is stored: %s", resolved.name, e)
+        return False
+    return stored is not None and stored[1] == "exact"
 
 
 def _lookup_here(kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, device: str | None,
@@ -280,6 +325,7 @@ def _lookup(
     db: str | None,
     device: str | None,
     timeout_s: float | None = None,
+    nearest: bool = True,
 ) -> _Answer | None:
     """The stored answer (exact, else nearest), or None when nothing stored is usable."""
     problem = kernel.problem(shape, dtype)
@@ -289,6 +335,8 @@ def _lookup(
         log.info("%s: using the stored best config (%s, %.1f us, %s).", problem, exact.device,
                  exact.median_us, _measured_with(exact))
         return Config(exact.config), "exact", _faster(exact)
+    if not nearest:
+        return None
     neighbours = queries.nearest_results(
         kernel.name, problem.dims, problem.dtype, device=device, db=db, limit=NEAREST_TRIES,
         timeout_s=timeout_s,
@@ -308,11 +356,7 @@ def _lookup(
 
 def _faster(result: queries.BestResult) -> str:
     """Which implementation the stored confirmation found faster beyond its interval."""
-    if result.confirmed_speedup is None or result.speedup_low is None or result.speedup_high is None:
-        return "tie"
-    if result.speedup_high < 1.0:
-        return "baseline"
-    return "kernel" if result.speedup_low > 1.0 else "tie"
+    return queries.faster_of(result.confirmed_speedup, result.speedup_low, result.speedup_high)
 
 
 def _fallback(
@@ -322,7 +366,7 @@ def _fallback(
     config = _from_table(kernel, problem, table, device)
     if config is not None:
         log.info("%s: using the config of the exported table.", problem)
-        return config, "table", "tie"
+        return config, "table", _table_faster(kernel, problem, table, device)
     log.info("%s: using the default config.", problem)
     return _default(kernel, problem, default), "default", "tie"
 
@@ -352,6 +396,21 @@ def _from_table(
                     problem, config.to_json())
         return None
     return config
+
+
+def _table_faster(kernel: Kernel, problem: Problem, table: Any, device: str | None = None) -> str:
+    """Which implementation the exported table says is faster for ``problem`` (its ``CHOICE``,
+    keyed like ``TUNED``): ``"kernel"``, ``"baseline"`` or ``"tie"``; "tie" for a table
+    without one (an older export, or a bare ``TUNED`` dict)."""
+    choice = getattr(table, "CHOICE", None)
+    if not isinstance(choice, Mapping):
+        return "tie"
+    key = (kernel.name, tuple(sorted(problem.dims.items())), problem.dtype)
+    per_device = choice.get(device) if device is not None else None
+    part = per_device if isinstance(per_device, Mapping) else choice.get("default")
+    entry = part.get(key) if isinstance(part, Mapping) else None  # as _from_table picks
+    faster = entry.get("faster") if isinstance(entry, Mapping) else entry
+    return faster if faster in ("kernel", "baseline") else "tie"
 
 
 # ----------------------------------------------------------------------------- a failing database
@@ -489,6 +548,28 @@ def _default(kernel: Kernel, problem: Problem, default: Default) -> Config | Non
     return None if value is None else Config(value)
 
 
+# tuned(on_missing=...): called with (kernel, shape, dtype) when a call finds nothing stored for
+# exactly its problem; answers what the decorator does with the answer it has (see tuned()).
+OnMissing = Callable[[Kernel, Mapping[str, Any], str], str]
+MISSING_STATES = ("pending", "stored", "off")
+
+
+class _ShapeCache(dict[tuple[Any, ...], tuple[Any, ...]]):
+    """One decorated function's answers per call signature (its arrays' shapes and dtypes):
+    a dict that :func:`clear_cache` empties with the lookup's own cache (weakly referenced)."""
+
+
+_SHAPE_CACHES: weakref.WeakValueDictionary[int, _ShapeCache] = weakref.WeakValueDictionary()
+
+
+def _signature(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The key of a call's answer where some positional is not an array (attention's
+    ``causal``): arrays by shape and dtype, the others by type and value (the wrapper keys a
+    call of arrays only by ``(shape, dtype)`` pairs itself, inline, as the fast path)."""
+    return tuple([(a.shape, a.dtype) if hasattr(a, "shape") and hasattr(a, "dtype")
+                  else (type(a), a) for a in arrays])
+
+
 def tuned(
     kernel_name: str | Kernel,
     *,
@@ -500,6 +581,7 @@ def tuned(
     timeout_s: float | None = None,
     baseline: Callable[..., Any] | bool | None = None,
     prefer: str = "fastest",
+    on_missing: OnMissing | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorates ``fn(*arrays, config=None, **kw)`` so that a call without ``config`` runs
     with the looked-up config (see the module docstring). A given ``config`` is used as is.
@@ -512,7 +594,19 @@ def tuned(
     whose stored confirmation found the baseline faster beyond its interval (the speedup's whole
     interval below 1.0); ``True`` takes the kernel's own (``Kernel.baseline``: XLA, cuDNN).
     Elsewhere (the kernel faster, a tie, nothing confirmed for the shape) the kernel runs.
-    ``prefer="kernel"`` always runs the kernel. The choice is cached with the config.
+    ``prefer="kernel"`` always runs the kernel. An exported table's ``CHOICE`` routes the same
+    way where the answer comes from the table.
+
+    The choice (the function to call and its config) is cached per call signature: the
+    arrays' shapes and dtypes (and the values of positionals that are not arrays), so a
+    repeated call costs a tuple of shapes and one dict hit (benchmarks/lookup_latency.py,
+    "decorator"). Answers given while the database cannot answer are not cached.
+
+    ``on_missing(kernel, shape, dtype)`` (what ``autotune.tuned(tune_missing=...)`` passes) is
+    called when a call finds no result of exactly its problem stored for this device; it
+    answers ``"pending"`` (serve the answer found, nearest or default, and ask again next
+    call), ``"stored"`` (a result was stored meanwhile: look it up again now) or ``"off"``
+    (nothing more will come: serve and cache the answer found).
 
     Raises:
       ValueError: ``prefer`` is not one of :data:`PREFER` (at decoration).
@@ -524,28 +618,61 @@ def tuned(
         raise ValueError(f"prefer must be one of {list(PREFER)}, but got {prefer!r}.")
     routes = baseline is not None and baseline is not False and prefer == "fastest"
 
+    def decide(name: str, arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], bool]:
+        """(baseline function or None, config) for this call, and whether to cache it."""
+        kernel = _kernel(kernel_name)
+        if kernel.shape_of is None:
+            raise JobError(
+                f"Kernel {kernel.name!r} declares no shape_of, so its problem cannot be "
+                "derived from a call; pass config=... explicitly."
+            )
+        if not arrays:
+            raise JobError(f"{name} was called without input arrays.")
+        shape = dict(kernel.shape_of(*arrays))
+        dtype = _dtype_name(arrays[0])
+        # By the name its results are stored under (a Kernel object is resolved once, above).
+        ask = functools.partial(_choose, kernel.name, shape, dtype, default=default, db=db,
+                                device=device, table=table, strict=strict, timeout_s=timeout_s)
+        answer, keep = ask()
+        if on_missing is not None and answer[1] != "exact":
+            state = on_missing(kernel, shape, dtype)
+            if state == "stored":
+                answer, keep = ask(refresh=True)
+            elif state == "pending":
+                keep = False
+        config, _source, faster = answer
+        if routes and faster == "baseline" and baseline is not None:
+            return (_baseline_fn(kernel, shape, dtype, baseline), None), keep
+        return (None, config), keep
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        answers = _ShapeCache()
+        _SHAPE_CACHES[id(answers)] = answers
+        name = getattr(fn, "__name__", "the decorated function")
+
         @functools.wraps(fn)
         def wrapper(*arrays: Any, config: Mapping[str, Any] | None = None, **kw: Any) -> Any:
-            if config is None:
-                kernel = _kernel(kernel_name)
-                if kernel.shape_of is None:
-                    raise JobError(
-                        f"Kernel {kernel.name!r} declares no shape_of, so its problem cannot be "
-                        "derived from a call; pass config=... explicitly."
-                    )
-                if not arrays:
-                    raise JobError(f"{fn.__name__} was called without input arrays.")
-                shape = dict(kernel.shape_of(*arrays))
-                choice = lookup_choice(
-                    kernel, shape, _dtype_name(arrays[0]), default=default, db=db, device=device,
-                    table=table, strict=strict, timeout_s=timeout_s,
-                )
-                if routes and choice.faster == "baseline" and baseline is not None:
-                    return _baseline_fn(kernel, shape, _dtype_name(arrays[0]), baseline)(
-                        *arrays, **kw)
-                config = choice.config
-            return fn(*arrays, config=config, **kw)
+            if config is not None:
+                return fn(*arrays, config=config, **kw)
+            # The fast path, inline (each call saved is ~0.1 us): the arrays' shapes and dtypes.
+            signature: tuple[Any, ...] | None
+            try:
+                signature = tuple([(a.shape, a.dtype) for a in arrays])
+                hit = answers.get(signature)
+            except (AttributeError, TypeError):  # a positional that is not an array
+                signature = _signature(arrays)
+                try:
+                    hit = answers.get(signature)
+                except TypeError:  # an unhashable one: answered, never cached
+                    signature = hit = None
+            if hit is None:
+                hit, keep = decide(name, arrays)
+                if keep and signature is not None:
+                    answers[signature] = hit
+            other, chosen = hit
+            if other is not None:
+                return other(*arrays, **kw)
+            return fn(*arrays, config=chosen, **kw)
 
         return wrapper
 

@@ -629,8 +629,10 @@ def _cell(value: Any) -> str:
 
 
 def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
+    from autotune.queries.best import choice_words  # here: the module's imports are shared
+
     head = ["kernel", "shape", "dtype", "device", "cache", "trials", "best", "baseline", "speedup",
-            "ties", "compute", "bandwidth", "measured with", "best config", "plots"]
+            "runs", "ties", "compute", "bandwidth", "measured with", "best config", "plots"]
     rows = []
     for page in pages:
         s = page.summary
@@ -645,6 +647,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
         config = "-" if s.best_config is None else json.dumps(s.best_config, sort_keys=True)
         c = s.confirmation
         best_us, speedup, ties = s.best_us, "-" if s.speedup is None else f"{s.speedup:.3g}x", "-"
+        runs = "-" if interpret else choice_words(s.best_config, None, None, None, None)
         if c is not None:
             best_us = c.crowned.median_us
             config = json.dumps(dict(c.crowned.config), sort_keys=True)
@@ -653,12 +656,15 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
                 baseline = f"{c.baseline_name} {_fmt_us(c.baseline_median_us)}"
             if c.speedup is not None:
                 speedup = f"{c.speedup:.3g}x ±{100 * (c.speedup_spread or 0):.1f}% (confirmed)"
+            if not interpret:  # which implementation the program runs (issue 35)
+                runs = choice_words(c.crowned.config, c.speedup, c.speedup_low, c.speedup_high,
+                                    c.baseline_name)
         rows.append(
             f'<tr><td><a href="#{html.escape(page.folder)}">{html.escape(s.problem.kernel)}</a></td>'
             + _cell(s.problem.shape_text) + _cell(s.problem.dtype)
             + _cell(s.device) + _cell(s.cache_policy) + _cell(trials)
             + _cell("-" if best_us is None else _fmt_us(best_us)) + _cell(baseline)
-            + _cell("-" if interpret else speedup) + _cell(ties)
+            + _cell("-" if interpret else speedup) + _cell(runs) + _cell(ties)
             + _cell("-" if page.tflops is None else _rate(page.tflops, "FLOP/s"))
             + _cell("-" if page.gbps is None else _rate(page.gbps / 1e3, "B/s"))
             + _cell(page.versions)
@@ -697,7 +703,9 @@ config's timed runs; speedup is the baseline's time over the best time. Cache: c
 flushed before every timed run) or warm (runs back to back); the two are never compared. Where
 a confirmation round ran, the best config, its time, the baseline and the speedup are the
 round's (interleaved re-timing; the speedup is the median per-round ratio, ± half its range),
-and ties counts the configs tied with the best one (within the measured noise).</p>
+and ties counts the configs tied with the best one (within the measured noise). Runs: which
+implementation <code>autotune.tuned(baseline=...)</code> runs for the problem, the baseline where
+the confirmed speedup's whole interval lies below 1.0, else the kernel with its best config.</p>
 <table><thead><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr></thead>
 <tbody>
 {chr(10).join(rows)}

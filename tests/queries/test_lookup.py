@@ -641,3 +641,91 @@ def test_a_timed_out_retry_never_leaves_a_second_blocked_thread(monkeypatch, cam
     finally:
         release.set()
         lk.clear_cache()
+
+
+def test_the_exported_table_carries_the_choice_and_routes_like_the_database(tmp_path, configs):
+    """The python export's CHOICE says which implementation wins each problem (baseline,
+    kernel, tie) with the words and interval; its choose() answers ("baseline", name) or
+    ("kernel", config); and tuned(table=module, baseline=fn) with the database gone routes
+    every shape exactly as the database-backed decorator does."""
+    from autotune.queries import exchange
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, _ = configs
+    _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # XLA faster
+    _confirmed(url, MID, everywhere, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # a tie
+    _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))  # kernel faster
+    records = exchange.export_records(url)
+    by_m = {r["shape"]["m"]: r for r in records}
+    assert [by_m[m]["faster"] for m in (64, 128, 256)] == ["baseline", "tie", "kernel"]
+    assert by_m[64]["baseline_name"] == "xla" and by_m[64]["speedup_high"] < 1.0
+    assert by_m[64]["choice"].startswith("xla is ") and "faster (interval" in by_m[64]["choice"]
+    assert "the kernel's best config is" in by_m[64]["choice"]
+    assert by_m[256]["choice"].startswith("the kernel is ")
+    module = types.ModuleType("tuned_table")
+    exec(compile(exchange.render(records, "python"), "tuned_table.py", "exec"), module.__dict__)
+    key = ("hopper_matmul", tuple(sorted(SMALL.items())), "bfloat16")
+    assert module.CHOICE["default"][key]["faster"] == "baseline"
+    assert module.choose("hopper_matmul", SMALL, "bf16") == ("baseline", "xla")
+    assert module.choose("hopper_matmul", BIG, "bf16") == ("kernel", dict(everywhere))
+    assert module.choose("hopper_matmul", MID, "bf16") == ("kernel", dict(everywhere))
+    assert module.choose("hopper_matmul", {"m": 1, "n": 1, "k": 1}, "bf16") is None
+
+    def arrays(n):
+        return (types.SimpleNamespace(shape=(n, n), dtype="bfloat16"),
+                types.SimpleNamespace(shape=(n, n), dtype="bfloat16"))
+
+    def kernel_fn(a, b, *, config=None):
+        return ("kernel", dict(config))
+
+    def xla(a, b):
+        return ("xla", None)
+
+    from_db = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
+    lookup.clear_cache()
+    gone = f"sqlite:///{tmp_path}/gone.db"
+    from_table = autotune.tuned("hopper_matmul", db=gone, table=module, baseline=xla)(kernel_fn)
+    for n in (64, 128, 256):
+        assert from_table(*arrays(n)) == from_db(*arrays(n)), n
+    assert from_table(*arrays(64)) == ("xla", None)
+    assert lookup.lookup_choice("hopper_matmul", SMALL, "bfloat16", db=gone,
+                                table=module).faster == "baseline"
+    # A bare TUNED dict carries no choice: the kernel runs.
+    bare = autotune.tuned("hopper_matmul", db=gone, table=module.TUNED, baseline=xla)(kernel_fn)
+    assert bare(*arrays(64)) == ("kernel", dict(everywhere))
+
+
+def test_the_cached_call_is_answered_per_signature_and_forgotten_with_the_cache(tmp_path, configs):
+    """A repeated call of a cached shape never asks the lookup again (one dict hit keyed on the
+    arrays' shapes and dtypes); another dtype or shape is its own entry; a positional that is
+    not an array is part of the key; clear_cache() forgets the decorator's answers too."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    ok, _ = configs
+    _fill(url, [(BIG, ok, 50.0, GPU)])
+    asked = []
+    real = lookup._choose
+
+    def counting(*args, **kw):
+        asked.append(args[1])
+        return real(*args, **kw)
+
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lookup, "_choose", counting)
+        fn = autotune.tuned("hopper_matmul", db=url)(lambda a, b, *rest, config=None: config)
+        a = types.SimpleNamespace(shape=(256, 256), dtype="bfloat16")
+        for _ in range(5):
+            assert fn(a, a) == ok
+        assert len(asked) == 1
+        fn(a, a, True)  # a non-array positional: its own key
+        fn(a, a, True)
+        assert len(asked) == 2
+        small = types.SimpleNamespace(shape=(64, 64), dtype="bfloat16")
+        fn(small, small)
+        assert len(asked) == 3
+        lookup.clear_cache()
+        assert fn(a, a) == ok and len(asked) == 4
+        fn(a, a, [1])  # unhashable: answered, never cached
+        fn(a, a, [1])
+        assert len(asked) == 6

@@ -63,6 +63,7 @@ def test_public_api_is_pinned():
             "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
             "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
             "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
+            "faster_of", "choice_words", "FASTER",
         ]
     )
 
@@ -389,3 +390,21 @@ def test_results_frame_limit_keeps_the_oldest_and_is_checked(db: str):
     for bad in (-1, 2.5, True):
         with pytest.raises(JobError, match="limit"):
             queries.results_frame(db, limit=bad)
+
+
+def test_the_choice_in_words_names_the_winner_its_margin_and_interval():
+    """choice_words: the baseline named with its margin and interval where it wins; the
+    kernel's margin where it wins; a tie within the noise; no comparison without one."""
+    config = {"tile_m": 128}
+    assert queries.faster_of(0.98, 0.97, 0.99) == "baseline"
+    assert queries.faster_of(1.03, 1.01, 1.05) == "kernel"
+    assert queries.faster_of(1.0, 0.99, 1.01) == "tie"
+    assert queries.faster_of(None, None, None) == "tie"
+    words = queries.choice_words(config, 1 / 1.021, 1 / 1.03, 1 / 1.012, "xla")
+    assert words.startswith("xla is 2.1% faster (interval 1.2% to 3.0%): it runs")
+    assert "the kernel's best config is {\"tile_m\": 128}" in words
+    assert queries.choice_words(config, 1.03, 1.01, 1.05, "cudnn").startswith(
+        "the kernel is 3.0% faster than cudnn (interval 1.0% to 5.0%): config")
+    assert "no faster than xla (within the measured noise: -1.0% to +1.0%)" in \
+        queries.choice_words(config, 1.0, 0.99, 1.01, "xla")
+    assert "no confirmed comparison" in queries.choice_words(config, None, None, None, None)

@@ -1,0 +1,327 @@
+"""Run-time choice (issue 35): a program calling ``@autotune.tuned(..., baseline=...)`` against
+the faster of the kernel and its baseline, per shape, timed in one run.
+
+    python3 benchmarks/runtime_choice.py --out results/runtime_choice               # a GPU: all of it
+    python3 benchmarks/runtime_choice.py --out OUT --db sqlite:///results/autotune.db --no-tune
+    python3 benchmarks/runtime_choice.py --out OUT --device interpret               # CPU, tiny shapes
+    python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
+
+One command does the whole experiment: it tunes the shapes that have nothing stored (a small
+budget: ``--trials``, default the quick effort's 16, with the job's confirmation round, which
+decides the choice; ``--no-tune`` reads ``--db`` as it is), then for every shape times, in one
+loop that takes them in turn on fresh random inputs each time, the decorated call
+(``autotune.tuned(kernel, baseline=<the kernel's own baseline>)``, called eagerly, so that
+every call pays the decorator; and the same under ``jax.jit``, where the lookup runs once at
+trace time), the kernel at the stored best config, and the baseline, and reports the median
+of ``--reps`` calls of each: the
+decorated call's time over the faster of the two (goal: within 0.5%, issue 35), and which
+implementation the decorator chose. The table (Markdown) and the figures (JSON) go to
+``--out`` (``runtime_choice.md``, ``runtime_choice.json``) with the device's name.
+
+Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
+(hopper_matmul at small shapes in GPU interpret mode on a CPU, each of 2 output tiles or more:
+one-tile outputs crash XLA's CPU compiler, benchmarks/interpret_crash_sweep.py; attention
+cannot run interpreted; interpret-mode timings are a functional run, not a GPU's); ``fake`` (no jax: two stand-in functions that busy-wait for shape-dependent
+times play kernel and baseline, and their confirmation is measured and stored the way the
+tuner's confirmation round stores it, so that the decorator's routing and this script's
+plumbing are exercised in seconds; its figures are not a GPU's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import autotune  # noqa: E402
+from autotune.queries import lookup  # noqa: E402
+
+GOAL = 1.005  # the decorated call within 0.5% of the faster implementation
+
+GPU_SHAPES: dict[str, tuple[str, list[dict[str, int]]]] = {
+    "hopper_matmul": ("bfloat16", [
+        {"m": 4096, "n": 4096, "k": 4096}, {"m": 8192, "n": 8192, "k": 1024},
+        {"m": 2048, "n": 8192, "k": 4096}, {"m": 1024, "n": 1024, "k": 8192},
+        {"m": 6144, "n": 3072, "k": 2048},
+    ]),
+    "hopper_attention": ("float16", [
+        {"batch": 4, "seq_q": 2048, "seq_kv": 2048, "heads_q": 16, "heads_kv": 16, "head_dim": 128},
+        {"batch": 1, "seq_q": 8192, "seq_kv": 8192, "heads_q": 16, "heads_kv": 16, "head_dim": 128},
+        {"batch": 2, "seq_q": 4096, "seq_kv": 4096, "heads_q": 8, "heads_kv": 8, "head_dim": 64},
+    ]),
+}
+INTERPRET_SHAPES = {"hopper_matmul": ("bfloat16", [{"m": 256, "n": 128, "k": 128},
+                                                     {"m": 512, "n": 256, "k": 128}])}
+# The fake device: (kernel us, baseline us) per shape: the baseline faster, the kernel
+# faster, and a tie.
+FAKE_SHAPES = {"fake_matmul": ("float32", [{"m": 64}, {"m": 128}, {"m": 192}])}
+FAKE_US = {64: (60.0, 50.0), 128: (40.0, 55.0), 192: (45.0, 45.0)}
+
+
+def median_us(samples: Sequence[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+# ------------------------------------------------------------------------------- the fake device
+
+
+def _spin(us: float) -> None:
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+class _FakeArray:
+    def __init__(self, m: int) -> None:
+        self.shape, self.dtype = (m, m), "float32"
+
+    def block_until_ready(self) -> _FakeArray:
+        return self
+
+
+def _fake_kernel() -> Any:
+    from autotune.space.kernel import Kernel, register
+    from autotune.space.search_space import Aligned, Space
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the fake device builds nothing")
+
+    kernel = Kernel(name="fake_matmul", space=Space(params=(Aligned("bm", unit=64, low=64,
+                                                                   high=256, divides="m"),)),
+                    shape_keys=("m",), dtypes=("float32",), build=never, make_inputs=never,
+                    reference=never, default_config=lambda p: {"bm": 64},
+                    shape_of=lambda x: {"m": x.shape[0]}, baseline_name="fake_xla")
+    try:
+        register(kernel)
+    except Exception:  # noqa: BLE001 - registered by an earlier run in this process
+        pass
+    return kernel
+
+
+def _fake_store(db: str, dtype: str, shapes: Sequence[Mapping[str, int]], reps: int) -> None:
+    """Measures the stand-ins in interleaved rounds and stores a trial and a confirmation per
+    shape, as the tuner's confirmation round would."""
+    from autotune.space.outcomes import DeviceInfo, TrialResult
+    from autotune.storage.store import Store
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    kernel = _fake_kernel()
+    device = DeviceInfo("fake device", "gpu", "9.0", "")
+    software = {"jax": "", "jaxlib": "", "autotune": autotune.__version__}
+    with Store(db) as store:
+        for shape in shapes:
+            problem = kernel.problem(shape, dtype)
+            if store.best(problem, n=1):
+                continue
+            k_us, b_us = FAKE_US[shape["m"]]
+            rounds_k, rounds_b = [], []
+            for _ in range(5):
+                ks, bs = [], []
+                for _ in range(max(3, reps // 10)):
+                    start = time.perf_counter()
+                    _spin(k_us)
+                    ks.append((time.perf_counter() - start) * 1e6)
+                    start = time.perf_counter()
+                    _spin(b_us)
+                    bs.append((time.perf_counter() - start) * 1e6)
+                rounds_k.append(tuple(ks))
+                rounds_b.append(tuple(bs))
+            config = {"bm": 64}
+            result = TrialResult.timed([statistics.median(rounds_k[0])] * 2, compile_s=0.0,
+                                       rel_error=0.0, timing="fake")
+            tid = store.record_trial(problem, config, result, device=device, software=software).id
+            confirmation = analyse_confirmation(
+                [Candidate(config, tuple(rounds_k), trial_id=tid)], tuple(rounds_b))
+            store.record_confirmation(problem, confirmation, trial_ids=[tid], device=device,
+                                      software=software, cache="warm", iterations=len(rounds_k[0]),
+                                      baseline_name="fake_xla")
+
+
+# ------------------------------------------------------------------------------ the experiment
+
+
+def _implementations(kernel_name: str, problem: Any, device: str, seed: int
+                     ) -> tuple[Callable[[Any], Callable[..., Any]], Callable[..., Any],
+                                Callable[[int], tuple[Any, ...]]]:
+    """(kernel at a config, baseline, inputs of a seed) for one problem."""
+    if device == "fake":
+        k_us, b_us = FAKE_US[problem.dims["m"]]
+
+        def kernel_at(config: Any) -> Callable[..., Any]:
+            return lambda x: (_spin(k_us), x)[1]
+
+        return kernel_at, lambda x: (_spin(b_us), x)[1], lambda i: (_FakeArray(problem.dims["m"]),)
+    import jax
+
+    from autotune.space.kernel import BuildOptions, get_kernel
+    from autotune.space.problem import Config
+
+    kernel = get_kernel(kernel_name)
+    built: dict[Any, Callable[..., Any]] = {}  # Config -> its jitted kernel (a dict hit per call)
+
+    def kernel_at(config: Any) -> Callable[..., Any]:
+        fn = built.get(config)
+        if fn is None:
+            fn = built[config] = jax.jit(kernel.build(
+                problem, Config(config), BuildOptions(interpret=device == "interpret")))
+        return fn
+
+    assert kernel.baseline is not None
+    baseline = jax.jit(kernel.baseline(problem))
+
+    def inputs(i: int) -> tuple[Any, ...]:
+        return tuple(kernel.make_inputs(problem, jax.random.key(seed + i)))
+
+    return kernel_at, baseline, inputs
+
+
+def _calling(kernel_at: Callable[[Any], Callable[..., Any]]) -> Callable[..., Any]:
+    """The function the program decorates: the kernel at the config it is given."""
+
+    def call(*arrays: Any, config: Any = None) -> Any:
+        return kernel_at(config)(*arrays)
+
+    return call
+
+
+def _time(fns: Mapping[str, Callable[..., Any]], inputs: Callable[[int], tuple[Any, ...]],
+          reps: int, sets: int) -> dict[str, float]:
+    """Median seconds per call of each function: all of them in turn, rotating the order, on
+    a fresh input set each round (``sets`` sets made up front, so making them is not timed)."""
+    made = [inputs(i) for i in range(sets)]
+    for fn in fns.values():  # compile and warm
+        _ready(fn(*made[0]))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(reps):
+        args = made[r % sets]
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            _ready(fns[name](*args))
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _ready(out: Any) -> Any:
+    for leaf in out if isinstance(out, tuple) else (out,):
+        getattr(leaf, "block_until_ready", lambda: None)()
+    return out
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    shapes = {"gpu": GPU_SHAPES, "interpret": INTERPRET_SHAPES, "fake": FAKE_SHAPES}[args.device]
+    db = args.db or f"sqlite:///{Path(args.out).resolve()}/runtime_choice.db"
+    if args.device == "fake":
+        for dtype, todo in shapes.values():
+            _fake_store(db, dtype, todo, args.reps)
+    elif not args.no_tune:
+        for name, (dtype, todo) in shapes.items():
+            missing = [s for s in todo if not lookup.stored_here(name, s, dtype, db=db)]
+            if missing:
+                print(f"tuning {name} at {len(missing)} shape(s), {args.trials} trials each",
+                      file=sys.stderr)
+                autotune.tune(name, missing, dtype=dtype, trials=args.trials, db=db,
+                              device=args.device, progress=False)
+    rows = []
+    for name, (dtype, todo) in shapes.items():
+        kernel = _fake_kernel() if args.device == "fake" else autotune.get_kernel(name)
+        for shape in todo:
+            problem = kernel.problem(shape, dtype)
+            kernel_at, baseline, inputs = _implementations(name, problem, args.device, args.seed)
+            choice = lookup.lookup_choice(name, shape, dtype, db=db)
+            best = kernel_at(choice.config)
+
+            decorated = autotune.tuned(name, db=db, baseline=baseline)(_calling(kernel_at))
+
+            fns = {"decorated": decorated, "kernel": best, "baseline": baseline}
+            if args.device != "fake":
+                import jax
+
+                # Inside a jitted program the lookup runs once, at trace time.
+                fns["decorated_jit"] = jax.jit(decorated)
+            times = _time(fns, inputs, args.reps, args.input_sets)
+            faster = min(times["kernel"], times["baseline"])
+            ratio = times["decorated"] / faster
+            rows.append({
+                "kernel": name, "shape": dict(shape), "dtype": dtype,
+                "decorated_us": times["decorated"] * 1e6, "kernel_us": times["kernel"] * 1e6,
+                "baseline_us": times["baseline"] * 1e6, "ratio_to_faster": ratio,
+                "chosen": "baseline" if choice.faster == "baseline" else "kernel",
+                "verdict": choice.faster, "source": choice.source,
+                "config": None if choice.config is None else dict(choice.config),
+                "within_goal": ratio <= GOAL,
+                "decorated_jit_us": times["decorated_jit"] * 1e6 if "decorated_jit" in times
+                else None,
+                "jit_ratio_to_faster": times["decorated_jit"] / faster if "decorated_jit" in times
+                else None,
+            })
+    return rows
+
+
+def device_name(device: str) -> str:
+    if device == "fake":
+        return "fake device (stand-ins on the CPU, not a GPU's figures)"
+    import jax
+
+    d = jax.devices()[0]
+    return f"{d.device_kind} ({d.platform}{', GPU interpret mode' if device == 'interpret' else ''})"
+
+
+def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int) -> str:
+    lines = [
+        f"device: {device}; {reps} calls of each, median, in one run, fresh inputs per round",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "",
+        "| kernel | shape | dtype | decorated (us) | kernel (us) | baseline (us) | decorated / "
+        "faster | ran | stored verdict | within 0.5% | decorated under jit / faster |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
+        lines.append(
+            f"| {r['kernel']} | {shape} | {r['dtype']} | {r['decorated_us']:.1f} | "
+            f"{r['kernel_us']:.1f} | {r['baseline_us']:.1f} | {r['ratio_to_faster']:.4f} | "
+            f"{r['chosen']} | {r['verdict']} ({r['source']}) | "
+            f"{'yes' if r['within_goal'] else 'NO'} | "
+            f"{'-' if r['jit_ratio_to_faster'] is None else format(r['jit_ratio_to_faster'], '.4f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder for runtime_choice.md/.json (and the "
+                   "database when --db is not given)")
+    p.add_argument("--db", help="results database (default: OUT/runtime_choice.db)")
+    p.add_argument("--device", choices=("gpu", "interpret", "fake"), default="gpu")
+    p.add_argument("--no-tune", action="store_true", help="read --db as it is; tune nothing")
+    p.add_argument("--trials", type=int, default=16, help="trials per missing shape (16: quick)")
+    p.add_argument("--reps", type=int, default=200, help="timed calls of each, per shape")
+    p.add_argument("--input-sets", type=int, default=4, help="fresh random input sets, rotated")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.trials < 1 or args.reps < 1 or args.input_sets < 1:
+        p.error("--trials, --reps and --input-sets must be 1 or more")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = run(args)
+    text = table(rows, device_name(args.device), args.reps)
+    (out / "runtime_choice.md").write_text(text)
+    (out / "runtime_choice.json").write_text(json.dumps(
+        {"device": device_name(args.device), "reps": args.reps, "rows": rows}, indent=1) + "\n")
+    print(text, end="")
+    print(f"written: {out / 'runtime_choice.md'}, {out / 'runtime_choice.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

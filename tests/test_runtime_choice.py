@@ -1,0 +1,39 @@
+"""benchmarks/runtime_choice.py: the decorated call against the faster implementation, per
+shape, on the fake device (seconds, no jax)."""
+
+from __future__ import annotations
+
+import json
+
+from tests import benchmark_scripts
+
+
+def test_runtime_choice_runs_the_whole_experiment_on_the_fake_device(tmp_path, capsys):
+    """One command measures the stand-ins, stores their confirmation, times the decorated call
+    beside both implementations and writes the table and figures under --out: the baseline
+    runs where it was confirmed faster, the kernel where it was and at the tie; a second run
+    reads the stored answers (nothing measured again)."""
+    from autotune.queries import lookup
+
+    module = benchmark_scripts.load("runtime_choice")
+    out = tmp_path / "out"
+    lookup.clear_cache()
+    assert module.main(["--out", str(out), "--device", "fake", "--reps", "20"]) == 0
+    figures = json.loads((out / "runtime_choice.json").read_text())
+    assert figures["device"].startswith("fake device")
+    rows = {r["shape"]["m"]: r for r in figures["rows"]}
+    assert [rows[m]["verdict"] for m in (64, 128, 192)] == ["baseline", "kernel", "tie"]
+    assert [rows[m]["chosen"] for m in (64, 128, 192)] == ["baseline", "kernel", "kernel"]
+    for r in rows.values():
+        assert r["decorated_us"] > 0 and r["kernel_us"] > 0 and r["baseline_us"] > 0
+        assert r["ratio_to_faster"] == r["decorated_us"] / min(r["kernel_us"], r["baseline_us"])
+    # The routed call costs what the implementation it runs costs, not the slower one: at
+    # m=64 the kernel's stand-in spins 60 us and the baseline's 50 us.
+    assert rows[64]["decorated_us"] < rows[64]["kernel_us"]
+    table = (out / "runtime_choice.md").read_text()
+    assert "| fake_matmul | m=64 | float32 |" in table and "fake device" in table
+    assert table in capsys.readouterr().out
+    lookup.clear_cache()
+    assert module.main(["--out", str(out), "--device", "fake", "--reps", "5"]) == 0
+    again = json.loads((out / "runtime_choice.json").read_text())
+    assert [r["verdict"] for r in again["rows"]] == ["baseline", "kernel", "tie"]
