@@ -87,7 +87,7 @@ class _Names(Sequence[str]):
         return len(_entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in _entries
+        return isinstance(name, str) and name in _entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(names())
