@@ -142,7 +142,7 @@ RELATED_BONUS = 0.03
 # its best candidate, best estimated first (local moves wait meanwhile), and the best estimated
 # member of each family two moves from the best measured config joins the pool. Live on the
 # H100 at 4096^3, 3 of 5 runs spent 25-30 of 32 trials on the grid-order variants of the
-# estimate's first family, 2% slower than a family it ranked 5th (RESULTS.md section 11).
+# estimate's first family, 2% slower than a family it ranked 5th (benchmarks/RESULTS.md §12).
 FAMILY_PATIENCE = 2
 FAMILY_MARGIN = math.log(1.05)
 FAMILY_GAIN = 0.005
