@@ -56,7 +56,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import optuna
@@ -322,37 +322,38 @@ class Features:
         dim_values = {d: dims.get(d) for d in self.dims}
         sizes = {d: float(v) for d, v in dim_values.items() if _is_int(v)}
         for d in self.dims:
-            v = dim_values[d]
-            add((f"dim:{d}", _log2(float(v)) if _is_int(v) else float(bool(v))))
+            dim_value = dim_values[d]
+            add((f"dim:{d}", _log2(float(dim_value)) if _is_int(dim_value) else float(bool(dim_value))))
         add(("dtype_bytes", float(dtype_bytes(problem.dtype))))
         values: dict[str, float | None] = {}
         for t in self.numeric:
-            v = c.get(t)
-            values[t] = float(v) if _is_int(v) else None
-            add((f"log2:{t}", _log2(values[t]) if values[t] is not None else -1.0))
+            raw = c.get(t)
+            value = float(raw) if _is_int(raw) else None
+            values[t] = value
+            add((f"log2:{t}", _log2(value) if value is not None else -1.0))
         for t in self.nullable:
             add((f"none:{t}", float(c.get(t) is None)))
         for name, choices in self.categorical:
-            v = c.get(name)
+            chosen = c.get(name)
             for choice in choices:
-                add((f"is:{name}={choice!r}", float(v == choice and type(v) is type(choice))))
+                add((f"is:{name}={choice!r}", float(chosen == choice and type(chosen) is type(choice))))
         # Every integer tunable against every dim: where the config sits relative to the shape.
         for t in self.numeric:
             for d, size in sizes.items():
-                v = values[t]
-                add((f"ratio:{d}/{t}", math.log2(size / v) if v else 0.0))
+                value = values[t]
+                add((f"ratio:{d}/{t}", math.log2(size / value) if value else 0.0))
         # Tunables named after a dim tile it.
         primary: dict[str, float] = {}
         for d, names in self.matched.items():
-            size = sizes.get(d)
-            if size is None:
+            if d not in sizes:
                 continue
+            size = sizes[d]
             for t in names:
-                v = values[t]
-                tiles = math.ceil(size / v) if v else 1
+                value = values[t]
+                tiles = math.ceil(size / value) if value else 1
                 add((f"tiles:{d}/{t}", math.log2(tiles)))
-                add((f"pad:{d}/{t}", tiles * v / size - 1.0 if v else 0.0))
-            present = [values[t] for t in names if values[t]]
+                add((f"pad:{d}/{t}", tiles * value / size - 1.0 if value else 0.0))
+            present = [x for x in (values[t] for t in names) if x]
             primary[d] = max(present) if present else size
         batch = math.prod(sizes[d] for d in sizes if d not in self.matched) if sizes else 1.0
         keys = sorted(primary)
@@ -373,15 +374,15 @@ class Features:
             x, y = primary[a], primary[b]
             add((f"intensity:{a}*{b}", _log2(x * y / (x + y))))
         for t in self.unmatched:
-            v = values[t]
-            add((f"footprint:{t}", _log2((v or 1.0) * pairs)))
+            value = values[t]
+            add((f"footprint:{t}", _log2((value or 1.0) * pairs)))
         if self.extra is not None:
-            for k, v in sorted(self.extra(problem, c).items()):
-                add((f"extra:{k}", float(v)))
+            for k, known in sorted(self.extra(problem, c).items()):
+                add((f"extra:{k}", float(known)))
         return out
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -993,13 +994,17 @@ class RankedSampler(optuna.samplers.BaseSampler):
 
     def _codes(self) -> np.ndarray:
         """The pool as an integer matrix (one column per tunable, one code per value)."""
-        have = 0 if self._pool_codes is None else len(self._pool_codes)
+        codes = self._pool_codes
+        have = 0 if codes is None else len(codes)
         if have < len(self._pool):
             lookup = self._value_codes
             new = np.array([[lookup[i].setdefault(repr(v), len(lookup[i])) for i, v in enumerate(key)]
                             for key in self._pool[have:]], dtype=np.int32).reshape(-1, len(self._space.names))
-            self._pool_codes = new if self._pool_codes is None else np.vstack([self._pool_codes, new])
-        return self._pool_codes
+            codes = new if codes is None else np.vstack([codes, new])
+            self._pool_codes = codes
+        if codes is None:  # only asked for once something of the pool is measured
+            raise RuntimeError("the candidate pool is empty: it has no codes")
+        return codes
 
     def _local_residual(self, measured: np.ndarray, residual: np.ndarray) -> np.ndarray:
         """The estimate's error near what was measured, for every pool candidate: each measured
@@ -1008,7 +1013,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
         codes = self._codes()
         differ = (codes[:, None, :] != codes[measured][None, :, :]).sum(axis=2)
         weights = np.exp(-LOCAL_DECAY * differ)
-        return (weights @ residual) / (weights.sum(axis=1) + LOCAL_SHRINK)
+        # numpy types `!=` of two unparametrised ndarrays as Any, and so all that follows from
+        # `differ`: the result is named as the array it is.
+        local: np.ndarray = (weights @ residual) / (weights.sum(axis=1) + LOCAL_SHRINK)
+        return local
 
     def _estimate_column(self) -> int:
         return self._features.names.index(ESTIMATE_FEATURE)
