@@ -5,8 +5,10 @@ the committed reference (tests/replay/replay_reference.json): ``auto`` and ``ran
 empty database) and warm (the other recorded shapes stored), the known-good default off. It fails
 when one needs far more trials than the reference recorded: a search regression, not a timing
 test. Re-record the reference with the command in benchmarks/RESULTS.md §4 when a change to a
-sampler is meant to move these numbers. The replay table itself is pinned exactly for fixed seeds (tests/replay/replay_pin.json, recorded from the
-per-shape files before they were packed).
+sampler is meant to move these numbers. The replay table itself is pinned exactly for fixed
+seeds (tests/replay/replay_pin.json): first recorded from the per-shape files before they were
+packed, re-pinned with ``python3 -m tests.replay.test_runner --repin`` when a change to a
+sampler is meant to move them (the family rule, docs/ranked_sampler.md rule 7, did).
 """
 
 from __future__ import annotations
@@ -76,17 +78,23 @@ def test_the_replay_table_is_unchanged_for_fixed_seeds():
     before they were packed."""
     if model_backend("auto") != "sklearn":
         pytest.skip("the pin was recorded with the sklearn model")
+    got = pin_rows(PIN)
+    assert json.loads(json.dumps(got)) == PIN["rows"]
+
+
+def pin_rows(pin):
+    """The replay's rows over the problems ``pin`` was recorded over, with its settings."""
     got = []
     for device, kernel in (("NVIDIA H200", "hopper_matmul"), ("NVIDIA H100 80GB HBM3", None)):
-        # The problems the pin was recorded over (files recorded since join no replay here).
-        pinned = {r["problem"] for r in PIN["rows"] if r["device"] == device}
+        # The problems the pin was recorded over (problems recorded since join no replay here).
+        pinned = {r["problem"] for r in pin["rows"] if r["device"] == device}
         problems = [p for p in load_ground_truth(device, kernel)
                     if f"{p['kernel']} {','.join(f'{k}={v}' for k, v in sorted(p['shape'].items()))} {p['dtype']}" in pinned]
         assert len(problems) == len(pinned)
-        rows = replay.run(problems, seeds=PIN["seeds"], budget=PIN["budget"],
-                          samplers=PIN["samplers"], modes=PIN["modes"], noise=PIN["noise"])
-        got += [{"device": device, **{k: r[k] for k in PIN["rows"][0] if k != "device"}} for r in rows]
-    assert json.loads(json.dumps(got)) == PIN["rows"]
+        rows = replay.run(problems, seeds=pin["seeds"], budget=pin["budget"],
+                          samplers=pin["samplers"], modes=pin["modes"], noise=pin["noise"])
+        got += [{"device": device, **{k: r[k] for k in pin["rows"][0] if k != "device"}} for r in rows]
+    return got
 
 
 def test_sampler_specs_parse_and_bad_ones_are_refused():
@@ -271,3 +279,12 @@ def test_live_measurements_and_unrecorded_family_members_join_the_replay(tmp_pat
     share = [sum(r["config"][n] == unrecorded[n] for n in unrecorded) for r in members]
     nearest = [recorded_us(r) for r, s in zip(members, share, strict=True) if s == max(share)]
     assert rec.time(unrecorded) == statistics.median(nearest)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--repin"]:
+        raise SystemExit("usage: python3 -m tests.replay.test_runner --repin")
+    (HERE / "replay_pin.json").write_text(json.dumps({**PIN, "rows": pin_rows(PIN)}, indent=1) + "\n")
+    print(f"re-pinned {HERE / 'replay_pin.json'}")

@@ -684,7 +684,7 @@ def test_a_family_good_but_not_best_is_left_for_other_families_once_it_stops_gai
     the ranked proposals come from families not yet measured, and the best family is measured
     within 10 trials; without the rule (the control) the twins of the first family fill the
     first 10 trials, as 3 of 5 live jobs at 4096^3 on the H100 did (benchmarks/RESULTS.md §12)."""
-    from autotune.tuning import ranked_sampler
+    from autotune.tuning.samplers import ranked as ranked_sampler
 
     problem = user_problem(4096, 2048)
     bound = GRID_SPACE.bind(problem)
