@@ -457,8 +457,9 @@ def tuned(
 
     Of several processes (or hosts) that meet the same missing shape on one database,
     exactly one tunes it: each first claims the shape (an Optuna study named
-    ``autotune-claim|<problem>``, created atomically in the database); the others poll for the
-    stored answer (and serve the fallback meanwhile, or wait with ``block=True``). A claim
+    ``autotune-claim|<problem>``, created atomically in the database); the others poll the claim
+    until its holder releases it, the tuning ended, then read the stored answer (serving the
+    fallback meanwhile, or waiting with ``block=True``). A claim
     whose process is gone (on this host) or older than :data:`CLAIM_STALE_S` is taken over.
     A tuning that fails is logged at WARNING and not tried again in this process.
 
@@ -507,7 +508,10 @@ class _Tuning:
         try:
             deadline = time.monotonic() + WAIT_S
             poll = POLL_S
-            while not self._stored():
+            # Until this process holds the claim: a shape another process is tuning has
+            # trials stored before its tuning ends, so "something stored" is no answer yet;
+            # the released claim is (the holder stores its last trial, then releases).
+            while True:
                 release = _claim(self.db, problem)
                 if release is not None:
                     try:
