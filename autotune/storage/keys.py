@@ -198,6 +198,17 @@ def device_filter(query: Any, device_name: str | None, device_kind: str | None) 
     return query
 
 
+def listing_filter(query: Any, *, kernel: str | None, dtype: str | None,
+                   device_name: str | None, device_kind: str | None) -> Any:
+    """``query`` (joined to Kernels, Problems and Devices) narrowed to a kernel name, a dtype and
+    a device: the filters every listing of stored trials takes (None: any)."""
+    if kernel is not None:
+        query = query.where(Kernels.name == kernel)
+    if dtype is not None:
+        query = query.where(Problems.dtype == dtype)
+    return device_filter(query, device_name, device_kind)
+
+
 def trial_query() -> Any:
     traced = sa.exists().where(TraceRegions.trial_id == Trials.id).label("traced")
     return (

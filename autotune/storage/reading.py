@@ -22,6 +22,7 @@ from autotune.storage.keys import (
     device_filter,
     device_from_row,
     device_key,
+    listing_filter,
     plausible,
     problem_from_rows,
     software_from_row,
@@ -124,11 +125,8 @@ class StoreReader:
         query = trial_query()
         if problem is not None:
             query = query.where(Problems.digest == problem.digest())
-        if kernel is not None:
-            query = query.where(Kernels.name == kernel)
-        if dtype is not None:
-            query = query.where(Problems.dtype == dtype)
-        query = device_filter(query, device_name, device_kind)
+        query = listing_filter(query, kernel=kernel, dtype=dtype, device_name=device_name,
+                               device_kind=device_kind)
         if status is not None:
             query = query.where(Trials.status == Outcome(status).value)
         if cache is not None:
@@ -250,11 +248,8 @@ class StoreReader:
             .join(Kernels, Kernels.id == Problems.kernel_id)
             .join(Devices, Devices.id == Trials.device_id)
         )
-        if kernel is not None:
-            query = query.where(Kernels.name == kernel)
-        if dtype is not None:
-            query = query.where(Problems.dtype == dtype)
-        query = device_filter(query, device_name, device_kind)
+        query = listing_filter(query, kernel=kernel, dtype=dtype, device_name=device_name,
+                               device_kind=device_kind)
         if status is not None:
             query = query.where(Trials.status == Outcome(status).value)
         query = query.order_by(Trials.id)
@@ -600,11 +595,8 @@ class StoreReader:
                 .join(Problems, Problems.id == Trials.problem_id)
                 .join(Kernels, Kernels.id == Problems.kernel_id)
             )
-            if kernel is not None:
-                query = query.where(Kernels.name == kernel)
-            if dtype is not None:
-                query = query.where(Problems.dtype == dtype)
-            return device_filter(query, device_name, device_kind)
+            return listing_filter(query, kernel=kernel, dtype=dtype, device_name=device_name,
+                                  device_kind=device_kind)
 
         counts_q = filtered(sa.select(*group, Trials.status, sa.func.count()).select_from(Trials))
         counts_q = counts_q.group_by(*group, Trials.status)
