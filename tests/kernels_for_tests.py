@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autotune.space.kernel import BuildOptions, Kernel
+from autotune.space.kernel import BuildOptions, Kernel, register
 from autotune.space.problem import Config, Problem
-from autotune.space.search_space import Choice, Constraint, Space
+from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 
 PREFIX = "tests.kernels_for_tests:"
 
@@ -148,3 +148,24 @@ FAKE = Kernel(
     reference=_never,
     description="behaviour chosen by its config (tests only)",
 )
+
+
+def unbuilt(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the fake engine never builds kernels")
+
+
+def toy_matmul(name: str, **fields: Any) -> Kernel:
+    """A registered toy matmul (``bm`` a multiple of 64 dividing ``m``, ``stages`` a power of
+    two) that only a fake engine evaluates; ``fields`` add or replace Kernel fields."""
+    kernel = Kernel(
+        name=name,
+        space=Space(params=(Aligned("bm", unit=64, low=64, high=512, divides="m"),
+                            PowerOfTwo("stages", low=1, high=8))),
+        shape_keys=("m",),
+        dtypes=("float32",),
+        build=unbuilt, make_inputs=unbuilt, reference=unbuilt,
+        flops=lambda p: 2 * p["m"] ** 3, bytes_moved=lambda p: 3 * 4 * p["m"] ** 2,
+        **fields,
+    )
+    register(kernel)
+    return kernel

@@ -20,11 +20,11 @@ import pytest
 
 from autotune import cli
 from autotune.cli import main
-from autotune.space.kernel import Kernel, bundled_kernels, register
+from autotune.space.kernel import bundled_kernels
 from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config
-from autotune.space.search_space import Aligned, PowerOfTwo, Space
 from autotune.storage.store import Store
+from tests.kernels_for_tests import toy_matmul, unbuilt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -228,24 +228,7 @@ def test_spaces_sample_at_the_maximum_returns_distinct_valid_configs(capsys):
 
 
 
-def _never(*args, **kwargs):
-    raise AssertionError("the fake engine never builds kernels")
-
-
-CLI_TOY = Kernel(
-    name="cli_toy",
-    space=Space(params=(Aligned("bm", unit=64, low=64, high=512, divides="m"),
-                        PowerOfTwo("stages", low=1, high=8))),
-    shape_keys=("m",),
-    dtypes=("float32",),
-    build=_never, make_inputs=_never, reference=_never,
-    flops=lambda p: 2 * p["m"] ** 3, bytes_moved=lambda p: 3 * 4 * p["m"] ** 2,
-    baseline=lambda p: _never,
-)
-try:
-    register(CLI_TOY)
-except Exception:  # noqa: BLE001 - already registered by an earlier import
-    pass
+CLI_TOY = toy_matmul("cli_toy", baseline=lambda p: unbuilt)
 
 
 class _FakeEngine:

@@ -21,33 +21,15 @@ from autotune import api
 from autotune.errors import JobError
 from autotune.queries import best as best_queries
 from autotune.queries import lookup
-from autotune.space.kernel import Kernel, register
 from autotune.space.outcomes import DeviceInfo, TrialResult
-from autotune.space.search_space import Aligned, PowerOfTwo, Space
 from autotune.storage.store import Store
+from tests.kernels_for_tests import toy_matmul
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _never(*args, **kwargs):
-    raise AssertionError("the fake engine never builds kernels")
-
-
-TOY = Kernel(
-    name="runtime_toy",
-    space=Space(params=(Aligned("bm", unit=64, low=64, high=512, divides="m"),
-                        PowerOfTwo("stages", low=1, high=8))),
-    shape_keys=("m",),
-    dtypes=("float32",),
-    build=_never, make_inputs=_never, reference=_never,
-    flops=lambda p: 2 * p["m"] ** 3, bytes_moved=lambda p: 3 * 4 * p["m"] ** 2,
-    default_config=lambda p: {"bm": 64, "stages": 8},
-    shape_of=lambda x, *rest: {"m": x.shape[0]},
-)
-try:
-    register(TOY)
-except Exception:  # noqa: BLE001 - registered by an earlier import
-    pass
+TOY = toy_matmul("runtime_toy", default_config=lambda p: {"bm": 64, "stages": 8},
+                 shape_of=lambda x, *rest: {"m": x.shape[0]})
 DEFAULT = {"bm": 64, "stages": 8}
 
 
