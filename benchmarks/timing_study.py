@@ -31,6 +31,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -76,27 +77,16 @@ def nvml_reading(nv: Any) -> dict[str, Any]:
 
 
 def device_facts() -> dict[str, Any]:
-    """What the CUDA driver and NVML say about GPU 0 (no jax)."""
-    import ctypes
+    """What the CUDA driver (``autotune.devices.read_device``) and NVML say about GPU 0 (no
+    jax)."""
+    from autotune.devices import read_device
 
     facts: dict[str, Any] = {}
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        cuda.cuInit(0)
-        dev = ctypes.c_int()
-        cuda.cuDeviceGet(ctypes.byref(dev), 0)
-        name = ctypes.create_string_buffer(256)
-        cuda.cuDeviceGetName(name, 256, dev)
-        facts["name"] = name.value.decode()
-        for key, attr in (("sms", 16), ("smem_per_block_optin", 97), ("smem_per_sm", 81),
-                          ("l2_bytes", 38), ("sm_clock_khz", 13), ("mem_clock_khz", 36),
-                          ("bus_width_bits", 37), ("cc_major", 75), ("cc_minor", 76),
-                          ("max_persisting_l2", 108)):
-            v = ctypes.c_int()
-            if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) == 0:
-                facts[key] = v.value
-    except OSError as e:
-        facts["error"] = str(e)
+    driver = read_device(0)
+    if driver is None:
+        facts["error"] = "the CUDA driver could not be asked (no libcuda or no GPU 0)"
+    else:
+        facts.update(dataclasses.asdict(driver))
     nv = _nvml()
     if nv is not None:
         pynvml, h = nv
