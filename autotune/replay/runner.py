@@ -263,40 +263,25 @@ def add_live_truth(data: dict[str, Any], dbs: Sequence[str]) -> int:
     The recorded data hold a uniform sample with few variants of each (tile, stages) family, so
     a replayed search cannot dwell on one family's grid-order variants as a live one can, on
     the real valid set; with the live ones it can (``benchmarks/RESULTS.md`` §12)."""
-    from autotune.queries.best import results_frame
+    from autotune.storage.store import Store
 
     kernel = get_kernel(data["kernel"])
     problem = kernel.problem(data["shape"], data["dtype"])
-    names = kernel.bind(problem).names
     recorded = {Config(r["config"]).digest() for r in data["results"]}
     times: dict[str, list[float]] = {}
     configs: dict[str, Config] = {}
     for db in dbs:
-        frame = results_frame(db if "://" in db else f"sqlite:///{db}")
-        frame = frame[(frame["problem"] == str(problem)) & (frame["status"] == "ok")]
-        if data.get("device"):
-            frame = frame[frame["device"] == data["device"]]
-        for _, row in frame.iterrows():
-            config = Config({n: _plain(row[f"config.{n}"]) for n in names})
-            digest = config.digest()
-            if digest not in recorded:
-                configs[digest] = config
-                times.setdefault(digest, []).append(float(row["median_us"]))
+        with Store(db if "://" in db else f"sqlite:///{db}") as store:
+            rows = store.trials(problem, device_name=data.get("device") or None, status="ok")
+        for row in rows:
+            digest = row.config.digest()
+            if digest not in recorded and row.median_us is not None:
+                configs[digest] = row.config
+                times.setdefault(digest, []).append(row.median_us)
     for digest, config in configs.items():
         data["results"].append({"config": dict(config), "stage": "live", "status": "ok",
                                 "median_us": statistics.median(times[digest])})
     return len(configs)
-
-
-def _plain(value: Any) -> Any:
-    """A frame cell as a config value: missing as None, whole floats as ints."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or str(value) == "<NA>":
-        return None
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 def trials_to(curve: Sequence[float], target: float, budget: int) -> int:
