@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna  # noqa: E402
 
+from autotune.errors import StorageError  # noqa: E402
 from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
 from autotune.replay.runner import (  # noqa: E402
     MODES,
@@ -302,10 +303,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--noise is a relative standard deviation between 0 and 1, got {args.noise}")
     patience = [int(p) for p in args.patience.split(",") if p]
     live_truth = [d for d in args.live_truth.split(",") if d]
+    missing = [d for d in live_truth if "://" not in d and not Path(d).is_file()]
+    if missing:
+        raise SystemExit(f"--live-truth: no database file at {', '.join(missing)}")
     if live_truth:
         problems = [dict(p, results=list(p["results"])) for p in problems]
-        for p in problems:
-            print(f"{p['name']}: {add_live_truth(p, live_truth)} configs measured live added")
+        try:
+            for p in problems:
+                print(f"{p['name']}: {add_live_truth(p, live_truth)} configs measured live added")
+        except StorageError as e:
+            raise SystemExit(f"--live-truth: {e}") from None
     family = [n for n in args.family.split(",") if n]
     started = time.monotonic()
     rows = run(problems, seeds=args.seeds, budget=args.budget, samplers=samplers,

@@ -271,7 +271,7 @@ def add_live_truth(data: dict[str, Any], dbs: Sequence[str]) -> int:
     times: dict[str, list[float]] = {}
     configs: dict[str, Config] = {}
     for db in dbs:
-        with Store(db if "://" in db else f"sqlite:///{db}") as store:
+        with Store(db, read_only=True) as store:  # a URL or a SQLite file; never written
             rows = store.trials(problem, device_name=data.get("device") or None, status="ok")
         for row in rows:
             digest = row.config.digest()

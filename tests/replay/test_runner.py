@@ -224,10 +224,13 @@ def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp
     (["--problems", "no_such_problem"], "--problems: no recorded problem named no_such_problem"),
     (["--device", "No Such GPU"], "no ground truth recorded for device 'No Such GPU'"),
     (["--kernel", "softmax", "--samplers", "auto+explore=1"], "unknown option 'explore'"),
+    (["--kernel", "softmax", "--live-truth", "/nonexistent/live.db"],
+     "--live-truth: no database file at /nonexistent/live.db"),
 ])
 def test_the_replay_command_refuses_bad_input_by_name(args, message):
-    """benchmarks/search_efficiency.py: an unknown problem, a device with no ground truth or a
-    bad sampler spec exits non-zero with the rule, never a traceback."""
+    """benchmarks/search_efficiency.py: an unknown problem, a device with no ground truth, a
+    bad sampler spec or a missing live database exits non-zero with the rule, never a
+    traceback (and creates no database)."""
     import subprocess
     import sys
 
