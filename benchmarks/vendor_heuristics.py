@@ -4,7 +4,7 @@ The package ranks GEMM configurations analytically per shape and GPU (CUTLASS an
 profile only its top-ranked ones); it runs on a CPU-only machine (a named GPU, no CUDA needed)
 and answers in about a millisecond. This module maps its configurations onto the kernel's
 tunables and back, so that the replay can measure what its choices are worth here
-(``benchmarks/vendor_prior.py``, figures in ``benchmarks/vendor_prior.md``) and
+(``benchmarks/vendor_prior.py``, figures in ``docs/vendor_prior.md``) and
 ``benchmarks/ground_truth.py --vendor N`` can measure them on a GPU:
 
 ==================================  ============================================================
@@ -27,7 +27,7 @@ vendor (``nvmmhKernelConfiguration``)  ``hopper_matmul``
 
 A benchmark helper, not part of the package: over the recorded ground truth the vendor's
 choices were no better a prior than the kernel's own cost model on the H200's shapes
-(``benchmarks/vendor_prior.md``), so the tuner does not use them. The package is imported only
+(``docs/vendor_prior.md``), so the tuner does not use them. The package is imported only
 when used (``pip install nvidia-matmul-heuristics``); its licence is NVIDIA's SDK licence, not
 an open-source one.
 """

@@ -1,5 +1,5 @@
 """The vendor's matmul heuristics as a prior, and warm starts across devices, over the recorded
-ground truth (CPU only; issue 32 items 4 and 5).
+ground truth (CPU only).
 
     python3 benchmarks/vendor_prior.py [--seeds 10] [--budget 48] [--top 4] [--target CUTLASS3]
         [--parts vendor,cross] [--json OUT]
@@ -8,7 +8,7 @@ Ground truth: each device's ``hopper_matmul`` problems (``autotune/replay/data/<
 read through ``autotune.replay.ground_truth.load_ground_truth``), each replayed with that device's profile
 (its SMs, clock, bandwidth: the cost model's device).
 
-Part ``vendor`` (item 5; needs ``pip install nvidia-matmul-heuristics``): per problem,
+Part ``vendor`` (needs ``pip install nvidia-matmul-heuristics``): per problem,
 
 - *first choices*: the gap to the best recorded time of the vendor's first configuration (its
   nearest recorded config: the ground truth is a sample of the valid set, so the vendor's own
@@ -22,13 +22,13 @@ Part ``vendor`` (item 5; needs ``pip install nvidia-matmul-heuristics``): per pr
   ``vendor pool``: its configurations join the ranked sampler's pool as related winners do
   (ranked by the kernel's cost model, with the related winners' small bonus).
 
-Part ``cross`` (item 4's goal): each H100 problem replayed with only H200 results stored, as
+Part ``cross`` (the goal of benchmarks/RESULTS.md §20): each H100 problem replayed with only H200 results stored, as
 the tuner would have them (every H200 result as a prior labelled with its device, and the
 H200's winner of the same shape as a related winner), against cold: the first proposal's gap
 (goal: within 3% of the best on 4 of 5 shapes) and trials to within 1%. Then the other way
 round (H200 truth, H100 results stored) as a check.
 
-Figures and what they say: ``benchmarks/vendor_prior.md``.
+Figures and what they say: ``docs/vendor_prior.md``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """benchmarks/ground_truth.py on the fake evaluator: the stages it measures, --extend and --retime;
-where a device's ground truth is stored; benchmarks/issue17_gpu.sh with DEVICE=fake."""
+where a device's ground truth is stored; benchmarks/ranked_live.sh with DEVICE=fake."""
 
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ def test_bad_retime_flags_stop_before_anything_is_measured(tmp_path, flags, mess
     assert not (tmp_path / "bad").exists()  # nothing measured, nothing written
 
 
-SCRIPT = ROOT / "benchmarks" / "issue17_gpu.sh"
+SCRIPT = ROOT / "benchmarks" / "ranked_live.sh"
 MATMUL = "hopper_matmul__k8192_m128_n8192__bfloat16.json"
 
 
@@ -219,7 +219,7 @@ def _recorded_matmul() -> dict:
 
 
 def _gpu_script(tmp_path, step, **env):
-    """benchmarks/issue17_gpu.sh STEP on a copy of one recorded problem, small settings."""
+    """benchmarks/ranked_live.sh STEP on a copy of one recorded problem, small settings."""
     data = tmp_path / "data"
     data.mkdir(parents=True, exist_ok=True)
     (data / MATMUL).write_text(json.dumps(_recorded_matmul()))
@@ -233,7 +233,7 @@ def test_the_gpu_script_models_step_on_the_fake_device_packs_the_extended_and_re
     assert done.returncode == 0, done.stdout + done.stderr
     before = _recorded_matmul()["results"]
     assert json.loads((tmp_path / "data" / MATMUL).read_text())["results"] == before  # a copy is extended
-    with tarfile.open(tmp_path / "out" / "issue17_models.tgz") as tgz:
+    with tarfile.open(tmp_path / "out" / "ranked_live_models.tgz") as tgz:
         after = json.load(tgz.extractfile(f"models/{MATMUL}"))["results"]
         steps = tgz.extractfile("models/steps.txt").read().decode().splitlines()
     # Both models' 2 first choices added, then the 3 fastest re-timed (2 rounds each).
@@ -249,7 +249,7 @@ def test_the_gpu_script_models_step_on_the_fake_device_packs_the_extended_and_re
 def test_the_gpu_script_packs_what_it_has_when_its_budget_is_spent_and_refuses_bad_input(tmp_path):
     done = _gpu_script(tmp_path, "models", DEVICE="fake", BUDGET_S="0")
     assert done.returncode == 1
-    with tarfile.open(tmp_path / "out" / "issue17_models.tgz") as tgz:
+    with tarfile.open(tmp_path / "out" / "ranked_live_models.tgz") as tgz:
         steps = tgz.extractfile("models/steps.txt").read().decode()
         assert json.load(tgz.extractfile(f"models/{MATMUL}")) == _recorded_matmul()
     assert steps.count("skipped, the step's budget of 0 s is spent") == 3

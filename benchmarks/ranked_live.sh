@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Issue 17's GPU steps, one device call per step (benchmarks/RESULTS.md §7):
+# The GPU steps that judge the ranked sampler live, one device call per step
+# (benchmarks/RESULTS.md §7):
 #
-#   OUT=... bash benchmarks/issue17_gpu.sh models   # both cost models' 16 first choices added to
+#   OUT=... bash benchmarks/ranked_live.sh models   # both cost models' 16 first choices added to
 #                                                   # the 7 hopper_matmul files, then the configs
 #                                                   # within 8% of each file's best re-timed
-#   OUT=... bash benchmarks/issue17_gpu.sh shapes   # ground truth at 64x4096x4096, 512x14336x4096
-#   OUT=... bash benchmarks/issue17_gpu.sh live     # examples/unseen_shapes_2.toml: cold at seeds
+#   OUT=... bash benchmarks/ranked_live.sh shapes   # ground truth at 64x4096x4096, 512x14336x4096
+#   OUT=... bash benchmarks/ranked_live.sh live     # examples/unseen_shapes_2.toml: cold at seeds
 #                                                   # 0-2, then warm (the ground truth stored first)
 #
 # Each step copies the ground-truth files it adds to into a work folder, runs its commands one
 # after another, each under `timeout` with what is left of the step's budget (BUDGET_S, default
-# 560 s: one device call), and after every command packs $OUT/issue17_<step>.tgz (the work folder:
+# 560 s: one device call), and after every command packs $OUT/ranked_live_<step>.tgz (the work folder:
 # the files, each command's output as <name>.log (a tuning run's --jsonl progress as <name>.jsonl)
 # and its errors as <name>.err, steps.txt with
 # each command's exit status and seconds), so a call cut short still returns what it measured.
@@ -31,13 +32,13 @@ set -u
 STEP=${1:-}
 case "$STEP" in
   models|shapes|live) ;;
-  *) echo "usage: OUT=DIR [DEVICE=gpu|fake] bash benchmarks/issue17_gpu.sh models|shapes|live" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR [DEVICE=gpu|fake] bash benchmarks/ranked_live.sh models|shapes|live" >&2; exit 2 ;;
 esac
 : "${OUT:?set OUT to the folder the results are packed into}"
 DEVICE=${DEVICE:-gpu}
 case "$DEVICE" in
   gpu|fake) ;;
-  *) echo "issue17_gpu.sh: DEVICE must be gpu or fake, got '$DEVICE'" >&2; exit 2 ;;
+  *) echo "ranked_live.sh: DEVICE must be gpu or fake, got '$DEVICE'" >&2; exit 2 ;;
 esac
 # Any GPU: the step works on that device's own ground truth (autotune/replay/data/<device>/),
 # never on another device's; ground_truth.py refuses to extend a file of another device.
@@ -45,7 +46,7 @@ GPU_NAME=${GPU_NAME:-}
 if [[ $DEVICE == gpu && -z $GPU_NAME ]]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
   if [[ -z $GPU_NAME ]]; then
-    echo "issue17_gpu.sh: no GPU found (nvidia-smi); DEVICE=fake runs it on the CPU" >&2
+    echo "ranked_live.sh: no GPU found (nvidia-smi); DEVICE=fake runs it on the CPU" >&2
     exit 2
   fi
 fi
@@ -55,13 +56,13 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-560}
 DEADLINE=$(( $(date +%s) + BUDGET_S ))
-WORK=${WORK:-$(mktemp -d /tmp/issue17.XXXXXX)}
+WORK=${WORK:-$(mktemp -d /tmp/ranked_live.XXXXXX)}
 if [[ -z ${DATA:-} ]]; then
   DATA=$WORK/ground_truth
   "$PY" benchmarks/pack_ground_truth.py --unpack "${GPU_NAME:-NVIDIA H200}" "$DATA" > /dev/null 2>&1
 fi
 if ! compgen -G "$DATA/hopper_matmul__*.json" > /dev/null; then
-  echo "issue17_gpu.sh: no ground truth of ${GPU_NAME:-this device} in $DATA: record it first with benchmarks/ground_truth.py (--out auto)" >&2
+  echo "ranked_live.sh: no ground truth of ${GPU_NAME:-this device} in $DATA: record it first with benchmarks/ground_truth.py (--out auto)" >&2
   exit 2
 fi
 W=$WORK/$STEP
@@ -69,7 +70,7 @@ mkdir -p "$W" "$OUT"
 FAILED=0
 
 pack() {
-  tar czf "$OUT/issue17_$STEP.tgz.partial" -C "$WORK" "$STEP" && mv "$OUT/issue17_$STEP.tgz.partial" "$OUT/issue17_$STEP.tgz"
+  tar czf "$OUT/ranked_live_$STEP.tgz.partial" -C "$WORK" "$STEP" && mv "$OUT/ranked_live_$STEP.tgz.partial" "$OUT/ranked_live_$STEP.tgz"
 }
 
 # run NAME COMMAND...: stdout to $W/NAME.log (to $W/NAME where NAME has an extension), stderr
@@ -135,6 +136,6 @@ case "$STEP" in
     ;;
 esac
 pack
-echo "== packed $OUT/issue17_$STEP.tgz"
+echo "== packed $OUT/ranked_live_$STEP.tgz"
 cat "$W/steps.txt"
 exit $FAILED
