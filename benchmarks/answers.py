@@ -76,19 +76,10 @@ def confirm_seconds(jsonl: str) -> dict[str, float]:
     return out
 
 
-def recorded_best(kernel: str, shape: dict[str, Any], dtype: str, device: str, n: int) -> list:
-    from autotune.replay.ground_truth import load_ground_truth, recorded_us
-
-    for data in load_ground_truth(device, kernel):
-        if data["shape"] == shape and data["dtype"] == dtype:
-            rows = sorted((r for r in data["results"] if r.get("median_us")), key=recorded_us)
-            return [r["config"] for r in rows[:n]]
-    return []
-
-
 def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every run's winner per problem, and the recorded best, re-timed together (step 2)."""
     from autotune.evaluation.independent import CUPTI_METHOD, METHOD, make_timer, time_configs
+    from autotune.replay.ground_truth import fastest_configs
     from autotune.space.kernel import get_kernel
     from autotune.space.problem import Config
 
@@ -108,7 +99,7 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
         for c in entry["winners"].values():
             if c not in distinct:
                 distinct.append(c)
-        known = [Config(c) for c in recorded_best(kernel_name, shape, dtype, device, 3)]
+        known = [Config(c) for c in fastest_configs(device, kernel_name, shape, dtype)[:3]]
         configs = distinct + [c for c in known if c not in distinct]
         try:
             per_config, base = time_configs(problem, configs, baseline=True, rounds=args.rounds,

@@ -21,18 +21,17 @@ import argparse
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna  # noqa: E402
-from optuna.trial import FrozenTrial, TrialState  # noqa: E402
+from common import add_finished, ask_run, time_asks  # noqa: E402
 
 from autotune.space.kernel import Kernel  # noqa: E402
 from autotune.space.search_space import Choice, Constraint, Space  # noqa: E402
-from autotune.tuning import optuna_adapter, scheduler  # noqa: E402
-from autotune.tuning.jobs import Budget, ProblemSpec  # noqa: E402
+from autotune.tuning import optuna_adapter  # noqa: E402
 from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -79,30 +78,14 @@ def measure(name: str, stored: int, asks: int, seed: int = 0, *, prefetch: bool 
     study = optuna.create_study(sampler=sampler, direction="minimize")
     configs = [dict(c) for c in space.sample(stored, seed=seed)]
     rng.shuffle(configs)
-    import datetime as dt
+    add_finished(study, dists, configs, cost)
+    run = ask_run(BIG, problem, space, sampler, study, dists, name, stored, asks)
 
-    t0 = dt.datetime.now()
-    study.add_trials([
-        FrozenTrial(number=i, state=TrialState.COMPLETE, value=cost(c), datetime_start=t0,
-                    datetime_complete=t0, params=c, distributions=dict(dists), user_attrs={},
-                    system_attrs={OUTCOME_ATTR: "ok"}, intermediate_values={}, trial_id=i)
-        for i, c in enumerate(configs)
-    ])
-    spec = ProblemSpec(problem, Budget(trials=stored + 10 * asks), sampler=name)
-    run = scheduler._Run(index=0, spec=spec, kernel=BIG, space=space, sampler=sampler,
-                         study=study, dists=dists, outside=0, best_us=None, done_before=stored)
-    run.refresh()
-    times = []
-    for _ in range(asks):
-        t, c = time.perf_counter(), time.thread_time()
-        asked = run.ask()
-        times.append(((time.perf_counter() - t) * 1000, (time.thread_time() - c) * 1000))
-        assert asked is not None, "the ask was refused"
-        trial, config = asked
+    def tell(trial: optuna.trial.Trial, config: dict) -> None:
         trial.storage.set_trial_system_attr(optuna_adapter.trial_id(trial), OUTCOME_ATTR, "ok")
         study.tell(trial, cost(config))
-        time.sleep(gap_s)  # the time until the next result comes and frees a slot
-    return times
+
+    return time_asks(run, asks, tell, gap_s)
 
 
 def main(argv: list[str] | None = None) -> int:

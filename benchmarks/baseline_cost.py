@@ -35,6 +35,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import nvml_gpu0  # noqa: E402
 
 from autotune.evaluation.cold_timing import L2Flush  # noqa: E402
 from autotune.evaluation.pipeline import NO_AUTOTUNE, measure_baseline  # noqa: E402
@@ -54,14 +57,7 @@ class _Utilization:
     running) every 10 ms on a thread; ``None`` figures without nvidia-ml-py."""
 
     def __init__(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml: Any = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001 - optional
-            self._nvml = None
+        self._nvml, self._handle = nvml_gpu0() or (None, None)
         self.samples: list[int] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -49,6 +49,9 @@ from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's autotune (and autotune.replay.sim_kernels)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import fmt  # noqa: E402
 
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning.jobs import Budget, load_job  # noqa: E402
@@ -86,25 +89,6 @@ def _job(args: argparse.Namespace) -> Any:
             budget = dataclasses.replace(budget, patience=args.patience or None)
         specs.append(dataclasses.replace(spec, budget=Budget(**dataclasses.asdict(budget))))
     return dataclasses.replace(job, problems=tuple(specs))
-
-
-def _busy_s(timeline: list[Any]) -> float:
-    """The union over GPUs of device spans (``device`` -> ``done`` of one task)."""
-    spans: dict[Any, list[tuple[float, float]]] = {}
-    got: dict[int, float] = {}
-    for e in timeline:
-        if e.stage == "device":
-            got[e.task_id] = e.t
-        elif e.stage == "done" and e.task_id in got:
-            spans.setdefault(e.gpu, []).append((got.pop(e.task_id), e.t))
-    total = 0.0
-    for intervals in spans.values():
-        end = float("-inf")
-        for a, b in sorted(intervals):
-            if b > end:
-                total += b - max(a, end)
-                end = b
-    return total
 
 
 def stage_breakdown(timeline: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
@@ -154,6 +138,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
     import optuna
 
     from autotune.engine.dispatcher import Engine
+    from autotune.engine.tasks import device_busy_s
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from autotune.storage.store import Store
@@ -237,7 +222,7 @@ def run_once(args: argparse.Namespace, *, sequential: bool, db: str | None) -> d
         "wall_s": wall,
         "trials": len(rows),
         "configs_per_min": 60 * len(rows) / wall if wall else 0.0,
-        "gpu_busy": _busy_s(timeline) / wall if wall else 0.0,
+        "gpu_busy": device_busy_s(timeline) / wall if wall else 0.0,
         "first_compile_s": (min(builds) - t0) if builds else None,
         "first_trial_s": (first_trial[0] - t0) if first_trial else None,
         "first_trial_path": first_path,
@@ -292,24 +277,20 @@ def _main_thread_between(samples: list[tuple[float, str]], start: float | None,
     return {w: round(n * step, 3) for w, n in counts.most_common(8)}
 
 
-def _fmt(v: Any, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def print_run(m: dict[str, Any]) -> None:
     print(f"== {m['mode']} ({m['device']}, {m['layout']})")
     print(f"wall {m['wall_s']:.1f} s, {m['trials']} configs, {m['configs_per_min']:.1f} configs/min, "
-          f"GPU busy {m['gpu_busy']:.0%}, first compile {_fmt(m['first_compile_s'], '.2f')} s, "
-          f"first trial {_fmt(m['first_trial_s'], '.2f')} s, measured twice {m['measured_twice']}, "
+          f"GPU busy {m['gpu_busy']:.0%}, first compile {fmt(m['first_compile_s'], '.2f')} s, "
+          f"first trial {fmt(m['first_trial_s'], '.2f')} s, measured twice {m['measured_twice']}, "
           f"invalid {m['invalid']}")
-    print(f"path to the first compile: first worker ready {_fmt(m.get('first_worker_ready_s'), '.2f')} s, "
-          f"first config submitted {_fmt(m.get('first_submit_s'), '.2f')} s (this process had "
+    print(f"path to the first compile: first worker ready {fmt(m.get('first_worker_ready_s'), '.2f')} s, "
+          f"first config submitted {fmt(m.get('first_submit_s'), '.2f')} s (this process had "
           f"{'' if m.get('main_imported_jax_by_first_submit') else 'not '}imported jax)")
     if m.get("first_trial_path"):
         print("path of the first trial: " + ", ".join(
             f"{stage} {t:.2f}" for stage, t in m["first_trial_path"])
-            + f"; received {_fmt(m.get('first_result_received_s'), '.2f')}"
-            + f", stored {_fmt(m.get('first_trial_s'), '.2f')}")
+            + f"; received {fmt(m.get('first_result_received_s'), '.2f')}"
+            + f", stored {fmt(m.get('first_trial_s'), '.2f')}")
     if m.get("main_thread_before_first_submit"):
         print("main thread from the first worker ready to the first submission (s): " + ", ".join(
             f"{w} {t:.2f}" for w, t in m["main_thread_before_first_submit"].items()))
@@ -318,8 +299,8 @@ def print_run(m: dict[str, Any]) -> None:
             f"{w} {t:.2f}" for w, t in m["main_thread_before_first_store"].items()))
     print(f"  {'problem':<60} {'trials':>6} {'best us':>9} {'baseline us':>12} {'speedup':>8}")
     for p in m["problems"]:
-        print(f"  {p['problem'][:60]:<60} {p['trials']:>6} {_fmt(p['best_us'], '.1f'):>9} "
-              f"{_fmt(p['baseline_us'], '.1f'):>12} {_fmt(p['speedup'], '.3f'):>8}")
+        print(f"  {p['problem'][:60]:<60} {p['trials']:>6} {fmt(p['best_us'], '.1f'):>9} "
+              f"{fmt(p['baseline_us'], '.1f'):>12} {fmt(p['speedup'], '.3f'):>8}")
     if m.get("breakdown"):
         print_breakdown(m["breakdown"])
 
@@ -328,9 +309,9 @@ def print_compare(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     ratio = new["configs_per_min"] / old["configs_per_min"] if old["configs_per_min"] else None
     print("== scheduled vs sequential")
     print(f"configs/min {new['configs_per_min']:.1f} vs {old['configs_per_min']:.1f} "
-          f"({_fmt(ratio, '.2f')}x); wall {new['wall_s']:.1f} vs {old['wall_s']:.1f} s; GPU busy "
+          f"({fmt(ratio, '.2f')}x); wall {new['wall_s']:.1f} vs {old['wall_s']:.1f} s; GPU busy "
           f"{new['gpu_busy']:.0%} vs {old['gpu_busy']:.0%}; first trial "
-          f"{_fmt(new['first_trial_s'], '.2f')} vs {_fmt(old['first_trial_s'], '.2f')} s")
+          f"{fmt(new['first_trial_s'], '.2f')} vs {fmt(old['first_trial_s'], '.2f')} s")
     worst = 0.0
     for a, b in zip(new["problems"], old["problems"], strict=True):
         if a["best_us"] and b["best_us"]:

@@ -52,7 +52,6 @@ from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
 from autotune.tuning.samplers.ranked import ESTIMATE_TWIN  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 # The device whose measurements the cost models' constants were fitted on.
 DEVICE = "NVIDIA H200"
 NEAR = 1.3  # "near the best": within 30% of the fastest measured
@@ -67,11 +66,15 @@ def ground_truth(paths: Iterable[str]) -> list[dict[str, Any]]:
     for path in paths:
         with _reading(path, "a ground-truth file (benchmarks/ground_truth.py)"):
             data = json.loads(Path(path).read_text())
-            times = {_key(r["config"]): recorded_us(r) for r in data["results"]
-                     if r["status"] == "ok" and r["median_us"]}
-            out.append({"source": "ground truth", "kernel": data["kernel"], "shape": data["shape"],
-                        "dtype": data["dtype"], "times": times})
+            out.append(_recorded(data))
     return out
+
+
+def _recorded(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A ground-truth problem as :func:`ground_truth` gives it."""
+    return {"source": "ground truth", "kernel": data["kernel"], "shape": data["shape"],
+            "dtype": data["dtype"], "times": {_key(r["config"]): recorded_us(r) for r in data["results"]
+                                              if r["status"] == "ok" and r["median_us"]}}
 
 
 @contextlib.contextmanager
@@ -244,10 +247,7 @@ Measured = tuple[str, Problem, list[dict[str, Any]], list[float]]
 def packaged(kernel_name: str, device: str = DEVICE) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The package's ground truth and live measurements of the kernel on ``device``, as
     :func:`ground_truth` and :func:`live` give those of files."""
-    truth = [{"source": "ground truth", "kernel": p["kernel"], "shape": p["shape"], "dtype": p["dtype"],
-              "times": {_key(r["config"]): recorded_us(r) for r in p["results"]
-                        if r["status"] == "ok" and r["median_us"]}}
-             for p in load_ground_truth(device, kernel_name)]
+    truth = [_recorded(p) for p in load_ground_truth(device, kernel_name)]
     runs = [{"source": "live", "kernel": e["kernel"], "shape": e["shape"], "dtype": e["dtype"],
              "times": {_key(c): t for c, t in e["times"]}} for e in load_live(device, kernel_name)]
     return truth, runs

@@ -37,7 +37,6 @@ import cost_model_check as check  # noqa: E402
 from autotune.space.problem import Problem  # noqa: E402
 from search_spaces import hopper_matmul  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 GRID: dict[str, list[Any]] = {
     "stage_transfer": ["none", "loaded", "full"],
     "l2_latency": [800.0, 1200.0, 1600.0, 2000.0],

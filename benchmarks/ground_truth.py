@@ -73,8 +73,8 @@ from autotune._jax_compat import jax_versions  # noqa: E402
 from autotune.engine.dispatcher import Engine  # noqa: E402
 from autotune.replay.ground_truth import (  # noqa: E402
     RETIMED,
+    find_problem,
     ground_truth_path,
-    load_ground_truth,
     recorded_us,
     save_ground_truth,
 )
@@ -242,9 +242,8 @@ def on_this_device(jobs: list[Any], device: str, args: argparse.Namespace, *,
                 raise SystemExit(f"--out auto is the folder of the GPU's device; on the {device} "
                                  "device give --out DIR")
             path = ground_truth_path(device, kernel.name)
-            previous = next((p for p in load_ground_truth(device, kernel.name)
-                             if p["shape"] == dict(problem.dims) and p["dtype"] == problem.dtype),
-                            None) if args.extend else None
+            previous = (find_problem(device, kernel.name, problem.dims, problem.dtype)
+                        if args.extend else None)
         recorded = (previous or {}).get("device")
         if gpu and recorded and recorded != device:
             raise SystemExit(f"{path}: measured on {recorded}, but this device is {device}: "

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import inspect
 import json
 import math
 import os
@@ -50,6 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 KERNEL = "hopper_matmul"
 DTYPE = "bfloat16"
@@ -203,10 +203,7 @@ def child_frame(url: str, limit: int | None) -> dict:
     from autotune.queries.best import results_frame
 
     wall, cpu = time.perf_counter(), time.process_time()
-    if limit is None or "limit" in inspect.signature(results_frame).parameters:
-        frame = results_frame(url, kernel=KERNEL, **({} if limit is None else {"limit": limit}))
-    else:  # a results_frame without ``limit`` (before issue 36): the whole frame
-        frame = results_frame(url, kernel=KERNEL).head(limit)
+    frame = results_frame(url, kernel=KERNEL, **({} if limit is None else {"limit": limit}))
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
             "rows": len(frame)}
 
@@ -268,12 +265,11 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
     the result of ``gap_s`` comes)."""
     import optuna
     import sqlalchemy as sa
-    from optuna.trial import FrozenTrial, TrialState
+    from common import add_finished, ask_run, time_asks
 
     from autotune.space.kernel import get_kernel
-    from autotune.tuning import optuna_adapter, scheduler, studies
-    from autotune.tuning.jobs import Budget, ProblemSpec
-    from autotune.tuning.sampling import OUTCOME_ATTR, distributions, valid_sampler
+    from autotune.tuning import optuna_adapter, studies
+    from autotune.tuning.sampling import distributions, valid_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     kernel = get_kernel(KERNEL)
@@ -291,18 +287,9 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
         sampler.prefetch = prefetch
         study = optuna.create_study(storage=storage, sampler=sampler, direction="minimize",
                                     study_name="history-scaling")
-        t0 = dt.datetime.now()
-        configs = [dict(c) for c in space.sample(study_trials, seed=0)]
-        study.add_trials([
-            FrozenTrial(number=i, state=TrialState.COMPLETE, value=cost(c), datetime_start=t0,
-                        datetime_complete=t0, params=c, distributions=dict(dists), user_attrs={},
-                        system_attrs={OUTCOME_ATTR: "ok"}, intermediate_values={}, trial_id=i)
-            for i, c in enumerate(configs)])
-        spec = ProblemSpec(problem, Budget(trials=study_trials + 10 * asks), sampler=sampler_name)
-        run = scheduler._Run(index=0, spec=spec, kernel=kernel, space=space, sampler=sampler,
-                             study=study, dists=dists, outside=0, best_us=None,
-                             done_before=study_trials)
-        run.refresh()
+        add_finished(study, dists, [dict(c) for c in space.sample(study_trials, seed=0)], cost)
+        run = ask_run(kernel, problem, space, sampler, study, dists, sampler_name, study_trials,
+                      asks)
         engine = optuna_adapter.study_storage(study)
         engine = getattr(getattr(engine, "_backend", engine), "engine", None)
         counts = {"statements": 0, "commits": 0}
@@ -311,18 +298,10 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
                             lambda *a: counts.__setitem__("statements", counts["statements"] + 1))
             sa.event.listen(engine, "commit",
                             lambda *a: counts.__setitem__("commits", counts["commits"] + 1))
-        wall, cpu = [], []
-        for _ in range(asks):
-            t, c = time.perf_counter(), time.thread_time()
-            asked = run.ask()
-            wall.append((time.perf_counter() - t) * 1000)
-            cpu.append((time.thread_time() - c) * 1000)
-            assert asked is not None, "the ask was refused"
-            trial, config = asked
-            studies.tell_result(study, trial, _result(rng, 100.0), duplicate=False)
-            time.sleep(gap_s)
-    wall.sort()
-    cpu.sort()
+        times = time_asks(run, asks, lambda trial, config: studies.tell_result(
+            study, trial, _result(rng, 100.0), duplicate=False), gap_s)
+    wall = sorted(w for w, _ in times)
+    cpu = sorted(c for _, c in times)
     at = min(len(wall) - 1, int(0.99 * len(wall)))
     return {"study_trials": study_trials, "asks": asks, "prefetch": prefetch,
             "wall_p50_ms": statistics.median(wall),

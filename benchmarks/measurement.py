@@ -44,10 +44,11 @@ from typing import Any  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import fmt, parse_problem  # noqa: E402
+
 from autotune.evaluation.clocks import clock_warnings, read_clocks  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth, recorded_us  # noqa: E402
-from autotune.space.kernel import get_kernel  # noqa: E402
-from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
+from autotune.replay.ground_truth import fastest_configs  # noqa: E402
+from autotune.space.problem import Config, Problem  # noqa: E402
 from autotune.tuning.confirmation import (  # noqa: E402
     analyse_rounds,
     sized_iterations,
@@ -118,35 +119,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _problems(args: argparse.Namespace) -> list[tuple[Any, Problem]]:
-    out = []
-    for text in args.problem:
-        try:
-            name, shape, dtype = text.split(":")
-        except ValueError:
-            raise SystemExit(f"--problem {text!r}: expected KERNEL:SHAPE:DTYPE such as "
-                             "hopper_matmul:m=4096,n=4096,k=4096:bfloat16") from None
-        kernel = get_kernel(name)
-        out.append((kernel, kernel.problem(parse_shape(shape), dtype)))
-    return out
-
-
-def _recorded(problem: Problem, device: str = "NVIDIA H200") -> list[Config]:
-    """Configs of the problem's recorded ground truth on ``device`` (autotune/replay/data),
-    fastest first (by their recorded time, ``recorded_us``)."""
-    for data in load_ground_truth(device, problem.kernel):
-        if data["shape"] == dict(problem.dims) and data["dtype"] == problem.dtype:
-            rows = [r for r in data["results"] if r.get("status") == "ok"]
-            rows.sort(key=recorded_us)
-            return [Config(r["config"]) for r in rows]
-    return []
-
-
 def candidates(kernel: Any, problem: Problem, args: argparse.Namespace) -> list[Config]:
     """The winner first, then the next best recorded configs and the winner's neighbours."""
     space = kernel.valid_space(problem, interpret=args.device == "interpret")
     given = dict(c.split("=", 1) for c in args.config)
-    recorded = [c for c in _recorded(problem) if space.is_valid(c)]
+    # The H200's recorded ground truth (autotune/replay/data), fastest first.
+    recorded = [Config(c) for c in fastest_configs("NVIDIA H200", problem.kernel, problem.dims,
+                                                     problem.dtype) if space.is_valid(Config(c))]
     if kernel.name in given:
         winner = Config(json.loads(given[kernel.name]))
     elif args.winner == "data" and recorded:
@@ -290,13 +269,9 @@ def independent_retime(args: argparse.Namespace, policy: str, problems: list[tup
     return out
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    problems = _problems(args)
+    problems = [parse_problem(text) for text in args.problem]
     policies = ["warm"] if args.device == "interpret" else ["cold", "warm"]
     started = time.monotonic()
     clocks_before = read_clocks(0) if args.device == "gpu" else None
@@ -330,15 +305,15 @@ def main(argv: list[str] | None = None) -> int:
         wc, ww = cold.get("winner_us"), warm.get("winner_us")
         bc, bw = cold.get("baseline_us"), warm.get("baseline_us")
         rows.append([
-            key, _fmt(wc, ".1f"), _fmt(ww, ".1f"), _fmt(wc / ww if wc and ww else None, ".3f"),
-            _fmt(bc, ".1f"), _fmt(bw, ".1f"), _fmt(bc / bw if bc and bw else None, ".3f"),
+            key, fmt(wc, ".1f"), fmt(ww, ".1f"), fmt(wc / ww if wc and ww else None, ".3f"),
+            fmt(bc, ".1f"), fmt(bw, ".1f"), fmt(bc / bw if bc and bw else None, ".3f"),
             "-" if conf.get("speedup") is None else
             f"{conf['speedup']:.4f} ±{100 * (conf.get('speedup_spread') or 0):.2f}%",
             str(conf.get("ties", "-")),
             "-" if not conf else ("winner" if conf.get("crowned_is_winner") else "other"),
-            _fmt(ind.get("speedup"), ".4f"),
+            fmt(ind.get("speedup"), ".4f"),
             "-" if agree is None else f"{100 * agree:+.2f}%",
-            _fmt(conf.get("seconds"), ".2f"),
+            fmt(conf.get("seconds"), ".2f"),
             "-" if across is None else f"{100 * across:.2f}%",
             "-" if not each or not conf.get("speedup") else
             f"{100 * (statistics.median(each) / conf['speedup'] - 1):+.2f}%",

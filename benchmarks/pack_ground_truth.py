@@ -25,20 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autotune.replay.ground_truth import DATA_DIR, load_ground_truth, save_ground_truth  # noqa: E402
-
-
-def read_problem(path: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"{path}: not a readable JSON file ({e}); give files written by "
-                         "benchmarks/ground_truth.py") from None
-    missing = [k for k in ("kernel", "shape", "dtype", "device", "results") if k not in data]
-    if not isinstance(data, dict) or missing:
-        raise SystemExit(f"{path}: not a ground-truth file (no {', '.join(missing)}); give files "
-                         "written by benchmarks/ground_truth.py")
-    return data
+from autotune.replay.ground_truth import (  # noqa: E402
+    DATA_DIR,
+    load_ground_truth,
+    read_problem_file,
+    save_ground_truth,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,7 +66,12 @@ def main(argv: list[str] | None = None) -> None:
                    for r in live(args.files) if args.kernel in (None, r["kernel"])]
         written = save_ground_truth([], root=args.root, live=entries)
     else:
-        written = save_ground_truth([read_problem(f) for f in args.files], root=args.root)
+        try:
+            problems = [read_problem_file(f, ("kernel", "shape", "dtype", "device", "results"))
+                        for f in args.files]
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        written = save_ground_truth(problems, root=args.root)
     for path in written:
         print(f"wrote {path} ({path.stat().st_size} bytes)")
 

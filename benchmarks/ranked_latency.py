@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna  # noqa: E402
 
+from autotune.replay.runner import pct  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning import optuna_adapter  # noqa: E402
@@ -90,8 +91,7 @@ def main() -> None:
         print(f"asks that refit ({len(refits)}): median {statistics.median(refits):.1f} ms, "
               f"max {max(refits):.1f} ms")
     if lookups:
-        ordered = sorted(lookups)
-        p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        p99 = pct(lookups, 0.99)
         print(f"asks without a refit ({len(lookups)}): median {statistics.median(lookups):.1f} ms, "
               f"p99 {p99:.1f} ms")
     print(f"total {total:.1f} s")

@@ -67,10 +67,6 @@ FAKE_SHAPES = {"fake_matmul": ("float32", [{"m": 64}, {"m": 128}, {"m": 192}])}
 FAKE_US = {64: (60.0, 50.0), 128: (40.0, 55.0), 192: (45.0, 45.0)}
 
 
-def median_us(samples: Sequence[float]) -> float:
-    return statistics.median(samples) * 1e6
-
-
 # ------------------------------------------------------------------------------- the fake device
 
 

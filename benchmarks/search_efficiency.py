@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 
 from autotune.errors import StorageError  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth, read_problem_file  # noqa: E402
 from autotune.replay.runner import (  # noqa: E402
     MODES,
     SAMPLERS,
@@ -77,17 +77,11 @@ def problems_from(files: Sequence[str], device: str | None = None, kernel: str |
     """The per-shape files given, else the packaged ground truth of ``device`` and ``kernel``
     (None: all), only ``names`` when given (each must exist)."""
     if files:
-        out = []
-        for p in files:
-            try:
-                data = json.loads(Path(p).read_text())
-            except (OSError, ValueError) as e:
-                raise SystemExit(f"{p}: not a readable ground-truth file ({e})") from None
-            if not isinstance(data, dict) or "results" not in data or "kernel" not in data:
-                raise SystemExit(f"{p}: not a ground-truth file (no 'kernel'/'results'); "
-                                 "give files written by benchmarks/ground_truth.py")
-            out.append({**data, "name": Path(p).name.removesuffix(".json")})
-        return out
+        try:
+            return [{**read_problem_file(p), "name": Path(p).name.removesuffix(".json")}
+                    for p in files]
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     problems = load_ground_truth(device, kernel)
     if names:
         unknown = sorted(set(names) - {p["name"] for p in problems})

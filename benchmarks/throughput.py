@@ -207,20 +207,6 @@ def sequential_child(job_path: str, out_path: str) -> int:
     return 0
 
 
-def _device_busy_s(timeline: list[Any], measured: set[int]) -> float:
-    """Seconds the GPU's lock was held for the measured configs (got the GPU -> done)."""
-    got: dict[int, float] = {}
-    busy = 0.0
-    for e in timeline:
-        if e.task_id not in measured:
-            continue
-        if e.stage == "device":
-            got[e.task_id] = e.t
-        elif e.stage == "done" and e.task_id in got:
-            busy += e.t - got.pop(e.task_id)
-    return busy
-
-
 def run_engine(
     kernel_name: str,
     problem: Any,
@@ -233,6 +219,7 @@ def run_engine(
 ) -> dict[str, Any]:
     """The engine over the configs, every worker warmed up first; the clock starts after."""
     from autotune.engine.dispatcher import Engine
+    from autotune.engine.tasks import device_busy_s
 
     started = time.perf_counter()
     with Engine(
@@ -251,7 +238,7 @@ def run_engine(
         seconds = time.perf_counter() - start
         stats = engine.stats()
         measured = {f.task_id for f in futures}  # type: ignore[attr-defined]
-        busy = _device_busy_s(engine.timeline(), measured)
+        busy = device_busy_s(engine.timeline(), measured)  # the GPU's lock held for them
         layout = (engine.workers_per_gpu, engine.compile_threads, engine.parallelism)
     return {
         "seconds": seconds,

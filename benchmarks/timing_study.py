@@ -45,16 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from common import nvml_gpu0, parse_problem  # noqa: E402
 
-
-def _nvml() -> Any:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def nvml_reading(nv: Any) -> dict[str, Any]:
@@ -87,7 +79,7 @@ def device_facts() -> dict[str, Any]:
         facts["error"] = "the CUDA driver could not be asked (no libcuda or no GPU 0)"
     else:
         facts.update(dataclasses.asdict(driver))
-    nv = _nvml()
+    nv = nvml_gpu0()
     if nv is not None:
         pynvml, h = nv
         for key, call in (
@@ -105,23 +97,9 @@ def device_facts() -> dict[str, Any]:
 
 
 def recorded_best(problem: Any, n: int, device: str = "NVIDIA H200") -> list[dict[str, Any]]:
-    from autotune.replay.ground_truth import load_ground_truth, recorded_us
+    from autotune.replay.ground_truth import fastest_configs
 
-    for data in load_ground_truth(device, problem.kernel):
-        if data["shape"] == dict(problem.shape) and data["dtype"] == problem.dtype:
-            rows = [r for r in data["results"] if r.get("median_us")]
-            rows.sort(key=recorded_us)
-            return [r["config"] for r in rows[:n]]
-    return []
-
-
-def parse_problem(text: str) -> tuple[Any, Any]:
-    from autotune.space.kernel import get_kernel
-    from autotune.space.problem import parse_shape
-
-    name, shape, dtype = text.split(":")
-    kernel = get_kernel(name)
-    return kernel, kernel.problem(parse_shape(shape), dtype)
+    return fastest_configs(device, problem.kernel, problem.shape, problem.dtype)[:n]
 
 
 def child_xla(args: argparse.Namespace) -> None:
@@ -270,7 +248,7 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
             return [sum(ms for _, ms in it) * 1000.0 for it in its]
         return select_kernel_time(its)
 
-    nv = _nvml()
+    nv = nvml_gpu0()
     rows: list[dict[str, Any]] = []
     n = args.iterations
     for r in range(args.rounds):

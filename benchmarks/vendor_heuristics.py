@@ -82,7 +82,6 @@ _WGMMA_ROWS = 64
 _CONSUMER_WARPS = 8
 _INSTR_TILE = (64, 8, 16)
 _DEFAULT_EPILOGUE = 64  # upstream TuningConfig's epi_tile_m and epi_tile_n
-_STATUS_SUCCESS = 1
 _INSTALL = "pip install nvidia-matmul-heuristics"
 
 

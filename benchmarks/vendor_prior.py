@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -48,15 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna  # noqa: E402
-from optuna.trial import TrialState  # noqa: E402
 
 from autotune.devices import profile_for_name, using_profile  # noqa: E402
 from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
-from autotune.replay.runner import Recorded, pct, trials_to  # noqa: E402
+from autotune.replay.runner import Recorded, pct, replay_study, trials_to  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
-from autotune.tuning import optuna_adapter  # noqa: E402
 from autotune.tuning.samplers.ranked import Observation  # noqa: E402
-from autotune.tuning.sampling import OUTCOME_ATTR, ExhaustedError, distributions, valid_sampler  # noqa: E402
 
 KERNEL = "hopper_matmul"
 H200 = "NVIDIA H200"
@@ -72,35 +68,13 @@ def records(device: str) -> list[Recorded]:
         return [Recorded(d) for d in load_ground_truth(device, KERNEL)]
 
 
-# ---------------------------------------------------------------------------------------------
-# One replayed study (the loop of benchmarks/search_efficiency.py, with a study's inputs given).
-
-
 def replay(rec: Recorded, seed: int, budget: int, *, seeds: Sequence[Mapping[str, Any]] = (),
            history: Sequence[Observation] = (), related: Sequence[Mapping[str, Any]] = (),
            estimate: Callable[..., float] | None = None) -> list[float]:
-    """The best recorded time after each trial of the ranked sampler, as the tuner builds it
-    (``valid_sampler("ranked", ...)``), over the recorded configs only."""
-    vs = valid_sampler("ranked", rec.bound, seed=seed, seeds=seeds, related=related,
-                       history=history, estimate=estimate if estimate is not None else rec.kernel.cost_model,
-                       ranked={"draw": rec.draw, "estimate_space": rec.full})
-    study = optuna.create_study(sampler=vs)
-    dists = distributions(rec.bound)
-    best, curve = math.inf, []
-    for _ in range(budget):
-        try:
-            trial = study.ask(dists)
-        except ExhaustedError:
-            break
-        t = rec.times[Config(trial.params).digest()]
-        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok" if t else "wrong_result")
-        if t is None:
-            study.tell(trial, state=TrialState.FAIL)
-        else:
-            study.tell(trial, t)
-            best = min(best, t)
-        curve.append(best)
-    return curve
+    """The best recorded time after each trial of the ranked sampler, as the tuner builds it,
+    over the recorded configs only (:func:`autotune.replay.runner.replay_study`)."""
+    return replay_study(rec, "ranked", seed, budget, seeds=seeds, related=related, history=history,
+                        estimate=estimate if estimate is not None else rec.kernel.cost_model).curve
 
 
 def summarise(rec: Recorded, curves: Sequence[Sequence[float]], budget: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING, Any
 
 from autotune.engine.messages import (
@@ -90,6 +91,29 @@ class StageEvent:
     t: float
     kind: str = "trial"  # the task's kind: trial, baseline, trace, retime
     problem: Problem | None = None
+
+
+def device_busy_s(timeline: Iterable[StageEvent], tasks: Container[int] | None = None) -> float:
+    """Seconds the GPUs were busy in ``timeline`` (``Engine.timeline()``): per GPU, the union of
+    the tasks' spans from ``device`` (the worker got the GPU's lock) to ``done``, summed over
+    the GPUs; only the tasks whose ids are in ``tasks`` when it is given."""
+    spans: dict[int | None, list[tuple[float, float]]] = {}
+    got: dict[int, float] = {}
+    for e in timeline:
+        if tasks is not None and e.task_id not in tasks:
+            continue
+        if e.stage == "device":
+            got[e.task_id] = e.t
+        elif e.stage == "done" and e.task_id in got:
+            spans.setdefault(e.gpu, []).append((got.pop(e.task_id), e.t))
+    total = 0.0
+    for intervals in spans.values():
+        end = float("-inf")
+        for a, b in sorted(intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+    return total
 
 
 @dataclasses.dataclass(eq=False)

@@ -18,7 +18,9 @@ record per config, ``{"config", "stage" (uniform, neighbourhood or estimated), "
 jobs that measured it (``benchmarks/cost_model_check.py`` compares the cost model with them).
 
 :func:`load_ground_truth` reads problems (each as the per-shape dict, with ``kernel`` and
-``device`` filled in); :func:`recorded_us` is the time a record stands for. No jax, no
+``device`` filled in), :func:`find_problem` one of them by shape and dtype, and
+:func:`fastest_configs` its configs fastest first; :func:`recorded_us` is the time a record
+stands for. No jax, no
 database: stdlib only.
 """
 
@@ -39,11 +41,14 @@ __all__ = [
     "FORMAT",
     "RETIMED",
     "device_slug",
+    "fastest_configs",
+    "find_problem",
     "ground_truth_path",
     "devices",
     "load_ground_truth",
     "load_live",
     "problem_name",
+    "read_problem_file",
     "recorded_us",
     "recorded_samples",
     "save_ground_truth",
@@ -111,6 +116,40 @@ def load_ground_truth(device: str | None = None, kernel: str | None = None, *,
         for problem in data["problems"]:
             out.append({"kernel": data["kernel"], "device": data["device"], **problem})
     return out
+
+
+def read_problem_file(path: str | os.PathLike[str],
+                      required: Sequence[str] = ("kernel", "shape", "dtype", "results")) -> dict[str, Any]:
+    """A per-shape ground-truth file (``benchmarks/ground_truth.py --out DIR`` writes them) as
+    its dict. ValueError naming the file when it cannot be read as JSON or lacks a ``required``
+    key."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e}); give files written by "
+                         "benchmarks/ground_truth.py") from None
+    missing = [k for k in required if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ValueError(f"{path}: not a ground-truth file (no {', '.join(missing)}); give files "
+                         "written by benchmarks/ground_truth.py")
+    return dict(data)
+
+
+def find_problem(device: str, kernel: str, shape: Mapping[str, int], dtype: str, *,
+                 root: Path = DATA_DIR) -> dict[str, Any] | None:
+    """The recorded problem of ``kernel`` at ``shape`` and ``dtype`` on ``device`` (as
+    :func:`load_ground_truth` gives it), or None when none is recorded."""
+    return next((p for p in load_ground_truth(device, kernel, root=root)
+                 if p["shape"] == dict(shape) and p["dtype"] == dtype), None)
+
+
+def fastest_configs(device: str, kernel: str, shape: Mapping[str, int], dtype: str, *,
+                    root: Path = DATA_DIR) -> list[dict[str, Any]]:
+    """The configs measured ``ok`` in that recorded problem (:func:`find_problem`), fastest
+    first by :func:`recorded_us`; empty when none is recorded."""
+    problem = find_problem(device, kernel, shape, dtype, root=root)
+    ok = [r for r in (problem or {}).get("results", ()) if r["status"] == "ok"]
+    return [dict(r["config"]) for r in sorted(ok, key=recorded_us)]
 
 
 def load_live(device: str, kernel: str, *, root: Path = DATA_DIR) -> list[dict[str, Any]]:

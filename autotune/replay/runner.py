@@ -54,6 +54,7 @@ __all__ = [
     "pct",
     "related_to",
     "replay_once",
+    "replay_study",
     "run",
     "stop_at",
     "trials_to",
@@ -218,12 +219,33 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
     related = [o.winner() for o in sorted(others, key=lambda o: shape_distance(rec.problem.dims, o.problem.dims))[:3]]
     history = [obs for o in others for obs in o.observations()]
     estimate = rec.kernel.cost_model if options.pop("estimate", True) else None
+    return replay_study(rec, name, seed, budget, seeds=seeds, local=local, related=related,
+                        history=history, options=options, estimate=estimate, evaluator=evaluator)
+
+
+def replay_study(rec: Recorded, name: str, seed: int, budget: int, *,
+                 seeds: Sequence[Mapping[str, Any]] = (), related: Sequence[Mapping[str, Any]] = (),
+                 history: Sequence[Observation] = (), local: float | None = None,
+                 options: Mapping[str, Any] | None = None,
+                 estimate: Callable[[Any, Mapping[str, Any]], float] | None = None,
+                 evaluator: ReplayEvaluator | None = None) -> Replayed:
+    """One replayed study of ``budget`` trials (fewer if the space runs out) of the sampler
+    ``name`` as the tuner builds it (:func:`~autotune.tuning.sampling.valid_sampler`), its
+    inputs given: ``seeds`` proposed first, ``related`` winners, ``history`` (stored results),
+    the ``local`` share, the sampler's ``options`` and the ``estimate`` it ranks by. Answered by
+    ``evaluator`` (default: the recorded times, no noise)."""
+    if evaluator is None:
+        evaluator = ReplayEvaluator(rec.data, seed=seed, unrecorded=rec.time if rec.family else None)
     if name == "ranked":
         # The climb on a cost model walks the whole valid set, as in a real study; only the
         # recorded configs it finds can be replayed.
-        options = {"draw": rec.draw, "estimate_space": rec.full, **options}
+        options = {"draw": rec.draw, "estimate_space": rec.full, **(options or {})}
     vs = valid_sampler(name, rec.bound, seed=seed, seeds=seeds, local=local, related=related,
                        history=history, ranked=options, estimate=estimate)
+    measured: list[tuple[float, float]] = []  # (as seen, true) per successful trial, in order
+    measured_at: list[int] = []
+    curve: list[float] = []  # the best true time so far, after each trial
+    best = math.inf
     study = optuna.create_study(sampler=vs)
     dists = distributions(rec.bound)
     for _ in range(budget):

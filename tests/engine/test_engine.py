@@ -229,6 +229,19 @@ def assert_one_at_a_time(spans):
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered)), ordered
 
 
+def test_device_busy_time_is_the_union_of_the_device_spans_per_gpu():
+    """device_busy_s: per GPU, the union of each task's span from ``device`` to ``done``
+    (overlaps counted once, a task never done not at all), summed over the GPUs; ``tasks``
+    keeps only the tasks named."""
+    E = tasks_mod.StageEvent
+    timeline = [E(1, 0, 0, "build", -5.0), E(1, 0, 0, "device", 0.0), E(2, 1, 0, "device", 1.0),
+                E(1, 0, 0, "done", 2.0), E(2, 1, 0, "done", 3.5), E(3, 2, 1, "device", 10.0),
+                E(4, 3, 1, "device", 10.5), E(3, 2, 1, "done", 11.0)]
+    assert tasks_mod.device_busy_s(timeline) == 3.5 + 1.0
+    assert tasks_mod.device_busy_s(timeline, {1, 3}) == 2.0 + 1.0
+    assert tasks_mod.device_busy_s(timeline, set()) == 0.0
+
+
 def test_a_config_goes_to_a_free_worker_that_has_worked_on_its_problem():
     """Of the equally loaded workers, the one that has run the problem takes its next config,
     and warm_problems() names the problems of the workers next in line."""

@@ -59,6 +59,42 @@ def test_recorded_us_prefers_the_median_of_the_retimed_rounds():
     assert gt.recorded_us({**plain, gt.RETIMED: []}) == 86.5  # none yet: as recorded
 
 
+def test_a_problem_is_found_by_shape_and_its_configs_come_fastest_first_per_device(tmp_path):
+    """find_problem and fastest_configs answer for one device only: the H100's best configs are
+    its own, a device or shape with nothing recorded gets none; the configs are the ok ones,
+    ordered by their recorded time (recorded_us: re-timed rounds first)."""
+    shape = {"k": 4096, "m": 4096, "n": 4096}
+    found = gt.find_problem("NVIDIA H200", "hopper_matmul", shape, "bfloat16")
+    assert found is not None and found["name"] == "hopper_matmul__k4096_m4096_n4096__bfloat16"
+    assert gt.find_problem("NVIDIA H200", "hopper_matmul", {**shape, "k": 1}, "bfloat16") is None
+    h200 = gt.fastest_configs("NVIDIA H200", "hopper_matmul", shape, "bfloat16")
+    h100 = gt.fastest_configs("NVIDIA H100 80GB HBM3", "hopper_matmul", shape, "bfloat16")
+    assert h200 == [r["config"] for r in sorted(found["results"], key=gt.recorded_us)]
+    assert len(h100) > 2 and h100[:2] != h200[:2]
+    assert gt.fastest_configs("No Such GPU", "hopper_matmul", shape, "bfloat16") == []
+    results = [{"config": {"b": 1}, "status": "ok", "median_us": 5.0},
+               {"config": {"b": 2}, "status": "compile_error", "median_us": None},
+               {"config": {"b": 3}, "status": "ok", "median_us": 9.0, gt.RETIMED: [4.0, 4.5]}]
+    gt.save_ground_truth([{"kernel": "softmax", "device": "X", "shape": {"rows": 1}, "dtype": "f",
+                           "results": results}], root=tmp_path)
+    assert gt.fastest_configs("X", "softmax", {"rows": 1}, "f", root=tmp_path) == [{"b": 3}, {"b": 1}]
+
+
+def test_a_per_shape_file_is_read_or_refused_naming_the_file_and_what_it_lacks(tmp_path):
+    """read_problem_file gives a per-shape file's dict; a file that is not JSON, or lacks a
+    required key, is refused with a ValueError naming it and the keys it lacks."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"kernel": "softmax", "shape": {}, "dtype": "float32", "results": []}))
+    assert gt.read_problem_file(good)["kernel"] == "softmax"
+    with pytest.raises(ValueError, match=r"good.json: not a ground-truth file \(no device\)"):
+        gt.read_problem_file(good, ("kernel", "device"))
+    (tmp_path / "notes.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"notes.json: not a ground-truth file \(no kernel, shape"):
+        gt.read_problem_file(tmp_path / "notes.json")
+    with pytest.raises(ValueError, match="gone.json: not a readable JSON file"):
+        gt.read_problem_file(tmp_path / "gone.json")
+
+
 def test_saving_merges_by_problem_and_writes_the_same_bytes_for_the_same_content(tmp_path):
     """A problem of the same name replaces the old one, others are kept; empty errors and the
     date are dropped; writing twice gives identical bytes (gzip without a timestamp)."""

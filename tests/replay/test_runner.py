@@ -115,6 +115,19 @@ def test_replay_of_a_small_problem_finds_its_best():
     assert all(r["0.005"][1] <= 14 for r in small)
 
 
+def test_a_study_replayed_with_its_inputs_given_proposes_the_seeds_first():
+    """replay_study takes a study's inputs as the tuner gives them: a seed is proposed first
+    (the curve starts at its recorded time), and without seeds the ranked sampler with the
+    kernel's cost model replays as replay_once does, trial for trial."""
+    rec = replay.Recorded(_problem("hopper_matmul__k4096_m4096_n4096__bfloat16"))
+    worst = max((r for r in rec.data["results"] if r["status"] == "ok"), key=recorded_us)
+    seeded = replay.replay_study(rec, "ranked", 0, 3, seeds=[worst["config"]],
+                                 estimate=rec.kernel.cost_model)
+    assert seeded.curve[0] == recorded_us(worst) and len(seeded.curve) == 3
+    plain = replay.replay_study(rec, "ranked", 1, 6, estimate=rec.kernel.cost_model)
+    assert plain.curve == replay.replay_once(rec, "ranked", 1, 6).curve
+
+
 def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     """--live: per problem, the trial index (in measuring order) of the final best and of the
     first results within 0.5% and 1% of it; ground truth stored with --store-ground-truth reads
