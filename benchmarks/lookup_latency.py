@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import os
 import platform
 import random
@@ -65,18 +66,12 @@ def _shapes(count: int, rng: random.Random) -> list[dict[str, int]]:
 
 def _configs(count: int) -> list[Config]:
     """Distinct configs of the hopper_matmul space (not all valid for every shape)."""
-    out = []
-    for tile_m in (64, 128, 192, 256):
-        for tile_n in (64, 128, 192, 256):
-            for tile_k in (32, 64, 128):
-                for steps in (2, 3, 4, 5, 6):
-                    for width in (1, 2, 4, 8, 16):
-                        for minor in ("M", "N"):
-                            out.append(Config(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
-                                              max_concurrent_steps=steps, epi_tile_m=None,
-                                              epi_tile_n=64, grid_minor_dim=minor,
-                                              grid_tile_width=width, wg_dimension="M",
-                                              cluster_dimension=None))
+    out = [Config(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, max_concurrent_steps=steps,
+                  epi_tile_m=None, epi_tile_n=64, grid_minor_dim=minor, grid_tile_width=width,
+                  wg_dimension="M", cluster_dimension=None)
+           for tile_m, tile_n, tile_k, steps, width, minor in itertools.product(
+               (64, 128, 192, 256), (64, 128, 192, 256), (32, 64, 128), (2, 3, 4, 5, 6),
+               (1, 2, 4, 8, 16), ("M", "N"))]
     if count > len(out):
         raise SystemExit(f"at most {len(out)} distinct configs; lower --trials or raise --problems.")
     return out[:count]

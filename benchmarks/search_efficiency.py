@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -66,6 +65,7 @@ from autotune.replay.runner import (  # noqa: E402
     THRESHOLDS,
     ReplayError,
     add_live_truth,
+    live_rows,
     parse_sampler,
     run,
 )
@@ -156,59 +156,6 @@ def reference(rows: Sequence[Mapping[str, Any]], problems: Sequence[Mapping[str,
             for r in rows
         },
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# Live jobs: when was the final best first reached?
-
-
-def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
-    """Per problem in ``db`` (only ``job``'s problems when given): trials measured, the index
-    (1-based, in the order measured) of the final best (the fastest single measurement), of
-    the served best (the confirmation round's winner, what ``autotune best`` answers) and of
-    the first results within 0.5% and 1% of the final best."""
-    from autotune.queries.best import best_result
-    from autotune.storage.store import Store
-
-    wanted = None
-    if job:
-        from autotune.tuning.jobs import load_job
-
-        wanted = {spec.problem for spec in load_job(job).problems}
-    out = []
-    with Store(db) as store:
-        problems = store.problems()
-        for problem in problems:
-            if wanted is not None and problem not in wanted:
-                continue
-            for device in sorted({r.device.name for r in store.trials(problem)}):
-                rows = store.trials(problem, device_name=device)
-                rows.sort(key=lambda r: (r.optuna_trial_number if r.optuna_trial_number is not None else math.inf, r.id))
-                ok = [(i, r.median_us) for i, r in enumerate(rows, 1) if r.ok and r.median_us is not None]
-                if not ok:
-                    out.append({"problem": str(problem), "device": device, "trials": len(rows),
-                                "best_us": None, "best_at": None, "served_at": None,
-                                "served_confirmed": False, "within_half_pct_at": None,
-                                "within_1pct_at": None})
-                    continue
-                best = min(t for _, t in ok)
-                # What the job serves: its confirmation round's winner (the best configs
-                # re-timed side by side, docs/measurement.md), else the fastest trial.
-                served = best_result(problem.kernel, dict(problem.dims), problem.dtype,
-                                     device=device, db=db)
-                served_at = None if served is None else min(
-                    (i for i, r in enumerate(rows, 1) if r.ok and dict(r.config) == served.config),
-                    default=None)
-                out.append({
-                    "problem": str(problem), "device": device, "trials": len(rows),
-                    "best_us": best,
-                    "best_at": min(i for i, t in ok if t == best),
-                    "served_at": served_at,
-                    "served_confirmed": served is not None and served.confirmed,
-                    "within_half_pct_at": min(i for i, t in ok if t <= best * 1.005),
-                    "within_1pct_at": min(i for i, t in ok if t <= best * 1.01),
-                })
-    return out
 
 
 def print_live(rows: Sequence[Mapping[str, Any]]) -> None:

@@ -123,3 +123,20 @@ def test_results_states_each_claim_with_its_command_and_stays_short():
         assert "Claim:" in body and "```\n" in body, f"§{number} needs its claim and command"
     assert not re.search(r"\b[Ss]ession \d|\bAgain on\b|\b20\d\d-\d\d-\d\d\b", text)
     assert len(text.splitlines()) < 500
+
+
+SCRIPTS_LIMIT = 300_000  # bytes: "benchmarks/ under 300 KB of scripts"
+
+
+def test_the_benchmark_scripts_stay_under_300_kb():
+    """benchmarks/ holds scripts, not a lab notebook: its .py and .sh files together stay under
+    300 KB (300,000 bytes). Code two scripts share lives once (the package, or
+    benchmarks/common.py); notes go to docs/, results to RESULTS.md."""
+    scripts = sorted((p for p in (REPO / "benchmarks").iterdir() if p.suffix in (".py", ".sh")),
+                     key=lambda p: -p.stat().st_size)
+    size = sum(p.stat().st_size for p in scripts)
+    largest = ", ".join(f"{p.name} {p.stat().st_size:,}" for p in scripts[:3])
+    assert size < SCRIPTS_LIMIT, (
+        f"benchmarks/ scripts (.py, .sh) total {size:,} bytes; the rule is under "
+        f"{SCRIPTS_LIMIT:,} bytes (300 KB): put shared code in one place (the package or "
+        f"benchmarks/common.py) and remove what nothing cites. Largest: {largest}")

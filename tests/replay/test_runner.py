@@ -23,7 +23,6 @@ from autotune.replay import runner as replay
 from autotune.replay.ground_truth import load_ground_truth, recorded_us
 from autotune.replay.store import store_ground_truth
 from autotune.tuning.samplers.ranked import model_backend
-from tests.benchmark_scripts import load
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = json.loads((HERE / "replay_reference.json").read_text())
@@ -136,12 +135,11 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     from autotune.space.problem import Problem
     from autotune.storage.store import Store
 
-    cli = load("search_efficiency")
     url = f"sqlite:///{tmp_path}/live.db"
     assert store_ground_truth(url, [_problem(SMALL)]) == 14
     assert store_ground_truth(url, [_problem(SMALL)]) == 0  # stored once
     rec = replay.Recorded(_problem(SMALL))
-    (row,) = cli.live_rows(url)
+    (row,) = replay.live_rows(url)
     assert row["trials"] == 14 and row["best_us"] == pytest.approx(rec.best)
     order = [recorded_us(r) for r in rec.data["results"]]
     assert row["best_at"] == order.index(min(order)) + 1
@@ -154,7 +152,7 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
             store.record_trial(Problem("hopper_attention", {**problem.dims, "batch": 2}, problem.dtype),
                                config, TrialResult.timed([t], compile_s=1.0, rel_error=0.0, timing="cupti"),
                                device=device, software={}, optuna_trial_number=number)
-    live = {r["problem"]: r for r in cli.live_rows(url)}
+    live = {r["problem"]: r for r in replay.live_rows(url)}
     new = next(r for p, r in live.items() if "batch=2" in p)
     assert (new["trials"], new["best_at"], new["within_half_pct_at"], new["within_1pct_at"]) == (4, 3, 3, 2)
     assert (new["served_at"], new["served_confirmed"]) == (3, False)  # no round: the fastest
@@ -168,7 +166,6 @@ def test_live_reader_reports_when_the_served_best_was_first_measured(tmp_path):
     from autotune.storage.store import Store
     from autotune.tuning.confirmation import Candidate, analyse_confirmation
 
-    cli = load("search_efficiency")
     url = f"sqlite:///{tmp_path}/live.db"
     rec = replay.Recorded(_problem(SMALL))
     problem = Problem("hopper_attention", {**rec.problem.dims, "batch": 2}, rec.problem.dtype)
@@ -186,7 +183,7 @@ def test_live_reader_reports_when_the_served_best_was_first_measured(tmp_path):
             ((150.0, 150.0), (150.0, 150.0)), default_config=None)
         store.record_confirmation(problem, confirmation, trial_ids=[ids[2], ids[1]], device=device,
                                   software={}, cache="warm", iterations=2, baseline_name=None)
-    (row,) = cli.live_rows(url)
+    (row,) = replay.live_rows(url)
     assert (row["best_at"], row["served_at"], row["served_confirmed"]) == (3, 2, True)
 
 
@@ -229,7 +226,7 @@ def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp
     assert observed[Config(best["config"]).digest()] == statistics.median(best["retimed_us"])
     url = f"sqlite:///{tmp_path}/warm.db"
     store_ground_truth(url, [data])
-    (row,) = load("search_efficiency").live_rows(url)
+    (row,) = replay.live_rows(url)
     assert row["best_us"] == pytest.approx(second["median_us"])
 
 
