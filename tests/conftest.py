@@ -220,3 +220,19 @@ def on_profile(monkeypatch: pytest.MonkeyPatch) -> Any:
         return devices.current_device()
 
     return use
+
+
+@pytest.fixture(autouse=True)
+def _no_background_import_in_flight() -> Iterator[None]:
+    """A test starts once the ranked sampler's background import of scikit-learn (the daemon
+    thread ``autotune-sklearn-import``, started by an earlier test) has finished: that import
+    builds ASTs (``inspect.signature`` of builtins), and on CPython 3.11 an ``ast.parse`` on
+    another thread meanwhile can fail with "SystemError: AST constructor recursion depth
+    mismatch" (python/cpython#106905; tests/test_docs.py and tests/test_architecture.py
+    parse)."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == "autotune-sklearn-import":
+            thread.join(120)
+    yield
