@@ -40,3 +40,16 @@ def test_runtime_choice_runs_the_whole_experiment_on_the_fake_device(tmp_path, c
     assert module.main(["--out", str(out), "--device", "fake", "--reps", "5"]) == 0
     again = json.loads((out / "runtime_choice.json").read_text())
     assert [r["verdict"] for r in again["rows"]] == ["baseline", "kernel", "tie"]
+
+
+@pytest.mark.extended
+def test_tune_missing_benchmark_stores_in_one_process_and_serves_in_the_next(tmp_path):
+    """benchmarks/tune_missing.py in GPU interpret mode (2 trials, ~30 s): the first process's
+    first call tunes the shape and stores it; the next process serves it, tuning nothing."""
+    module = benchmark_scripts.load("tune_missing")
+    assert module.main(["--out", str(tmp_path), "--device", "interpret"]) == 0
+    figures = json.loads((tmp_path / "tune_missing.json").read_text())
+    first, nxt = figures["runs"]
+    assert first["trials_before"] == 0 and first["trials_after"] == 2
+    assert nxt["trials_after"] == nxt["trials_before"] == 2 and nxt["source"] == "exact"
+    assert figures["next_tuned_nothing"] is True
