@@ -430,6 +430,7 @@ def tuned(
     prefer: str = "fastest",
     tune_missing: bool | str | int = False,
     block: bool = False,
+    cache: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorates ``fn(*arrays, config=None, **kw)`` so that a call without ``config`` runs
     with the best stored config of its shape (:func:`autotune.queries.lookup.tuned`: the
@@ -448,6 +449,10 @@ def tuned(
     else the kernel's default config); the first call after the results are stored uses them.
     ``True``: the first call waits until the shape is tuned, then runs with its best config
     (as ``triton.autotune`` and tune-jax do on the first call of a shape).
+
+    ``cache``: ``"cold"``, ``"warm"`` or None: which timings answer (config and verdict;
+    :func:`autotune.queries.lookup.tuned`); a shape with none of that policy stored counts as
+    missing, and ``tune_missing`` tunes it under that policy (None: the job's ``auto``).
 
     Under ``jax.jit`` the lookup runs while the function is traced (shapes are static there);
     no tuning happens in the trace itself: it runs in the engine's worker processes, and the
@@ -478,19 +483,20 @@ def tuned(
     budget = _budget(tune_missing)
     if not isinstance(block, bool):
         raise JobError(f"tuned(block=...) must be True or False, but got {block!r}.")
-    hook = None if budget is None else _MissingShapes(budget, db=db, device=device, block=block)
+    hook = None if budget is None else _MissingShapes(budget, db=db, device=device, block=block,
+                                                      cache=cache)
     return lookup.tuned(kernel, default=default, db=db, device=device, table=table,
                         strict=strict, timeout_s=timeout_s, baseline=baseline, prefer=prefer,
-                        on_missing=hook)
+                        on_missing=hook, cache=cache)
 
 
 class _Tuning:
     """One missing problem being tuned (or waited for) by this process, on its own thread."""
 
     def __init__(self, kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, budget: _Budget,
-                 db: str | None, device: str | None) -> None:
+                 db: str | None, device: str | None, cache: str | None = None) -> None:
         self.kernel, self.shape, self.dtype = kernel, dict(shape), dtype
-        self.budget, self.db, self.device = budget, db, device
+        self.budget, self.db, self.device, self.cache = budget, db, device, cache
         self.done = threading.Event()
         self.tuned_here = False  # whether this process ran the tuning (won the claim)
         self.thread = threading.Thread(target=self._run, name="autotune-tune-missing",
@@ -501,7 +507,7 @@ class _Tuning:
 
         # By the name its results are stored under (a Kernel object would be resolved again).
         return lookup.stored_here(self.kernel.name, self.shape, self.dtype, db=self.db,
-                                  device=self.device)
+                                  device=self.device, cache=self.cache)
 
     def _run(self) -> None:
         problem = self.kernel.problem(self.shape, self.dtype)
@@ -540,11 +546,11 @@ class _Tuning:
         self.tuned_here = True
         tune(name, [self.shape], dtype=self.dtype, trials=self.budget.trials, seconds=None,
              patience=self.budget.patience, db=self.db, allow_import=":" in name,
-             progress=False)
+             progress=False, cache=self.cache)
 
 
 # Every problem this process tunes or waits for: (database, problem key) -> its tuning.
-_TUNINGS: dict[tuple[str, str], _Tuning] = {}
+_TUNINGS: dict[tuple[str, str, str | None], _Tuning] = {}
 _TUNINGS_LOCK = threading.Lock()
 
 
@@ -553,19 +559,22 @@ class _MissingShapes:
     per missing problem (shared by every decorator of the process on that database)."""
 
     def __init__(self, budget: _Budget, *, db: str | None, device: str | None,
-                 block: bool) -> None:
+                 block: bool, cache: str | None = None) -> None:
         self.budget, self.db, self.device, self.block = budget, db, device, block
+        self.cache = cache
 
     def __call__(self, kernel: Kernel, shape: Mapping[str, Any], dtype: str) -> str:
         from autotune.storage.urls import resolve_url
 
         problem = kernel.problem(shape, dtype)
-        key = (resolve_url(self.db).render_as_string(hide_password=False), problem.key())
+        key = (resolve_url(self.db).render_as_string(hide_password=False), problem.key(),
+               self.cache)
         with _TUNINGS_LOCK:
             tuning = _TUNINGS.get(key)
             if tuning is None:
                 tuning = _TUNINGS[key] = _Tuning(kernel, shape, dtype, budget=self.budget,
-                                                 db=self.db, device=self.device)
+                                                 db=self.db, device=self.device,
+                                                 cache=self.cache)
                 tuning.thread.start()
         if self.block:
             tuning.done.wait()

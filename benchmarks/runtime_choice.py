@@ -1,30 +1,36 @@
 """Run-time choice (issue 35): a program calling ``@autotune.tuned(..., baseline=...)`` against
-the faster of the kernel and its baseline, per shape, timed in one run.
+the faster of the kernel and its baseline, per shape and cache regime, timed in one run.
 
     python3 benchmarks/runtime_choice.py --out results/runtime_choice               # a GPU: all of it
     python3 benchmarks/runtime_choice.py --out OUT --db sqlite:///results/autotune.db --no-tune
     python3 benchmarks/runtime_choice.py --out OUT --device interpret               # CPU, tiny shapes
     python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
 
-One command does the whole experiment: it tunes the shapes that have nothing stored (a small
-budget: ``--trials``, default the quick effort's 16, with the job's confirmation round, which
-decides the choice; ``--no-tune`` reads ``--db`` as it is), then for every shape times, in one
-loop that takes them in turn on fresh random inputs each time, the decorated call
-(``autotune.tuned(kernel, baseline=<the kernel's own baseline>)``, called eagerly, so that
-every call pays the decorator; and the same under ``jax.jit``, where the lookup runs once at
-trace time), the kernel at the stored best config, and the baseline, and reports the median
-of ``--reps`` calls of each: the
-decorated call's time over the faster of the two (goal: within 0.5%, issue 35), and which
-implementation the decorator chose. The table (Markdown) and the figures (JSON) go to
-``--out`` (``runtime_choice.md``, ``runtime_choice.json``) with the device's name.
+One command does the whole experiment. It tunes the shapes that have nothing stored under each
+timing policy (``--regimes``, on a GPU ``cold`` and ``warm``; a small budget: ``--trials``,
+default the quick effort's 16, with the job's confirmation round, which decides the choice;
+``--no-tune`` reads ``--db`` as it is). Then, per regime and shape, it times what a program
+sees: ``--batch`` calls back to back, dispatched asynchronously as a program dispatches them,
+one wait for the last, the batch's time over its calls; batches of each function in turn,
+rotating the order, ``--reps`` calls of each in all, the median batch. The program's regime
+is the policy's: ``warm`` calls again on the same inputs (what stays in L2 stays), ``cold``
+rotates over enough fresh input sets (more than twice the L2 in all) that no call finds its
+inputs in L2. The functions: the decorated call routed by that regime's timings
+(``autotune.tuned(kernel, baseline=<the kernel's own>, cache=regime)``, called eagerly, so
+that every call pays the decorator), the same under ``jax.jit`` (the lookup runs once at
+trace time), the same routed by the other regime's timings, the kernel at the regime's stored
+best config, and the baseline. Reported: the decorated call over the faster of kernel and
+baseline (goal: within 0.5%, issue 35) and what ran. The table (Markdown) and the figures
+(JSON) go to ``--out`` (``runtime_choice.md``, ``runtime_choice.json``) with the device's name.
 
 Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
 (hopper_matmul at small shapes in GPU interpret mode on a CPU, each of 2 output tiles or more:
 one-tile outputs crash XLA's CPU compiler, benchmarks/interpret_crash_sweep.py; attention
-cannot run interpreted; interpret-mode timings are a functional run, not a GPU's); ``fake`` (no jax: two stand-in functions that busy-wait for shape-dependent
-times play kernel and baseline, and their confirmation is measured and stored the way the
-tuner's confirmation round stores it, so that the decorator's routing and this script's
-plumbing are exercised in seconds; its figures are not a GPU's).
+cannot run interpreted; interpret-mode timings are a functional run, not a GPU's; warm only);
+``fake`` (no jax: two stand-in functions that busy-wait for shape-dependent times play kernel
+and baseline, and their confirmation is measured and stored the way the tuner's confirmation
+round stores it, so that the decorator's routing and this script's plumbing are exercised in
+seconds; its figures are not a GPU's; warm only).
 """
 
 from __future__ import annotations
@@ -189,22 +195,49 @@ def _calling(kernel_at: Callable[[Any], Callable[..., Any]]) -> Callable[..., An
     return call
 
 
-def _time(fns: Mapping[str, Callable[..., Any]], inputs: Callable[[int], tuple[Any, ...]],
-          reps: int, sets: int) -> dict[str, float]:
-    """Median seconds per call of each function: all of them in turn, rotating the order, on
-    a fresh input set each round (``sets`` sets made up front, so making them is not timed)."""
-    made = [inputs(i) for i in range(sets)]
+def _input_sets(inputs: Callable[[int], tuple[Any, ...]], regime: str, minimum: int) -> list[tuple[Any, ...]]:
+    """The input sets a regime's calls rotate over (made up front, so making them is not
+    timed): ``warm``, ``minimum`` sets, one per batch; ``cold``, enough that the sets hold more
+    than twice the GPU's L2, so a call never finds its inputs there."""
+    first = inputs(0)
+    count = minimum
+    if regime == "cold":
+        from autotune.devices import current_device
+
+        l2 = current_device().l2_bytes
+        size = sum(int(getattr(a, "nbytes", 0)) for a in first)
+        count = max(minimum, 2, -(-2 * l2 // max(size, 1)) + 1)
+    return [first] + [inputs(i) for i in range(1, count)]
+
+
+def _time(fns: Mapping[str, Callable[..., Any]], sets: Sequence[tuple[Any, ...]], regime: str,
+          reps: int, batch: int) -> dict[str, float]:
+    """Median seconds per call of each function, as a program sees it: ``batch`` calls back to
+    back (dispatched asynchronously, one wait for the last), the batch's time over its calls;
+    the functions' batches in turn, rotating the order, until each made ``reps`` calls.
+    ``warm``: a batch calls on one input set (the next set each batch); ``cold``: each call
+    takes the next set (see :func:`_input_sets`)."""
     for fn in fns.values():  # compile and warm
-        _ready(fn(*made[0]))
+        _ready(fn(*sets[0]))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
-    for r in range(reps):
-        args = made[r % sets]
+    rounds = max(1, -(-reps // batch))
+    for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
+            fn = fns[name]
+            if regime == "warm":
+                args = [sets[r % len(sets)]] * batch
+                _ready(fn(*args[0]))  # the set in L2, as the program's previous call left it
+            else:
+                args = [sets[(r + i) % len(sets)] for i in range(batch)]
+                _ready(fn(*sets[(r - 1) % len(sets)]))
             start = time.perf_counter()
-            _ready(fns[name](*args))
-            samples[name].append(time.perf_counter() - start)
+            out = None
+            for a in args:
+                out = fn(*a)
+            _ready(out)
+            samples[name].append((time.perf_counter() - start) / batch)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -214,6 +247,18 @@ def _ready(out: Any) -> Any:
     return out
 
 
+def _tune_missing(args: argparse.Namespace, shapes: Mapping[str, Any], db: str) -> None:
+    for regime in args.regimes:
+        for name, (dtype, todo) in shapes.items():
+            missing = [s for s in todo
+                       if not lookup.stored_here(name, s, dtype, db=db, cache=regime)]
+            if missing:
+                print(f"tuning {name} at {len(missing)} shape(s), {args.trials} trials each, "
+                      f"cache={regime}", file=sys.stderr)
+                autotune.tune(name, missing, dtype=dtype, trials=args.trials, db=db,
+                              device=args.device, progress=False, cache=regime)
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     shapes = {"gpu": GPU_SHAPES, "interpret": INTERPRET_SHAPES, "fake": FAKE_SHAPES}[args.device]
     db = args.db or f"sqlite:///{Path(args.out).resolve()}/runtime_choice.db"
@@ -221,47 +266,59 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for dtype, todo in shapes.values():
             _fake_store(db, dtype, todo, args.reps)
     elif not args.no_tune:
-        for name, (dtype, todo) in shapes.items():
-            missing = [s for s in todo if not lookup.stored_here(name, s, dtype, db=db)]
-            if missing:
-                print(f"tuning {name} at {len(missing)} shape(s), {args.trials} trials each",
-                      file=sys.stderr)
-                autotune.tune(name, missing, dtype=dtype, trials=args.trials, db=db,
-                              device=args.device, progress=False)
+        _tune_missing(args, shapes, db)
     rows = []
-    for name, (dtype, todo) in shapes.items():
-        kernel = _fake_kernel() if args.device == "fake" else autotune.get_kernel(name)
-        for shape in todo:
-            problem = kernel.problem(shape, dtype)
-            kernel_at, baseline, inputs = _implementations(name, problem, args.device, args.seed)
-            choice = lookup.lookup_choice(name, shape, dtype, db=db)
-            best = kernel_at(choice.config)
+    for regime in args.regimes:
+        other = next((r for r in args.regimes if r != regime), None)
+        for name, (dtype, todo) in shapes.items():
+            kernel = _fake_kernel() if args.device == "fake" else autotune.get_kernel(name)
+            for shape in todo:
+                problem = kernel.problem(shape, dtype)
+                kernel_at, baseline, inputs = _implementations(name, problem, args.device,
+                                                               args.seed)
+                choice = lookup.lookup_choice(name, shape, dtype, db=db, cache=regime)
+                call = _calling(kernel_at)
+                fns = {"decorated": autotune.tuned(name, db=db, baseline=baseline,
+                                                   cache=regime)(call),
+                       "kernel": kernel_at(choice.config), "baseline": baseline}
+                if other is not None:
+                    fns["decorated_other"] = autotune.tuned(name, db=db, baseline=baseline,
+                                                            cache=other)(call)
+                if args.device != "fake":
+                    import jax
 
-            decorated = autotune.tuned(name, db=db, baseline=baseline)(_calling(kernel_at))
-
-            fns = {"decorated": decorated, "kernel": best, "baseline": baseline}
-            if args.device != "fake":
-                import jax
-
-                # Inside a jitted program the lookup runs once, at trace time.
-                fns["decorated_jit"] = jax.jit(decorated)
-            times = _time(fns, inputs, args.reps, args.input_sets)
-            faster = min(times["kernel"], times["baseline"])
-            ratio = times["decorated"] / faster
-            rows.append({
-                "kernel": name, "shape": dict(shape), "dtype": dtype,
-                "decorated_us": times["decorated"] * 1e6, "kernel_us": times["kernel"] * 1e6,
-                "baseline_us": times["baseline"] * 1e6, "ratio_to_faster": ratio,
-                "chosen": "baseline" if choice.faster == "baseline" else "kernel",
-                "verdict": choice.faster, "source": choice.source,
-                "config": None if choice.config is None else dict(choice.config),
-                "within_goal": ratio <= GOAL,
-                "decorated_jit_us": times["decorated_jit"] * 1e6 if "decorated_jit" in times
-                else None,
-                "jit_ratio_to_faster": times["decorated_jit"] / faster if "decorated_jit" in times
-                else None,
-            })
+                    # Inside a jitted program the lookup runs once, at trace time.
+                    fns["decorated_jit"] = jax.jit(fns["decorated"])
+                sets = _input_sets(inputs, regime, args.input_sets)
+                times = _time(fns, sets, regime, args.reps, args.batch)
+                faster = min(times["kernel"], times["baseline"])
+                ratio = times["decorated"] / faster
+                rows.append({
+                    "regime": regime, "kernel": name, "shape": dict(shape), "dtype": dtype,
+                    "input_sets": len(sets),
+                    "decorated_us": times["decorated"] * 1e6, "kernel_us": times["kernel"] * 1e6,
+                    "baseline_us": times["baseline"] * 1e6, "ratio_to_faster": ratio,
+                    "chosen": "baseline" if choice.faster == "baseline" else "kernel",
+                    "verdict": choice.faster, "source": choice.source,
+                    "config": None if choice.config is None else dict(choice.config),
+                    "within_goal": ratio <= GOAL,
+                    "decorated_jit_us": _us(times.get("decorated_jit")),
+                    "jit_ratio_to_faster": _ratio(times.get("decorated_jit"), faster),
+                    "other_regime": other,
+                    "other_verdict": None if other is None else lookup.lookup_choice(
+                        name, shape, dtype, db=db, cache=other).faster,
+                    "decorated_other_us": _us(times.get("decorated_other")),
+                    "other_ratio_to_faster": _ratio(times.get("decorated_other"), faster),
+                })
     return rows
+
+
+def _us(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e6
+
+
+def _ratio(seconds: float | None, faster: float) -> float | None:
+    return None if seconds is None else seconds / faster
 
 
 def device_name(device: str) -> str:
@@ -273,23 +330,29 @@ def device_name(device: str) -> str:
     return f"{d.device_kind} ({d.platform}{', GPU interpret mode' if device == 'interpret' else ''})"
 
 
-def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int) -> str:
+def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int, batch: int) -> str:
     lines = [
-        f"device: {device}; {reps} calls of each, median, in one run, fresh inputs per round",
+        f"device: {device}; {reps} calls of each in batches of {batch} back to back, median "
+        "batch, in one run, fresh random inputs",
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "",
-        "| kernel | shape | dtype | decorated (us) | kernel (us) | baseline (us) | decorated / "
-        "faster | ran | stored verdict | within 0.5% | decorated under jit / faster |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| regime | kernel | shape | dtype | decorated (us) | kernel (us) | baseline (us) | "
+        "decorated / faster | ran | stored verdict | within 0.5% | under jit / faster | "
+        "routed by the other regime / faster |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
+        other = "-" if r["other_ratio_to_faster"] is None else \
+            f"{r['other_ratio_to_faster']:.4f} ({r['other_verdict']})"
         lines.append(
-            f"| {r['kernel']} | {shape} | {r['dtype']} | {r['decorated_us']:.1f} | "
+            f"| {r['regime']} | {r['kernel']} | {shape} | {r['dtype']} | "
+            f"{r['decorated_us']:.1f} | "
             f"{r['kernel_us']:.1f} | {r['baseline_us']:.1f} | {r['ratio_to_faster']:.4f} | "
             f"{r['chosen']} | {r['verdict']} ({r['source']}) | "
             f"{'yes' if r['within_goal'] else 'NO'} | "
-            f"{'-' if r['jit_ratio_to_faster'] is None else format(r['jit_ratio_to_faster'], '.4f')} |")
+            f"{'-' if r['jit_ratio_to_faster'] is None else format(r['jit_ratio_to_faster'], '.4f')}"
+            f" | {other} |")
     return "\n".join(lines) + "\n"
 
 
@@ -301,19 +364,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", choices=("gpu", "interpret", "fake"), default="gpu")
     p.add_argument("--no-tune", action="store_true", help="read --db as it is; tune nothing")
     p.add_argument("--trials", type=int, default=16, help="trials per missing shape (16: quick)")
-    p.add_argument("--reps", type=int, default=200, help="timed calls of each, per shape")
-    p.add_argument("--input-sets", type=int, default=4, help="fresh random input sets, rotated")
+    p.add_argument("--reps", type=int, default=400, help="timed calls of each, per shape")
+    p.add_argument("--batch", type=int, default=20, help="calls back to back per timed batch")
+    p.add_argument("--input-sets", type=int, default=4, help="fresh random input sets, rotated "
+                   "(cold: at least enough to hold twice the L2)")
+    p.add_argument("--regimes", default=None, help="timing policies, comma-separated "
+                   "(default: cold,warm on a GPU, warm elsewhere)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.trials < 1 or args.reps < 1 or args.input_sets < 1:
-        p.error("--trials, --reps and --input-sets must be 1 or more")
+    if args.trials < 1 or args.reps < 1 or args.input_sets < 1 or args.batch < 1:
+        p.error("--trials, --reps, --batch and --input-sets must be 1 or more")
+    regimes = (args.regimes or ("cold,warm" if args.device == "gpu" else "warm")).split(",")
+    if any(r not in ("cold", "warm") for r in regimes) or len(set(regimes)) != len(regimes):
+        p.error(f"--regimes takes cold and/or warm, comma-separated, but got {args.regimes!r}")
+    if "cold" in regimes and args.device != "gpu":
+        p.error("--regimes cold needs --device gpu (there is no L2 to miss elsewhere)")
+    args.regimes = tuple(regimes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run(args)
-    text = table(rows, device_name(args.device), args.reps)
+    text = table(rows, device_name(args.device), args.reps, args.batch)
     (out / "runtime_choice.md").write_text(text)
     (out / "runtime_choice.json").write_text(json.dumps(
-        {"device": device_name(args.device), "reps": args.reps, "rows": rows}, indent=1) + "\n")
+        {"device": device_name(args.device), "reps": args.reps, "batch": args.batch,
+         "rows": rows}, indent=1) + "\n")
     print(text, end="")
     print(f"written: {out / 'runtime_choice.md'}, {out / 'runtime_choice.json'}")
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests import benchmark_scripts
 
 
@@ -18,7 +20,7 @@ def test_runtime_choice_runs_the_whole_experiment_on_the_fake_device(tmp_path, c
     module = benchmark_scripts.load("runtime_choice")
     out = tmp_path / "out"
     lookup.clear_cache()
-    assert module.main(["--out", str(out), "--device", "fake", "--reps", "20"]) == 0
+    assert module.main(["--out", str(out), "--device", "fake", "--reps", "60", "--batch", "5"]) == 0
     figures = json.loads((out / "runtime_choice.json").read_text())
     assert figures["device"].startswith("fake device")
     rows = {r["shape"]["m"]: r for r in figures["rows"]}
@@ -26,7 +28,8 @@ def test_runtime_choice_runs_the_whole_experiment_on_the_fake_device(tmp_path, c
     assert [rows[m]["chosen"] for m in (64, 128, 192)] == ["baseline", "kernel", "kernel"]
     for r in rows.values():
         assert r["decorated_us"] > 0 and r["kernel_us"] > 0 and r["baseline_us"] > 0
-        assert r["ratio_to_faster"] == r["decorated_us"] / min(r["kernel_us"], r["baseline_us"])
+        assert r["ratio_to_faster"] == pytest.approx(
+            r["decorated_us"] / min(r["kernel_us"], r["baseline_us"]), rel=1e-9)
     # The routed call costs what the implementation it runs costs, not the slower one: at
     # m=64 the kernel's stand-in spins 60 us and the baseline's 50 us.
     assert rows[64]["decorated_us"] < rows[64]["kernel_us"]
@@ -37,3 +40,16 @@ def test_runtime_choice_runs_the_whole_experiment_on_the_fake_device(tmp_path, c
     assert module.main(["--out", str(out), "--device", "fake", "--reps", "5"]) == 0
     again = json.loads((out / "runtime_choice.json").read_text())
     assert [r["verdict"] for r in again["rows"]] == ["baseline", "kernel", "tie"]
+
+
+@pytest.mark.extended
+def test_tune_missing_benchmark_stores_in_one_process_and_serves_in_the_next(tmp_path):
+    """benchmarks/tune_missing.py in GPU interpret mode (2 trials, ~30 s): the first process's
+    first call tunes the shape and stores it; the next process serves it, tuning nothing."""
+    module = benchmark_scripts.load("tune_missing")
+    assert module.main(["--out", str(tmp_path), "--device", "interpret"]) == 0
+    figures = json.loads((tmp_path / "tune_missing.json").read_text())
+    first, nxt = figures["runs"]
+    assert first["trials_before"] == 0 and first["trials_after"] == 2
+    assert nxt["trials_after"] == nxt["trials_before"] == 2 and nxt["source"] == "exact"
+    assert figures["next_tuned_nothing"] is True

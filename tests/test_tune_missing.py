@@ -39,8 +39,9 @@ class SlowEngine:
 
     parallelism = 2
 
-    def __init__(self, delay_s: float = 0.0, gate: threading.Event | None = None) -> None:
-        self.delay_s, self.gate = delay_s, gate
+    def __init__(self, delay_s: float = 0.0, gate: threading.Event | None = None,
+                 cache_policy: str = "warm") -> None:
+        self.delay_s, self.gate, self.cache_policy = delay_s, gate, cache_policy
 
     def device_info(self):
         return DeviceInfo(name="Fake H200", kind="gpu", compute_capability="9.0")
@@ -68,7 +69,8 @@ def use_fake_engine(opened: list, monkeypatch=None, **engine_kw) -> None:
     @contextmanager
     def fake_open_engine(device="auto", **kwargs):
         opened.append(device)
-        yield SlowEngine(**engine_kw)
+        # Times with the policy asked for, as the real engine does (cold: an L2 flush).
+        yield SlowEngine(cache_policy=kwargs.get("cache") or "warm", **engine_kw)
 
     if monkeypatch is None:
         api.open_engine = fake_open_engine  # type: ignore[assignment]
@@ -287,3 +289,21 @@ def test_a_background_tuning_never_runs_twice_in_a_process(fresh):
     assert got == autotune.best_config("runtime_toy", {"m": 512}, "float32", db=fresh.db)
 
 
+
+
+def test_tune_missing_tunes_under_the_cache_policy_it_serves(fresh):
+    """tuned(cache="warm", tune_missing=...) tunes a missing shape with warm timings and serves
+    them; a decorator asking for cold results finds none of that policy stored, so it counts
+    the shape as missing and tunes it again, under cold; each then serves its own policy's."""
+    fresh.engine()
+    warm = autotune.tuned("runtime_toy", db=fresh.db, tune_missing=4, block=True,
+                          cache="warm")(body)
+    assert warm(_array(512)) != DEFAULT and len(fresh.opened) == 1
+    assert lookup.stored_here("runtime_toy", {"m": 512}, "float32", db=fresh.db, cache="warm")
+    assert not lookup.stored_here("runtime_toy", {"m": 512}, "float32", db=fresh.db,
+                                  cache="cold")
+    cold = autotune.tuned("runtime_toy", db=fresh.db, tune_missing=4, block=True,
+                          cache="cold")(body)
+    assert cold(_array(512)) != DEFAULT and len(fresh.opened) == 2
+    with Store(fresh.db) as store:
+        assert sorted(s.cache_policy for s in store.summaries()) == ["cold", "warm"]

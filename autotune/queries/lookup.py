@@ -70,7 +70,7 @@ from autotune.devices import current_device
 from autotune.errors import JobError, StorageError
 from autotune.queries import best as queries
 from autotune.space.kernel import Kernel, get_kernel, resolve_kernel
-from autotune.space.outcomes import DeviceKind
+from autotune.space.outcomes import CACHE_POLICIES, DeviceKind
 from autotune.space.problem import Config, Problem
 from autotune.storage.store import failure_reason
 from autotune.storage.urls import display_url, mask_text, read_timeout_s, resolve_url
@@ -169,6 +169,7 @@ def lookup_config(
     table: Any = None,
     strict: bool = False,
     timeout_s: float | None = None,
+    cache: str | None = None,
 ) -> tuple[Config | None, str]:
     """The config to run ``kernel`` with on ``shape``/``dtype``, and where it came from
     (``"exact"``, ``"nearest"``, ``"table"`` or ``"default"``). Cached; never tunes.
@@ -181,7 +182,7 @@ def lookup_config(
       StorageError: ``strict=True`` and the database cannot answer (the reason is named).
     """
     choice = lookup_choice(kernel, shape, dtype, default=default, db=db, device=device,
-                           table=table, strict=strict, timeout_s=timeout_s)
+                           table=table, strict=strict, timeout_s=timeout_s, cache=cache)
     return choice.config, choice.source
 
 
@@ -196,11 +197,12 @@ def lookup_choice(
     table: Any = None,
     strict: bool = False,
     timeout_s: float | None = None,
+    cache: str | None = None,
 ) -> LookupChoice:
     """:func:`lookup_config`'s answer with the stored verdict on the baseline (:class:`LookupChoice`).
     Same cache, bounds and fallbacks."""
     answer, _kept = _choose(kernel, shape, dtype, default=default, db=db, device=device,
-                            table=table, strict=strict, timeout_s=timeout_s)
+                            table=table, strict=strict, timeout_s=timeout_s, cache=cache)
     return LookupChoice(*answer)
 
 
@@ -215,13 +217,17 @@ def _choose(
     table: Any,
     strict: bool,
     timeout_s: float | None,
+    cache: str | None = None,
     refresh: bool = False,
 ) -> tuple[_Answer, bool]:
     """The answer, and whether it is kept (an answer given while the database is down is not:
     the database is asked again after the retry interval). ``refresh``: ask the database
     again even where an answer is cached (after tuning stored a new one)."""
     name = _kernel(kernel).name if isinstance(kernel, Kernel) else kernel
-    key = (name, tuple(sorted(shape.items())), dtype, device, db, id(default), id(table))
+    if cache is not None and cache not in CACHE_POLICIES:
+        raise JobError(f"cache must be one of {list(CACHE_POLICIES)} or None (cold results "
+                         f"where there are any, else warm), but got {cache!r}.")
+    key = (name, tuple(sorted(shape.items())), dtype, device, db, id(default), id(table), cache)
     hit = None if refresh else _CACHE.get(key)
     if hit is not None:
         return hit, True
@@ -233,7 +239,8 @@ def _choose(
     where = _database(db)
     try:
         stored = _ask_database(where, strict=strict, timeout_s=timeout_s, ask=lambda t: _lookup_here(
-            resolved, shape, dtype, default=default, db=db, device=device, timeout_s=t))
+            resolved, shape, dtype, default=default, db=db, device=device, timeout_s=t,
+            cache=cache))
     except _Unavailable as e:
         answer = _fallback(resolved, problem, default, table, device)
         with _LOCK:
@@ -253,7 +260,7 @@ def _choose(
 
 def stored_here(
     kernel: str | Kernel, shape: Mapping[str, Any], dtype: str, *, db: str | None = None,
-    device: str | None = None, timeout_s: float | None = None,
+    device: str | None = None, timeout_s: float | None = None, cache: str | None = None,
 ) -> bool:
     """Whether the database holds a result of exactly this problem for this process's device
     (what the lookup answers as ``"exact"``); asked afresh, never cached. False when the
@@ -261,7 +268,7 @@ def stored_here(
     resolved = _kernel(kernel)
     try:
         stored = _lookup_here(resolved, shape, dtype, default=None, db=db, device=device,
-                              timeout_s=timeout_s, nearest=False)
+                              timeout_s=timeout_s, nearest=False, cache=cache)
     except StorageError as e:
         log.info("%s: the database cannot say whether a result is stored: %s", resolved.name, e)
         return False
@@ -326,11 +333,14 @@ def _lookup(
     device: str | None,
     timeout_s: float | None = None,
     nearest: bool = True,
+    cache: str | None = None,
 ) -> _Answer | None:
-    """The stored answer (exact, else nearest), or None when nothing stored is usable."""
+    """The stored answer (exact, else nearest), or None when nothing stored is usable.
+    ``cache`` picks the exact answer's timing policy (None: cold where there are cold results,
+    else warm); a nearest answer is a config only (its verdict a tie), of either policy."""
     problem = kernel.problem(shape, dtype)
     exact = queries.best_result(kernel.name, problem.dims, problem.dtype, device=device, db=db,
-                                timeout_s=timeout_s)
+                                timeout_s=timeout_s, cache=cache)
     if exact is not None:
         log.info("%s: using the stored best config (%s, %.1f us, %s).", problem, exact.device,
                  exact.median_us, _measured_with(exact))
@@ -582,6 +592,7 @@ def tuned(
     baseline: Callable[..., Any] | bool | None = None,
     prefer: str = "fastest",
     on_missing: OnMissing | None = None,
+    cache: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorates ``fn(*arrays, config=None, **kw)`` so that a call without ``config`` runs
     with the looked-up config (see the module docstring). A given ``config`` is used as is.
@@ -597,6 +608,13 @@ def tuned(
     ``prefer="kernel"`` always runs the kernel. An exported table's ``CHOICE`` routes the same
     way where the answer comes from the table.
 
+    ``cache``: which timings answer, config and verdict alike: ``"cold"`` (the L2 flushed
+    before every run: a program that streams new data through the kernel), ``"warm"`` (back to
+    back on the same inputs: a program that calls it again on data still in L2), or None
+    (cold results where the problem has any on the device, else warm). The two can disagree
+    where the inputs fit the L2 (benchmarks/RESULTS.md §19): route by the one the program runs
+    like; a shape with no result of that policy stored is answered as if nothing were stored.
+
     The choice (the function to call and its config) is cached per call signature: the
     arrays' shapes and dtypes (and the values of positionals that are not arrays), so a
     repeated call costs a tuple of shapes and one dict hit (benchmarks/lookup_latency.py,
@@ -610,12 +628,16 @@ def tuned(
 
     Raises:
       ValueError: ``prefer`` is not one of :data:`PREFER` (at decoration).
+      JobError: ``cache`` is not ``"cold"``, ``"warm"`` or None (at decoration).
       JobError (on a call without config): the kernel declares no ``shape_of``, or the arrays
         do not fit it; ``baseline=True`` for a kernel that declares none.
       StorageError: ``strict=True`` and the database cannot answer.
     """
     if prefer not in PREFER:
         raise ValueError(f"prefer must be one of {list(PREFER)}, but got {prefer!r}.")
+    if cache is not None and cache not in CACHE_POLICIES:
+        raise JobError(f"tuned(cache=...) must be one of {list(CACHE_POLICIES)} or None (cold "
+                       f"results where there are any, else warm), but got {cache!r}.")
     routes = baseline is not None and baseline is not False and prefer == "fastest"
 
     def decide(name: str, arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], bool]:
@@ -632,7 +654,8 @@ def tuned(
         dtype = _dtype_name(arrays[0])
         # By the name its results are stored under (a Kernel object is resolved once, above).
         ask = functools.partial(_choose, kernel.name, shape, dtype, default=default, db=db,
-                                device=device, table=table, strict=strict, timeout_s=timeout_s)
+                                device=device, table=table, strict=strict, timeout_s=timeout_s,
+                                cache=cache)
         answer, keep = ask()
         if on_missing is not None and answer[1] != "exact":
             state = on_missing(kernel, shape, dtype)

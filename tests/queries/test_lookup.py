@@ -493,19 +493,20 @@ def test_healthy_database_on_both_backends_is_read_read_only(db_url, configs, ca
                                 db=db_url)[1] == "nearest"
 
 
-def _confirmed(url, shape, config, kernel_us, baseline_us, device=GPU):
-    """A search trial of ``config`` and a confirmation of it against the baseline, 3 rounds."""
+def _confirmed(url, shape, config, kernel_us, baseline_us, device=GPU, cache="warm"):
+    """A search trial of ``config`` and a confirmation of it against the baseline, 3 rounds,
+    timed under ``cache``."""
     from autotune.tuning.confirmation import Candidate, analyse_confirmation
 
     problem = _problem(shape)
     with Store(url) as store:
         tid = store.record_trial(problem, config, timed(kernel_us[0]), device=device,
-                                 software=SOFTWARE).id
+                                 software=SOFTWARE, cache=cache).id
         confirmation = analyse_confirmation(
             [Candidate(dict(config), tuple((t,) * 5 for t in kernel_us), trial_id=tid)],
             tuple((t,) * 5 for t in baseline_us))
         store.record_confirmation(problem, confirmation, trial_ids=[tid], device=device,
-                                  software=SOFTWARE, cache="warm", iterations=5,
+                                  software=SOFTWARE, cache=cache, iterations=5,
                                   baseline_name="xla")
 
 
@@ -545,6 +546,47 @@ def test_tuned_routes_to_the_baseline_where_it_is_confirmed_faster(tmp_path, con
     assert lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url).faster == "kernel"
     with pytest.raises(ValueError, match="prefer must be one of"):
         autotune.tuned("hopper_matmul", prefer="xla")
+
+
+def test_tuned_routes_by_the_timings_of_the_cache_policy_asked_for(tmp_path, configs):
+    """A problem whose cold and warm confirmations disagree (the baseline faster with the L2
+    flushed, the kernel faster back to back): ``cache="cold"`` routes to the baseline,
+    ``cache="warm"`` to the kernel at the warm winner's config, None to the cold answer (cold
+    results come first); a shape with nothing of the policy asked for is answered as if nothing
+    were stored; a policy that does not exist is refused at decoration, naming the value."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, not_small = configs
+    _confirmed(url, MID, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2), cache="cold")
+    _confirmed(url, MID, not_small, (80.0, 80.2, 80.1), (90.0, 90.3, 89.9), cache="warm")
+    _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9), cache="warm")
+
+    def arrays(n):
+        return (types.SimpleNamespace(shape=(n, n), dtype="bfloat16"),
+                types.SimpleNamespace(shape=(n, n), dtype="bfloat16"))
+
+    def kernel_fn(a, b, *, config=None):
+        return ("kernel", config)
+
+    def xla(a, b):
+        return ("xla", None)
+
+    cold = autotune.tuned("hopper_matmul", db=url, baseline=xla, cache="cold")(kernel_fn)
+    warm = autotune.tuned("hopper_matmul", db=url, baseline=xla, cache="warm")(kernel_fn)
+    either = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
+    assert cold(*arrays(128)) == ("xla", None)
+    assert warm(*arrays(128)) == ("kernel", not_small)
+    assert either(*arrays(128)) == ("xla", None)
+    assert lookup.lookup_choice("hopper_matmul", MID, "bfloat16", db=url, cache="warm").faster \
+        == "kernel"
+    assert lookup.lookup_choice("hopper_matmul", MID, "bfloat16", db=url, cache="cold").faster \
+        == "baseline"
+    # 256^3 has warm results only: cold asks find nothing exact (the nearest is a tie).
+    assert lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url, cache="cold").source \
+        != "exact"
+    assert lookup.stored_here("hopper_matmul", BIG, "bfloat16", db=url, cache="warm")
+    assert not lookup.stored_here("hopper_matmul", BIG, "bfloat16", db=url, cache="cold")
+    with pytest.raises(autotune.JobError, match=r"cache=.*'hot'"):
+        autotune.tuned("hopper_matmul", db=url, cache="hot")
 
 
 def test_tuned_baseline_true_calls_the_kernels_own_baseline(tmp_path, configs, monkeypatch):
