@@ -9,6 +9,7 @@ root package (the lazy public API) may name anything there.
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import subprocess
 import sys
@@ -35,6 +36,18 @@ LAYERS: list[tuple[str, set[str]]] = [
                "autotune.__main__"}),
 ]
 LEVEL = {name: i for i, (name, _) in enumerate(LAYERS)}
+
+
+def parse(path: pathlib.Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once per version of the file (the checks below read every
+    module many times over; none changes a tree)."""
+    stat = path.stat()
+    return _parse(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(pathlib.Path(path).read_text(), path)
 # Modules of the query side (the run-time API included): none may import jax, even lazily
 # through the modules they import at module level.
 QUERY_SIDE = ["autotune.queries"]
@@ -91,7 +104,7 @@ def imports(path: pathlib.Path) -> list[tuple[str, int, bool]]:
                     found.append((full if full in MODULES else child.module, child.lineno, top))
             visit(child, inner)
 
-    visit(ast.parse(path.read_text(), str(path)), True)
+    visit(parse(path), True)
     return found
 
 
@@ -298,7 +311,7 @@ def _resolve(target: str, modules: dict[str, pathlib.Path]) -> str | None:
 def dynamic_import_lines(path: pathlib.Path) -> list[int]:
     """Lines of ``path`` that import a module by a name computed at run time."""
     lines = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Call):
             fn = node.func
             name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
@@ -309,7 +322,7 @@ def dynamic_import_lines(path: pathlib.Path) -> list[int]:
 
 def registry(path: pathlib.Path, name: str) -> dict[str, str]:
     """The dict literal assigned to ``name`` at the top level of ``path``."""
-    for node in ast.parse(path.read_text(), str(path)).body:
+    for node in parse(path).body:
         targets = (node.targets if isinstance(node, ast.Assign)
                    else [node.target] if isinstance(node, ast.AnnAssign) else [])
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
@@ -370,7 +383,7 @@ def public_api_violations(path: pathlib.Path) -> list[str]:
     import autotune.kernels
 
     exported = {"autotune": set(autotune.__all__), "autotune.kernels": set(autotune.kernels.__all__)}
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path)
     bad, aliases, jax_aliases = [], {}, set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -542,7 +555,7 @@ RUN_MODULES = ["autotune.tuning.tuner", "autotune.tuning.scheduler", "autotune.t
 def called_names(path: pathlib.Path) -> set[str]:
     """The names a module calls: ``f(...)`` gives ``f``, ``x.f(...)`` gives ``f``."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name):
                 names.add(node.func.id)

@@ -153,8 +153,17 @@ def test_interpret_job_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigkill_mid_job_then_rerun_loses_nothing(tmp_path):
-    """SIGKILL in the middle of a job, then a re-run: finished trials kept, none twice, none RUNNING."""
+    """SIGKILL in the middle of a job, then a re-run: finished trials kept, none twice, none RUNNING.
+
+    In interpret mode, so the workers compile and run a real kernel. Left out of the default
+    run (``-m extended``): the default run keeps this guarantee in the fault campaign, which
+    kills the real CLI, runner, store, Optuna and worker processes with the fake evaluator:
+    tests/test_faults.py::test_sigkill_of_tuner_and_workers_at_a_random_moment (``kill -9`` of
+    tuner and workers mid-job, then a re-run) and test_sigkill_at_a_chosen_point_then_rerun_completes
+    (seven points of a trial's life); interpret-mode jobs run end to end in
+    test_interpret_job_end_to_end."""
     db = f"sqlite:///{tmp_path}/kill.db"
     job = tmp_path / "job.toml"
     job.write_text(

@@ -234,7 +234,7 @@ def test_a_claim_is_held_once_and_a_dead_owners_claim_is_taken_over(fresh):
 
 
 RACE = """
-import json, sys, time
+import json, os, sys, time
 sys.path.insert(0, {repo!r})
 from tests import test_tune_missing as t
 from autotune import api
@@ -243,8 +243,10 @@ best.host_has_gpu = lambda: False
 opened = []
 t.use_fake_engine(opened, delay_s=0.15)
 fn = api.tuned("runtime_toy", db={db!r}, tune_missing=4, block=True)(t.body)
-while time.time() < {start}:
-    time.sleep(0.005)
+if {go!r}:  # imported: say so, then wait for the test's go
+    open({go!r} + ".ready-" + str(os.getpid()), "w").close()
+    while not os.path.exists({go!r}):
+        time.sleep(0.005)
 config = fn(t._array(512))
 print(json.dumps({{"tuned": bool(opened), "config": config}}))
 """
@@ -256,11 +258,16 @@ def test_two_processes_meeting_one_missing_shape_tune_it_once(tmp_path):
     stored best config, and a third process serves it without tuning."""
     db = f"sqlite:///{tmp_path}/race.db"
     env = {**os.environ, "AUTOTUNE_RESULTS_DIR": str(tmp_path / "results")}
-    start = time.time() + 6  # both imported and waiting by then
-    procs = [subprocess.Popen([sys.executable, "-c", RACE.format(repo=str(REPO), db=db,
-                                                               start=start)],
+    go = str(tmp_path / "go")  # both wait, imported, until it exists
+    procs = [subprocess.Popen([sys.executable, "-c", RACE.format(repo=str(REPO), db=db, go=go)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=tmp_path, env=env) for _ in range(2)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready-*"))) < 2:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+            p.communicate()[1][-2000:] for p in procs if p.poll() is not None]
+        time.sleep(0.01)
+    Path(go).touch()
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -272,7 +279,7 @@ def test_two_processes_meeting_one_missing_shape_tune_it_once(tmp_path):
     with Store(db) as store:
         (summary,) = store.summaries()
         assert summary.total == 4
-    third = subprocess.run([sys.executable, "-c", RACE.format(repo=str(REPO), db=db, start=0)],
+    third = subprocess.run([sys.executable, "-c", RACE.format(repo=str(REPO), db=db, go="")],
                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert third.returncode == 0, third.stderr
     assert json.loads(third.stdout.strip().splitlines()[-1]) == {"tuned": False, "config": best}

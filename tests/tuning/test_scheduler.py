@@ -110,17 +110,21 @@ def test_runners_share_a_job_exactly(db_url, tmp_path):
     """4 runner processes on one job of 6 problems: every problem stores exactly its trial
     budget (not 4 times it), no config is measured twice, every problem finishes, and the job's
     tuning takes well under half the time one runner's takes (benchmarks/batch_job.py and
-    scale_out.py measure the ratio; this machine's CPU is shared)."""
-    alone = JobFile(tmp_path, db_url, first=101)
-    alone.run(1)
-    alone.check_exact()
+    scale_out.py measure the ratio; this machine's CPU is shared).
+
+    One runner's tuning time is at least the job's GPU time (``PROBLEMS * TRIALS`` configs of
+    ``PACED_RUN_MS``): its GPU lock times one config at a time
+    (tests/engine/test_engine.py::test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time).
+    So the 4 runners are held to under half the GPU time itself, and to at least a quarter of
+    it (each runner's GPU runs its share in turn: the pacing is real), without a one-runner run
+    (24 s of paced configs) to compare with."""
     shared = JobFile(tmp_path, db_url, first=1)
     shared.run(4)
     shared.check_exact()
-    one_s, four_s = alone.span_s(), shared.span_s()
+    four_s = shared.span_s()
     gpu_s = PROBLEMS * TRIALS * PACED_RUN_MS / 1000
-    assert one_s >= gpu_s * 0.9  # one runner's GPU runs every config in turn
-    assert four_s < 0.5 * one_s, (four_s, one_s)
+    assert four_s >= gpu_s / 4 * 0.9, (four_s, gpu_s)  # 4 GPUs at most
+    assert four_s < 0.5 * gpu_s, (four_s, gpu_s)
 
 
 def test_a_runner_killed_half_way_the_job_still_finishes_exactly(db_url, tmp_path):
