@@ -65,7 +65,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from autotune._jax_compat import installed_versions
 from autotune.errors import EmptyDatabaseError, JobError, did_you_mean
@@ -79,13 +79,25 @@ from autotune.space.problem import (
 )
 from autotune.space.validity import servable, violations
 from autotune.storage.rows import ProblemSummary, TrialRow
-from autotune.storage.store import Store
-from autotune.storage.urls import display_url, read_timeout_s, resolve_url, sqlite_path
+from autotune.storage.sqlite_reader import SQLiteReader
+from autotune.storage.urls import (
+    display_url,
+    plain_sqlite_file,
+    read_timeout_s,
+    resolve_url,
+    sqlite_path,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import FrameType
 
     import pandas
+
+    # Imported where a store is opened: a best-config query on an SQLite file reads it through
+    # an SQLiteReader and never imports SQLAlchemy (benchmarks/RESULTS.md §17).
+    from autotune.storage.store import Store
+
+    Reader = Store | SQLiteReader
 
 __all__ = [
     "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
@@ -259,7 +271,7 @@ def best_result(
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
     if cache is not None and cache not in CACHE_POLICIES:
         raise JobError(f"cache must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}.")
-    with open_store(db, timeout_s=timeout_s) as store:
+    with open_reader(db, timeout_s=timeout_s) as store:
         if store is None:
             return None
         if device is None:
@@ -302,7 +314,7 @@ def running_versions() -> dict[str, str]:
 
 
 def _best_row(
-    store: Store, problem: Problem, name: str | None, kind: str | None, cache: str | None = None
+    store: Reader, problem: Problem, name: str | None, kind: str | None, cache: str | None = None
 ) -> tuple[TrialRow, bool] | None:
     """The fastest ok trial measured with the running jax/jaxlib, else the fastest of other
     versions, and whether it is stale (of other versions); of ``cache``'s policy, else of the
@@ -326,7 +338,7 @@ def _best_row(
 
 
 def _first_servable(
-    store: Store, problem: Problem, name: str | None, kind: str | None,
+    store: Reader, problem: Problem, name: str | None, kind: str | None,
     versions: Mapping[str, str] | None, cache: str | None = None,
 ) -> TrialRow | None:
     """The fastest ok trial with a plausible time (the one gate on times:
@@ -373,7 +385,7 @@ def _versions_text(versions: Mapping[str, str]) -> str:
     return ", ".join(f"{k} {versions.get(k) or '?'}" for k in ("jax", "jaxlib"))
 
 
-def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any:
+def _current_confirmation(store: Reader, problem: Problem, best: TrialRow) -> Any:
     """The newest confirmation round of ``best``'s device, software and policy, if it is newer
     than ``best`` (else the search found ``best`` after it, and it is not current)."""
     for c in store.confirmations(problem, device_name=best.device.name,
@@ -383,7 +395,7 @@ def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any
     return None
 
 
-def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
+def _best_result(store: Reader, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
     confirmation = _current_confirmation(store, problem, best)
     if confirmation is not None and not plausible_us(confirmation.crowned.median_us):
         confirmation = None  # a confirmed time that is not a time is never served
@@ -414,7 +426,7 @@ def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = F
 
 
 def _confirmed_result(
-    store: Store, problem: Problem, crowned: TrialRow, c: Any, stale: bool
+    store: Reader, problem: Problem, crowned: TrialRow, c: Any, stale: bool
 ) -> BestResult:
     program = c.crowned
     baseline_us = c.baseline_median_us if plausible_us(c.baseline_median_us) else None
@@ -724,7 +736,7 @@ def _frame_rows(
 
 # Open stores by (url, pid, SQLite file identity), most recently used last. Opening a Store
 # (engine, first connection, schema check) takes ~10 ms; a query on an open one well under 1.
-_STORES: collections.OrderedDict[tuple[Any, ...], Store] = collections.OrderedDict()
+_STORES: collections.OrderedDict[tuple[Any, ...], Reader] = collections.OrderedDict()
 _STORES_LOCK = threading.Lock()
 _MAX_OPEN_STORES = 4
 
@@ -752,6 +764,8 @@ def open_store(db: str | None, *, timeout_s: float | None = None) -> Iterator[St
         if store is not None:
             _STORES.move_to_end(key)
     if store is None:
+        from autotune.storage.store import Store
+
         try:
             store = Store(db, read_only=True, timeout_s=timeout_s)
         except EmptyDatabaseError:  # an empty file, another program's: nothing stored there
@@ -762,7 +776,45 @@ def open_store(db: str | None, *, timeout_s: float | None = None) -> Iterator[St
             _STORES[key] = store
             while len(_STORES) > _MAX_OPEN_STORES:
                 _close(*_STORES.popitem(last=False))
-    yield store
+    yield cast("Store", store)  # open_reader's keys, of its SQLiteReaders, start "sqlite3"
+
+
+@contextlib.contextmanager
+def open_reader(db: str | None, *, timeout_s: float | None = None) -> Iterator[Reader | None]:
+    """What a best-config query reads ``db`` with: an :class:`SQLiteReader` (stdlib sqlite3, no
+    SQLAlchemy: ``autotune best`` in 0.1 s of CPU, benchmarks/RESULTS.md §17) for a plain SQLite
+    file (:func:`~autotune.storage.urls.plain_sqlite_file`) at the newest schema, else the store
+    of :func:`open_store`. Kept open in this process as stores are; None as for open_store."""
+    timeout_s = read_timeout_s(timeout_s)
+    path = plain_sqlite_file(db)
+    identity: tuple[Any, ...] = ()
+    if path is not None:
+        try:
+            stat = path.stat()
+        except OSError:  # missing (open_store warns) or unreadable (the store words it)
+            path = None
+        else:
+            identity = (stat.st_dev, stat.st_ino)
+    if path is None:
+        with open_store(db, timeout_s=timeout_s) as store:
+            yield store
+        return
+    key = ("sqlite3", str(path), os.getpid(), timeout_s, *identity)
+    with _STORES_LOCK:
+        reader = _STORES.get(key)
+        if reader is not None:
+            _STORES.move_to_end(key)
+    if reader is None:
+        reader = SQLiteReader.open(path, timeout_s)
+        if reader is None:  # not at the newest schema, or unreadable: a store handles it
+            with open_store(db, timeout_s=timeout_s) as store:
+                yield store
+            return
+        with _STORES_LOCK:
+            _STORES[key] = reader
+            while len(_STORES) > _MAX_OPEN_STORES:
+                _close(*_STORES.popitem(last=False))
+    yield reader
 
 
 _WARNED: set[str] = set()
@@ -847,10 +899,10 @@ def stored_trial_seconds(
     return statistics.median(seconds), len(seconds), mine
 
 
-def _close(key: tuple[Any, ...], store: Store) -> None:
-    if key[1] == os.getpid():
+def _close(key: tuple[Any, ...], store: Reader) -> None:
+    if key[1 if key[0] != "sqlite3" else 2] == os.getpid():
         store.close()
-    else:  # inherited through fork: the connections are the parent's to close
+    elif not isinstance(store, SQLiteReader):  # inherited through fork: the parent's to close
         store.engine.dispose(close=False)
 
 
@@ -892,7 +944,7 @@ def check_device(device: str | None, db: str | None = None) -> None:
         )
 
 
-def resolve_device(store: Store, device: str) -> tuple[str | None, str | None]:
+def resolve_device(store: Reader, device: str) -> tuple[str | None, str | None]:
     """(device name, device kind) to filter by, from a kind, a name, or part of a name."""
     if not isinstance(device, str) or not device.strip():
         raise JobError(

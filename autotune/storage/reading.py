@@ -489,7 +489,7 @@ class StoreReader:
             query = query.limit(limit)
         with self._sessions.read("read confirmation rounds") as session:
             ids = [int(i) for i in session.scalars(query)]
-        rows = dict(self._confirmation_rows(ids)).values()
+        rows = [row for _problem_id, row in self._confirmation_rows(ids)]
         return sorted(rows, key=lambda r: -r.id)
 
     def _confirmation_rows(self, ids: Sequence[int]) -> list[tuple[int, ConfirmationRow]]:
