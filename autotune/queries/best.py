@@ -626,8 +626,13 @@ def _version_of(key: str, software: Mapping[str, str]) -> str:
 
 
 def _frame(pd: Any, table: Any) -> pandas.DataFrame:
-    """The DataFrame of a :class:`~autotune.storage.rows.TrialTable`: per-trial columns taken
-    as they are, the problem, device, software, shape and config columns looked up by id."""
+    """The DataFrame of a :class:`~autotune.storage.rows.TrialTable`, built a column at a time
+    (no Python loop over the trials: a million rows in seconds, benchmarks/RESULTS.md §17).
+
+    A column of values looked up by id (the problem's, device's, software's, and the shape and
+    config columns) is typed by pandas from its distinct values, as it would be from every
+    trial's (the same values, each at least once), then taken per trial by position; a column
+    of repeated strings (status, timing, worker, ...) likewise from its distinct strings."""
     import numpy as np
 
     from autotune.storage.rows import NO_TIME
@@ -636,12 +641,25 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
     if len(table) == 0:
         return pd.DataFrame(columns=list(FRAME_COLUMNS))
 
-    def by_id(ids: Any, values: dict[int, Any]) -> list[Any]:
-        return [values[i] for i in ids]
+    def spread(ids: Any) -> tuple[list[int], Any]:
+        """The distinct ids in the order they first appear, and each trial's index into them."""
+        trial_ids = np.frombuffer(ids, dtype=np.int64)
+        first_seen = pd.unique(trial_ids)
+        position = np.zeros(int(first_seen.max()) + 1, dtype=np.intp)
+        position[first_seen] = np.arange(len(first_seen))
+        return first_seen.tolist(), position[trial_ids]
 
-    def lookup(ids: Any, of: dict[int, Any], get: Callable[[Any], Any]) -> list[Any]:
-        mapped = {i: get(v) for i, v in of.items()}
-        return by_id(ids, mapped)
+    def typed(distinct: list[Any], rows: Any) -> Any:
+        return _taken(pd.Series(distinct, dtype=None if distinct else object).array, rows)
+
+    def lookup(ids: Any, of: dict[int, Any], get: Callable[[Any], Any]) -> Any:
+        seen, rows = spread(ids)
+        return typed([get(of[i]) for i in seen], rows)
+
+    def strings(values: list[Any]) -> Any:
+        codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+        codes[codes == -1] = len(uniques)  # None: factorize's -1, here the last distinct value
+        return typed([*uniques, None] if (codes == len(uniques)).any() else list(uniques), codes)
 
     def times(values: Any) -> Any:
         micros = np.frombuffer(values, dtype=np.int64)
@@ -660,69 +678,67 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
         "kernel": lookup(pids, table.problems, lambda p: p.kernel),
         "dtype": lookup(pids, table.problems, lambda p: p.dtype),
         "problem": lookup(pids, table.problems, str),
-        "status": c["status"],
+        "status": strings(c["status"]),
         **{k: numbers(c[k]) for k in ("median_us", "min_us", "max_us", "compile_s", "rel_error")},
-        "timing": c["timing"], "cache_policy": c["cache_policy"], "spread": numbers(c["spread"]),
+        "timing": strings(c["timing"]), "cache_policy": strings(c["cache_policy"]),
+        "spread": numbers(c["spread"]),
         "device": lookup(dids, table.devices, lambda d: d.name),
         "device_kind": lookup(dids, table.devices, lambda d: d.kind),
         "compute_capability": lookup(dids, table.devices, lambda d: d.compute_capability),
         "driver": lookup(dids, table.devices, lambda d: d.driver),
         **{k: lookup(sids, table.software, functools.partial(_version_of, k)) for k in ("jax", "jaxlib", "autotune")},
-        "study_name": c["study_name"],
+        "study_name": strings(c["study_name"]),
         # As pandas infers it from the values: whole numbers, floats with NaN, or all None.
         "optuna_trial_number": (trial_numbers.astype(np.int64) if not np.isnan(trial_numbers).any()
                                 else [None] * len(trial_numbers) if np.isnan(trial_numbers).all()
                                 else trial_numbers),
-        "worker": c["worker"], "host": c["host"],
+        "worker": strings(c["worker"]), "host": strings(c["host"]),
         "started_at": times(c["started_at"]), "finished_at": times(c["finished_at"]),
-        "traced": c["traced"], "error": c["error"],
+        "traced": np.array(c["traced"], dtype=bool), "error": strings(c["error"]),
     }
     # shape.* and config.* in the order their keys first appear, oldest trial first. Each
-    # distinct problem or config is read once into per-key value lists, then taken per trial.
+    # distinct problem or config is read once (the configs' JSON in one json.loads), its keys
+    # made columns by pandas (a key a config lacks: NaN), each typed, then taken per trial.
     # A stored config's JSON is canonical (Config.to_json: sorted keys, whole numbers as ints),
     # so json.loads reads what Config.from_json would, without its checks (10 s at 1M rows).
-    def shape_of(i: int) -> Mapping[str, Any]:
-        return dict(table.problems[i].dims)
+    def shapes(seen: list[int]) -> list[dict[str, Any]]:
+        return [dict(table.problems[i].dims) for i in seen]
 
-    def config_of(i: int) -> Mapping[str, Any]:
-        return dict(json.loads(table.config_json[i]))
+    def configs(seen: list[int]) -> list[dict[str, Any]]:
+        decoded: list[dict[str, Any]] = json.loads(
+            "[" + ",".join(table.config_json[i] for i in seen) + "]")
+        return decoded
 
-    readers: tuple[tuple[str, Any, Callable[[int], Mapping[str, Any]]], ...] = (
-        ("shape", pids, shape_of), ("config", cids, config_of))
+    readers: tuple[tuple[str, Any, Callable[[list[int]], list[dict[str, Any]]]], ...] = (
+        ("shape", pids, shapes), ("config", cids, configs))
     for prefix, ids, read in readers:
-        trial_ids = np.frombuffer(ids, dtype=np.int64)
-        first_seen = pd.unique(trial_ids)
-        position = np.zeros(int(first_seen.max()) + 1, dtype=np.int64)
-        position[first_seen] = np.arange(len(first_seen))
-        values: dict[str, list[Any]] = {}
-        shared: dict[Any, Any] = {}
-        for n, i in enumerate(first_seen.tolist()):
-            for key, value in read(i).items():
-                column = values.get(key)
-                if column is None:
-                    column = values[key] = [math.nan] * len(first_seen)
-                try:
-                    column[n] = shared.setdefault((type(value), value), value)
-                except TypeError:  # unhashable: kept as it is
-                    column[n] = value
-        rows = position[trial_ids].tolist()
-        for key, column in values.items():
-            taken = [column[r] for r in rows]
-            data[f"{prefix}.{key}"] = _whole(pd, taken)
+        seen, rows = spread(ids)
+        records = pd.DataFrame(read(seen), dtype=object)
+        for key in records.columns:
+            values = records[key].to_numpy(dtype=object)
+            data[f"{prefix}.{key}"] = _taken(_whole(pd, values), rows)
     return pd.DataFrame(data)
 
 
-def _whole(pd: Any, values: list[Any]) -> Any:
-    """Whole numbers with a gap (a config value of None, a key another kernel lacks) stay
-    whole: pandas' nullable Int64, not float64 (64 read as 64.0)."""
-    def missing(v: Any) -> bool:
-        return v is None or (isinstance(v, float) and math.isnan(v))
+def _taken(values: Any, rows: Any) -> Any:
+    """``values`` (a pandas array) taken at ``rows``: a numpy array where pandas holds one."""
+    import numpy as np
 
-    present = [v for v in values if not missing(v)]
-    if (present and len(present) < len(values)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in present)):
-        return pd.array([None if missing(v) else v for v in values], dtype="Int64")
-    return values
+    if isinstance(values.dtype, np.dtype):
+        return values.to_numpy().take(rows)
+    return values.take(rows)
+
+
+def _whole(pd: Any, values: Any) -> Any:
+    """``values`` (an object array) as pandas types a list of them (a Series' array); whole
+    numbers with a gap (a config value of None, a key another kernel lacks) stay whole:
+    pandas' nullable Int64, not float64 (64 read as 64.0)."""
+    missing = pd.isna(values)
+    if missing.any() and not missing.all() and pd.api.types.infer_dtype(
+            values[~missing], skipna=False) == "integer":
+        return pd.array([None if m else v for m, v in zip(missing.tolist(), values.tolist(),
+                                                           strict=True)], dtype="Int64")
+    return pd.Series(values.tolist()).array
 
 
 def _frame_rows(
