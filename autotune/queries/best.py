@@ -656,10 +656,8 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
         seen, rows = spread(ids)
         return typed([get(of[i]) for i in seen], rows)
 
-    def strings(values: list[Any]) -> Any:
-        codes, uniques = pd.factorize(np.asarray(values, dtype=object))
-        codes[codes == -1] = len(uniques)  # None: factorize's -1, here the last distinct value
-        return typed([*uniques, None] if (codes == len(uniques)).any() else list(uniques), codes)
+    def strings(name: str) -> Any:
+        return typed(table.strings[name], np.frombuffer(c[name], dtype=np.int64))
 
     def times(values: Any) -> Any:
         micros = np.frombuffer(values, dtype=np.int64)
@@ -678,23 +676,23 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
         "kernel": lookup(pids, table.problems, lambda p: p.kernel),
         "dtype": lookup(pids, table.problems, lambda p: p.dtype),
         "problem": lookup(pids, table.problems, str),
-        "status": strings(c["status"]),
+        "status": strings("status"),
         **{k: numbers(c[k]) for k in ("median_us", "min_us", "max_us", "compile_s", "rel_error")},
-        "timing": strings(c["timing"]), "cache_policy": strings(c["cache_policy"]),
+        "timing": strings("timing"), "cache_policy": strings("cache_policy"),
         "spread": numbers(c["spread"]),
         "device": lookup(dids, table.devices, lambda d: d.name),
         "device_kind": lookup(dids, table.devices, lambda d: d.kind),
         "compute_capability": lookup(dids, table.devices, lambda d: d.compute_capability),
         "driver": lookup(dids, table.devices, lambda d: d.driver),
         **{k: lookup(sids, table.software, functools.partial(_version_of, k)) for k in ("jax", "jaxlib", "autotune")},
-        "study_name": strings(c["study_name"]),
+        "study_name": strings("study_name"),
         # As pandas infers it from the values: whole numbers, floats with NaN, or all None.
         "optuna_trial_number": (trial_numbers.astype(np.int64) if not np.isnan(trial_numbers).any()
                                 else [None] * len(trial_numbers) if np.isnan(trial_numbers).all()
                                 else trial_numbers),
-        "worker": strings(c["worker"]), "host": strings(c["host"]),
+        "worker": strings("worker"), "host": strings("host"),
         "started_at": times(c["started_at"]), "finished_at": times(c["finished_at"]),
-        "traced": np.array(c["traced"], dtype=bool), "error": strings(c["error"]),
+        "traced": np.array(c["traced"], dtype=bool), "error": strings("error"),
     }
     # shape.* and config.* in the order their keys first appear, oldest trial first. Each
     # distinct problem or config is read once (the configs' JSON in one json.loads), its keys
@@ -706,7 +704,7 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
 
     def configs(seen: list[int]) -> list[dict[str, Any]]:
         decoded: list[dict[str, Any]] = json.loads(
-            "[" + ",".join(table.config_json[i] for i in seen) + "]")
+            "[" + ",".join(map(table.config_json.__getitem__, seen)) + "]")
         return decoded
 
     readers: tuple[tuple[str, Any, Callable[[list[int]], list[dict[str, Any]]]], ...] = (
@@ -717,7 +715,7 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
         for key in records.columns:
             values = records[key].to_numpy(dtype=object)
             data[f"{prefix}.{key}"] = _taken(_whole(pd, values), rows)
-    return pd.DataFrame(data)
+    return pd.DataFrame(data, copy=False)  # every column is built here: none needs a copy
 
 
 def _taken(values: Any, rows: Any) -> Any:

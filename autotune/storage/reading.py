@@ -32,6 +32,7 @@ from autotune.storage.keys import (
 )
 from autotune.storage.rows import (
     NO_TIME,
+    STRING_COLUMNS,
     TABLE_COLUMNS,
     BaselineRow,
     ConfirmationRow,
@@ -113,22 +114,28 @@ def _micros(value: Any) -> int:
     return int(since // _MICRO)
 
 
-def _extend(columns: dict[str, Any], chunk: Sequence[Sequence[Any]], shared: dict[Any, Any]) -> None:
+def _extend(columns: dict[str, Any], chunk: Sequence[Sequence[Any]],
+            strings: dict[str, dict[Any, int]]) -> None:
     """Appends a batch of :meth:`StoreReader.trial_table` rows to its columns, one column at
-    a time; repeated strings become one object (``shared``)."""
+    a time; a string column as indexes into ``strings[column]`` (value -> index, in the
+    order values first appear)."""
     nan = float("nan")
     for name, values in zip(TABLE_COLUMNS, zip(*chunk, strict=True), strict=True):
         out = columns[name]
-        if name in _NUMBERS:
+        index = strings.get(name)
+        if index is not None:
+            for value in dict.fromkeys(values):  # the distinct values of the batch, in order
+                if value not in index:
+                    index[value] = len(index)
+            out.extend(map(index.__getitem__, values))
+        elif name in _NUMBERS:
             out.extend([nan if v is None else v for v in values] if None in values else values)
         elif name in _TIMES:
             out.extend(map(_micros, values))
-        elif isinstance(out, array.array):
-            out.extend(values)
         elif name == "traced":
             out.extend(map(bool, values))
-        else:
-            out.extend(map(shared.setdefault, values, values))
+        else:  # the ids
+            out.extend(values)
 
 
 class StoreReader:
@@ -327,12 +334,12 @@ class StoreReader:
             query = query.limit(limit)
         columns: dict[str, Any] = {}
         for name in TABLE_COLUMNS:
-            columns[name] = (array.array("d") if name in _NUMBERS else array.array("q")
-                             if name in _TIMES or name.endswith("_id") else [])
+            columns[name] = (array.array("d") if name in _NUMBERS else [] if name == "traced"
+                             else array.array("q"))
         with self._sessions.read("read trials") as session:
-            shared: dict[Any, Any] = {}  # one object per distinct string
+            strings: dict[str, dict[Any, int]] = {name: {} for name in STRING_COLUMNS}
             for chunk in _chunks(session.connection(), query):
-                _extend(columns, chunk, shared)
+                _extend(columns, chunk, strings)
             problem_ids = set(columns["problem_id"])
             problems: dict[int, Problem] = {}
             kernel_ids: set[int] = set()
@@ -356,7 +363,8 @@ class StoreReader:
                     .where(Configs.kernel_id.in_(sorted(kernel_ids)))) if cid in wanted)
             devices = {d.id: device_from_row(d) for d in session.scalars(sa.select(Devices))}
             software = {s.id: software_from_row(s) for s in session.scalars(sa.select(Software))}
-        return TrialTable(columns, problems, configs, devices, software)
+        return TrialTable(columns, problems, configs, devices, software,
+                          {name: list(index) for name, index in strings.items()})
 
     def trial(self, trial_id: int) -> TrialRow | None:
         """The trial with id ``trial_id``, or None."""
