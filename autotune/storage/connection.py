@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import EmptyDatabaseError, StorageError
 from autotune.storage.sqlite_reader import MIGRATIONS_DIR as _MIGRATIONS_DIR
-from autotune.storage.sqlite_reader import VERSION_TABLE, damaged_hint
+from autotune.storage.sqlite_reader import VERSION_TABLE as VERSION_TABLE
+from autotune.storage.sqlite_reader import damaged_hint as damaged_hint
 from autotune.storage.sqlite_reader import script_head as _script_head
 from autotune.storage.urls import in_memory, mask_text
 
