@@ -456,11 +456,21 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _db_text(db: str | None) -> str:
     """The database ``db`` resolves to, password masked, and whether a SQLite file exists."""
-    from autotune.storage.urls import display_url, resolve_url, sqlite_path
+    from autotune.storage.urls import (
+        display_url,
+        plain_sqlite_file,
+        plain_sqlite_text,
+        resolve_url,
+        sqlite_path,
+    )
 
-    url = resolve_url(db)
-    text = display_url(url)
-    path = sqlite_path(url)
+    path = plain_sqlite_file(db)  # read without SQLAlchemy (autotune best: RESULTS.md §17)
+    if path is not None:
+        text = plain_sqlite_text(path)
+    else:
+        url = resolve_url(db)
+        text = display_url(url)
+        path = sqlite_path(url)
     if path is not None and not path.exists():
         text += " (no such file yet"
         text += "; from $AUTOTUNE_DB)" if db is None and os.environ.get("AUTOTUNE_DB") else (

@@ -4,7 +4,8 @@
     python3 benchmarks/lookup_latency.py --trials 100000 --db sqlite:////tmp/lookup.db
 
 Builds a database of ``--trials`` trials (bulk-inserted through SQLAlchemy core: ``--problems``
-hopper_matmul problems, two devices (an H200 and an interpret-mode CPU), two jax/jaxlib
+hopper_matmul problems, each with configs drawn from its valid space (every one passes today's
+rules), two devices (an H200 and an interpret-mode CPU), two jax/jaxlib
 versions (an old one and the running one), 5% failed trials) and times
 :func:`autotune.lookup_config` for problems that are stored:
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import itertools
 import os
 import platform
 import random
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from autotune.queries import best as queries
 from autotune.queries import lookup
 from autotune.space.kernel import get_kernel
-from autotune.space.problem import Config, Problem
+from autotune.space.problem import Problem
 from autotune.storage import keys, schema
 from autotune.storage import store as storage
 from autotune.storage.store import Store
@@ -64,25 +64,20 @@ def _shapes(count: int, rng: random.Random) -> list[dict[str, int]]:
     return rng.sample(grid, count)
 
 
-def _configs(count: int) -> list[Config]:
-    """Distinct configs of the hopper_matmul space (not all valid for every shape)."""
-    out = [Config(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, max_concurrent_steps=steps,
-                  epi_tile_m=None, epi_tile_n=64, grid_minor_dim=minor, grid_tile_width=width,
-                  wg_dimension="M", cluster_dimension=None)
-           for tile_m, tile_n, tile_k, steps, width, minor in itertools.product(
-               (64, 128, 192, 256), (64, 128, 192, 256), (32, 64, 128), (2, 3, 4, 5, 6),
-               (1, 2, 4, 8, 16), ("M", "N"))]
-    if count > len(out):
-        raise SystemExit(f"at most {len(out)} distinct configs; lower --trials or raise --problems.")
-    return out[:count]
-
-
 def build(url: str, *, trials: int, problems: int, seed: int) -> list[dict[str, int]]:
-    """Fills an empty database; returns the stored shapes."""
+    """Fills an empty database; returns the stored shapes.
+
+    Each problem's configs are drawn from the kernel's own valid space for that shape
+    (``valid_space(problem).sample``, as benchmarks/history_scaling.py fills its databases), so
+    every stored config passes today's rules: a cold lookup is answered by the first rows it
+    reads, as in a database the tuner wrote (configs the rules refuse are skipped one by one,
+    each with a warning: a generator that stored such configs made this benchmark take many
+    minutes). A shape with fewer valid configs than its share stores them all; the number
+    stored is printed."""
     rng = random.Random(seed)
     shapes = _shapes(problems, rng)
     per_problem = -(-trials // problems)
-    configs = _configs(per_problem)
+    kernel = get_kernel(KERNEL)
     running = {**queries.running_versions(), "autotune": "0.1.0"}
     gpu = {"name": "NVIDIA H200", "kind": "gpu", "compute_capability": "9.0", "driver": "570.86"}
     cpu = {"name": "cpu-interpret (bench)", "kind": "interpret", "compute_capability": "", "driver": ""}
@@ -100,22 +95,27 @@ def build(url: str, *, trials: int, problems: int, seed: int) -> list[dict[str, 
              "dtype": DTYPE, "digest": p.digest()}
             for i, s in enumerate(shapes)
         ])
-        conn.execute(sa.insert(t["at_configs"]), [
-            {"id": i + 1, "kernel_id": 1, "config_json": c.to_json(), "digest": c.digest()}
-            for i, c in enumerate(configs)
-        ])
+        config_ids: dict[str, int] = {}
         rows: list[dict] = []
         trial_id = 0
-        for problem_id in range(1, problems + 1):
+        for problem_id, shape in enumerate(shapes, start=1):
+            problem = kernel.problem(shape, DTYPE)
+            drawn = kernel.valid_space(problem).sample(min(per_problem, trials - trial_id),
+                                                       seed=seed * 100_003 + problem_id)
+            new = [c for c in drawn if c.digest() not in config_ids]
+            if new:
+                first = len(config_ids) + 1
+                conn.execute(sa.insert(t["at_configs"]), [
+                    {"id": first + i, "kernel_id": 1, "config_json": c.to_json(),
+                     "digest": c.digest()} for i, c in enumerate(new)])
+                config_ids.update((c.digest(), first + i) for i, c in enumerate(new))
             scale = rng.uniform(10, 5000)
-            for config_id in range(1, per_problem + 1):
-                if trial_id >= trials:
-                    break
+            for config in drawn:
                 trial_id += 1
                 ok = rng.random() > 0.05
                 median = scale * rng.lognormvariate(0.3, 0.3) if ok else None
                 rows.append({
-                    "id": trial_id, "problem_id": problem_id, "config_id": config_id,
+                    "id": trial_id, "problem_id": problem_id, "config_id": config_ids[config.digest()],
                     "device_id": 1 if rng.random() < 0.9 else 2,
                     "software_id": 1 if rng.random() < 0.5 else 2,
                     "status": "ok" if ok else "compile_error",
@@ -128,6 +128,9 @@ def build(url: str, *, trials: int, problems: int, seed: int) -> list[dict[str, 
                 if len(rows) == 50_000:
                     conn.execute(sa.insert(t["at_trials"]), rows)
                     rows.clear()
+            if trial_id >= trials:
+                shapes = shapes[:problem_id]
+                break
         if rows:
             conn.execute(sa.insert(t["at_trials"]), rows)
     return shapes
@@ -295,7 +298,10 @@ def main() -> None:
     path = storage.sqlite_path(storage.resolve_url(url))
     if path is not None:
         size = f", {path.stat().st_size / 2**20:.0f} MiB"
-    print(f"database: {args.trials:,} trials, {args.problems:,} problems, built in {build_s:.1f} s{size}")
+    with Store(url) as store, store.engine.connect() as conn:
+        stored = conn.scalar(sa.text("SELECT count(*) FROM at_trials"))
+    print(f"database: {stored:,} trials (of {args.trials:,} asked: valid configs only), "
+          f"{len(shapes):,} problems, built in {build_s:.1f} s{size}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
           f"{platform.python_version()}, SQLAlchemy {sa.__version__}, {url.split(':')[0]}")
     print("\n| lookup | samples | median (us) | p90 (us) | goal |")

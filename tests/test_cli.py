@@ -1097,3 +1097,92 @@ def test_light_commands_import_no_optuna_numpy_or_jax(tmp_path, argv):
             "print(sorted(m for m in ('optuna', 'numpy', 'jax', 'alembic') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.fixture
+def stored_best(tmp_path):
+    """A database with a confirmed hopper_matmul result (trials of two jax versions, a
+    baseline, a confirmation round) and an unconfirmed one, as `autotune best` reads them."""
+    from autotune.space.kernel import get_kernel
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    kernel = get_kernel("hopper_matmul")
+    gpu = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
+    new = {"jax": "0.10.2", "jaxlib": "0.10.2", "autotune": "0.1.0"}
+    db = tmp_path / "best.db"
+    shapes = ({"m": 1024, "n": 1024, "k": 512}, {"m": 2048, "n": 1024, "k": 512})
+    with Store(f"sqlite:///{db}") as store:
+        for n, dims in enumerate(shapes):
+            problem = kernel.problem(dims, "bfloat16")
+            configs = kernel.valid_space(problem).sample(12, seed=n)
+            ids = []
+            for i, config in enumerate(configs):
+                t = 40.0 + 3 * ((i * 7) % 12)
+                software = new if i % 3 else {**new, "jax": "0.9.0", "jaxlib": "0.9.0"}
+                result = TrialResult.timed([t, t * 1.01, t * 0.99], compile_s=0.1, rel_error=1e-3,
+                                           timing="cupti")
+                ids.append(store.record_trial(problem, config, result, device=gpu,
+                                              software=software, cache="warm").id)
+            store.record_baseline(problem, "xla", [60.0, 61.0], device=gpu, software=new,
+                                  cache="warm")
+            if n == 0:
+                best = store.best(problem, n=2, versions={"jax": "0.10.2"})
+                rounds = lambda c: ((c, c * 1.001), (c * 1.002, c))  # noqa: E731
+                confirmation = analyse_confirmation(
+                    [Candidate(dict(r.config), rounds(r.median_us)) for r in best],
+                    rounds(60.0), default_config=None)
+                store.record_confirmation(problem, confirmation, trial_ids=[r.id for r in best],
+                                          device=gpu, software=new, cache="warm", iterations=2,
+                                          baseline_name="xla")
+    return db, [",".join(f"{k}={v}" for k, v in dims.items()) for dims in shapes]
+
+
+def test_best_answers_alike_through_sqlite3_and_through_a_store(stored_best, monkeypatch, capsys):
+    """`autotune best` reads a plain SQLite file through the stdlib reader (no SQLAlchemy,
+    benchmarks/RESULTS.md §17); what it prints (text, --json, -q, device and cache filters,
+    nothing tuned) is what it printed reading through a Store, byte for byte."""
+    from autotune.queries import best as best_queries
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
+    db, shapes = stored_best
+    runs = [[*base, *extra] for base in
+            (["best", "hopper_matmul", "--shape", s, "--dtype", "bf16", "--db", str(db)]
+             for s in [*shapes, "m=64,n=64,k=64"])
+            for extra in ([], ["--json"], ["-q"], ["--device", "h100"], ["--device", "gpu", "--json"],
+                          ["--cache", "cold"], ["--device", "interpret"])]
+
+    def outputs():
+        best_queries.close_stores()
+        out = []
+        for argv in runs:
+            code = main(argv)
+            captured = capsys.readouterr()
+            out.append((code, captured.out, captured.err))
+        return out
+
+    opened = []
+    real_open = best_queries.SQLiteReader.open
+    monkeypatch.setattr(best_queries.SQLiteReader, "open",
+                        lambda *a: opened.append(1) or real_open(*a))
+    light = outputs()
+    assert opened and sum(code == 0 for code, _, _ in light) >= 8
+    assert any('"confirmed": true' in out for _, out, _ in light)
+    monkeypatch.setattr(best_queries, "plain_sqlite_file", lambda db: None)  # through a Store
+    opened.clear()
+    assert outputs() == light and not opened
+    best_queries.close_stores()
+
+
+def test_best_of_a_stored_result_imports_no_sqlalchemy(stored_best):
+    """`autotune best` answering from a stored, confirmed result imports none of SQLAlchemy,
+    alembic, Optuna, numpy, jax (importing SQLAlchemy was most of its CPU time: RESULTS.md §17)."""
+    db, shapes = stored_best
+    code = ("import sys\nfrom autotune.cli import main\n"
+            f"rc = main(['best', 'hopper_matmul', '--shape', {shapes[0]!r}, '--dtype', 'bf16', "
+            f"'--db', {str(db)!r}, '--device', 'gpu'])\n"
+            "heavy = ('sqlalchemy', 'alembic', 'optuna', 'numpy', 'jax', 'jaxlib', 'pandas')\n"
+            "print(rc, sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "confirmed" in done.stdout and done.stdout.strip().splitlines()[-1] == "0 []"

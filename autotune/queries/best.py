@@ -65,7 +65,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from autotune._jax_compat import installed_versions
 from autotune.errors import EmptyDatabaseError, JobError, did_you_mean
@@ -79,13 +79,25 @@ from autotune.space.problem import (
 )
 from autotune.space.validity import servable, violations
 from autotune.storage.rows import ProblemSummary, TrialRow
-from autotune.storage.store import Store
-from autotune.storage.urls import display_url, read_timeout_s, resolve_url, sqlite_path
+from autotune.storage.sqlite_reader import SQLiteReader
+from autotune.storage.urls import (
+    display_url,
+    plain_sqlite_file,
+    read_timeout_s,
+    resolve_url,
+    sqlite_path,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import FrameType
 
     import pandas
+
+    # Imported where a store is opened: a best-config query on an SQLite file reads it through
+    # an SQLiteReader and never imports SQLAlchemy (benchmarks/RESULTS.md §17).
+    from autotune.storage.store import Store
+
+    Reader = Store | SQLiteReader
 
 __all__ = [
     "best_config", "best_result", "list_results", "nearest_results", "shape_distance",
@@ -259,7 +271,7 @@ def best_result(
     problem = Problem(kernel, parse_shape(shape) if isinstance(shape, str) else shape, dtype)
     if cache is not None and cache not in CACHE_POLICIES:
         raise JobError(f"cache must be one of {', '.join(CACHE_POLICIES)}, but got {cache!r}.")
-    with open_store(db, timeout_s=timeout_s) as store:
+    with open_reader(db, timeout_s=timeout_s) as store:
         if store is None:
             return None
         if device is None:
@@ -302,7 +314,7 @@ def running_versions() -> dict[str, str]:
 
 
 def _best_row(
-    store: Store, problem: Problem, name: str | None, kind: str | None, cache: str | None = None
+    store: Reader, problem: Problem, name: str | None, kind: str | None, cache: str | None = None
 ) -> tuple[TrialRow, bool] | None:
     """The fastest ok trial measured with the running jax/jaxlib, else the fastest of other
     versions, and whether it is stale (of other versions); of ``cache``'s policy, else of the
@@ -326,7 +338,7 @@ def _best_row(
 
 
 def _first_servable(
-    store: Store, problem: Problem, name: str | None, kind: str | None,
+    store: Reader, problem: Problem, name: str | None, kind: str | None,
     versions: Mapping[str, str] | None, cache: str | None = None,
 ) -> TrialRow | None:
     """The fastest ok trial with a plausible time (the one gate on times:
@@ -373,7 +385,7 @@ def _versions_text(versions: Mapping[str, str]) -> str:
     return ", ".join(f"{k} {versions.get(k) or '?'}" for k in ("jax", "jaxlib"))
 
 
-def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any:
+def _current_confirmation(store: Reader, problem: Problem, best: TrialRow) -> Any:
     """The newest confirmation round of ``best``'s device, software and policy, if it is newer
     than ``best`` (else the search found ``best`` after it, and it is not current)."""
     for c in store.confirmations(problem, device_name=best.device.name,
@@ -383,7 +395,7 @@ def _current_confirmation(store: Store, problem: Problem, best: TrialRow) -> Any
     return None
 
 
-def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
+def _best_result(store: Reader, problem: Problem, best: TrialRow, stale: bool = False) -> BestResult:
     confirmation = _current_confirmation(store, problem, best)
     if confirmation is not None and not plausible_us(confirmation.crowned.median_us):
         confirmation = None  # a confirmed time that is not a time is never served
@@ -414,7 +426,7 @@ def _best_result(store: Store, problem: Problem, best: TrialRow, stale: bool = F
 
 
 def _confirmed_result(
-    store: Store, problem: Problem, crowned: TrialRow, c: Any, stale: bool
+    store: Reader, problem: Problem, crowned: TrialRow, c: Any, stale: bool
 ) -> BestResult:
     program = c.crowned
     baseline_us = c.baseline_median_us if plausible_us(c.baseline_median_us) else None
@@ -614,8 +626,13 @@ def _version_of(key: str, software: Mapping[str, str]) -> str:
 
 
 def _frame(pd: Any, table: Any) -> pandas.DataFrame:
-    """The DataFrame of a :class:`~autotune.storage.rows.TrialTable`: per-trial columns taken
-    as they are, the problem, device, software, shape and config columns looked up by id."""
+    """The DataFrame of a :class:`~autotune.storage.rows.TrialTable`, built a column at a time
+    (no Python loop over the trials: a million rows in seconds, benchmarks/RESULTS.md §17).
+
+    A column of values looked up by id (the problem's, device's, software's, and the shape and
+    config columns) is typed by pandas from its distinct values, as it would be from every
+    trial's (the same values, each at least once), then taken per trial by position; a column
+    of repeated strings (status, timing, worker, ...) likewise from its distinct strings."""
     import numpy as np
 
     from autotune.storage.rows import NO_TIME
@@ -624,12 +641,23 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
     if len(table) == 0:
         return pd.DataFrame(columns=list(FRAME_COLUMNS))
 
-    def by_id(ids: Any, values: dict[int, Any]) -> list[Any]:
-        return [values[i] for i in ids]
+    def spread(ids: Any) -> tuple[list[int], Any]:
+        """The distinct ids in the order they first appear, and each trial's index into them."""
+        trial_ids = np.frombuffer(ids, dtype=np.int64)
+        first_seen = pd.unique(trial_ids)
+        position = np.zeros(int(first_seen.max()) + 1, dtype=np.intp)
+        position[first_seen] = np.arange(len(first_seen))
+        return first_seen.tolist(), position[trial_ids]
 
-    def lookup(ids: Any, of: dict[int, Any], get: Callable[[Any], Any]) -> list[Any]:
-        mapped = {i: get(v) for i, v in of.items()}
-        return by_id(ids, mapped)
+    def typed(distinct: list[Any], rows: Any) -> Any:
+        return _taken(pd.Series(distinct, dtype=None if distinct else object).array, rows)
+
+    def lookup(ids: Any, of: dict[int, Any], get: Callable[[Any], Any]) -> Any:
+        seen, rows = spread(ids)
+        return typed([get(of[i]) for i in seen], rows)
+
+    def strings(name: str) -> Any:
+        return typed(table.strings[name], np.frombuffer(c[name], dtype=np.int64))
 
     def times(values: Any) -> Any:
         micros = np.frombuffer(values, dtype=np.int64)
@@ -648,69 +676,67 @@ def _frame(pd: Any, table: Any) -> pandas.DataFrame:
         "kernel": lookup(pids, table.problems, lambda p: p.kernel),
         "dtype": lookup(pids, table.problems, lambda p: p.dtype),
         "problem": lookup(pids, table.problems, str),
-        "status": c["status"],
+        "status": strings("status"),
         **{k: numbers(c[k]) for k in ("median_us", "min_us", "max_us", "compile_s", "rel_error")},
-        "timing": c["timing"], "cache_policy": c["cache_policy"], "spread": numbers(c["spread"]),
+        "timing": strings("timing"), "cache_policy": strings("cache_policy"),
+        "spread": numbers(c["spread"]),
         "device": lookup(dids, table.devices, lambda d: d.name),
         "device_kind": lookup(dids, table.devices, lambda d: d.kind),
         "compute_capability": lookup(dids, table.devices, lambda d: d.compute_capability),
         "driver": lookup(dids, table.devices, lambda d: d.driver),
         **{k: lookup(sids, table.software, functools.partial(_version_of, k)) for k in ("jax", "jaxlib", "autotune")},
-        "study_name": c["study_name"],
+        "study_name": strings("study_name"),
         # As pandas infers it from the values: whole numbers, floats with NaN, or all None.
         "optuna_trial_number": (trial_numbers.astype(np.int64) if not np.isnan(trial_numbers).any()
                                 else [None] * len(trial_numbers) if np.isnan(trial_numbers).all()
                                 else trial_numbers),
-        "worker": c["worker"], "host": c["host"],
+        "worker": strings("worker"), "host": strings("host"),
         "started_at": times(c["started_at"]), "finished_at": times(c["finished_at"]),
-        "traced": c["traced"], "error": c["error"],
+        "traced": np.array(c["traced"], dtype=bool), "error": strings("error"),
     }
     # shape.* and config.* in the order their keys first appear, oldest trial first. Each
-    # distinct problem or config is read once into per-key value lists, then taken per trial.
+    # distinct problem or config is read once (the configs' JSON in one json.loads), its keys
+    # made columns by pandas (a key a config lacks: NaN), each typed, then taken per trial.
     # A stored config's JSON is canonical (Config.to_json: sorted keys, whole numbers as ints),
     # so json.loads reads what Config.from_json would, without its checks (10 s at 1M rows).
-    def shape_of(i: int) -> Mapping[str, Any]:
-        return dict(table.problems[i].dims)
+    def shapes(seen: list[int]) -> list[dict[str, Any]]:
+        return [dict(table.problems[i].dims) for i in seen]
 
-    def config_of(i: int) -> Mapping[str, Any]:
-        return dict(json.loads(table.config_json[i]))
+    def configs(seen: list[int]) -> list[dict[str, Any]]:
+        decoded: list[dict[str, Any]] = json.loads(
+            "[" + ",".join(map(table.config_json.__getitem__, seen)) + "]")
+        return decoded
 
-    readers: tuple[tuple[str, Any, Callable[[int], Mapping[str, Any]]], ...] = (
-        ("shape", pids, shape_of), ("config", cids, config_of))
+    readers: tuple[tuple[str, Any, Callable[[list[int]], list[dict[str, Any]]]], ...] = (
+        ("shape", pids, shapes), ("config", cids, configs))
     for prefix, ids, read in readers:
-        trial_ids = np.frombuffer(ids, dtype=np.int64)
-        first_seen = pd.unique(trial_ids)
-        position = np.zeros(int(first_seen.max()) + 1, dtype=np.int64)
-        position[first_seen] = np.arange(len(first_seen))
-        values: dict[str, list[Any]] = {}
-        shared: dict[Any, Any] = {}
-        for n, i in enumerate(first_seen.tolist()):
-            for key, value in read(i).items():
-                column = values.get(key)
-                if column is None:
-                    column = values[key] = [math.nan] * len(first_seen)
-                try:
-                    column[n] = shared.setdefault((type(value), value), value)
-                except TypeError:  # unhashable: kept as it is
-                    column[n] = value
-        rows = position[trial_ids].tolist()
-        for key, column in values.items():
-            taken = [column[r] for r in rows]
-            data[f"{prefix}.{key}"] = _whole(pd, taken)
-    return pd.DataFrame(data)
+        seen, rows = spread(ids)
+        records = pd.DataFrame(read(seen), dtype=object)
+        for key in records.columns:
+            values = records[key].to_numpy(dtype=object)
+            data[f"{prefix}.{key}"] = _taken(_whole(pd, values), rows)
+    return pd.DataFrame(data, copy=False)  # every column is built here: none needs a copy
 
 
-def _whole(pd: Any, values: list[Any]) -> Any:
-    """Whole numbers with a gap (a config value of None, a key another kernel lacks) stay
-    whole: pandas' nullable Int64, not float64 (64 read as 64.0)."""
-    def missing(v: Any) -> bool:
-        return v is None or (isinstance(v, float) and math.isnan(v))
+def _taken(values: Any, rows: Any) -> Any:
+    """``values`` (a pandas array) taken at ``rows``: a numpy array where pandas holds one."""
+    import numpy as np
 
-    present = [v for v in values if not missing(v)]
-    if (present and len(present) < len(values)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in present)):
-        return pd.array([None if missing(v) else v for v in values], dtype="Int64")
-    return values
+    if isinstance(values.dtype, np.dtype):
+        return values.to_numpy().take(rows)
+    return values.take(rows)
+
+
+def _whole(pd: Any, values: Any) -> Any:
+    """``values`` (an object array) as pandas types a list of them (a Series' array); whole
+    numbers with a gap (a config value of None, a key another kernel lacks) stay whole:
+    pandas' nullable Int64, not float64 (64 read as 64.0)."""
+    missing = pd.isna(values)
+    if missing.any() and not missing.all() and pd.api.types.infer_dtype(
+            values[~missing], skipna=False) == "integer":
+        return pd.array([None if m else v for m, v in zip(missing.tolist(), values.tolist(),
+                                                           strict=True)], dtype="Int64")
+    return pd.Series(values.tolist()).array
 
 
 def _frame_rows(
@@ -724,7 +750,7 @@ def _frame_rows(
 
 # Open stores by (url, pid, SQLite file identity), most recently used last. Opening a Store
 # (engine, first connection, schema check) takes ~10 ms; a query on an open one well under 1.
-_STORES: collections.OrderedDict[tuple[Any, ...], Store] = collections.OrderedDict()
+_STORES: collections.OrderedDict[tuple[Any, ...], Reader] = collections.OrderedDict()
 _STORES_LOCK = threading.Lock()
 _MAX_OPEN_STORES = 4
 
@@ -752,6 +778,8 @@ def open_store(db: str | None, *, timeout_s: float | None = None) -> Iterator[St
         if store is not None:
             _STORES.move_to_end(key)
     if store is None:
+        from autotune.storage.store import Store
+
         try:
             store = Store(db, read_only=True, timeout_s=timeout_s)
         except EmptyDatabaseError:  # an empty file, another program's: nothing stored there
@@ -762,7 +790,45 @@ def open_store(db: str | None, *, timeout_s: float | None = None) -> Iterator[St
             _STORES[key] = store
             while len(_STORES) > _MAX_OPEN_STORES:
                 _close(*_STORES.popitem(last=False))
-    yield store
+    yield cast("Store", store)  # open_reader's keys, of its SQLiteReaders, start "sqlite3"
+
+
+@contextlib.contextmanager
+def open_reader(db: str | None, *, timeout_s: float | None = None) -> Iterator[Reader | None]:
+    """What a best-config query reads ``db`` with: an :class:`SQLiteReader` (stdlib sqlite3, no
+    SQLAlchemy: ``autotune best`` in 0.1 s of CPU, benchmarks/RESULTS.md §17) for a plain SQLite
+    file (:func:`~autotune.storage.urls.plain_sqlite_file`) at the newest schema, else the store
+    of :func:`open_store`. Kept open in this process as stores are; None as for open_store."""
+    timeout_s = read_timeout_s(timeout_s)
+    path = plain_sqlite_file(db)
+    identity: tuple[Any, ...] = ()
+    if path is not None:
+        try:
+            stat = path.stat()
+        except OSError:  # missing (open_store warns) or unreadable (the store words it)
+            path = None
+        else:
+            identity = (stat.st_dev, stat.st_ino)
+    if path is None:
+        with open_store(db, timeout_s=timeout_s) as store:
+            yield store
+        return
+    key = ("sqlite3", str(path), os.getpid(), timeout_s, *identity)
+    with _STORES_LOCK:
+        reader = _STORES.get(key)
+        if reader is not None:
+            _STORES.move_to_end(key)
+    if reader is None:
+        reader = SQLiteReader.open(path, timeout_s)
+        if reader is None:  # not at the newest schema, or unreadable: a store handles it
+            with open_store(db, timeout_s=timeout_s) as store:
+                yield store
+            return
+        with _STORES_LOCK:
+            _STORES[key] = reader
+            while len(_STORES) > _MAX_OPEN_STORES:
+                _close(*_STORES.popitem(last=False))
+    yield reader
 
 
 _WARNED: set[str] = set()
@@ -847,10 +913,10 @@ def stored_trial_seconds(
     return statistics.median(seconds), len(seconds), mine
 
 
-def _close(key: tuple[Any, ...], store: Store) -> None:
-    if key[1] == os.getpid():
+def _close(key: tuple[Any, ...], store: Reader) -> None:
+    if key[1 if key[0] != "sqlite3" else 2] == os.getpid():
         store.close()
-    else:  # inherited through fork: the connections are the parent's to close
+    elif not isinstance(store, SQLiteReader):  # inherited through fork: the parent's to close
         store.engine.dispose(close=False)
 
 
@@ -892,7 +958,7 @@ def check_device(device: str | None, db: str | None = None) -> None:
         )
 
 
-def resolve_device(store: Store, device: str) -> tuple[str | None, str | None]:
+def resolve_device(store: Reader, device: str) -> tuple[str | None, str | None]:
     """(device name, device kind) to filter by, from a kind, a name, or part of a name."""
     if not isinstance(device, str) or not device.strip():
         raise JobError(

@@ -6,10 +6,8 @@ and writer share. Used by :class:`~.store.Store`."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import pathlib
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,16 +18,17 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import EmptyDatabaseError, StorageError
+from autotune.storage.sqlite_reader import MIGRATIONS_DIR as _MIGRATIONS_DIR
+from autotune.storage.sqlite_reader import VERSION_TABLE as VERSION_TABLE
+from autotune.storage.sqlite_reader import damaged_hint as damaged_hint
+from autotune.storage.sqlite_reader import script_head as _script_head
 from autotune.storage.urls import in_memory, mask_text
 
 log = logging.getLogger(__name__)
 
-# Optuna's RDB storage owns ``alembic_version``; ours must not collide with it.
-VERSION_TABLE = "at_alembic_version"
 SQLITE_BUSY_TIMEOUT_S = 30.0
 # Key of the PostgreSQL advisory lock that serialises concurrent migrations ("autotune").
 _PG_MIGRATION_LOCK = 0x6175746F74756E65
-_MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent / "migrations"
 
 
 def make_engine(url: URL, *, read_only: bool = False) -> Engine:
@@ -89,14 +88,6 @@ def failure_reason(error: BaseException) -> str:
     text = str(orig if orig is not None else error).strip()
     # The driver's words may quote the URL or a connection string: secrets masked here, once.
     return mask_text(text.splitlines()[0]) if text else type(error).__name__
-
-
-def damaged_hint(reason: str) -> str:
-    """What to do when ``reason`` (:func:`failure_reason`) says the file is damaged, else ""."""
-    if "malformed" in reason or "not a database" in reason:
-        return ("The database file is damaged and was left as it is: restore it from a backup, "
-                "or move it aside and point AUTOTUNE_DB at another file.")
-    return ""
 
 
 def open_hint(path: pathlib.Path | None, reason: str) -> str:
@@ -232,23 +223,6 @@ def repair_version_record(url: URL, where: str) -> tuple[list[str] | None, str]:
 
 class SchemaBehind(StorageError):
     """A read-only store found a schema older than head (it migrates through a writer)."""
-
-
-@functools.cache
-def _script_head() -> str | None:
-    """The head revision of the migration scripts, read from their ``revision`` and
-    ``down_revision`` lines without importing alembic (0.3 s of a query's start); None when
-    they do not make one linear chain (alembic then decides).
-    ``tests/storage/test_storage.py::test_the_head_read_without_alembic_is_alembics``."""
-    revisions: dict[str, str | None] = {}
-    pattern = re.compile(r'^(down_revision|revision)\b[^=]*=\s*(None|"([^"]*)")\s*$', re.M)
-    for script in (_MIGRATIONS_DIR / "versions").glob("[0-9]*.py"):
-        found = {m.group(1): m.group(3) for m in pattern.finditer(script.read_text())}
-        if "revision" not in found or found["revision"] is None:
-            return None
-        revisions[found["revision"]] = found.get("down_revision")
-    heads = set(revisions) - {d for d in revisions.values() if d is not None}
-    return heads.pop() if len(heads) == 1 else None
 
 
 def _at_head(read_engine: Engine) -> bool:

@@ -8,7 +8,7 @@ import array
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,6 +32,7 @@ from autotune.storage.keys import (
 )
 from autotune.storage.rows import (
     NO_TIME,
+    STRING_COLUMNS,
     TABLE_COLUMNS,
     BaselineRow,
     ConfirmationRow,
@@ -67,6 +68,74 @@ log = logging.getLogger("autotune.storage.store")
 # a million stored trials cost no more than that.
 HISTORY_SHAPES = 8
 HISTORY_PER_SHAPE = 768
+
+
+# Store.trial_table: rows read per batch, and the most configs read by id (500 a statement)
+# before every config of the kernels is read in one statement instead.
+TABLE_BATCH = 50_000
+_CONFIGS_BY_ID = 5_000
+_NUMBERS = frozenset({"median_us", "min_us", "max_us", "compile_s", "rel_error", "spread",
+                      "optuna_trial_number"})
+_TIMES = frozenset({"started_at", "finished_at"})
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_NAIVE_EPOCH = dt.datetime(1970, 1, 1)
+_MICRO = dt.timedelta(microseconds=1)
+
+
+def _chunks(connection: sa.Connection, query: Any) -> Iterator[Sequence[Sequence[Any]]]:
+    """The rows of ``query``, :data:`TABLE_BATCH` at a time: on SQLite from the driver's own
+    cursor (values as SQLite holds them: datetimes as text), elsewhere streamed by SQLAlchemy
+    (``yield_per``, a server-side cursor on PostgreSQL)."""
+    if connection.dialect.name != "sqlite":
+        result = connection.execute(query.execution_options(yield_per=TABLE_BATCH))
+        yield from result.partitions()
+        return
+    compiled = query.compile(dialect=connection.dialect,
+                             compile_kwargs={"render_postcompile": True})
+    params = compiled.construct_params()
+    positional = tuple(params[name] for name in compiled.positiontup or ())
+    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(compiled.string, positional)
+        while rows := cursor.fetchmany(TABLE_BATCH):
+            yield rows
+    finally:
+        cursor.close()
+
+
+def _micros(value: Any) -> int:
+    """A stored UTC datetime (a datetime, or SQLite's ISO text of one, naive in UTC) as
+    microseconds since the epoch; :data:`NO_TIME` for None."""
+    if value is None:
+        return NO_TIME
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    since = value - (_NAIVE_EPOCH if value.tzinfo is None else _EPOCH)
+    return int(since // _MICRO)
+
+
+def _extend(columns: dict[str, Any], chunk: Sequence[Sequence[Any]],
+            strings: dict[str, dict[Any, int]]) -> None:
+    """Appends a batch of :meth:`StoreReader.trial_table` rows to its columns, one column at
+    a time; a string column as indexes into ``strings[column]`` (value -> index, in the
+    order values first appear)."""
+    nan = float("nan")
+    for name, values in zip(TABLE_COLUMNS, zip(*chunk, strict=True), strict=True):
+        out = columns[name]
+        index = strings.get(name)
+        if index is not None:
+            for value in dict.fromkeys(values):  # the distinct values of the batch, in order
+                if value not in index:
+                    index[value] = len(index)
+            out.extend(map(index.__getitem__, values))
+        elif name in _NUMBERS:
+            out.extend([nan if v is None else v for v in values] if None in values else values)
+        elif name in _TIMES:
+            out.extend(map(_micros, values))
+        elif name == "traced":
+            out.extend(map(bool, values))
+        else:  # the ids
+            out.extend(values)
 
 
 class StoreReader:
@@ -234,68 +303,68 @@ class StoreReader:
     ) -> TrialTable:
         """Stored trials as columns, oldest first, filtered as :meth:`trials` filters them,
         the first ``limit`` only (filters and limit in SQL). The problems, configs, devices and
-        software they name are read once each, not once per trial."""
+        software they name are read once each, not once per trial, in a bounded number of
+        statements (``tests/queries/test_queries.py``).
+
+        The trials are read in trial-id order (the table's own order: no sort), the kernel,
+        dtype and device filters as ``IN`` subqueries that no index serves (``+ 0``), so that
+        the database neither sorts nor spills a million rows; on SQLite through the driver's
+        cursor in batches of :data:`TABLE_BATCH` rows (no SQLAlchemy row or type handling: a
+        third of the CPU time at a million rows, ``benchmarks/history_scaling.py``)."""
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
             raise ValueError(f"limit must be a whole number >= 0, but got {limit!r}.")
         traced = sa.exists().where(TraceRegions.trial_id == Trials.id)
         t = Trials.__table__.c
-        query = (
-            sa.select(t.id, t.problem_id, t.config_id, t.device_id, t.software_id, t.status,
-                      t.median_us, t.min_us, t.max_us, t.compile_s, t.rel_error, t.timing,
-                      t.cache_policy, t.spread, t.study_name, t.optuna_trial_number, t.worker,
-                      t.host, t.started_at, t.finished_at, traced, t.error)
-            .join(Problems, Problems.id == Trials.problem_id)
-            .join(Kernels, Kernels.id == Problems.kernel_id)
-            .join(Devices, Devices.id == Trials.device_id)
-        )
-        query = listing_filter(query, kernel=kernel, dtype=dtype, device_name=device_name,
-                               device_kind=device_kind)
+        query = sa.select(t.id, t.problem_id, t.config_id, t.device_id, t.software_id, t.status,
+                          t.median_us, t.min_us, t.max_us, t.compile_s, t.rel_error, t.timing,
+                          t.cache_policy, t.spread, t.study_name, t.optuna_trial_number, t.worker,
+                          t.host, t.started_at, t.finished_at, traced, t.error)
+        if kernel is not None or dtype is not None:
+            problems_q = sa.select(Problems.id).join(Kernels, Kernels.id == Problems.kernel_id)
+            problems_q = listing_filter(problems_q, kernel=kernel, dtype=dtype, device_name=None,
+                                        device_kind=None)
+            query = query.where((Trials.problem_id + 0).in_(problems_q))
+        if device_name is not None or device_kind is not None:
+            devices_q = device_filter(sa.select(Devices.id), device_name, device_kind)
+            query = query.where((Trials.device_id + 0).in_(devices_q))
         if status is not None:
             query = query.where(Trials.status == Outcome(status).value)
         query = query.order_by(Trials.id)
         if limit is not None:
             query = query.limit(limit)
-        numbers = {"median_us", "min_us", "max_us", "compile_s", "rel_error", "spread",
-                   "optuna_trial_number"}
-        times = {"started_at", "finished_at"}
         columns: dict[str, Any] = {}
         for name in TABLE_COLUMNS:
-            columns[name] = (array.array("d") if name in numbers else array.array("q")
-                             if name in times or name.endswith("_id") else [])
-        shared: dict[Any, Any] = {}  # one object per distinct string
-        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-        micro = dt.timedelta(microseconds=1)
-        nan = float("nan")
+            columns[name] = (array.array("d") if name in _NUMBERS else [] if name == "traced"
+                             else array.array("q"))
         with self._sessions.read("read trials") as session:
-            # Streamed (yield_per), so that a million rows are never held at once.
-            # On the session's connection (Core: no ORM row handling), one column at a time.
-            result = session.connection().execute(query.execution_options(yield_per=20_000))
-            for chunk in result.partitions():
-                for name, values in zip(TABLE_COLUMNS, zip(*chunk, strict=True), strict=True):
-                    out = columns[name]
-                    if name in numbers:
-                        out.extend(nan if v is None else v for v in values)
-                    elif name in times:
-                        out.extend(NO_TIME if v is None else (v - epoch) // micro for v in values)
-                    elif isinstance(out, array.array):
-                        out.extend(values)
-                    elif name == "traced":
-                        out.extend(bool(v) for v in values)
-                    else:
-                        out.extend(shared.setdefault(v, v) for v in values)
+            strings: dict[str, dict[Any, int]] = {name: {} for name in STRING_COLUMNS}
+            for chunk in _chunks(session.connection(), query):
+                _extend(columns, chunk, strings)
             problem_ids = set(columns["problem_id"])
-            problems = {pid: Problem(name, json.loads(shape), dtype_) for pid, name, shape, dtype_ in session.execute(
-                sa.select(Problems.id, Kernels.name, Problems.shape_json, Problems.dtype)
-                .join(Kernels, Kernels.id == Problems.kernel_id)) if pid in problem_ids}
+            problems: dict[int, Problem] = {}
+            kernel_ids: set[int] = set()
+            for pid, kid, name, shape, dtype_ in session.execute(
+                    sa.select(Problems.id, Kernels.id, Kernels.name, Problems.shape_json,
+                              Problems.dtype).join(Kernels, Kernels.id == Problems.kernel_id)):
+                if pid in problem_ids:
+                    problems[pid] = Problem(name, json.loads(shape), dtype_)
+                    kernel_ids.add(kid)
             config_ids = sorted(set(columns["config_id"]))
             configs: dict[int, str] = {}
-            for at in range(0, len(config_ids), 500):
+            if len(config_ids) <= _CONFIGS_BY_ID:
+                for at in range(0, len(config_ids), 500):
+                    configs.update((cid, text) for cid, text in session.execute(
+                        sa.select(Configs.id, Configs.config_json)
+                        .where(Configs.id.in_(config_ids[at:at + 500]))))
+            else:  # many: every config of the kernels, in one statement, those named kept
+                wanted = set(config_ids)
                 configs.update((cid, text) for cid, text in session.execute(
                     sa.select(Configs.id, Configs.config_json)
-                    .where(Configs.id.in_(config_ids[at:at + 500]))))
+                    .where(Configs.kernel_id.in_(sorted(kernel_ids)))) if cid in wanted)
             devices = {d.id: device_from_row(d) for d in session.scalars(sa.select(Devices))}
             software = {s.id: software_from_row(s) for s in session.scalars(sa.select(Software))}
-        return TrialTable(columns, problems, configs, devices, software)
+        return TrialTable(columns, problems, configs, devices, software,
+                          {name: list(index) for name, index in strings.items()})
 
     def trial(self, trial_id: int) -> TrialRow | None:
         """The trial with id ``trial_id``, or None."""
@@ -489,7 +558,7 @@ class StoreReader:
             query = query.limit(limit)
         with self._sessions.read("read confirmation rounds") as session:
             ids = [int(i) for i in session.scalars(query)]
-        rows = dict(self._confirmation_rows(ids)).values()
+        rows = [row for _problem_id, row in self._confirmation_rows(ids)]
         return sorted(rows, key=lambda r: -r.id)
 
     def _confirmation_rows(self, ids: Sequence[int]) -> list[tuple[int, ConfirmationRow]]:

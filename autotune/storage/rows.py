@@ -53,10 +53,12 @@ class TrialTable:
     ``columns`` maps each of :data:`TABLE_COLUMNS` to one value per trial: times and the other
     numbers as ``array('d')`` (NaN where missing), ``optuna_trial_number`` as floats too (NaN
     where none), datetimes as ``array('q')`` of microseconds since the epoch, UTC
-    (:data:`NO_TIME` where missing), the rest as lists whose repeated strings are one object.
-    ``problem_id``, ``config_id``, ``device_id`` and ``software_id`` index ``problems``,
-    ``config_json``, ``devices`` and ``software``; a config is kept as its canonical JSON
-    (:meth:`Config.from_json` reads one): a million trials may name 300,000 configs.
+    (:data:`NO_TIME` where missing), ``traced`` as a list of bools, and the string columns
+    (status, timing, ...: few distinct values) as ``array('q')`` indexes into
+    ``strings[column]``, their distinct values (None included). ``problem_id``, ``config_id``,
+    ``device_id`` and ``software_id`` index ``problems``, ``config_json``, ``devices`` and
+    ``software``; a config is kept as its canonical JSON (:meth:`Config.from_json` reads one):
+    a million trials may name 300,000 configs.
     """
 
     columns: dict[str, Any]
@@ -64,18 +66,21 @@ class TrialTable:
     config_json: dict[int, str]
     devices: dict[int, DeviceInfo]
     software: dict[int, dict[str, str]]
+    strings: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.columns["trial_id"])
 
 
-# TrialTable: its columns, and the stand-in for a missing datetime.
+# TrialTable: its columns (STRING_COLUMNS held as indexes into TrialTable.strings), and the
+# stand-in for a missing datetime.
 TABLE_COLUMNS = (
     "trial_id", "problem_id", "config_id", "device_id", "software_id", "status", "median_us",
     "min_us", "max_us", "compile_s", "rel_error", "timing", "cache_policy", "spread",
     "study_name", "optuna_trial_number", "worker", "host", "started_at", "finished_at", "traced",
     "error",
 )
+STRING_COLUMNS = ("status", "timing", "cache_policy", "study_name", "worker", "host", "error")
 NO_TIME = -(2**63)
 
 

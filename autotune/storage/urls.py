@@ -22,17 +22,17 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import re
 import stat
 import threading
 import urllib.parse
 from collections.abc import Sequence
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StorageError
+
+if TYPE_CHECKING:  # SQLAlchemy is imported where a URL is parsed: plain_sqlite_file needs none
+    from sqlalchemy.engine import URL
 
 __all__ = [
     "display_url",
@@ -44,6 +44,9 @@ __all__ = [
     "MASK",
     "resolve_url",
     "sqlite_path",
+    "plain_sqlite_file",
+    "plain_sqlite_text",
+    "check_sqlite_file",
     "read_timeout_s",
     "DEFAULT_URL",
     "ENV_VAR",
@@ -72,7 +75,7 @@ def display_url(url: str | URL | None) -> str:
     (:func:`mask_url`). Never raises."""
     if url is None:
         return ""
-    if isinstance(url, URL):
+    if not isinstance(url, str):  # a SQLAlchemy URL
         url = url.render_as_string(hide_password=False)  # masked below, as text is
     return mask_url(url)
 
@@ -205,6 +208,10 @@ def resolve_url(url: str | None = None) -> URL:
             f"The database URL must be a non-empty string such as {DEFAULT_URL!r}, but got {text!r}."
         )
     text = text.strip()
+    import sqlalchemy as sa
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy.engine import URL
+
     try:
         # A bare path is the SQLite file of exactly that name, even with ``?``, ``#`` or ``%``.
         parsed = URL.create("sqlite", database=text) if "://" not in text else sa.make_url(text)
@@ -221,9 +228,46 @@ def resolve_url(url: str | None = None) -> URL:
     return parsed
 
 
+# The characters of a database path that SQLAlchemy's URL keeps as they are, both parsed
+# (``sqlite:///PATH``) and shown (``display_url``): what :func:`plain_sqlite_file` reads itself.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_./+ -]+")
+_SQLITE_PREFIX = "sqlite:///"
+
+
+def plain_sqlite_file(url: str | None = None) -> pathlib.Path | None:
+    """The absolute SQLite file that ``url`` (as :func:`resolve_url` takes it: None means
+    ``$AUTOTUNE_DB``, else the default) names, read without SQLAlchemy, when it is a plain one:
+    ``sqlite:///PATH`` or a bare ``PATH`` of letters, digits, ``_ . / + -`` and spaces only (no
+    query, no ``~``, no quoting). None for anything else, which :func:`resolve_url` reads.
+    ``sqlite_path(resolve_url(url))`` names the same file, and ``display_url(resolve_url(url))``
+    is :func:`plain_sqlite_text` of it (``tests/storage/test_sqlite_reader.py``)."""
+    text = url if url is not None else (os.environ.get(ENV_VAR) or DEFAULT_URL)
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    if text.startswith(_SQLITE_PREFIX):
+        text = text[len(_SQLITE_PREFIX):]
+    elif "://" in text:
+        return None
+    if not _PLAIN_PATH.fullmatch(text):
+        return None
+    path = pathlib.Path(text)
+    if not path.is_absolute():
+        return pathlib.Path.cwd() / path
+    return path if str(path) == text else None  # "/a//b": the URL keeps it as written
+
+
+def plain_sqlite_text(path: pathlib.Path) -> str:
+    """How :func:`display_url` shows the URL of a :func:`plain_sqlite_file`."""
+    return _SQLITE_PREFIX + str(path)
+
+
 def sqlite_path(url: URL | str) -> pathlib.Path | None:
     """The file an SQLite URL names, or None (another backend, or an in-memory database)."""
-    url = sa.make_url(url) if isinstance(url, str) else url
+    if isinstance(url, str):
+        import sqlalchemy as sa
+
+        url = sa.make_url(url)
     database = url.database
     if url.get_backend_name() != "sqlite" or database is None or in_memory(url):
         return None
@@ -269,8 +313,12 @@ def check_database_path(url: URL | str, *, timeout_s: float | None = None) -> No
         the file system did not answer ``stat`` within ``timeout_s``.
     """
     path = sqlite_path(url)
-    if path is None:
-        return
+    if path is not None:
+        check_sqlite_file(path, timeout_s=timeout_s)
+
+
+def check_sqlite_file(path: pathlib.Path, *, timeout_s: float | None = None) -> None:
+    """:func:`check_database_path` of the SQLite file ``path`` itself (no URL to parse)."""
     timeout = read_timeout_s(timeout_s)
     found: dict[str, Any] = {}
 
@@ -315,7 +363,10 @@ def check_database_path(url: URL | str, *, timeout_s: float | None = None) -> No
 
 def in_memory(url: URL | str) -> bool:
     """Whether ``url`` is an in-memory SQLite database, which keeps nothing once closed."""
-    url = sa.make_url(url) if isinstance(url, str) else url
+    if isinstance(url, str):
+        import sqlalchemy as sa
+
+        url = sa.make_url(url)
     database = url.database or ""
     return url.get_backend_name() == "sqlite" and (
         database in ("", ":memory:") or database.startswith("file::memory:")
@@ -354,6 +405,8 @@ def read_only_url(url: URL, timeout_s: float) -> URL:
     SQLite: the file as a ``mode=ro`` URI (no journal or header is ever written) with a busy
     timeout. PostgreSQL: ``connect_timeout``, ``statement_timeout`` and read-only transactions.
     """
+    from sqlalchemy.engine import URL
+
     path = sqlite_path(url)
     if path is not None:  # quoted: SQLite reads ``?``, ``#`` and ``%`` in a URI's path as syntax
         return URL.create("sqlite", database=f"file:{urllib.parse.quote(str(path))}",

@@ -382,6 +382,74 @@ def test_results_frame_built_from_columns_equals_one_built_from_rows(db: str, fi
     pandas.testing.assert_frame_equal(queries.results_frame(db, **filters), _frame_from_rows(db, **filters))
 
 
+def _many_trials(url: str, per_problem: int) -> str:
+    """``per_problem`` trials of three problems (a config each, some with None, one kernel's
+    keys another's lacks), on two devices, some in a study, one traced, one failed."""
+    with Store(url) as store:
+        trials = []
+        for problem, device in ((MATMUL, H200), (MATMUL_SMALL, INTERPRET), (ATTENTION, H100)):
+            for i in range(per_problem):
+                config = ({"block_q": 16 * (1 + i % 8), "block_kv": i, "causal_mask": i % 2 == 0}
+                          if problem is ATTENTION else {"tile_m": 16 * (1 + i), "tile_n": None if i % 5 == 0 else i,
+                                                        "order": "MN"[i % 2]})
+                result = timed(10.0 + i) if i % 7 else TrialResult.failed(Outcome.COMPILE_ERROR, "smem")
+                trials.append((problem, Config(config), result, device, SOFTWARE))
+        recorded = store.record_trials(trials, worker="w0")
+        store.record_trace_regions(recorded[1].id, {"main": (3.0, 2)}, "trace/dir")
+        store.record_trial(MATMUL, Config(tile_m=1, tile_n=1, order="M"), timed(5.0), device=H200,
+                           software=SOFTWARE, study_name="s", optuna_trial_number=3)
+    return url
+
+
+def _statements(url: str, call) -> list[str]:
+    """The SQL statements ``call()`` sends to the database at ``url`` (opened afresh)."""
+    import sqlalchemy as sa
+
+    queries.close_stores()
+    sent: list[str] = []
+
+    def trace(dbapi_connection, record):
+        dbapi_connection.set_trace_callback(sent.append)
+
+    sa.event.listen(sa.engine.Engine, "connect", trace)
+    try:
+        call()
+    finally:
+        sa.event.remove(sa.engine.Engine, "connect", trace)
+        queries.close_stores()
+    return sent
+
+
+@pytest.mark.parametrize("filters", [{}, {"kernel": "matmul"}, {"device": "gpu", "status": "ok"},
+                                     {"dtype": "float16"}, {"kernel": "attention", "limit": 5}])
+def test_results_frame_reads_in_batches_and_a_bounded_number_of_statements(tmp_path, monkeypatch, filters):
+    """results_frame sends as many statements for 600 trials (and 600 configs, read kernel by
+    kernel past a bound) as for 6: none per trial or per config; read in several batches, the
+    frame is the one a record per trial gives."""
+    import pandas.testing
+
+    from autotune.storage import reading
+
+    monkeypatch.setattr(reading, "TABLE_BATCH", 7)
+    monkeypatch.setattr(reading, "_CONFIGS_BY_ID", 50)
+    small = _many_trials(f"sqlite:///{tmp_path}/small.db", 2)
+    big = _many_trials(f"sqlite:///{tmp_path}/big.db", 200)
+    counts = [len(_statements(url, lambda url=url: queries.results_frame(url, **filters)))
+              for url in (small, big)]
+    assert counts[0] == counts[1] and counts[0] < 20, counts
+    limit = filters.pop("limit", None)
+    frame = queries.results_frame(big, **filters, limit=limit)
+    expected = _frame_from_rows(big, **filters)
+    if limit is not None:
+        expected = expected.head(limit)
+    # Trial numbers with gaps are floats with NaN in results_frame (as pandas infers them);
+    # the record-per-trial helper makes every gapped whole-number column Int64.
+    expected["optuna_trial_number"] = expected["optuna_trial_number"].astype(
+        frame["optuna_trial_number"].dtype)
+    assert len(frame) >= 5 and (filters or frame["traced"].sum() == 1)
+    pandas.testing.assert_frame_equal(frame, expected)
+
+
 def test_results_frame_limit_keeps_the_oldest_and_is_checked(db: str):
     """limit=N gives the N oldest trials (in SQL); a negative or fractional limit is refused."""
     whole = queries.results_frame(db)

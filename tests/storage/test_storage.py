@@ -68,8 +68,8 @@ def test_public_api_is_pinned():
         [
             "Store", "RecordedTrial", "TrialRow", "BaselineRow", "TraceRegionRow",
             "ProblemSummary", "resolve_url", "sqlite_path", "in_memory", "failure_reason", "damaged_hint",
-            "mask_text", "mask_url", "mask_argv", "check_database_path",
-            "DEFAULT_URL", "ENV_VAR",
+            "mask_text", "mask_url", "mask_argv", "check_database_path", "check_sqlite_file",
+            "plain_sqlite_file", "plain_sqlite_text", "DEFAULT_URL", "ENV_VAR",
             "VERSION_TABLE", "READ_TIMEOUT_ENV", "read_timeout_s", "RESULT_FIELDS",
             "RunRow", "ConfirmationRow", "ConfirmedProgram", "Observed", "TrialTable",
         ]
