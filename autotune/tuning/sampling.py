@@ -238,8 +238,21 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
         self.proposed = 0
         self._brute_pos = 0
-        self.prefetch = False
+        self._prefetch = False
         self._ahead: concurrent.futures.Future[dict[str, Any]] | None = None
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether proposals are made ahead on background threads (see the class doc); set on
+        the base sampler too where it has the switch (the ranked sampler's family members,
+        :attr:`autotune.tuning.samplers.ranked.RankedSampler.prefetch`)."""
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, on: bool) -> None:
+        self._prefetch = on
+        if hasattr(self._base, "prefetch"):
+            setattr(self._base, "prefetch", on)  # noqa: B010 - any base sampler with the switch
 
     def diverge(self, salt: str) -> None:
         """Makes this sampler's draws differ from those of other processes that share its seed
