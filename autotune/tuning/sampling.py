@@ -233,6 +233,7 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self._seeds = [Config(s) for s in seeds]
         self._taken_extra = taken or (lambda: ())
         self._index: TrialIndex | None = None
+        self._index_fresh = False  # the next proposal takes the index as it is (index_read)
         self._dists = distributions(space)
         self.exhausted_trial_id: int | None = None
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
@@ -301,8 +302,11 @@ class ValidSampler(optuna.samplers.BaseSampler):
         if not search_space:
             return {}
         with oa.one_read(study):  # the base sampler's reads answer from the snapshot taken here
+            reused = self._index_fresh
             taken = self.taken_keys(study)
             config = self._next(study, trial, taken)
+            if config is None and reused:  # configs freed since the index was read: read it
+                config = self._next(study, trial, self.taken_keys(study))
         if config is None:
             self.exhausted_trial_id = oa.trial_id(trial)  # the runner closes this empty trial
             raise ExhaustedError(
@@ -346,10 +350,24 @@ class ValidSampler(optuna.samplers.BaseSampler):
     def taken_keys(self, study: optuna.Study) -> TrialIndex:
         """Value tuples of configs no longer free (``key in taken_keys(study)``): measured, or
         being measured now. A trial closed without an outcome (never measured: stale or
-        abandoned) leaves its config free."""
+        abandoned) leaves its config free. Read from the study, unless :meth:`index_read` said
+        the index was just read."""
         index = self.index
-        index.refresh(study.get_trials(deepcopy=False))
+        if self._index_fresh:
+            self._index_fresh = False
+        else:
+            index.refresh(study.get_trials(deepcopy=False))
         return index
+
+    def index_read(self) -> None:
+        """Says that :attr:`index` was just refreshed from the study: the next proposal takes
+        it as it is instead of reading the study's trials again (on an RDB storage, 7
+        statements and a commit). The scheduler says so after each ask, whose last step reads
+        the study (issue 36); what the index then misses (trials other processes asked since)
+        is caught by the scheduler's twin check, which reads after the params are written.
+        Base samplers that read the study themselves (TPE under :data:`MODEL_TRIALS`, the
+        ranked sampler) still read it, once per proposal."""
+        self._index_fresh = True
 
     def _next(self, study: optuna.Study, trial: FrozenTrial, taken: TrialIndex) -> Config | None:
         space = self._space
