@@ -2,7 +2,9 @@
 
 autotune relies on a few things Optuna does not export: a trial's storage id, a study's
 storage and id, the per-thread cache of a study's trials, ``Trial._suggest``, the heartbeat
-base class and its stale-trial query. Every use is a function here, and
+base class and its stale-trial query, and, to spare the ask and the tell statements on an RDB
+storage (issue 36), the trials ``_CachedStorage`` holds, a live trial's frozen copy and the RDB
+models and session. Every use is a function here, and
 ``tests/tuning/test_optuna_adapter.py`` pins exactly the behaviour relied on. Importing this module
 with an Optuna outside :data:`SUPPORTED` raises ImportError naming the range and the version
 found; ``pyproject.toml`` declares the same range.

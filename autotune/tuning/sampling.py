@@ -199,6 +199,8 @@ class ValidSampler(optuna.samplers.BaseSampler):
     one is handed out, from the model study as it is then, so that the next ask, which comes
     when a result arrives, finds it ready instead of fitting the model (issue 16: a proposal
     in 10 ms at the 99th percentile). Proposals then depend on timing, not only on the seed.
+    A base sampler with a ``prefetch`` switch of its own follows this one (the ranked sampler
+    finds a stall's family members on its preparer thread).
 
     Thread safety: as Optuna's samplers; one instance per study and process.
     """
