@@ -2,7 +2,9 @@
 
 autotune relies on a few things Optuna does not export: a trial's storage id, a study's
 storage and id, the per-thread cache of a study's trials, ``Trial._suggest``, the heartbeat
-base class and its stale-trial query. Every use is a function here, and
+base class and its stale-trial query, and, to spare the ask and the tell statements on an RDB
+storage (issue 36), the trials ``_CachedStorage`` holds, a live trial's frozen copy and the RDB
+models and session. Every use is a function here, and
 ``tests/tuning/test_optuna_adapter.py`` pins exactly the behaviour relied on. Importing this module
 with an Optuna outside :data:`SUPPORTED` raises ImportError naming the range and the version
 found; ``pyproject.toml`` declares the same range.
@@ -14,7 +16,9 @@ samplers) is used directly by the tuning modules; only private names live here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import copy
+import datetime as dt
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -34,6 +38,7 @@ __all__ = [
     "create_trial",
     "suggest",
     "suggest_all",
+    "tell",
     "set_trial_system_attr",
     "trial_number",
     "has_studies_table",
@@ -91,11 +96,98 @@ def stale_trial_ids(study: optuna.Study) -> list[int]:
 def create_trial(study: optuna.Study, template: optuna.trial.FrozenTrial) -> optuna.trial.Trial:
     """A new RUNNING trial of ``study`` created from ``template`` in one storage write (its
     user attributes included), as ``study.ask`` creates one; the study's cached trials are
-    dropped first so that the sampler proposes from fresh trials."""
+    dropped first so that the sampler proposes from fresh trials.
+
+    ``optuna.trial.Trial`` reads the trial it was just given back from the storage (for a
+    RUNNING trial, 6 statements and a commit on an RDB storage); Optuna's cache already holds
+    it as created, so it is answered from there (issue 36)."""
     study._thread_local.cached_all_trials = None  # as study.ask does
-    return optuna.trial.Trial(
-        study, study._storage.create_new_trial(study._study_id, template_trial=template)
-    )
+    storage = study._storage
+    created = storage.create_new_trial(study._study_id, template_trial=template)
+    frozen = _cached_trial(storage, created)
+    if frozen is None:
+        return optuna.trial.Trial(study, created)
+    with _answering(study, copy.deepcopy(frozen)):  # a copy: the Trial's own, as a read gives
+        trial = optuna.trial.Trial(study, created)
+    trial.storage = storage
+    return trial
+
+
+def tell(
+    study: optuna.Study, trial: optuna.trial.Trial, value: float | None = None, *,
+    state: optuna.trial.TrialState | None = None, system_attrs: Mapping[str, Any] | None = None,
+) -> None:
+    """Writes ``system_attrs`` on ``trial`` (one of this process's, from :func:`create_trial`),
+    then ``study.tell(trial, value, state=state)``.
+
+    ``study.tell`` reads the trial from the storage before and after it writes the result (on
+    an RDB storage, 12 statements and 2 commits of a tell's 18 and 4); both reads are answered
+    from the trial as this process holds it (its params as suggested, the attributes written
+    here), its state and value as told. Errors are Optuna's: a trial another process closed
+    raises ``UpdateFinishedTrialError`` when written, as before."""
+    storage = study._storage
+    tid = trial._trial_id
+    for key, attr in (system_attrs or {}).items():
+        storage.set_trial_system_attr(tid, key, attr)
+    frozen = copy.deepcopy(trial._cached_frozen_trial)
+    frozen.system_attrs = {**frozen.system_attrs, **(system_attrs or {})}
+    with _answering(study, frozen):
+        study.tell(trial, value, state=state)
+
+
+def _cached_trial(storage: Any, trial_id: int) -> optuna.trial.FrozenTrial | None:
+    """The trial ``trial_id`` as Optuna's cache holds it (None for other storages)."""
+    if not isinstance(storage, _CachedStorage):
+        return None
+    with storage._lock:
+        where = storage._trial_id_to_study_id_and_number.get(trial_id)
+        if where is None or where[0] not in storage._studies:
+            return None
+        return storage._studies[where[0]].trials.get(where[1])
+
+
+@contextlib.contextmanager
+def _answering(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> Iterator[None]:
+    """Within the block, the study's storage answers ``get_trial`` for ``frozen``'s trial with
+    ``frozen`` (updated by the block's ``set_trial_state_values``); every other call goes
+    through. The scheduler's thread is the only one that uses a study's storage."""
+    storage = study._storage
+    study._storage = _Known(storage, frozen)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        study._storage = storage
+
+
+class _Known:
+    """A study's storage that answers ``get_trial`` for one trial from what this process
+    knows of it; every other call goes through."""
+
+    def __init__(self, storage: Any, frozen: optuna.trial.FrozenTrial) -> None:
+        self._storage = storage
+        self._frozen = frozen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def get_trial(self, trial_id: int) -> optuna.trial.FrozenTrial:
+        if trial_id == self._frozen._trial_id:
+            return self._frozen
+        result: optuna.trial.FrozenTrial = self._storage.get_trial(trial_id)
+        return result
+
+    def set_trial_state_values(
+        self, trial_id: int, state: optuna.trial.TrialState, values: Sequence[float] | None = None,
+    ) -> bool:
+        done: bool = self._storage.set_trial_state_values(trial_id, state, values)
+        if done and trial_id == self._frozen._trial_id:
+            frozen = copy.copy(self._frozen)
+            frozen.state = state
+            frozen.values = None if values is None else list(values)
+            if state.is_finished():
+                frozen.datetime_complete = dt.datetime.now()
+            self._frozen = frozen
+        return done
 
 
 def suggest(trial: optuna.trial.Trial, name: str, distribution: Any) -> Any:
@@ -104,14 +196,16 @@ def suggest(trial: optuna.trial.Trial, name: str, distribution: Any) -> Any:
     return trial._suggest(name, distribution)
 
 
-def suggest_all(trial: optuna.trial.Trial, dists: Mapping[str, Any]) -> None:
+def suggest_all(trial: optuna.trial.Trial, dists: Mapping[str, Any], *, heartbeat: bool = False) -> None:
     """:func:`suggest` for every parameter of ``dists`` in order, the values chosen as
     ``Trial._suggest`` chooses them (relative sampling first), and written to an RDB storage in
-    one transaction instead of one per parameter.
+    one transaction instead of one per parameter; ``heartbeat``: the trial's first heartbeat
+    is written in that transaction too (a new trial, of a storage that keeps heartbeats).
 
     A dozen commits made each ask of the scheduler's loop cost 30-70 ms on SQLite (most of it
     the commits); one costs a few. Other storages get one write per parameter, as before. If
-    the write fails, none of the parameters is stored and the error propagates.
+    the write fails, none of the parameters is stored (nor the heartbeat) and the error
+    propagates.
     """
     storage = trial.storage
     batch: Any = _ParamBatch(storage)  # stands in for the storage, for these writes only
@@ -121,7 +215,7 @@ def suggest_all(trial: optuna.trial.Trial, dists: Mapping[str, Any]) -> None:
             trial._suggest(name, distribution)
     finally:
         trial.storage = storage
-    batch.flush(trial._trial_id)
+    batch.flush(trial._trial_id, heartbeat=heartbeat)
 
 
 class _ParamBatch:
@@ -138,15 +232,17 @@ class _ParamBatch:
     def set_trial_param(self, trial_id: int, name: str, value: float, distribution: Any) -> None:
         self._params.append((name, value, distribution))
 
-    def flush(self, trial_id: int) -> None:
+    def flush(self, trial_id: int, *, heartbeat: bool = False) -> None:
         storage, params = self._storage, self._params
-        if not params:
-            return
         backend = getattr(storage, "_backend", None)
         if not (isinstance(storage, _CachedStorage)
                 and isinstance(backend, optuna.storages.RDBStorage)):
             for name, value, distribution in params:
                 storage.set_trial_param(trial_id, name, value, distribution)
+            if heartbeat:
+                storage.record_heartbeat(trial_id)
+            return
+        if not params and not heartbeat:
             return
         # _CachedStorage.set_trial_param for many parameters: the study's known distributions
         # (the compatibility check) under its lock, and RDBStorage's write of each in one session.
@@ -172,6 +268,8 @@ class _ParamBatch:
                                  "distribution_json": optuna.distributions.distribution_to_json(distribution)})
                 if rows:
                     session.execute(sa.insert(_models.TrialParamModel.__table__), rows)
+                if heartbeat:  # as RDBStorage.record_heartbeat writes a trial's first
+                    session.add(_models.TrialHeartbeatModel(trial_id=trial_id))
             for name, _value, distribution in params:
                 known.setdefault(name, distribution)
 

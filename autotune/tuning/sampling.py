@@ -199,6 +199,8 @@ class ValidSampler(optuna.samplers.BaseSampler):
     one is handed out, from the model study as it is then, so that the next ask, which comes
     when a result arrives, finds it ready instead of fitting the model (issue 16: a proposal
     in 10 ms at the 99th percentile). Proposals then depend on timing, not only on the seed.
+    A base sampler with a ``prefetch`` switch of its own follows this one (the ranked sampler
+    finds a stall's family members on its preparer thread).
 
     Thread safety: as Optuna's samplers; one instance per study and process.
     """
@@ -233,13 +235,27 @@ class ValidSampler(optuna.samplers.BaseSampler):
         self._seeds = [Config(s) for s in seeds]
         self._taken_extra = taken or (lambda: ())
         self._index: TrialIndex | None = None
+        self._index_fresh = False  # the next proposal takes the index as it is (index_read)
         self._dists = distributions(space)
         self.exhausted_trial_id: int | None = None
         self.repaired = 0  # proposals the base made that were invalid or taken, then repaired
         self.proposed = 0
         self._brute_pos = 0
-        self.prefetch = False
+        self._prefetch = False
         self._ahead: concurrent.futures.Future[dict[str, Any]] | None = None
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether proposals are made ahead on background threads (see the class doc); set on
+        the base sampler too where it has the switch (the ranked sampler's family members,
+        :attr:`autotune.tuning.samplers.ranked.RankedSampler.prefetch`)."""
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, on: bool) -> None:
+        self._prefetch = on
+        if hasattr(self._base, "prefetch"):
+            setattr(self._base, "prefetch", on)  # noqa: B010 - any base sampler with the switch
 
     def diverge(self, salt: str) -> None:
         """Makes this sampler's draws differ from those of other processes that share its seed
@@ -288,8 +304,11 @@ class ValidSampler(optuna.samplers.BaseSampler):
         if not search_space:
             return {}
         with oa.one_read(study):  # the base sampler's reads answer from the snapshot taken here
+            reused = self._index_fresh
             taken = self.taken_keys(study)
             config = self._next(study, trial, taken)
+            if config is None and reused:  # configs freed since the index was read: read it
+                config = self._next(study, trial, self.taken_keys(study))
         if config is None:
             self.exhausted_trial_id = oa.trial_id(trial)  # the runner closes this empty trial
             raise ExhaustedError(
@@ -333,10 +352,24 @@ class ValidSampler(optuna.samplers.BaseSampler):
     def taken_keys(self, study: optuna.Study) -> TrialIndex:
         """Value tuples of configs no longer free (``key in taken_keys(study)``): measured, or
         being measured now. A trial closed without an outcome (never measured: stale or
-        abandoned) leaves its config free."""
+        abandoned) leaves its config free. Read from the study, unless :meth:`index_read` said
+        the index was just read."""
         index = self.index
-        index.refresh(study.get_trials(deepcopy=False))
+        if self._index_fresh:
+            self._index_fresh = False
+        else:
+            index.refresh(study.get_trials(deepcopy=False))
         return index
+
+    def index_read(self) -> None:
+        """Says that :attr:`index` was just refreshed from the study: the next proposal takes
+        it as it is instead of reading the study's trials again (on an RDB storage, 7
+        statements and a commit). The scheduler says so after each ask, whose last step reads
+        the study (issue 36); what the index then misses (trials other processes asked since)
+        is caught by the scheduler's twin check, which reads after the params are written.
+        Base samplers that read the study themselves (TPE under :data:`MODEL_TRIALS`, the
+        ranked sampler) still read it, once per proposal."""
+        self._index_fresh = True
 
     def _next(self, study: optuna.Study, trial: FrozenTrial, taken: TrialIndex) -> Config | None:
         space = self._space

@@ -134,6 +134,7 @@ class _Run:
 
     def refresh(self) -> None:
         self.tally.refresh(self.study.get_trials(deepcopy=False))
+        self.sampler.index_read()  # the next proposal starts from this read (issue 36)
         self.unread_results = 0
 
     def ask(self) -> tuple[optuna.trial.Trial, Config] | None:

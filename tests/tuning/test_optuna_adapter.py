@@ -260,6 +260,90 @@ def test_one_read_reads_the_study_once_within_the_block(tmp_path):
         assert memory.get_trials() == []
 
 
+def test_create_trial_does_not_read_back_the_trial_it_created(tmp_path):
+    """optuna.trial.Trial reads its trial from the storage; create_trial answers that read
+    from Optuna's cache (issue 36: 6 statements and a commit of every ask), and the trial it
+    gives is the one stored."""
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = _statements(storage)
+    commits = _commits(storage)
+    trial = oa.create_trial(study, _template(owner="host:1"))
+    assert commits[0] == 1  # the create, nothing more
+    assert not [s for s in seen if s.startswith("SELECT trial_values.")]  # no read of the trial
+    assert trial.storage is oa.study_storage(study)
+    stored = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/optuna.db")).trials[0]
+    assert (trial.number, trial.user_attrs, trial.datetime_start) == (
+        stored.number, stored.user_attrs, stored.datetime_start)
+
+
+def test_tell_stores_the_attributes_state_and_value_without_reading_the_trial(tmp_path):
+    """oa.tell writes what study.tell writes (and the system attributes first) in 2 commits,
+    answering study.tell's two reads of the trial from the trial as asked (issue 36)."""
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    done = oa.create_trial(study, _template())
+    oa.suggest_all(done, _DISTS)
+    failed = oa.create_trial(study, _template())
+    oa.suggest_all(failed, _DISTS)
+    seen = _statements(storage)
+    commits = _commits(storage)
+    oa.tell(study, done, 12.5, system_attrs={"outcome": "ok"})
+    assert commits[0] == 2 and not [s for s in seen if s.startswith("SELECT trial_params.")]
+    oa.tell(study, failed, state=TrialState.FAIL, system_attrs={"outcome": "compile_error"})
+    assert type(oa.study_storage(study)).__name__ == "_CachedStorage"  # its own storage again
+    fresh = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/optuna.db")).trials
+    assert [(t.state, t.value, t.system_attrs, t.params) for t in fresh] == [
+        (TrialState.COMPLETE, 12.5, {"outcome": "ok"}, done.params),
+        (TrialState.FAIL, None, {"outcome": "compile_error"}, failed.params)]
+    assert fresh[0].datetime_complete is not None
+
+
+def test_tell_of_a_trial_another_process_closed_raises_update_finished(tmp_path):
+    """As study.tell: the result of a trial another host closed (stale) is refused by the
+    storage's write, which the caller catches (studies.tell_result keeps the stored result)."""
+    storage = _rdb(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = oa.create_trial(study, _template())
+    oa.suggest_all(trial, _DISTS)
+    other = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/optuna.db"))
+    other.tell(trial.number, state=TrialState.FAIL)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        oa.tell(study, trial, 1.0, system_attrs={"outcome": "ok"})
+
+
+def test_suggest_all_writes_the_first_heartbeat_with_the_params(tmp_path):
+    """heartbeat=True: the trial's first heartbeat goes in the params' transaction (one commit);
+    a trial whose params could not be written has no heartbeat either."""
+    storage = _rdb(tmp_path, heartbeat=60, grace=120)
+    study = optuna.create_study(storage=storage, study_name="s",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    oa.suggest_all(oa.create_trial(study, _template()), _DISTS)
+    trial = oa.create_trial(study, _template())
+    commits = _commits(storage)
+    oa.suggest_all(trial, _DISTS, heartbeat=True)
+    assert commits[0] == 1
+    import sqlalchemy
+
+    with storage.engine.connect() as conn:
+        beats = conn.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats")).scalars().all()
+    assert beats == [oa.trial_id(trial)]
+    clash = oa.create_trial(study, _template())
+    with pytest.raises(ValueError):
+        oa.suggest_all(clash, dict(_DISTS, swizzle=IntDistribution(0, 9)), heartbeat=True)
+    with storage.engine.connect() as conn:
+        beats = conn.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats")).scalars().all()
+    assert beats == [oa.trial_id(trial)]
+    memory = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    oa.suggest_all(oa.create_trial(memory, _template()), _DISTS, heartbeat=False)
+
+
 def test_suggest_all_on_a_storage_in_memory(tmp_path):
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     trial = oa.create_trial(study, _template())

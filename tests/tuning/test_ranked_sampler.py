@@ -715,3 +715,81 @@ def test_a_family_good_but_not_best_is_left_for_other_families_once_it_stops_gai
     monkeypatch.setattr(ranked_sampler, "FAMILY_PATIENCE", 10**6)
     for measured in families_measured():
         assert set(measured) == {top}
+
+
+def test_with_prefetch_the_asking_thread_never_finds_family_members(monkeypatch):
+    """With ``prefetch`` on (the scheduler's samplers), a stall's family members (two-move
+    enumeration and an estimate each, 0.1-0.5 s for hopper_matmul) are found on the preparer
+    thread: the proposals go on while they are not ready, and they join the pool at the first
+    proposal after they are (docs/ranked_sampler.md, "Family diversity")."""
+    from autotune.tuning.samplers import ranked as ranked_sampler
+
+    problem = user_problem(4096, 2048)
+    bound = GRID_SPACE.bind(problem)
+    asking = threading.get_ident()
+    release = threading.Event()
+    called: list[int] = []
+    found: list[list[dict]] = []
+    real = ranked_sampler.family_members
+
+    def watched(*args):
+        called.append(threading.get_ident())
+        assert release.wait(30), "the test never released the preparer"
+        found.append(real(*args))
+        return found[-1]
+
+    monkeypatch.setattr(ranked_sampler, "family_members", watched)
+    sampler = RankedSampler(bound, seed=0, explore=0.0,
+                            estimate=lambda p, c: _grid_estimate_us(c) * 1e-6)
+    sampler.prefetch = True
+    try:
+        # Every config measures the same: no gain, so a stall after FAMILY_PATIENCE + 1 trials.
+        study, _ = _run(bound, sampler, lambda c: 10.0, ranked_sampler.FAMILY_PATIENCE + 4)
+        assert len(study.trials) == ranked_sampler.FAMILY_PATIENCE + 4  # none waited for them
+        deadline = time.monotonic() + 60
+        while not called and time.monotonic() < deadline:  # the family columns come first
+            time.sleep(0.01)
+        assert called and asking not in called  # asked for, and not on this thread
+        assert not found  # still being found: none joined the pool
+    finally:
+        release.set()
+    deadline = time.monotonic() + 60
+    while len(found) < len(called) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the job's result is set just after family_members returns
+    assert bound.is_valid(study.ask(distributions(bound)).params)  # joins them
+    members = [bound.key(c) for c in found[0] if bound.is_valid(c)]
+    assert members and all(k in sampler._pool_index for k in members)
+    assert asking not in called
+
+
+def test_without_prefetch_family_members_are_found_at_the_stall(monkeypatch):
+    """Off (the default, the replays and the pinned proposals): at the stall, on the asking
+    thread, so that the proposals depend on the seed alone."""
+    from autotune.tuning.samplers import ranked as ranked_sampler
+
+    bound = GRID_SPACE.bind(user_problem(4096, 2048))
+    called: list[int] = []
+    real = ranked_sampler.family_members
+
+    def watched(*args):
+        called.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(ranked_sampler, "family_members", watched)
+    sampler = RankedSampler(bound, seed=0, explore=0.0,
+                            estimate=lambda p, c: _grid_estimate_us(c) * 1e-6)
+    _run(bound, sampler, lambda c: 10.0, ranked_sampler.FAMILY_PATIENCE + 2)
+    assert called == [threading.get_ident()]
+
+
+def test_the_valid_set_wrapper_passes_prefetch_to_the_ranked_sampler():
+    """The scheduler turns ``prefetch`` on on the wrapper (scheduler._open); the ranked sampler
+    it wraps follows, and its model study's copies (made on the proposer thread) do not."""
+    bound = GRID_SPACE.bind(user_problem(4096, 2048))
+    sampler = valid_sampler("ranked", bound, seed=0, estimate=lambda p, c: _grid_estimate_us(c) * 1e-6)
+    assert sampler.prefetch is False and sampler.base.prefetch is False
+    sampler.prefetch = True
+    assert sampler.prefetch is True and sampler.base.prefetch is True
+    sampler.prefetch = False
+    assert sampler.base.prefetch is False

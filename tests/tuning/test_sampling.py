@@ -198,3 +198,61 @@ def _space_for_names():
 
     space = Space(params=(Choice("a", (1, 2, 4), ordered=True), Choice("b", ("x", "y"))))
     return space.bind(Problem("names", {"n": 1}, "float32"))
+
+
+def test_after_index_read_the_next_proposal_does_not_read_the_study(tmp_path):
+    """The scheduler reads the study after each ask and says so (``index_read``): the next
+    proposal starts from that read instead of reading the study's trials again (on SQLite 7
+    statements and a commit); without it, every proposal reads. Once only: the one after reads."""
+    import sqlalchemy
+
+    from autotune.tuning import optuna_adapter as oa
+    from autotune.tuning.sampling import OUTCOME_ATTR
+
+    bound = toy_space().bind(PROBLEM)
+    sampler = valid_sampler("random", bound, seed=0)  # draws uniformly: reads nothing itself
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/optuna.db")
+    study = optuna.create_study(storage=storage, sampler=sampler)
+    reads: list[str] = []
+    sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
+                            lambda conn, cursor, statement, *a: reads.append(statement)
+                            if statement.startswith("SELECT studies.") else None)
+    dists = distributions(bound)
+
+    def ask() -> int:
+        before = len(reads)
+        trial = study.ask(dists)
+        oa.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok")
+        study.tell(trial, _objective(trial.params))
+        return len(reads) - before
+
+    assert ask() >= 1  # reads the study
+    sampler.index.refresh(study.get_trials(deepcopy=False))
+    sampler.index_read()
+    with_read = ask()
+    without = ask()
+    assert with_read == without - 1  # the one read spared
+    keys = [bound.key(t.params) for t in study.get_trials(deepcopy=False)]
+    assert len(keys) == len(set(keys)) == 3
+
+
+def test_a_stale_index_that_leaves_nothing_free_is_read_again(tmp_path):
+    """A proposal from the index as the scheduler last read it that finds every config taken
+    reads the study before saying the space is used up: a trial released since frees its
+    config."""
+    from autotune.tuning import optuna_adapter as oa
+    from autotune.tuning.sampling import OUTCOME_ATTR
+
+    bound = toy_space().bind(PROBLEM)
+    sampler = valid_sampler("random", bound, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    dists = distributions(bound)
+    trials = [study.ask(dists) for _ in range(bound.count())]
+    for t in trials[1:]:
+        oa.set_trial_system_attr(study, t, OUTCOME_ATTR, "ok")
+        study.tell(t, _objective(t.params))
+    sampler.index.refresh(study.get_trials(deepcopy=False))  # the first still in flight
+    study.tell(trials[0], state=optuna.trial.TrialState.FAIL)  # released: its config is free
+    sampler.index_read()
+    again = study.ask(dists)
+    assert bound.key(again.params) == bound.key(trials[0].params)

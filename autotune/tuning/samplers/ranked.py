@@ -42,6 +42,7 @@ registry's ``ranked`` (:mod:`autotune.tuning.samplers`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import functools
@@ -598,6 +599,34 @@ def _family_columns(
             if m and sum(v > ESTIMATE_CLEAR for v in m) >= FAMILY_SHARE * len(m)]
 
 
+def family_members(
+    space: BoundSpace,
+    estimate: Callable[[Problem, Mapping[str, Any]], float],
+    columns: Sequence[int],
+    config: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """The best estimated valid config of each family (the values of tunables ``columns``, see
+    :func:`_family_columns`) two one-tunable moves from ``config``, other than its own family,
+    best first. Enumerates every two-move neighbour and estimates each: 0.1-0.5 s for
+    hopper_matmul, so the scheduler's samplers run it on the preparer thread
+    (:attr:`RankedSampler.prefetch`)."""
+    def family(key: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(key[c] for c in columns)
+
+    problem = space.problem
+    own = family(space.key(config))
+    best: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
+    for near in space.neighbours(config):
+        for c in [near, *space.neighbours(near)]:
+            f = family(space.key(c))
+            if f == own:
+                continue
+            t = float(estimate(problem, c))
+            if f not in best or t < best[f][0]:
+                best[f] = (t, dict(c))
+    return [c for _, c in sorted(best.values(), key=lambda p: p[0])]
+
+
 # Priors fitted on identical histories are shared (a replay fits one per problem, not per seed).
 _PRIOR_CACHE: dict[str, _Model] = {}
 _PRIOR_CACHE_SIZE = 16
@@ -721,12 +750,21 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._preparing = False  # prepare() has queued the start
         self._family_columns: list[int] | None = None  # found at the first stall
         self._families_from: set[tuple[Any, ...]] = set()  # best configs whose families joined
+        # Family members being found (family_members), in the order asked; joined when done.
+        self._family_jobs: list[concurrent.futures.Future[tuple[list[int], list[dict[str, Any]]]]] = []
+        self._columns_made: list[int] | None = None  # the columns a family job found
+        # On (the scheduler's, through ValidSampler.prefetch): the family members of a stall are
+        # found on the preparer thread, and join the pool at the first proposal after they are
+        # ready; off (the default): at the stall, on the asking thread, so that proposals depend
+        # only on the seed.
+        self.prefetch = False
         self.fits = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_start_lock"]  # copies (the valid-set wrapper keeps one) get a lock of their own
         state["_preparing"] = False
+        state["_family_jobs"] = []  # a copy finds its own (a future is not copied)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -844,7 +882,12 @@ class RankedSampler(optuna.samplers.BaseSampler):
         """Whether the last FAMILY_PATIENCE measured configs (in order) gained less than
         FAMILY_GAIN on the best before them, with the kernel's cost model as the prior; then the
         best estimated member of each family two moves from the best measured config joins the
-        pool (once per best config)."""
+        pool (once per best config).
+
+        Finding those members (:func:`family_members`) is the costly part: with
+        :attr:`prefetch` on it runs on the preparer thread, and this proposal (and the next,
+        until the members are found) goes on without them; the family rule applies once the
+        families are known (False until then)."""
         if not isinstance(self._prior, _EstimatePrior) or self._estimate is None:
             return False
         best, since, best_key = math.inf, 0, None
@@ -855,38 +898,62 @@ class RankedSampler(optuna.samplers.BaseSampler):
                 since += 1
                 if t is not None and t < best:
                     best, best_key = t, key
-        if since < FAMILY_PATIENCE or best_key is None:
-            return False
-        if best_key not in self._families_from:
+        stalled = since >= FAMILY_PATIENCE and best_key is not None
+        if stalled and best_key not in self._families_from:
+            assert best_key is not None
             self._families_from.add(best_key)
-            first = self._extend_pool(self._family_members(dict(zip(self._space.names, best_key, strict=True))))
+            self._find_families(dict(zip(self._space.names, best_key, strict=True)))
+        self._join_families(measured)
+        return stalled and self._family_columns is not None
+
+    def _find_families(self, config: dict[str, Any]) -> None:
+        """Finds the family members of ``config`` (and, the first time, the family columns, from
+        the FAMILY_FROM best candidates of the prior as it is now): at once, or queued on the
+        preparer thread with :attr:`prefetch` on. Reads only what is given here and what no
+        proposal changes (the space, the estimate)."""
+        estimate = self._estimate
+        assert estimate is not None
+        top = None
+        if self._family_columns is None:
+            top = [dict(zip(self._space.names, self._pool[i], strict=True))
+                   for i in np.argsort(self._prior_mean, kind="stable")[:FAMILY_FROM]]
+        job: concurrent.futures.Future[tuple[list[int], list[dict[str, Any]]]] = concurrent.futures.Future()
+        space, estimate_space = self._space, self._estimate_space
+
+        def work() -> None:
+            if not job.set_running_or_notify_cancel():
+                return
+            try:
+                columns = self._family_columns or self._columns_made
+                if columns is None:
+                    assert top is not None
+                    columns = self._columns_made = _family_columns(estimate_space, estimate, top)
+                job.set_result((columns, family_members(space, estimate, columns, config)))
+            except BaseException as error:  # raised again by the proposal that joins it
+                job.set_exception(error)
+
+        self._family_jobs.append(job)
+        if self.prefetch:
+            _preparer().put(work)
+        else:
+            work()
+
+    def _join_families(self, measured: Sequence[tuple[tuple[Any, ...], float | None]]) -> None:
+        """The family members found so far join the pool, in the order they were asked for
+        (the pool rescored and the model refitted); those still being found wait."""
+        while self._family_jobs and self._family_jobs[0].done():
+            columns, members = self._family_jobs.pop(0).result()
+            if self._family_columns is None:
+                self._family_columns = columns
+            first = self._extend_pool(members)
             if first < len(self._pool):
                 self._rescore_prior(first)
                 self._refit(measured)
-        return True
 
     def _family_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
-        if self._family_columns is None:
-            self._family_columns = _family_columns(self._estimate_space, self._estimate, [
-                dict(zip(self._space.names, self._pool[i], strict=True))
-                for i in np.argsort(self._prior_mean, kind="stable")[:FAMILY_FROM]])
-        return tuple(key[c] for c in self._family_columns)
-
-    def _family_members(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The best estimated valid config of each family two one-tunable moves from
-        ``config`` (other than its own family), best first."""
-        assert self._estimate is not None
-        own = self._family_key(self._space.key(config))
-        best: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
-        for near in self._space.neighbours(config):
-            for c in [near, *self._space.neighbours(near)]:
-                family = self._family_key(self._space.key(c))
-                if family == own:
-                    continue
-                t = float(self._estimate(self._problem, c))
-                if family not in best or t < best[family][0]:
-                    best[family] = (t, dict(c))
-        return [c for _, c in sorted(best.values(), key=lambda p: p[0])]
+        columns = self._family_columns
+        assert columns is not None, "the family columns are found at the first stall"
+        return tuple(key[c] for c in columns)
 
     def _new_family(self, free: list[int], taken: set[tuple[Any, ...]]) -> int | None:
         """A config of the family no taken config belongs to that the estimate ranks first,
