@@ -110,8 +110,9 @@ def _fake_kernel() -> Any:
 
 
 def _fake_store(db: str, dtype: str, shapes: Sequence[Mapping[str, int]], reps: int) -> None:
-    """Measures the stand-ins in interleaved rounds and stores a trial and a confirmation per
-    shape, as the tuner's confirmation round would."""
+    """Stores a trial and a confirmation per shape, as the tuner's confirmation round would,
+    from the stand-ins' nominal times with a fixed jitter (+-0.5% in turn): a spin timed on a
+    loaded CPU can make the tie a win, and the routing, not the CPU, is what is exercised."""
     from autotune.space.outcomes import DeviceInfo, TrialResult
     from autotune.storage.store import Store
     from autotune.tuning.confirmation import Candidate, analyse_confirmation
@@ -125,18 +126,11 @@ def _fake_store(db: str, dtype: str, shapes: Sequence[Mapping[str, int]], reps: 
             if store.best(problem, n=1):
                 continue
             k_us, b_us = FAKE_US[shape["m"]]
-            rounds_k, rounds_b = [], []
-            for _ in range(5):
-                ks, bs = [], []
-                for _ in range(max(3, reps // 10)):
-                    start = time.perf_counter()
-                    _spin(k_us)
-                    ks.append((time.perf_counter() - start) * 1e6)
-                    start = time.perf_counter()
-                    _spin(b_us)
-                    bs.append((time.perf_counter() - start) * 1e6)
-                rounds_k.append(tuple(ks))
-                rounds_b.append(tuple(bs))
+            jitter = [1.0 + 0.005 * ((-1) ** i) for i in range(max(3, reps // 10))]
+            rounds_k = [tuple(k_us * j for j in jitter[r % 2:] + jitter[:r % 2])
+                        for r in range(5)]
+            rounds_b = [tuple(b_us * j for j in jitter[(r + 1) % 2:] + jitter[:(r + 1) % 2])
+                        for r in range(5)]
             config = {"bm": 64}
             result = TrialResult.timed([statistics.median(rounds_k[0])] * 2, compile_s=0.0,
                                        rel_error=0.0, timing="fake")
