@@ -177,9 +177,11 @@ def lookup_config(
     Returns ``(None, "default")`` when nothing is stored and there is no default. When the
     database cannot answer (see the module docstring) the answer comes from ``table``, else
     the default, within ``2 * timeout_s`` (default ``$AUTOTUNE_READ_TIMEOUT_S``, else 5 s).
+    ``cache``: which timings answer, ``"cold"``, ``"warm"`` or None (see :func:`tuned`).
 
     Raises:
       StorageError: ``strict=True`` and the database cannot answer (the reason is named).
+      JobError: ``cache`` is not ``"cold"``, ``"warm"`` or None.
     """
     choice = lookup_choice(kernel, shape, dtype, default=default, db=db, device=device,
                            table=table, strict=strict, timeout_s=timeout_s, cache=cache)
@@ -200,7 +202,7 @@ def lookup_choice(
     cache: str | None = None,
 ) -> LookupChoice:
     """:func:`lookup_config`'s answer with the stored verdict on the baseline (:class:`LookupChoice`).
-    Same cache, bounds and fallbacks."""
+    Same cache, bounds and fallbacks; ``cache`` as :func:`tuned`'s."""
     answer, _kept = _choose(kernel, shape, dtype, default=default, db=db, device=device,
                             table=table, strict=strict, timeout_s=timeout_s, cache=cache)
     return LookupChoice(*answer)
@@ -264,7 +266,8 @@ def stored_here(
 ) -> bool:
     """Whether the database holds a result of exactly this problem for this process's device
     (what the lookup answers as ``"exact"``); asked afresh, never cached. False when the
-    database cannot answer. For ``tuned(tune_missing=...)``: a shape to tune is one without."""
+    database cannot answer. For ``tuned(tune_missing=...)``: a shape to tune is one without.
+    ``cache``: a result timed under that policy (None: either)."""
     resolved = _kernel(kernel)
     try:
         stored = _lookup_here(resolved, shape, dtype, default=None, db=db, device=device,
