@@ -5,7 +5,9 @@ the faults asked for, swaps the engine for a real fake-mode :class:`~autotune.en
 (worker processes that crash, hang or time configs as the config says, no GPU, no jax) and runs
 :func:`autotune.cli.main` with the arguments after ``--``, exiting with its exit code. So the
 command line, the job runner, the store, Optuna and the worker processes are the real ones; only
-the evaluator is the fake one and the faults are added.
+the evaluator is the fake one and the faults are added. :func:`run_in_process` runs the same
+in the caller's process (a test's re-run without the faults that act on the process), undoing
+every patch after.
 
 Faults (each fires once, at the Nth matching event, counting from 1):
 

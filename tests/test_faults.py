@@ -3,7 +3,9 @@
 Each test runs the real ``autotune tune`` in its own process (``tests/fault_driver.py``: the CLI,
 the job runner, the store, Optuna and the engine's worker processes are the real ones; the
 evaluator is the fake one, so no GPU or jax is needed), on a real database, injects one fault,
-and then re-runs the job. The job must either finish or stop with a clear error (exit code 2,
+and then re-runs the job (a re-run without faults goes through the same driver in the test's
+process, ``Job.rerun``: what it must show does not depend on its process, and it spares the
+start of a fresh interpreter). The job must either finish or stop with a clear error (exit code 2,
 ``autotune: error: ...``, no traceback), and after the re-run:
 
 * every trial committed before the fault (the driver journals each commit, fsynced) is still
