@@ -106,8 +106,8 @@ class Job:
         return Run(proc.returncode, out, err)
 
     def rerun(self, *options: str) -> Run:
-        """A re-run without faults (``options``: only those that leave the process alone, such
-        as ``--grace-s``), in this process (``fault_driver.run_in_process``): the same command
+        """A re-run without faults (``options``: only those that leave the process alone), in
+        this process (``fault_driver.run_in_process``): the same command
         line, job runner, store, Optuna and worker processes as :meth:`run`'s, on the same
         database and journal, without a fresh interpreter to start. What a re-run must show
         (it finishes, and what ``settle`` reads from the database and the journal after it)
@@ -371,7 +371,7 @@ def test_tuner_of_another_host_killed_its_trials_are_freed_by_heartbeat(tmp_path
     assert first.returncode == KILL_EXIT, first
     before = snapshot(job.url)
     time.sleep(2.5)
-    rerun = job.rerun("--grace-s", "2")
+    rerun = job.run("--grace-s", "2")  # its own process: the heartbeats are per process
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before, strict_study=False)
 
