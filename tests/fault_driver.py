@@ -5,7 +5,9 @@ the faults asked for, swaps the engine for a real fake-mode :class:`~autotune.en
 (worker processes that crash, hang or time configs as the config says, no GPU, no jax) and runs
 :func:`autotune.cli.main` with the arguments after ``--``, exiting with its exit code. So the
 command line, the job runner, the store, Optuna and the worker processes are the real ones; only
-the evaluator is the fake one and the faults are added.
+the evaluator is the fake one and the faults are added. :func:`run_in_process` runs the same
+in the caller's process (a test's re-run without the faults that act on the process), undoing
+every patch after.
 
 Faults (each fires once, at the Nth matching event, counting from 1):
 
@@ -48,7 +50,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +229,44 @@ def _db_url(cli_args: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts, cli_args = _parse(sys.argv[1:] if argv is None else argv)
+    undo: list[Callable[[], None]] = []
+    try:
+        return _run(opts, cli_args, undo)
+    finally:
+        for step in reversed(undo):  # in-process (run_in_process): leave no patch behind
+            step()
+
+
+# The faults that act on the process itself (kill it, signal it, limit it, or leave a lock
+# holder or read-only files behind): run_in_process refuses them.
+PROCESS_FAULTS = (
+    "--kill-on-sql", "--kill-before-store", "--kill-after-store", "--sigint-after-store",
+    "--lock-after-store", "--readonly-after-store", "--fsize-headroom", "--slow-close-s",
+)
+
+
+def run_in_process(argv: Sequence[str]) -> tuple[int, str, str]:
+    """:func:`main` with ``argv`` in this process (a test's re-run without faults): the same
+    command line, job runner, store, Optuna and worker processes, without starting and
+    importing a fresh interpreter; returns the exit code, stdout and stderr. Every patch
+    :func:`main` makes is undone after, and the environment is the one :class:`Job` gives its
+    subprocesses (no ``CUDA_VISIBLE_DEVICES`` or ``AUTOTUNE_DB``)."""
+    if any(arg in PROCESS_FAULTS for arg in argv[: list(argv).index("--")]):
+        raise ValueError(f"a fault that acts on the process needs its own process: {argv}")
+    import contextlib
+    import io
+
+    saved = {k: os.environ.pop(k) for k in ("CUDA_VISIBLE_DEVICES", "AUTOTUNE_DB") if k in os.environ}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.environ.update(saved)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _run(opts: argparse.Namespace, cli_args: list[str], undo: list[Callable[[], None]]) -> int:
     import sqlalchemy as sa
 
     import autotune.api
@@ -235,8 +275,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from autotune.storage import connection as storage_connection
     from autotune.storage import store as storage
 
+    def patch(obj: Any, name: str, value: Any) -> None:
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        undo.append(lambda: setattr(obj, name, old))
+
+    def listen(target: Any, event: str, fn: Callable[..., None]) -> None:
+        sa.event.listen(target, event, fn)
+        undo.append(lambda: sa.event.remove(target, event, fn))
+
     db_path = sqlite_file(_db_url(cli_args))
     journal = open(opts.journal, "a", encoding="utf-8")  # noqa: SIM115 - open until exit
+    undo.append(journal.close)  # a lock holder still running is left to its process group's end
 
     class SlowClosingEngine(Engine):
         def close(self, *, cancel_pending: bool = False, kill_running: bool = False) -> None:
@@ -251,40 +301,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_dir=kwargs.get("log_dir"),
         )
 
-    autotune.api.open_engine = fake_engine  # the CLI looks it up at call time
+    patch(autotune.api, "open_engine", fake_engine)  # the CLI looks it up at call time
     # The versions stored with each trial, read without importing jax (2 s per process here).
     from importlib.metadata import version
 
     import autotune._jax_compat
 
-    autotune._jax_compat.jax_versions = lambda: {"jax": version("jax"), "jaxlib": version("jaxlib")}
+    patch(autotune._jax_compat, "jax_versions",
+          lambda: {"jax": version("jax"), "jaxlib": version("jaxlib")})
 
     if opts.busy_timeout_s is not None:
-        storage_connection.SQLITE_BUSY_TIMEOUT_S = opts.busy_timeout_s
+        patch(storage_connection, "SQLITE_BUSY_TIMEOUT_S", opts.busy_timeout_s)
     if opts.hostname is not None:
         import socket
 
-        socket.gethostname = lambda: opts.hostname
+        patch(socket, "gethostname", lambda: opts.hostname)
     if opts.grace_s is not None:
         import autotune.tuning.studies
 
-        autotune.tuning.studies.GRACE_S = opts.grace_s
+        patch(autotune.tuning.studies, "GRACE_S", opts.grace_s)
 
     if opts.kill_on_sql:
         pattern = re.compile(opts.kill_on_sql, re.IGNORECASE)
         seen = [0]
 
-        @sa.event.listens_for(sa.engine.Engine, "after_cursor_execute")
         def _kill_in_write(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
             if pattern.search(statement.lstrip()):
                 seen[0] += 1
                 if seen[0] == opts.nth:
                     _die()  # the statement ran; its transaction is still open
 
+        listen(sa.engine.Engine, "after_cursor_execute", _kill_in_write)
+
     if opts.max_pages_headroom is not None:
         limit: list[int] = []
 
-        @sa.event.listens_for(sa.pool.Pool, "connect")
         def _cap_pages(dbapi_connection: Any, record: Any) -> None:
             if "sqlite" not in type(dbapi_connection).__module__:
                 return
@@ -294,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 limit.append(pages + opts.max_pages_headroom)
             cursor.execute(f"PRAGMA max_page_count = {int(limit[0])}")
             cursor.close()
+
+        listen(sa.pool.Pool, "connect", _cap_pages)
 
     if opts.fsize_headroom is not None:
         assert db_path is not None
@@ -331,11 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_read_only(db_path, True)
         return recorded
 
-    storage.Store.record_trial = record_trial  # type: ignore[method-assign]
-    try:
-        return cli_main(cli_args)
-    finally:
-        journal.close()  # a lock holder still running is left to its process group's end
+    patch(storage.Store, "record_trial", record_trial)
+    return cli_main(cli_args)
 
 
 if __name__ == "__main__":

@@ -110,9 +110,28 @@ def test_bad_db_url_exits_2(tmp_path, capsys):
     assert "notadialect" in capsys.readouterr().err
 
 
+def cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``autotune ARGS`` through :func:`autotune.cli.main` in this process (its output captured;
+    the stores that queries keep open closed after, as at a process's end), for the commands
+    of a test whose first command ran in its own process (:func:`run_cli`)."""
+    from autotune.queries.best import close_stores
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    finally:
+        close_stores()
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["autotune", *args], code, out, err)
+
+
 @pytest.mark.slow
-def test_interpret_job_end_to_end(tmp_path):
-    """A whole job in interpret mode: stored, best/results answer, a re-run measures nothing new."""
+def test_interpret_job_end_to_end(tmp_path, capsys):
+    """A whole job in interpret mode: stored, best/results answer, a re-run measures nothing new.
+
+    The first tune runs as a user runs it (``python -m autotune``, its own process); the
+    queries and the re-run after it run through the same command line in this process
+    (:func:`cli_here`): what they answer does not depend on the process."""
     db = f"sqlite:///{tmp_path}/e2e.db"
     job = tmp_path / "job.toml"
     job.write_text(
@@ -130,19 +149,19 @@ def test_interpret_job_end_to_end(tmp_path):
     from autotune.queries.best import host_has_gpu
 
     # GPU results only on a machine with a GPU; on this one's CPU, the interpret results.
-    plain = run_cli("best", "softmax", "--shape", "rows=32,cols=512", "--dtype", "f32", "--db", db)
+    plain = cli_here(capsys, "best", "softmax", "--shape", "rows=32,cols=512", "--dtype", "f32", "--db", db)
     assert plain.returncode == (1 if host_has_gpu() else 0), plain.stderr
-    best = run_cli("best", "softmax", "--shape", "rows=32,cols=512", "--dtype", "f32", "--db", db, "--json",
-                   "--device", "interpret")
+    best = cli_here(capsys, "best", "softmax", "--shape", "rows=32,cols=512", "--dtype", "f32", "--db", db,
+                    "--json", "--device", "interpret")
     assert best.returncode == 0, best.stderr
     payload = json.loads(best.stdout)
     assert payload["config"] in [dict(r.config) for r in rows]
     assert payload["device_kind"] == "interpret"
 
-    listing = run_cli("results", "--db", db)
+    listing = cli_here(capsys, "results", "--db", db)
     assert listing.returncode == 0 and "softmax" in listing.stdout
 
-    again = run_cli("tune", str(job), "--db", db, "--device", "interpret")
+    again = cli_here(capsys, "tune", str(job), "--db", db, "--device", "interpret")
     assert again.returncode == 0, again.stderr[-3000:]
     with Store(db) as store:
         assert len(store.trials()) == 3

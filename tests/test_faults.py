@@ -3,7 +3,9 @@
 Each test runs the real ``autotune tune`` in its own process (``tests/fault_driver.py``: the CLI,
 the job runner, the store, Optuna and the engine's worker processes are the real ones; the
 evaluator is the fake one, so no GPU or jax is needed), on a real database, injects one fault,
-and then re-runs the job. The job must either finish or stop with a clear error (exit code 2,
+and then re-runs the job (a re-run without faults goes through the same driver in the test's
+process, ``Job.rerun``: what it must show does not depend on its process, and it spares the
+start of a fresh interpreter). The job must either finish or stop with a clear error (exit code 2,
 ``autotune: error: ...``, no traceback), and after the re-run:
 
 * every trial committed before the fault (the driver journals each commit, fsynced) is still
@@ -46,6 +48,7 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from autotune.space.problem import Config
+from autotune.storage.store import Store
 from autotune.storage.urls import resolve_url
 from autotune.tuning import jobs as jobs_module
 from tests.fault_driver import KILL_EXIT, SLOW, STEADY, db_files, set_read_only, sqlite_file
@@ -101,6 +104,23 @@ class Job:
         finally:
             stop_group(proc)
         return Run(proc.returncode, out, err)
+
+    def rerun(self, *options: str) -> Run:
+        """A re-run without faults (``options``: only those that leave the process alone), in
+        this process (``fault_driver.run_in_process``): the same command
+        line, job runner, store, Optuna and worker processes as :meth:`run`'s, on the same
+        database and journal, without a fresh interpreter to start. What a re-run must show
+        (it finishes, and what ``settle`` reads from the database and the journal after it)
+        does not depend on the process it runs in; the faults themselves run in their own
+        process (:meth:`run`)."""
+        import autotune.api
+        from tests.fault_driver import run_in_process
+
+        open_engine, record_trial = autotune.api.open_engine, Store.record_trial
+        run = Run(*run_in_process(self.command(options, ())[3:]))
+        assert (autotune.api.open_engine, Store.record_trial) == (open_engine, record_trial), \
+            "the in-process re-run left the fake engine or the journal patched in"
+        return run
 
     def entries(self) -> list[dict[str, Any]]:
         if not self.journal.exists():
@@ -228,7 +248,7 @@ def fault_then_rerun(
     committed = {(e["problem"], e["config"]) for e in job.entries()}
     assert committed <= {key[:2] for key in before}, "a committed trial vanished at the fault"
     time.sleep(pause_s)
-    again = job.run(*rerun)
+    again = job.rerun(*rerun)
     assert again.returncode == 0, again
     settle(job, campaign, before, strict_study=strict_study)
     return first
@@ -306,7 +326,7 @@ def test_sigkill_at_random_writes_twice_then_rerun_completes(seed, tmp_path, cam
         now = snapshot(job.url)
         assert all(now.get(k) == v for k, v in before.items()), "a killed run changed a trial"
         before = now
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
 
@@ -330,7 +350,7 @@ def test_sigkill_of_tuner_and_workers_at_a_random_moment(tmp_path, campaign):
     assert proc.returncode == KILL_EXIT
     before = snapshot(job.url)
     assert len(before) >= 2
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
 
@@ -351,7 +371,7 @@ def test_tuner_of_another_host_killed_its_trials_are_freed_by_heartbeat(tmp_path
     assert first.returncode == KILL_EXIT, first
     before = snapshot(job.url)
     time.sleep(2.5)
-    rerun = job.run("--grace-s", "2")
+    rerun = job.run("--grace-s", "2")  # its own process: the heartbeats are per process
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before, strict_study=False)
 
@@ -435,7 +455,7 @@ def test_read_only_database_is_a_clear_error_and_left_unchanged(tmp_path, seeded
     assert_clear_error(first, "read-only", "readonly", "permission", "not permitted", "unable to open")
     assert sha256(path) == digest
     set_read_only(path, False)
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
 
@@ -452,7 +472,7 @@ def test_database_becoming_read_only_mid_job_stops_with_a_clear_error(tmp_path, 
     set_read_only(sqlite_file(job.url), False)
     before = snapshot(job.url)
     assert len(before) >= 5
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
 
@@ -562,7 +582,7 @@ def test_sigkill_during_a_migration_leaves_the_old_schema_then_rerun_completes(
     campaign.add(faults=1)
     assert first.returncode == KILL_EXIT, first
     assert _version(db_url) == "0001" and snapshot(db_url) == before
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     assert _version(db_url) == _head_revision()
     settle(job, campaign, before, strict_study=False)
@@ -621,7 +641,7 @@ def test_corrupted_database_is_a_clear_error_and_never_overwritten(corrupt, tmp_
     for extra in db_files(path)[1:-1]:
         extra.unlink()
     shutil.copyfile(backup, path)  # the user restores the backup
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
 
@@ -857,7 +877,7 @@ def test_interrupt_says_what_it_waits_for_and_ends_within_5_s(signum, code, tmp_
     assert not run["alive_workers"], run
     before = snapshot(job.url)
     assert len(before) >= run["stored_before"] >= 1
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
 
@@ -876,7 +896,7 @@ def test_a_second_ctrl_c_ends_at_once(tmp_path, campaign):
     assert "again: stopping at once" in run["stderr"], run
     assert run["workers"] and not run["alive_workers"], run
     before = snapshot(job.url)
-    rerun = job.run()
+    rerun = job.rerun()
     assert rerun.returncode == 0, rerun
     settle(job, campaign, before)
 

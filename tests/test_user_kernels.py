@@ -51,6 +51,22 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
+def cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``autotune ARGS`` through :func:`autotune.cli.main` in this process (output captured,
+    the stores that queries keep open closed after, as at a process's end): for a test's
+    commands after its first tune, which runs in its own process (:func:`run_cli`)."""
+    from autotune.cli import main
+    from autotune.queries.best import close_stores
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    finally:
+        close_stores()
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["autotune", *args], code, out, err)
+
+
 def _unaligned(config: dict) -> bool:
     """Whether a float32 tile of the incomplete kernel moves a non-multiple of 128 bytes."""
     return not is_aligned_transfer((config["block_rows"], config["block_cols"]), "float32")
@@ -117,10 +133,11 @@ def test_example_smem_rules_hold_at_the_boundary():
 
 
 @pytest.mark.slow
-def test_pallas_example_tunes_end_to_end_in_interpret_mode(tmp_path, monkeypatch):
-    """The Pallas example's job tunes with --allow-import; `best` and the run-time lookup of
-    the kernel object answer from the same rows, and the example's @autotune.tuned function
-    runs with that config."""
+def test_pallas_example_tunes_end_to_end_in_interpret_mode(tmp_path, monkeypatch, capsys):
+    """The Pallas example's job tunes with --allow-import (in its own process, as a user runs
+    it); `best` (the same command line, in this process) and the run-time lookup of the kernel
+    object answer from the same rows, and the example's @autotune.tuned function runs with that
+    config."""
     db = f"sqlite:///{tmp_path}/gelu.db"
     first = run_cli("tune", "examples/user_kernels/bias_gelu.toml", "--allow-import", "--db", db,
                     "--device", "interpret", "--trials", "3", "--results-dir", str(tmp_path))
@@ -130,8 +147,8 @@ def test_pallas_example_tunes_end_to_end_in_interpret_mode(tmp_path, monkeypatch
     assert len(rows) == 3 and all(r.status == "ok" for r in rows), [r.error[-300:] for r in rows]
     assert {r.problem.kernel for r in rows} == {BIAS_GELU}
 
-    best = run_cli("best", BIAS_GELU, "--shape", "rows=16,cols=256", "--dtype", "float32",
-                   "--db", db, "--json", "--device", "interpret")
+    best = cli_here(capsys, "best", BIAS_GELU, "--shape", "rows=16,cols=256", "--dtype",
+                    "float32", "--db", db, "--json", "--device", "interpret")
     assert best.returncode == 0, best.stderr
     config = json.loads(best.stdout)["config"]
     assert config in [dict(r.config) for r in rows]
@@ -315,10 +332,11 @@ def test_one_invalid_config_gets_its_rule_from_the_error():
 
 
 @pytest.mark.slow
-def test_tuning_records_each_failing_config_invalid_once(tmp_path):
+def test_tuning_records_each_failing_config_invalid_once(tmp_path, capsys):
     """Tuned in interpret mode (each config first lowered for CUDA), the unaligned configs are
-    stored `invalid` with JAX's error and the missing rule, each once; a re-run measures none
-    of them again, and the tune output points at `autotune check`."""
+    stored `invalid` with JAX's error and the missing rule, each once; a re-run (the same
+    command line, in this process) measures none of them again, and the tune output points at
+    `autotune check`."""
     db = f"sqlite:///{tmp_path}/missing.db"
     job = tmp_path / "missing.toml"
     job.write_text(
@@ -341,8 +359,8 @@ def test_tuning_records_each_failing_config_invalid_once(tmp_path):
         assert "[lower]" in r.error and "lowering for CUDA" in r.error
         assert "missing rule?" in r.error and TRANSFER_RULE in r.error
 
-    again = run_cli("tune", str(job), "--allow-import", "--db", db, "--device", "interpret",
-                    "--trials", "30", "--results-dir", str(tmp_path))
+    again = cli_here(capsys, "tune", str(job), "--allow-import", "--db", db, "--device",
+                     "interpret", "--trials", "30", "--results-dir", str(tmp_path))
     assert again.returncode == 0, again.stderr[-3000:]
     with Store(db) as store:
         assert len(store.trials()) == 12

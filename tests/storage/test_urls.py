@@ -57,10 +57,63 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
+def _cli_in_process(args: list[str], capfd: pytest.CaptureFixture[str],
+                    monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """``autotune -v ARGS`` through :func:`autotune.cli.main` in this process, seeing what the
+    command's own process would show: stdout and stderr at the file-descriptor level (capfd:
+    also what C libraries such as libpq write), the log lines of the handler the CLI installs
+    itself (pytest's handlers are taken off the root logger meanwhile, so the CLI formats its
+    log as in its own process, through its masking formatter), Optuna's log (its handler
+    pointed at the captured stderr) and every warning raised (shown as Python would show it,
+    even one shown before in this process). The stores that queries keep open are closed
+    after, so each command connects afresh, as in its own process."""
+    import logging
+    import warnings
+
+    import optuna
+
+    from autotune.cli import main
+    from autotune.queries.best import close_stores
+
+    monkeypatch.setenv("AUTOTUNE_DB", "")
+    capfd.readouterr()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    optuna_verbosity = optuna.logging.get_verbosity()
+    streams = [(h, h.setStream(sys.stderr)) for h in logging.getLogger("optuna").handlers
+               if isinstance(h, logging.StreamHandler)]
+    root.handlers.clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                code = main(["-v", *args])
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 2
+    finally:
+        close_stores()
+        for h in root.handlers:
+            h.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        optuna.logging.set_verbosity(optuna_verbosity)
+        for h, stream in streams:
+            h.setStream(stream)
+    out, err = capfd.readouterr()
+    err += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+                   for w in caught)
+    return code, out, err
+
+
 @pytest.mark.postgres
-def test_no_cli_command_shows_a_planted_password(db_url, tmp_path, campaign):
+def test_no_cli_command_shows_a_planted_password(db_url, tmp_path, campaign, capfd, monkeypatch):
     """Every CLI command (successes and error paths, with -v logging) run against a PostgreSQL
-    URL holding a password never prints it, and no report file or stored row holds it."""
+    URL holding a password never prints it, and no report file or stored row holds it.
+
+    The commands that start a job (tune), the first and the last run in their own process, as
+    a user runs them; the others run in this process (:func:`_cli_in_process`, which sees
+    their stdout, stderr, log and warnings as their own process would show them), sparing the
+    start of a fresh interpreter each."""
     if not db_url.startswith("postgresql"):
         pytest.skip("the planted password needs the PostgreSQL server")
     url = _planted(db_url)
@@ -105,14 +158,21 @@ def test_no_cli_command_shows_a_planted_password(db_url, tmp_path, campaign):
          url.replace("@127.0.0.1:5432", "@127.0.0.1:notaport")],  # not a URL
     ]
     campaign.add(bad_inputs=len(commands))
-    codes = []
-    for argv in commands:
-        done = _cli(argv, tmp_path)
-        assert PASSWORD not in done.stdout + done.stderr, (argv, done.stdout, done.stderr)
-        assert "Traceback" not in done.stderr, (argv, done.stderr)
-        codes.append(done.returncode)
+    codes, masked_in_process = [], 0
+    monkeypatch.chdir(tmp_path)
+    for i, argv in enumerate(commands):
+        if argv[0] == "tune" or i in (0, len(commands) - 1):
+            done = _cli(argv, tmp_path)
+            code, out, err = done.returncode, done.stdout, done.stderr
+        else:
+            code, out, err = _cli_in_process(argv, capfd, monkeypatch)
+            masked_in_process += ":***@" in out + err
+        assert PASSWORD not in out + err, (argv, out, err)
+        assert "Traceback" not in err, (argv, err)
+        codes.append(code)
     assert codes[0] == 1 and codes[3] == 0 and codes[5] == 0, codes  # the commands really ran
     assert all(code in (0, 1, 2) for code in codes), codes
+    assert masked_in_process >= 10, "the in-process capture missed the database lines"
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "index.html" for p in written)
     for path in written:
