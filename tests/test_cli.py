@@ -24,6 +24,7 @@ from autotune.space.kernel import bundled_kernels
 from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
+from tests.cli_in_process import cli_here
 from tests.kernels_for_tests import toy_matmul, unbuilt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,21 +109,6 @@ def test_bad_db_url_exits_2(tmp_path, capsys):
     code = main(["results", "--db", "notadialect://x"])
     assert code == 2
     assert "notadialect" in capsys.readouterr().err
-
-
-def cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
-    """``autotune ARGS`` through :func:`autotune.cli.main` in this process (its output captured;
-    the stores that queries keep open closed after, as at a process's end), for the commands
-    of a test whose first command ran in its own process (:func:`run_cli`)."""
-    from autotune.queries.best import close_stores
-
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    finally:
-        close_stores()
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["autotune", *args], code, out, err)
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from autotune.evaluation.checking import check_space, missing_rules
 from autotune.evaluation.lowering import lower_for_cuda
 from autotune.space.kernel import get_kernel
 from autotune.storage.store import Store
+from tests.cli_in_process import cli_here
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "user_kernels"
@@ -49,22 +50,6 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "autotune", *args],
         capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env, check=False,
     )
-
-
-def cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
-    """``autotune ARGS`` through :func:`autotune.cli.main` in this process (output captured,
-    the stores that queries keep open closed after, as at a process's end): for a test's
-    commands after its first tune, which runs in its own process (:func:`run_cli`)."""
-    from autotune.cli import main
-    from autotune.queries.best import close_stores
-
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    finally:
-        close_stores()
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["autotune", *args], code, out, err)
 
 
 def _unaligned(config: dict) -> bool:
