@@ -277,36 +277,33 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         "TUNED = {",
     ]
     named = sorted(tables) + ["default"]
-    for device in named:
-        table = default if device == "default" else tables[device]
-        lines.append(f"    {device!r}: {{")
-        for key in sorted(table, key=repr):
-            lines.append(f"        {key!r}: {dict(sorted(table[key]['config'].items()))!r},")
-        lines.append("    },")
-    lines += ["}", "", "DETAILS = {"]
-    for device in named:
-        table = default if device == "default" else tables[device]
-        lines.append(f"    {device!r}: {{")
-        for key in sorted(table, key=repr):
-            r = table[key]
-            details = {"device": r["device"], "device_kind": r["device_kind"],
-                       "median_us": r["median_us"], "jax_version": r["jax_version"],
-                       "cache_policy": r.get("cache_policy", "warm"),
-                       "confirmed_speedup": r.get("confirmed_speedup"),
-                       "speedup_spread": r.get("speedup_spread")}
-            lines.append(f"        {key!r}: {details!r},")
-        lines.append("    },")
-    lines += ["}", "", "CHOICE = {"]
-    for device in named:
-        table = default if device == "default" else tables[device]
-        lines.append(f"    {device!r}: {{")
-        for key in sorted(table, key=repr):
-            r = table[key]
-            choice = {"faster": r.get("faster", "tie"), "baseline": r.get("baseline_name"),
-                      "speedup": r.get("confirmed_speedup"), "speedup_low": r.get("speedup_low"),
-                      "speedup_high": r.get("speedup_high"), "words": r.get("choice", "")}
-            lines.append(f"        {key!r}: {choice!r},")
-        lines.append("    },")
+
+    def details(r: Mapping[str, Any]) -> dict[str, Any]:
+        return {"device": r["device"], "device_kind": r["device_kind"],
+                "median_us": r["median_us"], "jax_version": r["jax_version"],
+                "cache_policy": r.get("cache_policy", "warm"),
+                "confirmed_speedup": r.get("confirmed_speedup"),
+                "speedup_spread": r.get("speedup_spread")}
+
+    def choice(r: Mapping[str, Any]) -> dict[str, Any]:
+        return {"faster": r.get("faster", "tie"), "baseline": r.get("baseline_name"),
+                "speedup": r.get("confirmed_speedup"), "speedup_low": r.get("speedup_low"),
+                "speedup_high": r.get("speedup_high"), "words": r.get("choice", "")}
+
+    def config(r: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(sorted(r["config"].items()))
+
+    # TUNED, DETAILS and CHOICE: one {device: {key: entry}} table each, keyed alike.
+    blocks = (("TUNED", config), ("DETAILS", details), ("CHOICE", choice))
+    for i, (name, entry) in enumerate(blocks):
+        if i:
+            lines += ["}", "", f"{name} = {{"]
+        for device in named:
+            table = default if device == "default" else tables[device]
+            lines.append(f"    {device!r}: {{")
+            for key in sorted(table, key=repr):
+                lines.append(f"        {key!r}: {entry(table[key])!r},")
+            lines.append("    },")
     lines += [
         "}",
         "",
