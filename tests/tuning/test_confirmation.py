@@ -33,7 +33,7 @@ def test_public_api():
 
 
 def test_a_table_of_rounds_leaves_out_what_failed_in_any_round():
-    """analyse_rounds (the tuner's and measurement.py's): a config that failed in one round is
+    """analyse_rounds (the tuner's): a config that failed in one round is
     left out, a failed baseline gives no speedup, and with every config failed nothing is
     confirmed."""
     from autotune.space.outcomes import Outcome, TrialResult
