@@ -28,6 +28,7 @@ __all__ = [
     "jax_versions",
     "profile_params",
     "cupti_session",
+    "autotune_folder_of_compiles",
     "patched_attention_mgpu",
     "attention_forward",
     "mosaic_gpu_ir_context",
@@ -182,6 +183,18 @@ def cupti_session(run: Any, *, detach: bool | None = None) -> list[tuple[str, fl
     finally:
         timings = ext._cupti_get_timings(CUPTI_DETACH if detach is None else detach)
     return [(str(name), float(ms)) for name, ms in (timings or [])]
+
+
+def autotune_folder_of_compiles() -> str:
+    """The folder XLA's per-fusion autotune cache uses in this process's next compile ("" for
+    none): what ``XLA_FLAGS`` says, unless JAX's persistent compilation cache is on, where JAX
+    writes its own ``<cache>/xla_gpu_per_fusion_autotune_cache_dir`` into the compile options
+    (``jax_persistent_cache_enable_xla_caches``, jax 0.10.2 and 0.11.2).
+    """
+    from jax._src import compiler
+
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    return str(options.executable_build_options.debug_options.xla_gpu_per_fusion_autotune_cache_dir)
 
 
 def default_backend_is_gpu() -> bool:

@@ -85,8 +85,11 @@ def use_compilation_cache(folder: str) -> None:
     """
     import jax
 
+    from autotune.evaluation.xla_autotune import keep_flagged_folder
+
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_enable_compilation_cache", True)
+    keep_flagged_folder(folder)  # a user's XLA autotune folder, over JAX's own in the cache
 
 
 def _worker_entry(fd: int) -> None:

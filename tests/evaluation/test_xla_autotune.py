@@ -13,10 +13,11 @@ def test_the_flag_is_added_once_and_a_users_folder_is_kept():
     assert m.pinned_xla_flags(mine, "/r/x") == mine
 
 
-def test_the_folder_sits_beside_the_compilation_cache_else_in_scratch(tmp_path):
+def test_the_folder_is_jaxs_own_in_the_compilation_cache_else_in_scratch(tmp_path):
     cache = tmp_path / "jax_cache"
-    assert m.autotune_cache_folder(str(cache), tmp_path / "logs") == cache / "xla_autotune"
-    assert (cache / "xla_autotune").is_dir()
+    folder = cache / "xla_gpu_per_fusion_autotune_cache_dir"
+    assert m.autotune_cache_folder(str(cache), tmp_path / "logs") == folder
+    assert folder.is_dir()
     assert m.autotune_cache_folder(None, tmp_path / "logs") == tmp_path / "logs" / "xla_autotune"
 
 
@@ -57,5 +58,55 @@ def test_gpu_workers_get_the_pin_and_interpret_workers_do_not(tmp_path, monkeypa
             pass
     gpu_env, interpret_env = seen
     assert gpu_env["XLA_FLAGS"] == (
-        f"--xla_gpu_per_fusion_autotune_cache_dir={tmp_path / 'jax_cache' / 'xla_autotune'}")
+        "--xla_gpu_per_fusion_autotune_cache_dir="
+        f"{tmp_path / 'jax_cache' / 'xla_gpu_per_fusion_autotune_cache_dir'}")
     assert "XLA_FLAGS" not in interpret_env
+
+
+def test_flagged_folder_reads_the_last_folder_named():
+    assert m.flagged_folder("") is None
+    assert m.flagged_folder("--xla_dump_to=/d") is None
+    assert m.flagged_folder(
+        "--xla_gpu_per_fusion_autotune_cache_dir=/a --xla_gpu_per_fusion_autotune_cache_dir=/b"
+    ) == "/b"
+
+
+_FOLDERS_OF_COMPILES = """
+import sys
+from autotune._jax_compat import autotune_folder_of_compiles
+from autotune.engine.worker import use_compilation_cache
+before = autotune_folder_of_compiles()
+use_compilation_cache(sys.argv[1])
+print(before)
+print(autotune_folder_of_compiles())
+"""
+
+
+def _folders_of_compiles(tmp_path, xla_flags):
+    """(the folder a compile uses with the compilation cache off, with it on), in a fresh
+    process started with ``xla_flags``: XLA reads its flags once, at start."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _FOLDERS_OF_COMPILES, str(tmp_path / "jax_cache")],
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    off, on = out.stdout.split()
+    return off, on
+
+
+def test_workers_and_verify_compile_with_one_autotune_folder(tmp_path):
+    """The job's workers turn JAX's compilation cache on, ``autotune verify`` does not: with the
+    engine's pin both compile with the same autotune folder, so the baseline's GEMM is
+    autotuned once and every process times that pick. (With the folder beside JAX's own they
+    kept two, and verify autotuned the baseline again.)"""
+    folder = m.autotune_cache_folder(str(tmp_path / "jax_cache"), tmp_path / "logs")
+    off, on = _folders_of_compiles(tmp_path, m.pinned_xla_flags("", folder))
+    assert off == on == str(folder)
+
+
+def test_a_users_folder_holds_with_the_compilation_cache_on(tmp_path):
+    mine = tmp_path / "mine"
+    off, on = _folders_of_compiles(tmp_path, f"--xla_gpu_per_fusion_autotune_cache_dir={mine}")
+    assert off == on == str(mine)
