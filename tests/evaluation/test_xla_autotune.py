@@ -110,3 +110,28 @@ def test_a_users_folder_holds_with_the_compilation_cache_on(tmp_path):
     mine = tmp_path / "mine"
     off, on = _folders_of_compiles(tmp_path, f"--xla_gpu_per_fusion_autotune_cache_dir={mine}")
     assert off == on == str(mine)
+
+
+_USERS_PROGRAM = """
+import sys
+import jax
+from autotune._jax_compat import autotune_folder_of_compiles
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+print(autotune_folder_of_compiles())
+"""
+
+
+def test_a_program_with_the_jobs_compilation_cache_reads_its_picks(tmp_path):
+    """A user's program that turns JAX's compilation cache on in the job's folder (the one line
+    docs/user_kernels.md gives) compiles its baseline with the job's autotune folder, so it
+    runs the XLA program the job timed."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "jax_cache"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run([sys.executable, "-c", _USERS_PROGRAM, str(cache)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == str(m.autotune_cache_folder(str(cache), tmp_path / "logs"))
