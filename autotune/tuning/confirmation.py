@@ -11,9 +11,13 @@ configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in i
   per-round ratios ``r_i = median_i(c) / median_i(fastest)`` (paired: drift between rounds
   cancels) give its difference ``diff = median(r_i) - 1``;
 * ``c`` **ties** with the fastest when ``diff <= noise``, where ``noise`` is the largest of:
-  half the spread of the fastest, half the spread of ``c`` (one sample's typical deviation),
-  half the range of the ``r_i`` (how much the comparison itself moved between rounds), and
-  ``tie_floor``;
+  two standard errors of the difference of the two pooled medians (:func:`median_error`:
+  each from its program's spread and sample count), half the range of the ``r_i`` (how much
+  the comparison itself moved between rounds), and ``tie_floor`` (:data:`CONFIRM_TIE_FLOOR`,
+  a quarter percent, by default). One sample's deviation (half
+  a spread) is no yardstick for medians of hundreds of samples: with it, a config 2.4-4.3%
+  slower in every round at 128x8192x8192 on the H200 tied for being noisy (its samples spread
+  9-12%) and was crowned as the simpler one (benchmarks/RESULTS.md §11);
 * among the fastest and its ties, the **crowned** config is the one nearest to the kernel's
   default config, then the simplest (:func:`preference_key`), then the fastest;
 * the **speedup** is the baseline's pooled median over the crowned config's pooled median: the
@@ -47,8 +51,10 @@ __all__ = [
     "DEFAULT_CONFIRM_ITERATIONS",
     "MAX_CONFIRM_ROUNDS",
     "CONFIRM_TIE_BAND",
+    "CONFIRM_TIE_FLOOR",
     "CONFIRM_JOIN_MAX",
     "median_interval",
+    "median_error",
     "speedup_words",
     "joining_configs",
     "sized_iterations",
@@ -76,6 +82,10 @@ CONFIRM_CLEAR_SPREAD = 0.0025  # a confirmed speedup's spread (half its interval
 # Two configs whose paired ratio is known to within this (either way) are settled: whichever is
 # crowned, the answer moves by less than the goal's 0.5%.
 CONFIRM_TIE_BAND = 0.005
+# Differences below this are ties however well measured: no two runs reproduce them (on the
+# H100 the second method's own rounds agreed within 0.2-0.4%, benchmarks/RESULTS.md §12), and
+# the crowned config stays within it of the fastest.
+CONFIRM_TIE_FLOOR = 0.0025
 # Configs ranked below the top ones join the round when their search time is within this
 # fraction (or half the fastest's own spread, if larger) of the fastest's: at most
 # CONFIRM_JOIN_MAX of them.
@@ -265,6 +275,22 @@ def _summary(
     )
 
 
+# For normally distributed samples, p90 - p10 is 2.563 standard deviations, and the standard
+# error of a median of n samples is 1.2533 standard deviations over sqrt(n).
+_SPREAD_SIGMAS = 2.563
+_MEDIAN_SE_FACTOR = 1.2533
+
+
+def median_error(summary: ProgramSummary) -> float:
+    """The standard error of ``summary``'s pooled median, relative to it: its spread
+    (p90 - p10 over the median) read as standard deviations, times 1.2533 over the square root
+    of its sample count."""
+    n = sum(len(r) for r in summary.rounds_us)
+    if n == 0:
+        return 0.0
+    return _MEDIAN_SE_FACTOR * (summary.spread / _SPREAD_SIGMAS) / math.sqrt(n)
+
+
 def sized_iterations(median_us: float | None, fixed: int | None = None) -> int:
     """Timed runs per round for a program whose search median is ``median_us``: ``fixed`` when
     the job sets ``confirm_iterations``, else about :data:`CONFIRM_TARGET_US` of GPU time,
@@ -358,7 +384,7 @@ def analyse_confirmation(
     baseline_rounds_us: Sequence[Sequence[float]] | None = None,
     *,
     default_config: Mapping[str, Any] | None = None,
-    tie_floor: float = 0.0,
+    tie_floor: float = CONFIRM_TIE_FLOOR,
 ) -> Confirmation:
     """The winner, speedup and ties of a confirmation round (rules in the module docstring).
 
@@ -393,7 +419,8 @@ def analyse_confirmation(
         ratios = [c / w for c, w in zip(s.round_medians_us, f.round_medians_us, strict=True)]
         diff = statistics.median(ratios) - 1.0
         ratio_low, ratio_high = median_interval(ratios)
-        noise = max(f.spread / 2, s.spread / 2, (ratio_high - ratio_low) / 2, tie_floor)
+        noise = max(2 * math.hypot(median_error(f), median_error(s)),
+                    (ratio_high - ratio_low) / 2, tie_floor)
         settled = ratio_low > 1.0 or ratio_high - ratio_low <= 2 * CONFIRM_TIE_BAND
         marked.append(dataclasses.replace(s, diff=diff, noise=noise, tie=diff <= noise,
                                           settled=settled))

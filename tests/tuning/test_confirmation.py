@@ -28,6 +28,7 @@ def test_public_api():
         "Candidate", "ProgramSummary", "Confirmation", "preference_key", "analyse_confirmation",
         "sized_iterations", "needs_another_round", "timed_rounds", "analyse_rounds",
         "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
+        "median_error", "CONFIRM_TIE_FLOOR",
         "speedup_words", "joining_configs",
     ])
 
@@ -110,6 +111,32 @@ def test_a_noisy_fast_config_ties_and_the_simpler_one_is_crowned():
     c = analyse_confirmation(cands, rounds(150.0, noise=0.001, seed=7))
     assert c.fastest == 0 and c.configs[1].tie
     assert c.winner.config == simple
+
+
+def test_a_config_slower_in_every_round_does_not_tie_for_being_noisy():
+    """The H200's decode-like matmul: the default-like config was 3-4% slower than the fastest
+    in every round, but its samples spread 10%; half a spread (5%) made it a tie and it was
+    crowned as the preferred config. Its median is known far better than one sample: not a
+    tie, and the fastest is crowned."""
+    default = {"minor": "N", "epi": 32}
+    cands = [
+        Candidate({"minor": "M", "epi": 32}, rounds(41.0, noise=0.02, n_rounds=3, n=196, seed=1),
+                  trial_id=1),
+        Candidate(default, rounds(42.4, noise=0.04, n_rounds=3, n=196, seed=2), trial_id=2),
+    ]
+    c = analyse_confirmation(cands, rounds(44.6, noise=0.02, n_rounds=3, n=196, seed=3),
+                             default_config=default)
+    assert c.configs[1].diff == pytest.approx(0.034, abs=0.01)
+    assert not c.configs[1].tie
+    assert c.winner.config == {"minor": "M", "epi": 32}
+
+
+def test_median_error_is_the_spread_in_sigmas_over_the_root_of_the_samples():
+    s = m._summary(None, rounds(100.0, noise=0.05, n_rounds=4, n=100, seed=4), trial_id=None,
+                   search_us=None, what="x")
+    sigma = s.spread / 2.563
+    assert m.median_error(s) == pytest.approx(1.2533 * sigma / 20)
+    assert sigma == pytest.approx(0.05, rel=0.15)
 
 
 def test_drift_between_rounds_cancels_in_the_paired_speedup():
