@@ -20,7 +20,9 @@ inputs in L2. The functions: the decorated call routed by that regime's timings
 that every call pays the decorator), the same under ``jax.jit`` (the lookup runs once at
 trace time), the same routed by the other regime's timings, the kernel at the regime's stored
 best config, and the baseline. Reported: the decorated call over the faster of kernel and
-baseline (goal: within 0.5%, issue 35) and what ran. On a GPU the program turns JAX's
+baseline (goal: within 0.5%, issue 35), paired round by round with its interval, and what
+ran, with the decorated call over that implementation called directly (the same program
+twice: how far this benchmark itself can judge). On a GPU the program turns JAX's
 compilation cache on in the jobs' folder first, so its XLA baseline is the program they timed. The table (Markdown) and the figures
 (JSON) go to ``--out`` (``runtime_choice.md``, ``runtime_choice.json``) with the device's name.
 
@@ -208,12 +210,12 @@ def _input_sets(inputs: Callable[[int], tuple[Any, ...]], regime: str, minimum: 
 
 
 def _time(fns: Mapping[str, Callable[..., Any]], sets: Sequence[tuple[Any, ...]], regime: str,
-          reps: int, batch: int) -> dict[str, float]:
-    """Median seconds per call of each function, as a program sees it: ``batch`` calls back to
-    back (dispatched asynchronously, one wait for the last), the batch's time over its calls;
-    the functions' batches in turn, rotating the order, until each made ``reps`` calls.
-    ``warm``: a batch calls on one input set (the next set each batch); ``cold``: each call
-    takes the next set (see :func:`_input_sets`)."""
+          reps: int, batch: int) -> dict[str, list[float]]:
+    """Seconds per call of each function per round, as a program sees it: ``batch`` calls back
+    to back (dispatched asynchronously, one wait for the last), the batch's time over its
+    calls; each round one batch of every function, in a rotating order, until each made
+    ``reps`` calls. ``warm``: a batch calls on one input set (the next set each round);
+    ``cold``: each call takes the next set (see :func:`_input_sets`)."""
     for fn in fns.values():  # compile and warm
         _ready(fn(*sets[0]))
     samples: dict[str, list[float]] = {name: [] for name in fns}
@@ -235,7 +237,18 @@ def _time(fns: Mapping[str, Callable[..., Any]], sets: Sequence[tuple[Any, ...]]
                 out = fn(*a)
             _ready(out)
             samples[name].append((time.perf_counter() - start) / batch)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
+
+
+def _paired(samples: Mapping[str, Sequence[float]], name: str, against: str) -> tuple[float, float, float]:
+    """``name``'s time over ``against``'s, round by round (one round's batches run within
+    moments of each other, so a clock that drifts between rounds cancels): the median ratio and
+    its interval (:func:`autotune.tuning.confirmation.median_interval`)."""
+    from autotune.tuning.confirmation import median_interval
+
+    ratios = [a / b for a, b in zip(samples[name], samples[against], strict=True)]
+    low, high = median_interval(ratios)
+    return statistics.median(ratios), low, high
 
 
 def _ready(out: Any) -> Any:
@@ -294,15 +307,21 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     # Inside a jitted program the lookup runs once, at trace time.
                     fns["decorated_jit"] = jax.jit(fns["decorated"])
                 sets = _input_sets(inputs, regime, args.input_sets)
-                times = _time(fns, sets, regime, args.reps, args.batch)
-                faster = min(times["kernel"], times["baseline"])
-                ratio = times["decorated"] / faster
+                samples = _time(fns, sets, regime, args.reps, args.batch)
+                times = {name: statistics.median(s) for name, s in samples.items()}
+                faster_name = min(("kernel", "baseline"), key=lambda n: times[n])
+                faster = times[faster_name]
+                ratio, ratio_low, ratio_high = _paired(samples, "decorated", faster_name)
+                ran = "baseline" if choice.faster == "baseline" else "kernel"
+                same, same_low, same_high = _paired(samples, "decorated", ran)
                 rows.append({
                     "regime": regime, "kernel": name, "shape": dict(shape), "dtype": dtype,
                     "input_sets": len(sets),
                     "decorated_us": times["decorated"] * 1e6, "kernel_us": times["kernel"] * 1e6,
                     "baseline_us": times["baseline"] * 1e6, "ratio_to_faster": ratio,
-                    "chosen": "baseline" if choice.faster == "baseline" else "kernel",
+                    "ratio_low": ratio_low, "ratio_high": ratio_high,
+                    "ratio_to_what_ran": same, "same_low": same_low, "same_high": same_high,
+                    "chosen": ran,
                     "verdict": choice.faster, "source": choice.source,
                     "config": None if choice.config is None else dict(choice.config),
                     "within_goal": ratio <= GOAL,
@@ -337,13 +356,13 @@ def device_name(device: str) -> str:
 def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int, batch: int) -> str:
     lines = [
         f"device: {device}; {reps} calls of each in batches of {batch} back to back, median "
-        "batch, in one run, fresh random inputs",
+        "batch, in one run, fresh random inputs; ratios paired round by round, median [interval]",
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "",
         "| regime | kernel | shape | dtype | decorated (us) | kernel (us) | baseline (us) | "
-        "decorated / faster | ran | stored verdict | within 0.5% | under jit / faster | "
-        "routed by the other regime / faster |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "decorated / faster | ran | decorated / what ran | stored verdict | within 0.5% | "
+        "under jit / faster | routed by the other regime / faster |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
@@ -352,8 +371,10 @@ def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int, batch: int)
         lines.append(
             f"| {r['regime']} | {r['kernel']} | {shape} | {r['dtype']} | "
             f"{r['decorated_us']:.1f} | "
-            f"{r['kernel_us']:.1f} | {r['baseline_us']:.1f} | {r['ratio_to_faster']:.4f} | "
-            f"{r['chosen']} | {r['verdict']} ({r['source']}) | "
+            f"{r['kernel_us']:.1f} | {r['baseline_us']:.1f} | {r['ratio_to_faster']:.4f} "
+            f"[{r['ratio_low']:.4f}, {r['ratio_high']:.4f}] | {r['chosen']} | "
+            f"{r['ratio_to_what_ran']:.4f} [{r['same_low']:.4f}, {r['same_high']:.4f}] | "
+            f"{r['verdict']} ({r['source']}) | "
             f"{'yes' if r['within_goal'] else 'NO'} | "
             f"{'-' if r['jit_ratio_to_faster'] is None else format(r['jit_ratio_to_faster'], '.4f')}"
             f" | {other} |")
