@@ -6,6 +6,7 @@ and writer share. Used by :class:`~.store.Store`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import pathlib
 from collections.abc import Iterator
@@ -118,6 +119,15 @@ def _alembic_config(connection: sa.Connection | None = None) -> Any:
     return config
 
 
+@functools.cache
+def _scripts() -> Any:
+    """The migration scripts (alembic's ScriptDirectory), read once per process: they ship
+    inside the package and do not change while it runs."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config())
+
+
 class SchemaRecordError(StorageError):
     """autotune's tables exist but the schema version record is missing or not one row."""
 
@@ -184,7 +194,6 @@ def repair_version_record(url: URL, where: str) -> tuple[list[str] | None, str]:
         this autotune knows.
     """
     from alembic import command
-    from alembic.script import ScriptDirectory
 
     engine = make_engine(url)
     try:
@@ -196,8 +205,7 @@ def repair_version_record(url: URL, where: str) -> tuple[list[str] | None, str]:
             return rows, rows[0]  # sound: nothing to repair
         if not tables:
             raise StorageError(f"The database {where} holds no autotune tables: nothing to repair.")
-        script = ScriptDirectory.from_config(_alembic_config())
-        revisions = [r.revision for r in reversed(list(script.walk_revisions()))]
+        revisions = [r.revision for r in reversed(list(_scripts().walk_revisions()))]
         match = None
         for revision in revisions:
             memory = make_engine(sa.make_url("sqlite://"))
@@ -241,15 +249,16 @@ def _at_head(read_engine: Engine) -> bool:
 
 
 def migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool = False) -> None:
-    """Brings the schema to head; refuses a schema newer than this code. ``read_only``: only
-    checks, raising :class:`SchemaBehind` when the schema is older than head."""
+    """Brings the schema to head: a database without autotune's tables gets it in one step
+    (:func:`create_schema`), an older one is upgraded through the migrations; refuses a schema
+    newer than this code. ``read_only``: only checks, raising :class:`SchemaBehind` when the
+    schema is older than head."""
     if _at_head(read_engine):
         return
     from alembic import command
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
 
-    script = ScriptDirectory.from_config(_alembic_config())
+    script = _scripts()
     head = script.get_current_head()
     known = {rev.revision for rev in script.walk_revisions()}
 
@@ -266,8 +275,13 @@ def migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool 
             )
         return revisions
 
-    # Fast path: a read that takes no write lock, the common case of an up-to-date schema.
+    # Fast path: a read that takes no write lock, the common case of an up-to-date schema. It
+    # reads one snapshot: on PostgreSQL each statement of a READ COMMITTED transaction sees
+    # every commit before it, so a schema another process commits between the read of the
+    # version table and the list of tables would read as tables without a version record.
     with read_engine.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execution_options(isolation_level="REPEATABLE READ")
         revisions = current(connection)
     if revisions == {head}:
         return
@@ -279,12 +293,37 @@ def migrate(engine: Engine, read_engine: Engine, where: str, *, read_only: bool 
         )
     if read_only:
         raise SchemaBehind(f"The database {where} has an older autotune schema than {head}.")
+    # One writer at a time creates or upgrades the schema, in one transaction, and reads the
+    # version record again once it holds the lock: another may have just done it. SQLite: the
+    # BEGIN IMMEDIATE of every write transaction (make_engine) is the lock; PostgreSQL: an
+    # advisory lock, released at commit.
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
-        if current(connection) != {head}:
+        revisions = current(connection)
+        if revisions == {head}:
+            return
+        if not revisions:  # no autotune tables (current() refused tables without a record)
+            log.info("Creating the autotune schema %s in %s.", head, where)
+            create_schema(connection)
+        else:
             log.info("Upgrading the autotune schema of %s to %s.", where, head)
             command.upgrade(_alembic_config(connection), "head")
+
+
+def create_schema(connection: sa.Connection) -> None:
+    """Creates the newest schema in a database without autotune's tables, on ``connection``
+    (in its transaction): every table from the models, then the head recorded as its version
+    (alembic's recipe "Building an Up to Date Database from Scratch"), instead of running every
+    migration in turn. The schema is the one the migrations build
+    (``tests/storage/test_storage.py::test_a_fresh_schema_is_the_one_every_migration_builds``)."""
+    from alembic.runtime.migration import MigrationContext
+
+    from autotune.storage.schema import Base
+
+    Base.metadata.create_all(connection)
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    context.stamp(_scripts(), "head")
 
 
 class Sessions:

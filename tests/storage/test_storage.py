@@ -370,27 +370,104 @@ def test_corrupted_sqlite_file_is_a_storage_error_and_left_untouched(tmp_path):
 # --------------------------------------------------------------------------- migrations
 
 
-def test_migrations_create_the_schema_from_empty(db_url: str):
-    """Opening an empty database creates exactly the at_ tables, at head, matching the models."""
+def _differences_from_the_models(conn: sa.Connection) -> list[object]:
+    """alembic's autogenerate comparison of the at_ tables with the models (none: []), once
+    the database is recorded at the head."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
+    context = MigrationContext.configure(conn, opts={
+        "version_table": storage.VERSION_TABLE, "compare_type": True,
+        "include_name": lambda name, type_, parents: type_ != "table" or name.startswith("at_"),
+    })
+    assert context.get_current_heads() == (HEAD,)
+    return list(compare_metadata(context, schema.Base.metadata))
+
+
+def test_migrations_create_the_schema_from_empty(db_url: str):
+    """Opening an empty database creates exactly the at_ tables, at head, matching the models."""
     with Store(db_url) as store:
         with store.engine.connect() as conn:
             assert set(sa.inspect(conn).get_table_names()) == AT_TABLES
-            context = MigrationContext.configure(
-                conn,
-                opts={
-                    "version_table": storage.VERSION_TABLE,
-                    "compare_type": True,
-                    "include_name": lambda name, type_, parents: type_ != "table"
-                    or name.startswith("at_"),
-                },
-            )
-            assert context.get_current_heads() == (HEAD,)
-            assert compare_metadata(context, schema.Base.metadata) == []
+            assert _differences_from_the_models(conn) == []
     with Store(db_url) as store:  # reopening is a no-op
         assert store.trials() == []
+
+
+def _schema_of(conn: sa.Connection) -> dict[str, dict[str, object]]:
+    """Every at_ table as the database describes it (SQLAlchemy's inspector): its columns
+    (type, nullability, server default), primary key, foreign keys, indexes and unique
+    constraints, by name. Column order is left out: a migration appends the columns it adds."""
+    inspector = sa.inspect(conn)
+    out: dict[str, dict[str, object]] = {}
+    for table in sorted(t for t in inspector.get_table_names() if t.startswith("at_")):
+        out[table] = {
+            "columns": {c["name"]: (str(c["type"]), c["nullable"], c.get("default"))
+                        for c in inspector.get_columns(table)},
+            "pk": inspector.get_pk_constraint(table),
+            "fks": sorted((f["name"], tuple(f["constrained_columns"]), f["referred_table"],
+                           tuple(f["referred_columns"])) for f in inspector.get_foreign_keys(table)),
+            "indexes": sorted((i["name"], tuple(i["column_names"]), bool(i["unique"]))
+                              for i in inspector.get_indexes(table)),
+            "unique": sorted((u["name"], tuple(u["column_names"]))
+                             for u in inspector.get_unique_constraints(table)),
+        }
+    return out
+
+
+def test_a_fresh_schema_is_the_one_every_migration_builds(db_url: str, monkeypatch):
+    """Opening a database without autotune's tables creates them from the models and records
+    the head (no migration runs); the schema is the one running every migration from 0001
+    builds: the same tables, columns, keys, indexes and constraints (the inspector), and
+    alembic's autogenerate finds no difference between either and the models."""
+    from alembic import command
+
+    engine = connection.make_engine(resolve_url(db_url))
+    try:
+        with engine.begin() as conn:
+            command.upgrade(connection._alembic_config(conn), "head")
+        with engine.connect() as conn:
+            migrated = _schema_of(conn)
+            assert _differences_from_the_models(conn) == []
+        with engine.begin() as conn:
+            schema.Base.metadata.drop_all(conn)
+            conn.execute(sa.text(f"DROP TABLE {storage.VERSION_TABLE}"))
+            assert _schema_of(conn) == {}
+    finally:
+        engine.dispose()
+
+    def no_migration(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a fresh database ran the migrations")
+
+    monkeypatch.setattr(command, "upgrade", no_migration)
+    with Store(db_url) as store, store.engine.connect() as conn:
+        created = _schema_of(conn)
+        assert _differences_from_the_models(conn) == []
+    assert set(created) == AT_TABLES
+    assert created == migrated
+
+
+def test_a_schema_committed_between_two_reads_of_the_check_is_not_a_damaged_record(
+        db_url: str, monkeypatch):
+    """The schema check reads one snapshot: another process committing the whole schema
+    between its read of the version table and its list of tables is no "tables without a
+    version record" (PostgreSQL's READ COMMITTED showed it, and a runner of a job sharing a
+    fresh database stopped with SchemaRecordError); the opening goes on to find the head."""
+    real = connection._version_rows
+    committed: list[str] = []
+
+    def then_another_process_commits(conn: sa.Connection) -> list[str] | None:
+        rows = real(conn)
+        if rows is None and not committed:
+            committed.append("schema")
+            Store(db_url).close()  # another connection creates the schema and commits
+        return rows
+
+    monkeypatch.setattr(connection, "_version_rows", then_another_process_commits)
+    with Store(db_url) as store, store.engine.connect() as conn:
+        assert committed == ["schema"]
+        found = conn.execute(sa.text(f"SELECT version_num FROM {storage.VERSION_TABLE}")).scalars()
+        assert list(found) == [HEAD]
 
 
 def test_migration_0001_to_0002_adds_the_lookup_index(db_url: str):
@@ -516,6 +593,44 @@ def _run_workers(url: str, n: int, shared: bool) -> list[tuple[int, int, str]]:
     for p in procs:
         p.join(timeout=30)
     return sorted(results)
+
+
+def _open(url: str, delay: float, barrier, queue) -> None:
+    import time
+
+    try:
+        barrier.wait(timeout=60)
+        time.sleep(delay)
+        Store(url).close()
+        queue.put("")
+    except BaseException as e:  # reported to the parent, which fails the test
+        queue.put(f"{type(e).__name__}: {e}")
+
+
+def test_processes_creating_one_fresh_schema_at_once_all_open_it(db_url: str):
+    """6 processes open one fresh database at staggered moments within 0.15 s (one creates the
+    schema while others read, wait for the lock or find it made): every one opens it, and the
+    database holds autotune's tables once, with one schema version record, the head."""
+    import random
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, queue = ctx.Barrier(6), ctx.Queue()
+    delays = [0.0, 0.15] + [random.uniform(0.0, 0.15) for _ in range(4)]
+    procs = [ctx.Process(target=_open, args=(db_url, d, barrier, queue)) for d in delays]
+    for p in procs:
+        p.start()
+    errors = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert errors == [""] * len(procs)
+    engine = connection.make_engine(resolve_url(db_url))
+    try:
+        with engine.connect() as conn:
+            assert set(sa.inspect(conn).get_table_names()) == AT_TABLES
+            found = conn.execute(sa.text(f"SELECT version_num FROM {storage.VERSION_TABLE}"))
+            assert list(found.scalars()) == [HEAD]
+    finally:
+        engine.dispose()
 
 
 def test_four_processes_writing_at_once_lose_nothing(db_url: str):
