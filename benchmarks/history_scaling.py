@@ -2,7 +2,7 @@
 ``results_frame``, ``autotune --version`` and the ask on SQLite, at 10k, 100k and 1M stored
 trials of one kernel (issue 36).
 
-    python3 benchmarks/history_scaling.py --sizes 10000,100000,1000000 --db-dir /tmp/history
+    python3 benchmarks/history_scaling.py --sizes 0,10000,100000,1000000 --db-dir /tmp/history
     python3 benchmarks/history_scaling.py --sizes 200 --per-shape 50 --asks 20 --study-trials 50
 
 Fills one SQLite database per size with valid configs of ``hopper_matmul`` over many shapes
@@ -17,6 +17,8 @@ database already filled to the size is reused (``--refill`` rebuilds it).
 
 Then, each in a fresh child process (its own CPU time and peak memory, from ``os.wait4``):
 
+* ``a job's first proposals``: the same for ``--job-problems`` new shapes (default 7) one after
+  the other in one process, against the empty database's (size 0);
 * ``first proposal``: the tuner's path for a new shape of the kernel with ``auto``
   (``tuning.seeding.problem_sampler``: related winners, the stored history, the sampler, then the
   study on SQLite and its first ``ask``): wall and CPU seconds of that step, the child's peak
@@ -166,7 +168,12 @@ def fill(url: str, size: int, per_shape: int, how: str) -> tuple[str, float]:
 # -- children ---------------------------------------------------------------------------------
 
 
-def child_first_proposal(url: str, trace: bool) -> dict:
+def new_shapes(count: int) -> list[dict[str, int]]:
+    """``count`` shapes of a new job: none on the grid's sides (nothing stored near by)."""
+    return [{**NEW_SHAPE, "m": m} for m in (6144, 5120, 7168, 3072, 2560, 1536, 12288)[:count]]
+
+
+def child_first_proposal(url: str, trace: bool, problems: int = 1) -> dict:
     import tracemalloc
 
     import optuna
@@ -179,23 +186,28 @@ def child_first_proposal(url: str, trace: bool) -> dict:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     kernel = get_kernel(KERNEL)
-    problem = kernel.problem(NEW_SHAPE, DTYPE)
     device = _device()
-    space = kernel.valid_space(problem)
-    spec = ProblemSpec(problem, Budget(trials=10), sampler="auto")
+    walls, cpus = [], []
     with tempfile.TemporaryDirectory() as tmp, Store(url) as store:
         storage = studies.optuna_storage(f"sqlite:///{tmp}/study.db")
         if trace:
             tracemalloc.start()
-        wall, cpu = time.perf_counter(), time.process_time()
-        sampler = seeding.problem_sampler(kernel, problem, spec, space, store=store, device=device,
-                                          policy="warm", stored_configs=[])
-        study = studies.open_study(problem, device, storage, sampler, SOFTWARE, "warm")
-        trial = study.ask(distributions(space))
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        for shape in new_shapes(problems):  # a job's problems, one after the other
+            problem = kernel.problem(shape, DTYPE)
+            space = kernel.valid_space(problem)
+            spec = ProblemSpec(problem, Budget(trials=10), sampler="auto")
+            wall, cpu = time.perf_counter(), time.process_time()
+            sampler = seeding.problem_sampler(kernel, problem, spec, space, store=store,
+                                              device=device, policy="warm", stored_configs=[])
+            study = studies.open_study(problem, device, storage, sampler, SOFTWARE, "warm")
+            trial = study.ask(distributions(space))
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+            assert space.is_valid(trial.params)
         peak = tracemalloc.get_traced_memory()[1] if trace else None
-        assert space.is_valid(trial.params)
-        return {"wall_s": wall, "cpu_s": cpu, "traced_peak_mb": None if peak is None else peak / 2**20,
+        return {"wall_s": walls[0], "cpu_s": cpus[0], "job_wall_s": sum(walls),
+                "job_cpu_s": sum(cpus), "problems": problems,
+                "traced_peak_mb": None if peak is None else peak / 2**20,
                 "sampler": type(sampler.base).__name__}
 
 
@@ -231,16 +243,23 @@ def _me(*args: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *args]
 
 
-def measure_size(url: str) -> dict:
+def measure_size(url: str, problems: int = 7) -> dict:
     fp, fp_cpu, fp_rss = _spawn(_me("--child", "first-proposal", "--url", url))
+    job, _, job_rss = _spawn(_me("--child", "first-proposal", "--url", url,
+                                 "--problems", str(problems)))
     traced, _, _ = _spawn(_me("--child", "first-proposal", "--url", url, "--trace"))
+    job_only = {"job_problems": problems, "job_wall_s": job["job_wall_s"],
+                "job_cpu_s": job["job_cpu_s"], "job_peak_rss_mb": job_rss}
+    if stored_count(url) == 0:  # the empty database: the job's first proposals only
+        return {"first_wall_s": fp["wall_s"], "first_cpu_s": fp["cpu_s"],
+                "first_peak_rss_mb": fp_rss, **job_only}
     _, best_cpu, best_rss = _spawn([sys.executable, "-m", "autotune", "best", KERNEL, "--shape",
                                     _stored_shape(),
                                     "--dtype", DTYPE, "--db", url, "-q"])
     frame, frame_cpu, frame_rss = _spawn(_me("--child", "frame", "--url", url))
     limited, _, limited_rss = _spawn(_me("--child", "frame", "--url", url, "--limit", "1000"))
     _, version_cpu, _ = _spawn([sys.executable, "-m", "autotune", "--version"])
-    return {
+    return {**job_only,
         "first_wall_s": fp["wall_s"], "first_cpu_s": fp["cpu_s"], "first_process_cpu_s": fp_cpu,
         "first_peak_rss_mb": fp_rss, "first_traced_peak_mb": traced["traced_peak_mb"],
         "sampler": fp["sampler"], "best_cpu_s": best_cpu, "best_peak_rss_mb": best_rss,
@@ -313,8 +332,9 @@ def measure_asks(study_trials: int, asks: int, sampler_name: str = "auto", *,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="10000,100000,1000000",
-                   help="stored trials of the kernel, comma-separated (default 10k,100k,1M)")
+    p.add_argument("--sizes", default="0,10000,100000,1000000",
+                   help="stored trials of the kernel, comma-separated (default 0,10k,100k,1M; 0: "
+                   "an empty database, for the job's first proposals)")
     p.add_argument("--per-shape", type=int, default=1000, help="trials per shape (default 1000)")
     p.add_argument("--db-dir", default=str(Path(tempfile.gettempdir()) / "autotune-history"),
                    help="where the databases are kept (reused when already filled)")
@@ -328,9 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--limit", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--job-problems", type=int, default=7,
+                   help="new problems of a job whose first proposals are timed one after the "
+                   "other in one process (default 7; at most 7)")
+    p.add_argument("--problems", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if not 1 <= args.job_problems <= 7:
+        p.error(f"--job-problems must be 1 to 7, but got {args.job_problems}")
     if args.child == "first-proposal":
-        print(json.dumps(child_first_proposal(args.url, args.trace)))
+        print(json.dumps(child_first_proposal(args.url, args.trace, args.problems)))
         return 0
     if args.child == "frame":
         print(json.dumps(child_frame(args.url, args.limit)))
@@ -350,8 +376,16 @@ def main(argv: list[str] | None = None) -> int:
             path.unlink(missing_ok=True)
             how, seconds = fill(url, size, args.per_shape, args.fill)
             print(f"# filled {size} trials ({how}) in {seconds:.0f} s", flush=True)
-        m = measure_size(url)
+        m = measure_size(url, args.job_problems)
         figures["sizes"][size] = {"fill": how, **m}
+        empty = figures["sizes"].get(0)
+        print(f"# {size} stored: a {m['job_problems']}-problem job's first proposals "
+              f"{m['job_wall_s']:.2f} s wall, {m['job_cpu_s']:.2f} s CPU, peak {m['job_peak_rss_mb']:.0f} MB"
+              + ("" if empty is None or size == 0 else
+                 f" ({m['job_cpu_s'] / empty['job_cpu_s']:.2f}x the empty database's CPU)"),
+              flush=True)
+        if size == 0:
+            continue
         print(f"{size:>8} {how:>6} {m['first_wall_s']:>12.2f} {m['first_cpu_s']:>11.2f} "
               f"{m['first_peak_rss_mb']:>8.0f} {m['first_traced_peak_mb']:>9.1f} "
               f"{m['best_cpu_s']:>10.2f} {m['best_peak_rss_mb']:>8.0f} {m['frame_wall_s']:>8.2f} "

@@ -8,16 +8,20 @@ from tests.benchmark_scripts import load
 
 
 def test_history_scaling_runs_at_a_tiny_size(tmp_path, capsys, monkeypatch):
-    """At 200 stored trials (50 per shape, through the per-trial write path) the benchmark
-    prints the first proposal, best, results_frame, --version and ask figures, and a second run
-    reuses the filled database."""
+    """At 200 stored trials (50 per shape, through the per-trial write path) and on an empty
+    database the benchmark prints the first proposal, a job's first proposals, best,
+    results_frame, --version and ask figures, and a second run reuses the filled database."""
     bench = load("history_scaling")
     out = tmp_path / "figures.json"
-    argv = ["--sizes", "200", "--per-shape", "50", "--db-dir", str(tmp_path), "--asks", "5",
-            "--study-trials", "20", "--json", str(out)]
+    argv = ["--sizes", "0,200", "--per-shape", "50", "--db-dir", str(tmp_path), "--asks", "5",
+            "--study-trials", "20", "--job-problems", "2", "--json", str(out)]
     assert bench.main(argv) == 0
     figures = json.loads(out.read_text())
-    row = figures["sizes"]["200"]
+    empty, row = figures["sizes"]["0"], figures["sizes"]["200"]
+    assert empty["job_problems"] == row["job_problems"] == 2
+    assert 0 < empty["first_cpu_s"] <= empty["job_cpu_s"] and "best_cpu_s" not in empty
+    assert 0 < row["first_cpu_s"] <= row["job_cpu_s"]
+    assert "2-problem job's first proposals" in capsys.readouterr().out
     assert row["fill"] == "record" and row["frame_rows"] == 200
     assert row["first_cpu_s"] > 0 and row["first_peak_rss_mb"] > 0 and row["best_cpu_s"] > 0
     assert row["sampler"] == "RankedSampler"  # warm: other shapes are stored
@@ -29,9 +33,9 @@ def test_history_scaling_runs_at_a_tiny_size(tmp_path, capsys, monkeypatch):
     # figures. A refill would still show: "reused" missing and the database rewritten.
     mtime = (tmp_path / "history_200_50.db").stat().st_mtime_ns
     measured = {k: v for k, v in row.items() if k != "fill"}
-    monkeypatch.setattr(bench, "measure_size", lambda url: dict(measured))
+    monkeypatch.setattr(bench, "measure_size", lambda url, problems: dict(measured))
     capsys.readouterr()
-    assert bench.main(argv[:-2] + ["--asks", "0"]) == 0
+    assert bench.main(["--sizes", "200", *argv[2:-2], "--asks", "0"]) == 0
     assert "reused" in capsys.readouterr().out
     assert (tmp_path / "history_200_50.db").stat().st_mtime_ns == mtime
 
