@@ -246,7 +246,7 @@ def test_one_read_reads_the_study_once_within_the_block(tmp_path):
     seen = _statements(storage)
 
     def reads() -> int:
-        return sum(s.startswith("SELECT studies.") for s in seen)
+        return sum(s.startswith("SELECT trials.") for s in seen)
 
     with oa.one_read(study):
         with oa.one_read(study):  # nested: the outer one's snapshot

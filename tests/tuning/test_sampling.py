@@ -202,8 +202,8 @@ def _space_for_names():
 
 def test_after_index_read_the_next_proposal_does_not_read_the_study(tmp_path):
     """The scheduler reads the study after each ask and says so (``index_read``): the next
-    proposal starts from that read instead of reading the study's trials again (on SQLite 7
-    statements and a commit); without it, every proposal reads. Once only: the one after reads."""
+    proposal starts from that read instead of reading the study's trials again (on SQLite, 6
+    statements); without it, every proposal reads. Once only: the one after reads."""
     import sqlalchemy
 
     from autotune.tuning import optuna_adapter as oa
@@ -216,7 +216,7 @@ def test_after_index_read_the_next_proposal_does_not_read_the_study(tmp_path):
     reads: list[str] = []
     sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
                             lambda conn, cursor, statement, *a: reads.append(statement)
-                            if statement.startswith("SELECT studies.") else None)
+                            if statement.startswith("SELECT trials.") else None)
     dists = distributions(bound)
 
     def ask() -> int:
