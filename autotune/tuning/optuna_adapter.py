@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import random
 import time
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -474,45 +475,105 @@ def _read_rdb_trials(storage: Any, backend: optuna.storages.RDBStorage, study_id
 _IN_LIMIT = 500  # ids bound in one IN (...), as SQLAlchemy's selectin loading chunks them
 
 
+def _typed_null(column: Any, name: str) -> Any:
+    return sa.type_coerce(sa.null(), column.type).label(name)
+
+
+def _trial_rows_statement(with_ids: bool) -> Any:
+    """One statement for the rows ``RDBStorage._get_trials`` loads in six (the trials, then
+    through its ORM session each kind of child row): a UNION ALL of the trials chosen (those
+    of the study with an id above ``high``, and, ``with_ids``, those with an id in ``ids``)
+    and their child rows, one row each, in the columns ``kind, trial_id, a, b, state, start,
+    complete, name, num, text, vtype, itype`` (the first SELECT's, typed as the models' columns
+    so that values are read as there), ordered by kind, trial and row id. A trial's row holds
+    its number in ``a`` and its study in ``b``.
+
+    The choice is written so that an index answers each part (on SQLite, the study's index
+    and the primary key): ``study_id = ? AND (trial_id > ? OR trial_id IN (...))``, as
+    ``RDBStorage._get_trials`` asks, reads every trial of the study (0.13 ms at 2,000 trials,
+    per part, six parts)."""
+    t, v, i = _TRIALS, _VALUES, _INTERMEDIATE
+    chosen = sa.and_(t.c.study_id == sa.bindparam("study_id"), t.c.trial_id > sa.bindparam("high"))
+    if with_ids:
+        chosen = sa.or_(t.c.trial_id.in_(sa.bindparam("ids", expanding=True)), chosen)
+    chosen_ids = sa.select(t.c.trial_id).where(chosen).scalar_subquery()
+    null = sa.null
+
+    def child(kind: int, table: Any, key: Any, b: Any, name: Any, num: Any, text: Any,
+              vtype: Any = None, itype: Any = None) -> Any:
+        return sa.select(sa.literal(kind), table.c.trial_id, key, b, null(), null(), null(), name,
+                         num, text, null() if vtype is None else vtype,
+                         null() if itype is None else itype).where(table.c.trial_id.in_(chosen_ids))
+
+    trials = sa.select(
+        sa.literal(0).label("kind"), t.c.trial_id.label("trial_id"), t.c.number.label("a"),
+        t.c.study_id.label("b"), t.c.state.label("state"),
+        t.c.datetime_start.label("start"), t.c.datetime_complete.label("complete"),
+        _typed_null(_PARAMS.c.param_name, "name"), _typed_null(_PARAMS.c.param_value, "num"),
+        _typed_null(_PARAMS.c.distribution_json, "text"), _typed_null(v.c.value_type, "vtype"),
+        _typed_null(i.c.intermediate_value_type, "itype"),
+    ).where(chosen)
+    p, u, y = _PARAMS, _USER_ATTRS, _SYSTEM_ATTRS
+    union = sa.union_all(
+        trials,
+        child(1, p, p.c.param_id, null(), p.c.param_name, p.c.param_value, p.c.distribution_json),
+        child(2, v, v.c.trial_value_id, v.c.objective, null(), v.c.value, null(), v.c.value_type),
+        child(3, u, u.c.trial_user_attribute_id, null(), u.c.key, null(), u.c.value_json),
+        child(4, y, y.c.trial_system_attribute_id, null(), y.c.key, null(), y.c.value_json),
+        child(5, i, i.c.trial_intermediate_value_id, i.c.step, null(), i.c.intermediate_value,
+              null(), None, i.c.intermediate_value_type),
+    )
+    return union.order_by(sa.text("kind"), sa.text("trial_id"), sa.text("a"))
+
+
+_TRIAL_ROWS = {with_ids: _trial_rows_statement(with_ids) for with_ids in (False, True)}
+_STUDY_EXISTS = sa.select(_STUDIES.c.study_id).where(_STUDIES.c.study_id == sa.bindparam("study_id"))
+
+
+def _child(kind: int, row: Any) -> Any:
+    """A child row of :data:`_TRIAL_ROWS` under the names ``RDBStorage`` reads it by."""
+    if kind == 1:
+        return types.SimpleNamespace(param_id=row.a, param_name=row.name, param_value=row.num,
+                                     distribution_json=row.text)
+    if kind == 2:
+        return types.SimpleNamespace(objective=row.b, value=row.num, value_type=row.vtype)
+    if kind in (3, 4):
+        return types.SimpleNamespace(key=row.name, value_json=row.text)
+    return types.SimpleNamespace(step=row.b, intermediate_value=row.num,
+                                 intermediate_value_type=row.itype)
+
+
+_CHILDREN = {1: "params", 2: "values", 3: "user_attributes", 4: "system_attributes",
+             5: "intermediate_values"}
+
+
 def _rdb_trials(backend: optuna.storages.RDBStorage, study_id: int, included: set[int],
                 greater_than: int) -> list[optuna.trial.FrozenTrial]:
-    """``RDBStorage._get_trials(study_id, None, included, greater_than)``, in trial id order."""
+    """``RDBStorage._get_trials(study_id, None, included, greater_than)``, in trial id order:
+    one statement (:data:`_TRIAL_ROWS`), and a second only when no trial is found."""
     included = {i for i in included if i <= greater_than}
-    where = _TRIALS.c.study_id == study_id
-    if len(included) > _IN_LIMIT:  # read from the lowest and keep those asked for
-        where = sa.and_(where, _TRIALS.c.trial_id >= min(included))
-    elif included:
-        where = sa.and_(where, sa.or_(_TRIALS.c.trial_id.in_(included),
-                                      _TRIALS.c.trial_id > greater_than))
-    elif greater_than > -1:
-        where = sa.and_(where, _TRIALS.c.trial_id > greater_than)
+    many = len(included) > _IN_LIMIT  # read from the lowest and keep those asked for
+    high = min(included) - 1 if many else greater_than
+    ids = sorted(included) if included and not many else None
+    bound: dict[str, Any] = {"study_id": study_id, "high": high}
+    if ids is not None:
+        bound["ids"] = ids
+    rows: dict[int, _TrialRow] = {}
     with backend.engine.connect() as conn:
-        rows = [_TrialRow(r) for r in conn.execute(
-            sa.select(_TRIALS.c.trial_id, _TRIALS.c.number, _TRIALS.c.state,
-                      _TRIALS.c.datetime_start, _TRIALS.c.datetime_complete)
-            .where(where).order_by(_TRIALS.c.trial_id))]
-        if len(included) > _IN_LIMIT:
-            rows = [r for r in rows if r.trial_id in included or r.trial_id > greater_than]
-        if not rows:
-            if conn.execute(sa.select(_STUDIES.c.study_id).where(
-                    _STUDIES.c.study_id == study_id)).first() is None:
-                raise KeyError(_models.NOT_FOUND_MSG)
-            return []
-        by_id = {r.trial_id: r for r in rows}
-        ids = sorted(by_id)
-        for table, attr in ((_PARAMS, "params"), (_VALUES, "values"),
-                            (_USER_ATTRS, "user_attributes"), (_SYSTEM_ATTRS, "system_attributes"),
-                            (_INTERMEDIATE, "intermediate_values")):
-            (key,) = table.primary_key.columns
-            for start in range(0, len(ids), _IN_LIMIT):
-                chunk = ids[start:start + _IN_LIMIT]
-                ids_in = (table.c.trial_id.in_(chunk) if len(ids) <= _IN_LIMIT else
-                          table.c.trial_id.between(chunk[0], chunk[-1]))
-                for child in conn.execute(sa.select(table).where(ids_in).order_by(key)):
-                    row = by_id.get(child.trial_id)
-                    if row is not None:
-                        getattr(row, attr).append(child)
-    return [backend._build_frozen_trial_from_trial_model(r) for r in rows]
+        for r in conn.execute(_TRIAL_ROWS[ids is not None], bound):
+            if r.kind == 0:
+                if r.b == study_id and (not many or r.trial_id in included
+                                        or r.trial_id > greater_than):
+                    rows[r.trial_id] = _TrialRow(types.SimpleNamespace(
+                        trial_id=r.trial_id, number=r.a, state=r.state,
+                        datetime_start=r.start, datetime_complete=r.complete))
+                continue
+            row = rows.get(r.trial_id)
+            if row is not None:
+                getattr(row, _CHILDREN[r.kind]).append(_child(r.kind, r))
+        if not rows and conn.execute(_STUDY_EXISTS, {"study_id": study_id}).first() is None:
+            raise KeyError(_models.NOT_FOUND_MSG)
+    return [backend._build_frozen_trial_from_trial_model(r) for r in rows.values()]
 
 
 def set_trial_system_attr(

@@ -208,6 +208,7 @@ def test_after_index_read_the_next_proposal_does_not_read_the_study(tmp_path):
 
     from autotune.tuning import optuna_adapter as oa
     from autotune.tuning.sampling import OUTCOME_ATTR
+    from tests.tuning.test_optuna_adapter import reads_of_trials
 
     bound = toy_space().bind(PROBLEM)
     sampler = valid_sampler("random", bound, seed=0)  # draws uniformly: reads nothing itself
@@ -215,8 +216,8 @@ def test_after_index_read_the_next_proposal_does_not_read_the_study(tmp_path):
     study = optuna.create_study(storage=storage, sampler=sampler)
     reads: list[str] = []
     sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
-                            lambda conn, cursor, statement, *a: reads.append(statement)
-                            if statement.startswith("SELECT trials.") else None)
+                            lambda conn, cursor, statement, *a: reads.extend(
+                                [statement] * reads_of_trials([statement])))
     dists = distributions(bound)
 
     def ask() -> int:
