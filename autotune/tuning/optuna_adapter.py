@@ -146,6 +146,16 @@ _SYSTEM_ATTRS = _models.TrialSystemAttributeModel.__table__
 _INTERMEDIATE = _models.TrialIntermediateValueModel.__table__
 _HEARTBEATS = _models.TrialHeartbeatModel.__table__
 _RETRIES = 5  # RDBStorage._create_new_trial's
+# The ask path's statements, built once (building one costs about as much as running it).
+_LOCK_STUDY = sa.select(_STUDIES.c.study_id).where(
+    _STUDIES.c.study_id == sa.bindparam("study_id")).with_for_update()
+_COUNT_BEFORE = sa.select(sa.func.count(_TRIALS.c.trial_id)).where(
+    _TRIALS.c.study_id == sa.bindparam("study_id"), _TRIALS.c.trial_id < sa.bindparam("trial_id"))
+_SET_NUMBER = sa.update(_TRIALS).where(_TRIALS.c.trial_id == sa.bindparam("trial_id_")).values(
+    number=sa.bindparam("number_"), state=sa.bindparam("state_"))
+_TRIAL_STATE = sa.select(_TRIALS.c.state).where(_TRIALS.c.trial_id == sa.bindparam("trial_id"))
+_INSERT = {table: sa.insert(table) for table in (_TRIALS, _PARAMS, _USER_ATTRS, _SYSTEM_ATTRS,
+                                                 _HEARTBEATS)}
 
 
 class _TrialRow:
@@ -195,27 +205,24 @@ def _create_rdb_trial(storage: Any, backend: optuna.storages.RDBStorage, study_i
     for attempt in range(1, _RETRIES + 1):
         try:
             with _transaction(backend) as conn:
-                found = conn.execute(sa.select(_STUDIES.c.study_id).where(
-                    _STUDIES.c.study_id == study_id).with_for_update()).first()
-                if found is None:
+                if conn.execute(_LOCK_STUDY, {"study_id": study_id}).first() is None:
                     raise KeyError(_models.NOT_FOUND_MSG)
                 row = _TrialRow.__new__(_TrialRow)  # the model's setters: naive UTC
                 row.datetime_start = template.datetime_start
                 row.datetime_complete = template.datetime_complete
-                trial_id = conn.execute(sa.insert(_TRIALS).values(
-                    study_id=study_id, number=None, state=optuna.trial.TrialState.RUNNING,
-                    datetime_start=row._datetime_start_utc,
-                    datetime_complete=row._datetime_complete_utc)).inserted_primary_key[0]
+                trial_id = conn.execute(_INSERT[_TRIALS], {
+                    "study_id": study_id, "number": None, "state": optuna.trial.TrialState.RUNNING,
+                    "datetime_start": row._datetime_start_utc,
+                    "datetime_complete": row._datetime_complete_utc}).inserted_primary_key[0]
                 for table, attrs in ((_USER_ATTRS, template.user_attrs),
                                      (_SYSTEM_ATTRS, template.system_attrs)):
                     if attrs:
-                        conn.execute(sa.insert(table), [
+                        conn.execute(_INSERT[table], [
                             {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
                             for k, v in attrs.items()])
-                number = conn.scalar(sa.select(sa.func.count(_TRIALS.c.trial_id)).where(
-                    _TRIALS.c.study_id == study_id, _TRIALS.c.trial_id < trial_id))
-                conn.execute(sa.update(_TRIALS).where(_TRIALS.c.trial_id == trial_id).values(
-                    number=number, state=template.state))
+                number = conn.scalar(_COUNT_BEFORE, {"study_id": study_id, "trial_id": trial_id})
+                conn.execute(_SET_NUMBER, {"trial_id_": trial_id, "number_": number,
+                                           "state_": template.state})
             break
         except optuna.exceptions.StorageInternalError:
             if attempt == _RETRIES:
@@ -379,15 +386,14 @@ class _ParamBatch:
                     rows.append({"trial_id": trial_id, "param_name": name, "param_value": value,
                                  "distribution_json": optuna.distributions.distribution_to_json(distribution)})
                 with _transaction(backend, ignore_integrity_error=True) as conn:
-                    state = conn.scalar(sa.select(_TRIALS.c.state).where(
-                        _TRIALS.c.trial_id == trial_id))
+                    state = conn.scalar(_TRIAL_STATE, {"trial_id": trial_id})
                     if state is None:
                         raise KeyError(_models.NOT_FOUND_MSG)
                     backend.check_trial_is_updatable(trial_id, state)
                     if rows:
-                        conn.execute(sa.insert(_PARAMS), rows)
+                        conn.execute(_INSERT[_PARAMS], rows)
                     if heartbeat:  # as RDBStorage.record_heartbeat writes a trial's first
-                        conn.execute(sa.insert(_HEARTBEATS).values(trial_id=trial_id))
+                        conn.execute(_INSERT[_HEARTBEATS], {"trial_id": trial_id})
                 return
             with _create_scoped_session(backend.scoped_session, True) as session, \
                     session.no_autoflush:  # the rows go in together, at the commit
