@@ -481,11 +481,7 @@ def _read_rdb_trials(storage: Any, backend: optuna.storages.RDBStorage, study_id
 _IN_LIMIT = 500  # ids bound in one IN (...), as SQLAlchemy's selectin loading chunks them
 
 
-def _typed_null(column: Any, name: str) -> Any:
-    return sa.type_coerce(sa.null(), column.type).label(name)
-
-
-def _trial_rows_statement(with_ids: bool) -> Any:
+def _trial_rows_statement(with_ids: bool, cast: bool = True) -> Any:
     """One statement for the rows ``RDBStorage._get_trials`` loads in six (the trials, then
     through its ORM session each kind of child row): a UNION ALL of the trials chosen (those
     of the study with an id above ``high``, and, ``with_ids``, those with an id in ``ids``)
@@ -497,8 +493,15 @@ def _trial_rows_statement(with_ids: bool) -> Any:
     The choice is written so that an index answers each part (on SQLite, the study's index
     and the primary key): ``study_id = ? AND (trial_id > ? OR trial_id IN (...))``, as
     ``RDBStorage._get_trials`` asks, reads every trial of the study (0.13 ms at 2,000 trials,
-    per part, six parts)."""
+    per part, six parts). ``cast``: the first SELECT's NULLs are cast to their column's type (a
+    UNION on PostgreSQL takes an untyped NULL for text, which its enum types do not match);
+    else only typed for reading (MySQL casts to few types, and its UNION needs none)."""
     t, v, i = _TRIALS, _VALUES, _INTERMEDIATE
+
+    def typed_null(column: Any, name: str) -> Any:
+        null = sa.cast(sa.null(), column.type) if cast else sa.type_coerce(sa.null(), column.type)
+        return null.label(name)
+
     chosen = sa.and_(t.c.study_id == sa.bindparam("study_id"), t.c.trial_id > sa.bindparam("high"))
     if with_ids:
         chosen = sa.or_(t.c.trial_id.in_(sa.bindparam("ids", expanding=True)), chosen)
@@ -507,17 +510,18 @@ def _trial_rows_statement(with_ids: bool) -> Any:
 
     def child(kind: int, table: Any, key: Any, b: Any, name: Any, num: Any, text: Any,
               vtype: Any = None, itype: Any = None) -> Any:
-        return sa.select(sa.literal(kind), table.c.trial_id, key, b, null(), null(), null(), name,
+        return sa.select(sa.literal_column(str(kind), sa.Integer), table.c.trial_id, key, b, null(), null(), null(), name,
                          num, text, null() if vtype is None else vtype,
                          null() if itype is None else itype).where(table.c.trial_id.in_(chosen_ids))
 
     trials = sa.select(
-        sa.literal(0).label("kind"), t.c.trial_id.label("trial_id"), t.c.number.label("a"),
+        sa.literal_column("0", sa.Integer).label("kind"), t.c.trial_id.label("trial_id"),
+        t.c.number.label("a"),
         t.c.study_id.label("b"), t.c.state.label("state"),
         t.c.datetime_start.label("start"), t.c.datetime_complete.label("complete"),
-        _typed_null(_PARAMS.c.param_name, "name"), _typed_null(_PARAMS.c.param_value, "num"),
-        _typed_null(_PARAMS.c.distribution_json, "text"), _typed_null(v.c.value_type, "vtype"),
-        _typed_null(i.c.intermediate_value_type, "itype"),
+        typed_null(_PARAMS.c.param_name, "name"), typed_null(_PARAMS.c.param_value, "num"),
+        typed_null(_PARAMS.c.distribution_json, "text"), typed_null(v.c.value_type, "vtype"),
+        typed_null(i.c.intermediate_value_type, "itype"),
     ).where(chosen)
     p, u, y = _PARAMS, _USER_ATTRS, _SYSTEM_ATTRS
     union = sa.union_all(
@@ -532,7 +536,8 @@ def _trial_rows_statement(with_ids: bool) -> Any:
     return union.order_by(sa.text("kind"), sa.text("trial_id"), sa.text("a"))
 
 
-_TRIAL_ROWS = {with_ids: _trial_rows_statement(with_ids) for with_ids in (False, True)}
+_TRIAL_ROWS = {(with_ids, cast): _trial_rows_statement(with_ids, cast)
+               for with_ids in (False, True) for cast in (False, True)}
 _STUDY_EXISTS = sa.select(_STUDIES.c.study_id).where(_STUDIES.c.study_id == sa.bindparam("study_id"))
 
 
@@ -566,7 +571,8 @@ def _rdb_trials(backend: optuna.storages.RDBStorage, study_id: int, included: se
         bound["ids"] = ids
     rows: dict[int, _TrialRow] = {}
     with backend.engine.connect() as conn:
-        for r in conn.execute(_TRIAL_ROWS[ids is not None], bound):
+        cast = conn.dialect.name not in ("mysql", "mariadb")
+        for r in conn.execute(_TRIAL_ROWS[ids is not None, cast], bound):
             if r.kind == 0:
                 if r.b == study_id and (not many or r.trial_id in included
                                         or r.trial_id > greater_than):
