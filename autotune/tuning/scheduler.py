@@ -133,7 +133,7 @@ class _Run:
         return trials is None or self.tally.running + self.tally.measured + self.outside < trials
 
     def refresh(self) -> None:
-        self.tally.refresh(self.study.get_trials(deepcopy=False))
+        self.tally.refresh(oa.read_trials(self.study))
         self.sampler.index_read()  # the next proposal starts from this read (issue 36)
         self.unread_results = 0
 
@@ -406,7 +406,7 @@ class _Scheduler:
         sampler.prefetch = True  # asks come as results arrive: the next proposal is made meanwhile
         study = studies.open_study(problem, device, self.storage, sampler, self.software, self.policy)
         studies.close_orphans(study, self.store, problem, device, self.policy)
-        sampler.index.refresh(study.get_trials(deepcopy=False))
+        sampler.index.refresh(oa.read_trials(study))
         outside = 0  # results stored that no measured trial of the study holds (imports)
         for row in rows:
             try:
