@@ -68,6 +68,9 @@ log = logging.getLogger("autotune.storage.store")
 # a million stored trials cost no more than that.
 HISTORY_SHAPES = 8
 HISTORY_PER_SHAPE = 768
+# Parsed configs and problems a reader keeps by id (each table's own; emptied when full): the
+# history of HISTORY_SHAPES x HISTORY_PER_SHAPE trials several times over, a few MB.
+PARSED_ROWS_KEPT = 20_000
 
 
 # Store.trial_table: rows read per batch, and the most configs read by id (500 a statement)
@@ -144,6 +147,28 @@ class StoreReader:
 
     def __init__(self, sessions: Sessions) -> None:
         self._sessions = sessions
+        # Parsed rows of the tables whose rows never change once written (a config, a
+        # problem: content-keyed), by id, for the history reads of a job's problems one
+        # after another (:meth:`observations`); bounded, emptied when full.
+        self._parsed_configs: dict[int, Config] = {}
+        self._parsed_problems: dict[int, Problem] = {}
+
+    def _config(self, config_id: int, text: str) -> Config:
+        found = self._parsed_configs.get(config_id)
+        if found is None:
+            if len(self._parsed_configs) >= PARSED_ROWS_KEPT:
+                self._parsed_configs.clear()
+            found = self._parsed_configs[config_id] = Config.from_json(text)
+        return found
+
+    def _problem(self, problem_id: int, kernel: str, shape_json: str, dtype: str) -> Problem:
+        found = self._parsed_problems.get(problem_id)
+        if found is None or found.kernel != kernel:
+            if len(self._parsed_problems) >= PARSED_ROWS_KEPT:
+                self._parsed_problems.clear()
+            found = self._parsed_problems[problem_id] = Problem(kernel, json.loads(shape_json),
+                                                                dtype)
+        return found
 
     def finished_digests(
         self,
@@ -245,7 +270,7 @@ class StoreReader:
             ranked: list[tuple[bool, float, int]] = []
             here_id: int | None = None
             for pid, shape_json, dtype in session.execute(kernel_query):
-                other = Problem(problem.kernel, json.loads(shape_json), dtype)
+                other = self._problem(pid, problem.kernel, shape_json, dtype)
                 problems[pid] = other
                 if other.digest() == here_digest:
                     here_id = pid
@@ -279,11 +304,15 @@ class StoreReader:
                 step = -(-count // (per_shape - fastest))
                 chosen.update((r[0], r) for r in session.execute(
                     mine.where(Trials.id % step == 0).order_by(Trials.id).limit(per_shape - fastest)))
-            config_ids = sorted({r[2] for r in chosen.values()})
             configs: dict[int, Config] = {}
+            for cid in {r[2] for r in chosen.values()}:
+                known = self._parsed_configs.get(cid)
+                if known is not None:
+                    configs[cid] = known
+            config_ids = sorted({r[2] for r in chosen.values()} - configs.keys())
             for at in range(0, len(config_ids), 500):
                 configs.update(
-                    (cid, Config.from_json(text)) for cid, text in session.execute(
+                    (cid, self._config(cid, text)) for cid, text in session.execute(
                         sa.select(Configs.id, Configs.config_json)
                         .where(Configs.id.in_(config_ids[at:at + 500]))))
         return [
@@ -506,12 +535,13 @@ class StoreReader:
 
     def problems(self, kernel: str | None = None) -> list[Problem]:
         """The problems with anything stored, by kernel name then insertion order."""
-        query = sa.select(Kernels, Problems).join(Problems, Problems.kernel_id == Kernels.id)
+        query = (sa.select(Problems.id, Kernels.name, Problems.shape_json, Problems.dtype)
+                 .join(Problems, Problems.kernel_id == Kernels.id))
         if kernel is not None:
             query = query.where(Kernels.name == kernel)
         query = query.order_by(Kernels.name, Problems.id)
         with self._sessions.read("read problems") as session:
-            return [problem_from_rows(k, p) for k, p in session.execute(query)]
+            return [self._problem(*row) for row in session.execute(query)]
 
     def devices(self) -> list[DeviceInfo]:
         """Every device with anything stored."""

@@ -579,6 +579,43 @@ def test_stored_history_is_bounded_nearest_shapes_first_with_their_fastest(tmp_p
         assert fastest == sorted(o.time_us for o in by_problem[p] if o.time_us is not None)[:3]
 
 
+def test_a_jobs_history_reads_parse_each_config_and_problem_once(tmp_path, monkeypatch):
+    """A job reads the history of each new problem in turn: configs and problems already
+    parsed by the store (rows that never change) are not parsed again, and with the bound of
+    parsed rows kept set low the same history is read (issue 36: the 7-problem job's first
+    proposals at 1M stored trials)."""
+    from autotune.space.outcomes import DeviceInfo
+    from autotune.space.problem import Config
+    from autotune.storage import reading
+    from autotune.storage.store import Store
+
+    parsed = []
+    original = Config.from_json.__func__
+
+    def counting(cls, text):
+        parsed.append(text)
+        return original(cls, text)
+
+    monkeypatch.setattr(Config, "from_json", classmethod(counting))
+    device = DeviceInfo(name="fake-gpu", kind="fake")
+    here, near = user_problem(512, 2048), user_problem(512, 1024)
+    with Store(f"sqlite:///{tmp_path}/h.db") as store:
+        _store_user_history(store, device, [near, here], 30)
+    with Store(f"sqlite:///{tmp_path}/h.db") as store:
+        first = store.observations(here, device_name="fake-gpu", device_kind="fake")
+        once = len(parsed)
+        again = store.observations(here, device_name="fake-gpu", device_kind="fake")
+        assert once > 0 and len(parsed) == once and again == first
+        assert store.problems("user_rows") == store.problems("user_rows")
+    monkeypatch.setattr(reading, "PARSED_ROWS_KEPT", 5)
+    with Store(f"sqlite:///{tmp_path}/h.db") as store:
+        bounded = store.observations(here, device_name="fake-gpu", device_kind="fake")
+        assert bounded == first
+        before = len(parsed)
+        assert store.observations(here, device_name="fake-gpu", device_kind="fake") == first
+        assert len(parsed) > before  # five kept: most were parsed again
+
+
 def test_copying_a_ranked_sampler_shares_its_history():
     """The valid-set wrapper's copy of the ranked sampler shares the (frozen) history rather
     than copying it (issue 36: the copy of 100,000 results took most of a first proposal)."""
