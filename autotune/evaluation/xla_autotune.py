@@ -45,7 +45,7 @@ JAX_AUTOTUNE_SUBFOLDER = "xla_gpu_per_fusion_autotune_cache_dir"
 def pinned_xla_flags(xla_flags: str, folder: str | os.PathLike[str]) -> str:
     """``xla_flags`` (an ``XLA_FLAGS`` value) with the autotune cache in ``folder``, unless it
     already names one (the user's choice wins)."""
-    if AUTOTUNE_CACHE_FLAG in xla_flags:
+    if flagged_folder(xla_flags) is not None:
         return xla_flags
     return f"{xla_flags} {AUTOTUNE_CACHE_FLAG}={folder}".strip()
 

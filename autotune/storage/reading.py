@@ -8,8 +8,8 @@ import array
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -71,6 +71,7 @@ HISTORY_PER_SHAPE = 768
 # Parsed configs and problems a reader keeps by id (each table's own; emptied when full): the
 # history of HISTORY_SHAPES x HISTORY_PER_SHAPE trials several times over, a few MB.
 PARSED_ROWS_KEPT = 20_000
+_Row = TypeVar("_Row", Config, Problem)
 
 
 # Store.trial_table: rows read per batch, and the most configs read by id (500 a statement)
@@ -141,6 +142,17 @@ def _extend(columns: dict[str, Any], chunk: Sequence[Sequence[Any]],
             out.extend(values)
 
 
+def _kept(kept: dict[int, _Row], row_id: int, parse: Callable[[], _Row]) -> _Row:
+    """The parsed row ``row_id`` from ``kept``, else ``parse()`` kept there (``kept`` emptied
+    first when it holds :data:`PARSED_ROWS_KEPT`)."""
+    found = kept.get(row_id)
+    if found is None:
+        if len(kept) >= PARSED_ROWS_KEPT:
+            kept.clear()
+        found = kept[row_id] = parse()
+    return found
+
+
 class StoreReader:
     """Every read of one database, through the :class:`~.connection.Sessions` it is
     given (a :class:`~.store.Store` owns one and forwards its public methods to it)."""
@@ -154,21 +166,11 @@ class StoreReader:
         self._parsed_problems: dict[int, Problem] = {}
 
     def _config(self, config_id: int, text: str) -> Config:
-        found = self._parsed_configs.get(config_id)
-        if found is None:
-            if len(self._parsed_configs) >= PARSED_ROWS_KEPT:
-                self._parsed_configs.clear()
-            found = self._parsed_configs[config_id] = Config.from_json(text)
-        return found
+        return _kept(self._parsed_configs, config_id, lambda: Config.from_json(text))
 
     def _problem(self, problem_id: int, kernel: str, shape_json: str, dtype: str) -> Problem:
-        found = self._parsed_problems.get(problem_id)
-        if found is None or found.kernel != kernel:
-            if len(self._parsed_problems) >= PARSED_ROWS_KEPT:
-                self._parsed_problems.clear()
-            found = self._parsed_problems[problem_id] = Problem(kernel, json.loads(shape_json),
-                                                                dtype)
-        return found
+        return _kept(self._parsed_problems, problem_id,
+                     lambda: Problem(kernel, json.loads(shape_json), dtype))
 
     def finished_digests(
         self,
@@ -304,12 +306,11 @@ class StoreReader:
                 step = -(-count // (per_shape - fastest))
                 chosen.update((r[0], r) for r in session.execute(
                     mine.where(Trials.id % step == 0).order_by(Trials.id).limit(per_shape - fastest)))
-            configs: dict[int, Config] = {}
-            for cid in {r[2] for r in chosen.values()}:
-                known = self._parsed_configs.get(cid)
-                if known is not None:
-                    configs[cid] = known
-            config_ids = sorted({r[2] for r in chosen.values()} - configs.keys())
+            wanted = {r[2] for r in chosen.values()}
+            # .get: another thread of the job may empty the kept rows meanwhile
+            kept = ((cid, self._parsed_configs.get(cid)) for cid in wanted)
+            configs = {cid: config for cid, config in kept if config is not None}
+            config_ids = sorted(wanted - configs.keys())
             for at in range(0, len(config_ids), 500):
                 configs.update(
                     (cid, self._config(cid, text)) for cid, text in session.execute(

@@ -82,17 +82,26 @@ print(autotune_folder_of_compiles())
 """
 
 
-def _folders_of_compiles(tmp_path, xla_flags):
-    """(the folder a compile uses with the compilation cache off, with it on), in a fresh
-    process started with ``xla_flags``: XLA reads its flags once, at start."""
+def _in_fresh_process(program, cache, xla_flags):
+    """What ``program`` prints, line by line, run with ``cache`` as its argument in a fresh
+    process whose ``XLA_FLAGS`` is ``xla_flags`` (None: unset): XLA reads its flags once, at
+    start."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", _FOLDERS_OF_COMPILES, str(tmp_path / "jax_cache")],
-                         env=env, capture_output=True, text=True, timeout=120, check=True)
-    off, on = out.stdout.split()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
+    out = subprocess.run([sys.executable, "-c", program, str(cache)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split()
+
+
+def _folders_of_compiles(tmp_path, xla_flags):
+    """(the folder a compile uses with the compilation cache off, with it on)."""
+    off, on = _in_fresh_process(_FOLDERS_OF_COMPILES, tmp_path / "jax_cache", xla_flags)
     return off, on
 
 
@@ -125,13 +134,6 @@ def test_a_program_with_the_jobs_compilation_cache_reads_its_picks(tmp_path):
     """A user's program that turns JAX's compilation cache on in the job's folder (the one line
     docs/user_kernels.md gives) compiles its baseline with the job's autotune folder, so it
     runs the XLA program the job timed."""
-    import os
-    import subprocess
-    import sys
-
     cache = tmp_path / "jax_cache"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run([sys.executable, "-c", _USERS_PROGRAM, str(cache)], env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == str(m.autotune_cache_folder(str(cache), tmp_path / "logs"))
+    (folder,) = _in_fresh_process(_USERS_PROGRAM, cache, None)
+    assert folder == str(m.autotune_cache_folder(str(cache), tmp_path / "logs"))
