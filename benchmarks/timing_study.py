@@ -14,6 +14,16 @@ kernel's default config, the best configs recorded for the problem in autotune/r
 * ``isolated``: per call, a different flush (a write-only pass over 4x the L2), a host sync, and
   a CUPTI session of that one call (no warm-up call in between, unlike ``profiler.measure``);
 * ``warm``: N calls back to back in one CUPTI session, no flush;
+* ``cold_all`` (kernel programs): ``cold`` counting every launch of the program, XLA's glue
+  included, as ``isolated`` and the baseline count them;
+* ``batch``: the host's clock around N calls back to back on the same inputs, one wait, per
+  call: what a program's loop sees, gaps between launches included (median of 3 blocks);
+* ``cold_ro`` / ``iso_ro``: ``cold`` and ``isolated`` with a read-only flush (a sum over 2x /
+  4x the L2), which leaves the L2 holding clean lines: no write-back of the flush's dirty lines
+  is left for the timed program, however long the GPU idles before it;
+* ``iso_xor``: ``autotune verify``'s method (:class:`autotune.evaluation.independent.CuptiIsolatedTimer`);
+* ``--methods`` picks the methods (default: all);
+* ``launches``: the CUPTI launches of one warm call (name, us), printed per program;
 * NVML's SM clock, power and clock-event reasons before each program's block.
 
 Then, in ``--processes`` fresh child processes each, the baseline is compiled (XLA autotunes
@@ -96,10 +106,17 @@ def device_facts() -> dict[str, Any]:
     return facts
 
 
-def recorded_best(problem: Any, n: int, device: str = "NVIDIA H200") -> list[dict[str, Any]]:
+def recorded_best(problem: Any, n: int) -> list[dict[str, Any]]:
+    """The ``n`` best configs recorded on this device, else on the H200 (what is recorded)."""
+    import jax
+
     from autotune.replay.ground_truth import fastest_configs
 
-    return fastest_configs(device, problem.kernel, problem.shape, problem.dtype)[:n]
+    for device in (jax.devices()[0].device_kind, "NVIDIA H200"):
+        found = fastest_configs(device, problem.kernel, problem.shape, problem.dtype)[:n]
+        if found:
+            return found
+    return []
 
 
 def child_xla(args: argparse.Namespace) -> None:
@@ -174,6 +191,32 @@ def run_children(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+class ReadFlush:
+    """An L2 flush that only reads: a sum over ``nbytes`` (the L2Flush interface time_cold uses)."""
+
+    def __init__(self, nbytes: int) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        size = nbytes // 4
+        self._buf = jax.block_until_ready(jnp.arange(size, dtype=jnp.int32))
+        self._fn = jax.jit(lambda b: jnp.sum(b)).lower(
+            jax.ShapeDtypeStruct((size,), jnp.int32)).compile()
+        self.out: Any = None
+        self.names: tuple[str, ...] | None = None
+
+    def launch(self) -> Any:
+        self.out = self._fn(self._buf)
+        return self.out
+
+    def calibrate(self, session: Any) -> None:
+        if self.names is None:
+            first = tuple(n for n, _ in session(self.launch))
+            second = tuple(n for n, _ in session(self.launch))
+            assert first == second and first, (first, second)
+            self.names = first
+
+
 def study(args: argparse.Namespace) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
@@ -193,6 +236,10 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     other = jax.jit(lambda: jnp.full((size,), 3, jnp.int32))  # write-only, another program
     jax.block_until_ready(other())
 
+    from autotune.evaluation.independent import CuptiIsolatedTimer
+
+    read2, read4 = ReadFlush(2 * l2), ReadFlush(4 * l2)
+    xor_timer = CuptiIsolatedTimer()
     programs: list[tuple[str, Any, bool]] = []
     specs = kernel.make_inputs(problem, jax.random.key(0))
     programs.append(("xla", jax.jit(kernel.baseline(problem)).trace(*specs).lower().compile(),
@@ -202,6 +249,8 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
         configs.append(("default", dict(kernel.default_config(problem))))
     for i, c in enumerate(recorded_best(problem, args.best)):
         configs.append((f"best{i}", c))
+    for i, text in enumerate(args.config or ()):
+        configs.append((f"given{i}", json.loads(text)))
     for label, c in configs:
         compiled = compile_config(kernel, problem, Config(c), BuildOptions())
         if hasattr(compiled, "executable"):
@@ -220,6 +269,18 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 samples.extend(select_kernel_time([launches]))
         return samples
+
+    def iso_ro(fn: Any, inputs: Any, aggregate: bool, n: int) -> list[float]:
+        samples = []
+        for _ in range(n):
+            jax.block_until_ready(read4.launch())
+            launches = cupti_session(lambda: fn(*inputs))
+            samples.append(sum(ms for _, ms in launches) * 1000.0 if aggregate
+                           else select_kernel_time([launches])[0])
+        return samples
+
+    def iso_xor(fn: Any, inputs: Any, n: int) -> list[float]:
+        return [xor_timer.call_us(fn, inputs) for _ in range(n)]
 
     def wall(fn: Any, inputs: Any, n: int) -> list[float]:
         """Host clock, no profiler: n x (flush, program) minus n x (flush, flush-sized gap)."""
@@ -248,6 +309,24 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
             return [sum(ms for _, ms in it) * 1000.0 for it in its]
         return select_kernel_time(its)
 
+    def batch(fn: Any, inputs: Any, n: int) -> list[float]:
+        out = []
+        for _ in range(3):
+            jax.block_until_ready(fn(*inputs))
+            t0 = time.perf_counter()
+            for _ in range(n):
+                last = fn(*inputs)
+            jax.block_until_ready(last)
+            out.append((time.perf_counter() - t0) / n * 1e6)
+        return out
+
+    launches = {}
+    warm_inputs = kernel.make_inputs(problem, jax.random.key(99))
+    for label, fn, _ in programs:
+        jax.block_until_ready(fn(*warm_inputs))
+        launches[label] = [(name, ms * 1000.0)
+                           for name, ms in cupti_session(lambda: fn(*warm_inputs))]
+    del warm_inputs
     nv = nvml_gpu0()
     rows: list[dict[str, Any]] = []
     n = args.iterations
@@ -258,23 +337,38 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
         for i in order:
             label, fn, aggregate = programs[i]
             row: dict[str, Any] = {"round": r, "program": label, "nvml_before": nvml_reading(nv)}
-            row["cold"], _ = time_cold(fn, inputs, n, flush2, aggregate=aggregate,
-                                       select=select_kernel_time)
-            row["cold4x"], _ = time_cold(fn, inputs, n, flush4, aggregate=aggregate,
-                                         select=select_kernel_time)
-            row["isolated"] = isolated(fn, inputs, aggregate, args.isolated)
-            row["warm"] = warm(fn, inputs, aggregate, n)
-            row["wall"] = wall(fn, inputs, n)
+            wanted = set(args.methods.split(","))
+            def cold(flush: Any) -> list[float]:
+                return time_cold(fn, inputs, n, flush, aggregate=aggregate,
+                                 select=select_kernel_time)[0]
+            for method, measure in (
+                ("cold", lambda: cold(flush2)),
+                ("cold_all", lambda: time_cold(fn, inputs, n, flush2, aggregate=True,
+                                               select=select_kernel_time)[0]),
+                ("cold4x", lambda: cold(flush4)),
+                ("cold_ro", lambda: cold(read2)),
+                ("isolated", lambda: isolated(fn, inputs, aggregate, args.isolated)),
+                ("iso_ro", lambda: iso_ro(fn, inputs, aggregate, args.isolated)),
+                ("iso_xor", lambda: iso_xor(fn, inputs, args.isolated)),
+                ("warm", lambda: warm(fn, inputs, aggregate, n)),
+                ("wall", lambda: wall(fn, inputs, n)),
+                ("batch", lambda: batch(fn, inputs, n)),
+            ):
+                if method in wanted:
+                    row[method] = measure()
             row["nvml_after"] = nvml_reading(nv)
             rows.append(row)
         del inputs
         print(f"  round {r} done", flush=True)
-    return {"problem": args.problem, "l2": l2, "l2_source": source,
+    return {"problem": args.problem, "l2": l2, "l2_source": source, "launches": launches,
             "programs": [p[0] for p in programs], "configs": dict(configs), "rows": rows}
 
 
 def summarize(result: dict[str, Any]) -> None:
-    methods = ("cold", "cold4x", "isolated", "warm", "wall")
+    methods = [m for m in ("cold", "cold_all", "cold4x", "cold_ro", "isolated", "iso_ro", "iso_xor",
+                           "warm", "wall", "batch") if m in result["rows"][0]]
+    for prog, launched in result.get("launches", {}).items():
+        print(f"{prog}: " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in launched))
     print(f"\n{result['problem']}: per program and method, the median of round medians (us), "
           "the range of round medians (% of it), and first/later iteration ratio (cold)")
     print(f"{'program':10s} " + " ".join(f"{m:>22s}" for m in methods) + "   first/rest")
@@ -287,7 +381,8 @@ def summarize(result: dict[str, Any]) -> None:
             mid = statistics.median(meds)
             base[(prog, m)] = meds
             cells.append(f"{mid:10.2f} ±{(max(meds) - min(meds)) / mid * 100:5.2f}%")
-        first = statistics.median([r["cold"][0] / statistics.median(r["cold"][1:]) for r in rows])
+        first = statistics.median([r["cold"][0] / statistics.median(r["cold"][1:]) for r in rows]
+                                  ) if "cold" in methods else float("nan")
         print(f"{prog:10s} " + " ".join(f"{c:>22s}" for c in cells) + f"   {first:.4f}")
     print("\nspeedup xla/program per method: median of per-round ratios [min, max]")
     for prog in result["programs"][1:]:
@@ -311,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolated", type=int, default=12)
     p.add_argument("--best", type=int, default=2)
     p.add_argument("--processes", type=int, default=4)
+    p.add_argument("--methods", default="cold,cold_all,cold4x,cold_ro,isolated,iso_ro,iso_xor,"
+                   "warm,wall,batch")
+    p.add_argument("--config", action="append", metavar="JSON", help="another config to time")
     p.add_argument("--child", choices=("xla", "ncu"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)

@@ -30,7 +30,7 @@ from autotune.devices import DeviceFacts
 
 __all__ = [
     "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy",
-    "CACHE_POLICIES",
+    "CACHE_POLICIES", "PROGRAM_METHOD",
     "resolve_cache_policy", "relative_spread", "round_order",
     "time_problem", "plausible_us", "MIN_TIME_US", "MAX_TIME_US",
 ]
@@ -81,6 +81,14 @@ class CachePolicy(enum.StrEnum):
 
 
 CACHE_POLICIES = tuple(p.value for p in CachePolicy)
+
+# The method of a problem's program check (a verification row of its own): its crowned config
+# and its baseline timed as a program calls them (the host's clock around batches of calls
+# back to back, one wait), paired by round. CUPTI's kernel times leave out what a call costs
+# the GPU beyond its kernels (on the H100 a cuDNN attention call 12 us, a Mosaic GPU call
+# 5 us: benchmarks/RESULTS.md §19), so this check, where stored, decides which implementation
+# a program runs.
+PROGRAM_METHOD = "program-batch"
 
 
 def resolve_cache_policy(requested: str | None, device_kind: str) -> CachePolicy:
