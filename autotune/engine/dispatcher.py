@@ -284,19 +284,21 @@ class Engine:
         *,
         iterations: int,
         median_us: float | None = None,
+        program: bool = False,
     ) -> TrialResult:
         """Times ``config`` (None: the baseline) again, on the worker that timed it last, with
         the executable it kept (compiled again where it did not keep one); not checked again.
 
         ``median_us``: what the search measured, so the worker keeps the executable among its
-        fastest.
+        fastest. ``program``: timed as a program calls it, ``iterations`` calls a block (the
+        program check: :meth:`autotune.evaluation.contract.Evaluator.retime`).
         """
         if config is not None and not isinstance(config, Config):
             config = Config(config)
         digest = None if config is None else config.digest()
         with self._lock:
             slot = self._tasks.timed_on.get((problem, digest))
-        extra = {"iterations": int(iterations), "median_us": median_us}
+        extra = {"iterations": int(iterations), "median_us": median_us, "program": bool(program)}
         result: TrialResult = self._tasks.submit(
             "retime", kernel_name, problem, config, extra, urgent=True, slot=slot).result()
         return result
@@ -312,12 +314,14 @@ class Engine:
         baseline: bool = True,
         medians_us: Sequence[float | None] | None = None,
         first_round: int = 0,
+        program: bool = False,
     ) -> list[list[TrialResult]]:
         """The confirmation round's timings: per round, one :class:`TrialResult` per program
         (``configs`` in order, then the baseline when ``baseline``). ``iterations``: timed
         runs per program and round, one count for all or one per program (the baseline last).
         ``first_round``: the index of the first round timed here, so that rounds added later
-        go on with the rotation.
+        go on with the rotation. ``program``: each program timed as a program calls it
+        (:meth:`retime`), ``iterations`` calls a block.
 
         Programs are timed one after another in the order of
         :func:`autotune.space.outcomes.round_order` (A B C base, then B C base A, ...), each for
@@ -337,8 +341,8 @@ class Engine:
             if first is not None and len(set(self._pool.slots)) > 1:
                 gpu = self._pool.slots[first]
                 here = [s for s, g in enumerate(self._pool.slots) if g == gpu]
-                for n, program in enumerate(programs):
-                    key = (problem, None if program is None else program.digest())
+                for n, timed in enumerate(programs):
+                    key = (problem, None if timed is None else timed.digest())
                     slot = self._tasks.timed_on.get(key)
                     if slot is None or self._pool.slots[slot] != gpu:
                         self._tasks.timed_on[key] = here[n % len(here)]
@@ -356,7 +360,7 @@ class Engine:
                     table[r][i] = failed[i]
                     continue
                 result = self.retime(kernel_name, problem, programs[i], iterations=counts[i],
-                                     median_us=medians[i])
+                                     median_us=medians[i], program=program)
                 if not result.ok:
                     failed[i] = result
                 table[r][i] = result

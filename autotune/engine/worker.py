@@ -339,12 +339,15 @@ class _Worker:
             elif task.kind == "retime":
                 self._hook(task)("time")
                 iterations = int(task.extra["iterations"])
+                program = bool(task.extra.get("program", False))
                 if task.config is None:
                     kernel = self._kernel(task.kernel_name)
-                    result = self.evaluator.baseline(kernel, task.problem, iterations=iterations)
+                    result = self.evaluator.baseline(kernel, task.problem, iterations=iterations,
+                                                     program=program)
                 else:
-                    result = self.evaluator.retime(compiled, iterations=iterations)
-                    if result.ok and task.extra.get("median_us") is not None:
+                    result = self.evaluator.retime(compiled, iterations=iterations,
+                                                   program=program)
+                    if result.ok and not program and task.extra.get("median_us") is not None:
                         self._keep(task.problem, compiled, float(task.extra["median_us"]))
             else:
                 kernel = self._kernel(task.kernel_name)

@@ -203,8 +203,10 @@ class Evaluator(abc.ABC):
 
     @abc.abstractmethod
     def baseline(
-        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None
-    ) -> TrialResult: ...
+        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None,
+        program: bool = False,
+    ) -> TrialResult:
+        """Times the problem's baseline (``program``: as :meth:`retime` does)."""
 
     def prepare(
         self, kernel: Kernel, problem: Problem, *, on_stage: StageHook | None = None
@@ -245,9 +247,15 @@ class Evaluator(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
+    def retime(self, compiled: Compiled, *, iterations: int, program: bool = False) -> TrialResult:
         """Times a config compiled and checked before again, on fresh inputs (the
-        confirmation round): no check, ``iterations`` timed runs in this evaluator's policy."""
+        confirmation round): no check, ``iterations`` timed runs in this evaluator's policy.
+
+        ``program``: timed as a program calls it instead (the program check): per block of
+        ``iterations`` calls back to back, the host clock's time per call
+        (:func:`autotune.evaluation.timing.time_program`; timing
+        :data:`~autotune.space.outcomes.PROGRAM_METHOD`), on input sets rotated under the cold
+        policy."""
 
     @abc.abstractmethod
     def trace(

@@ -28,8 +28,9 @@ from autotune.evaluation.contract import (
     ignore_stage,
     wrong_result,
 )
+from autotune.evaluation.timing import PROGRAM_BLOCKS
 from autotune.space.kernel import Kernel
-from autotune.space.outcomes import DeviceInfo, DeviceKind, TrialResult
+from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = ["FakeBehaviour", "FakeEvaluator"]
@@ -53,7 +54,9 @@ class FakeBehaviour:
     Timing: ``cost_us`` is the config's true time (``cold_us`` under the ``cold`` policy, when
     given); ``search_us``, when given, is what its search trial measures instead (a lucky or
     unlucky moment, which the confirmation round, timing ``cost_us``, sees through); ``noise``
-    is the relative standard deviation of every sample (deterministic: seeded by the config).
+    is the relative standard deviation of every sample (deterministic: seeded by the config);
+    ``call_us`` is what a call costs beyond its kernel time, which only a program check sees
+    (:meth:`FakeEvaluator.retime` with ``program``).
     In a config (:meth:`from_config`), times may be strings (``"100.3"``: config values are
     never fractional numbers) and ``noise`` is in per mille.
     """
@@ -67,6 +70,7 @@ class FakeBehaviour:
     search_us: float | None = None
     cold_us: float | None = None
     noise: float = 0.0
+    call_us: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in FAKE_MODES:
@@ -75,7 +79,8 @@ class FakeBehaviour:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> FakeBehaviour:
-        """Reads ``mode``, ``stage``, ``cost_us``, ``compile_ms``, ``run_ms``, ``sleep_ms``."""
+        """Reads ``mode``, ``stage``, ``cost_us``, ``compile_ms``, ``run_ms``, ``sleep_ms``,
+        ``search_us``, ``cold_us``, ``noise`` and ``call_us``."""
         return cls(
             mode=str(config.get("mode", "ok")),
             stage=Stage(config.get("stage", "run")),
@@ -86,6 +91,7 @@ class FakeBehaviour:
             search_us=None if config.get("search_us") is None else float(config["search_us"]),
             cold_us=None if config.get("cold_us") is None else float(config["cold_us"]),
             noise=float(config.get("noise", 0)) / 1000,  # per mille: config values are not floats
+            call_us=float(config.get("call_us", 0)),
         )
 
     def true_us(self, cache: str) -> float:
@@ -197,29 +203,42 @@ class FakeEvaluator(Evaluator):
             samples, compile_s=compiled.compile_s, rel_error=0.0, timing="fake", cache=self.cache
         )
 
-    def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
+    def retime(self, compiled: Compiled, *, iterations: int, program: bool = False) -> TrialResult:
+        """``iterations`` samples of the config's true time; ``program``: three blocks of its
+        true time plus ``call_us`` (what a program's loop pays per call)."""
         b: FakeBehaviour = compiled.executable
         self._act(b, Stage.TIME)
+        if program:
+            samples = self._samples(compiled.config.digest() + "/program",
+                                    b.true_us(self.cache) + b.call_us, b.noise, PROGRAM_BLOCKS)
+            return TrialResult.timed(samples, compile_s=compiled.compile_s, rel_error=None,
+                                     timing=PROGRAM_METHOD, cache=self.cache)
         samples = self._samples(compiled.config.digest(), b.true_us(self.cache), b.noise,
                                 iterations)
         return TrialResult.timed(samples, compile_s=compiled.compile_s, rel_error=None,
                                  timing="fake", cache=self.cache)
 
     def baseline(
-        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None
+        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None,
+        program: bool = False,
     ) -> TrialResult:
         """``baseline_us`` of the problem's shape (``baseline_cold_us`` when cold), with the
         shape's ``baseline_noise`` (relative standard deviation in per mille: shape values are
-        whole numbers), default 100 µs, no noise."""
+        whole numbers), default 100 µs, no noise; ``program``: three blocks of that plus the
+        shape's ``baseline_call_us`` (default 0)."""
         dims = problem.dims
         cost = float(dims.get("baseline_us", 100))
         if self.cache == "cold" and "baseline_cold_us" in dims:
             cost = float(dims["baseline_cold_us"])
         noise = float(dims.get("baseline_noise", 0)) / 1000 if "baseline_noise" in dims else 0.0
         n = iterations or self.iterations
+        timing = "fake"
+        if program:
+            cost += float(dims.get("baseline_call_us", 0))
+            n, timing = PROGRAM_BLOCKS, PROGRAM_METHOD
         samples = self._samples("baseline", cost, noise, n) if noise else [cost] * n
         return TrialResult.timed(
-            samples, compile_s=0.0, rel_error=0.0, timing="fake", cache=self.cache
+            samples, compile_s=0.0, rel_error=0.0, timing=timing, cache=self.cache
         )
 
     def trace(

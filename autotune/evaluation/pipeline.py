@@ -38,9 +38,14 @@ from autotune.evaluation.contract import (
     with_rule_hint,
     wrong_result,
 )
-from autotune.evaluation.timing import device_still_works, time_runs
+from autotune.evaluation.timing import (
+    device_still_works,
+    program_input_sets,
+    time_program,
+    time_runs,
+)
 from autotune.space.kernel import DEFAULT_TOLERANCE, BuildOptions, Kernel
-from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
+from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = [
@@ -712,8 +717,12 @@ class _JaxEvaluator(Evaluator):
         with self._lock:
             self._baseline_lowered[key] = lowered
 
-    def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
+    def retime(self, compiled: Compiled, *, iterations: int, program: bool = False) -> TrialResult:
         with self._device_context():
+            if program:
+                sets = self._program_sets(compiled.kernel, compiled.problem)
+                return self._time_program(compiled.executable, sets, iterations,
+                                          compile_s=compiled.compile_s)
             inputs = self._fresh_inputs(compiled.kernel, compiled.problem)
             try:
                 samples, _ = time_runs(compiled.executable, inputs, iterations, self.timing,
@@ -727,12 +736,40 @@ class _JaxEvaluator(Evaluator):
         return TrialResult.timed(samples, compile_s=compiled.compile_s, rel_error=None,
                                  timing=self.timing, cache=self.cache)
 
+    def _program_sets(self, kernel: Kernel, problem: Problem) -> list[tuple[Any, ...]]:
+        """Fresh input sets for a program check: one warm, enough to outgrow the L2 cold
+        (:func:`autotune.evaluation.timing.program_input_sets`)."""
+        import jax
+
+        from autotune.evaluation.cold_timing import l2_cache_bytes
+
+        first = self._fresh_inputs(kernel, problem)
+        set_bytes = sum(int(getattr(x, "nbytes", 0)) for x in first) or 1
+        n = program_input_sets(self.cache, set_bytes, l2_cache_bytes(jax.devices()[0])[0])
+        return [first] + [self._fresh_inputs(kernel, problem) for _ in range(n - 1)]
+
+    def _time_program(self, executable: Any, sets: Sequence[Sequence[Any]], calls: int, *,
+                      compile_s: float | None) -> TrialResult:
+        try:
+            samples = time_program(executable, sets, calls)
+        except Exception as e:  # noqa: BLE001 - a failure is a value, as in run()
+            result = failure_result(e, Stage.TIME, compile_s=compile_s,
+                                    device_ok=device_still_works())
+            if result.outcome is Outcome.CRASHED:
+                self.healthy = False
+            return result
+        return TrialResult.timed(samples, compile_s=compile_s, rel_error=None,
+                                 timing=PROGRAM_METHOD, cache=self.cache)
+
     def baseline(
-        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None
+        self, kernel: Kernel, problem: Problem, *, iterations: int | None = None,
+        program: bool = False,
     ) -> TrialResult:
         if kernel.baseline is None:
             raise EvaluationError(f"Kernel {kernel.name!r} declares no baseline to time.")
         key = (kernel.name, problem)
+        if program:
+            return self._baseline_program(kernel, problem, iterations or self.iterations)
         with self._device_context():
             inputs = self._fresh_inputs(kernel, problem)
             expected = self._expected(kernel, problem, inputs)
@@ -747,6 +784,30 @@ class _JaxEvaluator(Evaluator):
                 lowered=self._baseline_lowered.get(key),
                 on_compiled=lambda exe: self._keep_baseline(key, exe),
             )
+        if result.outcome is Outcome.CRASHED:
+            self.healthy = False
+        return result
+
+    def _baseline_program(self, kernel: Kernel, problem: Problem, calls: int) -> TrialResult:
+        """The baseline timed as a program calls it: its executable kept from its timing (or
+        compiled here, and kept), then :meth:`_time_program`."""
+        import jax
+
+        assert kernel.baseline is not None
+        key = (kernel.name, problem)
+        with self._device_context():
+            sets = self._program_sets(kernel, problem)
+            executable = self._baseline_executables.get(key)
+            compile_s = None
+            if executable is None:
+                start = time.perf_counter()
+                try:
+                    executable = jax.jit(kernel.baseline(problem)).trace(*sets[0]).lower().compile()
+                except Exception as e:  # noqa: BLE001 - a failure is a value
+                    return failure_result(e, Stage.COMPILE, compile_s=None, device_ok=True)
+                compile_s = time.perf_counter() - start
+                self._keep_baseline(key, executable)
+            result = self._time_program(executable, sets, calls, compile_s=compile_s)
         if result.outcome is Outcome.CRASHED:
             self.healthy = False
         return result

@@ -2,7 +2,13 @@
 
 ``warm`` timing is Mosaic GPU's ``profiler.measure`` (iterations back to back on the same
 inputs); ``cold`` timing flushes the L2 before every iteration (:mod:`.cold_timing`). Only the
-kernel's own launches count (:func:`select_kernel_time`). jax is imported inside functions.
+kernel's own launches count (:func:`select_kernel_time`).
+
+:func:`time_program` times a program as a program's loop calls it (the program check,
+:data:`autotune.space.outcomes.PROGRAM_METHOD`): the host's clock around batches of calls back
+to back, one wait each, which counts what CUPTI's kernel times leave out (the GPU's gaps
+between launches, whatever a call costs the GPU beyond its kernels). jax is imported inside
+functions.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-__all__ = ["select_kernel_time"]
+__all__ = ["select_kernel_time", "time_program", "program_input_sets", "PROGRAM_BLOCKS"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +95,63 @@ def select_kernel_time(
             )
         samples.append(sum(kept) * 1000.0)
     return samples
+
+
+# Blocks of back-to-back calls per program and round of a program check; the round keeps each.
+PROGRAM_BLOCKS = 3
+# Cold program checks rotate through input sets holding at least this many times the L2, so
+# that no call finds its inputs in the L2 (as a program's later layers do not); at most
+# PROGRAM_MAX_SETS sets.
+PROGRAM_COLD_L2_MULTIPLE = 2
+PROGRAM_MAX_SETS = 32
+
+
+def program_input_sets(cache: str, set_bytes: int, l2_bytes: int) -> int:
+    """How many input sets a program check rotates through: 1 warm (the same inputs, as a
+    loop over one batch), else enough sets to hold :data:`PROGRAM_COLD_L2_MULTIPLE` x the L2
+    and one more (at least 2, at most :data:`PROGRAM_MAX_SETS`).
+
+    Raises:
+      ValueError: a cache policy other than "warm" or "cold", or sizes below 1 byte.
+    """
+    if cache not in ("warm", "cold"):
+        raise ValueError(f"a program check times cache policy 'warm' or 'cold', not {cache!r}.")
+    if set_bytes < 1 or l2_bytes < 1:
+        raise ValueError(f"input sets and the L2 need sizes of at least 1 byte, but got "
+                         f"{set_bytes} and {l2_bytes}.")
+    if cache == "warm":
+        return 1
+    needed = -(-PROGRAM_COLD_L2_MULTIPLE * l2_bytes // set_bytes) + 1
+    return int(min(PROGRAM_MAX_SETS, max(2, needed)))
+
+
+def time_program(
+    fn: Any, input_sets: Sequence[Sequence[Any]], calls: int, *, blocks: int = PROGRAM_BLOCKS
+) -> list[float]:
+    """Per block, the µs per call of ``calls`` calls of ``fn`` back to back (cycling through
+    ``input_sets``), on the host's clock around the batch with one wait at its end: what a
+    program's loop pays per call. One call per input set first, excluded (warm-up).
+
+    Raises:
+      ValueError: no input set, or fewer than one call or block.
+    """
+    import jax
+
+    if not input_sets or calls < 1 or blocks < 1:
+        raise ValueError(f"a program check needs input sets, calls >= 1 and blocks >= 1, but "
+                         f"got {len(input_sets)} set(s), calls={calls}, blocks={blocks}.")
+    for inputs in input_sets:
+        jax.block_until_ready(fn(*inputs))
+    n = len(input_sets)
+    out = []
+    for _ in range(blocks):
+        start = time.perf_counter()
+        last = None
+        for i in range(calls):
+            last = fn(*input_sets[i % n])
+        jax.block_until_ready(last)
+        out.append((time.perf_counter() - start) / calls * 1e6)
+    return out
 
 
 def device_still_works() -> bool:

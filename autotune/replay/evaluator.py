@@ -27,6 +27,8 @@ from autotune.space.problem import Config, Problem
 __all__ = ["ReplayEvaluator"]
 
 TIMING = "replay"
+# The recorded times are CUPTI's kernel times: a replay has no program check to give.
+NO_PROGRAM_VIEW = "[replay] the recorded times hold no program check (times as a program calls it)"
 
 
 class ReplayEvaluator(Evaluator):
@@ -93,14 +95,20 @@ class ReplayEvaluator(Evaluator):
                                  cache=self.cache)
 
     def baseline(self, kernel: Kernel, problem: Problem, *,
-                 iterations: int | None = None) -> TrialResult:
+                 iterations: int | None = None, program: bool = False) -> TrialResult:
+        if program:
+            return TrialResult.failed(Outcome.COMPILE_ERROR, NO_PROGRAM_VIEW)
         if "median_us" not in self._baseline:
             return TrialResult.failed(Outcome.COMPILE_ERROR, "[replay] no baseline recorded")
         return TrialResult.timed([float(self._baseline["median_us"])], compile_s=None,
                                  rel_error=None, timing=TIMING, cache=self.cache)
 
-    def retime(self, compiled: Compiled, *, iterations: int) -> TrialResult:
-        """``iterations`` noisy measurements of the recorded time (the confirmation round)."""
+    def retime(self, compiled: Compiled, *, iterations: int, program: bool = False) -> TrialResult:
+        """``iterations`` noisy measurements of the recorded time (the confirmation round); no
+        program check (the recorded times are CUPTI's)."""
+        if program:
+            return TrialResult.failed(Outcome.COMPILE_ERROR, NO_PROGRAM_VIEW,
+                                      compile_s=compiled.compile_s)
         true = recorded_us(compiled.executable)
         return TrialResult.timed([self.seen_us(true) for _ in range(max(1, iterations))],
                                  compile_s=compiled.compile_s, rel_error=None, timing=TIMING,

@@ -144,6 +144,15 @@ class TrialStore(Protocol):
         run_id: int | None = None,
     ) -> int: ...
 
+    def record_verification(
+        self,
+        problem: Problem,
+        verification: Any,
+        *,
+        device: DeviceInfo,
+        software: Mapping[str, str],
+    ) -> int: ...
+
     def confirmations(
         self,
         problem: Problem,

@@ -58,6 +58,8 @@ __all__ = [
     "speedup_words",
     "joining_configs",
     "sized_iterations",
+    "program_calls",
+    "PROGRAM_CHECK_ROUNDS",
     "needs_another_round",
     "timed_rounds",
     "analyse_rounds",
@@ -99,6 +101,13 @@ DEFAULT_CONFIRM_ITERATIONS = 50  # a program whose time is not known yet (sized_
 CONFIRM_TARGET_US = 8000.0
 CONFIRM_MIN_ITERATIONS = 20  # the search's own count: a confirmation never times fewer
 CONFIRM_MAX_ITERATIONS = 400
+# The program check after a confirmation (autotune.tuning.confirming): the crowned config and
+# the baseline timed as a program calls them, in this many interleaved rounds, each program in
+# blocks of about PROGRAM_TARGET_US of calls back to back (program_calls).
+PROGRAM_CHECK_ROUNDS = 5
+PROGRAM_TARGET_US = 4000.0
+PROGRAM_MIN_CALLS = 10
+PROGRAM_MAX_CALLS = 400
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +311,15 @@ def sized_iterations(median_us: float | None, fixed: int | None = None) -> int:
         return DEFAULT_CONFIRM_ITERATIONS
     wanted = math.ceil(CONFIRM_TARGET_US / median_us)
     return int(min(CONFIRM_MAX_ITERATIONS, max(CONFIRM_MIN_ITERATIONS, wanted)))
+
+
+def program_calls(median_us: float | None) -> int:
+    """Calls per block of a program check for a program of ``median_us``: about
+    :data:`PROGRAM_TARGET_US` of them back to back, within [:data:`PROGRAM_MIN_CALLS`,
+    :data:`PROGRAM_MAX_CALLS`] (the least for a program whose time is unknown)."""
+    if median_us is None or not math.isfinite(median_us) or median_us <= 0:
+        return PROGRAM_MIN_CALLS
+    return int(min(PROGRAM_MAX_CALLS, max(PROGRAM_MIN_CALLS, math.ceil(PROGRAM_TARGET_US / median_us))))
 
 
 def needs_another_round(confirmation: Confirmation, rounds: int = CONFIRM_MIN_ROUNDS) -> bool:

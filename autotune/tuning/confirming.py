@@ -1,6 +1,15 @@
 """Running a problem's confirmation round when its search ends: its best configs (and any the
 search could not tell from them) and the baseline re-timed on the engine in interleaved rounds,
-analysed (:mod:`autotune.tuning.confirmation`, pure) and stored as rows of their own."""
+analysed (:mod:`autotune.tuning.confirmation`, pure) and stored as rows of their own.
+
+Then its **program check**: the crowned config and the baseline timed as a program calls them
+(:data:`~autotune.space.outcomes.PROGRAM_METHOD`: the host's clock around batches of calls back
+to back), in :data:`~autotune.tuning.confirmation.PROGRAM_CHECK_ROUNDS` interleaved rounds,
+stored as a verification row of its own tied to the confirmation
+(:func:`autotune.tuning.verify.analyse`). CUPTI's kernel times leave out what a call costs the
+GPU beyond its kernels, which differs between implementations (benchmarks/RESULTS.md §19);
+where the check is stored, it decides which implementation a program runs
+(:mod:`autotune.queries.lookup`)."""
 
 from __future__ import annotations
 
@@ -10,22 +19,26 @@ from collections.abc import Mapping
 
 from autotune.engine.protocol import EngineLike
 from autotune.space.kernel import Kernel
-from autotune.space.outcomes import DeviceInfo, DeviceKind, TrialResult
+from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage.protocol import TrialStore
 from autotune.tuning.confirmation import (
     CONFIRM_JOIN_MAX,
     DEFAULT_CONFIRM_TOP,
+    PROGRAM_CHECK_ROUNDS,
     AnalysedRounds,
+    Confirmation,
     analyse_rounds,
     joining_configs,
+    program_calls,
     sized_iterations,
     timed_rounds,
 )
 from autotune.tuning.jobs import ProblemSpec
 from autotune.tuning.provenance import cache_policy_of
+from autotune.tuning.verify import Verification, VerifyTarget, analyse
 
-__all__ = ["confirm_best"]
+__all__ = ["confirm_best", "program_check"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +123,62 @@ def confirm_best(
     confirmation, kept, base_rounds = analysed.confirmation, analysed.kept, analysed.base_rounds
     if confirmation is None:
         return time.monotonic() - start
-    store.record_confirmation(
+    confirmation_id = store.record_confirmation(
         problem, confirmation, trial_ids=[top[i].id for i in kept], device=device,
         software=software, cache=policy, iterations=max(iterations),
         baseline_name=kernel.baseline_name if base_rounds is not None else None, run_id=run_id,
     )
+    if base_rounds is not None:
+        check = program_check(kernel, problem, confirmation, confirmation_id, engine=engine)
+        if check is not None:
+            store.record_verification(problem, check, device=device, software=software)
     winner = confirmation.winner
     if confirmation.crowned != 0:
         logger.info("%s: the confirmation round crowned %s (%.2f us) over the search's fastest "
                     "%s", problem, Config(winner.config).to_json(), winner.median_us,
                     Config(top[kept[0]].config).to_json())
     return time.monotonic() - start
+
+
+def program_check(
+    kernel: Kernel,
+    problem: Problem,
+    confirmation: Confirmation,
+    confirmation_id: int | None,
+    *,
+    engine: EngineLike,
+    rounds: int = PROGRAM_CHECK_ROUNDS,
+) -> Verification | None:
+    """The program check of a confirmation (module docstring): its crowned config and the
+    baseline timed as a program calls them, in ``rounds`` interleaved rounds on ``engine``.
+    None where there is nothing to check (no baseline confirmed) or the check failed (logged:
+    the confirmation still answers)."""
+    baseline = confirmation.baseline
+    if baseline is None or kernel.baseline is None:
+        return None
+    crowned = confirmation.winner
+    config = Config(crowned.config or {})
+    calls = [program_calls(crowned.median_us), program_calls(baseline.median_us)]
+    confirm = getattr(engine, "confirm", None)
+    if confirm is None:
+        return None
+    rows: list[list[TrialResult]] = confirm(
+        problem.kernel, problem, [config], rounds=rounds, iterations=calls, baseline=True,
+        medians_us=[crowned.median_us], program=True)
+    bad = [r for row in rows for r in row if not r.ok]
+    if bad:
+        logger.info("%s: no program check (%s: %s); the confirmation decides.", problem,
+                    bad[0].outcome.value, bad[0].error)
+        return None
+    target = VerifyTarget(
+        problem=problem, winner=config, others=(), stored_speedup=confirmation.speedup,
+        stored_winner_us=crowned.median_us, stored_baseline_us=baseline.median_us,
+        baseline_name=kernel.baseline_name, confirmation_id=confirmation_id,
+    )
+    try:
+        return analyse(target, [row[0].samples_us for row in rows],
+                       [row[1].samples_us for row in rows], method=PROGRAM_METHOD,
+                       calls=calls[0])
+    except ValueError as e:
+        logger.info("%s: no program check (%s); the confirmation decides.", problem, e)
+        return None

@@ -643,6 +643,29 @@ def test_confirm_interleaves_rounds_on_the_kept_executables():
     assert len(order) == 9 and order == sorted(order)
 
 
+def test_confirm_program_times_the_program_check_on_the_workers():
+    """``confirm(..., program=True)``: the same interleaved rounds, each program timed as a
+    program calls it on the worker that kept it (PROGRAM_BLOCKS per-call times, what a call
+    costs beyond its kernel included: the config's ``call_us``, the shape's
+    ``baseline_call_us``); nothing compiled again."""
+    from autotune.evaluation.timing import PROGRAM_BLOCKS
+    from autotune.space.outcomes import PROGRAM_METHOD
+
+    config = cfg(cost_us=100, call_us=7)
+    problem = Problem(FAKE, {"n": 3, "baseline_us": 95, "baseline_call_us": 15}, "float32")
+    with fake_engine(workers_per_gpu=1, cache="cold") as eng:
+        assert eng.submit(FAKE, problem, config).result().ok
+        eng.baseline(FAKE, problem)
+        before = {e.task_id for e in eng.timeline()}
+        table = eng.confirm(FAKE, problem, [config], rounds=2, iterations=[40, 40],
+                            program=True)
+        events = [e for e in eng.timeline() if e.task_id not in before]
+    assert [[len(r.samples_us) for r in row] for row in table] == [[PROGRAM_BLOCKS] * 2] * 2
+    assert all(r.timing == PROGRAM_METHOD and r.cache == "cold" for row in table for r in row)
+    assert [round(r.median_us) for r in table[0]] == [107, 110]
+    assert not [e for e in events if e.stage in ("build", "lower", "compile")]
+
+
 def test_an_engine_in_interpret_mode_refuses_the_cold_policy():
     """Cold timing needs a GPU's L2: asking for it in interpret mode fails before any worker."""
     with pytest.raises(ValueError, match="needs a GPU"):

@@ -309,6 +309,63 @@ def test_interpret_baseline_and_device(interp):
     assert info.kind == "interpret" and info.name.startswith("cpu-interpret (")
 
 
+def test_interpret_program_check_times_kernel_and_baseline_as_a_program_calls_them(interp):
+    """``program=True``: the config (re-timed) and the baseline (its kept executable) each
+    give PROGRAM_BLOCKS per-call times from the host's clock, timing PROGRAM_METHOD, no check."""
+    from autotune.evaluation.timing import PROGRAM_BLOCKS
+    from autotune.space.outcomes import PROGRAM_METHOD
+
+    kernel, problem = _scale_add()
+    compiled = interp.compile(kernel, problem, Config(block=256))
+    kernel_check = interp.retime(compiled, iterations=2, program=True)
+    base_check = interp.baseline(kernel, problem, iterations=3, program=True)
+    for result in (kernel_check, base_check):
+        assert result.outcome is Outcome.OK, result.error
+        assert result.timing == PROGRAM_METHOD and result.rel_error is None
+        assert len(result.samples_us) == PROGRAM_BLOCKS and min(result.samples_us) > 0
+
+
+def test_time_program_times_batches_of_calls_on_every_input_set():
+    """time_program: one warm-up call per input set, then per block ``calls`` calls cycling
+    through the sets and one wait; per-call µs per block. Bad arguments name the rule."""
+    import jax
+    import jax.numpy as jnp
+
+    from autotune.evaluation.timing import time_program
+
+    seen = []
+
+    def fn(x):
+        seen.append(float(x[0]))
+        return x * 2
+
+    sets = [(jnp.full((4,), float(i)),) for i in range(3)]
+    per_call = time_program(fn, sets, 5, blocks=2)
+    assert len(per_call) == 2 and min(per_call) > 0
+    assert seen == [0.0, 1.0, 2.0] + [0.0, 1.0, 2.0, 0.0, 1.0] * 2
+    with pytest.raises(ValueError, match="calls >= 1"):
+        time_program(jax.jit(fn), sets, 0)
+    with pytest.raises(ValueError, match="0 set"):
+        time_program(fn, [], 1)
+
+
+def test_a_cold_program_check_rotates_input_sets_that_outgrow_the_l2():
+    """program_input_sets: one set warm; cold, enough to hold twice the L2 and one more
+    (at least 2, at most PROGRAM_MAX_SETS); other policies and sizes are refused by name."""
+    from autotune.evaluation.timing import PROGRAM_MAX_SETS, program_input_sets
+
+    mib = 1 << 20
+    assert program_input_sets("warm", 10 * mib, 50 * mib) == 1
+    assert program_input_sets("cold", 10 * mib, 50 * mib) == 11
+    assert program_input_sets("cold", 96 * mib, 50 * mib) == 3
+    assert program_input_sets("cold", 500 * mib, 50 * mib) == 2
+    assert program_input_sets("cold", 1024, 50 * mib) == PROGRAM_MAX_SETS
+    with pytest.raises(ValueError, match="'warm' or 'cold', not 'hot'"):
+        program_input_sets("hot", 1, 1)
+    with pytest.raises(ValueError, match="at least 1 byte"):
+        program_input_sets("cold", 0, 1)
+
+
 def test_interpret_inputs_are_fresh_for_each_run(interp, monkeypatch):
     """Every run draws new random inputs (never zeros, never reused)."""
     kernel, problem = _scale_add()
@@ -649,6 +706,9 @@ def test_public_api():
             "Compiled",
             "StageHook",
             "select_kernel_time",
+            "time_program",
+            "program_input_sets",
+            "PROGRAM_BLOCKS",
             "relative_error",
             "compile_config",
             "lower_config_for_cuda",
@@ -683,6 +743,24 @@ def test_fake_search_reads_search_us_and_the_retime_reads_the_true_cost(fake_ker
     assert trial.median_us == pytest.approx(95, rel=0.01) and trial.cache == "cold"
     assert again.median_us == pytest.approx(104, rel=0.01) and len(again.samples_us) == 7
     assert again.cache == "cold" and again.rel_error is None
+
+
+def test_fake_program_check_adds_what_a_call_costs_beyond_its_kernel(fake_kernel):
+    """The fake evaluator's program check: PROGRAM_BLOCKS samples of the true time plus the
+    config's ``call_us`` (the baseline: its shape's ``baseline_call_us``)."""
+    from autotune.evaluation.timing import PROGRAM_BLOCKS
+    from autotune.space.outcomes import PROGRAM_METHOD
+
+    fake = fake_mod.FakeEvaluator(iterations=5, cache="cold")
+    compiled = fake.compile(fake_kernel, _fake_problem(), Config(mode="ok", cost_us="100",
+                                                                  cold_us="104", call_us=6))
+    check = fake.retime(compiled, iterations=40, program=True)
+    assert check.median_us == pytest.approx(110, rel=0.002) and len(check.samples_us) == PROGRAM_BLOCKS
+    assert check.timing == PROGRAM_METHOD
+    problem = Problem(fake_kernel.name, {"n": 1, "baseline_us": 90, "baseline_call_us": 12},
+                      "float32")
+    assert fake.baseline(fake_kernel, problem, program=True).median_us == pytest.approx(102, rel=0.002)
+    assert fake.baseline(fake_kernel, problem).median_us == pytest.approx(90)
 
 
 def test_fake_noise_spreads_samples_deterministically(fake_kernel):

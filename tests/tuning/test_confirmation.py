@@ -29,8 +29,16 @@ def test_public_api():
         "sized_iterations", "needs_another_round", "timed_rounds", "analyse_rounds",
         "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
         "median_error", "CONFIRM_TIE_FLOOR",
-        "speedup_words", "joining_configs",
+        "speedup_words", "joining_configs", "program_calls", "PROGRAM_CHECK_ROUNDS",
     ])
+
+
+def test_a_program_checks_blocks_hold_about_four_ms_of_calls():
+    """program_calls: ~PROGRAM_TARGET_US of calls a block, clamped; the least when unknown."""
+    assert m.program_calls(100.0) == 40
+    assert m.program_calls(1.0) == m.PROGRAM_MAX_CALLS
+    assert m.program_calls(10_000.0) == m.PROGRAM_MIN_CALLS
+    assert m.program_calls(None) == m.program_calls(float("nan")) == m.PROGRAM_MIN_CALLS
 
 
 def test_a_table_of_rounds_leaves_out_what_failed_in_any_round():

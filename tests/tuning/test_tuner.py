@@ -18,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.space.kernel import Kernel, get_kernel, register
-from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
+from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.space.search_space import Aligned, Choice, Constraint, PowerOfTwo, Space
 from autotune.storage.store import Store
@@ -422,14 +422,19 @@ PICK_PROBLEM = PICK.problem({"m": 64}, "bf16")
 class ConfirmingEngine(FakeEngine):
     """Searches with the lucky times, confirms with the true ones (0.5% noise, cold +10%)."""
 
-    def __init__(self, cache="warm", drift=0.0, **kwargs):
+    def __init__(self, cache="warm", drift=0.0, kernel_call_us=2.0, base_call_us=0.0,
+                 program_fails=False, **kwargs):
         super().__init__(**kwargs)
+        # A call's cost beyond its kernel time, which only the program check sees.
+        self.kernel_call_us, self.base_call_us = kernel_call_us, base_call_us
+        self.program_fails = program_fails
         self.cache_policy = cache
         self.scale = 1.1 if cache == "cold" else 1.0
         self.drift = drift  # the baseline's round medians alternate by +-drift (a noisy program)
         self.confirmed = []
         self.iterations: list[list[int]] = []  # per confirmation, the runs per program and round
         self.rounds = 0  # rounds timed in all
+        self.program_checks = []  # (configs, calls per block, rounds) of each program check
 
     def _samples(self, center, n, seed):
         rng = __import__("random").Random(seed)
@@ -448,9 +453,22 @@ class ConfirmingEngine(FakeEngine):
                                  timing="fake", cache=self.cache_policy)
 
     def confirm(self, kernel_name, problem, configs, *, rounds, iterations, baseline=True,
-                medians_us=None, first_round=0):
+                medians_us=None, first_round=0, program=False):
         counts = ([iterations] * (len(configs) + baseline) if isinstance(iterations, int)
                   else list(iterations))
+        if program:  # the program check after a confirmation: its own record
+            self.program_checks.append(([c["v"] for c in configs], counts, rounds))
+            if self.program_fails:
+                return [[TrialResult.failed(Outcome.CRASHED, "fake: the worker died")]
+                        * (len(configs) + baseline)] * rounds
+            return [[TrialResult.timed(self._samples(TRUE_US[c["v"]] + self.kernel_call_us, 3,
+                                                     10 * r + c["v"]),
+                                       compile_s=0.1, rel_error=None, timing=PROGRAM_METHOD,
+                                       cache=self.cache_policy) for c in configs]
+                    + [TrialResult.timed(self._samples(150.0 + self.base_call_us, 3, 10 * r + 9),
+                                         compile_s=0.0, rel_error=None, timing=PROGRAM_METHOD,
+                                         cache=self.cache_policy)] * baseline
+                    for r in range(rounds)]
         if first_round == 0:
             self.confirmed.append([c["v"] for c in configs])
             self.iterations.append(counts)
@@ -505,6 +523,43 @@ def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_pa
     # A clear result (the speedup's spread under 0.25%): the adaptive round stops at 3.
     assert report.speedup_spread < 0.0025 and engine.rounds == 3
     assert conf.rounds == 3 and conf.iterations == max(counts) and conf.baseline_name == "xla"
+
+
+def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path):
+    """After the confirmation, its crowned config and the baseline are timed as a program
+    calls them (``confirm(..., program=True)``): PROGRAM_CHECK_ROUNDS rounds, calls per block
+    sized by each one's confirmed time, stored as a verification row of PROGRAM_METHOD tied to
+    that confirmation. Here a kernel call costs 60 us beyond its kernel time: the confirmation
+    finds the kernel 1.5x faster, the program check finds the baseline faster."""
+    from autotune.tuning.confirmation import PROGRAM_CHECK_ROUNDS, program_calls
+
+    engine = ConfirmingEngine(kernel_call_us=60.0)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        (report,) = run_job(_pick_job(), store=store, engine=engine)
+        (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+        (check,) = store.verifications(PICK_PROBLEM)
+    crowned = next(p for p in conf.programs if p.crowned)
+    assert engine.program_checks == [
+        ([1], [program_calls(crowned.median_us), program_calls(conf.baseline_median_us)],
+         PROGRAM_CHECK_ROUNDS)]
+    assert check.method == PROGRAM_METHOD and check.confirmation_id == conf.id
+    assert check.config == crowned.config and check.rounds == PROGRAM_CHECK_ROUNDS
+    assert check.stored_speedup == pytest.approx(conf.speedup) and conf.speedup > 1.4
+    assert check.speedup == pytest.approx(150 / (TRUE_US[1] + 60.0), rel=0.005)
+    assert check.speedup_high < 1.0 and check.baseline_name == "xla"
+    assert report.confirmation is not None  # the report's figures are the confirmation's
+
+
+def test_a_failed_program_check_stores_nothing_and_the_confirmation_stands(tmp_path, caplog):
+    """A program check whose timing fails leaves no verification row (logged); the
+    confirmation is stored as without it."""
+    engine = ConfirmingEngine(program_fails=True)
+    with caplog.at_level("INFO"), Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(_pick_job(), store=store, engine=engine)
+        assert len(store.confirmations(PICK_PROBLEM, device_kind=None)) == 1
+        assert store.verifications(PICK_PROBLEM) == []
+    assert len(engine.program_checks) == 1
+    assert "no program check (crashed" in caplog.text
 
 
 def test_an_unclear_confirmation_times_more_rounds_up_to_the_default_and_a_fixed_count_wins(
