@@ -306,7 +306,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="interleaved rounds (default: 5)")
     w.add_argument("--calls", type=int, default=20, metavar="N",
                    help="calls per program, block and round (default: 20)")
-    w.add_argument("--method", default="auto", choices=("auto", "cupti-isolated",
+    w.add_argument("--method", default="auto", choices=("auto", "cupti-isolated", "cupti-flushed",
                                                         "wallclock-difference"),
                    help="the second timing method: auto (default): cupti-isolated on a GPU, "
                         "wallclock-difference in interpret mode")
@@ -1120,7 +1120,7 @@ def _revalidate(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     import tempfile
 
-    from autotune.evaluation.independent import CUPTI_METHOD, METHOD
+    from autotune.evaluation.independent import CUPTI_METHOD, FLUSHED_METHOD, METHOD
     from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
     from autotune.storage.store import Store
     from autotune.tuning.provenance import software_versions
@@ -1150,8 +1150,8 @@ def _verify(args: argparse.Namespace) -> int:
     method = args.method
     if method == "auto":
         method = CUPTI_METHOD if device == "gpu" else METHOD
-    if method == CUPTI_METHOD and device != "gpu":
-        raise ValueError(f"--method {CUPTI_METHOD} needs a GPU (CUPTI); in interpret mode use "
+    if method in (CUPTI_METHOD, FLUSHED_METHOD) and device != "gpu":
+        raise ValueError(f"--method {method} needs a GPU (CUPTI); in interpret mode use "
                          f"--method {METHOD}.")
     with Store(args.db) as store:
         results = verify(

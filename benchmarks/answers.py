@@ -51,15 +51,23 @@ def one_run(i: int, args: argparse.Namespace, left: float) -> dict[str, Any]:
     wall = time.monotonic() - start
     (folder / "tune.jsonl").write_text(tune.stdout)
     (folder / "tune.err").write_text(tune.stderr)
-    verify = autotune(db, "verify", "--device", args.device, "--json",
-                      "--compilation-cache", str(folder / "jax_cache"),
-                      "--rounds", str(args.rounds), timeout=max(60.0, left - wall))
-    (folder / "verify.err").write_text(verify.stderr)
-    verified = json.loads(verify.stdout or "[]") if verify.returncode == 0 else []
+    verified: list[Any] = []
+    also: dict[str, list[Any]] = {}
+    for n, method in enumerate(args.verify_method):
+        verify = autotune(db, "verify", "--device", args.device, "--json", "--method", method,
+                          "--compilation-cache", str(folder / "jax_cache"),
+                          "--rounds", str(args.rounds), timeout=max(60.0, left - wall))
+        (folder / f"verify-{method}.err").write_text(verify.stderr)
+        found = json.loads(verify.stdout or "[]") if verify.returncode == 0 else []
+        if n == 0:
+            verified = found
+        else:
+            also[method] = found
     results = autotune(db, "results", "--json", timeout=120)
     stored = json.loads(results.stdout or "[]") if results.returncode == 0 else []
     return {"run": i, "tune_rc": tune.returncode, "wall_s": wall, "verify_rc": verify.returncode,
-            "verified": verified, "stored": stored, "confirm_s": confirm_seconds(tune.stdout)}
+            "verified": verified, "also_verified": also, "stored": stored,
+            "confirm_s": confirm_seconds(tune.stdout)}
 
 
 def confirm_seconds(jsonl: str) -> dict[str, float]:
@@ -147,6 +155,12 @@ def report(result: dict[str, Any]) -> None:
             print(f"{run['run']:>3} {problem:48s} {stored if stored is None else round(stored, 4)!s:>22s} "
                   f"{cell:>22s} {diff:>7s} {v['still_wins']!s:>5s} "
                   f"{'-' if confirm is None else f'{confirm:.1f}':>7s} {run['wall_s']:7.1f}")
+    for run in result["runs"]:
+        for method, found in run.get("also_verified", {}).items():
+            for v in found:
+                diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
+                print(f"{run['run']:>3} {v['kernel']}{json.dumps(v['shape'], sort_keys=True)} "
+                      f"by {method}: {v['speedup']} ({diff})")
     print("\nside by side (second method, one process): each run's winner against the best known")
     for p in result["side_by_side"]:
         if "error" in p:
@@ -165,10 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job", type=Path, default=ROOT / "benchmarks" / "answers.toml")
     p.add_argument("--device", default="gpu", choices=("gpu", "interpret"))
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--verify-method", action="append", metavar="METHOD",
+                   help="autotune verify's --method, once per method (default: auto); the "
+                        "first gives the table, the others are printed beside it")
     p.add_argument("--seconds", type=float, default=540.0,
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    args.verify_method = args.verify_method or ["auto"]
     args.out = args.out.resolve()
     args.job = args.job.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

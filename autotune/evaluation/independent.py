@@ -14,6 +14,15 @@ opens: on the H100 that read 1.1-1.2% above the search's back-to-back cold timin
 the kernel alike, so their ratio held within 0.1-0.4% at 4096^3 and 128x8192x8192
 (benchmarks/RESULTS.md §12).
 
+:class:`CuptiFlushedTimer` (``cupti-flushed``): the protocol of Triton's ``do_bench`` with CUPTI
+for its events: ``calls`` x (a flush of its own, the program) enqueued back to back with no
+host sync between, in one CUPTI session; the session's launches are split per call where the
+flush's launches begin (:func:`split_at_flush`: their names learnt from sessions of the flush
+alone, a scan by name, not the search's fixed split), and every launch of the program counts.
+It shares with the search the back-to-back protocol, so a bias of that protocol would pass it;
+what differs is the code, the flush, the process (XLA's picks and the kernel's compile are
+this process's own) and the launches counted.
+
 :class:`WallClockTimer` (``wallclock-difference``, the method where there is no CUPTI: interpret
 mode) uses no profiler at all. For each program it times, with ``time.perf_counter`` around
 ``jax.block_until_ready``:
@@ -46,6 +55,9 @@ from typing import Any
 __all__ = [
     "METHOD",
     "CUPTI_METHOD",
+    "FLUSHED_METHOD",
+    "CuptiFlushedTimer",
+    "split_at_flush",
     "BLOCKS",
     "FLUSH_L2_MULTIPLE",
     "WallClockTimer",
@@ -57,6 +69,7 @@ __all__ = [
 
 METHOD = "wallclock-difference"
 CUPTI_METHOD = "cupti-isolated"
+FLUSHED_METHOD = "cupti-flushed"
 BLOCKS = 3  # blocks per program and round; the round keeps their median
 FLUSH_L2_MULTIPLE = 4
 _CPU_FLUSH_BYTES = 1 << 20  # no L2 to speak of: the method's shape, at a small cost
@@ -148,17 +161,115 @@ class CuptiIsolatedTimer:
             self.call_us(fn, inputs) for _ in range(calls)))
 
 
-def make_timer(method: str) -> WallClockTimer | CuptiIsolatedTimer:
-    """The timer of ``method`` (:data:`CUPTI_METHOD` or :data:`METHOD`).
+def split_at_flush(
+    launches: Sequence[tuple[str, float]], flush_names: Sequence[str], calls: int
+) -> list[float]:
+    """Per call, the µs of every launch between one flush and the next, from the launches
+    (``(name, ms)``, in order) of ``calls`` x (flush, program): a call begins where the flush's
+    launches (``flush_names``, in order) are found.
+
+    Raises:
+      ValueError: the record does not begin with the flush, or does not split into ``calls``
+        calls each with a launch of its own.
+    """
+    names = tuple(flush_names)
+    f = len(names)
+    if f == 0:
+        raise ValueError("the flush launched nothing that CUPTI recorded.")
+    per_call: list[float] = []
+    current: float | None = None
+    i = 0
+    while i < len(launches):
+        if tuple(n for n, _ in launches[i:i + f]) == names:
+            if current is not None:
+                per_call.append(current)
+            current, i = 0.0, i + f
+            continue
+        if current is None:
+            raise ValueError(f"the recorded launches begin with {launches[i][0]!r}, not with "
+                             f"the flush's {list(names)}.")
+        current += float(launches[i][1]) * 1000.0
+        i += 1
+    if current is not None:
+        per_call.append(current)
+    if len(per_call) != calls or not all(t > 0 for t in per_call):
+        raise ValueError(f"the recorded launches split into {len(per_call)} call(s) (times "
+                         f"{[round(t, 2) for t in per_call][:8]}), not {calls} that each launch "
+                         "something of their own.")
+    return per_call
+
+
+class CuptiFlushedTimer:
+    """Times ``calls`` calls back to back, each after a flush, in one CUPTI session (module
+    docstring); ``flush_bytes`` as for :class:`WallClockTimer`."""
+
+    method = FLUSHED_METHOD
+
+    def __init__(self, flush_bytes: int | None = None) -> None:
+        self._flip, self._buf, self.flush_bytes = _flush_program(flush_bytes)
+        self._names: tuple[str, ...] | None = None
+
+    def _flush(self) -> Any:
+        self._buf = self._flip(self._buf)
+        return self._buf
+
+    def flush_names(self) -> tuple[str, ...]:
+        """The flush's launches as CUPTI names them: two sessions of it alone that agree."""
+        from autotune._jax_compat import cupti_session
+
+        if self._names is None:
+            first = tuple(name for name, _ in cupti_session(self._flush))
+            second = tuple(name for name, _ in cupti_session(self._flush))
+            if not first or first != second:
+                raise ValueError(f"two CUPTI sessions of the flush alone recorded {list(first)} "
+                                 f"and {list(second)}: something else launches GPU work here.")
+            self._names = first
+        return self._names
+
+    def calls_us(self, fn: Callable[..., Any], inputs: Sequence[Any], calls: int) -> list[float]:
+        """Per call, its launches' µs, from one session of ``calls`` x (flush, ``fn``)."""
+        import jax
+
+        from autotune._jax_compat import cupti_session
+
+        names = self.flush_names()
+        jax.block_until_ready(fn(*inputs))  # warm-up, excluded
+        last: list[Any] = [None]
+
+        def loop() -> Any:
+            for _ in range(calls):
+                self._flush()
+                last[0] = fn(*inputs)
+            return (last[0], self._buf)
+
+        return split_at_flush(cupti_session(loop), names, calls)
+
+    def rounds(
+        self,
+        programs: Sequence[tuple[Callable[..., Any], Sequence[Any]]],
+        *,
+        rounds: int,
+        calls: int,
+    ) -> list[list[float]]:
+        """Per round, per program, the median of its ``calls`` flushed calls in us."""
+        return _interleaved(programs, rounds, calls, lambda fn, inputs: statistics.median(
+            self.calls_us(fn, inputs, calls)))
+
+
+def make_timer(method: str) -> Timer:
+    """The timer of ``method`` (:data:`CUPTI_METHOD`, :data:`FLUSHED_METHOD` or :data:`METHOD`).
 
     Raises:
       ValueError: another name.
     """
     if method == CUPTI_METHOD:
         return CuptiIsolatedTimer()
+    if method == FLUSHED_METHOD:
+        return CuptiFlushedTimer()
     if method == METHOD:
         return WallClockTimer()
-    raise ValueError(f"the re-time method must be {CUPTI_METHOD!r} or {METHOD!r}, got {method!r}.")
+    raise ValueError(f"the re-time method must be {CUPTI_METHOD!r}, {FLUSHED_METHOD!r} or "
+                     f"{METHOD!r}, got {method!r}.")
 
 
 class WallClockTimer:
@@ -210,6 +321,9 @@ class WallClockTimer:
             self.block_us(fn, inputs, calls) for _ in range(self.blocks)))
 
 
+Timer = WallClockTimer | CuptiIsolatedTimer | CuptiFlushedTimer
+
+
 def time_configs(
     problem: Any,
     configs: Sequence[Any],
@@ -220,7 +334,7 @@ def time_configs(
     interpret: bool = False,
     allow_import: bool = False,
     seed: int = 0,
-    timer: WallClockTimer | CuptiIsolatedTimer | None = None,
+    timer: Timer | None = None,
 ) -> tuple[list[tuple[tuple[float, ...], ...]], tuple[tuple[float, ...], ...] | None]:
     """Compiles ``configs`` of ``problem`` (and its baseline when ``baseline``) in this process,
     checks each on fresh random inputs against the reference, then times them all with

@@ -133,6 +133,50 @@ def test_the_wall_clock_timer_measures_the_work_not_the_flush():
     assert min(row[1] for row in table) > 3 * min(row[0] for row in table)
 
 
+def test_split_at_flush_splits_a_flushed_record_per_call():
+    """cupti-flushed's split: a call begins where the flush's launches do; every launch up to
+    the next flush is the call's. A record that does not begin with the flush, or splits into
+    another number of calls, is refused by name."""
+    from autotune.evaluation.independent import split_at_flush
+
+    record = [("xor", 0.1), ("gemm", 0.05), ("fusion", 0.02)] * 3
+    assert split_at_flush(record, ["xor"], 3) == pytest.approx([70.0] * 3)
+    two = [("xor", 0.1), ("xor2", 0.1), ("gemm", 0.04)] * 2
+    assert split_at_flush(two, ["xor", "xor2"], 2) == pytest.approx([40.0] * 2)
+    with pytest.raises(ValueError, match="begin with 'gemm'"):
+        split_at_flush(record[1:], ["xor"], 3)
+    with pytest.raises(ValueError, match="split into 3 call"):
+        split_at_flush(record, ["xor"], 4)
+    with pytest.raises(ValueError, match="not 2 that each launch"):
+        split_at_flush([("xor", 0.1), ("xor", 0.1), ("gemm", 0.05)], ["xor"], 2)
+
+
+def test_the_flushed_timer_times_flush_then_program_back_to_back(monkeypatch):
+    """CuptiFlushedTimer: the flush's names from two sessions of it alone, then per round and
+    program one session of ``calls`` x (flush, program), split per call; the round's time is
+    the median call. CUPTI is stood in for by a recorder of what ran (no GPU here)."""
+    import autotune._jax_compat as compat
+    from autotune.evaluation import independent
+
+    ran: list[str] = []
+    cost = {"flush": 0.1, "a": 0.03, "b": 0.05}  # ms per launch
+
+    def session(run):
+        ran.clear()
+        run()
+        return [(name, cost[name]) for name in ran]
+
+    monkeypatch.setattr(compat, "cupti_session", session)
+    monkeypatch.setattr(independent, "_flush_program",
+                        lambda nbytes: (lambda buf: ran.append("flush") or buf, 0, 4))
+    timer = independent.CuptiFlushedTimer()
+    programs = [(lambda x, n=n: ran.append(n) or x, (1,)) for n in ("a", "b")]
+    table = timer.rounds(programs, rounds=2, calls=3)
+    assert timer.flush_names() == ("flush",)
+    assert table == [pytest.approx([30.0, 50.0])] * 2
+    assert independent.make_timer("cupti-flushed").method == "cupti-flushed"
+
+
 def test_time_configs_compiles_checks_and_times_a_real_kernel_in_interpret_mode():
     """The real time_target's core on the CPU: a softmax config in GPU interpret mode is
     compiled, checked against the reference and timed by the second method."""
