@@ -899,6 +899,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 def _best(args: argparse.Namespace) -> int:
     from autotune.errors import KernelNotFoundError
     from autotune.queries.best import best_result, list_results, stored_kernels
+    from autotune.storage.rows import PROGRAM_CHECK
     from autotune.space.kernel import BUNDLED, get_kernel
     from autotune.space.problem import Problem, parse_shape
 
@@ -959,7 +960,16 @@ def _best(args: argparse.Namespace) -> int:
     if result.baseline_us and not interpret:
         speedup = _speedup_text(result.speedup, result.speedup_spread, result.confirmed)
         _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {speedup})")
-        if result.verdict:
+        if result.program_words:  # both figures, and which decided the route
+            _say(f"  GPU time (CUPTI, kernels only): the tuned kernel is "
+                 f"{result.confirmation_verdict}")
+            _say(f"  as a program calls them: {result.program_words}")
+            source = result.verdict_figures.source
+            runs = (result.baseline_name or "the baseline") if result.faster == "baseline" \
+                else "the kernel"
+            _say(f"  the {'program check' if source == PROGRAM_CHECK else 'confirmation round'}"
+                 f" decides the route: {runs} runs")
+        elif result.verdict:
             _say(f"  the tuned kernel is {result.verdict}")
     print("  config: " + json.dumps(result.config))
     for tie in result.ties:

@@ -1107,9 +1107,12 @@ def test_light_commands_import_no_optuna_numpy_or_jax(tmp_path, argv):
 @pytest.fixture
 def stored_best(tmp_path):
     """A database with a confirmed hopper_matmul result (trials of two jax versions, a
-    baseline, a confirmation round) and an unconfirmed one, as `autotune best` reads them."""
+    baseline, a confirmation round that finds the kernel faster and its program check that
+    finds XLA faster) and an unconfirmed one, as `autotune best` reads them."""
     from autotune.space.kernel import get_kernel
+    from autotune.space.outcomes import PROGRAM_METHOD
     from autotune.tuning.confirmation import Candidate, analyse_confirmation
+    from autotune.tuning.verify import VerifyTarget, analyse
 
     kernel = get_kernel("hopper_matmul")
     gpu = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
@@ -1136,9 +1139,16 @@ def stored_best(tmp_path):
                 confirmation = analyse_confirmation(
                     [Candidate(dict(r.config), rounds(r.median_us)) for r in best],
                     rounds(60.0), default_config=None)
-                store.record_confirmation(problem, confirmation, trial_ids=[r.id for r in best],
-                                          device=gpu, software=new, cache="warm", iterations=2,
-                                          baseline_name="xla")
+                cid = store.record_confirmation(
+                    problem, confirmation, trial_ids=[r.id for r in best], device=gpu,
+                    software=new, cache="warm", iterations=2, baseline_name="xla")
+                # Its program check: XLA 3.4% faster as a program calls them.
+                crowned = store.trial(store.confirmations(problem)[0].crowned_trial_id)
+                target = VerifyTarget(problem, crowned.config, (), confirmation.speedup, None,
+                                      None, "xla", cid)
+                store.record_verification(problem, analyse(
+                    target, [(62.0,), (62.2,), (62.1,)], [(60.0,), (60.1,), (59.9,)],
+                    method=PROGRAM_METHOD, calls=20), device=gpu, software=new)
     return db, [",".join(f"{k}={v}" for k, v in dims.items()) for dims in shapes]
 
 
@@ -1175,6 +1185,48 @@ def test_best_answers_alike_through_sqlite3_and_through_a_store(stored_best, mon
     monkeypatch.setattr(best_queries, "plain_sqlite_file", lambda db: None)  # through a Store
     opened.clear()
     assert outputs() == light and not opened
+    best_queries.close_stores()
+
+
+def test_best_shows_the_confirmation_and_the_program_check_and_which_decided(
+        stored_best, monkeypatch, capsys):
+    """`autotune best` of a problem whose confirmation (CUPTI kernel times) finds the kernel
+    faster but whose program check finds XLA faster: --json carries both figures
+    (confirmed_speedup with its interval, program_speedup with its), verdict_source
+    "program-check", and faster/choice/verdict from the program check; the text shows the GPU
+    time's verdict, the program's, and that the program check decides the route. Alike through
+    the stdlib reader and a Store. An unconfirmed problem has neither."""
+    from autotune.queries import best as best_queries
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
+    db, shapes = stored_best
+    argv = ["best", "hopper_matmul", "--shape", shapes[0], "--dtype", "bf16", "--db", str(db)]
+    for through_store in (False, True):
+        if through_store:
+            monkeypatch.setattr(best_queries, "plain_sqlite_file", lambda db: None)
+        best_queries.close_stores()
+        assert main([*argv, "--json"]) == 0
+        payload = json.loads(capsys.readouterr().out)
+        assert payload["confirmed_speedup"] > 1.0 and payload["speedup_low"] > 1.0
+        assert payload["program_speedup"] == pytest.approx(60.0 / 62.1)
+        assert payload["program_speedup_low"] <= payload["program_speedup"] \
+            <= payload["program_speedup_high"] < 1.0
+        assert payload["program_check_id"] is not None
+        assert (payload["verdict_source"], payload["faster"]) == ("program-check", "baseline")
+        assert payload["choice"].startswith("xla is 3.5% faster (interval ")
+        assert payload["verdict"] == "slower than xla: xla is 3.5% faster"
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        gpu_time = f"{100 * (payload['confirmed_speedup'] - 1):.1f}% faster than xla"
+        assert f"  GPU time (CUPTI, kernels only): the tuned kernel is {gpu_time}\n" in out
+        assert "  as a program calls them: xla is 3.5% faster (interval " in out
+        assert "  the program check decides the route: xla runs\n" in out
+        assert "the tuned kernel is slower" not in out
+        assert main(["best", "hopper_matmul", "--shape", shapes[1], "--dtype", "bf16", "--db",
+                     str(db), "--json"]) == 0
+        plain = json.loads(capsys.readouterr().out)
+        assert plain["program_speedup"] is None and plain["verdict_source"] is None
+        assert plain["faster"] == "tie"
     best_queries.close_stores()
 
 

@@ -43,6 +43,12 @@ Confirmation: when the newest confirmation round of that policy, device and soft
 than the fastest trial, the answer is its crowned config, with its confirmed median, the paired
 speedup and its spread, and the configs it found tied (``BestResult.confirmed``).
 
+Program check: where that round has a program check (a verification row of method
+``PROGRAM_METHOD``: the crowned config and the baseline timed as a program calls them), its
+speedup and interval decide which implementation runs (:func:`verdict_figures`): CUPTI's kernel
+times leave out what a call costs the GPU beyond its kernels (benchmarks/RESULTS.md §19). The
+answer carries both figures (``confirmed_speedup``, ``program_speedup``).
+
 This module must not import jax, directly or indirectly: asking for a config must not
 initialise CUDA.
 
@@ -78,7 +84,14 @@ from autotune.space.problem import (
     shape_distance,  # re-exported: part of the query API
 )
 from autotune.space.validity import servable, violations
-from autotune.storage.rows import ProblemSummary, TrialRow
+from autotune.storage.rows import (
+    PROGRAM_CHECK,
+    ProblemSummary,
+    TrialRow,
+    Verdict,
+    current_check,
+    pick_verdict,
+)
 from autotune.storage.sqlite_reader import SQLiteReader
 from autotune.storage.urls import (
     display_url,
@@ -104,7 +117,7 @@ __all__ = [
     "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
     "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
     "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
-    "faster_of", "choice_words", "FASTER",
+    "faster_of", "choice_words", "margin_words", "verdict_figures", "Verdict", "FASTER",
 ]
 
 log = logging.getLogger(__name__)
@@ -124,27 +137,55 @@ def faster_of(speedup: float | None, low: float | None, high: float | None) -> s
     return "kernel" if low > 1.0 else "tie"
 
 
+def margin_words(speedup: float, low: float | None, high: float | None,
+                 baseline: str | None) -> str:
+    """Which implementation is faster, by how much, in words with the interval: "XLA is 2.1%
+    faster (interval 1.8% to 2.4%)", "the kernel is 3.0% faster than XLA (interval ...)", or
+    "no faster than XLA (within the measured noise: -0.4% to +0.6%)"; without an interval, the
+    margin alone."""
+    name = baseline or "the baseline"
+    if low is None or high is None:
+        if speedup < 1.0:
+            return f"{name} is {100 * (1 / speedup - 1):.1f}% faster (no interval)"
+        return f"the kernel is {100 * (speedup - 1):.1f}% faster than {name} (no interval)"
+    faster = faster_of(speedup, low, high)
+    if faster == "baseline":
+        return (f"{name} is {100 * (1 / speedup - 1):.1f}% faster (interval "
+                f"{100 * (1 / high - 1):.1f}% to {100 * (1 / low - 1):.1f}%)")
+    if faster == "kernel":
+        return (f"the kernel is {100 * (speedup - 1):.1f}% faster than {name} (interval "
+                f"{100 * (low - 1):.1f}% to {100 * (high - 1):.1f}%)")
+    return (f"no faster than {name} (within the measured noise: {100 * (low - 1):+.1f}% to "
+            f"{100 * (high - 1):+.1f}%)")
+
+
 def choice_words(config: Mapping[str, Any] | None, speedup: float | None, low: float | None,
                  high: float | None, baseline: str | None) -> str:
     """Which implementation to run, in words, with the margin and its interval: "XLA is 2.1%
     faster (interval 1.8-2.4%); the kernel's best config is {...}" where the baseline wins,
     "the kernel is 3.0% faster than XLA (...): config {...}" where the kernel does, "no faster
     than XLA (within the measured noise: ...); the kernel's best config is {...}" for a tie;
-    "the kernel's best config is {...} (no confirmed comparison with a baseline)" without."""
+    "the kernel's best config is {...} (no confirmed comparison with a baseline)" without.
+    Give it the figures :func:`verdict_figures` picks."""
     text = "-" if config is None else json.dumps(dict(config), sort_keys=True)
-    name = baseline or "the baseline"
     if speedup is None or low is None or high is None:
         return f"the kernel's best config is {text} (no confirmed comparison with a baseline)"
+    margin = margin_words(speedup, low, high, baseline)
     faster = faster_of(speedup, low, high)
     if faster == "baseline":
-        return (f"{name} is {100 * (1 / speedup - 1):.1f}% faster (interval "
-                f"{100 * (1 / high - 1):.1f}% to {100 * (1 / low - 1):.1f}%): it runs; the "
-                f"kernel's best config is {text}")
+        return f"{margin}: it runs; the kernel's best config is {text}"
     if faster == "kernel":
-        return (f"the kernel is {100 * (speedup - 1):.1f}% faster than {name} (interval "
-                f"{100 * (low - 1):.1f}% to {100 * (high - 1):.1f}%): config {text}")
-    return (f"no faster than {name} (within the measured noise: {100 * (low - 1):+.1f}% to "
-            f"{100 * (high - 1):+.1f}%); the kernel runs with its best config {text}")
+        return f"{margin}: config {text}"
+    return f"{margin}; the kernel runs with its best config {text}"
+
+
+def verdict_figures(answer: BestResult | ProblemSummary) -> Verdict:
+    """The speedup, interval and source (``"program-check"``, ``"confirmation"`` or None) that
+    decide which implementation runs for ``answer``: its program check where there is one,
+    else its confirmation round (:func:`autotune.storage.rows.pick_verdict`, the one rule).
+    Every answer asks here: ``best``, the run-time lookup and ``tuned``'s route, ``export``,
+    the report."""
+    return answer.verdict_figures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +220,12 @@ class BestResult:
     speedup_high: float | None = None
     # The other configs of the winner's tied group: within the measured noise of the fastest.
     ties: tuple[dict[str, Any], ...] = dataclasses.field(default=(), hash=False)
+    # From the confirmation round's program check (None without one): the speedup as a program
+    # calling both implementations sees it, and its interval; it decides the verdict.
+    program_check_id: int | None = None
+    program_speedup: float | None = None
+    program_speedup_low: float | None = None
+    program_speedup_high: float | None = None
 
     @property
     def confirmed(self) -> bool:
@@ -193,9 +240,36 @@ class BestResult:
         return None if self.ratio is None else 1.0 / self.ratio
 
     @property
+    def verdict_figures(self) -> Verdict:
+        """The figures that decide which implementation runs (:func:`verdict_figures`)."""
+        program = None
+        if self.program_check_id is not None:
+            program = (self.program_speedup, self.program_speedup_low, self.program_speedup_high)
+        confirmed = (self.confirmed_speedup, self.speedup_low, self.speedup_high)
+        return pick_verdict(confirmed if self.confirmed else None, program)
+
+    @property
+    def faster(self) -> str:
+        """Which implementation the verdict figures find faster beyond their interval
+        (:func:`faster_of`): ``"kernel"``, ``"baseline"`` or ``"tie"``."""
+        v = self.verdict_figures
+        return faster_of(v.speedup, v.low, v.high)
+
+    @property
     def verdict(self) -> str:
-        """The confirmed speedup in words: faster than the baseline, no faster (its interval
+        """The verdict in words, from the figures that decide it (the program check where there
+        is one, else the confirmed speedup): faster than the baseline, no faster (the interval
         holds 1.0) or slower (it lies below); "" when not confirmed against a baseline."""
+        from autotune.tuning.confirmation import speedup_words
+
+        v = self.verdict_figures
+        return "" if v.speedup is None else speedup_words(v.speedup, v.low, v.high,
+                                                          self.baseline_name)
+
+    @property
+    def confirmation_verdict(self) -> str:
+        """The confirmation round's speedup (CUPTI kernel times) in words, as :attr:`verdict`
+        words it; "" when not confirmed against a baseline."""
         from autotune.tuning.confirmation import speedup_words
 
         if self.confirmed_speedup is None:
@@ -203,8 +277,22 @@ class BestResult:
         return speedup_words(self.confirmed_speedup, self.speedup_low, self.speedup_high,
                              self.baseline_name)
 
+    @property
+    def program_words(self) -> str:
+        """The program check's margin in words with its interval (:func:`margin_words`); ""
+        without a program check with a speedup."""
+        if self.program_speedup is None:
+            return ""
+        return margin_words(self.program_speedup, self.program_speedup_low,
+                            self.program_speedup_high, self.baseline_name)
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (``measured_at`` as ISO 8601 text)."""
+        """A JSON-ready dict (``measured_at`` as ISO 8601 text). ``speedup`` and
+        ``confirmed_speedup`` are the confirmation round's (CUPTI kernel times); the
+        ``program_speedup`` fields its program check's (None without one); ``faster``,
+        ``choice`` and ``verdict`` follow :func:`verdict_figures`, whose source
+        ``verdict_source`` names."""
+        verdict = self.verdict_figures
         return {
             "kernel": self.problem.kernel,
             "shape": self.problem.dims,
@@ -230,10 +318,15 @@ class BestResult:
             "speedup_spread": self.speedup_spread,
             "speedup_low": self.speedup_low,
             "speedup_high": self.speedup_high,
+            "program_check_id": self.program_check_id,
+            "program_speedup": self.program_speedup,
+            "program_speedup_low": self.program_speedup_low,
+            "program_speedup_high": self.program_speedup_high,
+            "verdict_source": verdict.source,
             "verdict": self.verdict,
-            "faster": faster_of(self.confirmed_speedup, self.speedup_low, self.speedup_high),
-            "choice": choice_words(self.config, self.confirmed_speedup, self.speedup_low,
-                                   self.speedup_high, self.baseline_name),
+            "faster": faster_of(verdict.speedup, verdict.low, verdict.high),
+            "choice": choice_words(self.config, verdict.speedup, verdict.low, verdict.high,
+                                   self.baseline_name),
             "ties": [dict(t) for t in self.ties],
         }
 
@@ -364,7 +457,8 @@ def served_summaries(store: Store, summaries: list[ProblemSummary]) -> list[Prob
     out = []
     for s in summaries:
         if s.confirmation is not None and not plausible_us(s.confirmation.crowned.median_us):
-            s = dataclasses.replace(s, confirmation=None)  # a confirmed time that is not a time
+            # A confirmed time that is not a time: neither it nor its program check answers.
+            s = dataclasses.replace(s, confirmation=None, program_check=None)
         if s.baseline_us is not None and not plausible_us(s.baseline_us):
             s = dataclasses.replace(s, baseline_name=None, baseline_us=None)
         if s.best_config is not None and not (
@@ -431,6 +525,9 @@ def _confirmed_result(
     program = c.crowned
     baseline_us = c.baseline_median_us if plausible_us(c.baseline_median_us) else None
     speedup = c.speedup if isinstance(c.speedup, float) and 0 < c.speedup < math.inf else None
+    check = current_check(c, store.program_checks([c.id]).get(c.id))
+    figures = (None, None, None) if check is None else (
+        _finite(check.speedup), _finite(check.speedup_low), _finite(check.speedup_high))
     return BestResult(
         problem=problem,
         config=dict(crowned.config),
@@ -457,7 +554,16 @@ def _confirmed_result(
              "trial_id": p.trial_id}
             for p in c.tied_with_winner() if plausible_us(p.median_us)
         ),
+        program_check_id=None if check is None else check.id,
+        program_speedup=figures[0],
+        program_speedup_low=figures[1],
+        program_speedup_high=figures[2],
     )
+
+
+def _finite(value: float | None) -> float | None:
+    """``value`` where it is a positive finite number, else None (a check that is not one)."""
+    return value if isinstance(value, int | float) and 0 < value < math.inf else None
 
 
 def nearest_results(

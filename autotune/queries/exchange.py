@@ -6,8 +6,14 @@
   and, when a confirmation round crowned the config, confirmed (true), confirmed_speedup,
   speedup_spread and ties (the configs within the noise of the fastest); and which
   implementation wins: baseline_name, speedup_low and speedup_high (the confirmed speedup's
-  interval), faster ("kernel", "baseline" or "tie") and choice (in words: "XLA is 2.1% faster
-  (...): it runs; the kernel's best config is ...").
+  interval), program_speedup, program_speedup_low and program_speedup_high (the confirmation's
+  program check: the two timed as a program calls them; None without one), faster ("kernel",
+  "baseline" or "tie") and choice (in words: "XLA is 2.1% faster (...): it runs; the kernel's
+  best config is ...") from the program check where there is one, else from the confirmation
+  (``autotune.queries.best.verdict_figures``), and verdict_source ("program-check",
+  "confirmation" or null), which of the two decided. Verification rows themselves are not
+  exported: an import never brings back a confirmation or its program check, only the
+  configs (as trials).
   :func:`import_json` reads it back (a record without cache_policy is ``warm``).
 * ``csv``: the same records, one row each (shape as ``m=..,n=..``, config as JSON).
 * ``python``: a module needing nothing but Python, keyed by device as JAX's tuned block-size
@@ -19,7 +25,7 @@
   (``"9.0"``) and falls back to ``"default"``; ``CHOICE`` (keyed as ``TUNED``) says which
   implementation wins each problem, and ``choose(...)`` answers ``("baseline", name)`` or
   ``("kernel", config)`` as ``autotune.tuned(baseline=...)`` routes (also given the module as
-  its ``table=``).
+  its ``table=``). ``CHOICE`` entries carry the deciding figures and their ``source``.
 
 Interpret-mode results (functional runs on a CPU, not GPU timings) are left out unless asked
 for by device (``device="interpret"`` or the interpret device's name).
@@ -63,7 +69,7 @@ from autotune.space.outcomes import (
 )
 from autotune.space.problem import Config, Problem
 from autotune.space.validity import servable
-from autotune.storage.rows import ProblemSummary
+from autotune.storage.rows import PROGRAM_CHECK, ProblemSummary, current_check
 from autotune.storage.store import Store
 from autotune.storage.urls import display_url, in_memory, resolve_url
 
@@ -81,7 +87,8 @@ PYTHON_MARKER = f"# {_MAGIC} version {_VERSION} (python): written by `autotune e
 CSV_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "median_us", "jax_version",
               "config", "cache_policy", "spread", "confirmed", "confirmed_speedup",
               "speedup_spread", "ties", "baseline_name", "speedup_low", "speedup_high", "faster",
-              "choice")
+              "choice", "program_speedup", "program_speedup_low", "program_speedup_high",
+              "verdict_source")
 CSV_HEADER = ",".join(CSV_FIELDS)
 # Every CSV export so far starts with these columns (later versions add columns after them).
 _CSV_HEADER_V1 = ",".join(CSV_FIELDS[:8])
@@ -145,7 +152,7 @@ def export_records(
                 "confirmed": confirmation is not None,
                 "confirmed_speedup": None if confirmation is None else _finite(confirmation.speedup),
                 "speedup_spread": None if confirmation is None else _finite(confirmation.speedup_spread),
-                **_choice(confirmation, config),
+                **_choice(dataclasses.replace(summary, confirmation=confirmation), config),
                 "ties": [] if confirmation is None else [
                     {"config": dict(p.config), "median_us": p.median_us, "diff": _finite(p.diff)}
                     for p in confirmation.tied_with_winner() if plausible_us(p.median_us)
@@ -154,17 +161,28 @@ def export_records(
     return records
 
 
-def _choice(confirmation: Any, config: Mapping[str, Any]) -> dict[str, Any]:
+def _choice(summary: ProblemSummary, config: Mapping[str, Any]) -> dict[str, Any]:
     """Which implementation wins the problem (issue 35): the baseline named, the confirmed
-    speedup's interval, ``faster`` ("kernel", "baseline" or "tie") and the choice in words."""
-    speedup = low = high = name = None
+    speedup's interval, the program check's speedup and interval (None without one),
+    ``faster`` ("kernel", "baseline" or "tie") and the choice in words from the figures
+    :func:`~autotune.queries.best.verdict_figures` picks (the program check where there is one,
+    else the confirmation), and ``verdict_source``, which of the two that was."""
+    confirmation = summary.confirmation
+    low = high = name = None
     if confirmation is not None and confirmation.speedup is not None:
-        speedup, name = _finite(confirmation.speedup), confirmation.baseline_name
+        name = confirmation.baseline_name
         low, high = _finite(confirmation.speedup_low), _finite(confirmation.speedup_high)
+    check = current_check(confirmation, summary.program_check)
+    verdict = best_queries.verdict_figures(summary)
+    speedup, v_low, v_high = (_finite(v) for v in verdict[:3])
     return {
         "baseline_name": name, "speedup_low": low, "speedup_high": high,
-        "faster": best_queries.faster_of(speedup, low, high),
-        "choice": best_queries.choice_words(config, speedup, low, high, name),
+        "program_speedup": None if check is None else _finite(check.speedup),
+        "program_speedup_low": None if check is None else _finite(check.speedup_low),
+        "program_speedup_high": None if check is None else _finite(check.speedup_high),
+        "verdict_source": verdict.source,
+        "faster": best_queries.faster_of(speedup, v_low, v_high),
+        "choice": best_queries.choice_words(config, speedup, v_low, v_high, name),
     }
 
 
@@ -286,9 +304,14 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
                 "speedup_spread": r.get("speedup_spread")}
 
     def choice(r: Mapping[str, Any]) -> dict[str, Any]:
+        # The figures that decided (the program check's where it did, else the confirmation's).
+        source = r.get("verdict_source")
+        of = "program_speedup" if source == PROGRAM_CHECK else "confirmed_speedup"
+        low, high = ("program_speedup_low", "program_speedup_high") if source == PROGRAM_CHECK \
+            else ("speedup_low", "speedup_high")
         return {"faster": r.get("faster", "tie"), "baseline": r.get("baseline_name"),
-                "speedup": r.get("confirmed_speedup"), "speedup_low": r.get("speedup_low"),
-                "speedup_high": r.get("speedup_high"), "words": r.get("choice", "")}
+                "speedup": r.get(of), "speedup_low": r.get(low), "speedup_high": r.get(high),
+                "source": source, "words": r.get("choice", "")}
 
     def config(r: Mapping[str, Any]) -> dict[str, Any]:
         return dict(sorted(r["config"].items()))
@@ -339,6 +362,8 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         "def choose(kernel, shape, dtype, device=None):",
         '    """Which implementation to run: ("baseline", its name) where the baseline was',
         '    confirmed faster beyond the measured noise, else ("kernel", config); None if untuned.',
+        "    The verdict is the program check's where one was stored (the two timed as a program",
+        "    calls them), else the confirmation round's: CHOICE's \"source\" says which.",
         "",
         "    The table is picked as lookup() picks it (the device's, then \"default\").",
         '    """',
@@ -370,8 +395,10 @@ _KNOWN_KEYS = frozenset({
     "trial_id",  # the exporting database's id: informational, never imported as an id
     # The measurement (issue 19): the cache policy is imported; the rest is informational.
     "cache_policy", "spread", "confirmed", "confirmed_speedup", "speedup_spread", "ties",
-    # Which implementation wins (issue 35): informational, never imported.
-    "baseline_name", "speedup_low", "speedup_high", "faster", "choice",
+    # Which implementation wins (issue 35), and the program check behind it: informational,
+    # never imported.
+    "baseline_name", "speedup_low", "speedup_high", "faster", "choice", "program_speedup",
+    "program_speedup_low", "program_speedup_high", "verdict_source",
 })
 _DEVICE_KINDS = DEVICE_KINDS
 

@@ -90,9 +90,10 @@ PREFER = ("fastest", "kernel")  # tuned(prefer=...): the faster implementation, 
 @dataclasses.dataclass(frozen=True)
 class LookupChoice:
     """What the lookup answers for one problem: the kernel's config and where it came from, and
-    which implementation the stored confirmation found faster: ``"kernel"``, ``"baseline"``
-    (its speedup's interval lies below 1.0) or ``"tie"`` (it holds 1.0, or nothing confirmed
-    for exactly this problem)."""
+    which implementation the stored verdict finds faster (the confirmation's program check where
+    there is one, else the confirmation round: :func:`autotune.queries.best.verdict_figures`):
+    ``"kernel"``, ``"baseline"`` (its speedup's interval lies below 1.0) or ``"tie"`` (it holds
+    1.0, or nothing confirmed for exactly this problem)."""
 
     config: Config | None
     source: str
@@ -104,8 +105,9 @@ RETRY_ENV = "AUTOTUNE_LOOKUP_RETRY_S"
 
 Default = Mapping[str, Any] | Callable[[Problem], Mapping[str, Any] | None] | None
 
-# (config, source, faster): ``faster`` is "baseline" where the stored confirmation puts the
-# baseline ahead beyond its interval, "kernel" where it puts the kernel ahead, else "tie".
+# (config, source, faster): ``faster`` is "baseline" where the stored verdict (the program check,
+# else the confirmation: best.verdict_figures) puts the baseline ahead beyond its interval,
+# "kernel" where it puts the kernel ahead, else "tie".
 _Answer = tuple[Config | None, str, str]
 _CACHE: dict[tuple[Any, ...], _Answer] = {}
 _LOCK = threading.Lock()
@@ -368,8 +370,11 @@ def _lookup(
 
 
 def _faster(result: queries.BestResult) -> str:
-    """Which implementation the stored confirmation found faster beyond its interval."""
-    return queries.faster_of(result.confirmed_speedup, result.speedup_low, result.speedup_high)
+    """Which implementation the stored verdict finds faster beyond its interval: the program
+    check's figures where there is one, else the confirmation's
+    (:func:`queries.verdict_figures`)."""
+    verdict = queries.verdict_figures(result)
+    return queries.faster_of(verdict.speedup, verdict.low, verdict.high)
 
 
 def _fallback(
@@ -605,8 +610,11 @@ def tuned(
     ``timeout_s`` are :func:`lookup_config`'s.
 
     ``baseline``: what to call instead of the kernel, ``baseline(*arrays, **kw)``, for a shape
-    whose stored confirmation found the baseline faster beyond its interval (the speedup's whole
-    interval below 1.0); ``True`` takes the kernel's own (``Kernel.baseline``: XLA, cuDNN).
+    whose stored verdict finds the baseline faster beyond its interval (the speedup's whole
+    interval below 1.0): the confirmation's program check where there is one (the two timed as a
+    program calls them), else the confirmation round (CUPTI kernel times, which leave out what a
+    call costs beyond its kernels: benchmarks/RESULTS.md §19); ``True`` takes the kernel's own
+    (``Kernel.baseline``: XLA, cuDNN).
     Elsewhere (the kernel faster, a tie, nothing confirmed for the shape) the kernel runs.
     ``prefer="kernel"`` always runs the kernel. An exported table's ``CHOICE`` routes the same
     way where the answer comes from the table.

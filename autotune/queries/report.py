@@ -629,7 +629,9 @@ def _cell(value: Any) -> str:
 
 
 def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
-    from autotune.queries.best import choice_words  # here: the module's imports are shared
+    # here: the module's imports are shared
+    from autotune.queries.best import choice_words, verdict_figures
+    from autotune.storage.rows import PROGRAM_CHECK
 
     head = ["kernel", "shape", "dtype", "device", "cache", "trials", "best", "baseline", "speedup",
             "runs", "ties", "compute", "bandwidth", "measured with", "best config", "plots"]
@@ -656,9 +658,13 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
                 baseline = f"{c.baseline_name} {_fmt_us(c.baseline_median_us)}"
             if c.speedup is not None:
                 speedup = f"{c.speedup:.3g}x ±{100 * (c.speedup_spread or 0):.1f}% (confirmed)"
-            if not interpret:  # which implementation the program runs (issue 35)
-                runs = choice_words(c.crowned.config, c.speedup, c.speedup_low, c.speedup_high,
+            if not interpret:  # which implementation the program runs (issue 35): the
+                # program check's verdict where there is one, else the confirmation's
+                verdict = verdict_figures(s)
+                runs = choice_words(c.crowned.config, verdict.speedup, verdict.low, verdict.high,
                                     c.baseline_name)
+                if verdict.source == PROGRAM_CHECK:
+                    runs += " (as a program calls them)"
         rows.append(
             f'<tr><td><a href="#{html.escape(page.folder)}">{html.escape(s.problem.kernel)}</a></td>'
             + _cell(s.problem.shape_text) + _cell(s.problem.dtype)

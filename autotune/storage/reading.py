@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome
+from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, DeviceKind, Outcome
 from autotune.space.problem import Config, Problem
 from autotune.storage.connection import Sessions
 from autotune.storage.keys import (
@@ -645,7 +645,35 @@ class StoreReader:
     ) -> list[VerificationRow]:
         """The stored ``autotune verify`` rows (of ``problem``, or of every problem), newest
         first (the newest ``limit``)."""
-        query = (
+        query = self._verification_query()
+        if problem is not None:
+            query = query.where(Problems.digest == problem.digest())
+        query = device_filter(query, device_name, device_kind)
+        query = query.order_by(Verifications.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        return self._verification_rows(query)
+
+    def program_checks(self, confirmation_ids: Sequence[int]) -> dict[int, VerificationRow]:
+        """The newest program check (a verification row of method
+        :data:`~autotune.space.outcomes.PROGRAM_METHOD`) of each of the confirmation rounds
+        ``confirmation_ids`` that has one, by confirmation id: one statement for them all."""
+        ids = sorted({int(i) for i in confirmation_ids})
+        if not ids:
+            return {}
+        newest = (
+            sa.select(sa.func.max(Verifications.id))
+            .where(Verifications.method == PROGRAM_METHOD,
+                   Verifications.confirmation_id.in_(ids))
+            .group_by(Verifications.confirmation_id)
+        )
+        query = self._verification_query().where(Verifications.id.in_(newest))
+        return {row.confirmation_id: row for row in self._verification_rows(query)
+                if row.confirmation_id is not None}
+
+    @staticmethod
+    def _verification_query() -> Any:
+        return (
             sa.select(Verifications, Problems, Kernels, Devices, Software, Configs)
             .join(Problems, Problems.id == Verifications.problem_id)
             .join(Kernels, Kernels.id == Problems.kernel_id)
@@ -653,12 +681,8 @@ class StoreReader:
             .join(Software, Software.id == Verifications.software_id)
             .join(Configs, Configs.id == Verifications.config_id)
         )
-        if problem is not None:
-            query = query.where(Problems.digest == problem.digest())
-        query = device_filter(query, device_name, device_kind)
-        query = query.order_by(Verifications.id.desc())
-        if limit is not None:
-            query = query.limit(limit)
+
+    def _verification_rows(self, query: Any) -> list[VerificationRow]:
         with self._sessions.read("read verifications") as session:
             return [
                 VerificationRow(
@@ -686,7 +710,8 @@ class StoreReader:
         device_kind: str | None = None,
     ) -> list[ProblemSummary]:
         """One summary per (problem, device name, device kind, cache policy) with stored trials;
-        each carries its policy's newest confirmation round, if any."""
+        each carries its policy's newest confirmation round, if any, and that round's newest
+        program check (:meth:`program_checks`)."""
         group = (Trials.problem_id, Devices.name, Devices.kind, Trials.cache_policy)
 
         def filtered(query: Any) -> Any:
@@ -758,6 +783,7 @@ class StoreReader:
             (problem_id, c.device.name, c.device.kind.value, c.cache_policy): c
             for problem_id, c in self._confirmation_rows(confirmation_ids)
         }
+        checks = self.program_checks(confirmation_ids)
         out = []
         for key in sorted(trials, key=lambda k: (problems[k[0]].kernel, k[0], k[2], k[1], k[3])):
             best_id, best_us, best_config = best.get(key, (None, None, None))
@@ -776,6 +802,7 @@ class StoreReader:
                     baseline_us=baseline_us,
                     cache_policy=key[3],
                     confirmation=confirmation,
+                    program_check=None if confirmation is None else checks.get(confirmation.id),
                 )
             )
         return out

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from typing import Any, NamedTuple
 
-from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
+from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 
 __all__ = [
@@ -286,6 +287,9 @@ class ProblemSummary:
     cache_policy: str = "warm"  # every figure of a summary is of this one policy
     # The newest confirmation round of this policy, when there is one (revision 0003).
     confirmation: ConfirmationRow | None = dataclasses.field(default=None, hash=False)
+    # The newest program check (a verification row of method PROGRAM_METHOD) of that very
+    # confirmation round, when there is one: it decides the verdict (:func:`pick_verdict`).
+    program_check: VerificationRow | None = dataclasses.field(default=None, hash=False)
 
     @property
     def total(self) -> int:
@@ -307,11 +311,19 @@ class ProblemSummary:
         """The speedup of the confirmation round (interleaved, paired), when there was one."""
         return None if self.confirmation is None else self.confirmation.speedup
 
+    @property
+    def verdict_figures(self) -> Verdict:
+        """The figures that say which implementation runs (:func:`pick_verdict`): the program
+        check of the summary's confirmation where there is one, else the confirmation's."""
+        return summary_verdict(self.confirmation, self.program_check)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict. The best trial's fields carry the names every result uses
         (:data:`RESULT_FIELDS`: ``config``, ``median_us``, ``trial_id``, as in ``autotune best``
         and ``autotune export``), plus ``by_status``, ``total`` and the confirmation round."""
         confirmation = self.confirmation
+        verdict = self.verdict_figures
+        check = current_check(confirmation, self.program_check)
         return {
             "cache_policy": self.cache_policy,
             "confirmed": confirmation is not None,
@@ -331,6 +343,10 @@ class ProblemSummary:
             "baseline_name": self.baseline_name,
             "baseline_us": self.baseline_us,
             "speedup": self.speedup,
+            "program_speedup": None if check is None else check.speedup,
+            "program_speedup_low": None if check is None else check.speedup_low,
+            "program_speedup_high": None if check is None else check.speedup_high,
+            "verdict_source": verdict.source,
         }
 
 
@@ -360,3 +376,67 @@ class VerificationRow:
     stored_speedup: float | None
     still_wins: bool | None
     created_at: dt.datetime
+
+
+# Where a verdict's figures come from (:class:`Verdict`): the problem's program check, or its
+# confirmation round.
+PROGRAM_CHECK = "program-check"
+CONFIRMATION = "confirmation"
+VERDICT_SOURCES = (PROGRAM_CHECK, CONFIRMATION)
+
+Figures = tuple[float | None, float | None, float | None]  # speedup, its interval's low, high
+
+
+class Verdict(NamedTuple):
+    """The speedup (baseline time over kernel time) and its interval that decide which
+    implementation runs, and where they come from (:data:`VERDICT_SOURCES`; all None where
+    nothing compared the two)."""
+
+    speedup: float | None
+    low: float | None
+    high: float | None
+    source: str | None
+
+
+def _positive(value: float | None) -> bool:
+    return isinstance(value, int | float) and 0 < value < math.inf
+
+
+def pick_verdict(confirmed: Figures | None, program: Figures | None) -> Verdict:
+    """The one rule that picks a problem's verdict figures, used by every answer (``autotune
+    best``, the run-time lookup and ``tuned``'s route, ``autotune export``, the report).
+
+    ``program`` (the program check of the confirmation round: the two implementations timed as
+    a program calls them) decides where it has a speedup and an interval of positive finite
+    numbers: CUPTI's kernel times, which ``confirmed`` holds, leave out what a call costs the
+    GPU beyond its kernels (benchmarks/RESULTS.md §19). Else ``confirmed`` decides where it has
+    a positive finite speedup (its interval as stored); else nothing does.
+    """
+    if program is not None and all(_positive(v) for v in program):
+        return Verdict(*program, PROGRAM_CHECK)
+    if confirmed is not None and _positive(confirmed[0]):
+        return Verdict(*confirmed, CONFIRMATION)
+    return Verdict(None, None, None, None)
+
+
+def current_check(confirmation: ConfirmationRow | None,
+                  program_check: VerificationRow | None) -> VerificationRow | None:
+    """``program_check`` where it is a program check (:data:`PROGRAM_METHOD`) of that very
+    confirmation round, else None: an older round's check never answers for a newer one."""
+    if confirmation is None or program_check is None:
+        return None
+    if program_check.method != PROGRAM_METHOD or program_check.confirmation_id != confirmation.id:
+        return None
+    return program_check
+
+
+def summary_verdict(confirmation: ConfirmationRow | None,
+                    program_check: VerificationRow | None) -> Verdict:
+    """:func:`pick_verdict` of a confirmation round and its program check
+    (:func:`current_check`); nothing without a confirmation round."""
+    if confirmation is None:
+        return Verdict(None, None, None, None)
+    check = current_check(confirmation, program_check)
+    program = None if check is None else (check.speedup, check.speedup_low, check.speedup_high)
+    return pick_verdict(
+        (confirmation.speedup, confirmation.speedup_low, confirmation.speedup_high), program)

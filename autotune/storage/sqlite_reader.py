@@ -6,7 +6,7 @@ Importing SQLAlchemy costs more CPU than the rest of ``autotune best`` together 
 needs none of it. :class:`SQLiteReader` answers the :class:`~.store.Store` read methods such a
 query calls (:meth:`~SQLiteReader.preferred_policy`, :meth:`~SQLiteReader.best`,
 :meth:`~SQLiteReader.baseline`, :meth:`~SQLiteReader.confirmations`,
-:meth:`~SQLiteReader.trial`, :meth:`~SQLiteReader.devices`) with the same signatures and the same
+:meth:`~SQLiteReader.program_checks`, :meth:`~SQLiteReader.trial`, :meth:`~SQLiteReader.devices`) with the same signatures and the same
 rows, from the same SQL a store sends (``tests/storage/test_sqlite_reader.py`` compares the two
 over stores of every kind of row).
 
@@ -38,9 +38,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import StorageError
-from autotune.space.outcomes import MAX_TIME_US, MIN_TIME_US, DeviceInfo, DeviceKind, Outcome
+from autotune.space.outcomes import (
+    MAX_TIME_US,
+    MIN_TIME_US,
+    PROGRAM_METHOD,
+    DeviceInfo,
+    DeviceKind,
+    Outcome,
+)
 from autotune.space.problem import Config, Problem
-from autotune.storage.rows import BaselineRow, ConfirmationRow, ConfirmedProgram, TrialRow
+from autotune.storage.rows import (
+    BaselineRow,
+    ConfirmationRow,
+    ConfirmedProgram,
+    TrialRow,
+    VerificationRow,
+)
 from autotune.storage.urls import check_sqlite_file, mask_text
 
 __all__ = ["SQLiteReader", "VERSION_TABLE", "script_head", "damaged_hint"]
@@ -413,3 +426,44 @@ class SQLiteReader:
                 programs=tuple(programs.get(fid, ())),
             ))
         return sorted(out, key=lambda r: -r.id)
+
+    def program_checks(self, confirmation_ids: Sequence[int]) -> dict[int, VerificationRow]:
+        """The newest program check (a verification row of method
+        :data:`~autotune.space.outcomes.PROGRAM_METHOD`) of each of the confirmation rounds
+        ``confirmation_ids`` that has one, by confirmation id: one statement for them all."""
+        ids = sorted({int(i) for i in confirmation_ids})
+        if not ids:
+            return {}
+        marks = ", ".join("?" * len(ids))
+        out: dict[int, VerificationRow] = {}
+        for (vid, cid, method, rounds, calls, baseline_name, winner_rounds, baseline_rounds,
+             others, winner_median, baseline_median, speedup, speedup_low, speedup_high,
+             stored_speedup, still_wins, created, config, kernel, shape, dtype, d_name, d_kind,
+             d_cc, d_driver, d_facts, jax, jaxlib, autotune, extra) in self._rows(
+                "read verifications",
+                "SELECT v.id, v.confirmation_id, v.method, v.rounds, v.calls, v.baseline_name, "
+                "v.winner_rounds_us, v.baseline_rounds_us, v.others_json, v.winner_median_us, "
+                "v.baseline_median_us, v.speedup, v.speedup_low, v.speedup_high, "
+                "v.stored_speedup, v.still_wins, v.created_at, c.config_json, "
+                f"{_PROBLEM}, {_DEVICE}, {_SOFTWARE} FROM at_verifications v "
+                "JOIN at_problems p ON p.id = v.problem_id JOIN at_kernels k ON k.id = p.kernel_id "
+                "JOIN at_devices d ON d.id = v.device_id JOIN at_software s ON s.id = v.software_id "
+                "JOIN at_configs c ON c.id = v.config_id WHERE v.id IN (SELECT max(w.id) FROM "
+                f"at_verifications w WHERE w.method = ? AND w.confirmation_id IN ({marks}) "
+                "GROUP BY w.confirmation_id)", [PROGRAM_METHOD, *ids]):
+            created_at = _stamp(created)
+            assert created_at is not None  # NOT NULL in the schema
+            out[cid] = VerificationRow(
+                id=vid, problem=Problem(kernel, json.loads(shape), dtype),
+                device=_device(d_name, d_kind, d_cc, d_driver, d_facts),
+                software=_software(jax, jaxlib, autotune, extra), confirmation_id=cid,
+                config=Config.from_json(config), method=method, rounds=rounds, calls=calls,
+                baseline_name=baseline_name, winner_rounds_us=_rounds(winner_rounds),
+                baseline_rounds_us=_rounds(baseline_rounds), others=tuple(json.loads(others)),
+                winner_median_us=winner_median, baseline_median_us=baseline_median,
+                speedup=speedup, speedup_low=speedup_low, speedup_high=speedup_high,
+                stored_speedup=stored_speedup,
+                still_wins=None if still_wins is None else bool(still_wins),
+                created_at=created_at,
+            )
+        return out

@@ -496,6 +496,11 @@ class Store:
         return self._reader.verifications(problem, device_name=device_name,
             device_kind=device_kind, limit=limit)
 
+    def program_checks(self, confirmation_ids: Sequence[int]) -> dict[int, VerificationRow]:
+        """The newest program check of each of the confirmation rounds ``confirmation_ids``
+        that has one, by confirmation id (:meth:`.reading.StoreReader.program_checks`)."""
+        return self._reader.program_checks(confirmation_ids)
+
     def summaries(
         self,
         *,

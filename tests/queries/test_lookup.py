@@ -771,3 +771,151 @@ def test_the_cached_call_is_answered_per_signature_and_forgotten_with_the_cache(
         fn(a, a, [1])  # unhashable: answered, never cached
         fn(a, a, [1])
         assert len(asked) == 6
+
+
+def _program_check(url, shape, config, kernel_us, baseline_us, *, confirmation_id=None,
+                   cache="warm"):
+    """A program check (a verification row of method PROGRAM_METHOD) of ``shape``'s newest
+    confirmation of ``cache`` (or of ``confirmation_id``): ``config`` and the baseline, 3 paired
+    rounds of these times. Returns the confirmation id it is tied to."""
+    from autotune.space.outcomes import PROGRAM_METHOD
+    from autotune.tuning.verify import VerifyTarget, analyse
+
+    problem = _problem(shape)
+    with Store(url) as store:
+        if confirmation_id is None:
+            confirmation_id = store.confirmations(problem, cache=cache, limit=1)[0].id
+        stored = next(c for c in store.confirmations(problem) if c.id == confirmation_id)
+        target = VerifyTarget(problem, Config(config), (), stored.speedup, None, None, "xla",
+                              confirmation_id)
+        check = analyse(target, [(t,) for t in kernel_us], [(t,) for t in baseline_us],
+                        method=PROGRAM_METHOD, calls=20)
+        store.record_verification(problem, check, device=GPU, software=SOFTWARE)
+    return confirmation_id
+
+
+def _arrays(n):
+    return (types.SimpleNamespace(shape=(n, n), dtype="bfloat16"),
+            types.SimpleNamespace(shape=(n, n), dtype="bfloat16"))
+
+
+def test_the_program_check_decides_the_route_over_the_confirmation(db_url, configs):
+    """On SQLite (read through the stdlib reader) and PostgreSQL (through a Store): where the
+    confirmation (CUPTI kernel times) puts XLA ahead beyond its interval but the program check
+    puts the kernel ahead, lookup_choice says "kernel" and tuned(baseline=fn) runs the kernel;
+    the reverse routes to the baseline; a program check of an OLDER confirmation never answers
+    for the newer one (its CUPTI verdict decides); a verification of another method is no
+    program check. best_result carries both figures and names the source."""
+    url = db_url
+    everywhere, _ = configs
+    # 64^3: XLA faster by CUPTI (5%), the kernel faster as a program calls them (10%).
+    _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))
+    _program_check(url, SMALL, everywhere, (90.0, 90.5, 90.2), (100.0, 99.5, 100.2))
+    # 256^3: the kernel faster by CUPTI, XLA faster as a program calls them.
+    _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))
+    _program_check(url, BIG, everywhere, (100.0, 100.4, 100.2), (95.0, 95.3, 95.1))
+    # 128^3: an older round's check (the kernel faster) under a newer round (XLA faster by
+    # CUPTI, no check of its own; a verification of another method tied to it is no check).
+    _confirmed(url, MID, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))
+    older = _program_check(url, MID, everywhere, (90.0, 90.5, 90.2), (100.0, 99.5, 100.2))
+    _confirmed(url, MID, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))
+    with Store(url) as store:
+        newer = store.confirmations(_problem(MID), limit=1)[0].id
+        from autotune.tuning.verify import VerifyTarget, analyse
+
+        other = analyse(VerifyTarget(_problem(MID), everywhere, (), None, None, None, "xla",
+                                     newer),
+                        [(80.0,)] * 3, [(100.0,)] * 3, method="cupti-independent", calls=1)
+        store.record_verification(_problem(MID), other, device=GPU, software=SOFTWARE)
+    assert newer != older
+
+    def choice(shape):
+        return lookup.lookup_choice("hopper_matmul", shape, "bfloat16", db=url)
+
+    assert (choice(SMALL).config, choice(SMALL).faster) == (everywhere, "kernel")
+    assert choice(BIG).faster == "baseline"
+    assert choice(MID).faster == "baseline"  # the older round's check is ignored
+    calls = []
+
+    def xla(a, b):
+        calls.append(("xla", a.shape[0]))
+        return "xla"
+
+    def kernel_fn(a, b, *, config=None):
+        calls.append(("kernel", a.shape[0]))
+        return "kernel"
+
+    fast = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
+    assert [fast(*_arrays(n)) for n in (64, 128, 256)] == ["kernel", "xla", "xla"]
+    assert calls == [("kernel", 64), ("xla", 128), ("xla", 256)]
+
+    small = queries.best_result("hopper_matmul", SMALL, "bfloat16", db=url)
+    assert small.confirmed_speedup < 1.0 and small.speedup_high < 1.0  # CUPTI: XLA faster
+    assert small.program_speedup == pytest.approx(100.0 / 90.2) and small.program_speedup_low > 1
+    assert small.verdict_figures.source == "program-check" and small.faster == "kernel"
+    assert small.verdict == "10.9% faster than xla"
+    assert small.confirmation_verdict.startswith("slower than xla")
+    mid = queries.best_result("hopper_matmul", MID, "bfloat16", db=url)
+    assert mid.program_check_id is None and mid.verdict_figures.source == "confirmation"
+    queries.close_stores()
+
+
+def test_the_export_carries_the_program_checks_verdict_through_json_python_and_import(
+        tmp_path, configs):
+    """Exports carry no verification rows: the program check's verdict travels as the
+    records' "faster" and "choice", beside both figures (program_speedup* and the confirmed
+    speedup) and verdict_source; the JSON export imports back (its new keys are known); the
+    python table's CHOICE and choose() follow the program check, and tuned(table=module) with
+    the database gone routes every shape as the database did."""
+    import json
+
+    from autotune.queries import exchange
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, _ = configs
+    _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))
+    _program_check(url, SMALL, everywhere, (90.0, 90.5, 90.2), (100.0, 99.5, 100.2))
+    _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))
+    _program_check(url, BIG, everywhere, (100.0, 100.4, 100.2), (95.0, 95.3, 95.1))
+    _confirmed(url, MID, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # no check
+    records = exchange.export_records(url)
+    by_m = {r["shape"]["m"]: r for r in records}
+    assert [by_m[m]["faster"] for m in (64, 128, 256)] == ["kernel", "baseline", "baseline"]
+    assert [by_m[m]["verdict_source"] for m in (64, 128, 256)] == \
+        ["program-check", "confirmation", "program-check"]
+    assert by_m[64]["confirmed_speedup"] < 1.0 and by_m[64]["speedup_high"] < 1.0
+    assert by_m[64]["program_speedup"] == pytest.approx(100.0 / 90.2)
+    assert by_m[64]["program_speedup_low"] > 1.0
+    assert by_m[64]["choice"].startswith("the kernel is 10.9% faster than xla")
+    assert by_m[128]["program_speedup"] is None
+    text = exchange.render(records, "json")
+    assert [r["faster"] for r in json.loads(text)["records"]] == [r["faster"] for r in records]
+    path = tmp_path / "export.json"
+    path.write_text(text)
+    assert exchange.import_json(path, f"sqlite:///{tmp_path}/imported.db") == (3, 0)
+    csv_text = exchange.render(records, "csv")
+    assert csv_text.splitlines()[0].endswith(
+        "program_speedup,program_speedup_low,program_speedup_high,verdict_source")
+    module = types.ModuleType("tuned_table")
+    exec(compile(exchange.render(records, "python"), "tuned_table.py", "exec"), module.__dict__)
+    key = ("hopper_matmul", tuple(sorted(SMALL.items())), "bfloat16")
+    entry = module.CHOICE["default"][key]
+    assert (entry["faster"], entry["source"]) == ("kernel", "program-check")
+    assert entry["speedup"] == pytest.approx(100.0 / 90.2) and entry["speedup_low"] > 1.0
+    assert module.choose("hopper_matmul", SMALL, "bf16") == ("kernel", dict(everywhere))
+    assert module.choose("hopper_matmul", BIG, "bf16") == ("baseline", "xla")
+
+    def kernel_fn(a, b, *, config=None):
+        return "kernel"
+
+    def xla(a, b):
+        return "xla"
+
+    from_db = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
+    expected = [from_db(*_arrays(n)) for n in (64, 128, 256)]
+    assert expected == ["kernel", "xla", "xla"]
+    lookup.clear_cache()
+    gone = f"sqlite:///{tmp_path}/gone.db"
+    from_table = autotune.tuned("hopper_matmul", db=gone, table=module, baseline=xla)(kernel_fn)
+    assert [from_table(*_arrays(n)) for n in (64, 128, 256)] == expected
+    queries.close_stores()

@@ -63,7 +63,7 @@ def test_public_api_is_pinned():
             "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
             "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
             "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
-            "faster_of", "choice_words", "FASTER",
+            "faster_of", "choice_words", "margin_words", "verdict_figures", "Verdict", "FASTER",
         ]
     )
 

@@ -16,7 +16,7 @@ import pytest
 
 from autotune.devices import PROFILES
 from autotune.errors import StorageError
-from autotune.space.outcomes import DeviceInfo, Outcome, TrialResult
+from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, Outcome, TrialResult
 from autotune.space.problem import Config, Problem
 from autotune.storage import urls
 from autotune.storage.sqlite_reader import VERSION_TABLE, SQLiteReader
@@ -42,8 +42,10 @@ def timed(*samples_us: float) -> TrialResult:
 def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database with every kind of row a best-config query reads: trials of two problems on
     three devices, two software versions and both cache policies (ties in time, a failed one, an
-    implausible time, a traced one), baselines, and three confirmation rounds."""
+    implausible time, a traced one), baselines, three confirmation rounds, and program checks of
+    two of them among verifications of other methods."""
     from autotune.tuning.confirmation import Candidate, analyse_confirmation
+    from autotune.tuning.verify import VerifyTarget, analyse
 
     path = tmp_path_factory.mktemp("reader") / "filled.db"
     with Store(f"sqlite:///{path}") as store:
@@ -75,6 +77,16 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
             store.record_confirmation(P1, confirmation, trial_ids=ids, device=GPU,
                                       software=software, cache="warm", iterations=2,
                                       baseline_name=baseline)
+        # Program checks (verification rows of PROGRAM_METHOD): two of round 1 (the newer
+        # answers), one of round 3 between verifications of another method; none of round 2.
+        winner = store.trial(store.confirmations(P1, device_name=GPU.name)[0].crowned_trial_id)
+        for cid, method, kernel_us in ((1, PROGRAM_METHOD, 10.0), (1, PROGRAM_METHOD, 9.0),
+                                       (3, "cupti-independent", 9.5), (3, PROGRAM_METHOD, 9.8),
+                                       (3, "wall-clock", 9.7)):
+            target = VerifyTarget(P1, winner.config, (), 2.0, None, None, "xla", cid)
+            store.record_verification(P1, analyse(
+                target, [(kernel_us, kernel_us * 1.01)] * 3, [(20.0,), (20.1,), (19.9,)],
+                method=method, calls=20), device=GPU, software=NEW)
     return path
 
 
@@ -119,6 +131,23 @@ def test_every_read_answers_as_the_stores(filled: Path):
             assert reader.trial(trial_id) == store.trial(trial_id)
         # Three rounds of P1 on the GPU, all returned newest first (a store once kept one).
         assert [c.id for c in reader.confirmations(P1, device_name=GPU.name)] == [3, 2, 1]
+        # Program checks: the newest of method PROGRAM_METHOD per round, alike in both readers.
+        for ids in ([], [1], [2], [3, 1], [1, 2, 3, 99], [3, 3]):
+            assert reader.program_checks(ids) == store.program_checks(ids)
+        checks = store.program_checks([1, 2, 3])
+        assert sorted(checks) == [1, 3]
+        assert {c.method for c in checks.values()} == {PROGRAM_METHOD}
+        assert checks[1].winner_median_us == pytest.approx(9.0 * 1.005)  # the newer of two
+        assert checks[3].winner_median_us == pytest.approx(9.8 * 1.005)
+        newest = max(v.id for v in store.verifications(P1) if v.method == PROGRAM_METHOD)
+        assert checks[3].id == newest and checks[3].still_wins is None
+        # A summary carries its own round's check: round 3 is P1's newest warm GPU round.
+        summary = next(s for s in store.summaries(device_name=GPU.name)
+                       if s.problem == P1 and s.cache_policy == "warm")
+        assert summary.confirmation.id == 3 and summary.program_check == checks[3]
+        assert summary.verdict_figures.source == "program-check"
+        assert all(s.program_check is None for s in store.summaries()
+                   if s.confirmation is None or s.confirmation.id not in checks)
     with pytest.raises(ValueError, match="cache policy must be one of"):
         reader.best(P1, cache="lukewarm")
     with pytest.raises(ValueError, match="versions may name"):

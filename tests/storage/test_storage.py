@@ -776,6 +776,68 @@ def test_a_confirmation_round_is_stored_as_rows_of_its_own(store: Store):
                                   software=SOFTWARE, cache="cold", iterations=2, baseline_name=None)
 
 
+def test_a_summary_carries_the_newest_program_check_of_its_own_confirmation(store: Store):
+    """On both backends: each summary's program_check is the newest verification row of method
+    PROGRAM_METHOD tied to that summary's confirmation round (a check of an older round, or a
+    verification of another method, never answers); summaries read every check in one statement,
+    however many problems there are."""
+    from autotune.space.outcomes import PROGRAM_METHOD
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+    from autotune.tuning.verify import VerifyTarget, analyse
+
+    rounds = lambda c: ((c, c * 1.001), (c * 1.002, c))  # noqa: E731
+
+    def confirm(problem: Problem) -> int:
+        tid = store.record_trial(problem, Config(tile=1), timed(10.0), device=GPU,
+                                 software=SOFTWARE, cache="warm").id
+        confirmation = analyse_confirmation([Candidate({"tile": 1}, rounds(10.0))],
+                                            rounds(20.0), default_config=None)
+        return store.record_confirmation(problem, confirmation, trial_ids=[tid], device=GPU,
+                                         software=SOFTWARE, cache="warm", iterations=2,
+                                         baseline_name="xla")
+
+    def check(problem: Problem, cid: int, kernel_us: float, method: str = PROGRAM_METHOD) -> int:
+        target = VerifyTarget(problem, Config(tile=1), (), 2.0, None, None, "xla", cid)
+        return store.record_verification(problem, analyse(
+            target, [(kernel_us,)] * 3, [(20.0,)] * 3, method=method, calls=20),
+            device=GPU, software=SOFTWARE)
+
+    def statements_of_summaries() -> int:
+        seen: list[str] = []
+        listener = lambda c, cur, s, *a: seen.append(s)  # noqa: E731
+        sa.event.listen(store.engine, "before_cursor_execute", listener)
+        try:
+            store.summaries()
+        finally:
+            sa.event.remove(store.engine, "before_cursor_execute", listener)
+        return len([s for s in seen if s.lstrip().upper().startswith(("SELECT", "WITH"))])
+
+    older = confirm(PROBLEM)
+    check(PROBLEM, older, 8.0)  # the kernel 2.5x faster: of the older round, never answers
+    newer = confirm(PROBLEM)
+    [summary] = store.summaries()
+    assert summary.confirmation.id == newer and summary.program_check is None
+    assert summary.verdict_figures.source == "confirmation"
+    check(PROBLEM, newer, 30.0)  # XLA faster as a program calls them
+    newest = check(PROBLEM, newer, 25.0)
+    check(PROBLEM, newer, 5.0, method="cupti-independent")  # another method: not a check
+    [summary] = store.summaries()
+    assert summary.program_check.id == newest and summary.program_check.confirmation_id == newer
+    assert summary.program_check.speedup == pytest.approx(20.0 / 25.0)
+    verdict = summary.verdict_figures
+    assert verdict.source == "program-check" and verdict.speedup == pytest.approx(0.8)
+    record_dict = summary.to_dict()
+    assert record_dict["verdict_source"] == "program-check"
+    assert record_dict["program_speedup"] == pytest.approx(0.8)
+    assert record_dict["confirmed_speedup"] == pytest.approx(summary.confirmation.speedup)
+    one = statements_of_summaries()
+    for m in (512, 1024, 2048):  # three more problems, each confirmed and checked
+        other = Problem("matmul", {"m": m, "n": 256, "k": 128}, "bf16")
+        check(other, confirm(other), 9.0)
+    assert all(s.program_check is not None for s in store.summaries())
+    assert statements_of_summaries() == one
+
+
 def test_job_runs_keep_the_clocks_before_and_after(store: Store):
     """A run's clocks and warnings read back as stored."""
     run_id = store.start_run("job", device=GPU, cache="cold",
