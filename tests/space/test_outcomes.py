@@ -11,7 +11,7 @@ from autotune.space.outcomes import CachePolicy
 def test_public_api():
     """``__all__`` lists exactly the public names."""
     assert sorted(m.__all__) == sorted([
-        "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy", "CACHE_POLICIES",
+        "Outcome", "TrialResult", "DeviceInfo", "DeviceKind", "DEVICE_KINDS", "CachePolicy", "CACHE_POLICIES", "PROGRAM_METHOD",
         "resolve_cache_policy", "relative_spread", "round_order",
         "time_problem", "plausible_us", "MIN_TIME_US", "MAX_TIME_US",
     ])
