@@ -855,11 +855,20 @@ def _speedup_text(speedup: float | None, spread: float | None, confirmed: bool,
     return text + f" (confirmed, {word})"
 
 
+def _called_text(check: Any) -> str:
+    """The program check's speedup in the job's table: ``0.980 (faster|no faster|slower)``."""
+    if check.speedup is None or check.speedup_low is None or check.speedup_high is None:
+        return "-"
+    word = ("faster" if check.speedup_low > 1.0 else "slower" if check.speedup_high < 1.0
+            else "no faster")
+    return f"{check.speedup:.3f} ({word})"
+
+
 def _print_reports(reports: Sequence[Any]) -> None:
     gpu = any(r.device_kind != DeviceKind.INTERPRET for r in reports)
     if gpu:
         header = ["problem", "device", "cache", "best us", "TFLOP/s", "GB/s", "baseline us",
-                  "speedup", "ties", "trials", "invalid", "stop"]
+                  "speedup", "as called", "ties", "trials", "invalid", "stop"]
     else:  # interpret mode: functional runs, no throughput or speedup to show
         header = ["problem", "device", "wall us (interpret)", "trials", "invalid", "stop"]
     rows = []
@@ -872,10 +881,12 @@ def _print_reports(reports: Sequence[Any]) -> None:
             row.append(r.cache_policy)
         row.append(_num(r.best_us, ".1f"))
         if gpu:
-            row += ["-", "-", "-", "-", "-"] if interpret else [
+            check = r.program_check
+            row += ["-", "-", "-", "-", "-", "-"] if interpret else [
                 _num(r.tflops, ".0f"), _num(r.gbps, ".0f"),
                 _num(r.baseline_us, ".1f") + (f" ({r.baseline_name})" if r.baseline_name else ""),
                 _speedup_text(r.speedup, r.speedup_spread, confirmed, r.confirmation),
+                "-" if check is None else _called_text(check),
                 str(r.ties) if confirmed else "-",
             ]
         rows.append([*row, statuses or "-", str(r.invalid), r.stop_reason or "-"])

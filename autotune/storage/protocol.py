@@ -144,6 +144,8 @@ class TrialStore(Protocol):
         run_id: int | None = None,
     ) -> int: ...
 
+    def program_checks(self, confirmation_ids: Sequence[int]) -> dict[int, Any]: ...
+
     def record_verification(
         self,
         problem: Problem,

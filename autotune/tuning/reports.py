@@ -58,6 +58,9 @@ class ProblemReport:
     # baseline_us are then its crowned config and medians, and speedup its paired speedup.
     confirmation: Any = None  # autotune.storage.rows.ConfirmationRow
     confirm_s: float | None = None  # wall time the confirmation round took in this run
+    # The confirmation's program check (autotune.storage.rows.VerificationRow), when stored:
+    # the two timed as a program calls them, which decides the route.
+    program_check: Any = None
 
     @property
     def speedup(self) -> float | None:
@@ -124,7 +127,9 @@ def build_report(
     confirmation = confirmations[0] if confirmations else None
     if confirmation is not None and best and confirmation.created_at < best[0].finished_at:
         confirmation = None  # the search found a faster config since: not confirmed yet
+    program_check = None
     if confirmation is not None:
+        program_check = store.program_checks([confirmation.id]).get(confirmation.id)
         best_config, best_us = confirmation.crowned.config, confirmation.crowned.median_us
         if confirmation.baseline_median_us is not None:
             baseline_name = confirmation.baseline_name
@@ -139,6 +144,7 @@ def build_report(
         cache_policy=cache,
         confirmation=confirmation,
         confirm_s=confirm_s,
+        program_check=program_check,
         flops=kernel.flops(problem) if kernel.flops else None,
         bytes_moved=kernel.bytes_moved(problem) if kernel.bytes_moved else None,
         by_status=by_status,

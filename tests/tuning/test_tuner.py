@@ -525,7 +525,7 @@ def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_pa
     assert conf.rounds == 3 and conf.iterations == max(counts) and conf.baseline_name == "xla"
 
 
-def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path):
+def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path, capsys):
     """After the confirmation, its crowned config and the baseline are timed as a program
     calls them (``confirm(..., program=True)``): PROGRAM_CHECK_ROUNDS rounds, calls per block
     sized by each one's confirmed time, stored as a verification row of PROGRAM_METHOD tied to
@@ -548,6 +548,13 @@ def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path):
     assert check.speedup == pytest.approx(150 / (TRUE_US[1] + 60.0), rel=0.005)
     assert check.speedup_high < 1.0 and check.baseline_name == "xla"
     assert report.confirmation is not None  # the report's figures are the confirmation's
+    # The job's table shows both: the confirmation's speedup and the program check's.
+    assert report.program_check is not None and report.program_check.id == check.id
+    from autotune import cli
+
+    cli._print_reports([report])
+    header, line = capsys.readouterr().out.splitlines()[:2]
+    assert "as called" in header and f"{check.speedup:.3f} (slower)" in line
 
 
 def test_a_failed_program_check_stores_nothing_and_the_confirmation_stands(tmp_path, caplog):
