@@ -10,7 +10,6 @@ kernel's default config, the best configs recorded for the problem in autotune/r
 * ``cold``: the search's method (:func:`autotune.evaluation.cold_timing.time_cold`): one CUPTI
   session over N x (L2 flush, program); per-iteration samples, so the first iteration can be
   held against the later ones;
-* ``cold4x``: the same with a flush of 4x the L2 instead of 2x;
 * ``isolated``: per call, a different flush (a write-only pass over 4x the L2), a host sync, and
   a CUPTI session of that one call (no warm-up call in between, unlike ``profiler.measure``);
 * ``warm``: N calls back to back in one CUPTI session, no flush;
@@ -231,7 +230,6 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     kernel, problem = parse_problem(args.problem)
     l2, source = l2_cache_bytes(jax.devices()[0])
     flush2 = L2Flush()
-    flush4 = L2Flush(4 * l2)
     size = 4 * l2 // 4
     other = jax.jit(lambda: jnp.full((size,), 3, jnp.int32))  # write-only, another program
     jax.block_until_ready(other())
@@ -345,7 +343,6 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
                 ("cold", lambda: cold(flush2)),
                 ("cold_all", lambda: time_cold(fn, inputs, n, flush2, aggregate=True,
                                                select=select_kernel_time)[0]),
-                ("cold4x", lambda: cold(flush4)),
                 ("cold_ro", lambda: cold(read2)),
                 ("isolated", lambda: isolated(fn, inputs, aggregate, args.isolated)),
                 ("iso_ro", lambda: iso_ro(fn, inputs, aggregate, args.isolated)),
@@ -365,7 +362,7 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(result: dict[str, Any]) -> None:
-    methods = [m for m in ("cold", "cold_all", "cold4x", "cold_ro", "isolated", "iso_ro", "iso_xor",
+    methods = [m for m in ("cold", "cold_all", "cold_ro", "isolated", "iso_ro", "iso_xor",
                            "warm", "wall", "batch") if m in result["rows"][0]]
     for prog, launched in result.get("launches", {}).items():
         print(f"{prog}: " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in launched))
@@ -406,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolated", type=int, default=12)
     p.add_argument("--best", type=int, default=2)
     p.add_argument("--processes", type=int, default=4)
-    p.add_argument("--methods", default="cold,cold_all,cold4x,cold_ro,isolated,iso_ro,iso_xor,"
+    p.add_argument("--methods", default="cold,cold_all,cold_ro,isolated,iso_ro,iso_xor,"
                    "warm,wall,batch")
     p.add_argument("--config", action="append", metavar="JSON", help="another config to time")
     p.add_argument("--child", choices=("xla", "ncu"))
