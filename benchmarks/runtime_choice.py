@@ -323,6 +323,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "ratio_to_what_ran": same, "same_low": same_low, "same_high": same_high,
                     "chosen": ran,
                     "verdict": choice.faster, "source": choice.source,
+                    **_figures(name, shape, dtype, db, regime),
                     "config": None if choice.config is None else dict(choice.config),
                     "within_goal": ratio <= GOAL,
                     "decorated_jit_us": _us(times.get("decorated_jit")),
@@ -340,6 +341,15 @@ def _us(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e6
 
 
+def _figures(name: str, shape: Any, dtype: str, db: str, regime: str) -> dict[str, Any]:
+    """What decided the verdict (the program check or the confirmation) and both speedups."""
+    from autotune.queries.best import best_result
+
+    found = best_result(name, shape, dtype, db=db, cache=regime)
+    d = found.to_dict() if found is not None else {}
+    return {k: d.get(k) for k in ("verdict_source", "confirmed_speedup", "program_speedup")}
+
+
 def _ratio(seconds: float | None, faster: float) -> float | None:
     return None if seconds is None else seconds / faster
 
@@ -353,6 +363,10 @@ def device_name(device: str) -> str:
     return f"{d.device_kind} ({d.platform}{', GPU interpret mode' if device == 'interpret' else ''})"
 
 
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
 def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int, batch: int) -> str:
     lines = [
         f"device: {device}; {reps} calls of each in batches of {batch} back to back, median "
@@ -360,7 +374,8 @@ def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int, batch: int)
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "",
         "| regime | kernel | shape | dtype | decorated (us) | kernel (us) | baseline (us) | "
-        "decorated / faster | ran | decorated / what ran | stored verdict | within 0.5% | "
+        "decorated / faster | ran | decorated / what ran | verdict (decided by: confirmed / "
+        "as called) | within 0.5% | "
         "under jit / faster | routed by the other regime / faster |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -374,7 +389,8 @@ def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int, batch: int)
             f"{r['kernel_us']:.1f} | {r['baseline_us']:.1f} | {r['ratio_to_faster']:.4f} "
             f"[{r['ratio_low']:.4f}, {r['ratio_high']:.4f}] | {r['chosen']} | "
             f"{r['ratio_to_what_ran']:.4f} [{r['same_low']:.4f}, {r['same_high']:.4f}] | "
-            f"{r['verdict']} ({r['source']}) | "
+            f"{r['verdict']} ({r['source']}; {r.get('verdict_source')}: "
+            f"{_num(r.get('confirmed_speedup'))} / {_num(r.get('program_speedup'))}) | "
             f"{'yes' if r['within_goal'] else 'NO'} | "
             f"{'-' if r['jit_ratio_to_faster'] is None else format(r['jit_ratio_to_faster'], '.4f')}"
             f" | {other} |")

@@ -10,14 +10,13 @@ kernel's default config, the best configs recorded for the problem in autotune/r
 * ``cold``: the search's method (:func:`autotune.evaluation.cold_timing.time_cold`): one CUPTI
   session over N x (L2 flush, program); per-iteration samples, so the first iteration can be
   held against the later ones;
-* ``isolated``: per call, a different flush (a write-only pass over 4x the L2), a host sync, and
-  a CUPTI session of that one call (no warm-up call in between, unlike ``profiler.measure``);
 * ``warm``: N calls back to back in one CUPTI session, no flush;
 * ``cold_all`` (kernel programs): ``cold`` counting every launch of the program, XLA's glue
-  included, as ``isolated`` and the baseline count them;
+  included, as ``iso_xor`` and the baseline count them;
 * ``batch``: the host's clock around N calls back to back on the same inputs, one wait, per
   call: what a program's loop sees, gaps between launches included (median of 3 blocks);
-* ``cold_ro`` / ``iso_ro``: ``cold`` and ``isolated`` with a read-only flush (a sum over 2x /
+* ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session
+  of the one call) with a read-only flush (a sum over 2x /
   4x the L2), which leaves the L2 holding clean lines: no write-back of the flush's dirty lines
   is left for the timed program, however long the GPU idles before it;
 * ``iso_xor``: ``autotune verify``'s method (:class:`autotune.evaluation.independent.CuptiIsolatedTimer`);
@@ -218,7 +217,6 @@ class ReadFlush:
 
 def study(args: argparse.Namespace) -> dict[str, Any]:
     import jax
-    import jax.numpy as jnp
 
     from autotune._jax_compat import cupti_session
     from autotune.evaluation.cold_timing import L2Flush, l2_cache_bytes, time_cold
@@ -230,11 +228,8 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     kernel, problem = parse_problem(args.problem)
     l2, source = l2_cache_bytes(jax.devices()[0])
     flush2 = L2Flush()
-    size = 4 * l2 // 4
-    other = jax.jit(lambda: jnp.full((size,), 3, jnp.int32))  # write-only, another program
-    jax.block_until_ready(other())
 
-    from autotune.evaluation.independent import CuptiIsolatedTimer
+    from autotune.evaluation.independent import CuptiIsolatedTimer, WallClockTimer
 
     read2, read4 = ReadFlush(2 * l2), ReadFlush(4 * l2)
     xor_timer = CuptiIsolatedTimer()
@@ -257,17 +252,6 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  {label} failed: {compiled.error[:200]}", flush=True)
     del specs
 
-    def isolated(fn: Any, inputs: Any, aggregate: bool, n: int) -> list[float]:
-        samples = []
-        for _ in range(n):
-            jax.block_until_ready(other())
-            launches = cupti_session(lambda: fn(*inputs))
-            if aggregate:
-                samples.append(sum(ms for _, ms in launches) * 1000.0)
-            else:
-                samples.extend(select_kernel_time([launches]))
-        return samples
-
     def iso_ro(fn: Any, inputs: Any, aggregate: bool, n: int) -> list[float]:
         samples = []
         for _ in range(n):
@@ -280,23 +264,11 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     def iso_xor(fn: Any, inputs: Any, n: int) -> list[float]:
         return [xor_timer.call_us(fn, inputs) for _ in range(n)]
 
+    wall_timer = WallClockTimer(2 * l2)
+
     def wall(fn: Any, inputs: Any, n: int) -> list[float]:
-        """Host clock, no profiler: n x (flush, program) minus n x (flush, flush-sized gap)."""
-        out = []
-        for _ in range(3):
-            jax.block_until_ready(fn(*inputs))
-            t0 = time.perf_counter()
-            for _ in range(n):
-                flush2.launch()
-                last = fn(*inputs)
-            jax.block_until_ready(last)
-            t1 = time.perf_counter()
-            for _ in range(n):
-                flush2.launch()
-            jax.block_until_ready(flush2._buf)
-            t2 = time.perf_counter()
-            out.append(((t1 - t0) - (t2 - t1)) / n * 1e6)
-        return out
+        """Host clock, no profiler: n x (flush, program) minus n x flush (verify's method)."""
+        return [wall_timer.block_us(fn, inputs, n) for _ in range(3)]
 
     def warm(fn: Any, inputs: Any, aggregate: bool, n: int) -> list[float]:
         jax.block_until_ready(fn(*inputs))
@@ -344,7 +316,6 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
                 ("cold_all", lambda: time_cold(fn, inputs, n, flush2, aggregate=True,
                                                select=select_kernel_time)[0]),
                 ("cold_ro", lambda: cold(read2)),
-                ("isolated", lambda: isolated(fn, inputs, aggregate, args.isolated)),
                 ("iso_ro", lambda: iso_ro(fn, inputs, aggregate, args.isolated)),
                 ("iso_xor", lambda: iso_xor(fn, inputs, args.isolated)),
                 ("warm", lambda: warm(fn, inputs, aggregate, n)),
@@ -362,7 +333,7 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(result: dict[str, Any]) -> None:
-    methods = [m for m in ("cold", "cold_all", "cold_ro", "isolated", "iso_ro", "iso_xor",
+    methods = [m for m in ("cold", "cold_all", "cold_ro", "iso_ro", "iso_xor",
                            "warm", "wall", "batch") if m in result["rows"][0]]
     for prog, launched in result.get("launches", {}).items():
         print(f"{prog}: " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in launched))
@@ -403,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolated", type=int, default=12)
     p.add_argument("--best", type=int, default=2)
     p.add_argument("--processes", type=int, default=4)
-    p.add_argument("--methods", default="cold,cold_all,cold_ro,isolated,iso_ro,iso_xor,"
+    p.add_argument("--methods", default="cold,cold_all,cold_ro,iso_ro,iso_xor,"
                    "warm,wall,batch")
     p.add_argument("--config", action="append", metavar="JSON", help="another config to time")
     p.add_argument("--child", choices=("xla", "ncu"))
