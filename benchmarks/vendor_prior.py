@@ -2,31 +2,25 @@
 ground truth (CPU only).
 
     python3 benchmarks/vendor_prior.py [--seeds 10] [--budget 48] [--top 4] [--target CUTLASS3]
-        [--parts vendor,cross] [--json OUT]
+        [--parts vendor,cross] [--cross-variants winner,top4,residual,tiebreak] [--json OUT]
 
 Ground truth: each device's ``hopper_matmul`` problems (``autotune/replay/data/<device>/``,
 read through ``autotune.replay.ground_truth.load_ground_truth``), each replayed with that device's profile
 (its SMs, clock, bandwidth: the cost model's device).
 
-Part ``vendor`` (needs ``pip install nvidia-matmul-heuristics``): per problem,
-
-- *first choices*: the gap to the best recorded time of the vendor's first configuration (its
-  nearest recorded config: the ground truth is a sample of the valid set, so the vendor's own
-  choice is rarely in it; ``d``: the tunables it differs in), of the best of its first
-  ``--top``, of the first recorded config by the vendor's runtime estimate (ties: the median of
-  the tied group), and of the first recorded config by the kernel's own cost model;
-- *replay*: the ranked sampler as the tuner runs it cold (the kernel's cost model), against the
-  same with the vendor's first ``--top`` configurations proposed first (``vendor seeds``), and
-  with the vendor's estimate in place of the kernel's cost model (``vendor model``): trials to
-  within 1% of the best (median and p90 over seeds) and the first proposal's gap (median);
-  ``vendor pool``: its configurations join the ranked sampler's pool as related winners do
-  (ranked by the kernel's cost model, with the related winners' small bonus).
+Part ``vendor`` (needs ``pip install nvidia-matmul-heuristics``): per problem, the gap of the
+vendor's first choices (each scored by its nearest recorded config, ``d`` tunables away), of the
+first recorded config by its estimate and by the kernel's cost model; and the ranked sampler cold
+against the same with the vendor's first ``--top`` proposed first (``vendor seeds``), in the pool
+(``vendor pool``) or its estimate as the model (``vendor model``).
 
 Part ``cross`` (the goal of benchmarks/RESULTS.md §20): each H100 problem replayed with only H200 results stored, as
-the tuner would have them (every H200 result as a prior labelled with its device, and the
-H200's winner of the same shape as a related winner), against cold: the first proposal's gap
+the tuner would have them (every H200 result as a prior labelled with its device, its ground
+truth and its live jobs' results of other shapes, ``load_live``, and the H200's winner of the
+same shape as a related winner), against cold: the first proposal's gap
 (goal: within 3% of the best on 4 of 5 shapes) and trials to within 1%. Then the other way
-round (H200 truth, H100 results stored) as a check.
+round (H200 truth, H100 results stored) as a check. ``--cross-variants``: ways of using the
+other device's results measured and not kept, each warm plus itself (docs/vendor_prior.md).
 
 Figures and what they say: ``docs/vendor_prior.md``.
 """
@@ -35,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -49,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optuna  # noqa: E402
 
 from autotune.devices import profile_for_name, using_profile  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth, load_live, recorded_us  # noqa: E402
 from autotune.replay.runner import Recorded, pct, replay_study, trials_to  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning.samplers.ranked import Observation  # noqa: E402
@@ -60,6 +55,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 THRESHOLD = 0.01
 CROSS_GOAL = 0.03
 VARIANTS = ("ranked", "vendor_seeds", "vendor_pool", "vendor_model")
+CROSS_VARIANTS = ("winner", "top4", "residual", "tiebreak")
+RESIDUAL_WEIGHT = 0.5
+TIE_MARGIN = 0.01
 
 
 def records(device: str) -> list[Recorded]:
@@ -185,26 +183,116 @@ def print_vendor(rows: Sequence[Mapping[str, Any]], budget: int, top: int) -> No
 # Part "cross": warm from another device's results only.
 
 
+def _residual_model(rec: Recorded, stored: Sequence[Recorded]) -> dict[str, float]:
+    """A tree model of the stored devices' cost-model residuals (log time less log estimate,
+    centred per problem) on the ranked sampler's features: its prediction per config recorded
+    here, by digest (only those can be replayed)."""
+    import numpy as np
+
+    from autotune.tuning.samplers.ranked import Features, _make_model, _with_estimate
+
+    def features() -> Features:
+        return Features(rec.full.params, sorted(rec.problem.dims),
+                        extra=_with_estimate(None, rec.kernel.cost_model))
+
+    xs, ys = [], []
+    for s in stored:
+        with using_profile(profile_for_name(s.device)):
+            ok = [(Config(r["config"]), recorded_us(r)) for r in s.data["results"]
+                  if r["status"] == "ok"]
+            residual = np.log([t * 1e-6 / rec.kernel.cost_model(s.problem, c) for c, t in ok])
+            xs.append(features().matrix(s.problem, [c for c, _ in ok]))
+            ys.append(residual - np.median(residual))
+    model = _make_model("sklearn", trees=96, seed=0).fit(np.vstack(xs), np.concatenate(ys))
+    here = [Config(r["config"]) for r in rec.data["results"]]
+    predicted = model.predict(features().matrix(rec.problem, here))[0]
+    return {c.digest(): float(p) for c, p in zip(here, predicted, strict=True)}
+
+
+def _corrected(rec: Recorded, stored: Sequence[Recorded], *,
+               margin: float | None) -> Callable[..., float]:
+    """The cost model times exp(RESIDUAL_WEIGHT x :func:`_residual_model`) (``margin`` None),
+    or that order only among the recorded configs within ``margin`` of the best estimate."""
+    residual = _residual_model(rec, stored)
+    estimate = rec.kernel.cost_model
+    ok = [Config(r["config"]) for r in rec.data["results"] if r["status"] == "ok"]
+    lowest = min(estimate(rec.problem, c) for c in ok)
+    near = [residual[c.digest()] for c in ok if margin is not None
+            and estimate(rec.problem, c) <= lowest * (1 + margin)]
+    lo, hi = (min(near), max(near)) if near else (0.0, 0.0)
+
+    def corrected(problem: Any, config: Mapping[str, Any]) -> float:
+        e = estimate(problem, config)
+        r = residual.get(Config(config).digest())
+        if r is None:
+            return e
+        if margin is None:
+            return e * math.exp(RESIDUAL_WEIGHT * r)
+        if e > lowest * (1 + margin):
+            return e
+        return lowest * (1 + margin * min(1.0, max(0.0, (r - lo) / (hi - lo or 1.0))))
+
+    return corrected
+
+
+def live_observations(stored: Sequence[Recorded]) -> list[Observation]:
+    """The stored devices' live results (``load_live``) of problems they have no ground truth
+    for, labelled with the device: a store of that device holds them too."""
+    out: list[Observation] = []
+    for device in sorted({s.device for s in stored}):
+        recorded = {s.problem for s in stored if s.device == device}
+        kernel = next(s.kernel for s in stored if s.device == device)
+        for entry in load_live(device, KERNEL):
+            problem = kernel.problem(entry["shape"], entry["dtype"])
+            if problem not in recorded:
+                out += [Observation(problem, Config(c), t, device=device) for c, t in entry["times"]]
+    return out
+
+
 def cross_part(truth: Sequence[Recorded], stored: Sequence[Recorded], *, seeds: int,
-               budget: int) -> list[dict[str, Any]]:
+               budget: int, variants: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Each ``truth`` problem cold, and warm with only ``stored`` (another device's) results:
     all of them as history labelled with that device, and that device's winner of the same
     shape as a related winner (what ``tuner.related_winners`` gives when this device has
     nothing stored)."""
     rows = []
+    live = live_observations(stored)
     for rec in truth:
         history = [Observation(o.problem, o.config, o.time_us, device=s.device)
-                   for s in stored for o in s.observations()]
-        related = [s.winner() for s in stored if s.problem == rec.problem]
+                   for s in stored for o in s.observations()] + live
+        here = [o for o in live if o.problem == rec.problem]
+        related = [s.winner() for s in stored if s.problem == rec.problem] or [
+            min(here, key=lambda o: o.time_us or math.inf).config for _ in here[:1]]
         with using_profile(profile_for_name(rec.device)):
             cold = [replay(rec, s, budget) for s in range(seeds)]
             warm = [replay(rec, s, budget, history=history, related=related) for s in range(seeds)]
             default = rec.kernel.default_config(rec.problem)
             default_near, _ = _nearest_recorded(rec, default)
+            extra: dict[str, Any] = {}
+            same = [s for s in stored if s.problem == rec.problem]
+            for v in variants:
+                first: list[Mapping[str, Any]] = []
+                estimate = None
+                if v in ("winner", "top4") and not same:
+                    continue  # as warm
+                if v == "winner":
+                    first = related[:1]
+                elif v == "top4":
+                    fastest = sorted((r for s in same for r in s.data["results"]
+                                      if r["status"] == "ok"), key=recorded_us)[:4]
+                    first = sorted((Config(r["config"]) for r in fastest),
+                                   key=lambda c: rec.kernel.cost_model(rec.problem, c))
+                else:
+                    estimate = _corrected(rec, stored,
+                                          margin=None if v == "residual" else TIE_MARGIN)
+                extra[v] = summarise(rec, [replay(rec, s, budget, seeds=first, history=history,
+                                                  related=related, estimate=estimate)
+                                           for s in range(seeds)], budget)
         other_winner = related[0] if related else None
         rows.append({
             "problem": rec.name, "device": rec.device, "stored": sorted({s.device for s in stored}),
             "cold": summarise(rec, cold, budget), "warm": summarise(rec, warm, budget),
+            **extra,
 
             "other_winner_gap": (_gap(rec, _nearest_recorded(rec, other_winner)[0])
                                  if other_winner else None),
@@ -213,7 +301,8 @@ def cross_part(truth: Sequence[Recorded], stored: Sequence[Recorded], *, seeds: 
     return rows
 
 
-def print_cross(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
+def print_cross(rows: Sequence[Mapping[str, Any]], budget: int,
+                variants: Sequence[str] = ()) -> None:
     print("Warm from another device only: first proposal's gap (median over seeds) and trials to "
           "within 1% (median / p90)")
     print()
@@ -233,6 +322,19 @@ def print_cross(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
         print()
         print(f"{device}, warm: first proposal within {CROSS_GOAL:.0%} of the best on {within} of "
               f"{len(part)} recorded shapes (goal on the H100: 4 of 5)")
+    if variants:
+        print("\nWarm plus each variant (first gap, to 1%; '=': as warm)\n")
+        print("| device | problem | warm | " + " | ".join(variants) + " |")
+        print("|---|---|---|" + "---|" * len(variants))
+        for r in rows:
+            cells = [f"{r[k]['first_gap']:.1%}, {fmt_trials(r[k]['within_1pct'], budget)}"
+                     if k in r else "=" for k in ("warm", *variants)]
+            print(f"| {r['device']} | {r['problem']} | " + " | ".join(cells) + " |")
+        for device in sorted({r["device"] for r in rows}):
+            part = [r for r in rows if r["device"] == device]
+            counts = ", ".join(f"{k} {sum(r.get(k, r['warm'])['first_gap'] <= CROSS_GOAL for r in part)}"
+                               for k in variants)
+            print(f"- {device}: first proposal within {CROSS_GOAL:.0%} on: {counts} of {len(part)}")
     print()
 
 
@@ -244,12 +346,19 @@ def main() -> None:
     ap.add_argument("--target", default="CUTLASS3", help="the vendor heuristic's target: "
                     "CUTLASS3 (warp-specialized TMA/WGMMA with clusters) or GENERIC")
     ap.add_argument("--parts", default="vendor,cross")
+    ap.add_argument("--cross-variants", default="",
+                    help=f"part cross: also these, not kept ({', '.join(CROSS_VARIANTS)})")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - {"vendor", "cross"})
     if unknown:
         raise SystemExit(f"--parts takes vendor and cross, got {', '.join(unknown)}")
+    variants = [v for v in args.cross_variants.split(",") if v]
+    unknown = sorted(set(variants) - set(CROSS_VARIANTS))
+    if unknown:
+        raise SystemExit(f"--cross-variants takes {', '.join(CROSS_VARIANTS)}, got "
+                         f"{', '.join(unknown)}")
     if args.seeds < 1 or args.budget < 1 or args.top < 1:
         raise SystemExit("--seeds, --budget and --top must be positive whole numbers")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -273,9 +382,11 @@ def main() -> None:
         print_vendor(out["vendor"], args.budget, args.top)
     if "cross" in parts:
         # The goal's direction (H100 truth, H200 stored), then the other way as a check.
-        out["cross"] = (cross_part(h100, h200, seeds=args.seeds, budget=args.budget)
-                        + cross_part(h200, h100, seeds=args.seeds, budget=args.budget))
-        print_cross(out["cross"], args.budget)
+        out["cross"] = (cross_part(h100, h200, seeds=args.seeds, budget=args.budget,
+                                   variants=variants)
+                        + cross_part(h200, h100, seeds=args.seeds, budget=args.budget,
+                                     variants=variants))
+        print_cross(out["cross"], args.budget, variants)
     print(f"{len(h200)} H200 and {len(h100)} H100 problems, {args.seeds} seeds, budget "
           f"{args.budget}, {time.monotonic() - started:.0f} s")
     if args.json:

@@ -171,3 +171,19 @@ def test_the_cross_device_replay_gives_the_first_gap_of_cold_and_warm():
     for mode in ("cold", "warm"):
         assert row[mode]["first_gap"] >= 0 and 1 <= row[mode]["within_1pct"][0] <= 5
     assert row["other_winner_gap"] is not None
+
+
+def test_the_cross_device_variants_replay_and_show_why_none_was_kept():
+    """benchmarks/vendor_prior.py --cross-variants replays each way of using another device's
+    results (benchmarks/RESULTS.md §20): on the H200 at 128x8192x8192 with the H100's results
+    stored, the residual correction and the tie-break put a config 15% from the best first,
+    where warm's first proposal is within 1% (the regression that ruled them out), and the
+    other device's winner first is worse than warm."""
+    script = load("vendor_prior")
+    h200 = [r for r in script.records(script.H200) if r.problem["m"] == 128]
+    h100 = script.records(script.H100)
+    (row,) = script.cross_part(h200, h100, seeds=1, budget=2, variants=script.CROSS_VARIANTS)
+    assert row["warm"]["first_gap"] < 0.01
+    assert row["winner"]["first_gap"] > row["warm"]["first_gap"]
+    for variant in ("residual", "tiebreak"):
+        assert row[variant]["first_gap"] > 0.1
