@@ -2,25 +2,19 @@
 ground truth (CPU only).
 
     python3 benchmarks/vendor_prior.py [--seeds 10] [--budget 48] [--top 4] [--target CUTLASS3]
-        [--parts vendor,cross] [--cross-variants winner,top4,residual,tiebreak] [--json OUT]
+        [--parts vendor,cross] [--json OUT]
 
-Ground truth: each device's ``hopper_matmul`` problems (``autotune/replay/data/<device>/``,
-read through ``autotune.replay.ground_truth.load_ground_truth``), each replayed with that device's profile
-(its SMs, clock, bandwidth: the cost model's device).
+Ground truth: each device's ``hopper_matmul`` problems (``load_ground_truth``), each replayed
+with that device's profile (the cost model's device).
 
-Part ``vendor`` (needs ``pip install nvidia-matmul-heuristics``): per problem, the gap of the
-vendor's first choices (each scored by its nearest recorded config, ``d`` tunables away), of the
-first recorded config by its estimate and by the kernel's cost model; and the ranked sampler cold
-against the same with the vendor's first ``--top`` proposed first (``vendor seeds``), in the pool
-(``vendor pool``) or its estimate as the model (``vendor model``).
+Part ``vendor`` (``pip install nvidia-matmul-heuristics``): per problem, the gap of the vendor's
+first choices (by their nearest recorded config, ``d`` tunables away) and of the first recorded
+config by its estimate and the kernel's cost model; the ranked sampler cold against it with the
+vendor's first ``--top`` first (``vendor seeds``), in its pool or its estimate as the model.
 
-Part ``cross`` (the goal of benchmarks/RESULTS.md §20): each H100 problem replayed with only H200 results stored, as
-the tuner would have them (every H200 result as a prior labelled with its device, its ground
-truth and its live jobs' results of other shapes, ``load_live``, and the H200's winner of the
-same shape as a related winner), against cold: the first proposal's gap
-(goal: within 3% of the best on 4 of 5 shapes) and trials to within 1%. Then the other way
-round (H200 truth, H100 results stored) as a check. ``--cross-variants``: ways of using the
-other device's results measured and not kept, each warm plus itself (docs/vendor_prior.md).
+Part ``cross`` (benchmarks/RESULTS.md §20): each H100 problem with only H200 results stored
+(:func:`cross_part`) against cold: the first proposal's gap (goal: within 3% of the best on 4
+of 5 shapes) and trials to 1%. Then the other way round as a check.
 
 Figures and what they say: ``docs/vendor_prior.md``.
 """
@@ -44,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optuna  # noqa: E402
 
 from autotune.devices import profile_for_name, using_profile  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth, load_live, recorded_us  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth, load_live  # noqa: E402
 from autotune.replay.runner import Recorded, pct, replay_study, trials_to  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning.samplers.ranked import Observation  # noqa: E402
@@ -55,9 +49,6 @@ H100 = "NVIDIA H100 80GB HBM3"
 THRESHOLD = 0.01
 CROSS_GOAL = 0.03
 VARIANTS = ("ranked", "vendor_seeds", "vendor_pool", "vendor_model")
-CROSS_VARIANTS = ("winner", "top4", "residual", "tiebreak")
-RESIDUAL_WEIGHT = 0.5
-TIE_MARGIN = 0.01
 
 
 def records(device: str) -> list[Recorded]:
@@ -96,8 +87,7 @@ def _gap(rec: Recorded, config: Mapping[str, Any]) -> float | None:
 
 
 def _nearest_recorded(rec: Recorded, config: Mapping[str, Any]) -> tuple[Config | None, int]:
-    """The recorded config nearest to ``config`` (the space's own closeness) and how many
-    tunables it differs in."""
+    """The recorded config nearest to ``config`` and how many tunables it differs in."""
     found = rec.bound.nearest(config)
     if found is None:
         return None, len(config)
@@ -105,8 +95,8 @@ def _nearest_recorded(rec: Recorded, config: Mapping[str, Any]) -> tuple[Config 
 
 
 def _first_by(rec: Recorded, estimate: Callable[..., float]) -> tuple[float, int]:
-    """The gap of the recorded config an estimate ranks first (the median over configs tied
-    within 0.1% at the top) and how many tie."""
+    """The gap of the recorded config an estimate ranks first (median of those tied within 0.1%)
+    and how many tie."""
     ok = [Config(r["config"]) for r in rec.data["results"] if r["status"] == "ok"]
     scored = sorted(((estimate(rec.problem, c), i) for i, c in enumerate(ok)), key=lambda p: p[0])
     scored = [(s, i) for s, i in scored if s > 0]
@@ -183,58 +173,6 @@ def print_vendor(rows: Sequence[Mapping[str, Any]], budget: int, top: int) -> No
 # Part "cross": warm from another device's results only.
 
 
-def _residual_model(rec: Recorded, stored: Sequence[Recorded]) -> dict[str, float]:
-    """A tree model of the stored devices' cost-model residuals (log time less log estimate,
-    centred per problem) on the ranked sampler's features: its prediction per config recorded
-    here, by digest (only those can be replayed)."""
-    import numpy as np
-
-    from autotune.tuning.samplers.ranked import Features, _make_model, _with_estimate
-
-    def features() -> Features:
-        return Features(rec.full.params, sorted(rec.problem.dims),
-                        extra=_with_estimate(None, rec.kernel.cost_model))
-
-    xs, ys = [], []
-    for s in stored:
-        with using_profile(profile_for_name(s.device)):
-            ok = [(Config(r["config"]), recorded_us(r)) for r in s.data["results"]
-                  if r["status"] == "ok"]
-            residual = np.log([t * 1e-6 / rec.kernel.cost_model(s.problem, c) for c, t in ok])
-            xs.append(features().matrix(s.problem, [c for c, _ in ok]))
-            ys.append(residual - np.median(residual))
-    model = _make_model("sklearn", trees=96, seed=0).fit(np.vstack(xs), np.concatenate(ys))
-    here = [Config(r["config"]) for r in rec.data["results"]]
-    predicted = model.predict(features().matrix(rec.problem, here))[0]
-    return {c.digest(): float(p) for c, p in zip(here, predicted, strict=True)}
-
-
-def _corrected(rec: Recorded, stored: Sequence[Recorded], *,
-               margin: float | None) -> Callable[..., float]:
-    """The cost model times exp(RESIDUAL_WEIGHT x :func:`_residual_model`) (``margin`` None),
-    or that order only among the recorded configs within ``margin`` of the best estimate."""
-    residual = _residual_model(rec, stored)
-    estimate = rec.kernel.cost_model
-    ok = [Config(r["config"]) for r in rec.data["results"] if r["status"] == "ok"]
-    lowest = min(estimate(rec.problem, c) for c in ok)
-    near = [residual[c.digest()] for c in ok if margin is not None
-            and estimate(rec.problem, c) <= lowest * (1 + margin)]
-    lo, hi = (min(near), max(near)) if near else (0.0, 0.0)
-
-    def corrected(problem: Any, config: Mapping[str, Any]) -> float:
-        e = estimate(problem, config)
-        r = residual.get(Config(config).digest())
-        if r is None:
-            return e
-        if margin is None:
-            return e * math.exp(RESIDUAL_WEIGHT * r)
-        if e > lowest * (1 + margin):
-            return e
-        return lowest * (1 + margin * min(1.0, max(0.0, (r - lo) / (hi - lo or 1.0))))
-
-    return corrected
-
-
 def live_observations(stored: Sequence[Recorded]) -> list[Observation]:
     """The stored devices' live results (``load_live``) of problems they have no ground truth
     for, labelled with the device: a store of that device holds them too."""
@@ -250,11 +188,10 @@ def live_observations(stored: Sequence[Recorded]) -> list[Observation]:
 
 
 def cross_part(truth: Sequence[Recorded], stored: Sequence[Recorded], *, seeds: int,
-               budget: int, variants: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Each ``truth`` problem cold, and warm with only ``stored`` (another device's) results:
-    all of them as history labelled with that device, and that device's winner of the same
-    shape as a related winner (what ``tuner.related_winners`` gives when this device has
-    nothing stored)."""
+               budget: int) -> list[dict[str, Any]]:
+    """Each ``truth`` problem cold, and warm with only ``stored`` (another device's) results, as
+    the tuner has them: all of them, and its live results (:func:`live_observations`), as
+    history labelled with that device, and its winner of the same shape as a related winner."""
     rows = []
     live = live_observations(stored)
     for rec in truth:
@@ -268,31 +205,10 @@ def cross_part(truth: Sequence[Recorded], stored: Sequence[Recorded], *, seeds: 
             warm = [replay(rec, s, budget, history=history, related=related) for s in range(seeds)]
             default = rec.kernel.default_config(rec.problem)
             default_near, _ = _nearest_recorded(rec, default)
-            extra: dict[str, Any] = {}
-            same = [s for s in stored if s.problem == rec.problem]
-            for v in variants:
-                first: list[Mapping[str, Any]] = []
-                estimate = None
-                if v in ("winner", "top4") and not same:
-                    continue  # as warm
-                if v == "winner":
-                    first = related[:1]
-                elif v == "top4":
-                    fastest = sorted((r for s in same for r in s.data["results"]
-                                      if r["status"] == "ok"), key=recorded_us)[:4]
-                    first = sorted((Config(r["config"]) for r in fastest),
-                                   key=lambda c: rec.kernel.cost_model(rec.problem, c))
-                else:
-                    estimate = _corrected(rec, stored,
-                                          margin=None if v == "residual" else TIE_MARGIN)
-                extra[v] = summarise(rec, [replay(rec, s, budget, seeds=first, history=history,
-                                                  related=related, estimate=estimate)
-                                           for s in range(seeds)], budget)
         other_winner = related[0] if related else None
         rows.append({
             "problem": rec.name, "device": rec.device, "stored": sorted({s.device for s in stored}),
             "cold": summarise(rec, cold, budget), "warm": summarise(rec, warm, budget),
-            **extra,
 
             "other_winner_gap": (_gap(rec, _nearest_recorded(rec, other_winner)[0])
                                  if other_winner else None),
@@ -301,8 +217,7 @@ def cross_part(truth: Sequence[Recorded], stored: Sequence[Recorded], *, seeds: 
     return rows
 
 
-def print_cross(rows: Sequence[Mapping[str, Any]], budget: int,
-                variants: Sequence[str] = ()) -> None:
+def print_cross(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
     print("Warm from another device only: first proposal's gap (median over seeds) and trials to "
           "within 1% (median / p90)")
     print()
@@ -322,19 +237,6 @@ def print_cross(rows: Sequence[Mapping[str, Any]], budget: int,
         print()
         print(f"{device}, warm: first proposal within {CROSS_GOAL:.0%} of the best on {within} of "
               f"{len(part)} recorded shapes (goal on the H100: 4 of 5)")
-    if variants:
-        print("\nWarm plus each variant (first gap, to 1%; '=': as warm)\n")
-        print("| device | problem | warm | " + " | ".join(variants) + " |")
-        print("|---|---|---|" + "---|" * len(variants))
-        for r in rows:
-            cells = [f"{r[k]['first_gap']:.1%}, {fmt_trials(r[k]['within_1pct'], budget)}"
-                     if k in r else "=" for k in ("warm", *variants)]
-            print(f"| {r['device']} | {r['problem']} | " + " | ".join(cells) + " |")
-        for device in sorted({r["device"] for r in rows}):
-            part = [r for r in rows if r["device"] == device]
-            counts = ", ".join(f"{k} {sum(r.get(k, r['warm'])['first_gap'] <= CROSS_GOAL for r in part)}"
-                               for k in variants)
-            print(f"- {device}: first proposal within {CROSS_GOAL:.0%} on: {counts} of {len(part)}")
     print()
 
 
@@ -343,22 +245,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--budget", type=int, default=48)
     ap.add_argument("--top", type=int, default=4, help="vendor configurations proposed first")
-    ap.add_argument("--target", default="CUTLASS3", help="the vendor heuristic's target: "
-                    "CUTLASS3 (warp-specialized TMA/WGMMA with clusters) or GENERIC")
+    ap.add_argument("--target", default="CUTLASS3", help="the vendor's target: CUTLASS3 or GENERIC")
     ap.add_argument("--parts", default="vendor,cross")
-    ap.add_argument("--cross-variants", default="",
-                    help=f"part cross: also these, not kept ({', '.join(CROSS_VARIANTS)})")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - {"vendor", "cross"})
     if unknown:
         raise SystemExit(f"--parts takes vendor and cross, got {', '.join(unknown)}")
-    variants = [v for v in args.cross_variants.split(",") if v]
-    unknown = sorted(set(variants) - set(CROSS_VARIANTS))
-    if unknown:
-        raise SystemExit(f"--cross-variants takes {', '.join(CROSS_VARIANTS)}, got "
-                         f"{', '.join(unknown)}")
     if args.seeds < 1 or args.budget < 1 or args.top < 1:
         raise SystemExit("--seeds, --budget and --top must be positive whole numbers")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -382,11 +276,9 @@ def main() -> None:
         print_vendor(out["vendor"], args.budget, args.top)
     if "cross" in parts:
         # The goal's direction (H100 truth, H200 stored), then the other way as a check.
-        out["cross"] = (cross_part(h100, h200, seeds=args.seeds, budget=args.budget,
-                                   variants=variants)
-                        + cross_part(h200, h100, seeds=args.seeds, budget=args.budget,
-                                     variants=variants))
-        print_cross(out["cross"], args.budget, variants)
+        out["cross"] = (cross_part(h100, h200, seeds=args.seeds, budget=args.budget)
+                        + cross_part(h200, h100, seeds=args.seeds, budget=args.budget))
+        print_cross(out["cross"], args.budget)
     print(f"{len(h200)} H200 and {len(h100)} H100 problems, {args.seeds} seeds, budget "
           f"{args.budget}, {time.monotonic() - started:.0f} s")
     if args.json:

@@ -173,17 +173,14 @@ def test_the_cross_device_replay_gives_the_first_gap_of_cold_and_warm():
     assert row["other_winner_gap"] is not None
 
 
-def test_the_cross_device_variants_replay_and_show_why_none_was_kept():
-    """benchmarks/vendor_prior.py --cross-variants replays each way of using another device's
-    results (benchmarks/RESULTS.md §20): on the H200 at 128x8192x8192 with the H100's results
-    stored, the residual correction and the tie-break put a config 15% from the best first,
-    where warm's first proposal is within 1% (the regression that ruled them out), and the
-    other device's winner first is worse than warm."""
+def test_the_cross_device_replay_stores_the_other_devices_live_results():
+    """benchmarks/vendor_prior.py's stored device holds its live jobs' results too, labelled
+    with the device, for the shapes it has no ground truth of (the H200's 64x4096x4096, which
+    leads the H100's first proposal: benchmarks/RESULTS.md §20)."""
     script = load("vendor_prior")
-    h200 = [r for r in script.records(script.H200) if r.problem["m"] == 128]
-    h100 = script.records(script.H100)
-    (row,) = script.cross_part(h200, h100, seeds=1, budget=2, variants=script.CROSS_VARIANTS)
-    assert row["warm"]["first_gap"] < 0.01
-    assert row["winner"]["first_gap"] > row["warm"]["first_gap"]
-    for variant in ("residual", "tiebreak"):
-        assert row[variant]["first_gap"] > 0.1
+    h200 = script.records(script.H200)
+    live = script.live_observations(h200)
+    assert {o.device for o in live} == {script.H200}
+    shapes = {o.problem for o in live}
+    assert not shapes & {r.problem for r in h200}
+    assert any(p["m"] == 64 and p["n"] == 4096 and p["k"] == 4096 for p in shapes)
