@@ -149,15 +149,6 @@ FAMILY_MARGIN = math.log(1.05)
 FAMILY_GAIN = 0.005
 FAMILY_SHARE = 0.25
 FAMILY_FROM = 64
-# Another device's results of this very problem overrule the kernel's cost model for the first
-# proposal where they show it misjudges the shape: its first choice among the configs that
-# device measured is clearly (ESTIMATE_CLEAR in log time) slower than their best. That device's
-# fastest config is then proposed first (a prior only: measured here before anything is
-# believed of it). On the H100 at 64x4096x4096, the H200's live results put the estimate's
-# first choice 13% from their best, and the H200's winner is 0.7% from the H100's best, where
-# the estimate's first is 7.0%; where the estimate ranks the other device's results well (its
-# first 0.3-4.6% from their best at the other shapes both GPUs recorded, either way round),
-# nothing changes (benchmarks/RESULTS.md §20).
 # The feature the cost model's estimate becomes (log seconds).
 ESTIMATE_FEATURE = "extra:estimate"
 
@@ -837,10 +828,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
         free = [i for i in self._order if self._pool[i] not in taken]
         if not free:
             return None
-        have_model = self._prior is not None or self._fitted_on >= 2
         lead = next((k for k in self._lead if k not in taken), None)
         if lead is not None:
             return Config(dict(zip(self._space.names, lead, strict=True)))
+        have_model = self._prior is not None or self._fitted_on >= 2
         self._explore_credit += self._explore
         self._climb_credit += self._climb
         pick = None
@@ -1069,7 +1060,13 @@ class RankedSampler(optuna.samplers.BaseSampler):
         more than ESTIMATE_CLEAR slower there, in log time, than their best), that device's
         fastest config (repaired to the nearest valid one here, as a related winner is): the
         configs proposed first. The other device's times only pick the config; it is measured
-        here like any other."""
+        here like any other.
+
+        On the H100 at 64x4096x4096 the H200's live results put the estimate's first choice 13%
+        from their best, and the H200's winner is 0.7% from the H100's best, where the
+        estimate's first is 7.0%; where the estimate ranks the other device's results well (its
+        first 0.3-4.6% from their best at the shapes both GPUs recorded, either way round),
+        nothing changes (benchmarks/RESULTS.md §20)."""
         estimate = self._estimate
         assert estimate is not None
         by_device: dict[str, list[Observation]] = {}
