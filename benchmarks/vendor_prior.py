@@ -4,29 +4,17 @@ ground truth (CPU only).
     python3 benchmarks/vendor_prior.py [--seeds 10] [--budget 48] [--top 4] [--target CUTLASS3]
         [--parts vendor,cross] [--json OUT]
 
-Ground truth: each device's ``hopper_matmul`` problems (``autotune/replay/data/<device>/``,
-read through ``autotune.replay.ground_truth.load_ground_truth``), each replayed with that device's profile
-(its SMs, clock, bandwidth: the cost model's device).
+Ground truth: each device's ``hopper_matmul`` problems (``load_ground_truth``), each replayed
+with that device's profile (the cost model's device).
 
-Part ``vendor`` (needs ``pip install nvidia-matmul-heuristics``): per problem,
+Part ``vendor`` (``pip install nvidia-matmul-heuristics``): per problem, the gap of the vendor's
+first choices (by their nearest recorded config, ``d`` tunables away) and of the first recorded
+config by its estimate and the kernel's cost model; the ranked sampler cold against it with the
+vendor's first ``--top`` first (``vendor seeds``), in its pool or its estimate as the model.
 
-- *first choices*: the gap to the best recorded time of the vendor's first configuration (its
-  nearest recorded config: the ground truth is a sample of the valid set, so the vendor's own
-  choice is rarely in it; ``d``: the tunables it differs in), of the best of its first
-  ``--top``, of the first recorded config by the vendor's runtime estimate (ties: the median of
-  the tied group), and of the first recorded config by the kernel's own cost model;
-- *replay*: the ranked sampler as the tuner runs it cold (the kernel's cost model), against the
-  same with the vendor's first ``--top`` configurations proposed first (``vendor seeds``), and
-  with the vendor's estimate in place of the kernel's cost model (``vendor model``): trials to
-  within 1% of the best (median and p90 over seeds) and the first proposal's gap (median);
-  ``vendor pool``: its configurations join the ranked sampler's pool as related winners do
-  (ranked by the kernel's cost model, with the related winners' small bonus).
-
-Part ``cross`` (the goal of benchmarks/RESULTS.md §20): each H100 problem replayed with only H200 results stored, as
-the tuner would have them (every H200 result as a prior labelled with its device, and the
-H200's winner of the same shape as a related winner), against cold: the first proposal's gap
-(goal: within 3% of the best on 4 of 5 shapes) and trials to within 1%. Then the other way
-round (H200 truth, H100 results stored) as a check.
+Part ``cross`` (benchmarks/RESULTS.md §20): each H100 problem with only H200 results stored
+(:func:`cross_part`) against cold: the first proposal's gap (goal: within 3% of the best on 4
+of 5 shapes) and trials to 1%. Then the other way round as a check.
 
 Figures and what they say: ``docs/vendor_prior.md``.
 """
@@ -35,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -49,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optuna  # noqa: E402
 
 from autotune.devices import profile_for_name, using_profile  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth, load_live  # noqa: E402
 from autotune.replay.runner import Recorded, pct, replay_study, trials_to  # noqa: E402
 from autotune.space.problem import Config  # noqa: E402
 from autotune.tuning.samplers.ranked import Observation  # noqa: E402
@@ -98,8 +87,7 @@ def _gap(rec: Recorded, config: Mapping[str, Any]) -> float | None:
 
 
 def _nearest_recorded(rec: Recorded, config: Mapping[str, Any]) -> tuple[Config | None, int]:
-    """The recorded config nearest to ``config`` (the space's own closeness) and how many
-    tunables it differs in."""
+    """The recorded config nearest to ``config`` and how many tunables it differs in."""
     found = rec.bound.nearest(config)
     if found is None:
         return None, len(config)
@@ -107,8 +95,8 @@ def _nearest_recorded(rec: Recorded, config: Mapping[str, Any]) -> tuple[Config 
 
 
 def _first_by(rec: Recorded, estimate: Callable[..., float]) -> tuple[float, int]:
-    """The gap of the recorded config an estimate ranks first (the median over configs tied
-    within 0.1% at the top) and how many tie."""
+    """The gap of the recorded config an estimate ranks first (median of those tied within 0.1%)
+    and how many tie."""
     ok = [Config(r["config"]) for r in rec.data["results"] if r["status"] == "ok"]
     scored = sorted(((estimate(rec.problem, c), i) for i, c in enumerate(ok)), key=lambda p: p[0])
     scored = [(s, i) for s, i in scored if s > 0]
@@ -185,17 +173,33 @@ def print_vendor(rows: Sequence[Mapping[str, Any]], budget: int, top: int) -> No
 # Part "cross": warm from another device's results only.
 
 
+def live_observations(stored: Sequence[Recorded]) -> list[Observation]:
+    """The stored devices' live results (``load_live``) of problems they have no ground truth
+    for, labelled with the device: a store of that device holds them too."""
+    out: list[Observation] = []
+    for device in sorted({s.device for s in stored}):
+        recorded = {s.problem for s in stored if s.device == device}
+        kernel = next(s.kernel for s in stored if s.device == device)
+        for entry in load_live(device, KERNEL):
+            problem = kernel.problem(entry["shape"], entry["dtype"])
+            if problem not in recorded:
+                out += [Observation(problem, Config(c), t, device=device) for c, t in entry["times"]]
+    return out
+
+
 def cross_part(truth: Sequence[Recorded], stored: Sequence[Recorded], *, seeds: int,
                budget: int) -> list[dict[str, Any]]:
-    """Each ``truth`` problem cold, and warm with only ``stored`` (another device's) results:
-    all of them as history labelled with that device, and that device's winner of the same
-    shape as a related winner (what ``tuner.related_winners`` gives when this device has
-    nothing stored)."""
+    """Each ``truth`` problem cold, and warm with only ``stored`` (another device's) results, as
+    the tuner has them: all of them, and its live results (:func:`live_observations`), as
+    history labelled with that device, and its winner of the same shape as a related winner."""
     rows = []
+    live = live_observations(stored)
     for rec in truth:
         history = [Observation(o.problem, o.config, o.time_us, device=s.device)
-                   for s in stored for o in s.observations()]
-        related = [s.winner() for s in stored if s.problem == rec.problem]
+                   for s in stored for o in s.observations()] + live
+        here = [o for o in live if o.problem == rec.problem]
+        related = [s.winner() for s in stored if s.problem == rec.problem] or [
+            min(here, key=lambda o: o.time_us or math.inf).config for _ in here[:1]]
         with using_profile(profile_for_name(rec.device)):
             cold = [replay(rec, s, budget) for s in range(seeds)]
             warm = [replay(rec, s, budget, history=history, related=related) for s in range(seeds)]
@@ -241,8 +245,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--budget", type=int, default=48)
     ap.add_argument("--top", type=int, default=4, help="vendor configurations proposed first")
-    ap.add_argument("--target", default="CUTLASS3", help="the vendor heuristic's target: "
-                    "CUTLASS3 (warp-specialized TMA/WGMMA with clusters) or GENERIC")
+    ap.add_argument("--target", default="CUTLASS3", help="the vendor's target: CUTLASS3 or GENERIC")
     ap.add_argument("--parts", default="vendor,cross")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
