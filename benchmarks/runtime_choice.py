@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "ratio_to_what_ran": same, "same_low": same_low, "same_high": same_high,
                     "chosen": ran,
                     "verdict": choice.faster, "source": choice.source,
-                    **_figures(name, shape, dtype, db, regime),
+                    **_figures(name, problem.dims, dtype, db, regime),
                     "config": None if choice.config is None else dict(choice.config),
                     "within_goal": ratio <= GOAL,
                     "decorated_jit_us": _us(times.get("decorated_jit")),
