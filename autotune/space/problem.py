@@ -94,14 +94,23 @@ def _freeze(mapping: Mapping[str, Any], what: str) -> tuple[tuple[str, Any], ...
     return tuple(sorted(items))
 
 
+def _rebuilt(cls: type[_FrozenMap], items: tuple[tuple[str, Any], ...]) -> _FrozenMap:
+    """A frozen map of ``cls`` from items frozen before (unpickling: nothing to check again)."""
+    made = cls.__new__(cls)
+    _FrozenMap.__init__(made, items)
+    return made
+
+
 class _FrozenMap(Mapping[str, Any]):
     """A read-only mapping stored as a sorted tuple, so equal mappings hash equally."""
 
-    __slots__ = ("_items", "_index")
+    __slots__ = ("_items", "_index", "_hash")
 
     def __init__(self, items: tuple[tuple[str, Any], ...]) -> None:
         self._items = items
         self._index = dict(items)
+        # Kept: a config is a dict key on every call of a tuned function (its kernel's cache).
+        self._hash = hash(items)
 
     def __getitem__(self, key: str) -> Any:
         return self._index[key]
@@ -113,7 +122,12 @@ class _FrozenMap(Mapping[str, Any]):
         return len(self._items)
 
     def __hash__(self) -> int:
-        return hash(self._items)
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its items where it is unpickled: the kept hash is of this process's
+        # string hashes, which another process (an engine worker) does not share.
+        return (_rebuilt, (type(self), self._items))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _FrozenMap):

@@ -79,3 +79,23 @@ def test_parse_shape_fuzz(text):
     except ValueError:
         return
     assert out and all((isinstance(v, bool) or v > 0) for v in out.values())
+
+
+def test_a_config_unpickled_in_another_process_hashes_as_one_made_there(tmp_path):
+    """A config keeps its hash (a dict key on every call of a tuned function), so one pickled in
+    a process with other string hashes (an engine worker) is rebuilt there, not carried over:
+    it finds the same dict entries as a config made in that process."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    path = tmp_path / "config.pkl"
+    path.write_bytes(pickle.dumps(Config(tile_m=128, grid_minor_dim="N")))
+    code = ("import pickle, sys; from autotune.space.problem import Config; "
+            f"c = pickle.loads(open({str(path)!r}, 'rb').read()); "
+            "made = Config(tile_m=128, grid_minor_dim='N'); "
+            "sys.exit(0 if hash(c) == hash(made) and {made: 1}.get(c) == 1 and c == made else 1)")
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
