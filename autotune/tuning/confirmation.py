@@ -59,7 +59,9 @@ __all__ = [
     "joining_configs",
     "sized_iterations",
     "program_calls",
+    "program_unclear",
     "PROGRAM_CHECK_ROUNDS",
+    "PROGRAM_MAX_ROUNDS",
     "needs_another_round",
     "timed_rounds",
     "analyse_rounds",
@@ -103,8 +105,12 @@ CONFIRM_MIN_ITERATIONS = 20  # the search's own count: a confirmation never time
 CONFIRM_MAX_ITERATIONS = 400
 # The program check after a confirmation (autotune.tuning.confirming): the crowned config and
 # the baseline timed as a program calls them, in this many interleaved rounds, each program in
-# blocks of about PROGRAM_TARGET_US of calls back to back (program_calls).
+# blocks of about PROGRAM_TARGET_US of calls back to back (program_calls); then one more round
+# at a time, up to PROGRAM_MAX_ROUNDS, while the verdict is unclear (program_unclear). Up to 5
+# rounds the interval is their whole range, so one disturbed round (a host-bound call's
+# batches on a busy host) can hold 1.0 in it; more rounds trim the extremes.
 PROGRAM_CHECK_ROUNDS = 5
+PROGRAM_MAX_ROUNDS = 11
 PROGRAM_TARGET_US = 4000.0
 PROGRAM_MIN_CALLS = 10
 PROGRAM_MAX_CALLS = 400
@@ -320,6 +326,19 @@ def program_calls(median_us: float | None) -> int:
     if median_us is None or not math.isfinite(median_us) or median_us <= 0:
         return PROGRAM_MIN_CALLS
     return int(min(PROGRAM_MAX_CALLS, max(PROGRAM_MIN_CALLS, math.ceil(PROGRAM_TARGET_US / median_us))))
+
+
+def program_unclear(kernel_rounds_us: Sequence[Sequence[float]],
+                    baseline_rounds_us: Sequence[Sequence[float]]) -> bool:
+    """Whether a program check's rounds so far leave its verdict unclear: the interval of the
+    paired per-round ratios (baseline over kernel, :func:`median_interval`) holds 1.0 and is
+    wider than ``2 x`` :data:`CONFIRM_TIE_BAND` (a tie within the band is an answer)."""
+    ratios = [statistics.median(b) / statistics.median(k)
+              for k, b in zip(kernel_rounds_us, baseline_rounds_us, strict=True)]
+    if not ratios:
+        return False
+    low, high = median_interval(ratios)
+    return low <= 1.0 <= high and high - low > 2 * CONFIRM_TIE_BAND
 
 
 def needs_another_round(confirmation: Confirmation, rounds: int = CONFIRM_MIN_ROUNDS) -> bool:

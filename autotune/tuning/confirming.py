@@ -4,7 +4,8 @@ analysed (:mod:`autotune.tuning.confirmation`, pure) and stored as rows of their
 
 Then its **program check**: the crowned config and the baseline timed as a program calls them
 (:data:`~autotune.space.outcomes.PROGRAM_METHOD`: the host's clock around batches of calls back
-to back), in :data:`~autotune.tuning.confirmation.PROGRAM_CHECK_ROUNDS` interleaved rounds,
+to back), in :data:`~autotune.tuning.confirmation.PROGRAM_CHECK_ROUNDS` interleaved rounds and
+more while its verdict is unclear (up to ``PROGRAM_MAX_ROUNDS``),
 stored as a verification row of its own tied to the confirmation
 (:func:`autotune.tuning.verify.analyse`). CUPTI's kernel times leave out what a call costs the
 GPU beyond its kernels, which differs between implementations (benchmarks/RESULTS.md §19);
@@ -26,11 +27,13 @@ from autotune.tuning.confirmation import (
     CONFIRM_JOIN_MAX,
     DEFAULT_CONFIRM_TOP,
     PROGRAM_CHECK_ROUNDS,
+    PROGRAM_MAX_ROUNDS,
     AnalysedRounds,
     Confirmation,
     analyse_rounds,
     joining_configs,
     program_calls,
+    program_unclear,
     sized_iterations,
     timed_rounds,
 )
@@ -148,9 +151,12 @@ def program_check(
     *,
     engine: EngineLike,
     rounds: int = PROGRAM_CHECK_ROUNDS,
+    max_rounds: int = PROGRAM_MAX_ROUNDS,
 ) -> Verification | None:
     """The program check of a confirmation (module docstring): its crowned config and the
-    baseline timed as a program calls them, in ``rounds`` interleaved rounds on ``engine``.
+    baseline timed as a program calls them, in ``rounds`` interleaved rounds on ``engine``,
+    then one more at a time up to ``max_rounds`` while the verdict is unclear
+    (:func:`~autotune.tuning.confirmation.program_unclear`).
     None where there is nothing to check (no baseline confirmed) or the check failed (logged:
     the confirmation still answers)."""
     baseline = confirmation.baseline
@@ -162,9 +168,18 @@ def program_check(
     confirm = getattr(engine, "confirm", None)
     if confirm is None:
         return None
-    rows: list[list[TrialResult]] = confirm(
-        problem.kernel, problem, [config], rounds=rounds, iterations=calls, baseline=True,
-        medians_us=[crowned.median_us], program=True)
+
+    def timed(n: int, first: int) -> list[list[TrialResult]]:
+        out: list[list[TrialResult]] = confirm(
+            problem.kernel, problem, [config], rounds=n, iterations=calls, baseline=True,
+            medians_us=[crowned.median_us], program=True, first_round=first)
+        return out
+
+    rows = timed(rounds, 0)
+    while (len(rows) < max_rounds and all(r.ok for row in rows for r in row)
+           and program_unclear([row[0].samples_us for row in rows],
+                               [row[1].samples_us for row in rows])):
+        rows += timed(1, len(rows))
     bad = [r for row in rows for r in row if not r.ok]
     if bad:
         logger.info("%s: no program check (%s: %s); the confirmation decides.", problem,

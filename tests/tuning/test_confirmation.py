@@ -30,7 +30,18 @@ def test_public_api():
         "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
         "median_error", "CONFIRM_TIE_FLOOR",
         "speedup_words", "joining_configs", "program_calls", "PROGRAM_CHECK_ROUNDS",
+        "program_unclear", "PROGRAM_MAX_ROUNDS",
     ])
+
+
+def test_a_program_check_is_unclear_while_its_interval_holds_one_and_is_wide():
+    """program_unclear: the paired ratios' interval holds 1.0 and is wider than the tie band;
+    a clear winner, or a tie known to within the band, is an answer."""
+    kernel = [(100.0,)] * 5
+    assert m.program_unclear(kernel, [(97.0,), (103.0,), (101.0,), (99.0,), (100.0,)])
+    assert not m.program_unclear(kernel, [(103.0,), (104.0,), (102.0,), (103.0,), (103.5,)])
+    assert not m.program_unclear(kernel, [(99.8,), (100.2,), (100.1,), (99.9,), (100.0,)])
+    assert not m.program_unclear([], [])
 
 
 def test_a_program_checks_blocks_hold_about_four_ms_of_calls():

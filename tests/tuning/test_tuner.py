@@ -423,8 +423,10 @@ class ConfirmingEngine(FakeEngine):
     """Searches with the lucky times, confirms with the true ones (0.5% noise, cold +10%)."""
 
     def __init__(self, cache="warm", drift=0.0, kernel_call_us=2.0, base_call_us=0.0,
-                 program_fails=False, **kwargs):
+                 program_fails=False, program_swing=0.0, **kwargs):
         super().__init__(**kwargs)
+        # The program check's kernel times alternate by +-program_swing from round to round.
+        self.program_swing = program_swing
         # A call's cost beyond its kernel time, which only the program check sees.
         self.kernel_call_us, self.base_call_us = kernel_call_us, base_call_us
         self.program_fails = program_fails
@@ -461,14 +463,16 @@ class ConfirmingEngine(FakeEngine):
             if self.program_fails:
                 return [[TrialResult.failed(Outcome.CRASHED, "fake: the worker died")]
                         * (len(configs) + baseline)] * rounds
-            return [[TrialResult.timed(self._samples(TRUE_US[c["v"]] + self.kernel_call_us, 3,
-                                                     10 * r + c["v"]),
+            swing = [1 + self.program_swing * (1 if r % 2 else -1)
+                     for r in range(first_round, first_round + rounds)]
+            return [[TrialResult.timed(self._samples((TRUE_US[c["v"]] + self.kernel_call_us)
+                                                     * swing[i], 3, 10 * r + c["v"]),
                                        compile_s=0.1, rel_error=None, timing=PROGRAM_METHOD,
                                        cache=self.cache_policy) for c in configs]
                     + [TrialResult.timed(self._samples(150.0 + self.base_call_us, 3, 10 * r + 9),
                                          compile_s=0.0, rel_error=None, timing=PROGRAM_METHOD,
                                          cache=self.cache_policy)] * baseline
-                    for r in range(rounds)]
+                    for i, r in enumerate(range(first_round, first_round + rounds))]
         if first_round == 0:
             self.confirmed.append([c["v"] for c in configs])
             self.iterations.append(counts)
@@ -539,7 +543,7 @@ def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path, caps
         (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
         (check,) = store.verifications(PICK_PROBLEM)
     crowned = next(p for p in conf.programs if p.crowned)
-    assert engine.program_checks == [
+    assert engine.program_checks == [  # clear after the first rounds: no more
         ([1], [program_calls(crowned.median_us), program_calls(conf.baseline_median_us)],
          PROGRAM_CHECK_ROUNDS)]
     assert check.method == PROGRAM_METHOD and check.confirmation_id == conf.id
@@ -555,6 +559,23 @@ def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path, caps
     cli._print_reports([report])
     header, line = capsys.readouterr().out.splitlines()[:2]
     assert "as called" in header and f"{check.speedup:.3f} (slower)" in line
+
+
+def test_an_unclear_program_check_times_more_rounds_up_to_its_maximum(tmp_path):
+    """A program check whose verdict is unclear after PROGRAM_CHECK_ROUNDS (the kernel's calls
+    swing +-8% from round to round about the baseline's time: the interval holds 1.0 and is
+    wide) goes on one round at a time, with the rotation, up to PROGRAM_MAX_ROUNDS; the stored
+    check has them all."""
+    from autotune.tuning.confirmation import PROGRAM_CHECK_ROUNDS, PROGRAM_MAX_ROUNDS
+
+    engine = ConfirmingEngine(kernel_call_us=150.0 - TRUE_US[1], program_swing=0.08)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        run_job(_pick_job(), store=store, engine=engine)
+        (check,) = store.verifications(PICK_PROBLEM)
+    rounds = [n for _, _, n in engine.program_checks]
+    assert rounds == [PROGRAM_CHECK_ROUNDS] + [1] * (PROGRAM_MAX_ROUNDS - PROGRAM_CHECK_ROUNDS)
+    assert check.rounds == PROGRAM_MAX_ROUNDS
+    assert check.speedup_low <= 1.0 <= check.speedup_high
 
 
 def test_a_failed_program_check_stores_nothing_and_the_confirmation_stands(tmp_path, caplog):
