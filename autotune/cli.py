@@ -851,17 +851,19 @@ def _speedup_text(speedup: float | None, spread: float | None, confirmed: bool,
     high = getattr(confirmation, "speedup_high", None)
     if low is None or high is None:
         return text + " (confirmed)"
-    word = "faster" if low > 1.0 else "slower" if high < 1.0 else "no faster"
-    return text + f" (confirmed, {word})"
+    return text + f" (confirmed, {_interval_word(low, high)})"
+
+
+def _interval_word(low: float, high: float) -> str:
+    """A speedup's interval in a word: above 1.0 "faster", below "slower", else "no faster"."""
+    return "faster" if low > 1.0 else "slower" if high < 1.0 else "no faster"
 
 
 def _called_text(check: Any) -> str:
     """The program check's speedup in the job's table: ``0.980 (faster|no faster|slower)``."""
     if check.speedup is None or check.speedup_low is None or check.speedup_high is None:
         return "-"
-    word = ("faster" if check.speedup_low > 1.0 else "slower" if check.speedup_high < 1.0
-            else "no faster")
-    return f"{check.speedup:.3f} ({word})"
+    return f"{check.speedup:.3f} ({_interval_word(check.speedup_low, check.speedup_high)})"
 
 
 def _print_reports(reports: Sequence[Any]) -> None:

@@ -196,16 +196,17 @@ def _calling(kernel_at: Callable[[Any], Callable[..., Any]]) -> Callable[..., An
 
 def _input_sets(inputs: Callable[[int], tuple[Any, ...]], regime: str, minimum: int) -> list[tuple[Any, ...]]:
     """The input sets a regime's calls rotate over (made up front, so making them is not
-    timed): ``warm``, ``minimum`` sets, one per batch; ``cold``, enough that the sets hold more
-    than twice the GPU's L2, so a call never finds its inputs there."""
+    timed): ``warm``, ``minimum`` sets, one per batch; ``cold``, at least ``minimum`` and as many
+    as the tool's cold program check rotates (:func:`autotune.evaluation.timing.program_input_sets`:
+    more than twice the GPU's L2), so a call never finds its inputs there."""
     first = inputs(0)
     count = minimum
     if regime == "cold":
         from autotune.devices import current_device
+        from autotune.evaluation.timing import program_input_sets
 
-        l2 = current_device().l2_bytes
         size = sum(int(getattr(a, "nbytes", 0)) for a in first)
-        count = max(minimum, 2, -(-2 * l2 // max(size, 1)) + 1)
+        count = max(minimum, program_input_sets("cold", max(size, 1), current_device().l2_bytes))
     return [first] + [inputs(i) for i in range(1, count)]
 
 

@@ -807,10 +807,7 @@ class _JaxEvaluator(Evaluator):
                     return failure_result(e, Stage.COMPILE, compile_s=None, device_ok=True)
                 compile_s = time.perf_counter() - start
                 self._keep_baseline(key, executable)
-            result = self._time_program(executable, sets, calls, compile_s=compile_s)
-        if result.outcome is Outcome.CRASHED:
-            self.healthy = False
-        return result
+            return self._time_program(executable, sets, calls, compile_s=compile_s)
 
     @staticmethod
     def _trace_key(kernel: Kernel, problem: Problem, config: Config,

@@ -524,7 +524,7 @@ def _confirmed_result(
 ) -> BestResult:
     program = c.crowned
     baseline_us = c.baseline_median_us if plausible_us(c.baseline_median_us) else None
-    speedup = c.speedup if isinstance(c.speedup, float) and 0 < c.speedup < math.inf else None
+    speedup = _finite(c.speedup)
     check = current_check(c, store.program_checks([c.id]).get(c.id))
     figures = (None, None, None) if check is None else (
         _finite(check.speedup), _finite(check.speedup_low), _finite(check.speedup_high))

@@ -349,7 +349,7 @@ def _lookup(
     if exact is not None:
         log.info("%s: using the stored best config (%s, %.1f us, %s).", problem, exact.device,
                  exact.median_us, _measured_with(exact))
-        return Config(exact.config), "exact", _faster(exact)
+        return Config(exact.config), "exact", exact.faster
     if not nearest:
         return None
     neighbours = queries.nearest_results(
@@ -367,14 +367,6 @@ def _lookup(
                       problem, result.problem)
     log.info("%s: nothing tuned nearby is usable.", problem)
     return None
-
-
-def _faster(result: queries.BestResult) -> str:
-    """Which implementation the stored verdict finds faster beyond its interval: the program
-    check's figures where there is one, else the confirmation's
-    (:func:`queries.verdict_figures`)."""
-    verdict = queries.verdict_figures(result)
-    return queries.faster_of(verdict.speedup, verdict.low, verdict.high)
 
 
 def _fallback(

@@ -60,6 +60,7 @@ __all__ = [
     "sized_iterations",
     "program_calls",
     "program_unclear",
+    "paired_interval",
     "PROGRAM_CHECK_ROUNDS",
     "PROGRAM_MAX_ROUNDS",
     "needs_another_round",
@@ -333,12 +334,23 @@ def program_unclear(kernel_rounds_us: Sequence[Sequence[float]],
     """Whether a program check's rounds so far leave its verdict unclear: the interval of the
     paired per-round ratios (baseline over kernel, :func:`median_interval`) holds 1.0 and is
     wider than ``2 x`` :data:`CONFIRM_TIE_BAND` (a tie within the band is an answer)."""
-    ratios = [statistics.median(b) / statistics.median(k)
-              for k, b in zip(kernel_rounds_us, baseline_rounds_us, strict=True)]
-    if not ratios:
+    if not kernel_rounds_us:
         return False
-    low, high = median_interval(ratios)
+    low, high = paired_interval(baseline_rounds_us, kernel_rounds_us)
     return low <= 1.0 <= high and high - low > 2 * CONFIRM_TIE_BAND
+
+
+def paired_interval(over_rounds_us: Sequence[Sequence[float]],
+                    under_rounds_us: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """The :func:`median_interval` of the per-round ratios of two programs timed in the same
+    rounds: each round's median of ``over_rounds_us`` over that of ``under_rounds_us`` (drift
+    between rounds cancels).
+
+    Raises:
+      ValueError: no round, or rounds of different counts.
+    """
+    return median_interval([statistics.median(o) / statistics.median(u)
+                            for o, u in zip(over_rounds_us, under_rounds_us, strict=True)])
 
 
 def needs_another_round(confirmation: Confirmation, rounds: int = CONFIRM_MIN_ROUNDS) -> bool:

@@ -15,7 +15,7 @@ interleaved rounds:
    reference, then timed in ``rounds`` rounds;
 2. :func:`analyse` gives the re-timed speedup (the baseline's median over the winner's, the two
    times it prints) with the interval of the per-round paired ratios
-   (:func:`autotune.tuning.confirmation.median_interval`), its difference from the stored
+   (:func:`autotune.tuning.confirmation.paired_interval`), its difference from the stored
    speedup, and whether the stored winner still wins (no other re-timed config is faster by more
    than :data:`STILL_WINS_BAND`);
 3. each result is stored as a row of its own (``at_verifications``); nothing stored before
@@ -33,7 +33,7 @@ from typing import Any
 
 from autotune.space.outcomes import DeviceInfo
 from autotune.space.problem import Config, Problem
-from autotune.tuning.confirmation import median_interval, speedup_words
+from autotune.tuning.confirmation import paired_interval, speedup_words
 
 __all__ = [
     "STILL_WINS_BAND",
@@ -162,9 +162,7 @@ def analyse(
     if base is not None:
         b_median = statistics.median(t for r in base for t in r)
         speedup = b_median / w_median
-        ratios = [statistics.median(b) / statistics.median(w)
-                  for b, w in zip(base, winner, strict=True)]
-        low, high = median_interval(ratios)
+        low, high = paired_interval(base, winner)
         low, high = min(low, speedup), max(high, speedup)
     retimed = tuple(
         Retimed(config=dict(c), rounds_us=o, median_us=statistics.median(t for r in o for t in r))
