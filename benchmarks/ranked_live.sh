@@ -8,6 +8,9 @@
 #   OUT=... bash benchmarks/ranked_live.sh shapes   # ground truth at 64x4096x4096, 512x14336x4096
 #   OUT=... bash benchmarks/ranked_live.sh live     # examples/unseen_shapes_2.toml: cold at seeds
 #                                                   # 0-2, then warm (the ground truth stored first)
+#   OUT=... WARM_FROM="NVIDIA H200" JOB=benchmarks/cross_device.toml bash benchmarks/ranked_live.sh live
+#                                                   # on the H100: warm from the H200's results only
+#                                                   # (ground truth and live jobs'), RESULTS.md §20
 #
 # Each step copies the ground-truth files it adds to into a work folder, runs its commands one
 # after another, each under `timeout` with what is left of the step's budget (BUDGET_S, default
@@ -24,6 +27,7 @@
 # RETIME_MAX (models 128; shapes: ground_truth.py's default), ROUNDS (5), MAX (600), CLIMB (3),
 # SHAPE_SECONDS (120), SHAPES ("m=64,n=4096,k=4096 m=512,n=14336,k=4096"), JOB
 # (examples/unseen_shapes_2.toml), SEEDS ("0 1 2"), TRIALS (live: --trials, default the job's),
+# WARM_FROM (live: the device whose packaged results the warm run stores instead of DATA's),
 # WORK (the scratch folder, default a new one under /tmp), PYTHON (python3), GPU_NAME (default:
 # nvidia-smi's name of the GPU; it picks the device's own ground truth when DATA is not set; the
 # fake device stands in for "NVIDIA H200").
@@ -128,8 +132,13 @@ case "$STEP" in
       run "cold_s${seed}_live" "$PY" benchmarks/search_efficiency.py --live "sqlite:///$W/cold_s$seed.db" \
         --job "$W/job_s$seed.toml"
     done
-    run warm_store "$PY" benchmarks/search_efficiency.py --store-ground-truth "sqlite:///$W/warm_s$first.db" \
-      "$DATA"/*__*__*.json
+    if [[ -n ${WARM_FROM:-} ]]; then  # another device's packaged ground truth and live results
+      run warm_store "$PY" benchmarks/search_efficiency.py --store-ground-truth "sqlite:///$W/warm_s$first.db" \
+        --device "$WARM_FROM" --kernel hopper_matmul
+    else
+      run warm_store "$PY" benchmarks/search_efficiency.py --store-ground-truth "sqlite:///$W/warm_s$first.db" \
+        "$DATA"/*__*__*.json
+    fi
     run "warm_s$first.jsonl" "${TUNE[@]}" --db "sqlite:///$W/warm_s$first.db" "$W/job_s$first.toml"
     run "warm_s${first}_live" "$PY" benchmarks/search_efficiency.py --live "sqlite:///$W/warm_s$first.db" \
       --job "$W/job_s$first.toml"

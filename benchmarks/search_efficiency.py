@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 
 from autotune.errors import StorageError  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth, read_problem_file  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth, load_live, read_problem_file  # noqa: E402
 from autotune.replay.runner import (  # noqa: E402
     MODES,
     SAMPLERS,
@@ -93,6 +93,23 @@ def problems_from(files: Sequence[str], device: str | None = None, kernel: str |
         raise SystemExit(f"no ground truth recorded for device {device!r}, kernel {kernel!r} "
                          "(autotune/replay/data); run benchmarks/ground_truth.py on a GPU first")
     return problems
+
+
+def store_live_results(db: str, problems: Sequence[Mapping[str, Any]]) -> int:
+    """The live jobs' results recorded beside ``problems`` (:func:`load_live`, per device and
+    kernel) into ``db``, for the problems that have no ground truth there."""
+    from autotune.replay.store import store_live
+
+    written = 0
+    for device, kernel in sorted({(p["device"], p["kernel"]) for p in problems}):
+        recorded = {(json.dumps(p["shape"], sort_keys=True), p["dtype"]) for p in problems
+                    if (p["device"], p["kernel"]) == (device, kernel)}
+        entries = [e for e in load_live(device, kernel)
+                   if (json.dumps(e["shape"], sort_keys=True), e["dtype"]) not in recorded]
+        software = next({k: str(v) for k, v in p.get("jax", {}).items()} for p in problems
+                        if (p["device"], p["kernel"]) == (device, kernel))
+        written += store_live(db, device, entries, software=software)
+    return written
 
 
 def print_table(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
@@ -159,14 +176,15 @@ def reference(rows: Sequence[Mapping[str, Any]], problems: Sequence[Mapping[str,
 
 
 def print_live(rows: Sequence[Mapping[str, Any]]) -> None:
-    print("| problem | device | trials | best (us) | final best first reached at trial "
-          "| served best first measured at trial | within 0.5% at trial | within 1% at trial |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| problem | device | trials | best (us) | first trial (us) | final best first reached "
+          "at trial | served best first measured at trial | within 0.5% at trial | within 1% at trial |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = "-" if r["best_us"] is None else f"{r['best_us']:.1f}"
+        first = "-" if r["first_us"] is None else f"{r['first_us']:.1f}"
         served = "-" if r["served_at"] is None else (
             f"{r['served_at']}{' (confirmed)' if r['served_confirmed'] else ''}")
-        print(f"| {r['problem']} | {r['device']} | {r['trials']} | {best} | {r['best_at'] or '-'} "
+        print(f"| {r['problem']} | {r['device']} | {r['trials']} | {best} | {first} | {r['best_at'] or '-'} "
               f"| {served} | {r['within_half_pct_at'] or '-'} | {r['within_1pct_at'] or '-'} |")
     reached = [r["best_at"] for r in rows if r["best_at"] is not None]
     if reached:
@@ -230,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
 
         n = store_ground_truth(args.store_ground_truth, problems)
         print(f"stored {n} ground-truth trials of {len(problems)} problems in {args.store_ground_truth}")
+        if not args.files:  # the packaged files' live results too, as that device's store has them
+            print(f"stored {store_live_results(args.store_ground_truth, problems)} trials of live "
+                  "jobs of problems without ground truth")
         return
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")

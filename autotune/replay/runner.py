@@ -312,7 +312,8 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
     ``job``'s problems when given), the trials measured, the index (1-based, in the order
     measured) of the final best (the fastest single measurement), of the served best (the
     confirmation round's winner, what ``autotune best`` answers) and of the first results within
-    0.5% and 1% of the final best (``benchmarks/search_efficiency.py --live``)."""
+    0.5% and 1% of the final best, and the first trial's time (None when it failed)
+    (``benchmarks/search_efficiency.py --live``)."""
     from autotune.queries.best import best_result
     from autotune.storage.store import Store
     from autotune.tuning.jobs import load_job
@@ -329,7 +330,7 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
                 ok = [(i, r.median_us) for i, r in enumerate(rows, 1) if r.ok and r.median_us is not None]
                 if not ok:
                     out.append({"problem": str(problem), "device": device, "trials": len(rows),
-                                "best_us": None, "best_at": None, "served_at": None,
+                                "best_us": None, "first_us": None, "best_at": None, "served_at": None,
                                 "served_confirmed": False, "within_half_pct_at": None,
                                 "within_1pct_at": None})
                     continue
@@ -344,6 +345,7 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
                 out.append({
                     "problem": str(problem), "device": device, "trials": len(rows),
                     "best_us": best,
+                    "first_us": rows[0].median_us if rows[0].ok else None,
                     "best_at": min(i for i, t in ok if t == best),
                     "served_at": served_at,
                     "served_confirmed": served is not None and served.confirmed,

@@ -1,4 +1,5 @@
-"""Recorded ground truth into a results database, so that a live job there starts warm."""
+"""Recorded ground truth (and the live jobs' results recorded beside it) into a results
+database, so that a live job there starts warm."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
 
-__all__ = ["store_ground_truth"]
+__all__ = ["store_ground_truth", "store_live"]
 
 
 def store_ground_truth(db: str, problems: Iterable[Mapping[str, Any]]) -> int:
@@ -34,5 +35,26 @@ def store_ground_truth(db: str, problems: Iterable[Mapping[str, Any]]) -> int:
                     result = TrialResult.failed(Outcome(r["status"]), r.get("error", ""))
                 recorded = store.record_trial(problem, Config(r["config"]), result, device=device,
                                               software=software, worker="ground-truth")
+                written += not recorded.duplicate
+    return written
+
+
+def store_live(db: str, device: str, entries: Iterable[Mapping[str, Any]], *,
+               software: Mapping[str, str] | None = None) -> int:
+    """Stores live jobs' recorded results (``load_live`` entries: ``kernel``, ``shape``,
+    ``dtype``, ``times`` as ``[config, median_us]`` pairs) in ``db`` as trials of ``device``
+    (kind ``gpu``, CUPTI timing, the median as their one sample), as a store of that device holds
+    them, with ``software`` (the versions they ran under, when known); returns the trials
+    written (a config already stored is kept once)."""
+    written = 0
+    with Store(db) as store:
+        info = DeviceInfo(name=device, kind=DeviceKind.GPU)
+        for entry in entries:
+            problem = get_kernel(entry["kernel"]).problem(entry["shape"], entry["dtype"])
+            for config, median_us in entry["times"]:
+                result = TrialResult.timed([float(median_us)], compile_s=None, rel_error=None,
+                                           timing="cupti")
+                recorded = store.record_trial(problem, Config(config), result, device=info,
+                                              software=dict(software or {}), worker="live-job")
                 written += not recorded.duplicate
     return written

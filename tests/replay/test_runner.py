@@ -167,6 +167,8 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     assert row["trials"] == 14 and row["best_us"] == pytest.approx(rec.best)
     order = [recorded_us(r) for r in rec.data["results"]]
     assert row["best_at"] == order.index(min(order)) + 1
+    first = rec.data["results"][0]
+    assert row["first_us"] == (pytest.approx(recorded_us(first)) if first["status"] == "ok" else None)
 
     problem = rec.problem
     device = DeviceInfo(name="NVIDIA H200", kind="gpu")
@@ -180,6 +182,27 @@ def test_live_reader_reports_when_the_final_best_was_first_reached(tmp_path):
     new = next(r for p, r in live.items() if "batch=2" in p)
     assert (new["trials"], new["best_at"], new["within_half_pct_at"], new["within_1pct_at"]) == (4, 3, 3, 2)
     assert (new["served_at"], new["served_confirmed"]) == (3, False)  # no round: the fastest
+
+def test_live_results_are_stored_as_trials_of_their_device(tmp_path):
+    """store_live: a live job's recorded results (``load_live``) become trials of the device
+    they ran on, each config once, so a store warm from that device holds them (the
+    cross-device live check, benchmarks/RESULTS.md §20)."""
+    from autotune.replay.ground_truth import load_live
+    from autotune.replay.store import store_live
+    from autotune.storage.store import Store
+
+    [entry] = [e for e in load_live("NVIDIA H200", "hopper_matmul") if e["shape"]["m"] == 64]
+    url = f"sqlite:///{tmp_path}/live.db"
+    written = store_live(url, "NVIDIA H200", [entry], software={"jax": "0.11.2"})
+    assert written == len({json.dumps(c, sort_keys=True) for c, _ in entry["times"]}) > 0
+    assert store_live(url, "NVIDIA H200", [entry], software={"jax": "0.11.2"}) == 0  # once
+    with Store(url) as store:
+        [problem] = store.problems()
+        rows = store.trials(problem, device_name="NVIDIA H200")
+    assert len(rows) == written and all(r.ok and r.worker == "live-job" for r in rows)
+    times = {json.dumps(c, sort_keys=True): t for c, t in entry["times"]}
+    assert all(r.median_us == pytest.approx(times[json.dumps(dict(r.config), sort_keys=True)])
+               for r in rows)
 
 
 def test_live_reader_reports_when_the_served_best_was_first_measured(tmp_path):
