@@ -39,6 +39,7 @@ seconds; its figures are not a GPU's; warm only).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -307,6 +308,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
                     # Inside a jitted program the lookup runs once, at trace time.
                     fns["decorated_jit"] = jax.jit(fns["decorated"])
+                    # The decorated function called with the config itself: what the decorator
+                    # adds per eager call is the decorated time over this one.
+                    fns["undecorated"] = functools.partial(call, config=choice.config)
                 sets = _input_sets(inputs, regime, args.input_sets)
                 samples = _time(fns, sets, regime, args.reps, args.batch)
                 times = {name: statistics.median(s) for name, s in samples.items()}
@@ -329,6 +333,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "within_goal": ratio <= GOAL,
                     "decorated_jit_us": _us(times.get("decorated_jit")),
                     "jit_ratio_to_faster": _ratio(times.get("decorated_jit"), faster),
+                    "undecorated_us": _us(times.get("undecorated")),
+                    "decorator_ratio": (None if "undecorated" not in samples else
+                                        _paired(samples, "decorated", "undecorated")[0]),
                     "other_regime": other,
                     "other_verdict": None if other is None else lookup.lookup_choice(
                         name, shape, dtype, db=db, cache=other).faster,
