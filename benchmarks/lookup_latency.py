@@ -1,4 +1,4 @@
-"""Run-time lookup latency on a large results database (CPU only, no jax).
+"""Run-time lookup latency on a large results database (CPU only; jax only with --jax-arrays).
 
     python3 benchmarks/lookup_latency.py                       # 10^6 trials, a temporary SQLite file
     python3 benchmarks/lookup_latency.py --trials 100000 --db sqlite:////tmp/lookup.db
@@ -16,7 +16,9 @@ versions (an old one and the running one), 5% failed trials) and times
   opening it and checking its schema (what the first lookup of a process pays);
 * ``nearest``: a problem that is not stored, answered from its nearest tuned neighbours;
 * ``decorator``: the cost of a cached call through ``@tuned`` (goal < 2 us), in CPU time,
-  beside the same call through the lookup's cache only (``--decorator-only``: just these).
+  beside the same call through the lookup's cache only (``--decorator-only``: just these);
+  ``--jax-arrays`` passes jax arrays (what a program passes: their ``shape`` and ``dtype`` are
+  Python properties the decorator reads per call; imports jax) instead of plain stand-ins.
 
 The script imports the autotune of its own checkout (not an installed one).
 
@@ -149,7 +151,7 @@ def _summary(label: str, samples: list[float]) -> tuple[str, int, float, float]:
 
 
 def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int,
-            decorator_only: bool = False) -> list[tuple]:
+            decorator_only: bool = False, jax_arrays: bool = False) -> list[tuple]:
     rng = random.Random(seed + 1)
     stored = {tuple(sorted(s.items())) for s in shapes}
     missing = [s for s in _shapes(len(SIZES) ** 3, random.Random(seed))
@@ -165,7 +167,7 @@ def measure(url: str, shapes: list[dict[str, int]], *, samples: int, seed: int,
 
     if not decorator_only:
         out += _lookups(url, shapes, missing, ask, samples=samples, rng=rng)
-    out += _decorator(url, shapes, samples=samples)
+    out += _decorator(url, shapes, samples=samples, jax_arrays=jax_arrays)
     return out
 
 
@@ -206,7 +208,8 @@ def _lookups(url: str, shapes: list[dict[str, int]], missing: list[dict[str, int
     return out
 
 
-def _decorator(url: str, shapes: list[dict[str, int]], *, samples: int) -> list[tuple]:
+def _decorator(url: str, shapes: list[dict[str, int]], *, samples: int,
+               jax_arrays: bool = False) -> list[tuple]:
     """The decorator's own cost once a shape is cached: a call through @tuned (with the
     baseline routing on) minus a direct call of the same function, per call; and, in the same
     samples, the same call through the lookup's cache only (what @tuned did per call before
@@ -216,8 +219,12 @@ def _decorator(url: str, shapes: list[dict[str, int]], *, samples: int) -> list[
     loaded machine do not count; each sample times both paths and the direct call in turn."""
     import types
 
-    a = types.SimpleNamespace(shape=(shapes[0]["m"], shapes[0]["k"]), dtype=DTYPE)
-    b = types.SimpleNamespace(shape=(shapes[0]["k"], shapes[0]["n"]), dtype=DTYPE)
+    a: Any = types.SimpleNamespace(shape=(shapes[0]["m"], shapes[0]["k"]), dtype=DTYPE)
+    b: Any = types.SimpleNamespace(shape=(shapes[0]["k"], shapes[0]["n"]), dtype=DTYPE)
+    if jax_arrays:
+        import jax.numpy as jnp
+
+        a, b = (jnp.ones(x.shape, jnp.bfloat16) for x in (a, b))
 
     def body(x: Any, y: Any, *, config: Any = None) -> Any:
         return config
@@ -250,8 +257,9 @@ def _decorator(url: str, shapes: list[dict[str, int]], *, samples: int) -> list[
         direct = loop_ns(lambda x, y: body(x, y, config=None), n)
         now.append((loop_ns(routed, n) - direct) / n / 1000)
         before.append((loop_ns(through_lookup, n) - direct) / n / 1000)
+    arrays = ", jax arrays" if jax_arrays else ""
     return [
-        _summary("decorator, cached (@tuned with baseline=, minus a direct call; CPU time)", now),
+        _summary(f"decorator, cached{arrays} (@tuned with baseline=, minus a direct call; CPU time)", now),
         _summary("decorator path without its per-signature cache (lookup cache only; CPU time)",
                  before),
     ]
@@ -285,6 +293,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--decorator-only", action="store_true",
                    help="time only the decorator's cost per cached call")
+    p.add_argument("--jax-arrays", action="store_true",
+                   help="the decorated calls take jax arrays (imports jax)")
     args = p.parse_args()
     tmp = None
     url = args.db
@@ -307,9 +317,10 @@ def main() -> None:
     print("\n| lookup | samples | median (us) | p90 (us) | goal |")
     print("|---|---|---|---|---|")
     for label, n, median, p90 in measure(url, shapes, samples=args.samples, seed=args.seed,
-                                         decorator_only=args.decorator_only):
+                                         decorator_only=args.decorator_only,
+                                         jax_arrays=args.jax_arrays):
         goal = GOALS_US.get(label.split(" ")[0].rstrip(","), None) if label.startswith(
-            ("cached", "cold (", "decorator")) else None
+            ("cached", "cold (", "decorator, cached")) else None
         verdict = "-" if goal is None else f"< {goal:g} us: {'met' if p90 < goal else 'MISSED'} (p90)"
         print(f"| {label} | {n} | {median:.1f} | {p90:.1f} | {verdict} |")
     print("\nquery plan of the best-trial query (gpu, running jax):")
