@@ -17,33 +17,18 @@ docs/replay.md); with ``--out DIR`` it writes ``DIR/<kernel>__<shape>__<dtype>.j
 median time, with device, JAX version and date), which ``benchmarks/pack_ground_truth.py``
 packs. Stops submitting after ``--seconds`` and writes what it has.
 
-``--extend`` adds to that problem's record instead of replacing it: configs it holds are not measured
-again, its results are kept, and the file is replaced in one step (written beside it, then
-renamed). With ``--max 0`` nothing is sampled: e.g. the first choices of a cost model with
-changed constants (``--constants``, as ``benchmarks/cost_model_check.py`` takes them),
+``--extend`` adds to that problem's record instead of replacing it (configs it holds are not
+measured again; the file is replaced in one step). With ``--max 0`` nothing is sampled: e.g. the
+first choices of a cost model with changed constants (``--constants``, as
+``benchmarks/cost_model_check.py`` takes them). ``--files F ...`` extends these per-shape files
+instead, one engine for all (``pack_ground_truth.py --unpack DEVICE DIR`` writes a device's
+packaged problems as such files; packing them back stores the result).
 
-    python3 benchmarks/ground_truth.py --kernel hopper_matmul --shape m=4096,n=4096,k=4096 \
-        --max 0 --estimated 16 --extend --constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128
-
-``--files F ...`` extends each of these per-shape files instead (its kernel, shape and dtype),
-one engine for all of them; ``pack_ground_truth.py --unpack DEVICE DIR`` writes a device's
-packaged problems as such files, and packing them back stores the result:
-
-    python3 benchmarks/pack_ground_truth.py --unpack "NVIDIA H200" gt
-    python3 benchmarks/ground_truth.py --files gt/hopper_matmul__*.json --max 0 \
-        --estimated 16 --seconds 60
-    python3 benchmarks/pack_ground_truth.py gt/*.json
-
-``--retime FRACTION`` then times again every config of the file within FRACTION of its best (at
-most ``--retime-max``, the fastest), in ``--rounds`` interleaved rounds (``Engine.confirm``, as
-the confirmation round does), and appends each round's median to the config's record as
-``retimed_us``: one timing per config, taken in a slow moment of the GPU, no longer decides the
-best (``autotune.replay.ground_truth.recorded_us`` says which time a record has). A config
-whose re-timing fails gets ``retime_error`` and keeps its figures. Alone, on files already
-measured:
-
-    python3 benchmarks/ground_truth.py --files gt/hopper_matmul__*.json --max 0 \
-        --retime 0.08 --retime-max 128
+``--retime FRACTION`` then times again every config within FRACTION of the file's best (at most
+``--retime-max``, the fastest) in ``--rounds`` interleaved rounds (``Engine.confirm``, as the
+confirmation round does) and appends each round's median as ``retimed_us``, so that one timing
+taken in a slow moment no longer decides the best (``recorded_us`` says which time a record
+has); a failed re-timing leaves ``retime_error``. ``benchmarks/ranked_live.sh`` runs these steps.
 
 ``--vendor N`` (``hopper_matmul``; needs ``pip install nvidia-matmul-heuristics``) measures the
 first N configurations of NVIDIA's matmul heuristics for the device, mapped onto the kernel

@@ -8,21 +8,18 @@ trials of one kernel (issue 36).
 Fills one SQLite database per size with valid configs of ``hopper_matmul`` over many shapes
 (``--per-shape`` trials per shape, so 1,000 shapes at 1M; times drawn at random, about one in
 ten a compile error), on one GPU device and one software version. ``--fill record`` stores every
-trial through the store's per-trial write path (``Store.record_trial``, as the tuner does);
-``--fill bulk`` creates each shape's problem, device and software rows through that path and
-inserts the rest with one executemany per shape into the same schema tables, with the same
-column values (``autotune.storage.schema``: the per-trial path takes hours at 1M on a 2-core
-machine); ``--fill auto`` (the default) is ``record`` up to 20,000 trials, else ``bulk``. A
-database already filled to the size is reused (``--refill`` rebuilds it).
+trial through ``Store.record_trial`` (as the tuner does); ``--fill bulk`` creates each shape's
+rows through that path and inserts the rest with one executemany per shape, with the same
+column values (the per-trial path takes hours at 1M on 2 cores); ``--fill auto`` (the default)
+is ``record`` up to 20,000 trials, else ``bulk``. A filled database is reused (``--refill``).
 
 Then, each in a fresh child process (its own CPU time and peak memory, from ``os.wait4``):
 
 * ``a job's first proposals``: the same for ``--job-problems`` new shapes (default 7) one after
   the other in one process, against the empty database's (size 0);
-* ``first proposal``: the tuner's path for a new shape of the kernel with ``auto``
-  (``tuning.seeding.problem_sampler``: related winners, the stored history, the sampler, then the
-  study on SQLite and its first ``ask``): wall and CPU seconds of that step, the child's peak
-  RSS, and tracemalloc's peak of the step (in a second child, as tracemalloc slows it);
+* ``first proposal``: the tuner's path for a new shape with ``auto``
+  (``tuning.seeding.problem_sampler``, then the study's first ``ask``): wall and CPU seconds,
+  peak RSS, and tracemalloc's peak of the step (in a second child);
 * ``best``: ``python3 -m autotune best`` of one stored shape (CPU s, peak RSS);
 * ``results_frame``: the whole table as a DataFrame (wall s, peak RSS), and with ``limit=1000``;
 * ``--version``: ``python3 -m autotune --version`` (CPU s).

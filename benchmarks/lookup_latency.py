@@ -69,13 +69,10 @@ def _shapes(count: int, rng: random.Random) -> list[dict[str, int]]:
 def build(url: str, *, trials: int, problems: int, seed: int) -> list[dict[str, int]]:
     """Fills an empty database; returns the stored shapes.
 
-    Each problem's configs are drawn from the kernel's own valid space for that shape
-    (``valid_space(problem).sample``, as benchmarks/history_scaling.py fills its databases), so
-    every stored config passes today's rules: a cold lookup is answered by the first rows it
-    reads, as in a database the tuner wrote (configs the rules refuse are skipped one by one,
-    each with a warning: a generator that stored such configs made this benchmark take many
-    minutes). A shape with fewer valid configs than its share stores them all; the number
-    stored is printed."""
+    Each problem's configs are drawn from its valid space (``valid_space(problem).sample``), so
+    a cold lookup is answered by the first rows it reads, as in a database the tuner wrote (a
+    config the rules refuse is skipped with a warning each: slow). A shape with fewer valid
+    configs than its share stores them all."""
     rng = random.Random(seed)
     shapes = _shapes(problems, rng)
     per_problem = -(-trials // problems)
@@ -211,12 +208,9 @@ def _lookups(url: str, shapes: list[dict[str, int]], missing: list[dict[str, int
 def _decorator(url: str, shapes: list[dict[str, int]], *, samples: int,
                jax_arrays: bool = False) -> list[tuple]:
     """The decorator's own cost once a shape is cached: a call through @tuned (with the
-    baseline routing on) minus a direct call of the same function, per call; and, in the same
-    samples, the same call through the lookup's cache only (what @tuned did per call before
-    it cached its choice per call signature: shape_of, the dtype, lookup_choice, the routing).
-
-    Timed in this process's CPU time (``time.process_time_ns``), so that other processes on a
-    loaded machine do not count; each sample times both paths and the direct call in turn."""
+    baseline routing on) minus a direct call of the same function, per call; and the same call
+    through the lookup's cache only (shape_of, the dtype, lookup_choice, the routing per call).
+    In this process's CPU time (``time.process_time_ns``): other processes do not count."""
     import types
 
     a: Any = types.SimpleNamespace(shape=(shapes[0]["m"], shapes[0]["k"]), dtype=DTYPE)

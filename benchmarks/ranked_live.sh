@@ -2,32 +2,24 @@
 # The GPU steps that judge the ranked sampler live, one device call per step
 # (benchmarks/RESULTS.md §7):
 #
-#   OUT=... bash benchmarks/ranked_live.sh models   # both cost models' 16 first choices added to
-#                                                   # the 7 hopper_matmul files, then the configs
-#                                                   # within 8% of each file's best re-timed
-#   OUT=... bash benchmarks/ranked_live.sh shapes   # ground truth at 64x4096x4096, 512x14336x4096
-#   OUT=... bash benchmarks/ranked_live.sh live     # examples/unseen_shapes_2.toml: cold at seeds
-#                                                   # 0-2, then warm (the ground truth stored first)
-#   OUT=... WARM_FROM="NVIDIA H200" JOB=benchmarks/cross_device.toml bash benchmarks/ranked_live.sh live
-#                                                   # on the H100: warm from the H200's results only
-#                                                   # (ground truth and live jobs'), RESULTS.md §20
+#   OUT=... bash benchmarks/ranked_live.sh models  # both cost models' 16 first choices added to the
+#                                                  # 7 matmul files, those within 8% re-timed
+#   OUT=... bash benchmarks/ranked_live.sh shapes  # ground truth at 64x4096x4096, 512x14336x4096
+#   OUT=... bash benchmarks/ranked_live.sh live    # a job (JOB) cold at SEEDS, then warm at the first
+#   # (the ground truth stored first; WARM_FROM="NVIDIA H200": that device's results only, §20)
 #
-# Each step copies the ground-truth files it adds to into a work folder, runs its commands one
-# after another, each under `timeout` with what is left of the step's budget (BUDGET_S, default
-# 560 s: one device call), and after every command packs $OUT/ranked_live_<step>.tgz (the work folder:
-# the files, each command's output as <name>.log (a tuning run's --jsonl progress as <name>.jsonl)
-# and its errors as <name>.err, steps.txt with
-# each command's exit status and seconds), so a call cut short still returns what it measured.
+# Each step works in a scratch folder, runs its commands one after another under `timeout` with
+# what is left of BUDGET_S (560 s: one device call), and after every command packs
+# $OUT/ranked_live_<step>.tgz (the files, each command's <name>.log or .jsonl, <name>.err, and
+# steps.txt with exit statuses and seconds), so a call cut short still returns what it measured.
 #
-# DEVICE=fake runs it on the CPU with the fake device (every config about 100 us), to test it;
-# `autotune tune` has no fake device, so there the live step runs it with --dry-run. Settings
-# (environment; defaults as RESULTS.md names them): DATA (a folder of per-shape ground-truth files
-# to copy; default the device's packaged ground truth, unpacked by benchmarks/pack_ground_truth.py
-# --unpack), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
+# DEVICE=fake: the fake device on the CPU, to test it (the live step's jobs run with --dry-run).
+# Settings (environment): DATA (per-shape ground-truth files to copy; default the device's
+# packaged ones, unpacked), ESTIMATED (16), GT_SECONDS (models: --seconds per file, 60), RETIME (0.08),
 # RETIME_MAX (models 128; shapes: ground_truth.py's default), ROUNDS (5), MAX (600), CLIMB (3),
 # SHAPE_SECONDS (120), SHAPES ("m=64,n=4096,k=4096 m=512,n=14336,k=4096"), JOB
 # (examples/unseen_shapes_2.toml), SEEDS ("0 1 2"), TRIALS (live: --trials, default the job's),
-# WARM_FROM (live: the device whose packaged results the warm run stores instead of DATA's),
+# WARM_FROM (live: another device whose packaged results the warm run stores instead),
 # WORK (the scratch folder, default a new one under /tmp), PYTHON (python3), GPU_NAME (default:
 # nvidia-smi's name of the GPU; it picks the device's own ground truth when DATA is not set; the
 # fake device stands in for "NVIDIA H200").

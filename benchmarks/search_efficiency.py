@@ -20,19 +20,12 @@ Sampler specs: ``auto``, ``ranked``, with options after ``+``: ``auto+local=0.3`
 ``ranked+model=numpy``, ``ranked+explore=0.2+local=0.5+kappa=1+candidates=512``; ``oracle``
 measures the recorded configs fastest first (no search does better).
 
-``--noise SD`` replays with measurement noise: the study sees each recorded time times a seeded
-log-normal factor of relative standard deviation SD (the H200's run-to-run noise on live shapes
-is about 0.01), while the thresholds still count true times; the table adds the trial whose
-*measurement* was the fastest, as ``--live`` reports for a live job.
-
-``--live-truth DB,...`` adds the configs that live jobs measured (median over the databases, per
-config; a recorded config keeps its recorded time) to each problem as extra truth, reachable by
-the climb and as neighbours but never drawn into the pool: the recorded data hold few variants
-of each (tile, stages) family, so a replayed search cannot dwell on one family's grid-order
-variants as a live one can on the real valid set; with them it can (``benchmarks/RESULTS.md``
-§12). ``--family T1,T2,...`` goes further: every valid config of a recorded family (the configs
-sharing the values of T1, T2, ...) is reachable, as in the real valid set, and is timed as the
-median of its family's recorded configs that share the most tunables with it.
+``--noise SD`` replays with measurement noise (a seeded log-normal factor of relative standard
+deviation SD on each recorded time; the thresholds still count true times) and adds the trial
+whose *measurement* was the fastest, as ``--live`` reports for a live job. ``--live-truth
+DB,...`` adds the configs live jobs measured to each problem as extra truth (reachable, never
+drawn into the pool), ``--family T1,T2,...`` every valid config of a recorded family, timed as
+its nearest recorded ones: docs/ranked_sampler.md ("The replay") says why.
 
 ``--live DB`` reads a live job's results instead: for each problem in the database (or in
 ``--job``), the trial index at which its final best was first reached, the trial that first
@@ -58,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 
 from autotune.errors import StorageError  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth, load_live, read_problem_file  # noqa: E402
+from autotune.replay.ground_truth import load_ground_truth, read_problem_file  # noqa: E402
 from autotune.replay.runner import (  # noqa: E402
     MODES,
     SAMPLERS,
@@ -93,23 +86,6 @@ def problems_from(files: Sequence[str], device: str | None = None, kernel: str |
         raise SystemExit(f"no ground truth recorded for device {device!r}, kernel {kernel!r} "
                          "(autotune/replay/data); run benchmarks/ground_truth.py on a GPU first")
     return problems
-
-
-def store_live_results(db: str, problems: Sequence[Mapping[str, Any]]) -> int:
-    """The live jobs' results recorded beside ``problems`` (:func:`load_live`, per device and
-    kernel) into ``db``, for the problems that have no ground truth there."""
-    from autotune.replay.store import store_live
-
-    written = 0
-    for device, kernel in sorted({(p["device"], p["kernel"]) for p in problems}):
-        recorded = {(json.dumps(p["shape"], sort_keys=True), p["dtype"]) for p in problems
-                    if (p["device"], p["kernel"]) == (device, kernel)}
-        entries = [e for e in load_live(device, kernel)
-                   if (json.dumps(e["shape"], sort_keys=True), e["dtype"]) not in recorded]
-        software = next({k: str(v) for k, v in p.get("jax", {}).items()} for p in problems
-                        if (p["device"], p["kernel"]) == (device, kernel))
-        written += store_live(db, device, entries, software=software)
-    return written
 
 
 def print_table(rows: Sequence[Mapping[str, Any]], budget: int) -> None:
@@ -249,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         n = store_ground_truth(args.store_ground_truth, problems)
         print(f"stored {n} ground-truth trials of {len(problems)} problems in {args.store_ground_truth}")
         if not args.files:  # the packaged files' live results too, as that device's store has them
+            from autotune.replay.store import store_live_results
+
             print(f"stored {store_live_results(args.store_ground_truth, problems)} trials of live "
                   "jobs of problems without ground truth")
         return

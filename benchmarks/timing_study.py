@@ -15,19 +15,17 @@ kernel's default config, the best configs recorded for the problem in autotune/r
   included, as ``iso_xor`` and the baseline count them;
 * ``batch``: the host's clock around N calls back to back on the same inputs, one wait, per
   call: what a program's loop sees, gaps between launches included (median of 3 blocks);
-* ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session
-  of the one call) with a read-only flush (a sum over 2x /
-  4x the L2), which leaves the L2 holding clean lines: no write-back of the flush's dirty lines
-  is left for the timed program, however long the GPU idles before it;
+* ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session of
+  the one call) with a read-only flush (a sum over 2x / 4x the L2): clean lines, no write-back
+  left for the timed program;
 * ``iso_xor``: ``autotune verify``'s method (:class:`autotune.evaluation.independent.CuptiIsolatedTimer`);
 * ``--methods`` picks the methods (default: all);
 * ``launches``: the CUPTI launches of one warm call (name, us), printed per program;
 * NVML's SM clock, power and clock-event reasons before each program's block.
 
-Then, in ``--processes`` fresh child processes each, the baseline is compiled (XLA autotunes
-its GEMM at compile time) and timed warm: the CUPTI kernel names and the time per process show
-whether XLA picks a different algorithm from one process to the next; ``--autotune-cache``
-children share XLA's per-fusion autotune cache folder, which should pin the choice.
+Then ``--processes`` fresh children each compile the baseline (XLA autotunes its GEMM at
+compile time) and time it warm: its kernel names and time per process show whether XLA's pick
+moves between processes (``--autotune-cache``: a shared autotune cache folder, which pins it).
 
 Prints a table; writes every sample to ``--out`` (JSON).
 """

@@ -3,16 +3,17 @@ database, so that a live job there starts warm."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autotune.replay.ground_truth import recorded_samples
+from autotune.replay.ground_truth import load_live, recorded_samples
 from autotune.space.kernel import get_kernel
 from autotune.space.outcomes import DeviceInfo, DeviceKind, Outcome, TrialResult
 from autotune.space.problem import Config
 from autotune.storage.store import Store
 
-__all__ = ["store_ground_truth", "store_live"]
+__all__ = ["store_ground_truth", "store_live", "store_live_results"]
 
 
 def store_ground_truth(db: str, problems: Iterable[Mapping[str, Any]]) -> int:
@@ -57,4 +58,19 @@ def store_live(db: str, device: str, entries: Iterable[Mapping[str, Any]], *,
                 recorded = store.record_trial(problem, Config(config), result, device=info,
                                               software=dict(software or {}), worker="live-job")
                 written += not recorded.duplicate
+    return written
+
+
+def store_live_results(db: str, problems: Sequence[Mapping[str, Any]]) -> int:
+    """The live jobs' results recorded beside ``problems`` (:func:`load_live`, per device and
+    kernel) into ``db``, for the problems that have no ground truth there."""
+    written = 0
+    for device, kernel in sorted({(p["device"], p["kernel"]) for p in problems}):
+        recorded = {(json.dumps(p["shape"], sort_keys=True), p["dtype"]) for p in problems
+                    if (p["device"], p["kernel"]) == (device, kernel)}
+        entries = [e for e in load_live(device, kernel)
+                   if (json.dumps(e["shape"], sort_keys=True), e["dtype"]) not in recorded]
+        software = next({k: str(v) for k, v in p.get("jax", {}).items()} for p in problems
+                        if (p["device"], p["kernel"]) == (device, kernel))
+        written += store_live(db, device, entries, software=software)
     return written

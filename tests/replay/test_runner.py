@@ -348,3 +348,25 @@ if __name__ == "__main__":
         raise SystemExit("usage: python3 -m tests.replay.test_runner --repin")
     (HERE / "replay_pin.json").write_text(json.dumps({**PIN, "rows": pin_rows(PIN)}, indent=1) + "\n")
     print(f"re-pinned {HERE / 'replay_pin.json'}")
+
+
+def test_live_results_of_problems_with_ground_truth_are_left_out(tmp_path, monkeypatch):
+    """store_live_results: of a device's live entries, only those of problems without ground
+    truth among ``problems`` are stored, with that device's software versions."""
+    from autotune.replay import store as replay_store
+    from autotune.storage.store import Store
+
+    [entry] = [e for e in replay_store.load_live("NVIDIA H200", "hopper_matmul")
+               if e["shape"]["m"] == 64]
+    times = entry["times"][:3]
+    recorded = {"kernel": "hopper_matmul", "dtype": "bfloat16", "shape": {"m": 256, "n": 256, "k": 256}}
+    live = [{**recorded, "times": times}, {**entry, "times": times}]
+    monkeypatch.setattr(replay_store, "load_live", lambda device, kernel: live)
+    problems = [{**recorded, "device": "NVIDIA H200", "jax": {"jax": "0.11.2"}}]
+    url = f"sqlite:///{tmp_path}/live.db"
+    assert replay_store.store_live_results(url, problems) == len(times)
+    with Store(url) as store:
+        [problem] = store.problems()
+        rows = store.trials(problem, device_name="NVIDIA H200")
+    assert dict(problem.dims) == entry["shape"] and len(rows) == len(times)
+    assert all(r.software.get("jax") == "0.11.2" for r in rows)
