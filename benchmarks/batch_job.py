@@ -94,11 +94,9 @@ def _job(args: argparse.Namespace) -> Any:
 def stage_breakdown(timeline: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     """Where the time goes: per task kind, each step between two stage events of one task.
 
-    Steps are named ``a->b`` after the events that bound them (``build->compiled`` is the
-    compile, ``compiled->device`` the wait for the GPU's lock, the steps from ``device`` to
-    ``done`` are the time under the lock). Trials are split into ``trial first`` (a worker's
-    first trial of that problem, which pays its first-use costs) and ``trial``. Each step: how
-    many, their sum and their median in seconds.
+    Steps are named ``a->b`` after their bounding events (``build->compiled`` the compile,
+    ``compiled->device`` the wait for the GPU's lock); ``trial first`` is a worker's first trial
+    of a problem (first-use costs). Each step: count, sum and median in seconds.
     """
     by_task: dict[int, list[Any]] = {}
     for e in timeline:

@@ -21,8 +21,8 @@ that every call pays the decorator), the same under ``jax.jit`` (the lookup runs
 trace time), the same routed by the other regime's timings, the kernel at the regime's stored
 best config, and the baseline. Reported: the decorated call over the faster of kernel and
 baseline (goal: within 0.5%, issue 35), paired round by round with its interval; the decorated
-call over the baseline (goal: never slower beyond the interval, i.e. its whole interval above
-1.0 is a miss, marked SLOWER and counted under the table); and what
+call over the baseline (where the kernel ran, a whole interval above 1.0 is a miss: SLOWER,
+counted under the table); and what
 ran, with the decorated call over that implementation called directly (the same program
 twice: how far this benchmark itself can judge). On a GPU the program turns JAX's
 compilation cache on in the jobs' folder first, so its XLA baseline is the program they timed. The table (Markdown) and the figures
@@ -336,9 +336,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "within_goal": ratio <= GOAL,
                     "to_baseline": vs_base[0], "to_baseline_low": vs_base[1],
                     "to_baseline_high": vs_base[2],
-                    # The goal that matters to a program: never slower than the baseline beyond
-                    # the measured noise (the whole interval above 1.0).
-                    "slower_than_baseline": vs_base[1] > 1.0,
+                    # The goal: never slower than the baseline beyond the measured noise (the
+                    # whole interval above 1.0) where the kernel ran; where the baseline ran, the
+                    # ratio is the baseline against itself: the benchmark's resolution.
+                    "slower_than_baseline": ran == "kernel" and vs_base[1] > 1.0,
                     "decorated_jit_us": _us(times.get("decorated_jit")),
                     "jit_ratio_to_faster": _ratio(times.get("decorated_jit"), faster),
                     "undecorated_us": _us(times.get("undecorated")),
@@ -413,8 +414,8 @@ def table(rows: Sequence[Mapping[str, Any]], device: str, reps: int, batch: int)
             f"{'-' if r['jit_ratio_to_faster'] is None else format(r['jit_ratio_to_faster'], '.4f')}"
             f" | {other} |")
     slower = [r for r in rows if r["slower_than_baseline"]]
-    lines += ["", f"decorated calls slower than the baseline beyond the measured noise: "
-              f"{len(slower)} of {len(rows)}"]
+    lines += ["", f"decorated calls that ran the kernel and were slower than the baseline "
+              f"beyond the measured noise: {len(slower)} of {len(rows)}"]
     return "\n".join(lines) + "\n"
 
 

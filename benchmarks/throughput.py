@@ -127,10 +127,8 @@ def run_sequential(
 ) -> dict[str, Any]:
     """Compile then time, one config at a time, in one process (this script as a child).
 
-    The child is a fresh interpreter so that a config that kills its process (seen: a
-    hopper_matmul config interpreted on the CPU dies with SIGFPE inside XLA) does not end the
-    benchmark: that config is recorded as crashed, with the time until the death, and a new
-    child carries on with the rest. Start-up and warm-up of each child are not counted.
+    A config that kills the child (SIGFPE inside XLA, interpreted on a CPU) is recorded as
+    crashed and a new child carries on; start-up and warm-up are not counted.
     """
     rows: list[dict[str, Any] | None] = [None] * len(configs)
     seconds = 0.0
