@@ -973,17 +973,18 @@ def _best(args: argparse.Namespace) -> int:
     if result.baseline_us and not interpret:
         speedup = _speedup_text(result.speedup, result.speedup_spread, result.confirmed)
         _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {speedup})")
+        # Which one runs (best.runs_of): the baseline where it is faster or the two tie.
+        runs = (result.baseline_name or "the baseline") if result.runs == "baseline" \
+            else "the kernel"
         if result.program_words:  # both figures, and which decided the route
             _say(f"  GPU time (CUPTI, kernels only): the tuned kernel is "
                  f"{result.confirmation_verdict}")
             _say(f"  as a program calls them: {result.program_words}")
             source = result.verdict_figures.source
-            runs = (result.baseline_name or "the baseline") if result.faster == "baseline" \
-                else "the kernel"
             _say(f"  the {'program check' if source == PROGRAM_CHECK else 'confirmation round'}"
                  f" decides the route: {runs} runs")
         elif result.verdict:
-            _say(f"  the tuned kernel is {result.verdict}")
+            _say(f"  the tuned kernel is {result.verdict}; {runs} runs")
     print("  config: " + json.dumps(result.config))
     for tie in result.ties:
         print(f"  tied within the noise ({100 * tie['diff']:+.2f}%): " + json.dumps(tie["config"]))

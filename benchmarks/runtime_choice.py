@@ -23,7 +23,7 @@ best config, and the baseline. Reported: the decorated call over the faster of k
 baseline (goal: within 0.5%, issue 35), paired round by round with its interval; the decorated
 call over the baseline (where the kernel ran, a whole interval above 1.0 is a miss: SLOWER,
 counted under the table); and what
-ran, with the decorated call over that implementation called directly (the same program
+ran (``LookupChoice.runs``), with the decorated call over that implementation called directly (the same program
 twice: how far this benchmark itself can judge). On a GPU the program turns JAX's
 compilation cache on in the jobs' folder first, so its XLA baseline is the program they timed. The table (Markdown) and the figures
 (JSON) go to ``--out`` (``runtime_choice.md``, ``runtime_choice.json``) with the device's name.
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 faster_name = min(("kernel", "baseline"), key=lambda n: times[n])
                 faster = times[faster_name]
                 ratio, ratio_low, ratio_high = _paired(samples, "decorated", faster_name)
-                ran = "baseline" if choice.faster == "baseline" else "kernel"
+                ran = choice.runs  # the route: the baseline for a tie too
                 same, same_low, same_high = _paired(samples, "decorated", ran)
                 vs_base = _paired(samples, "decorated", "baseline")
                 rows.append({

@@ -1230,6 +1230,59 @@ def test_best_shows_the_confirmation_and_the_program_check_and_which_decided(
     best_queries.close_stores()
 
 
+def test_best_says_which_implementation_runs_for_a_confirmed_tie(tmp_path, monkeypatch, capsys):
+    """`autotune best` of a problem whose confirmation (no program check) ties with XLA (its
+    interval holds 1.0) says that XLA runs, in the text and in --json (faster "tie", runs
+    "baseline", the choice in words); one whose confirmation puts the kernel ahead says the
+    kernel runs."""
+    from autotune.queries import best as best_queries
+    from autotune.space.kernel import get_kernel
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    monkeypatch.setattr(best_queries, "host_has_gpu", lambda: True)
+    kernel = get_kernel("hopper_matmul")
+    gpu = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
+    software = {"jax": "0.10.2", "jaxlib": "0.10.2", "autotune": "0.1.0"}
+    db = tmp_path / "tie.db"
+    shapes = {"m=1024,n=1024,k=512": ((100.0, 100.2, 99.9), (99.8, 100.4, 100.1)),  # a tie
+              "m=2048,n=1024,k=512": ((90.0, 90.2, 90.1), (100.0, 100.3, 99.9))}  # the kernel
+    with Store(f"sqlite:///{db}") as store:
+        for text, (kernel_us, baseline_us) in shapes.items():
+            dims = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+            problem = kernel.problem(dims, "bfloat16")
+            config = next(iter(kernel.valid_space(problem).sample(1, seed=0)))
+            tid = store.record_trial(problem, config, TrialResult.timed(
+                [kernel_us[0]], compile_s=0.1, rel_error=1e-3, timing="cupti"), device=gpu,
+                software=software, cache="warm").id
+            store.record_baseline(problem, "xla", [baseline_us[0]], device=gpu,
+                                  software=software, cache="warm")
+            confirmation = analyse_confirmation(
+                [Candidate(dict(config), tuple((t,) * 5 for t in kernel_us), trial_id=tid)],
+                tuple((t,) * 5 for t in baseline_us))
+            store.record_confirmation(problem, confirmation, trial_ids=[tid], device=gpu,
+                                      software=software, cache="warm", iterations=5,
+                                      baseline_name="xla")
+    best_queries.close_stores()
+    tie, kernel_wins = shapes
+    argv = ["best", "hopper_matmul", "--shape", tie, "--dtype", "bf16", "--db", str(db)]
+    assert main([*argv, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert (payload["verdict_source"], payload["faster"], payload["runs"]) == (
+        "confirmation", "tie", "baseline")
+    assert payload["speedup_low"] <= 1.0 <= payload["speedup_high"]
+    assert ": xla runs; the kernel's best config is" in payload["choice"]
+    assert main(argv) == 0
+    assert "  the tuned kernel is no faster than xla (within the measured noise); xla runs\n" \
+        in capsys.readouterr().out
+    argv[3] = kernel_wins
+    assert main([*argv, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert (payload["faster"], payload["runs"]) == ("kernel", "kernel")
+    assert main(argv) == 0
+    assert "faster than xla; the kernel runs\n" in capsys.readouterr().out
+    best_queries.close_stores()
+
+
 def test_best_of_a_stored_result_imports_no_sqlalchemy(stored_best):
     """`autotune best` answering from a stored, confirmed result imports none of SQLAlchemy,
     alembic, Optuna, numpy, jax (importing SQLAlchemy was most of its CPU time: RESULTS.md §17)."""

@@ -117,7 +117,8 @@ __all__ = [
     "running_versions", "results_frame", "close_stores", "BestResult", "ProblemSummary",
     "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
     "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
-    "faster_of", "choice_words", "margin_words", "verdict_figures", "Verdict", "FASTER",
+    "faster_of", "runs_of", "written_runs", "choice_words", "margin_words", "verdict_figures",
+    "Verdict", "FASTER", "RUNS",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,10 @@ log = logging.getLogger(__name__)
 # Which implementation a problem's confirmation round found faster: the kernel (its speedup's
 # interval lies above 1.0), the baseline (below) or neither (it holds 1.0, or none confirmed).
 FASTER = ("kernel", "baseline", "tie")
+# Which implementation a program given a baseline runs (:func:`runs_of`): the baseline wherever
+# the verdict does not put the kernel ahead beyond its interval, the kernel where it does and
+# where there is no verdict.
+RUNS = ("kernel", "baseline")
 
 
 def faster_of(speedup: float | None, low: float | None, high: float | None) -> str:
@@ -135,6 +140,33 @@ def faster_of(speedup: float | None, low: float | None, high: float | None) -> s
     if high < 1.0:
         return "baseline"
     return "kernel" if low > 1.0 else "tie"
+
+
+def runs_of(speedup: float | None, low: float | None, high: float | None) -> str:
+    """Which implementation runs (:data:`RUNS`) for a verdict's speedup (baseline time over
+    kernel time) and its interval, the one route rule (``tuned(baseline=...)``, the lookup,
+    exports' ``runs`` and ``choose()``, ``best``, the report): ``"kernel"`` where the interval
+    lies above 1.0; ``"baseline"`` where it lies below (:func:`faster_of` says "baseline") or
+    holds 1.0 (a measured tie: the kernel is no faster beyond the noise, and a tie routed to
+    the kernel ran 1.5% slower than the baseline: benchmarks/RESULTS.md §19, H200); ``"kernel"``
+    without a verdict (a figure missing or not finite: nothing confirmed against a baseline)."""
+    figures = (speedup, low, high)
+    if any(v is None or not math.isfinite(v) for v in figures):
+        return "kernel"
+    return "kernel" if faster_of(speedup, low, high) == "kernel" else "baseline"
+
+
+def written_runs(runs: Any, faster: Any, speedup: Any, low: Any, high: Any) -> str:
+    """The route an exported record or ``CHOICE`` entry gives: its ``runs`` where it has one;
+    else (an export older than ``runs``) :func:`runs_of` of its speedup and interval where it
+    has all three; else (no interval: no verdict) ``"baseline"`` only where its ``faster``
+    says the baseline is."""
+    if runs in RUNS:
+        return str(runs)
+    figures = (speedup, low, high)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures):
+        return runs_of(*figures)
+    return "baseline" if faster == "baseline" else "kernel"
 
 
 def margin_words(speedup: float, low: float | None, high: float | None,
@@ -161,22 +193,21 @@ def margin_words(speedup: float, low: float | None, high: float | None,
 
 def choice_words(config: Mapping[str, Any] | None, speedup: float | None, low: float | None,
                  high: float | None, baseline: str | None) -> str:
-    """Which implementation to run, in words, with the margin and its interval: "XLA is 2.1%
-    faster (interval 1.8-2.4%); the kernel's best config is {...}" where the baseline wins,
-    "the kernel is 3.0% faster than XLA (...): config {...}" where the kernel does, "no faster
-    than XLA (within the measured noise: ...); the kernel's best config is {...}" for a tie;
-    "the kernel's best config is {...} (no confirmed comparison with a baseline)" without.
-    Give it the figures :func:`verdict_figures` picks."""
+    """Which implementation runs (:func:`runs_of`), in words, with the margin and its interval:
+    "XLA is 2.1% faster (interval 1.8-2.4%): it runs; the kernel's best config is {...}" where
+    the baseline wins, "no faster than XLA (within the measured noise: ...): XLA runs; the
+    kernel's best config is {...}" for a tie, "the kernel is 3.0% faster than XLA (...): config
+    {...}" where the kernel wins; "the kernel's best config is {...} (no confirmed comparison
+    with a baseline)" without. Give it the figures :func:`verdict_figures` picks."""
     text = "-" if config is None else json.dumps(dict(config), sort_keys=True)
     if speedup is None or low is None or high is None:
         return f"the kernel's best config is {text} (no confirmed comparison with a baseline)"
     margin = margin_words(speedup, low, high, baseline)
-    faster = faster_of(speedup, low, high)
-    if faster == "baseline":
-        return f"{margin}: it runs; the kernel's best config is {text}"
-    if faster == "kernel":
+    if runs_of(speedup, low, high) == "kernel":
         return f"{margin}: config {text}"
-    return f"{margin}; the kernel runs with its best config {text}"
+    if faster_of(speedup, low, high) == "baseline":
+        return f"{margin}: it runs; the kernel's best config is {text}"
+    return f"{margin}: {baseline or 'the baseline'} runs; the kernel's best config is {text}"
 
 
 def verdict_figures(answer: BestResult | ProblemSummary) -> Verdict:
@@ -256,6 +287,13 @@ class BestResult:
         return faster_of(v.speedup, v.low, v.high)
 
     @property
+    def runs(self) -> str:
+        """Which implementation a program given the baseline runs (:func:`runs_of` of the
+        verdict figures): ``"baseline"`` where they put it ahead or tie, else ``"kernel"``."""
+        v = self.verdict_figures
+        return runs_of(v.speedup, v.low, v.high)
+
+    @property
     def verdict(self) -> str:
         """The verdict in words, from the figures that decide it (the program check where there
         is one, else the confirmed speedup): faster than the baseline, no faster (the interval
@@ -290,7 +328,7 @@ class BestResult:
         """A JSON-ready dict (``measured_at`` as ISO 8601 text). ``speedup`` and
         ``confirmed_speedup`` are the confirmation round's (CUPTI kernel times); the
         ``program_speedup`` fields its program check's (None without one); ``faster``,
-        ``choice`` and ``verdict`` follow :func:`verdict_figures`, whose source
+        ``runs``, ``choice`` and ``verdict`` follow :func:`verdict_figures`, whose source
         ``verdict_source`` names."""
         verdict = self.verdict_figures
         return {
@@ -325,6 +363,7 @@ class BestResult:
             "verdict_source": verdict.source,
             "verdict": self.verdict,
             "faster": faster_of(verdict.speedup, verdict.low, verdict.high),
+            "runs": runs_of(verdict.speedup, verdict.low, verdict.high),
             "choice": choice_words(self.config, verdict.speedup, verdict.low, verdict.high,
                                    self.baseline_name),
             "ties": [dict(t) for t in self.ties],

@@ -8,8 +8,10 @@
   implementation wins: baseline_name, speedup_low and speedup_high (the confirmed speedup's
   interval), program_speedup, program_speedup_low and program_speedup_high (the confirmation's
   program check: the two timed as a program calls them; None without one), faster ("kernel",
-  "baseline" or "tie") and choice (in words: "XLA is 2.1% faster (...): it runs; the kernel's
-  best config is ...") from the program check where there is one, else from the confirmation
+  "baseline" or "tie": what was measured), runs ("kernel" or "baseline": which one a program
+  given the baseline runs, ``autotune.queries.best.runs_of``: the baseline for a tie too) and
+  choice (in words: "XLA is 2.1% faster (...): it runs; the kernel's best config is ...") from
+  the program check where there is one, else from the confirmation
   (``autotune.queries.best.verdict_figures``), and verdict_source ("program-check",
   "confirmation" or null), which of the two decided. Verification rows themselves are not
   exported: an import never brings back a confirmation or its program check, only the
@@ -23,9 +25,10 @@
   ``COMPUTE_CAPABILITY`` maps device names to their compute capability, and
   ``lookup(kernel, shape, dtype, device=None)`` takes a device name or a compute capability
   (``"9.0"``) and falls back to ``"default"``; ``CHOICE`` (keyed as ``TUNED``) says which
-  implementation wins each problem, and ``choose(...)`` answers ``("baseline", name)`` or
-  ``("kernel", config)`` as ``autotune.tuned(baseline=...)`` routes (also given the module as
-  its ``table=``). ``CHOICE`` entries carry the deciding figures and their ``source``.
+  implementation wins each problem and which runs (``runs``), and ``choose(...)`` answers
+  ``("baseline", name)`` or ``("kernel", config)`` as ``autotune.tuned(baseline=...)`` routes
+  (also given the module as its ``table=``). ``CHOICE`` entries carry the deciding figures and
+  their ``source``.
 
 Interpret-mode results (functional runs on a CPU, not GPU timings) are left out unless asked
 for by device (``device="interpret"`` or the interpret device's name).
@@ -88,7 +91,7 @@ CSV_FIELDS = ("kernel", "shape", "dtype", "device", "device_kind", "median_us", 
               "config", "cache_policy", "spread", "confirmed", "confirmed_speedup",
               "speedup_spread", "ties", "baseline_name", "speedup_low", "speedup_high", "faster",
               "choice", "program_speedup", "program_speedup_low", "program_speedup_high",
-              "verdict_source")
+              "verdict_source", "runs")
 CSV_HEADER = ",".join(CSV_FIELDS)
 # Every CSV export so far starts with these columns (later versions add columns after them).
 _CSV_HEADER_V1 = ",".join(CSV_FIELDS[:8])
@@ -164,7 +167,8 @@ def export_records(
 def _choice(summary: ProblemSummary, config: Mapping[str, Any]) -> dict[str, Any]:
     """Which implementation wins the problem (issue 35): the baseline named, the confirmed
     speedup's interval, the program check's speedup and interval (None without one),
-    ``faster`` ("kernel", "baseline" or "tie") and the choice in words from the figures
+    ``faster`` ("kernel", "baseline" or "tie"), ``runs`` ("kernel" or "baseline": the route,
+    :func:`~autotune.queries.best.runs_of`) and the choice in words from the figures
     :func:`~autotune.queries.best.verdict_figures` picks (the program check where there is one,
     else the confirmation), and ``verdict_source``, which of the two that was."""
     confirmation = summary.confirmation
@@ -182,6 +186,7 @@ def _choice(summary: ProblemSummary, config: Mapping[str, Any]) -> dict[str, Any
         "program_speedup_high": None if check is None else _finite(check.speedup_high),
         "verdict_source": verdict.source,
         "faster": best_queries.faster_of(speedup, v_low, v_high),
+        "runs": best_queries.runs_of(speedup, v_low, v_high),
         "choice": best_queries.choice_words(config, speedup, v_low, v_high, name),
     }
 
@@ -309,7 +314,10 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         of = "program_speedup" if source == PROGRAM_CHECK else "confirmed_speedup"
         low, high = ("program_speedup_low", "program_speedup_high") if source == PROGRAM_CHECK \
             else ("speedup_low", "speedup_high")
-        return {"faster": r.get("faster", "tie"), "baseline": r.get("baseline_name"),
+        faster = r.get("faster", "tie")
+        runs = best_queries.written_runs(r.get("runs"), faster, r.get(of), r.get(low),
+                                         r.get(high))
+        return {"faster": faster, "runs": runs, "baseline": r.get("baseline_name"),
                 "speedup": r.get(of), "speedup_low": r.get(low), "speedup_high": r.get(high),
                 "source": source, "words": r.get("choice", "")}
 
@@ -360,10 +368,12 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         "",
         "",
         "def choose(kernel, shape, dtype, device=None):",
-        '    """Which implementation to run: ("baseline", its name) where the baseline was',
-        '    confirmed faster beyond the measured noise, else ("kernel", config); None if untuned.',
-        "    The verdict is the program check's where one was stored (the two timed as a program",
-        "    calls them), else the confirmation round's: CHOICE's \"source\" says which.",
+        '    """Which implementation to run: ("baseline", its name) where the verdict puts the',
+        "    baseline ahead or finds a tie (the kernel no faster beyond the measured noise);",
+        '    ("kernel", config) where it puts the kernel ahead or nothing was confirmed; None if',
+        '    untuned. CHOICE\'s "runs" says which. The verdict is the program check\'s where one',
+        "    was stored (the two timed as a program calls them), else the confirmation round's:",
+        '    "source" says which.',
         "",
         "    The table is picked as lookup() picks it (the device's, then \"default\").",
         '    """',
@@ -372,7 +382,9 @@ def _python_module(records: Sequence[Mapping[str, Any]]) -> str:
         "        return None",
         "    name, key, config = found",
         "    choice = CHOICE.get(name, {}).get(key, {})",
-        '    if choice.get("faster") == "baseline":',
+        "    # An entry without \"runs\" (written by hand): by \"faster\" alone.",
+        '    older = "baseline" if choice.get("faster") == "baseline" else "kernel"',
+        '    if choice.get("runs", older) == "baseline":',
         '        return "baseline", choice.get("baseline")',
         '    return "kernel", dict(config)',
         "",
@@ -398,7 +410,7 @@ _KNOWN_KEYS = frozenset({
     # Which implementation wins (issue 35), and the program check behind it: informational,
     # never imported.
     "baseline_name", "speedup_low", "speedup_high", "faster", "choice", "program_speedup",
-    "program_speedup_low", "program_speedup_high", "verdict_source",
+    "program_speedup_low", "program_speedup_high", "verdict_source", "runs",
 })
 _DEVICE_KINDS = DEVICE_KINDS
 

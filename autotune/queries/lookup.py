@@ -89,15 +89,19 @@ PREFER = ("fastest", "kernel")  # tuned(prefer=...): the faster implementation, 
 
 @dataclasses.dataclass(frozen=True)
 class LookupChoice:
-    """What the lookup answers for one problem: the kernel's config and where it came from, and
+    """What the lookup answers for one problem: the kernel's config and where it came from;
     which implementation the stored verdict finds faster (the confirmation's program check where
     there is one, else the confirmation round: :func:`autotune.queries.best.verdict_figures`):
-    ``"kernel"``, ``"baseline"`` (its speedup's interval lies below 1.0) or ``"tie"`` (it holds
-    1.0, or nothing confirmed for exactly this problem)."""
+    ``faster``, ``"kernel"``, ``"baseline"`` (its speedup's interval lies below 1.0) or
+    ``"tie"`` (it holds 1.0, or nothing confirmed for exactly this problem); and which one a
+    program given the baseline runs (:func:`autotune.queries.best.runs_of`): ``runs``,
+    ``"baseline"`` where the verdict puts the baseline ahead or finds a measured tie,
+    ``"kernel"`` where it puts the kernel ahead and where there is no verdict."""
 
     config: Config | None
     source: str
     faster: str = "tie"
+    runs: str = "kernel"
 NEAREST_TRIES = 5  # nearest tuned problems tried before falling back to the default
 # A database that failed a lookup is left alone this long (``$AUTOTUNE_LOOKUP_RETRY_S``).
 RETRY_AFTER_S = 60.0
@@ -105,10 +109,12 @@ RETRY_ENV = "AUTOTUNE_LOOKUP_RETRY_S"
 
 Default = Mapping[str, Any] | Callable[[Problem], Mapping[str, Any] | None] | None
 
-# (config, source, faster): ``faster`` is "baseline" where the stored verdict (the program check,
-# else the confirmation: best.verdict_figures) puts the baseline ahead beyond its interval,
-# "kernel" where it puts the kernel ahead, else "tie".
-_Answer = tuple[Config | None, str, str]
+# (config, source, faster, runs): ``faster`` is "baseline" where the stored verdict (the program
+# check, else the confirmation: best.verdict_figures) puts the baseline ahead beyond its
+# interval, "kernel" where it puts the kernel ahead, else "tie"; ``runs`` (best.runs_of) is
+# "baseline" where the verdict puts the baseline ahead or ties, else "kernel" (the route).
+_Answer = tuple[Config | None, str, str, str]
+_NO_VERDICT = ("tie", "kernel")  # (faster, runs) of an answer without a verdict
 _CACHE: dict[tuple[Any, ...], _Answer] = {}
 _LOCK = threading.Lock()
 # Answers given while the database was unusable, kept until it is asked again.
@@ -252,7 +258,7 @@ def _choose(
         return answer, False
     if stored is not None and stored[1] == "other_device":
         from_table = _from_table(resolved, problem, table, device)
-        answer = (from_table, "table", _table_faster(resolved, problem, table, device)) \
+        answer = (from_table, "table", *_table_choice(resolved, problem, table, device)) \
             if from_table is not None else stored
     else:
         answer = stored if stored is not None else _fallback(resolved, problem, default, table, device)
@@ -296,7 +302,7 @@ def _lookup_here(kernel: Kernel, shape: Mapping[str, Any], dtype: str, *, device
             return None
         log.info("%s: nothing stored for this %s; using a config measured on another GPU "
                  "(a fallback, not a measurement here).", kernel.name, here)
-        return other[0], "other_device", "tie"
+        return other[0], "other_device", *_NO_VERDICT
     stored = _lookup(kernel, shape, dtype, device=device, **kw)
     if stored is None and device is None and _runs_interpreted():
         return _lookup(kernel, shape, dtype, device=DeviceKind.INTERPRET, **kw)
@@ -349,7 +355,7 @@ def _lookup(
     if exact is not None:
         log.info("%s: using the stored best config (%s, %.1f us, %s).", problem, exact.device,
                  exact.median_us, _measured_with(exact))
-        return Config(exact.config), "exact", exact.faster
+        return Config(exact.config), "exact", exact.faster, exact.runs
     if not nearest:
         return None
     neighbours = queries.nearest_results(
@@ -362,7 +368,7 @@ def _lookup(
             if bound.is_valid(result.config):
                 log.info("%s: using the best config of the nearest tuned problem %s (%s, %s).",
                          problem, result.problem, result.device, _measured_with(result))
-                return Config(result.config), "nearest", "tie"
+                return Config(result.config), "nearest", *_NO_VERDICT
             log.debug("%s: the best config of %s is not valid here; trying the next.",
                       problem, result.problem)
     log.info("%s: nothing tuned nearby is usable.", problem)
@@ -376,9 +382,9 @@ def _fallback(
     config = _from_table(kernel, problem, table, device)
     if config is not None:
         log.info("%s: using the config of the exported table.", problem)
-        return config, "table", _table_faster(kernel, problem, table, device)
+        return config, "table", *_table_choice(kernel, problem, table, device)
     log.info("%s: using the default config.", problem)
-    return _default(kernel, problem, default), "default", "tie"
+    return _default(kernel, problem, default), "default", *_NO_VERDICT
 
 
 def _from_table(
@@ -408,19 +414,26 @@ def _from_table(
     return config
 
 
-def _table_faster(kernel: Kernel, problem: Problem, table: Any, device: str | None = None) -> str:
-    """Which implementation the exported table says is faster for ``problem`` (its ``CHOICE``,
-    keyed like ``TUNED``): ``"kernel"``, ``"baseline"`` or ``"tie"``; "tie" for a table
-    without one (an older export, or a bare ``TUNED`` dict)."""
+def _table_choice(kernel: Kernel, problem: Problem, table: Any,
+                  device: str | None = None) -> tuple[str, str]:
+    """``(faster, runs)`` for ``problem`` from the exported table's ``CHOICE`` (keyed like
+    ``TUNED``): ``faster`` as written (``"kernel"``, ``"baseline"``, else ``"tie"``); ``runs``
+    by :func:`~autotune.queries.best.written_runs` (as written, else by the entry's interval,
+    else ``"baseline"`` only where it says the baseline is faster). Without an entry (no
+    ``CHOICE``: an older export, or a bare ``TUNED`` dict) there is no verdict: ``("tie",
+    "kernel")``."""
     choice = getattr(table, "CHOICE", None)
     if not isinstance(choice, Mapping):
-        return "tie"
+        return _NO_VERDICT
     key = (kernel.name, tuple(sorted(problem.dims.items())), problem.dtype)
     per_device = choice.get(device) if device is not None else None
     part = per_device if isinstance(per_device, Mapping) else choice.get("default")
     entry = part.get(key) if isinstance(part, Mapping) else None  # as _from_table picks
-    faster = entry.get("faster") if isinstance(entry, Mapping) else entry
-    return faster if faster in ("kernel", "baseline") else "tie"
+    fields = entry if isinstance(entry, Mapping) else {"faster": entry}
+    faster = fields.get("faster")
+    runs = queries.written_runs(fields.get("runs"), faster, fields.get("speedup"),
+                                fields.get("speedup_low"), fields.get("speedup_high"))
+    return (faster if faster in ("kernel", "baseline") else "tie"), runs
 
 
 # ----------------------------------------------------------------------------- a failing database
@@ -602,14 +615,20 @@ def tuned(
     ``timeout_s`` are :func:`lookup_config`'s.
 
     ``baseline``: what to call instead of the kernel, ``baseline(*arrays, **kw)``, for a shape
-    whose stored verdict finds the baseline faster beyond its interval (the speedup's whole
-    interval below 1.0): the confirmation's program check where there is one (the two timed as a
-    program calls them), else the confirmation round (CUPTI kernel times, which leave out what a
-    call costs beyond its kernels: benchmarks/RESULTS.md §19); ``True`` takes the kernel's own
-    (``Kernel.baseline``: XLA, cuDNN).
-    Elsewhere (the kernel faster, a tie, nothing confirmed for the shape) the kernel runs.
-    ``prefer="kernel"`` always runs the kernel. An exported table's ``CHOICE`` routes the same
-    way where the answer comes from the table.
+    whose stored verdict does not put the kernel ahead beyond its interval: the baseline faster
+    (the speedup's whole interval below 1.0) or a measured tie (the interval holds 1.0: the
+    kernel no faster beyond the noise; a tie routed to the kernel ran 1.5% slower than the
+    baseline, benchmarks/RESULTS.md §19, H200). The verdict is the confirmation's program check
+    where there is one (the two timed as a program calls them), else the confirmation round
+    (CUPTI kernel times, which leave out what a call costs beyond its kernels: §19); the rule
+    is :func:`autotune.queries.best.runs_of` (``LookupChoice.runs``). ``True`` takes the
+    kernel's own baseline (``Kernel.baseline``: XLA, cuDNN).
+    The kernel runs where the interval lies above 1.0, and where there is no verdict: nothing
+    confirmed against a baseline for exactly the shape (a nearest, other-device or default
+    answer). ``prefer="kernel"`` always runs the kernel. An exported table's ``CHOICE`` routes
+    the same way where the answer comes from the table (its ``runs``; an entry older than
+    ``runs`` by its interval, one without an interval only where it says the baseline is
+    faster).
 
     ``cache``: which timings answer, config and verdict alike: ``"cold"`` (the L2 flushed
     before every run: a program that streams new data through the kernel), ``"warm"`` (back to
@@ -666,8 +685,8 @@ def tuned(
                 answer, keep = ask(refresh=True)
             elif state == "pending":
                 keep = False
-        config, _source, faster = answer
-        if routes and faster == "baseline" and baseline is not None:
+        config, _source, _faster, runs = answer
+        if routes and runs == "baseline" and baseline is not None:
             return (_baseline_fn(kernel, shape, dtype, baseline), None), keep
         return (None, config), keep
 

@@ -510,10 +510,12 @@ def _confirmed(url, shape, config, kernel_us, baseline_us, device=GPU, cache="wa
                                   baseline_name="xla")
 
 
-def test_tuned_routes_to_the_baseline_where_it_is_confirmed_faster(tmp_path, configs):
+def test_tuned_routes_to_the_baseline_where_it_is_faster_or_tied(tmp_path, configs):
     """With baseline=fn: the baseline runs for a shape whose confirmed speedup lies wholly below
-    1.0; the kernel where it lies above, where it holds 1.0 (a tie) and where nothing is
-    confirmed; prefer="kernel" always runs the kernel; a given config is used as is."""
+    1.0 and for one whose interval holds 1.0 (a measured tie: the kernel no faster); the kernel
+    where it lies above and where nothing is confirmed for the shape (a nearest answer);
+    prefer="kernel" always runs the kernel; a given config is used as is. ``faster`` still
+    says what was measured ("tie"), ``runs`` the route."""
     url = f"sqlite:///{tmp_path}/r.db"
     everywhere, _ = configs
     _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # XLA faster
@@ -534,7 +536,8 @@ def test_tuned_routes_to_the_baseline_where_it_is_confirmed_faster(tmp_path, con
                 types.SimpleNamespace(shape=(n, n), dtype="bfloat16"))
 
     fast = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
-    assert [fast(*arrays(n)) for n in (64, 128, 256, 512)] == ["xla", "kernel", "kernel", "kernel"]
+    assert [fast(*arrays(n)) for n in (64, 128, 256, 512)] == ["xla", "xla", "kernel", "kernel"]
+    assert [c[:2] for c in calls] == [("xla", 64), ("xla", 128), ("kernel", 256), ("kernel", 512)]
     assert fast(*arrays(64), precision="high") == "xla" and calls[-1] == ("xla", 64, {"precision": "high"})
     assert fast(*arrays(64), config={"tile_m": 64}) == "kernel"
     forced = autotune.tuned("hopper_matmul", db=url, baseline=xla, prefer="kernel")(kernel_fn)
@@ -542,8 +545,14 @@ def test_tuned_routes_to_the_baseline_where_it_is_confirmed_faster(tmp_path, con
     plain = autotune.tuned("hopper_matmul", db=url)(kernel_fn)
     assert plain(*arrays(64)) == "kernel"
     choice = lookup.lookup_choice("hopper_matmul", SMALL, "bfloat16", db=url)
-    assert (choice.config, choice.source, choice.faster) == (everywhere, "exact", "baseline")
-    assert lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url).faster == "kernel"
+    assert (choice.config, choice.source, choice.faster, choice.runs) == (
+        everywhere, "exact", "baseline", "baseline")
+    tie = lookup.lookup_choice("hopper_matmul", MID, "bfloat16", db=url)
+    assert (tie.source, tie.faster, tie.runs) == ("exact", "tie", "baseline")
+    big = lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url)
+    assert (big.faster, big.runs) == ("kernel", "kernel")
+    near = lookup.lookup_choice("hopper_matmul", {"m": 512, "n": 512, "k": 512}, "bfloat16", db=url)
+    assert (near.source, near.faster, near.runs) == ("nearest", "tie", "kernel")
     with pytest.raises(ValueError, match="prefer must be one of"):
         autotune.tuned("hopper_matmul", prefer="xla")
 
@@ -687,9 +696,10 @@ def test_a_timed_out_retry_never_leaves_a_second_blocked_thread(monkeypatch, cam
 
 def test_the_exported_table_carries_the_choice_and_routes_like_the_database(tmp_path, configs):
     """The python export's CHOICE says which implementation wins each problem (baseline,
-    kernel, tie) with the words and interval; its choose() answers ("baseline", name) or
-    ("kernel", config); and tuned(table=module, baseline=fn) with the database gone routes
-    every shape exactly as the database-backed decorator does."""
+    kernel, tie) and which runs (the baseline for the tie too) with the words and interval; its
+    choose() answers ("baseline", name) where the baseline is faster or tied, else ("kernel",
+    config); and tuned(table=module, baseline=fn) with the database gone routes every shape
+    exactly as the database-backed decorator does."""
     from autotune.queries import exchange
 
     url = f"sqlite:///{tmp_path}/r.db"
@@ -700,17 +710,23 @@ def test_the_exported_table_carries_the_choice_and_routes_like_the_database(tmp_
     records = exchange.export_records(url)
     by_m = {r["shape"]["m"]: r for r in records}
     assert [by_m[m]["faster"] for m in (64, 128, 256)] == ["baseline", "tie", "kernel"]
+    assert [by_m[m]["runs"] for m in (64, 128, 256)] == ["baseline", "baseline", "kernel"]
     assert by_m[64]["baseline_name"] == "xla" and by_m[64]["speedup_high"] < 1.0
     assert by_m[64]["choice"].startswith("xla is ") and "faster (interval" in by_m[64]["choice"]
     assert "the kernel's best config is" in by_m[64]["choice"]
     assert by_m[256]["choice"].startswith("the kernel is ")
+    assert by_m[128]["choice"].startswith("no faster than xla (within the measured noise: ")
+    assert ": xla runs; the kernel's best config is" in by_m[128]["choice"]
     module = types.ModuleType("tuned_table")
     exec(compile(exchange.render(records, "python"), "tuned_table.py", "exec"), module.__dict__)
     key = ("hopper_matmul", tuple(sorted(SMALL.items())), "bfloat16")
     assert module.CHOICE["default"][key]["faster"] == "baseline"
+    mid_key = ("hopper_matmul", tuple(sorted(MID.items())), "bfloat16")
+    assert (module.CHOICE["default"][mid_key]["faster"],
+            module.CHOICE["default"][mid_key]["runs"]) == ("tie", "baseline")
     assert module.choose("hopper_matmul", SMALL, "bf16") == ("baseline", "xla")
     assert module.choose("hopper_matmul", BIG, "bf16") == ("kernel", dict(everywhere))
-    assert module.choose("hopper_matmul", MID, "bf16") == ("kernel", dict(everywhere))
+    assert module.choose("hopper_matmul", MID, "bf16") == ("baseline", "xla")
     assert module.choose("hopper_matmul", {"m": 1, "n": 1, "k": 1}, "bf16") is None
 
     def arrays(n):
@@ -729,12 +745,138 @@ def test_the_exported_table_carries_the_choice_and_routes_like_the_database(tmp_
     from_table = autotune.tuned("hopper_matmul", db=gone, table=module, baseline=xla)(kernel_fn)
     for n in (64, 128, 256):
         assert from_table(*arrays(n)) == from_db(*arrays(n)), n
-    assert from_table(*arrays(64)) == ("xla", None)
+    assert [from_table(*arrays(n)) for n in (64, 128, 256)] == [
+        ("xla", None), ("xla", None), ("kernel", dict(everywhere))]
     assert lookup.lookup_choice("hopper_matmul", SMALL, "bfloat16", db=gone,
                                 table=module).faster == "baseline"
+    tie = lookup.lookup_choice("hopper_matmul", MID, "bfloat16", db=gone, table=module)
+    assert (tie.source, tie.faster, tie.runs) == ("table", "tie", "baseline")
     # A bare TUNED dict carries no choice: the kernel runs.
     bare = autotune.tuned("hopper_matmul", db=gone, table=module.TUNED, baseline=xla)(kernel_fn)
     assert bare(*arrays(64)) == ("kernel", dict(everywhere))
+
+
+def test_a_program_check_tie_routes_to_the_baseline_where_cupti_puts_the_kernel_ahead(
+        tmp_path, configs):
+    """The H200's miss (benchmarks/RESULTS.md §19): the confirmation (CUPTI kernel times) puts
+    the kernel ahead, the program check ties (its interval holds 1.0, its median below 1.0).
+    The tie decides: faster "tie", runs "baseline", and the baseline runs through the
+    database, best_result and its dict, the export's record, CHOICE and choose(), and
+    tuned(table=module) with the database gone."""
+    from autotune.queries import exchange
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, _ = configs
+    _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))  # kernel, CUPTI
+    _program_check(url, BIG, everywhere, (100.0, 99.0, 101.5), (99.5, 100.5, 99.0))  # a tie
+    best = queries.best_result("hopper_matmul", BIG, "bfloat16", db=url)
+    verdict = best.verdict_figures
+    assert best.confirmed_speedup > 1.0 and best.speedup_low > 1.0
+    assert verdict.source == "program-check" and verdict.speedup < 1.0
+    assert verdict.low <= 1.0 <= verdict.high
+    assert (best.faster, best.runs) == ("tie", "baseline")
+    payload = best.to_dict()
+    assert (payload["faster"], payload["runs"]) == ("tie", "baseline")
+    assert payload["choice"].startswith("no faster than xla (within the measured noise: ")
+    assert ": xla runs; the kernel's best config is" in payload["choice"]
+    choice = lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url)
+    assert (choice.config, choice.source, choice.faster, choice.runs) == (
+        everywhere, "exact", "tie", "baseline")
+    calls = []
+
+    def xla(a, b):
+        calls.append("xla")
+        return "xla"
+
+    def kernel_fn(a, b, *, config=None):
+        calls.append("kernel")
+        return "kernel"
+
+    assert autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)(*_arrays(256)) == "xla"
+    assert autotune.tuned("hopper_matmul", db=url, baseline=xla, prefer="kernel")(kernel_fn)(
+        *_arrays(256)) == "kernel"
+    assert calls == ["xla", "kernel"]
+    records = exchange.export_records(url)
+    assert [(r["faster"], r["runs"], r["verdict_source"]) for r in records] == [
+        ("tie", "baseline", "program-check")]
+    module = types.ModuleType("tuned_table")
+    exec(compile(exchange.render(records, "python"), "tuned_table.py", "exec"), module.__dict__)
+    assert module.choose("hopper_matmul", BIG, "bf16") == ("baseline", "xla")
+    lookup.clear_cache()
+    gone = f"sqlite:///{tmp_path}/gone.db"
+    from_table = autotune.tuned("hopper_matmul", db=gone, table=module, baseline=xla)(kernel_fn)
+    assert from_table(*_arrays(256)) == "xla"
+    queries.close_stores()
+
+
+def test_without_a_verdict_for_exactly_the_problem_the_kernel_runs(tmp_path, configs,
+                                                                   monkeypatch):
+    """No verdict, no route to the baseline: a nearest answer (its neighbour's verdict the
+    baseline faster, or a tie), a default answer, another GPU's answer, a bare TUNED dict and
+    a CHOICE entry without runs or an interval (an older export) saying "tie" all run the
+    kernel. An older entry without runs but with its interval is routed by that interval (a
+    tie: the baseline); one without an interval runs the baseline only where it says the
+    baseline is faster; the table's own choose() routes such entries by "faster"."""
+    from autotune.queries import exchange
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, _ = configs
+    _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # XLA faster
+    _confirmed(url, MID, everywhere, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # a tie
+
+    def xla(a, b):
+        return "xla"
+
+    def kernel_fn(a, b, *, config=None):
+        return "kernel"
+
+    def both(shape, **kw):
+        """(lookup_choice's source, faster, runs; what tuned(baseline=xla) runs)."""
+        lookup.clear_cache()
+        choice = lookup.lookup_choice("hopper_matmul", shape, "bfloat16", **kw)
+        arrays = (types.SimpleNamespace(shape=(shape["m"], shape["k"]), dtype="bfloat16"),
+                  types.SimpleNamespace(shape=(shape["k"], shape["n"]), dtype="bfloat16"))
+        ran = autotune.tuned("hopper_matmul", baseline=xla, **kw)(kernel_fn)(*arrays)
+        return choice.source, choice.faster, choice.runs, ran
+
+    assert both(SMALL, db=url) == ("exact", "baseline", "baseline", "xla")
+    assert both(MID, db=url) == ("exact", "tie", "baseline", "xla")
+    # Nearest SMALL (XLA faster there) and nearest MID (a tie there): not this problem's verdict.
+    assert both({"m": 64, "n": 64, "k": 128}, db=url) == ("nearest", "tie", "kernel", "kernel")
+    assert both({"m": 128, "n": 128, "k": 64}, db=url) == ("nearest", "tie", "kernel", "kernel")
+    empty = f"sqlite:///{tmp_path}/empty.db"
+    with Store(empty):
+        pass
+    assert both(SMALL, db=empty) == ("default", "tie", "kernel", "kernel")
+    with monkeypatch.context() as mp:  # an H100 here; the H200's verdicts are not its own
+        mp.setattr(lookup, "_this_gpu", lambda: H100.name)
+        assert both(SMALL, db=url) == ("other_device", "tie", "kernel", "kernel")
+        assert both(MID, db=url) == ("other_device", "tie", "kernel", "kernel")
+    # Exported tables, read with the database gone.
+    records = exchange.export_records(url)
+    gone = f"sqlite:///{tmp_path}/gone.db"
+    module = types.ModuleType("tuned_table")
+    exec(compile(exchange.render(records, "python"), "tuned_table.py", "exec"), module.__dict__)
+    assert both(MID, db=gone, table=module) == ("table", "tie", "baseline", "xla")
+    assert both(MID, db=gone, table=module.TUNED) == ("table", "tie", "kernel", "kernel")
+    entries = module.CHOICE["default"]
+    small_key, mid_key = (("hopper_matmul", tuple(sorted(s.items())), "bfloat16")
+                          for s in (SMALL, MID))
+    for entry in entries.values():  # an export older than "runs": its interval still there
+        del entry["runs"]
+    assert both(MID, db=gone, table=module) == ("table", "tie", "baseline", "xla")
+    assert both(SMALL, db=gone, table=module) == ("table", "baseline", "baseline", "xla")
+    for entry in entries.values():  # nor an interval: no verdict to route by
+        entry.update(speedup=None, speedup_low=None, speedup_high=None)
+    assert both(MID, db=gone, table=module) == ("table", "tie", "kernel", "kernel")
+    assert both(SMALL, db=gone, table=module) == ("table", "baseline", "baseline", "xla")
+    assert module.choose("hopper_matmul", MID, "bf16") == ("kernel", dict(everywhere))
+    assert module.choose("hopper_matmul", SMALL, "bf16") == ("baseline", "xla")
+    entries[mid_key] = "tie"  # a hand-written entry: the word alone
+    entries[small_key] = "baseline"
+    assert both(MID, db=gone, table=module) == ("table", "tie", "kernel", "kernel")
+    assert both(SMALL, db=gone, table=module) == ("table", "baseline", "baseline", "xla")
+    queries.close_stores()
 
 
 def test_the_cached_call_is_answered_per_signature_and_forgotten_with_the_cache(tmp_path, configs):
@@ -893,9 +1035,10 @@ def test_the_export_carries_the_program_checks_verdict_through_json_python_and_i
     path = tmp_path / "export.json"
     path.write_text(text)
     assert exchange.import_json(path, f"sqlite:///{tmp_path}/imported.db") == (3, 0)
+    assert [by_m[m]["runs"] for m in (64, 128, 256)] == ["kernel", "baseline", "baseline"]
     csv_text = exchange.render(records, "csv")
     assert csv_text.splitlines()[0].endswith(
-        "program_speedup,program_speedup_low,program_speedup_high,verdict_source")
+        "program_speedup,program_speedup_low,program_speedup_high,verdict_source,runs")
     module = types.ModuleType("tuned_table")
     exec(compile(exchange.render(records, "python"), "tuned_table.py", "exec"), module.__dict__)
     key = ("hopper_matmul", tuple(sorted(SMALL.items())), "bfloat16")

@@ -64,6 +64,7 @@ def test_public_api_is_pinned():
             "FRAME_COLUMNS", "served_summaries", "unservable_results", "UnservableResult",
             "stored_kernels", "stored_trial_seconds", "check_device", "host_has_gpu",
             "faster_of", "choice_words", "margin_words", "verdict_figures", "Verdict", "FASTER",
+            "runs_of", "written_runs", "RUNS",
         ]
     )
 
@@ -473,6 +474,37 @@ def test_the_choice_in_words_names_the_winner_its_margin_and_interval():
     assert "the kernel's best config is {\"tile_m\": 128}" in words
     assert queries.choice_words(config, 1.03, 1.01, 1.05, "cudnn").startswith(
         "the kernel is 3.0% faster than cudnn (interval 1.0% to 5.0%): config")
-    assert "no faster than xla (within the measured noise: -1.0% to +1.0%)" in \
-        queries.choice_words(config, 1.0, 0.99, 1.01, "xla")
+    assert queries.choice_words(config, 1.0, 0.99, 1.01, "xla").startswith(
+        "no faster than xla (within the measured noise: -1.0% to +1.0%): xla runs; the "
+        "kernel's best config is {\"tile_m\": 128}")
     assert "no confirmed comparison" in queries.choice_words(config, None, None, None, None)
+
+
+def test_runs_of_routes_to_the_kernel_only_where_it_is_faster_or_nothing_was_measured():
+    """runs_of, the one route rule: the baseline where the verdict's interval lies below 1.0
+    or holds it (a measured tie, its ends included), the kernel where it lies above 1.0 and
+    where there is no verdict (a figure missing or not finite); faster_of still says "tie".
+    written_runs: an exported entry's runs as written, else by its interval, else by its
+    "faster" alone."""
+    nan = float("nan")
+    table = [
+        ((0.98, 0.97, 0.99), "baseline", "baseline"),
+        ((0.976, 0.95, 1.004), "tie", "baseline"),
+        ((1.0, 0.99, 1.01), "tie", "baseline"),
+        ((1.01, 1.0, 1.02), "tie", "baseline"),
+        ((0.99, 0.98, 1.0), "tie", "baseline"),
+        ((1.03, 1.01, 1.05), "kernel", "kernel"),
+        ((None, None, None), "tie", "kernel"),
+        ((0.9, None, None), "tie", "kernel"),
+        ((0.9, 0.8, None), "tie", "kernel"),
+        ((nan, 0.9, 1.1), "tie", "kernel"),
+        ((1.0, nan, 1.1), "tie", "kernel"),
+    ]
+    for figures, faster, runs in table:
+        assert (queries.faster_of(*figures), queries.runs_of(*figures)) == (faster, runs), figures
+    assert queries.RUNS == ("kernel", "baseline")
+    assert queries.written_runs("kernel", "tie", 1.0, 0.99, 1.01) == "kernel"
+    assert queries.written_runs(None, "tie", 1.0, 0.99, 1.01) == "baseline"
+    assert queries.written_runs(None, "tie", None, None, None) == "kernel"
+    assert queries.written_runs(None, "baseline", None, None, None) == "baseline"
+    assert queries.written_runs("maybe", "kernel", 1.03, 1.01, 1.05) == "kernel"

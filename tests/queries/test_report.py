@@ -291,7 +291,8 @@ def test_report_never_writes_through_a_link_left_in_its_folder(where, tmp_path, 
 def test_the_index_says_which_implementation_runs_per_problem(tmp_path):
     """Where a confirmation round ran, the index's 'runs' column says which implementation the
     decorator runs, in words: the baseline named with its margin where it is confirmed faster,
-    the kernel with its margin where it is, and the kernel's best config either way."""
+    the baseline named where the two tie (the kernel no faster), the kernel with its margin
+    where it is faster, and the kernel's best config every way."""
     from tests.queries.test_lookup import BIG, KERNEL, MID, SMALL, _confirmed, _problem
 
     url = f"sqlite:///{tmp_path}/r.db"
@@ -299,6 +300,7 @@ def test_the_index_says_which_implementation_runs_per_problem(tmp_path):
     config = next(c for c in small if big.is_valid(c))
     _confirmed(url, SMALL, config, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))
     _confirmed(url, BIG, config, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))
+    _confirmed(url, MID, config, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # a tie
     text = report.write_report(url, out_dir=tmp_path / "report").index.read_text()
     assert "<th>runs</th>" in text
     import re
@@ -306,6 +308,8 @@ def test_the_index_says_which_implementation_runs_per_problem(tmp_path):
     assert re.search(r"xla is 5\.\d% faster \(interval 5\.\d% to 5\.\d%\): it runs; the "
                      r"kernel&#x27;s best config is \{", text)
     assert re.search(r"the kernel is 1\d\.\d% faster than xla \(interval", text)
+    assert re.search(r"no faster than xla \(within the measured noise: [-+]\d\.\d% to "
+                     r"[-+]\d\.\d%\): xla runs; the kernel&#x27;s best config is \{", text)
 
 
 def test_the_index_runs_column_follows_the_program_check(tmp_path):
