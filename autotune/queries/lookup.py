@@ -95,8 +95,8 @@ class LookupChoice:
     ``faster``, ``"kernel"``, ``"baseline"`` (its speedup's interval lies below 1.0) or
     ``"tie"`` (it holds 1.0, or nothing confirmed for exactly this problem); and which one a
     program given the baseline runs (:func:`autotune.queries.best.runs_of`): ``runs``,
-    ``"baseline"`` where the verdict puts the baseline ahead or finds a measured tie,
-    ``"kernel"`` where it puts the kernel ahead and where there is no verdict."""
+    the one the verdict's speedup puts ahead (a tie too, by its estimate), ``"kernel"`` where
+    there is no verdict."""
 
     config: Config | None
     source: str
@@ -615,15 +615,14 @@ def tuned(
     ``timeout_s`` are :func:`lookup_config`'s.
 
     ``baseline``: what to call instead of the kernel, ``baseline(*arrays, **kw)``, for a shape
-    whose stored verdict does not put the kernel ahead beyond its interval: the baseline faster
-    (the speedup's whole interval below 1.0) or a measured tie (the interval holds 1.0: the
-    kernel no faster beyond the noise; a tie routed to the kernel ran 1.5% slower than the
-    baseline, benchmarks/RESULTS.md §19, H200). The verdict is the confirmation's program check
+    whose stored verdict's speedup puts the baseline ahead (at or below 1.0), a tie (the
+    interval holding 1.0) included: routing every tie one way did worse (benchmarks/RESULTS.md
+    §19). The verdict is the confirmation's program check
     where there is one (the two timed as a program calls them), else the confirmation round
     (CUPTI kernel times, which leave out what a call costs beyond its kernels: §19); the rule
     is :func:`autotune.queries.best.runs_of` (``LookupChoice.runs``). ``True`` takes the
     kernel's own baseline (``Kernel.baseline``: XLA, cuDNN).
-    The kernel runs where the interval lies above 1.0, and where there is no verdict: nothing
+    The kernel runs where the speedup is above 1.0, and where there is no verdict: nothing
     confirmed against a baseline for exactly the shape (a nearest, other-device or default
     answer). ``prefer="kernel"`` always runs the kernel. An exported table's ``CHOICE`` routes
     the same way where the answer comes from the table (its ``runs``; an entry older than

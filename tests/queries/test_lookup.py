@@ -29,6 +29,7 @@ KERNEL = get_kernel("hopper_matmul")
 SMALL = {"m": 64, "n": 64, "k": 64}
 MID = {"m": 128, "n": 128, "k": 128}
 BIG = {"m": 256, "n": 256, "k": 256}
+TIE_KERNEL = {"m": 192, "n": 192, "k": 192}
 
 
 def timed(us: float) -> TrialResult:
@@ -510,16 +511,18 @@ def _confirmed(url, shape, config, kernel_us, baseline_us, device=GPU, cache="wa
                                   baseline_name="xla")
 
 
-def test_tuned_routes_to_the_baseline_where_it_is_faster_or_tied(tmp_path, configs):
+def test_tuned_routes_to_the_implementation_the_verdict_puts_ahead(tmp_path, configs):
     """With baseline=fn: the baseline runs for a shape whose confirmed speedup lies wholly below
-    1.0 and for one whose interval holds 1.0 (a measured tie: the kernel no faster); the kernel
-    where it lies above and where nothing is confirmed for the shape (a nearest answer);
-    prefer="kernel" always runs the kernel; a given config is used as is. ``faster`` still
-    says what was measured ("tie"), ``runs`` the route."""
+    1.0 and for a tie (its interval holding 1.0) whose estimate puts the baseline ahead; the
+    kernel where the interval lies above 1.0, for a tie whose estimate puts the kernel ahead,
+    and where nothing is confirmed for the shape (a nearest answer); prefer="kernel" always
+    runs the kernel; a given config is used as is. ``faster`` still says what was measured
+    ("tie"), ``runs`` the route."""
     url = f"sqlite:///{tmp_path}/r.db"
     everywhere, _ = configs
     _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # XLA faster
-    _confirmed(url, MID, everywhere, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # a tie
+    _confirmed(url, MID, everywhere, (100.2, 100.4, 100.1), (99.9, 100.5, 100.0))  # a tie, XLA ahead
+    _confirmed(url, TIE_KERNEL, everywhere, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # kernel ahead
     _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))  # kernel faster
     calls = []
 
@@ -536,8 +539,10 @@ def test_tuned_routes_to_the_baseline_where_it_is_faster_or_tied(tmp_path, confi
                 types.SimpleNamespace(shape=(n, n), dtype="bfloat16"))
 
     fast = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
-    assert [fast(*arrays(n)) for n in (64, 128, 256, 512)] == ["xla", "xla", "kernel", "kernel"]
-    assert [c[:2] for c in calls] == [("xla", 64), ("xla", 128), ("kernel", 256), ("kernel", 512)]
+    assert [fast(*arrays(n)) for n in (64, 128, 192, 256, 512)] == [
+        "xla", "xla", "kernel", "kernel", "kernel"]
+    assert [c[:2] for c in calls] == [
+        ("xla", 64), ("xla", 128), ("kernel", 192), ("kernel", 256), ("kernel", 512)]
     assert fast(*arrays(64), precision="high") == "xla" and calls[-1] == ("xla", 64, {"precision": "high"})
     assert fast(*arrays(64), config={"tile_m": 64}) == "kernel"
     forced = autotune.tuned("hopper_matmul", db=url, baseline=xla, prefer="kernel")(kernel_fn)
@@ -549,6 +554,8 @@ def test_tuned_routes_to_the_baseline_where_it_is_faster_or_tied(tmp_path, confi
         everywhere, "exact", "baseline", "baseline")
     tie = lookup.lookup_choice("hopper_matmul", MID, "bfloat16", db=url)
     assert (tie.source, tie.faster, tie.runs) == ("exact", "tie", "baseline")
+    tie = lookup.lookup_choice("hopper_matmul", TIE_KERNEL, "bfloat16", db=url)
+    assert (tie.source, tie.faster, tie.runs) == ("exact", "tie", "kernel")
     big = lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url)
     assert (big.faster, big.runs) == ("kernel", "kernel")
     near = lookup.lookup_choice("hopper_matmul", {"m": 512, "n": 512, "k": 512}, "bfloat16", db=url)
@@ -705,7 +712,7 @@ def test_the_exported_table_carries_the_choice_and_routes_like_the_database(tmp_
     url = f"sqlite:///{tmp_path}/r.db"
     everywhere, _ = configs
     _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # XLA faster
-    _confirmed(url, MID, everywhere, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # a tie
+    _confirmed(url, MID, everywhere, (100.2, 100.4, 100.1), (99.9, 100.5, 100.0))  # a tie, XLA ahead
     _confirmed(url, BIG, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))  # kernel faster
     records = exchange.export_records(url)
     by_m = {r["shape"]["m"]: r for r in records}
@@ -822,7 +829,7 @@ def test_without_a_verdict_for_exactly_the_problem_the_kernel_runs(tmp_path, con
     url = f"sqlite:///{tmp_path}/r.db"
     everywhere, _ = configs
     _confirmed(url, SMALL, everywhere, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))  # XLA faster
-    _confirmed(url, MID, everywhere, (100.0, 100.2, 99.9), (99.8, 100.4, 100.1))  # a tie
+    _confirmed(url, MID, everywhere, (100.2, 100.4, 100.1), (99.9, 100.5, 100.0))  # a tie, XLA ahead
 
     def xla(a, b):
         return "xla"

@@ -480,18 +480,19 @@ def test_the_choice_in_words_names_the_winner_its_margin_and_interval():
     assert "no confirmed comparison" in queries.choice_words(config, None, None, None, None)
 
 
-def test_runs_of_routes_to_the_kernel_only_where_it_is_faster_or_nothing_was_measured():
-    """runs_of, the one route rule: the baseline where the verdict's interval lies below 1.0
-    or holds it (a measured tie, its ends included), the kernel where it lies above 1.0 and
-    where there is no verdict (a figure missing or not finite); faster_of still says "tie".
-    written_runs: an exported entry's runs as written, else by its interval, else by its
+def test_runs_of_routes_to_the_implementation_the_estimate_puts_ahead():
+    """runs_of, the one route rule: the kernel where the verdict's speedup is above 1.0, the
+    baseline at or below it, ties (the interval holding 1.0) included, and the kernel where
+    there is no verdict (a figure missing or not finite); faster_of still says "tie".
+    written_runs: an exported entry's runs as written, else by its figures, else by its
     "faster" alone."""
     nan = float("nan")
     table = [
         ((0.98, 0.97, 0.99), "baseline", "baseline"),
         ((0.976, 0.95, 1.004), "tie", "baseline"),
         ((1.0, 0.99, 1.01), "tie", "baseline"),
-        ((1.01, 1.0, 1.02), "tie", "baseline"),
+        ((1.01, 1.0, 1.02), "tie", "kernel"),
+        ((1.028, 0.99, 1.06), "tie", "kernel"),
         ((0.99, 0.98, 1.0), "tie", "baseline"),
         ((1.03, 1.01, 1.05), "kernel", "kernel"),
         ((None, None, None), "tie", "kernel"),
@@ -505,6 +506,12 @@ def test_runs_of_routes_to_the_kernel_only_where_it_is_faster_or_nothing_was_mea
     assert queries.RUNS == ("kernel", "baseline")
     assert queries.written_runs("kernel", "tie", 1.0, 0.99, 1.01) == "kernel"
     assert queries.written_runs(None, "tie", 1.0, 0.99, 1.01) == "baseline"
+    assert queries.written_runs(None, "tie", 1.004, 0.99, 1.01) == "kernel"
+    # The words of a tie say which runs, by the same estimate.
+    words = queries.choice_words({"tile_m": 64}, 1.004, 0.99, 1.01, "xla")
+    assert words.startswith("no faster than xla") and ': the kernel runs with config {"tile_m": 64}' in words
+    words = queries.choice_words({"tile_m": 64}, 0.996, 0.99, 1.01, "xla")
+    assert ": xla runs; the kernel's best config is" in words
     assert queries.written_runs(None, "tie", None, None, None) == "kernel"
     assert queries.written_runs(None, "baseline", None, None, None) == "baseline"
     assert queries.written_runs("maybe", "kernel", 1.03, 1.01, 1.05) == "kernel"
