@@ -148,8 +148,8 @@ def runs_of(speedup: float | None, low: float | None, high: float | None) -> str
     ``"kernel"`` above 1.0 and ``"baseline"`` at or below it, a tie (the interval holding 1.0)
     included: the estimate is the best guess there is, and neither always-the-kernel nor
     always-the-baseline for ties does as well (benchmarks/RESULTS.md §19: on the H200 a tie
-    routed to the kernel ran 1.5% slower than XLA; on the H100 ties routed to XLA would have
-    given up 1.5-1.9%). ``"kernel"`` without a verdict (a figure missing or not finite:
+    routed to the kernel ran 1.5% slower than XLA; on the H100 two ties routed to XLA would
+    have given up 1.5% and 1.9%). ``"kernel"`` without a verdict (a figure missing or not finite:
     nothing confirmed against a baseline)."""
     figures = (speedup, low, high)
     if any(v is None or not math.isfinite(v) for v in figures):
