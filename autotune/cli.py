@@ -973,7 +973,7 @@ def _best(args: argparse.Namespace) -> int:
     if result.baseline_us and not interpret:
         speedup = _speedup_text(result.speedup, result.speedup_spread, result.confirmed)
         _say(f"  baseline {result.baseline_name}: {result.baseline_us:.1f} us (speedup {speedup})")
-        # Which one runs (best.runs_of): the baseline where it is faster or the two tie.
+        # Which one runs (best.runs_of): the one the verdict's speedup puts ahead.
         runs = (result.baseline_name or "the baseline") if result.runs == "baseline" \
             else "the kernel"
         if result.program_words:  # both figures, and which decided the route

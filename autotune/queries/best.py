@@ -151,10 +151,10 @@ def runs_of(speedup: float | None, low: float | None, high: float | None) -> str
     routed to the kernel ran 1.5% slower than XLA; on the H100 two ties routed to XLA would
     have given up 1.5% and 1.9%). ``"kernel"`` without a verdict (a figure missing or not finite:
     nothing confirmed against a baseline)."""
-    figures = (speedup, low, high)
-    if any(v is None or not math.isfinite(v) for v in figures):
+    if speedup is None or low is None or high is None:
         return "kernel"
-    assert speedup is not None
+    if not (math.isfinite(speedup) and math.isfinite(low) and math.isfinite(high)):
+        return "kernel"
     return "kernel" if speedup > 1.0 else "baseline"
 
 
@@ -295,7 +295,7 @@ class BestResult:
     @property
     def runs(self) -> str:
         """Which implementation a program given the baseline runs (:func:`runs_of` of the
-        verdict figures): ``"baseline"`` where they put it ahead or tie, else ``"kernel"``."""
+        verdict figures): the one their speedup puts ahead, ``"kernel"`` without them."""
         v = self.verdict_figures
         return runs_of(v.speedup, v.low, v.high)
 

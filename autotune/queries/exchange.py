@@ -9,7 +9,7 @@
   interval), program_speedup, program_speedup_low and program_speedup_high (the confirmation's
   program check: the two timed as a program calls them; None without one), faster ("kernel",
   "baseline" or "tie": what was measured), runs ("kernel" or "baseline": which one a program
-  given the baseline runs, ``autotune.queries.best.runs_of``: the baseline for a tie too) and
+  given the baseline runs, ``autotune.queries.best.runs_of``: a tie by its estimate) and
   choice (in words: "XLA is 2.1% faster (...): it runs; the kernel's best config is ...") from
   the program check where there is one, else from the confirmation
   (``autotune.queries.best.verdict_figures``), and verdict_source ("program-check",

@@ -111,8 +111,8 @@ Default = Mapping[str, Any] | Callable[[Problem], Mapping[str, Any] | None] | No
 
 # (config, source, faster, runs): ``faster`` is "baseline" where the stored verdict (the program
 # check, else the confirmation: best.verdict_figures) puts the baseline ahead beyond its
-# interval, "kernel" where it puts the kernel ahead, else "tie"; ``runs`` (best.runs_of) is
-# "baseline" where the verdict puts the baseline ahead or ties, else "kernel" (the route).
+# interval, "kernel" where it puts the kernel ahead, else "tie"; ``runs`` (best.runs_of) is the
+# route: the one the verdict's speedup puts ahead, "kernel" without a verdict.
 _Answer = tuple[Config | None, str, str, str]
 _NO_VERDICT = ("tie", "kernel")  # (faster, runs) of an answer without a verdict
 _CACHE: dict[tuple[Any, ...], _Answer] = {}

@@ -822,7 +822,7 @@ def test_without_a_verdict_for_exactly_the_problem_the_kernel_runs(tmp_path, con
     baseline faster, or a tie), a default answer, another GPU's answer, a bare TUNED dict and
     a CHOICE entry without runs or an interval (an older export) saying "tie" all run the
     kernel. An older entry without runs but with its interval is routed by that interval (a
-    tie: the baseline); one without an interval runs the baseline only where it says the
+    tie, by its estimate); one without an interval runs the baseline only where it says the
     baseline is faster; the table's own choose() routes such entries by "faster"."""
     from autotune.queries import exchange
 
