@@ -117,7 +117,7 @@ def test_runners_share_a_job_exactly(db_url, tmp_path):
     (tests/engine/test_engine.py::test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time).
     So the 4 runners are held to under half the GPU time itself, and to at least a quarter of
     it (each runner's GPU runs its share in turn: the pacing is real), without a one-runner run
-    (24 s of paced configs) to compare with."""
+    (12 s of paced configs) to compare with."""
     shared = JobFile(tmp_path, db_url, first=1)
     shared.run(4)
     shared.check_exact()
@@ -133,8 +133,11 @@ def test_a_runner_killed_half_way_the_job_still_finishes_exactly(db_url, tmp_pat
     and the job stores exactly its budget, no config twice."""
     job = JobFile(tmp_path, db_url)
     grace = ("--grace-s", "8")  # a heartbeat every 1.3 s: a loaded machine's stalls are shorter
-    victim = job.start("--hostname", "other-host", *grace)
-    others = [job.start(*grace) for _ in range(3)]
+    # A problem whose last configs the victim held is looked at again every second (not
+    # backing off to 30 s): its trials are freed within about GRACE_S / 4 of going stale.
+    poll = ("--max-poll-s", "1")
+    victim = job.start("--hostname", "other-host", *grace, *poll)
+    others = [job.start(*grace, *poll) for _ in range(3)]
     try:
         deadline = time.monotonic() + 180
         while len(job.rows()) < PROBLEMS * TRIALS // 2:
