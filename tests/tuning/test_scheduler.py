@@ -219,7 +219,7 @@ def _problems(n: int, trials: int = 8) -> Job:
 def test_problems_are_in_flight_together(tmp_path):
     """One process: several problems have configs in flight at once on one engine, and each
     stores exactly its own budget with its own report."""
-    engine = SlowEngine(delay_s=2.0)  # longer than opening a problem takes
+    engine = SlowEngine(delay_s=1.0)  # longer than opening a problem takes (about 0.1 s)
     job = _problems(3, trials=4)
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
         reports = run_job(job, store=store, engine=engine)
@@ -425,9 +425,13 @@ def test_problems_are_counted_while_the_engine_starts(tmp_path, monkeypatch):
     assert len(counted) == 3 and max(counted) < engine.known_at, (counted, engine.known_at)
 
 
-def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path):
+def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path, monkeypatch):
     """Two runners in threads of one process on one SQLite file: the problem's budget is
     stored once, not twice."""
+    # Each looks again at the problem every 0.2 s while the other's last trials hold it (the
+    # package waits 2 s, backing off: the two would end seconds apart).
+    monkeypatch.setattr(scheduler, "POLL_S", 0.2)
+    monkeypatch.setattr(scheduler, "MAX_POLL_S", 0.2)
     url = f"sqlite:///{tmp_path}/t.db"
     job = Job("t", (ProblemSpec(PROBLEM, Budget(trials=12), sampler="random", seed=0),))
     errors: list[BaseException] = []
