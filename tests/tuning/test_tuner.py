@@ -375,7 +375,7 @@ def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, mo
     other = study.ask(dists)
     other.set_user_attr(WORKER_ATTR, "another-host:1234")
     storage.record_heartbeat(optuna_adapter.trial_id(other))
-    time.sleep(2.5)  # past the grace period: the other host is dead
+    time.sleep(1.5)  # past the grace period (1 s): the other host is dead
     engine = FakeEngine()
     count = TOY.valid_space(PROBLEM).count()
     with Store(url) as store:
