@@ -29,6 +29,7 @@ CHILD = r"""
 import json, statistics, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 interval, climbs, stores = float(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+problems = int(sys.argv[5])
 sys.setswitchinterval(interval)
 from autotune.space.outcomes import DeviceInfo, TrialResult
 from autotune.space.kernel import get_kernel
@@ -40,7 +41,7 @@ kernel = get_kernel("hopper_matmul")
 shapes = [dict(m=4096, n=4096, k=4096), dict(m=8192, n=3584, k=4096),
           dict(m=4096, n=14336, k=4096), dict(m=256, n=8192, k=8192)]
 samplers = [valid_sampler("ranked", kernel.valid_space(kernel.problem(s, "bfloat16")), seed=0,
-                          estimate=kernel.cost_model) for s in shapes]
+                          estimate=kernel.cost_model) for s in shapes[:problems]]
 problem = kernel.problem(shapes[0], "bfloat16")
 configs = kernel.valid_space(problem).sample(4000, seed=1)
 device = DeviceInfo(name="NVIDIA H200", kind="gpu")
@@ -70,10 +71,12 @@ print(json.dumps({"switch_interval_ms": 1000 * interval, "climbs": climbs, "stor
 """
 
 
-def run_case(interval_s: float, climbs: bool, stores: int) -> dict[str, object]:
+def run_case(interval_s: float, climbs: bool, stores: int, problems: int = 4) -> dict[str, object]:
+    """One case in a fresh process; ``problems``: how many of the four problems' samplers
+    climb (the tests run one)."""
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(ROOT), repr(interval_s), "1" if climbs else "0",
-         str(stores)], check=True, capture_output=True, text=True)
+         str(stores), str(problems)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -27,7 +27,11 @@ Faults (each fires once, at the Nth matching event, counting from 1):
   (``RLIMIT_FSIZE``): the write-ahead log's growth fails in the kernel;
 * ``--busy-timeout-s S``: how long SQLite waits for a lock (default: the package's);
 * ``--hostname NAME``: the tuner believes it runs on host NAME (a tuner of another host);
-  ``--grace-s S``: after how long without a heartbeat another host's trial counts as dead.
+  ``--grace-s S``: after how long without a heartbeat another host's trial counts as dead;
+  ``--max-poll-s S``: a problem that cannot be asked (its last configs held by other hosts'
+  trials) is looked at again within S seconds (the package's back-off goes up to
+  ``scheduler.MAX_POLL_S``, 30 s: a dead host's trial, stale at ``--grace-s``, would be
+  found up to that long after).
 
 Every committed trial is appended to ``--journal`` (JSON lines, fsynced) before anything else
 happens, so a test knows exactly which finished trials must survive.
@@ -82,7 +86,7 @@ STEADY = Kernel(
 
 # Configs whose run takes RUN_MS on the (fake) GPU: jobs whose wall time is the GPU's, so that
 # N runners finish in about 1/N of one runner's time (tests/tuning/test_scheduler.py).
-PACED_RUN_MS = 1000
+PACED_RUN_MS = 500
 PACED = Kernel(
     name="tests.fault_driver:PACED",
     space=Space(
@@ -216,6 +220,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--busy-timeout-s", type=float)
     p.add_argument("--hostname")
     p.add_argument("--grace-s", type=float)
+    p.add_argument("--max-poll-s", type=float)
     p.add_argument("--trial-timeout-s", type=float, default=1.0)
     # An interrupted job's engine takes this long to close: a second signal then surely comes
     # while the first one's shutdown is under way (it can otherwise be over in 30 ms).
@@ -320,6 +325,12 @@ def _run(opts: argparse.Namespace, cli_args: list[str], undo: list[Callable[[], 
         import autotune.tuning.studies
 
         patch(autotune.tuning.studies, "GRACE_S", opts.grace_s)
+    if opts.max_poll_s is not None:
+        import autotune.tuning.scheduler
+
+        patch(autotune.tuning.scheduler, "POLL_S",
+              min(autotune.tuning.scheduler.POLL_S, opts.max_poll_s))
+        patch(autotune.tuning.scheduler, "MAX_POLL_S", opts.max_poll_s)
 
     if opts.kill_on_sql:
         pattern = re.compile(opts.kill_on_sql, re.IGNORECASE)

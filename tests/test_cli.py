@@ -510,15 +510,24 @@ def test_a_finished_problem_is_skipped_with_its_stored_best_time(fake_tune, caps
     assert events[0]["best_us"] == events[1]["median_us"] == best
 
 
-def test_workers_that_cannot_start_end_tune_with_one_line_naming_the_log_and_the_fix(tmp_path):
+def test_workers_that_cannot_start_end_tune_with_one_line_naming_the_log_and_the_fix(
+        tmp_path, capsys, monkeypatch):
     """`tune --device gpu` where jax sees no GPU: the workers fail at startup; tune exits 2 with
     one line naming what failed, `--device interpret` and the worker log (which holds the
-    traceback), and no traceback on the terminal."""
+    traceback), and no traceback on the terminal.
+
+    Through the command line in the test's process (its workers are processes of their own),
+    and the engine gives up after the first failed start: each GPU worker imports jax before it
+    finds no GPU (the retries are
+    tests/engine/test_engine.py::test_a_worker_that_dies_at_startup_is_one_line_naming_its_log's)."""
+    from autotune.engine import workers
+
+    monkeypatch.setattr(workers, "MAX_STARTUP_FAILURES", 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     job = tmp_path / "job.toml"
     job.write_text('[[problem]]\nkernel = "softmax"\ndtype = "float32"\nshape = { rows = 64, cols = 512 }\n')
-    done = run_cli("tune", str(job), "--device", "gpu", "--db", f"sqlite:///{tmp_path}/a.db",
-                   "--results-dir", str(tmp_path / "results"), env={"CUDA_VISIBLE_DEVICES": ""},
-                   timeout=300)
+    done = cli_here(capsys, "tune", str(job), "--device", "gpu", "--db", f"sqlite:///{tmp_path}/a.db",
+                    "--results-dir", str(tmp_path / "results"))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     lines = done.stderr.strip().splitlines()

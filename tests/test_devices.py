@@ -68,9 +68,10 @@ def hardware_literals(path: pathlib.Path) -> list[str]:
     and comments aside)."""
     tree = ast.parse(path.read_text(), str(path))
     docs = _docstrings(tree)
+    rel = path.relative_to(REPO)  # once per file: per node it was most of the scan's time
     found = []
     for node in ast.walk(tree):
-        where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+        where = f"{rel}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, (ast.Constant, ast.BinOp)):
             value = _constant_value(node)
             if isinstance(value, int) and not isinstance(value, bool) and value in HARDWARE_NUMBERS:

@@ -394,18 +394,18 @@ def test_worker_crashes_and_hangs_are_stored_and_the_job_finishes(tmp_path, camp
 
 
 def test_database_locked_briefly_by_another_process_is_waited_for(tmp_path, campaign):
-    """Another process holds the write lock for 3 s: the tuner waits and finishes."""
+    """Another process holds the write lock for 1.5 s: the tuner waits and finishes."""
     job = Job(tmp_path, f"sqlite:///{tmp_path}/autotune.db")
-    fault_then_rerun(job, campaign, "--lock-after-store", "3", "--lock-s", "3", expect=None)
+    fault_then_rerun(job, campaign, "--lock-after-store", "3", "--lock-s", "1.5", expect=None)
     times = [e["t"] for e in job.entries()]
-    assert times[3] - times[2] >= 2.0, "the tuner did not wait for the lock"
+    assert times[3] - times[2] >= 1.0, "the tuner did not wait for the lock"
 
 
 def test_database_locked_too_long_stops_with_a_clear_error(tmp_path, campaign):
     """A lock held past the tuner's patience: exit 2 naming the lock; the re-run completes."""
     job = Job(tmp_path, f"sqlite:///{tmp_path}/autotune.db")
     fault_then_rerun(
-        job, campaign, "--busy-timeout-s", "1", "--lock-after-store", "3", "--lock-s", "120",
+        job, campaign, "--busy-timeout-s", "0.5", "--lock-after-store", "3", "--lock-s", "120",
         expect=2, words=("locked",),
     )
 
@@ -833,7 +833,7 @@ def _interrupted_mid_job(tmp_path: Path, signals: tuple[int, ...],
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None and not job.entries():
             time.sleep(0.05)
-        time.sleep(2.0)  # the compile threads are now held by minute-long configs
+        time.sleep(1.0)  # the compile threads are now held by minute-long configs
         assert proc.poll() is None, "the job ended before it could be interrupted"
         workers = _children(proc.pid)
         stored_before = len(job.entries())

@@ -78,18 +78,24 @@ def dtype_bytes(dtype: str) -> int:
     return dtype_bits(dtype) // 8
 
 
+# The value types kept as they are; a type lookup first (a local search freezes 100,000s of
+# configs), the general checks for anything else.
+_PLAIN = frozenset({int, bool, str, type(None)})
+
+
 def _freeze(mapping: Mapping[str, Any], what: str) -> tuple[tuple[str, Any], ...]:
     items = []
     for key, value in mapping.items():
         if not isinstance(key, str) or not key.isidentifier():
             raise ValueError(f"{what} keys must be identifiers, but got {key!r}.")
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int | bool | str | None):
-            raise ValueError(
-                f"{what}[{key!r}] must be an int, bool, string or None, but got "
-                f"{type(value).__name__} {value!r}."
-            )
+        if type(value) not in _PLAIN:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not isinstance(value, int | bool | str | None):
+                raise ValueError(
+                    f"{what}[{key!r}] must be an int, bool, string or None, but got "
+                    f"{type(value).__name__} {value!r}."
+                )
         items.append((key, value))
     return tuple(sorted(items))
 

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -472,6 +473,8 @@ class BoundSpace:
         last = max((i for i, lv in enumerate(self._by_level) if lv), default=-1)
         self._free_from = last + 1
         self._checks = [tuple(self._cached(c) for c in level) for level in self._by_level]
+        self._all_checks = tuple(chk for level in self._checks for chk in level)
+        self._problem_ok: bool | None = None  # the problem rules hold (is_valid's fast path)
         self._valid: list[tuple[Value, ...]] | None = None
         self._valid_idx: np.ndarray | None = None
         self._count: int | None = None
@@ -488,9 +491,13 @@ class BoundSpace:
         env = self.env
         reads = c.reads
         memo: dict[tuple[Value, ...], bool] = {}  # a plain dict: binding 10,000 problems stays cheap
+        # The key: the values the rule reads, as a tuple (itemgetter of one index gives the
+        # value itself). The checks run millions of times in a local search's neighbourhoods.
+        pick = operator.itemgetter(*idx) if len(idx) > 1 else None
+        only = idx[0] if len(idx) == 1 else 0
 
         def check(values: Sequence[Value]) -> bool:
-            key = tuple(values[i] for i in idx)
+            key = pick(values) if pick is not None else (values[only],)
             hit = memo.get(key)
             if hit is None:
                 if len(memo) >= 65536:
@@ -805,6 +812,22 @@ class BoundSpace:
     # -- validation -------------------------------------------------------------------------
 
     def is_valid(self, config: Mapping[str, Value]) -> bool:
+        """Whether ``config`` breaks no rule: ``validate(config, nearest=False)`` is empty.
+
+        A config of exactly this space's tunables, each in its domain, is checked through the
+        memoised rules (those that enumerate the valid set), with nothing put in words;
+        anything else goes through :meth:`validate`."""
+        if self._problem_ok is None:
+            self._problem_ok = all(rule.check({}, self.env) for rule in self.problem_rules)
+        if self._problem_ok and len(config) == len(self.names):
+            values = self._tuple_or_none(config)
+            if values is not None and all(
+                repr(v) in lookup for v, lookup in zip(values, self._value_index, strict=True)
+            ):
+                try:
+                    return self._all_ok(values)
+                except KeyError:  # a rule that reads a tunable it does not declare
+                    pass
         return not self.validate(config, nearest=False)
 
     def validate(self, config: Mapping[str, Value], *, nearest: bool = True) -> list[Violation]:
@@ -890,7 +913,7 @@ class BoundSpace:
         return tuple(o[1] for o in options[:2])
 
     def _all_ok(self, values: Sequence[Value]) -> bool:
-        return all(chk(values) for level in self._checks for chk in level)
+        return all(chk(values) for chk in self._all_checks)
 
     def _distance(self, i: int, a: Value, b: Value) -> float:
         """Distance between two values of tunable ``i``: index steps if ordinal, else 0/1."""

@@ -274,7 +274,11 @@ class _Scheduler:
                     done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
                 else:
                     done = set()
-                    if timeout:
+                    # A problem with nothing in flight whose stop the last ask found (or whose
+                    # counts, as that ask read them, say stop) ends below at once: no wait for
+                    # it (it held the end of each problem up to POLL_S).
+                    if timeout and not any(not r.in_flight and (r.stop_reason or r.stop_rule())
+                                           for r in live):
                         time.sleep(timeout)
                 for r in live:
                     self._collect(r, done)

@@ -529,8 +529,15 @@ def test_bad_arguments_are_rejected(kwargs, match):
         Engine(**{"mode": "fake", **kwargs})
 
 
-def test_workers_that_cannot_start_break_the_engine_clearly():
-    """GPU mode without a GPU: the workers' own error surfaces as an EngineError."""
+def test_workers_that_cannot_start_break_the_engine_clearly(monkeypatch):
+    """GPU mode without a GPU: the workers' own error surfaces as an EngineError.
+
+    The engine gives up after the first failed start here (each GPU worker imports jax before
+    it finds no GPU, 2-3 s); the retries before giving up are
+    test_a_worker_that_dies_at_startup_is_one_line_naming_its_log's."""
+    from autotune.engine import workers
+
+    monkeypatch.setattr(workers, "MAX_STARTUP_FAILURES", 1)
     with Engine("gpu", allow_import=True) as eng:
         future = eng.submit(FAKE, PROBLEM, cfg())
         with pytest.raises(EngineError, match="No GPU visible"):

@@ -421,9 +421,19 @@ def _statements(url: str, call) -> list[str]:
     return sent
 
 
+@pytest.fixture(scope="module")
+def small_and_big(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Databases of 6 and 600 trials (:func:`_many_trials`), written once for the tests that
+    only read them (writing the 600 takes 2 s)."""
+    folder = tmp_path_factory.mktemp("frames")
+    return (_many_trials(f"sqlite:///{folder}/small.db", 2),
+            _many_trials(f"sqlite:///{folder}/big.db", 200))
+
+
 @pytest.mark.parametrize("filters", [{}, {"kernel": "matmul"}, {"device": "gpu", "status": "ok"},
                                      {"dtype": "float16"}, {"kernel": "attention", "limit": 5}])
-def test_results_frame_reads_in_batches_and_a_bounded_number_of_statements(tmp_path, monkeypatch, filters):
+def test_results_frame_reads_in_batches_and_a_bounded_number_of_statements(small_and_big, monkeypatch,
+                                                                           filters):
     """results_frame sends as many statements for 600 trials (and 600 configs, read kernel by
     kernel past a bound) as for 6: none per trial or per config; read in several batches, the
     frame is the one a record per trial gives."""
@@ -433,8 +443,7 @@ def test_results_frame_reads_in_batches_and_a_bounded_number_of_statements(tmp_p
 
     monkeypatch.setattr(reading, "TABLE_BATCH", 7)
     monkeypatch.setattr(reading, "_CONFIGS_BY_ID", 50)
-    small = _many_trials(f"sqlite:///{tmp_path}/small.db", 2)
-    big = _many_trials(f"sqlite:///{tmp_path}/big.db", 200)
+    small, big = small_and_big
     counts = [len(_statements(url, lambda url=url: queries.results_frame(url, **filters)))
               for url in (small, big)]
     assert counts[0] == counts[1] and counts[0] < 20, counts

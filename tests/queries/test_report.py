@@ -23,6 +23,7 @@ from autotune.space.search_space import Aligned, Choice, PowerOfTwo, Space
 from autotune.storage.store import Store
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.tuner import run_job
+from tests.cli_in_process import cli_here
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPO = Path(__file__).resolve().parents[2]
@@ -184,9 +185,13 @@ def test_device_peaks_table():
 
 
 @pytest.mark.slow
-def test_report_of_an_interpret_mode_job(tmp_path):
+def test_report_of_an_interpret_mode_job(tmp_path, capsys):
     """A real interpret-mode job (a tiny Pallas kernel), then `autotune report`: the plots and
-    index.html are written; interpret rows get no roofline (they are not GPU timings)."""
+    index.html are written; interpret rows get no roofline (they are not GPU timings).
+
+    The job runs as a user runs it (``python -m autotune``, its own process); the report
+    after it runs through the same command line in this process (:func:`cli_here`): what it
+    writes does not depend on the process."""
     db = f"sqlite:///{tmp_path}/i.db"
     job = tmp_path / "job.toml"
     job.write_text(
@@ -204,7 +209,7 @@ def test_report_of_an_interpret_mode_job(tmp_path):
                 "--results-dir", str(tmp_path / "results"))
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     out = tmp_path / "report"
-    done = run("report", "--db", db, "--out", str(out), "--allow-import")
+    done = cli_here(capsys, "report", "--db", db, "--out", str(out), "--allow-import")
     assert done.returncode == 0, done.stderr[-3000:]
     [folder] = [p for p in out.iterdir() if p.is_dir()]
     names = {p.name for p in folder.iterdir()}

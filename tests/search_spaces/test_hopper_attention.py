@@ -259,9 +259,16 @@ def test_kernel_declares_interpret_unsupported_and_cudnn_baseline():
     assert KERNEL.flops(problem) == 4 * 4 * 16 * 2048 * 2048 * 128 // 2
 
 
+@pytest.mark.extended
 def test_importing_the_kernel_leaves_attention_mgpu_as_it_was():
     """Importing the kernel module (and the kernel API) changes nothing of JAX's
-    ``attention_mgpu``: its patch is a scoped call at trace time, not an import side effect."""
+    ``attention_mgpu``: its patch is a scoped call at trace time, not an import side effect.
+
+    In the extended run only: the default run's
+    tests/test_architecture.py::test_no_module_patches_jax_at_import imports this module and
+    autotune.kernels (every module) in a fresh interpreter and checks that no attribute of
+    ``attention_mgpu`` (of any JAX module) changed; this one spends a second interpreter and
+    its jax import (about 4 s) on the one module."""
     import subprocess
     import sys
 

@@ -117,7 +117,7 @@ def test_runners_share_a_job_exactly(db_url, tmp_path):
     (tests/engine/test_engine.py::test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time).
     So the 4 runners are held to under half the GPU time itself, and to at least a quarter of
     it (each runner's GPU runs its share in turn: the pacing is real), without a one-runner run
-    (24 s of paced configs) to compare with."""
+    (12 s of paced configs) to compare with."""
     shared = JobFile(tmp_path, db_url, first=1)
     shared.run(4)
     shared.check_exact()
@@ -133,8 +133,11 @@ def test_a_runner_killed_half_way_the_job_still_finishes_exactly(db_url, tmp_pat
     and the job stores exactly its budget, no config twice."""
     job = JobFile(tmp_path, db_url)
     grace = ("--grace-s", "8")  # a heartbeat every 1.3 s: a loaded machine's stalls are shorter
-    victim = job.start("--hostname", "other-host", *grace)
-    others = [job.start(*grace) for _ in range(3)]
+    # A problem whose last configs the victim held is looked at again every second (not
+    # backing off to 30 s): its trials are freed within about GRACE_S / 4 of going stale.
+    poll = ("--max-poll-s", "1")
+    victim = job.start("--hostname", "other-host", *grace, *poll)
+    others = [job.start(*grace, *poll) for _ in range(3)]
     try:
         deadline = time.monotonic() + 180
         while len(job.rows()) < PROBLEMS * TRIALS // 2:
@@ -216,7 +219,7 @@ def _problems(n: int, trials: int = 8) -> Job:
 def test_problems_are_in_flight_together(tmp_path):
     """One process: several problems have configs in flight at once on one engine, and each
     stores exactly its own budget with its own report."""
-    engine = SlowEngine(delay_s=2.0)  # longer than opening a problem takes
+    engine = SlowEngine(delay_s=1.0)  # longer than opening a problem takes (about 0.1 s)
     job = _problems(3, trials=4)
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
         reports = run_job(job, store=store, engine=engine)
@@ -422,9 +425,13 @@ def test_problems_are_counted_while_the_engine_starts(tmp_path, monkeypatch):
     assert len(counted) == 3 and max(counted) < engine.known_at, (counted, engine.known_at)
 
 
-def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path):
+def test_in_process_fake_engine_budget_is_shared_by_two_runs_at_once(tmp_path, monkeypatch):
     """Two runners in threads of one process on one SQLite file: the problem's budget is
     stored once, not twice."""
+    # Each looks again at the problem every 0.2 s while the other's last trials hold it (the
+    # package waits 2 s, backing off: the two would end seconds apart).
+    monkeypatch.setattr(scheduler, "POLL_S", 0.2)
+    monkeypatch.setattr(scheduler, "MAX_POLL_S", 0.2)
     url = f"sqlite:///{tmp_path}/t.db"
     job = Job("t", (ProblemSpec(PROBLEM, Budget(trials=12), sampler="random", seed=0),))
     errors: list[BaseException] = []

@@ -321,8 +321,12 @@ def test_time_budget_stops(tmp_path):
     assert "time budget" in report.stop_reason and 1 <= report.measured_now <= 6
 
 
-def _worker(url: str, trials: int, out: mp.Queue) -> None:
+def _worker(url: str, trials: int, out: mp.Queue, poll_s: float | None = None) -> None:
     try:
+        if poll_s is not None:  # look again at a problem held by the others' trials this often
+            from autotune.tuning import scheduler
+
+            scheduler.POLL_S = scheduler.MAX_POLL_S = poll_s
         kernel = get_kernel("tests.tuning.test_tuner:TOY", allow_import=True)
         problem = kernel.problem({"m": 1024, "n": 1024}, "bf16")
         engine = FakeEngine()
@@ -339,7 +343,9 @@ def test_several_runners_share_one_job(db_url, workers):
     """N runner processes on one database: every config measured once, all results stored."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(db_url, 24, out)) for _ in range(workers)]
+    # The runners finish one budget: each looks again at it every 0.2 s while the others'
+    # last trials hold it (scheduler.POLL_S, 2 s and backing off, kept them waiting).
+    procs = [ctx.Process(target=_worker, args=(db_url, 24, out, 0.2)) for _ in range(workers)]
     for p in procs:
         p.start()
     measured = [out.get(timeout=240) for _ in procs]
@@ -369,7 +375,7 @@ def test_stale_trial_of_a_dead_host_is_failed_and_its_config_redone(tmp_path, mo
     other = study.ask(dists)
     other.set_user_attr(WORKER_ATTR, "another-host:1234")
     storage.record_heartbeat(optuna_adapter.trial_id(other))
-    time.sleep(2.5)  # past the grace period: the other host is dead
+    time.sleep(1.5)  # past the grace period (1 s): the other host is dead
     engine = FakeEngine()
     count = TOY.valid_space(PROBLEM).count()
     with Store(url) as store:

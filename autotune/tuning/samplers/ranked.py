@@ -776,9 +776,11 @@ class RankedSampler(optuna.samplers.BaseSampler):
         # The history (frozen observations, never changed after __init__) is shared, not copied:
         # the valid-set wrapper keeps a copy of its base sampler, and copying a history of
         # 100,000 results took 32 of 53 s of a first proposal (issue 36).
-        # So is the space (its memoised counts and valid set: 1.7 s of a first proposal to copy).
+        # So is the space (its memoised counts and valid set: 1.7 s of a first proposal to copy),
+        # and the function that draws the candidates (the replay's is a method of its recorded
+        # problem, whose results a copy would copy: 8% of a replay's time).
         for shared in (self._here, self._others, self._related, self._space, self._estimate_space,
-                       self._problem, self._features):
+                       self._problem, self._features, self._draw):
             memo[id(shared)] = shared
         copied = RankedSampler.__new__(RankedSampler)
         copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
