@@ -46,7 +46,7 @@ def test_a_fake_job_reports_rates_breakdown_and_keeps_its_database(batch_job, tm
     out = tmp_path / "figures.json"
     assert batch_job.main([
         str(ROOT / "benchmarks" / "batch_fake.toml"), "--device", "fake", "--trials", "2",
-        "--workers-per-gpu", "2", "--compile-threads", "1", "--keep-db", str(tmp_path / "db"),
+        "--workers-per-gpu", "2", "--compile-threads", "2", "--keep-db", str(tmp_path / "db"),
         "--out", str(out),
     ]) == 0
     figures = json.loads(out.read_text())["scheduled"]
