@@ -171,10 +171,11 @@ def test_pallas_example_tunes_end_to_end_in_interpret_mode(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_raw_example_on_a_cpu_checks_and_tunes_what_it_can(tmp_path):
+def test_raw_example_on_a_cpu_checks_and_tunes_what_it_can(tmp_path, capsys):
     """The raw Mosaic GPU example cannot run interpreted: a CPU job skips it and says why;
     tuned through the fake evaluator, every config measured lowers for CUDA and `best`
-    answers under its import path."""
+    answers under its import path (the same command line, in this process: its answer does
+    not depend on the process)."""
     from autotune.engine.dispatcher import Engine
     from autotune.tuning.jobs import Budget, load_job
     from autotune.tuning.tuner import run_job
@@ -203,8 +204,8 @@ def test_raw_example_on_a_cpu_checks_and_tunes_what_it_can(tmp_path):
     for row in rows:
         problem = kernel.problem(row.problem.dims, row.problem.dtype)
         assert lower_for_cuda(kernel, problem, Config(row.config)).ok, row.config
-    best = run_cli("best", RAW_ADD, "--shape", "n=16777216", "--dtype", "bfloat16", "--db", db,
-                   "--device", "fake", "--json")
+    best = cli_here(capsys, "best", RAW_ADD, "--shape", "n=16777216", "--dtype", "bfloat16",
+                    "--db", db, "--device", "fake", "--json")
     assert best.returncode == 0, best.stderr
     assert json.loads(best.stdout)["config"] in [dict(r.config) for r in rows]
 

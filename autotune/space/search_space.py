@@ -734,6 +734,10 @@ class BoundSpace:
     def _config(self, values: Sequence[Value]) -> Config:
         return Config(dict(zip(self.names, values, strict=True)))
 
+    def config_of(self, key: Sequence[Value]) -> Config:
+        """The config whose key (:meth:`key`: its values in tunable order) is ``key``."""
+        return self._config(key)
+
     def _tuple(self, config: Mapping[str, Value]) -> tuple[Value, ...]:
         return tuple(config[n] for n in self.names)
 
@@ -992,7 +996,18 @@ class BoundSpace:
         self, config: Mapping[str, Value], *, radius: int | None = None,
         per_tunable: int | None = MAX_MOVES_PER_TUNABLE,
     ) -> list[Config]:
-        """Valid configs that differ from ``config`` in exactly one tunable, nearest first.
+        """Valid configs that differ from ``config`` in exactly one tunable, nearest first
+        (:meth:`neighbour_keys`, as configs)."""
+        keys = self.neighbour_keys(config, radius=radius, per_tunable=per_tunable)
+        return [self._config(values) for values in keys]
+
+    def neighbour_keys(
+        self, config: Mapping[str, Value], *, radius: int | None = None,
+        per_tunable: int | None = MAX_MOVES_PER_TUNABLE,
+    ) -> list[tuple[Value, ...]]:
+        """The keys (:meth:`key`) of the valid configs that differ from ``config`` in exactly
+        one tunable, nearest first: :meth:`neighbours` without making a config of each (a
+        climb looks most of them up among those it has seen).
 
         ``radius`` keeps, for ordered tunables, only values at most that many domain steps
         away (choices always count as one step). The one-tunable moves of a local search.
@@ -1023,7 +1038,7 @@ class BoundSpace:
                 if self._all_ok(values):
                     found.append((self._distance(i, base[i], value), len(found), values))
         found.sort()
-        return [self._config(values) for _, _, values in found]
+        return [values for _, _, values in found]
 
     def closest_valid(self, proposal: Mapping[str, Value]) -> Config:
         """``proposal`` if it is valid here, else the valid config nearest to it.

@@ -553,15 +553,14 @@ def climb_estimate(
                     break
         for value, key in fresh.items():
             expanded.add(value)
-            for near in space.neighbours(dict(zip(space.names, key, strict=True))):
-                k1 = space.key(near)
+            for k1 in space.neighbour_keys(dict(zip(space.names, key, strict=True))):
                 if k1 in scores:
                     continue
+                near = space.config_of(k1)
                 scores[k1] = float(estimate(problem, near))
-                for far in space.neighbours(near):
-                    k2 = space.key(far)
+                for k2 in space.neighbour_keys(near):
                     if k2 not in scores:
-                        scores[k2] = float(estimate(problem, far))
+                        scores[k2] = float(estimate(problem, space.config_of(k2)))
     # The best first, one of each family of equal estimates (ESTIMATE_TWIN).
     kept: list[dict[str, Any]] = []
     last = -math.inf
