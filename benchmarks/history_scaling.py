@@ -246,7 +246,8 @@ def measure_size(url: str, problems: int = 7) -> dict:
                                  "--problems", str(problems)))
     traced, _, _ = _spawn(_me("--child", "first-proposal", "--url", url, "--trace"))
     job_only = {"job_problems": problems, "job_wall_s": job["job_wall_s"],
-                "job_cpu_s": job["job_cpu_s"], "job_peak_rss_mb": job_rss}
+                "job_cpu_s": job["job_cpu_s"], "job_first_cpu_s": job["cpu_s"],
+                "job_peak_rss_mb": job_rss}
     if stored_count(url) == 0:  # the empty database: the job's first proposals only
         return {"first_wall_s": fp["wall_s"], "first_cpu_s": fp["cpu_s"],
                 "first_peak_rss_mb": fp_rss, **job_only}

@@ -19,8 +19,12 @@ def test_history_scaling_runs_at_a_tiny_size(tmp_path, capsys, monkeypatch):
     figures = json.loads(out.read_text())
     empty, row = figures["sizes"]["0"], figures["sizes"]["200"]
     assert empty["job_problems"] == row["job_problems"] == 2
-    assert 0 < empty["first_cpu_s"] <= empty["job_cpu_s"] and "best_cpu_s" not in empty
-    assert 0 < row["first_cpu_s"] <= row["job_cpu_s"]
+    # The job's figure sums its problems' first proposals, timed in one process: the first
+    # proposal and the first problem's share come from different processes, so only the
+    # job's own first share is bounded by its sum.
+    for figs in (empty, row):
+        assert figs["first_cpu_s"] > 0 and 0 < figs["job_first_cpu_s"] <= figs["job_cpu_s"]
+    assert "best_cpu_s" not in empty
     assert "2-problem job's first proposals" in capsys.readouterr().out
     assert row["fill"] == "record" and row["frame_rows"] == 200
     assert row["first_cpu_s"] > 0 and row["first_peak_rss_mb"] > 0 and row["best_cpu_s"] > 0
