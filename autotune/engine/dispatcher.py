@@ -67,6 +67,7 @@ import dataclasses
 import logging
 import multiprocessing.connection
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -246,9 +247,17 @@ class Engine:
         )
         self._pool = WorkerPool(self._lock, slots=slots, spec=spec, log_dir=self._log_dir,
                                 startup_timeout_s=startup_timeout_s)
-        self._pool.start()
-        self._thread = threading.Thread(target=self._loop, name="autotune-engine", daemon=True)
+        # Every worker is started from the dispatcher thread, so that the kernel kills the
+        # workers when it ends: the engine closed, or its process killed
+        # (autotune.engine.worker._die_with_the_engine).
+        started: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, args=(started,),
+                                        name="autotune-engine", daemon=True)
         self._thread.start()
+        failure = started.get()
+        if failure is not None:
+            self._thread.join()
+            raise failure
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -533,6 +542,17 @@ class Engine:
         self.close(cancel_pending=exc_type is not None, kill_running=interrupted)
 
     # -- the dispatcher thread -------------------------------------------------------------------
+
+    def _run(self, started: queue.SimpleQueue[BaseException | None]) -> None:
+        """The dispatcher thread: starts the workers (a failure goes to ``Engine()``'s caller),
+        then dispatches until the engine closes."""
+        try:
+            self._pool.start()
+        except BaseException as e:  # noqa: BLE001 - raised again in the engine's constructor
+            started.put(e)
+            return
+        started.put(None)
+        self._loop()
 
     def _loop(self) -> None:
         tasks, pool = self._tasks, self._pool

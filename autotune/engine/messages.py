@@ -51,6 +51,7 @@ class WorkerSpec:
     cache: str = "warm"  # the cache policy of every timing (autotune.space.outcomes)
     keep_compiled: int = 5  # executables of its fastest configs a worker keeps for re-timing
     compilation_cache: str | None = None  # JAX's persistent compilation cache: its folder
+    engine_pid: int | None = None  # the engine's process, which the worker dies with
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,7 +102,10 @@ def _worker_entry(fd: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     conn = multiprocessing.connection.Connection(fd)
+    _die_with_the_engine()
     spec: WorkerSpec = conn.recv()
+    if spec.engine_pid is not None and os.getppid() != spec.engine_pid:
+        os._exit(0)  # the engine was gone before the kernel was told to kill this worker with it
     # On a crash, the crashing thread's Python stack (the tail the engine reports); on SIGUSR1
     # (sent before a timed-out worker is killed) every thread's, to show where it hung.
     faulthandler.enable(file=sys.stderr, all_threads=False)
@@ -111,6 +114,27 @@ def _worker_entry(fd: int) -> None:
         level=spec.log_level, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
     )
     _Worker(conn, spec).serve()
+
+
+# prctl(2)'s option asking the kernel to send a signal when the process's parent ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_engine() -> None:
+    """On Linux, asks the kernel to SIGKILL this worker when the engine's thread that started it
+    ends (the engine's process killed, or the engine closed). A worker whose engine is gone
+    otherwise exits when its pipe closes, which a worker wedged in a call that holds the GIL
+    never sees: it would spin on, holding the GPU and its lock, so that every later job on that
+    GPU waits for it. Elsewhere (or without prctl) the pipe alone tells."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the pipe alone tells
+        log.debug("prctl(PR_SET_PDEATHSIG) is not available.", exc_info=True)
 
 
 class _Worker:

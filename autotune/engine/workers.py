@@ -161,6 +161,7 @@ class WorkerPool:
             self.spec,
             log_level=logging.getLogger().getEffectiveLevel(),
             lock_path=self.lock_paths[gpu],
+            engine_pid=os.getpid(),
         )
         ours, theirs = socket.socketpair()
         try:

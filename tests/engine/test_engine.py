@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -366,6 +371,52 @@ def test_workers_of_one_gpu_compile_in_parallel_and_time_one_at_a_time():
     assert len(pairs) >= 3, compiles  # compiling in different processes at the same time
     assert {w for w, _, _ in spans.values()} == {0, 1, 2}
     assert wall < 0.6 * n * (compile_s + run_s), wall
+
+
+# An engine in a process of its own: it starts a config that wedges its worker (a call that
+# never returns and never releases the GIL), prints the worker's pid, then is SIGKILLed.
+_WEDGED_ENGINE = """
+import os, signal, sys, time
+from autotune.engine.dispatcher import Engine
+from autotune.space.problem import Config, Problem
+engine = Engine("fake", compile_threads=1, trial_timeout_s=600, compile_timeout_s=600,
+                allow_import=True)
+future = engine.submit("tests.kernels_for_tests:FAKE", Problem("tests.kernels_for_tests:FAKE",
+                       {"n": 1}, "float32"), Config(mode="wedge", stage="run", cost_us=10))
+while not any(e.stage == "run" for e in engine.timeline()):
+    time.sleep(0.05)
+print(engine._pool.live()[0].pid, flush=True)
+time.sleep(0.5)  # the worker is inside the wedged call
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_a_wedged_worker_dies_with_its_killed_engine():
+    """A worker wedged in a call that holds the GIL never sees its pipe close; when its engine's
+    process is killed, the kernel kills it too, so that it does not spin on holding the GPU and
+    its lock (every later job on that GPU would wait for it)."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _WEDGED_ENGINE], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    pid = int(proc.stdout.split()[0])
+    try:
+        deadline = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), f"worker {pid} outlived its engine"
+    finally:
+        if _running(pid):
+            os.killpg(pid, signal.SIGKILL)  # its own session: its process group
 
 
 def test_a_worker_dying_while_it_holds_the_gpu_does_not_block_the_others():

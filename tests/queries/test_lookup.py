@@ -922,6 +922,34 @@ def test_the_cached_call_is_answered_per_signature_and_forgotten_with_the_cache(
         assert len(asked) == 6
 
 
+def test_under_jit_the_decorator_runs_when_the_program_is_traced_only(tmp_path, configs):
+    """Under jax.jit the decorator (the call's signature, its cached answer, the route) runs
+    while the program is traced; the compiled program's later calls never enter it, so a
+    jitted program pays nothing per call for it, where an eager call pays about a microsecond
+    (docs/guarantees.md, "The choice is cached per call signature")."""
+    import jax
+    import jax.numpy as jnp
+
+    url = f"sqlite:///{tmp_path}/a.db"
+    ok, _ = configs
+    _fill(url, [(BIG, ok, 50.0, GPU)])
+    entered = []
+
+    def body(a, b, *, config=None):
+        entered.append(dict(config))
+        return a + b
+
+    fn = autotune.tuned("hopper_matmul", db=url)(body)
+    program = jax.jit(lambda a, b: fn(a, b) * 2)
+    a = jnp.ones((256, 256), jnp.bfloat16)
+    for _ in range(3):
+        jax.block_until_ready(program(a, a))
+    assert entered == [dict(ok)]
+    fn(a, a)  # eager: the decorator runs at every call
+    fn(a, a)
+    assert entered == [dict(ok)] * 3
+
+
 def _program_check(url, shape, config, kernel_us, baseline_us, *, confirmation_id=None,
                    cache="warm"):
     """A program check (a verification row of method PROGRAM_METHOD) of ``shape``'s newest
