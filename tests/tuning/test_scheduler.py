@@ -91,11 +91,24 @@ class JobFile:
     def rows(self) -> list[tuple[Any, ...]]:
         return [r for r in stored(self.url) if r[1] in self.digests]
 
+    def trial_log(self) -> str:
+        """What each study holds, for a failure's message: per trial its number, state,
+        outcome, owner and params."""
+        from autotune.tuning.studies import WORKER_ATTR
+        from autotune.tuning.trial_index import OUTCOME_ATTR
+
+        lines = []
+        for name in optuna.get_all_study_names(storage=self.url):
+            for t in optuna.load_study(study_name=name, storage=self.url).get_trials(deepcopy=False):
+                lines.append(f"{name} #{t.number} {t.state.name} {t.system_attrs.get(OUTCOME_ATTR)} "
+                             f"{t.user_attrs.get(WORKER_ATTR)} {sorted(t.params.items())}")
+        return "\n".join(lines)
+
     def check_exact(self) -> None:
         """Every problem stores exactly its budget, no config twice, no trial left RUNNING."""
         rows = self.rows()
         per_problem = collections.Counter(r[1] for r in rows)
-        assert per_problem == dict.fromkeys(self.digests, self.trials), per_problem
+        assert per_problem == dict.fromkeys(self.digests, self.trials), (per_problem, self.trial_log())
         twice = [k for k, n in collections.Counter((r[1], r[2]) for r in rows).items() if n > 1]
         assert not twice, f"configs stored twice: {twice}"
         for name in optuna.get_all_study_names(storage=self.url):
