@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from autotune._jax_compat import default_backend_is_gpu
 from autotune.space.kernel import BuildOptions, Kernel
 from autotune.space.problem import Config, Problem
 
-__all__ = ["LoweringResult", "lower_for_cuda", "input_specs"]
+__all__ = ["LoweringResult", "lower_for_cuda", "input_specs", "again_after_races"]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _CALLBACK_PATCH_LOCK = threading.Lock()
 
@@ -83,7 +88,7 @@ def lower_for_cuda(
         specs = input_specs(kernel, problem)
         no_gpu = not default_backend_is_gpu()
         with _without_trace_dump(bool(options.profile_space) and no_gpu):
-            jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+            again_after_races(lambda: jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)))
     except Exception as e:  # noqa: BLE001 - the oracle reports every failure as a value
         tb = traceback.format_exception_only(type(e), e)
         return LoweringResult(
@@ -93,3 +98,27 @@ def lower_for_cuda(
             seconds=time.perf_counter() - start,
         )
     return LoweringResult(ok=True, seconds=time.perf_counter() - start)
+
+
+# CPython's words for a set or dict that another thread changed while this one iterated it: a
+# race inside the libraries while threads lower side by side (seen once in GPU interpret mode,
+# "Set changed size during iteration" at a worker's first configs), never the config's fault.
+# Such a lowering is done again, so that no config is stored as failing because of it.
+RACE_MESSAGE = "changed size during iteration"
+RACE_RETRIES = 2
+
+
+def again_after_races(step: Callable[[], T]) -> T:
+    """``step()``, done again (at most :data:`RACE_RETRIES` times) where it fails with the
+    RuntimeError of a race (:data:`RACE_MESSAGE`), whose traceback goes to the log; any other
+    error, and the last race, are raised."""
+    races = 0
+    while True:
+        try:
+            return step()
+        except RuntimeError as e:
+            if RACE_MESSAGE not in str(e) or races == RACE_RETRIES:
+                raise
+            races += 1
+            log.warning("A race in the libraries (done again):\n%s",
+                        "".join(traceback.format_exception(type(e), e, e.__traceback__)))

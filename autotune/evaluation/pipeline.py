@@ -183,7 +183,7 @@ def compile_config(
     """
     import jax
 
-    from autotune.evaluation.lowering import input_specs
+    from autotune.evaluation.lowering import again_after_races, input_specs
 
     options = options or BuildOptions()
     on_stage = on_stage or ignore_stage
@@ -196,10 +196,10 @@ def compile_config(
         on_stage(stage)
         if specs is None:
             specs = input_specs(kernel, problem)
-        lowered = jax.jit(fn).trace(*specs).lower()
+        lowered = again_after_races(lambda: jax.jit(fn).trace(*specs).lower())
         stage = Stage.COMPILE
         on_stage(stage)
-        executable = lowered.compile()
+        executable = again_after_races(lowered.compile)
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
         failed = failure_result(
             e, stage, compile_s=time.perf_counter() - start, interpret=options.interpret
@@ -225,7 +225,7 @@ def lower_config_for_cuda(
     import jax
 
     from autotune.devices import current_device
-    from autotune.evaluation.lowering import input_specs
+    from autotune.evaluation.lowering import again_after_races, input_specs
 
     on_stage = on_stage or ignore_stage
     stage = Stage.BUILD
@@ -236,7 +236,7 @@ def lower_config_for_cuda(
         stage = Stage.LOWER
         if specs is None:
             specs = input_specs(kernel, problem)
-        jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+        again_after_races(lambda: jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)))
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
         failed = failure_result(e, stage, compile_s=time.perf_counter() - start)
         failed = dataclasses.replace(
