@@ -146,11 +146,7 @@ class _Run:
         (the twin check, on the index) steps back and asks again, so of any two such trials the
         one that checks last sees the other, and never both measure the same config.
         """
-        self.stop_reason = self.stop_rule()
-        if self.stop_reason:
-            return None
-        if not self.room():
-            self.full = True
+        if self._closed():
             return None
         for _ in range(16):
             try:
@@ -165,6 +161,13 @@ class _Run:
                 else:
                     self.stop_reason = f"every valid config ({self.space.count()}) measured"
                 return None
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Closed while it was sampled, by a process that finished the problem: the
+                # budget had not admitted it (studies.never_admitted).
+                self.refresh()
+                if self._closed():
+                    return None
+                continue
             config = Config(trial.params)
             self.refresh()  # after the ask: every trial numbered before ours is visible
             twins = [n for n in self.tally.holders(self.space.key(config)) if n != trial.number]
@@ -178,6 +181,16 @@ class _Run:
                 return None
             return trial, config
         return None
+
+    def _closed(self) -> bool:
+        """Whether no trial may be asked now, ``stop_reason`` or ``full`` set to say why."""
+        self.stop_reason = self.stop_rule()
+        if self.stop_reason:
+            return True
+        if not self.room():
+            self.full = True
+            return True
+        return False
 
     def _admitted(self, trial: optuna.trial.Trial) -> bool:
         """The budget's exact check: fewer than ``trials`` counting trials numbered before this
@@ -396,7 +409,10 @@ class _Scheduler:
         rows = self.store.trials(problem, device_name=device.name, cache=self.policy)
         spent = budget.trials is not None and len(rows) >= budget.trials
         if spent or len(rows) >= space.count():
-            studies.close_finished(self.storage, self.store, problem, device, self.policy)
+            # admits: the whole budget (the results stored outside the study are not counted;
+            # trials over the budget by them alone are left to the heartbeat).
+            studies.close_finished(self.storage, self.store, problem, device, self.policy,
+                                   admits=budget.trials)
         if spent:
             skip("already tuned", len(rows), "budget already spent")
             return None
@@ -543,7 +559,11 @@ class _Scheduler:
             r.side[future] = ("confirm", None)
             return
         r.finished = True
-        studies.close_orphans(r.study, self.store, r.problem, self.device, self.policy, finished=True)
+        # admits: the whole budget, not less the results stored outside the study (``outside``
+        # was counted at the open, and may hold a result stored then but not yet told, whose
+        # trial is counted as well): a trial over it was over it when its owner checked it.
+        studies.close_orphans(r.study, self.store, r.problem, self.device, self.policy, finished=True,
+                              admits=r.spec.budget.trials)
         confirm_s = r.confirm_s
         self.emit(Event("done", r.problem, r.done_before + r.measured_now,
                         r.spec.budget.trials, r.best_us, message=r.stop_reason))

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -28,7 +28,7 @@ from optuna.trial import TrialState
 from autotune.space.problem import Config, Problem
 from autotune.storage import connection as storage_connection
 from autotune.tuning import optuna_adapter as oa
-from autotune.tuning.trial_index import OUTCOME_ATTR
+from autotune.tuning.trial_index import OUTCOME_ATTR, is_measured
 
 if TYPE_CHECKING:
     from autotune.space.outcomes import DeviceInfo, TrialResult
@@ -39,7 +39,7 @@ __all__ = [
     "study_name", "legacy_study_name", "open_study", "optuna_storage",
     "worker_id", "process_start", "parse_owner", "owner_dead_here", "is_alive", "age_s",
     "send_heartbeats", "beat_interval_s", "new_trial", "release_trial", "tell_result",
-    "close_orphans", "close_finished", "running_owners",
+    "close_orphans", "close_finished", "never_admitted", "running_owners",
 ]
 
 logger = logging.getLogger(__name__)
@@ -274,7 +274,7 @@ def tell_result(study: optuna.Study, trial: optuna.trial.Trial, result: TrialRes
 
 def close_orphans(
     study: optuna.Study, store: TrialStore, problem: Problem, device: DeviceInfo, cache: str = "warm",
-    *, finished: bool = False,
+    *, finished: bool = False, admits: int | None = None,
 ) -> None:
     """Closes the RUNNING trials of dead processes: of this host, as soon as the owner's
     process is gone (its pid not running, or running a process of another start time); of any
@@ -283,18 +283,25 @@ def close_orphans(
     GRACE_S ago. ``finished``: the problem's budget is spent, so a RUNNING trial whose result
     is stored is closed from the store whoever owns it (its owner, if alive, finds it closed
     and keeps its stored result), and none is left RUNNING with a "stale" mark forever.
+    ``admits`` (with ``finished``): how many of the study's trials the budget admits; a RUNNING
+    trial numbered after that many that count is closed too, whoever owns it, with its params
+    or still without them (:func:`never_admitted`; a live owner still sampling it finds it
+    closed when it writes the params, and asks no more).
 
-    A trial whose result reached the store is told from the store; one whose did not is
-    released (its config was not measured, so it is free again).
+    A trial whose result reached the store (the stored row names its trial number) is told
+    from the store; one whose did not is released (its config, unless another trial's result
+    holds it, is free again).
     """
     host = socket.gethostname()
     stale = set(_stale_trial_ids(study))
     orphans = []
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    trials = study.get_trials(deepcopy=False)  # one read: the running and the budget's count
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    over = never_admitted(trials, admits) if finished and admits is not None and running else set()
     for t in running:
         owner = t.user_attrs.get(WORKER_ATTR, "")
         owner_host = parse_owner(owner)[0]
-        if oa.trial_id(t) in stale or owner_dead_here(owner):
+        if oa.trial_id(t) in stale or owner_dead_here(owner) or t.number in over:
             pass
         elif finished and t.params:
             pass  # the problem is done: a trial whose result is stored is told from the store
@@ -307,13 +314,16 @@ def close_orphans(
     # The store is read only when there are orphans (this runs every scheduler.POLL_S).
     stored = {Config(r.config).digest(): r
               for r in store.trials(problem, device_name=device.name, cache=cache)} if orphans else {}
-    if finished:  # a live owner's trial is closed only once its result is stored
+    if finished:  # a live owner's trial is closed only once its result is stored, or when
+        # the budget could never admit it (its owner, if alive, releases it all the same)
         orphans = [t for t in orphans if oa.trial_id(t) in stale or owner_dead_here(
             t.user_attrs.get(WORKER_ATTR, "")) or not t.params
-            or Config(t.params).digest() in stored]
+            or Config(t.params).digest() in stored or t.number in over]
     for t in orphans:
         row = stored.get(Config(t.params).digest()) if t.params else None
-        if row is None:
+        if row is None or row.optuna_trial_number not in (None, t.number):
+            # Not measured by this trial: never, or by an earlier trial of the same config (a
+            # twin whose owner died before releasing it), whose result is the one stored.
             release_trial(study, t.number)
         else:
             try:
@@ -330,16 +340,36 @@ def close_orphans(
             optuna.storages.fail_stale_trials(study)
 
 
+def never_admitted(trials: Sequence[optuna.trial.FrozenTrial], admits: int) -> set[int]:
+    """Numbers of the RUNNING ``trials`` (a study's) numbered after ``admits`` trials that count
+    against the budget (measured, or RUNNING: as ``TrialIndex.counting_before`` counts them).
+    The budget's exact check (``scheduler._Run._admitted``) never admitted them, so no process
+    measures them: a process killed between asking one and releasing it left it RUNNING.
+    Optuna numbers a study's trials under a lock on the study, so every trial numbered before
+    one was there when its owner checked it, and the count before a trial never grows after:
+    a trial over the budget now was over it then."""
+    counted, over = 0, set()
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.state == TrialState.RUNNING:
+            if counted >= admits:
+                over.add(t.number)
+            counted += 1
+        elif is_measured(t):
+            counted += 1
+    return over
+
+
 def close_finished(storage: Any, store: TrialStore, problem: Problem, device: DeviceInfo,
-                   cache: str = "warm") -> None:
-    """A finished problem's RUNNING trials of dead owners, or whose results are stored, are
-    closed (a process killed after storing its last trial left one RUNNING, and no runner
-    opens a finished problem's study again)."""
+                   cache: str = "warm", *, admits: int | None = None) -> None:
+    """A finished problem's RUNNING trials of dead owners, whose results are stored, or that
+    its budget (``admits`` trials of the study) never admitted, are closed (a process killed
+    after storing its last trial, or between asking a trial over the budget and releasing it,
+    left one RUNNING, and no runner opens a finished problem's study again)."""
     try:
         study = optuna.load_study(study_name=study_name(problem, device, cache), storage=storage)
     except KeyError:
         return  # never tuned through a study (imported results)
-    close_orphans(study, store, problem, device, cache, finished=True)
+    close_orphans(study, store, problem, device, cache, finished=True, admits=admits)
 
 
 def running_owners(study: optuna.Study) -> list[tuple[str, bool]]:

@@ -15,13 +15,20 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["TrialIndex", "OUTCOME_ATTR"]
+__all__ = ["TrialIndex", "OUTCOME_ATTR", "is_measured"]
 
 # A trial's system attribute naming the measured outcome; trials without it were never measured
 # (e.g. a worker killed before its result was stored) and do not take their config.
 OUTCOME_ATTR = "autotune_outcome"
 
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+
+
+def is_measured(t: FrozenTrial) -> bool:
+    """Whether a finished trial holds its config and counts against the budget: COMPLETE, or
+    FAIL with a measured outcome (a released trial, FAIL without one, does neither)."""
+    return t.state == TrialState.COMPLETE or (
+        t.state == TrialState.FAIL and OUTCOME_ATTR in t.system_attrs)
 
 
 class TrialIndex:
@@ -86,9 +93,7 @@ class TrialIndex:
             if state not in _FINISHED:
                 continue  # WAITING: not asked yet
             seen.add(number)
-            measured = state == TrialState.COMPLETE or (
-                state == TrialState.FAIL and OUTCOME_ATTR in t.system_attrs)
-            if not measured:
+            if not is_measured(t):
                 continue  # released: its config is free
             self._note_start(t)
             bisect.insort(self._measured_numbers, number)

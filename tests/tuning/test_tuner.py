@@ -27,6 +27,7 @@ from autotune.tuning.confirmation import sized_iterations
 from autotune.tuning.jobs import Budget, Job, ProblemSpec
 from autotune.tuning.sampling import distributions
 from autotune.tuning.studies import WORKER_ATTR, study_name
+from autotune.tuning.trial_index import OUTCOME_ATTR
 from autotune.tuning.tuner import run_job
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -858,19 +859,113 @@ def test_a_dead_runners_trial_is_reclaimed_at_once_even_when_its_pid_was_reused(
     assert study.trials[trial.number].state == TrialState.FAIL
 
 
+def _unmeasured(store) -> Config:
+    """A valid config of PROBLEM that no stored trial holds."""
+    taken = {Config(r.config) for r in store.trials(PROBLEM)}
+    bound = TOY.valid_space(PROBLEM)
+    return next(c for c in map(bound.config_of, bound.valid_tuples()) if c not in taken)
+
+
 def test_a_finished_problem_closes_the_trial_a_killed_runner_left_running(tmp_path):
     """A runner killed after storing its problem's last trial (before telling Optuna) leaves
     it RUNNING with a live-looking heartbeat; the next run finds the budget spent and closes it
     from the store, instead of leaving it RUNNING and "stale" forever."""
     url = f"sqlite:///{tmp_path}/t.db"
     with Store(url) as store:
-        run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
-        last = Config(store.trials(PROBLEM)[-1].config)
-    study, trial, _ = _orphan(url, "another-host:1234:5", dict(last))
-    assert Config(study.trials[trial.number].params) == last
-    with Store(url) as store:
+        run_job(_job(3, sampler="random"), store=store, engine=FakeEngine())
+        last = _unmeasured(store)
+    study, trial, device = _orphan(url, "another-host:1234:5", dict(last))
+    with Store(url) as store:  # the killed runner's last act: its result stored under its trial
+        result = TrialResult.timed([90.0, 91.0], compile_s=0.1, rel_error=0.0, timing="fake")
+        store.record_trial(PROBLEM, last, result, device=device, software={"jax": "0"},
+                           study_name=study.study_name, optuna_trial_number=trial.number)
         (report,) = run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
     assert report.skipped
     study = optuna.load_study(study_name=study.study_name, storage=url)
     assert study.trials[trial.number].state == TrialState.COMPLETE
+    assert study.trials[trial.number].value == 90.5
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+
+
+def test_a_finished_problem_releases_a_trial_over_its_budget_a_killed_runner_left_running(tmp_path):
+    """A runner killed between asking a trial its budget did not admit and releasing it leaves
+    that trial RUNNING with a live-looking heartbeat (of another host: not known dead). No
+    process may measure it (its owner, alive, would release it), so the run that finds the
+    budget spent releases it at once, its config free; it used to stay RUNNING for good when
+    the job ended within GRACE_S (tests/tuning/test_scheduler.py's killed runner, on CI)."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
+        study, trial, _ = _orphan(url, "another-host:1234:5", dict(_unmeasured(store)))
+        assert studies.never_admitted(study.get_trials(), 4) == {trial.number}
+        assert studies.never_admitted(study.get_trials(), 5) == set()
+        (report,) = run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
+    assert report.skipped
+    study = optuna.load_study(study_name=study.study_name, storage=url)
+    closed = study.trials[trial.number]
+    assert closed.state == TrialState.FAIL and OUTCOME_ATTR not in closed.system_attrs
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+
+
+def test_a_dead_runners_twin_of_a_measured_config_is_released_not_told_the_others_result(tmp_path):
+    """A runner that dies between asking a config another trial holds (a twin) and releasing
+    it leaves a RUNNING trial whose config is stored, but by the other trial: it is released,
+    not told that trial's result, so the study does not count one measured config twice."""
+    import socket
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
+        held = store.trials(PROBLEM)[-1]
+        dead = f"{socket.gethostname()}:{os.getpid()}:1"  # this pid, another start: gone
+        study, trial, device = _orphan(url, dead, dict(held.config))
+        assert held.optuna_trial_number != trial.number
+        studies.close_orphans(study, store, PROBLEM, device)
+    study = optuna.load_study(study_name=study.study_name, storage=url)
+    assert study.trials[trial.number].state == TrialState.FAIL
+    assert len([t for t in study.trials if t.state == TrialState.COMPLETE]) == 4
+
+
+def test_a_finished_problem_releases_a_trial_over_its_budget_still_being_sampled(tmp_path):
+    """A trial over the budget that is still without params (its owner sampling it, or killed
+    while it did) is released at once too, and one within the budget is not (its owner's side:
+    test_a_trial_closed_while_its_owner_samples_it_is_asked_again)."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        run_job(_job(4, sampler="random"), store=store, engine=FakeEngine())
+        device = FakeEngine().device_info()
+        study = optuna.load_study(study_name=study_name(PROBLEM, device), storage=url)
+        trial = study.ask()  # no params yet
+        trial.set_user_attr(WORKER_ATTR, "another-host:1234:5")
+        studies.close_finished(studies.optuna_storage(url), store, PROBLEM, device, admits=5)
+        assert study.trials[trial.number].state == TrialState.RUNNING  # within that budget
+        studies.close_finished(studies.optuna_storage(url), store, PROBLEM, device, admits=4)
+    study = optuna.load_study(study_name=study.study_name, storage=url)
+    assert study.trials[trial.number].state == TrialState.FAIL
+
+
+def test_a_trial_closed_while_its_owner_samples_it_is_asked_again(tmp_path, monkeypatch):
+    """The owner's side: the third trial of a job is closed by another process while it is
+    sampled; the run asks again and stores exactly its budget, the closed trial FAIL without
+    an outcome and nothing left RUNNING."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    suggest_all, calls, closed = optuna_adapter.suggest_all, [], []
+
+    def closing(trial, dists, **kw):
+        calls.append(trial.number)
+        if len(calls) == 3:
+            other = optuna.load_study(study_name=trial.study.study_name, storage=url)
+            other.tell(trial.number, state=TrialState.FAIL)
+            closed.append(trial.number)
+        suggest_all(trial, dists, **kw)
+
+    monkeypatch.setattr(optuna_adapter, "suggest_all", closing)
+    with Store(url) as store:
+        (report,) = run_job(_job(5, sampler="random"), store=store, engine=FakeEngine())
+        assert len(store.trials(PROBLEM)) == 5 == report.measured_now
+    study = optuna.load_study(study_name=study_name(PROBLEM, FakeEngine().device_info()),
+                              storage=url)
+    (number,) = closed
+    assert study.trials[number].state == TrialState.FAIL
+    assert OUTCOME_ATTR not in study.trials[number].system_attrs
     assert not [t for t in study.trials if t.state == TrialState.RUNNING]
