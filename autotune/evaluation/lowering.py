@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from autotune._jax_compat import default_backend_is_gpu
@@ -69,6 +69,14 @@ def input_specs(kernel: Kernel, problem: Problem) -> tuple[Any, ...]:
     return tuple(jax.eval_shape(lambda key: kernel.make_inputs(problem, key), jax.random.key(0)))
 
 
+def lower_built_for_cuda(fn: Callable[..., Any], specs: Sequence[Any]) -> None:
+    """Lowers a built kernel ``fn`` for CUDA with its input ``specs`` (the oracle's one step;
+    raises what Mosaic GPU raises), again after a race (:func:`again_after_races`)."""
+    import jax
+
+    again_after_races(lambda: jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)))
+
+
 def lower_for_cuda(
     kernel: Kernel,
     problem: Problem,
@@ -79,8 +87,6 @@ def lower_for_cuda(
 
     The error of a failed lowering is returned (type and message), not raised.
     """
-    import jax
-
     options = options or BuildOptions()
     start = time.perf_counter()
     try:
@@ -88,7 +94,7 @@ def lower_for_cuda(
         specs = input_specs(kernel, problem)
         no_gpu = not default_backend_is_gpu()
         with _without_trace_dump(bool(options.profile_space) and no_gpu):
-            again_after_races(lambda: jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)))
+            lower_built_for_cuda(fn, specs)
     except Exception as e:  # noqa: BLE001 - the oracle reports every failure as a value
         tb = traceback.format_exception_only(type(e), e)
         return LoweringResult(

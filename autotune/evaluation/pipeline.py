@@ -222,10 +222,8 @@ def lower_config_for_cuda(
     oracle (it runs copies Mosaic GPU refuses, and lacks what some valid configs use), CUDA
     lowering is. A failure is ``invalid`` with JAX's error and the missing rule.
     """
-    import jax
-
     from autotune.devices import current_device
-    from autotune.evaluation.lowering import again_after_races, input_specs
+    from autotune.evaluation.lowering import input_specs, lower_built_for_cuda
 
     on_stage = on_stage or ignore_stage
     stage = Stage.BUILD
@@ -236,7 +234,7 @@ def lower_config_for_cuda(
         stage = Stage.LOWER
         if specs is None:
             specs = input_specs(kernel, problem)
-        again_after_races(lambda: jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)))
+        lower_built_for_cuda(fn, specs)
     except Exception as e:  # noqa: BLE001 - every config failure becomes a value
         failed = failure_result(e, stage, compile_s=time.perf_counter() - start)
         failed = dataclasses.replace(

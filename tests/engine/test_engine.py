@@ -425,18 +425,29 @@ def test_a_worker_dying_while_it_holds_the_gpu_does_not_block_the_others():
     plan.insert(2, cfg("segfault", "time", run_ms=100))
     plan.insert(6, cfg("hang", "time", run_ms=100))
     with fake_engine(workers_per_gpu=3, compile_threads=1, trial_timeout_s=1.5) as eng:
-        results = resolve_counting([eng.submit(FAKE, PROBLEM, c) for c in plan])
+        futures = [eng.submit(FAKE, PROBLEM, c) for c in plan]
+        dying = {futures[2].task_id, futures[6].task_id}
+        # Which config takes the GPU's lock first is the OS's choice, so the two that die may be
+        # the last to hold it: two more configs are sent once both are inside their timing.
+        deadline = time.monotonic() + 30
+        while not dying <= {e.task_id for e in eng.timeline() if e.stage == "time"}:
+            assert time.monotonic() < deadline, "the dying configs never reached their timing"
+            time.sleep(0.01)
+        futures += [eng.submit(FAKE, PROBLEM, cfg(cost_us=10 + i, run_ms=100)) for i in range(2)]
+        results = resolve_counting(futures)
         stats = eng.stats()
         timeline = eng.timeline()
     outcomes = [r.outcome for r in results]
     assert outcomes[2] is Outcome.CRASHED and outcomes[6] is Outcome.TIMEOUT
-    assert outcomes[:2] + outcomes[3:6] + outcomes[7:] == [Outcome.OK] * 10
+    assert outcomes[:2] + outcomes[3:6] + outcomes[7:] == [Outcome.OK] * 12
     assert "SIGSEGV" in results[2].error and "last stage: time" in results[2].error
     assert "got the GPU" in results[6].error
     assert stats.crashes >= 1 and stats.timeouts == 1
-    # Configs were timed after each death, one at a time.
-    deaths = [e.t for e in timeline if e.stage == "time" and e.task_id in (2, 6)]
-    assert any(e.stage == "device" and e.t > max(deaths) for e in timeline)
+    # The configs sent last held the GPU after both deaths, one at a time.
+    deaths = [e.t for e in timeline if e.stage == "time" and e.task_id in dying]
+    late = {f.task_id for f in futures[-2:]}
+    assert all(e.t > max(deaths) for e in timeline if e.stage == "device" and e.task_id in late)
+    assert {e.task_id for e in timeline if e.stage == "device"} >= late
     assert_one_at_a_time(device_spans(timeline).values())
 
 
