@@ -17,15 +17,13 @@ reads every measurement of the kernel there is:
 and prints, per problem: the configs measured, the rank correlation (Spearman) of the estimate
 with the measured times over all of them and over those within 30% of the fastest, the measured
 gap to the fastest of the model's first *family* (of its fastest member and of its median one),
-and how many families the model ranks ahead of the fastest config's. A family is the configs
-whose estimates fall in one bucket ``ESTIMATE_TWIN`` (0.5%) wide in log time: tunables the model
-ignores (a grid's order) make such twins, and measuring one tells the model as much as measuring
-all (the sampler passes over twins of configs in flight, docs/ranked_sampler.md item 5), so the
-families ahead of the fastest are about the trials a search led by the model alone needs before
-it measures the fastest. Last, ``family_outliers``: the configs within 30% of the fastest that
-measured 3% or more above their family's median, mostly single timings taken in a slow moment of
-the GPU (``benchmarks/ground_truth.py --retime`` times them again; a ground-truth record's time
-is then the median of its re-timed rounds, ``autotune.replay.ground_truth.recorded_us``).
+and how many families the model ranks ahead of the fastest config's. A family: the configs whose
+estimates fall in one bucket ``ESTIMATE_TWIN`` (0.5%) wide in log time (twins: the grid order moves
+the estimate by at most 0.33%, and the sampler passes over twins of configs in flight,
+docs/ranked_sampler.md), so the families ahead of the fastest are about the trials a search led
+by the model alone needs before it measures the fastest. Last, ``family_outliers``: the configs
+within 30% of the fastest that measured 3% or more above their family's median, mostly single
+timings taken in a slow moment (``ground_truth.py --retime`` times them again).
 
 ``--constants`` checks the model with some of its constants changed, for a kernel whose module
 defines ``cost_model(**constants)`` (``hopper_matmul``: the fields of ``Hopper``, e.g.

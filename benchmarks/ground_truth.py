@@ -3,37 +3,31 @@
     python3 benchmarks/ground_truth.py --kernel hopper_matmul --shape m=4096,n=4096,k=4096 \
         --dtype bf16 --max 600 --seconds 240
 
-Measures all valid configs of the problem (or a uniform random sample of ``--max`` of them when
-the space is larger, and says so in the file) with the project's own measurement (the engine:
-compile in parallel, CUPTI timing one kernel at a time, output checked against the reference),
-plus the baseline; with ``--climb``, then every valid one-tunable neighbour of the kernel's
-default and of the best configs so far, round after round (marked ``"stage": "neighbourhood"``);
-with ``--estimated N``, then the N best configs by the kernel's cost model (found by the ranked
-sampler's climb on the estimate, :func:`autotune.tuning.samplers.ranked.climb_estimate`; marked
-``"stage": "estimated"``), so that the replay can follow a search led by that model to its first
-choices. With ``--out auto`` (the default, on a GPU) it stores the problem in the package's
-ground truth of this device and kernel (``autotune/replay/data/<device>/<kernel>.json.gz``,
-docs/replay.md); with ``--out DIR`` it writes ``DIR/<kernel>__<shape>__<dtype>.json`` (config ->
-median time, with device, JAX version and date), which ``benchmarks/pack_ground_truth.py``
-packs. Stops submitting after ``--seconds`` and writes what it has.
+Measures the problem's valid configs (a uniform sample of ``--max`` when there are more,
+noted) with the project's own measurement (the engine: parallel compiles, CUPTI timing one
+kernel at a time, outputs checked), and the baseline. Then, each marked by its ``"stage"``:
+``--climb`` every one-tunable neighbour of the default and of the best so far, in rounds
+(``neighbourhood``); ``--estimated N`` the cost model's N best configs (``climb_estimate``:
+``estimated``), for the replay to follow a search led by it; ``--grid N`` (``hopper_matmul``)
+every grid-order variant of its N first choices (``grid``); ``--live DB ...`` every config jobs
+stored there measured of the problem on this device (``live``: timed here, not once in their
+own job's process); ``--vendor N`` (needs ``pip install nvidia-matmul-heuristics``) the first N
+of NVIDIA's matmul heuristics, mapped onto the kernel (``vendor``, benchmarks/vendor_prior.py).
 
-``--extend`` adds to that problem's record instead of replacing it (configs it holds are not
-measured again; the file is replaced in one step). With ``--max 0`` nothing is sampled: e.g. the
-first choices of a cost model with changed constants (``--constants``, as
-``benchmarks/cost_model_check.py`` takes them). ``--files F ...`` extends these per-shape files
-instead, one engine for all (``pack_ground_truth.py --unpack DEVICE DIR`` writes a device's
-packaged problems as such files; packing them back stores the result).
+``--out auto`` (the default, on a GPU) stores the problem in the package's ground truth of this
+device and kernel (``autotune/replay/data/<device>/<kernel>.json.gz``, docs/replay.md); ``--out
+DIR`` writes ``DIR/<kernel>__<shape>__<dtype>.json`` (with device, JAX version and date) for
+``pack_ground_truth.py`` to pack. Stops submitting after ``--seconds``, and writes what it
+has. ``--extend`` adds to the problem's record (its configs are not measured again; the
+file is replaced in one step); ``--max 0`` samples nothing (e.g. the first choices of a model
+with ``--constants`` changed, as ``cost_model_check.py`` takes them). ``--files F
+...`` extends these per-shape files, one engine for all (``pack_ground_truth.py --unpack DEVICE
+DIR`` writes them; packing them back stores the result).
 
-``--retime FRACTION`` then times again every config within FRACTION of the file's best (at most
+``--retime FRACTION`` then times every config within FRACTION of the file's best again (at most
 ``--retime-max``, the fastest) in ``--rounds`` interleaved rounds (``Engine.confirm``, as the
-confirmation round does) and appends each round's median as ``retimed_us``, so that one timing
-taken in a slow moment no longer decides the best (``recorded_us`` says which time a record
-has); a failed re-timing leaves ``retime_error``. ``benchmarks/ranked_live.sh`` runs these steps.
-
-``--vendor N`` (``hopper_matmul``; needs ``pip install nvidia-matmul-heuristics``) measures the
-first N configurations of NVIDIA's matmul heuristics for the device, mapped onto the kernel
-(``benchmarks/vendor_heuristics.py``; marked ``"stage": "vendor"``), so that the replay of
-``benchmarks/vendor_prior.py`` proposes exactly them rather than their nearest recorded configs.
+confirmation round) and appends the rounds' medians as ``retimed_us``, so that one slow timing
+no longer decides the best (``recorded_us``); a failed re-timing leaves ``retime_error``. ``benchmarks/ranked_live.sh`` runs these steps.
 """
 
 from __future__ import annotations
@@ -56,6 +50,7 @@ from cost_model_check import model_with, parse_constants  # noqa: E402
 
 from autotune._jax_compat import jax_versions  # noqa: E402
 from autotune.engine.dispatcher import Engine  # noqa: E402
+from autotune.errors import AutotuneError  # noqa: E402
 from autotune.replay.ground_truth import (  # noqa: E402
     RETIMED,
     find_problem,
@@ -63,9 +58,11 @@ from autotune.replay.ground_truth import (  # noqa: E402
     recorded_us,
     save_ground_truth,
 )
+from autotune.replay.runner import live_measured  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem, parse_shape  # noqa: E402
 from autotune.space.search_space import BoundSpace  # noqa: E402
+from autotune.storage.store import Store  # noqa: E402
 from autotune.tuning.confirmation import sized_iterations  # noqa: E402
 from autotune.tuning.samplers.ranked import DEFAULT_CANDIDATES, climb_estimate  # noqa: E402
 
@@ -140,6 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--estimated", type=int, default=0,
                     help="then measure this many of the best configs by the kernel's cost model")
+    ap.add_argument("--grid", type=int, default=0, help="hopper_matmul: then every grid-order "
+                    "variant of the cost model's this many first choices")
+    ap.add_argument("--live", nargs="+", metavar="DB", help="then what jobs stored there "
+                    "measured of the problem on this device")
     ap.add_argument("--vendor", type=int, default=0, help="then measure this many of the first "
                     "configurations of NVIDIA's matmul heuristics (hopper_matmul)")
     ap.add_argument("--constants", default="",
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--max and --estimated must be 0 or more (got {args.max}, {args.estimated})")
     if args.vendor < 0:
         raise SystemExit(f"--vendor must be 0 or more (got {args.vendor})")
+    if args.grid < 0:
+        raise SystemExit(f"--grid must be 0 or more (got {args.grid})")
     if args.vendor:
         from vendor_heuristics import VendorPriorError, check_installed
 
@@ -181,6 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     if bool(args.files) == bool(args.kernel and args.shape):
         raise SystemExit("give either --kernel and --shape (and --dtype), or --files")
     check_retime(args)
+    for db in args.live or ():
+        try:
+            Store(db, read_only=True).close()
+        except AutotuneError as e:
+            raise SystemExit(f"--live: {e}") from None
 
     # Everything is checked before anything is measured: a bad name, value or file stops here.
     jobs: list[tuple[Any, Problem, Path, dict[str, Any] | None, Any]] = []
@@ -201,8 +209,10 @@ def main(argv: list[str] | None = None) -> None:
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise SystemExit(f"--files: {source} is not a ground-truth file "
                                  f"({type(e).__name__}: {e})") from None
-        estimate = model_with(kernel, parse_constants(args.constants)) if args.estimated else None
-        if args.estimated and estimate is None:
+        if args.grid and kernel.name != "hopper_matmul":
+            raise SystemExit(f"--grid: hopper_matmul's grid order, not {kernel.name!r}'s")
+        estimate = model_with(kernel, parse_constants(args.constants)) if args.estimated or args.grid else None
+        if (args.estimated or args.grid) and estimate is None:
             raise SystemExit(f"--estimated: kernel {kernel.name!r} declares no cost_model")
         jobs.append((kernel, problem, path, previous, estimate))
 
@@ -388,6 +398,13 @@ def record(engine: Engine, kernel: Any, problem: Problem, path: Path, previous: 
         already = [r["config"] for r in (previous or {}).get("results", ())] + [r["config"] for r in results]
         measure(estimated_configs(kernel, space, args.estimated, seed=args.seed, skip=already,
                                   estimate=estimate), "estimated")
+    if args.grid:
+        from search_spaces.hopper_matmul import grid_variants
+
+        measure(grid_variants(space, estimated_configs(kernel, space, args.grid, seed=args.seed,
+                                                       estimate=estimate)), "grid")
+    if args.live:
+        measure([c for c, _ in live_measured(args.live, problem, device.name).values()], "live")
     if args.vendor:
         measure(vendor_configs(kernel, space, args.vendor, device), "vendor")
     elapsed = time.monotonic() - start

@@ -6,36 +6,29 @@ the faster of the kernel and its baseline, per shape and cache regime, timed in 
     python3 benchmarks/runtime_choice.py --out OUT --device interpret               # CPU, tiny shapes
     python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
 
-One command does the whole experiment. It tunes the shapes that have nothing stored under each
-timing policy (``--regimes``, on a GPU ``cold`` and ``warm``; a small budget: ``--trials``,
-default the quick effort's 16, with the job's confirmation round, which decides the choice;
+One command, the whole experiment. It tunes the shapes with nothing stored under each timing
+policy (``--regimes``, on a GPU ``cold`` and ``warm``; a small budget: ``--trials``,
+default the quick effort's 16, with the confirmation round, which decides the choice;
 ``--no-tune`` reads ``--db`` as it is). Then, per regime and shape, it times what a program
-sees: ``--batch`` calls back to back, dispatched asynchronously as a program dispatches them,
-one wait for the last, the batch's time over its calls; batches of each function in turn,
-rotating the order, ``--reps`` calls of each in all, the median batch. The program's regime
-is the policy's: ``warm`` calls again on the same inputs (what stays in L2 stays), ``cold``
-rotates over enough fresh input sets (more than twice the L2 in all) that no call finds its
-inputs in L2. The functions: the decorated call routed by that regime's timings
-(``autotune.tuned(kernel, baseline=<the kernel's own>, cache=regime)``, called eagerly, so
-that every call pays the decorator), the same under ``jax.jit`` (the lookup runs once at
-trace time), the same routed by the other regime's timings, the kernel at the regime's stored
+sees: ``--batch`` calls dispatched back to back, one wait for the last, the batch's time over
+its calls; batches of each function in turn, rotating, ``--reps`` calls of each, the median
+batch. ``warm`` calls again on the same inputs, ``cold`` rotates over fresh input sets (twice
+the L2 and more) so that no call finds its inputs in L2. The functions: the decorated call routed by that regime's timings
+(``autotune.tuned(kernel, baseline=<the kernel's own>, cache=regime)``, eagerly: every call
+pays the decorator), the same under ``jax.jit`` (the lookup runs at trace time), the same routed by the other regime's timings, the kernel at the regime's stored
 best config, and the baseline. Reported: the decorated call over the faster of kernel and
-baseline (goal: within 0.5%, issue 35), paired round by round with its interval; the decorated
-call over the baseline (where the kernel ran, a whole interval above 1.0 is a miss: SLOWER,
-counted under the table); and what
-ran (``LookupChoice.runs``), with the decorated call over that implementation called directly (the same program
-twice: how far this benchmark itself can judge). On a GPU the program turns JAX's
-compilation cache on in the jobs' folder first, so its XLA baseline is the program they timed. The table (Markdown) and the figures
-(JSON) go to ``--out`` (``runtime_choice.md``, ``runtime_choice.json``) with the device's name.
+baseline (goal: within 0.5%), paired round by round with its interval; the decorated
+call over the baseline (where the kernel ran, an interval wholly above 1.0 is a miss: SLOWER,
+counted under the table); what ran (``LookupChoice.runs``), with the decorated call over it
+called directly (how far this benchmark can judge). On a GPU, JAX's compilation cache is on in
+the jobs' folder, so the XLA baseline is the program they timed. ``--out`` gets the table
+(``runtime_choice.md``) and the figures (``runtime_choice.json``), with the device's name.
 
 Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
-(hopper_matmul at small shapes in GPU interpret mode on a CPU, each of 2 output tiles or more:
-one-tile outputs crash XLA's CPU compiler, benchmarks/interpret_crash_sweep.py; attention
-cannot run interpreted; interpret-mode timings are a functional run, not a GPU's; warm only);
-``fake`` (no jax: two stand-in functions that busy-wait for shape-dependent times play kernel
-and baseline, and their confirmation is measured and stored the way the tuner's confirmation
-round stores it, so that the decorator's routing and this script's plumbing are exercised in
-seconds; its figures are not a GPU's; warm only).
+(hopper_matmul at small shapes of 2 tiles or more on a CPU, warm only: a functional run, not a
+GPU's timings; attention cannot run interpreted); ``fake`` (no jax: two busy-waiting stand-ins
+play kernel and baseline, their confirmation stored as the tuner stores it: the routing and
+this script's plumbing in seconds; warm only).
 """
 
 from __future__ import annotations

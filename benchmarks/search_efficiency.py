@@ -3,14 +3,13 @@
     python3 benchmarks/search_efficiency.py [--device NAME] [--kernel K] [--problems N,...]
         [FILES] [--seeds 10] [--budget 64] [--samplers auto,ranked,oracle] [--modes cold,warm]
         [--noise SD] [--patience P,...] [--json OUT] [--save-reference PATH]
-        [--live-truth DB,...] [--family T1,T2,...]
-    python3 benchmarks/search_efficiency.py --live DB [--job examples/unseen_shapes.toml]
+        [--live-truth DB,...] [--family T1,T2,...] [--in-flight K]
+    python3 benchmarks/search_efficiency.py --live DB[,DB...] [--job examples/unseen_shapes.toml]
     python3 benchmarks/search_efficiency.py --store-ground-truth DB [--device NAME] [--kernel K]
 
 The command line over :mod:`autotune.replay.runner`. Ground truth: the package's recorded
-problems (:func:`autotune.replay.ground_truth.load_ground_truth`, ``autotune/replay/data``; pick
-them with ``--device``, ``--kernel`` and ``--problems``), or per-shape files written by
-``benchmarks/ground_truth.py`` and not packed yet (``FILES``). The table gives, per problem, mode
+problems (``autotune/replay/data``; pick them with ``--device``, ``--kernel`` and
+``--problems``), or per-shape files of ``benchmarks/ground_truth.py`` not packed yet (``FILES``). The table gives, per problem, mode
 (cold: nothing else known; warm: leave-one-out, every other recorded problem of the kernel and
 device stored) and sampler, the trials needed to get within 1%, 0.5% and 2% of the best
 recorded time (median and 90th percentile over seeds) and the first proposal's gap to the best.
@@ -25,13 +24,14 @@ deviation SD on each recorded time; the thresholds still count true times) and a
 whose *measurement* was the fastest, as ``--live`` reports for a live job. ``--live-truth
 DB,...`` adds the configs live jobs measured to each problem as extra truth (reachable, never
 drawn into the pool), ``--family T1,T2,...`` every valid config of a recorded family, timed as
-its nearest recorded ones: docs/ranked_sampler.md ("The replay") says why.
+its nearest recorded ones: docs/ranked_sampler.md ("The replay") says why. ``--in-flight K``
+asks K trials before the first result, and one more after each, as a live job compiles ahead.
 
-``--live DB`` reads a live job's results instead: for each problem in the database (or in
-``--job``), the trial index at which its final best was first reached, the trial that first
-measured its served best (the confirmation round's winner), and at which it was first within
-0.5% and 1% of the final best. ``--store-ground-truth DB`` writes the ground truth into a
-database first, so a live job over other shapes starts warm (``examples/unseen_shapes.toml``).
+``--live DB,...`` reads live jobs' results instead: per problem (of ``--job``), the trial that
+first reached its final best, first measured its served best, first came within 0.5% and 1% of
+it, trials in flight at an ask, and by the device's ground truth the first trial's gap and
+first trial within 1%.
+``--store-ground-truth DB`` stores the ground truth (a live job there starts warm).
 """
 
 from __future__ import annotations
@@ -152,9 +152,10 @@ def reference(rows: Sequence[Mapping[str, Any]], problems: Sequence[Mapping[str,
 
 
 def print_live(rows: Sequence[Mapping[str, Any]]) -> None:
-    print("| problem | device | trials | best (us) | first trial (us) | final best first reached "
-          "at trial | served best first measured at trial | within 0.5% at trial | within 1% at trial |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    """Per live problem, trial indices (1-based, in measuring order): the final best, the served
+    best, the first within 0.5% and 1% of it; then the ground truth's scores."""
+    print("| problem | device | trials | best (us) | first trial (us) | final best at | served best at "
+          "| within 0.5% at | within 1% at |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = "-" if r["best_us"] is None else f"{r['best_us']:.1f}"
         first = "-" if r["first_us"] is None else f"{r['first_us']:.1f}"
@@ -162,19 +163,19 @@ def print_live(rows: Sequence[Mapping[str, Any]]) -> None:
             f"{r['served_at']}{' (confirmed)' if r['served_confirmed'] else ''}")
         print(f"| {r['problem']} | {r['device']} | {r['trials']} | {best} | {first} | {r['best_at'] or '-'} "
               f"| {served} | {r['within_half_pct_at'] or '-'} | {r['within_1pct_at'] or '-'} |")
-    reached = [r["best_at"] for r in rows if r["best_at"] is not None]
-    if reached:
-        print()
-        print(f"median trial index of the final best: {statistics.median(reached):g} "
-              f"over {len(reached)} problems")
-        served_at = [r["served_at"] for r in rows if r["served_at"] is not None]
-        if served_at:
-            print(f"median trial index of the served best (the confirmation round's winner): "
-                  f"{statistics.median(served_at):g} over {len(served_at)} problems")
-        # Configs within a measurement's noise of each other make the final best's index mostly
-        # chance: the first within 0.5% of it says when the search got there.
-        half = [r["within_half_pct_at"] for r in rows if r["within_half_pct_at"] is not None]
-        print(f"median trial index within 0.5% of the final best: {statistics.median(half):g}")
+    truth = [r for r in rows if "truth_best_us" in r]
+    if truth:
+        print("\n| problem | device | trials recorded | first trial's gap | within 1% at |\n|---|---|---|---|---|")
+        for r in truth:
+            gap = "-" if r["truth_first_gap"] is None else f"{r['truth_first_gap']:.1%}"
+            print(f"| {r['problem']} | {r['device']} | {r['truth_known']}/{r['trials']} | {gap} | "
+                  f"{r['truth_within_1pct_at'] or '-'} |")
+    for key, what in (("best_at", "trial index of the final best"), ("served_at", "trial index of the "
+                      "served best"), ("within_half_pct_at", "trial index of the first within 0.5% of it"),
+                      ("in_flight", "trials in flight at an ask (--in-flight)")):
+        at = [r[key] for r in rows if r[key] is not None]
+        if at:
+            print(f"median {what}: {statistics.median(at):g} over {len(at)} problems")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,28 +195,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--patience", default="", help="comma-separated P: also report stopping after "
                     "P trials without a new best (trials run, gap to the best)")
     ap.add_argument("--noise", type=float, default=0.0,
-                    help="relative standard deviation of each replayed measurement (live runs on "
-                         "the H200: about 0.01); adds when the fastest measurement came")
+                    help="relative standard deviation of each replayed measurement (live: ~0.01)")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--save-reference", metavar="PATH",
-                    help="write the settings and median trials per problem, mode, sampler and "
-                         "threshold: the committed reference of the CI regression test")
+                    help="write the CI regression test's reference (settings, median trials)")
     ap.add_argument("--live-truth", metavar="DB,...", default="",
-                    help="add the configs these live databases measured (their median) to the "
-                         "recorded problems as extra truth, reachable but never drawn")
+                    help="add what these live databases measured as truth, never drawn")
     ap.add_argument("--family", metavar="TUNABLE,...", default="",
-                    help="every valid config of a recorded family (the configs sharing these "
-                         "tunables' values) is reachable, as in the real valid set, and timed as "
-                         "the family's recorded configs nearest to it; e.g. "
-                         "tile_m,tile_n,tile_k,max_concurrent_steps")
-    ap.add_argument("--live", metavar="DB", help="read a live job's database instead of replaying")
+                    help="every valid config of a recorded family (sharing these tunables' "
+                         "values) is reachable, timed as its nearest recorded ones")
+    ap.add_argument("--in-flight", type=int, default=1, metavar="K",
+                    help="trials asked before the first is told, as a live job compiles ahead")
+    ap.add_argument("--live", metavar="DB,...", help="read live jobs' databases instead of replaying")
     ap.add_argument("--job", help="with --live: only this job file's problems")
     ap.add_argument("--store-ground-truth", metavar="DB",
-                    help="store the ground-truth results in DB (as trials of the device they were "
-                         "measured on), so that a live job there starts warm; then exit")
+                    help="store the ground truth in DB (a live job there starts warm); then exit")
     args = ap.parse_args(argv)
     if args.live:
-        print_live(live_rows(args.live, args.job))
+        print_live([r for db in args.live.split(",") for r in live_rows(db, args.job)])
         return
     problems = problems_from(args.files, args.device, args.kernel,
                              [n for n in args.problems.split(",") if n])
@@ -239,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
                 parse_sampler(spec)
     except ReplayError as e:
         raise SystemExit(str(e)) from None
+    if args.in_flight < 1:
+        raise SystemExit(f"--in-flight is the trials asked ahead: at least 1, got {args.in_flight}")
     if not 0.0 <= args.noise < 1.0:
         raise SystemExit(f"--noise is a relative standard deviation between 0 and 1, got {args.noise}")
     patience = [int(p) for p in args.patience.split(",") if p]
@@ -256,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     family = [n for n in args.family.split(",") if n]
     started = time.monotonic()
     rows = run(problems, seeds=args.seeds, budget=args.budget, samplers=samplers,
-               modes=args.modes.split(","), patience=patience, noise=args.noise, family=family)
+               modes=args.modes.split(","), patience=patience, noise=args.noise, family=family,
+               in_flight=args.in_flight)
     if args.with_default:
         rows += run(problems, seeds=args.seeds, budget=args.budget, samplers=["auto+default"],
                     modes=["cold"], patience=patience)

@@ -58,15 +58,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import autotune.kernels as ak
 from search_spaces import scaffolding as sc
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["KERNEL", "SPACE", "RULE_KINDS", "KNOWN_GOOD", "BLOCK_THREADS", "SUPPORTED_DTYPES",
            "default_config", "smem_bytes", "cta_tile", "cluster_tile", "estimate_seconds",
-           "cost_model", "Hopper", "FITTED_ON"]
+           "cost_model", "Hopper", "FITTED_ON", "snake_order", "operand_traffic", "grid_variants"]
 
 # Threads of one block: two consumer warpgroups and one producer (TMA) warpgroup.
 BLOCK_THREADS = ak.threads(warpgroups=3)
@@ -635,6 +638,13 @@ class Hopper:
       calibration: a last factor, so that the estimate is in seconds: uncalibrated, it was 12-29%
         above the measured time of the configs within 5% of each recorded shape's best (median
         15%), and the ranked sampler trusts its scale a little.
+      l2_cache: the device's L2 size (bytes); ``l2_share``: the share of it that keeps an
+        operand's panels between the waves that use them (:func:`operand_traffic`).
+      grid_width, grid_edge: the grid order beyond its traffic. Of the variants that differ
+        only in it and move the same bytes, those whose strips are about ``grid_width`` tiles
+        wide measured fastest (docs/ranked_sampler.md, "The grid order"), so each
+        tile of width away adds ``grid_edge``: 0.33% at most, inside the ranked sampler's twin
+        margin (ESTIMATE_TWIN), so that it decides which variant goes first and no more.
       stage_transfer: what else holds a pipeline stage's slot besides the load's latency and
         the stage's consumption: ``"none"`` (the default), or the transfer of the stage's bytes
         at ``l2_bytes`` per clock, as loaded (``"loaded"``: a multicast operand halved) or in
@@ -657,6 +667,10 @@ class Hopper:
     accumulator_registers: float = 192.0
     soft: float = 4.0
     calibration: float = 0.85
+    l2_cache: float = float(ak.PROFILES[FITTED_ON].l2_bytes)
+    l2_share: float = 0.6
+    grid_width: int = 5
+    grid_edge: float = 0.0003
     stage_transfer: str = "none"
 
     def __post_init__(self) -> None:
@@ -672,7 +686,8 @@ class Hopper:
         field. ``Hopper.for_device(profile("h200")) == Hopper()``."""
         base, fitted = cls(), ak.PROFILES[FITTED_ON]
         clock_hz = device.sm_clock_mhz * 1e6 if device.sm_clock_mhz else base.clock_hz
-        facts: dict[str, Any] = {"num_sms": device.num_sms, "clock_hz": clock_hz}
+        facts: dict[str, Any] = {"num_sms": device.num_sms, "clock_hz": clock_hz,
+                                 "l2_cache": float(device.l2_bytes)}
         if device.peak_bf16_tflops and fitted.peak_bf16_tflops:
             per_sm_clock = (device.peak_bf16_tflops / (device.num_sms * clock_hz)) / (
                 fitted.peak_bf16_tflops / (fitted.num_sms * base.clock_hz))
@@ -712,6 +727,63 @@ def cost_model(**constants: Any) -> Callable[[ak.Problem, Mapping[str, Any]], fl
     return estimate
 
 
+def grid_variants(space: Any, configs: Iterable[Mapping[str, Any]]) -> list[ak.Config]:
+    """Every valid variant of ``configs`` in the grid order (``grid_minor_dim``,
+    ``grid_tile_width``) in ``space`` (a bound space of this kernel): what
+    ``benchmarks/ground_truth.py --grid`` measures."""
+    minor, width = (space.domains[space.names.index(n)]
+                    for n in ("grid_minor_dim", "grid_tile_width"))
+    found = {ak.Config(c, grid_minor_dim=d, grid_tile_width=w)
+             for c in configs for d in minor for w in width}
+    return sorted((c for c in found if space.is_valid(c)), key=ak.Config.digest)
+
+
+def snake_order(m_iters: int, n_iters: int, minor_dim: str,
+                width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The output tiles (row, column) in the order the persistent grid takes them: Pallas'
+    ``planar_snake`` (strips ``width`` tiles wide along ``minor_dim``, walked along the other
+    dim, every other strip backwards)."""
+    import numpy as np  # here: `autotune best` reads this module without numpy
+
+    lin = np.arange(m_iters * n_iters)
+    major_size, minor_size = (n_iters, m_iters) if minor_dim == "M" else (m_iters, n_iters)
+    strip = lin // (width * major_size)
+    wide = np.minimum(width, minor_size - strip * width)
+    rest = lin - strip * width * major_size
+    minor, major = strip * width + rest % wide, rest // wide
+    major = np.where(strip % 2 == 1, major_size - 1 - major, major)
+    return (minor, major) if minor_dim == "M" else (major, minor)
+
+
+@functools.lru_cache(maxsize=8192)
+def operand_traffic(m_iters: int, n_iters: int, minor_dim: str, width: int, wave: int,
+                    a_panel: float, b_panel: float, cache: float) -> float:
+    """Bytes of the operands read from device memory when ``wave`` blocks at a time take the
+    output tiles in the grid's order (:func:`snake_order`). Each tile reads a panel of A (its
+    rows, all of k: ``a_panel`` bytes) and one of B. The blocks of a wave share what they read
+    at once, so a wave reads each of its panels once; a panel read by an earlier wave is still
+    in the L2 when the waves since have read at most ``cache`` bytes. Strips as wide as a wave
+    along the dim of the operand that does not fit re-read it at every wave (2048x14336x4096 on
+    the H100: +25% for strips one tile wide along M, +3% along N)."""
+    import numpy as np
+
+    rows, cols = snake_order(m_iters, n_iters, minor_dim, width)
+    panels = m_iters + n_iters
+    waves = (len(rows) + wave - 1) // wave
+    t = np.arange(len(rows)) // wave
+    read = np.zeros((panels, waves), dtype=bool)  # the waves that read each panel
+    read[rows, t] = True
+    read[m_iters + cols, t] = True
+    size = np.where(np.arange(panels) < m_iters, a_panel, b_panel)
+    since = np.concatenate([[0.0], np.cumsum(size @ read)])  # bytes the waves before w read
+    panel, when = np.nonzero(read)  # by panel, then wave
+    first = np.ones(len(panel), dtype=bool)
+    first[1:] = panel[1:] != panel[:-1]
+    before = np.roll(when, 1)
+    miss = first | (since[when + 1] - since[before + 1] > cache)
+    return float(size[panel[miss]].sum())
+
+
 def _soft_max(p: float, *costs: float) -> float:
     """Near the largest of ``costs``, more so the more they are alike (overlap is never
     perfect)."""
@@ -727,7 +799,8 @@ def estimate_seconds(problem: ak.Problem, config: Mapping[str, Any], device: Hop
     WGMMAs, a consumer warpgroup's fixed cost per step and the loads from L2, unless too few
     stages are in flight to cover the loads' latency; per output tile, the pipeline's fill and
     the epilogue; tiles in waves over the persistent grid; the whole bounded below by device
-    memory and L2 traffic. Accumulators past the register file spill, which costs several times
+    memory traffic (the operands' as the grid order reads them: :func:`operand_traffic`) and L2
+    traffic. Accumulators past the register file spill, which costs several times
     over. Over the H200 ground truth of ``autotune/replay/data`` (7 shapes) it ranks configs with a
     Spearman correlation of 0.95-0.97 (docs/ranked_sampler.md). ``device`` defaults to the
     current device's model (:meth:`Hopper.for_device` of
@@ -770,12 +843,16 @@ def estimate_seconds(problem: ak.Problem, config: Mapping[str, Any], device: Hop
         pipelined = max(step, (latency + transfer + step) / steps)
         return latency + k_steps * pipelined * spill + epilogue
 
-    dram = (m * k + k * n + m * n) * itemsize / d.hbm_bytes_s
+    operands = operand_traffic(m // cl_m, n // cl_n, config["grid_minor_dim"],
+                               config["grid_tile_width"], clusters, cl_m * k * itemsize,
+                               cl_n * k * itemsize, d.l2_cache * d.l2_share)
+    dram = (operands + m * n * itemsize) / d.hbm_bytes_s
     # Loads wait on device memory rather than L2 as far as the kernel is memory-bound.
     streamed = min(1.0, dram / (waves * tile_clocks(d.l2_latency) / d.clock_hz))
     blocks_s = waves * tile_clocks(d.l2_latency + (d.dram_latency - d.l2_latency) * streamed) / d.clock_hz
     l2 = tiles * blocks * k_steps * loaded / (active * d.l2_bytes * d.clock_hz)
-    return d.calibration * _soft_max(d.soft, blocks_s, dram, l2)
+    grid = 1.0 + d.grid_edge * abs(config["grid_tile_width"] - d.grid_width)
+    return d.calibration * grid * _soft_max(d.soft, blocks_s, dram, l2)
 
 
 # Known-good on the H200 at 4096^3 bf16 (PLATFORM.md, "The peer to beat"): tune-jax's

@@ -46,6 +46,58 @@ def test_the_estimated_configs_are_the_cost_models_first_choices_minus_those_mea
     assert later_estimates == sorted(later_estimates)
 
 
+def test_grid_measures_every_grid_order_of_the_cost_models_first_choices(tmp_path):
+    """``--grid N``: every valid (grid_minor_dim, grid_tile_width) variant of the cost model's N
+    first choices, once each, after what the file holds (``"stage": "grid"``)."""
+    kernel = get_kernel("hopper_matmul")
+    space = kernel.valid_space(kernel.problem({"m": 256, "n": 256, "k": 256}, "bfloat16"))
+    firsts = ground_truth.estimated_configs(kernel, space, 2)
+    data = _run(tmp_path, "--max", "3", "--grid", "2")
+    grid = [Config(r["config"]) for r in data["results"] if r["stage"] == "grid"]
+    held = {Config(r["config"]).digest() for r in data["results"][:3]}
+    order = ("grid_minor_dim", "grid_tile_width")
+    expected = {Config(c, grid_minor_dim=d, grid_tile_width=w) for c in firsts
+                for d in ("M", "N") for w in range(1, 17)}
+    expected = {c.digest() for c in expected if space.is_valid(c)} - held
+    assert {c.digest() for c in grid} == expected and len(grid) == len(expected) > 2
+    assert {tuple(c[n] for n in order) for c in grid} != {tuple(firsts[0][n] for n in order)}
+
+
+def test_live_measures_what_jobs_stored_of_the_problem_on_this_device(tmp_path):
+    """``--live DB ...``: every config that jobs stored in the databases measured of this problem
+    on this device, measured here once each after what the file holds (``"stage": "live"``); a
+    database that cannot be read stops it before anything is measured."""
+    from autotune.engine.dispatcher import Engine
+    from autotune.space.outcomes import DeviceInfo, TrialResult
+    from autotune.storage.store import Store
+
+    with Engine(mode="fake") as engine:
+        here = engine.device_info()
+    kernel = get_kernel("hopper_matmul")
+    problem = kernel.problem({"m": 256, "n": 256, "k": 256}, "bfloat16")
+    configs = kernel.valid_space(problem).sample(5, seed=5)
+    dbs = []
+    for n, part in enumerate((configs[:3], configs[1:4])):
+        db = f"sqlite:///{tmp_path}/job{n}.db"
+        with Store(db) as store:
+            for c in part:
+                store.record_trial(problem, c, TrialResult.timed([1.0], compile_s=0.1, rel_error=0.0,
+                                                                 timing="fake"),
+                                   device=here, software={"jax": "0.10.2"})
+            # another device's result of the problem is not this device's
+            store.record_trial(problem, configs[4], TrialResult.timed([1.0], compile_s=0.1, rel_error=0.0,
+                                                                       timing="fake"),
+                               device=DeviceInfo("NVIDIA H200", "gpu"), software={"jax": "0.10.2"})
+        dbs.append(db)
+    data = _run(tmp_path, "--max", "2", "--live", *dbs)
+    live = [Config(r["config"]).digest() for r in data["results"] if r["stage"] == "live"]
+    held = {Config(r["config"]).digest() for r in data["results"][:2]}
+    assert sorted(live) == sorted({c.digest() for c in configs[:4]} - held)
+    with pytest.raises(SystemExit, match="--live: "):
+        _run(tmp_path / "other", "--max", "2", "--live", f"sqlite:///{tmp_path}/missing.db")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "missing.db").exists()
+
+
 def test_extend_keeps_the_file_and_adds_only_configs_not_measured(tmp_path):
     first = _run(tmp_path, "--max", "5")
     assert [r["stage"] for r in first["results"]] == ["uniform"] * 5
@@ -76,6 +128,17 @@ def test_extend_refuses_a_file_of_another_problem(tmp_path):
 def test_negative_counts_are_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="--max and --estimated must be 0 or more"):
         _run(tmp_path, "--estimated", "-1")
+    with pytest.raises(SystemExit, match=r"--grid must be 0 or more \(got -2\)"):
+        _run(tmp_path, "--grid", "-2")
+
+
+def test_grid_is_refused_for_a_kernel_without_the_grid_order(tmp_path):
+    """``--grid`` walks hopper_matmul's grid order; for another kernel it stops, naming both,
+    before anything is measured or written."""
+    with pytest.raises(SystemExit, match="--grid: hopper_matmul's grid order, not 'softmax''s"):
+        ground_truth.main(["--kernel", "softmax", "--shape", "rows=32,cols=512", "--device", "fake",
+                           "--out", str(tmp_path), "--grid", "2"])
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_changed_cost_model_is_followed_and_a_bad_constant_stops_before_measuring(tmp_path):

@@ -11,9 +11,9 @@ A PROBLEM is what ``benchmarks/ground_truth.py`` writes for one shape, less its 
 device (the file's): ``name`` (``<kernel>__<shape>__<dtype>``, the name of the per-shape file it
 came from), ``shape``, ``dtype``, ``jax`` (versions), ``valid_count``, ``sampled``,
 ``uniform_sample``, ``measured``, ``seconds``, ``iterations``, ``baseline`` and ``results``: one
-record per config, ``{"config", "stage" (uniform, neighbourhood or estimated), "status"
-(an outcome), "median_us", "min_us", "max_us", "compile_s", "error" (only when not empty),
-"retimed_us" (optional: the medians of interleaved re-timing rounds)}``. A LIVE entry is
+record per config, ``{"config", "stage" (uniform, neighbourhood, estimated, grid, live or
+vendor), "status" (an outcome), "median_us", "min_us", "max_us", "compile_s", "error" (only when
+not empty), "retimed_us" (optional: the medians of interleaved re-timing rounds)}``. A LIVE entry is
 ``{"shape", "dtype", "times": [[config, median_us], ...]}``: each config's median over the live
 jobs that measured it (``benchmarks/cost_model_check.py`` compares the cost model with them).
 
@@ -75,7 +75,7 @@ def ground_truth_path(device: str, kernel: str, *, root: Path = DATA_DIR) -> Pat
     return root / device_slug(device) / f"{kernel}{SUFFIX}"
 
 
-def problem_name(kernel: str, shape: Mapping[str, int], dtype: str) -> str:
+def problem_name(kernel: str, shape: Mapping[str, Any], dtype: str) -> str:
     """``<kernel>__<shape>__<dtype>``: ``hopper_matmul__k4096_m4096_n4096__bfloat16``, the
     name of the per-shape file ``benchmarks/ground_truth.py`` writes."""
     dims = "_".join(f"{k}{str(v).lower()}" for k, v in sorted(shape.items()))
@@ -135,7 +135,7 @@ def read_problem_file(path: str | os.PathLike[str],
     return dict(data)
 
 
-def find_problem(device: str, kernel: str, shape: Mapping[str, int], dtype: str, *,
+def find_problem(device: str, kernel: str, shape: Mapping[str, Any], dtype: str, *,
                  root: Path = DATA_DIR) -> dict[str, Any] | None:
     """The recorded problem of ``kernel`` at ``shape`` and ``dtype`` on ``device`` (as
     :func:`load_ground_truth` gives it), or None when none is recorded."""

@@ -22,6 +22,7 @@ only; every other problem is held out (``held_out`` in a row). The command line 
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 import statistics
@@ -33,10 +34,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.devices import profile_for_name, using_profile
 from autotune.replay.evaluator import ReplayEvaluator
 from autotune.replay.ground_truth import recorded_us
 from autotune.space.kernel import get_kernel
-from autotune.space.problem import Config, shape_distance
+from autotune.space.problem import Config, Problem, shape_distance
 from autotune.space.search_space import Constraint, Space
 from autotune.tuning import optuna_adapter, samplers
 from autotune.tuning.samplers.ranked import Observation
@@ -86,6 +88,12 @@ def _recorded_prefix(prefix: Sequence[str], seen: set[tuple[Any, ...]]) -> Const
                       "only configs measured in the ground truth")
 
 
+def _recorded_times(data: Mapping[str, Any]) -> dict[str, float | None]:
+    """A ground-truth problem's time of each recorded config, by its digest (None: failed)."""
+    return {Config(r["config"]).digest(): (recorded_us(r) if r["status"] == "ok" else None)
+            for r in data["results"]}
+
+
 class Recorded:
     """One ground-truth problem: its space restricted to the recorded configs, and times."""
 
@@ -95,10 +103,7 @@ class Recorded:
         self.kernel = get_kernel(data["kernel"])
         self.problem = self.kernel.problem(data["shape"], data["dtype"])
         base = self.kernel.bind(self.problem)
-        self.times = {
-            Config(r["config"]).digest(): (recorded_us(r) if r["status"] == "ok" else None)
-            for r in data["results"]
-        }
+        self.times = _recorded_times(data)
         # Only recorded configs: one rule per tunable, on the prefix fixed so far, so that
         # enumerating the valid set visits recorded prefixes only (milliseconds, not minutes).
         names = base.names
@@ -196,8 +201,9 @@ class Replayed:
 
 
 def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
-                others: Sequence[Recorded] = (), noise: float = 0.0) -> Replayed:
-    """One replayed study of ``budget`` trials (fewer if the space runs out).
+                others: Sequence[Recorded] = (), noise: float = 0.0, in_flight: int = 1) -> Replayed:
+    """One replayed study of ``budget`` trials (fewer if the space runs out), ``in_flight`` of
+    them asked ahead (:func:`replay_study`).
 
     ``noise``: the relative standard deviation of each measurement (log-normal, seeded by
     ``seed``); 0 replays the recorded medians exactly. Spec ``oracle`` measures the recorded
@@ -221,7 +227,8 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
     history = [obs for o in others for obs in o.observations()]
     estimate = rec.kernel.cost_model if options.pop("estimate", True) else None
     return replay_study(rec, name, seed, budget, seeds=seeds, local=local, related=related,
-                        history=history, options=options, estimate=estimate, evaluator=evaluator)
+                        history=history, options=options, estimate=estimate, evaluator=evaluator,
+                        in_flight=in_flight)
 
 
 def replay_study(rec: Recorded, name: str, seed: int, budget: int, *,
@@ -229,12 +236,30 @@ def replay_study(rec: Recorded, name: str, seed: int, budget: int, *,
                  history: Sequence[Observation] = (), local: float | None = None,
                  options: Mapping[str, Any] | None = None,
                  estimate: Callable[[Any, Mapping[str, Any]], float] | None = None,
-                 evaluator: ReplayEvaluator | None = None) -> Replayed:
+                 evaluator: ReplayEvaluator | None = None, in_flight: int = 1) -> Replayed:
     """One replayed study of ``budget`` trials (fewer if the space runs out) of the sampler
     ``name`` as the tuner builds it (:func:`~autotune.tuning.sampling.valid_sampler`), its
     inputs given: ``seeds`` proposed first, ``related`` winners, ``history`` (stored results),
     the ``local`` share, the sampler's ``options`` and the ``estimate`` it ranks by. Answered by
-    ``evaluator`` (default: the recorded times, no noise)."""
+    ``evaluator`` (default: the recorded times, no noise). ``in_flight`` trials are asked before
+    the first is told, and one more after each (first asked, first told), as a live job keeps
+    configs compiling while one is timed; 1 asks each after the last result. Where no GPU
+    driver answers, the study sees the facts of the recorded device's profile (an H200's file
+    is replayed with the H200's bandwidth in its cost model, not the default profile's)."""
+    if in_flight < 1:
+        raise ReplayError(f"in_flight is the trials asked before one is told: at least 1, got {in_flight}")
+    with using_profile(profile_for_name(rec.device) if rec.device else None):
+        return _replay_study(rec, name, seed, budget, seeds=seeds, related=related,
+                             history=history, local=local, options=options, estimate=estimate,
+                             evaluator=evaluator, in_flight=in_flight)
+
+
+def _replay_study(rec: Recorded, name: str, seed: int, budget: int, *,
+                  seeds: Sequence[Mapping[str, Any]], related: Sequence[Mapping[str, Any]],
+                  history: Sequence[Observation], local: float | None,
+                  options: Mapping[str, Any] | None,
+                  estimate: Callable[[Any, Mapping[str, Any]], float] | None,
+                  evaluator: ReplayEvaluator | None, in_flight: int) -> Replayed:
     if evaluator is None:
         evaluator = ReplayEvaluator(rec.data, seed=seed, unrecorded=rec.time if rec.family else None)
     if name == "ranked":
@@ -249,11 +274,17 @@ def replay_study(rec: Recorded, name: str, seed: int, budget: int, *,
     best = math.inf
     study = optuna.create_study(sampler=vs)
     dists = distributions(rec.bound)
-    for _ in range(budget):
-        try:
-            trial = study.ask(dists)
-        except ExhaustedError:
+    asked: collections.deque[optuna.trial.Trial] = collections.deque()
+    exhausted = False
+    while len(curve) < budget:
+        while not exhausted and len(asked) < in_flight and len(curve) + len(asked) < budget:
+            try:
+                asked.append(study.ask(dists))
+            except ExhaustedError:
+                exhausted = True
+        if not asked:
             break
+        trial = asked.popleft()
         config = Config(trial.params)
         result = evaluator.evaluate(rec.kernel, rec.problem, config)
         # A config that failed when recorded is told as a wrong result, whatever its outcome.
@@ -279,6 +310,23 @@ def _replayed(curve: list[float], measured: Sequence[tuple[float, float]], at: S
     return Replayed(curve, at[i], measured[i][1] / best - 1)
 
 
+def live_measured(dbs: Sequence[str], problem: Problem,
+                  device_name: str | None) -> dict[str, tuple[Config, list[float]]]:
+    """The configs the databases ``dbs`` (URLs or SQLite files; never written) measured ok for
+    ``problem`` on the device ``device_name`` (None: any), by digest, each with its medians
+    there, in the order first found."""
+    from autotune.storage.store import Store
+
+    found: dict[str, tuple[Config, list[float]]] = {}
+    for db in dbs:
+        with Store(db, read_only=True) as store:
+            rows = store.trials(problem, device_name=device_name, status="ok")
+        for row in rows:
+            if row.median_us is not None:
+                found.setdefault(row.config.digest(), (row.config, []))[1].append(row.median_us)
+    return found
+
+
 def add_live_truth(data: dict[str, Any], dbs: Sequence[str]) -> int:
     """Adds to a ground-truth problem's results the configs the databases ``dbs`` measured for
     it on its device (stage ``"live"``: never drawn into the ranked sampler's pool; their median
@@ -286,25 +334,16 @@ def add_live_truth(data: dict[str, Any], dbs: Sequence[str]) -> int:
     The recorded data hold a uniform sample with few variants of each (tile, stages) family, so
     a replayed search cannot dwell on one family's grid-order variants as a live one can, on
     the real valid set; with the live ones it can (``benchmarks/RESULTS.md`` §12)."""
-    from autotune.storage.store import Store
-
     kernel = get_kernel(data["kernel"])
     problem = kernel.problem(data["shape"], data["dtype"])
     recorded = {Config(r["config"]).digest() for r in data["results"]}
-    times: dict[str, list[float]] = {}
-    configs: dict[str, Config] = {}
-    for db in dbs:
-        with Store(db, read_only=True) as store:  # a URL or a SQLite file; never written
-            rows = store.trials(problem, device_name=data.get("device") or None, status="ok")
-        for row in rows:
-            digest = row.config.digest()
-            if digest not in recorded and row.median_us is not None:
-                configs[digest] = row.config
-                times.setdefault(digest, []).append(row.median_us)
-    for digest, config in configs.items():
-        data["results"].append({"config": dict(config), "stage": "live", "status": "ok",
-                                "median_us": statistics.median(times[digest])})
-    return len(configs)
+    added = 0
+    for digest, (config, times) in live_measured(dbs, problem, data.get("device") or None).items():
+        if digest not in recorded:
+            data["results"].append({"config": dict(config), "stage": "live", "status": "ok",
+                                    "median_us": statistics.median(times)})
+            added += 1
+    return added
 
 
 def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
@@ -312,14 +351,30 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
     ``job``'s problems when given), the trials measured, the index (1-based, in the order
     measured) of the final best (the fastest single measurement), of the served best (the
     confirmation round's winner, what ``autotune best`` answers) and of the first results within
-    0.5% and 1% of the final best, and the first trial's time (None when it failed)
-    (``benchmarks/search_efficiency.py --live``)."""
+    0.5% and 1% of the final best, the first trial's time (None when it failed) and how many of
+    its trials were in flight when one was asked (:func:`in_flight_when_asked`)
+    (``benchmarks/search_efficiency.py --live``).
+
+    Where the device's packaged ground truth records the problem, each trial is also scored by
+    it (:func:`truth_scores`): one timing per config in one process, so that a lucky timing in
+    the job's own process neither sets the best nor hides a config that reached it."""
     from autotune.queries.best import best_result
+    from autotune.replay.ground_truth import load_ground_truth, problem_name
     from autotune.storage.store import Store
     from autotune.tuning.jobs import load_job
 
     wanted = {spec.problem for spec in load_job(job).problems} if job else None
     out: list[dict[str, Any]] = []
+    # Each device's packaged ground truth of a kernel, read once, by problem name.
+    recorded: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+
+    def truth_of(device: str, problem: Problem) -> dict[str, Any] | None:
+        if (device, problem.kernel) not in recorded:
+            recorded[device, problem.kernel] = {
+                p["name"]: p for p in load_ground_truth(device, problem.kernel)}
+        return recorded[device, problem.kernel].get(
+            problem_name(problem.kernel, problem.dims, problem.dtype))
+
     with Store(db) as store:
         for problem in store.problems():
             if wanted is not None and problem not in wanted:
@@ -328,11 +383,12 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
                 rows = store.trials(problem, device_name=device)
                 rows.sort(key=lambda r: (r.optuna_trial_number if r.optuna_trial_number is not None else math.inf, r.id))
                 ok = [(i, r.median_us) for i, r in enumerate(rows, 1) if r.ok and r.median_us is not None]
+                in_flight = in_flight_when_asked([(r.started_at, r.finished_at) for r in rows])
                 if not ok:
                     out.append({"problem": str(problem), "device": device, "trials": len(rows),
                                 "best_us": None, "first_us": None, "best_at": None, "served_at": None,
                                 "served_confirmed": False, "within_half_pct_at": None,
-                                "within_1pct_at": None})
+                                "within_1pct_at": None, "in_flight": in_flight})
                     continue
                 best = min(t for _, t in ok)
                 # What the job serves: its confirmation round's winner (the best configs
@@ -351,8 +407,44 @@ def live_rows(db: str, job: str | None = None) -> list[dict[str, Any]]:
                     "served_confirmed": served is not None and served.confirmed,
                     "within_half_pct_at": min(i for i, t in ok if t <= best * 1.005),
                     "within_1pct_at": min(i for i, t in ok if t <= best * 1.01),
+                    "in_flight": in_flight,
+                    **truth_scores(truth_of(device, problem), [dict(r.config) for r in rows]),
                 })
     return out
+
+
+def in_flight_when_asked(spans: Sequence[tuple[Any, Any]]) -> float | None:
+    """The median over a problem's trials (``(asked, stored)`` times each; ``asked`` None where
+    it was not stored) of how many of them were in flight, asked and not yet stored, when one
+    was asked, itself included: what a replay's ``in_flight`` stands for (``--in-flight``).
+    None without any asked time."""
+    asked = [(a, b) for a, b in spans if a is not None and b is not None]
+    if not asked:
+        return None
+    return float(statistics.median(sum(1 for a, b in asked if a <= t < b) for t, _ in asked))
+
+
+def truth_scores(truth: Mapping[str, Any] | None, configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A live job's trials (``configs``, in the order measured) scored by a ground-truth
+    problem ``truth`` (None: nothing to score by, no keys): ``truth_best_us`` (its best),
+    ``truth_known`` (the trials whose config it records ok), ``truth_first_gap`` (the first
+    trial's gap to its best; None when unrecorded) and ``truth_within_1pct_at`` (the first trial
+    within 1% of its best, 1-based; None when none is). No keys either where it records no
+    config ok."""
+    times = {} if truth is None else {
+        digest: t for digest, t in _recorded_times(truth).items() if t is not None}
+    if not times:
+        return {}
+    best = min(times.values())
+    scored = [times.get(Config(c).digest()) for c in configs]
+    first = scored[0] if scored else None
+    return {
+        "truth_best_us": best,
+        "truth_known": sum(t is not None for t in scored),
+        "truth_first_gap": None if first is None else first / best - 1,
+        "truth_within_1pct_at": next((i for i, t in enumerate(scored, 1)
+                                      if t is not None and t <= best * 1.01), None),
+    }
 
 
 def trials_to(curve: Sequence[float], target: float, budget: int) -> int:
@@ -387,12 +479,12 @@ def related_to(rec: Recorded, recs: Sequence[Recorded]) -> list[Recorded]:
 
 def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, samplers: Sequence[str],
         modes: Sequence[str] = MODES, patience: Sequence[int] = (), noise: float = 0.0,
-        family: Sequence[str] = ()) -> list[dict[str, Any]]:
+        family: Sequence[str] = (), in_flight: int = 1) -> list[dict[str, Any]]:
     """The replay's rows: one per problem (ground-truth dicts, as
     :func:`~autotune.replay.ground_truth.load_ground_truth` gives them), mode and sampler spec,
     over ``seeds`` seeds of ``budget`` trials each (``patience``: also the early-stop figures
     for these patiences; ``family``: every valid config of a recorded family is reachable, see
-    :class:`Recorded`)."""
+    :class:`Recorded`; ``in_flight``: trials asked ahead, see :func:`replay_study`)."""
     for spec in samplers:
         if spec != "oracle":
             parse_sampler(spec)
@@ -405,8 +497,8 @@ def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, sampl
                 continue  # nothing else recorded for this kernel
             for spec in samplers:
                 started = time.process_time()
-                replays = [replay_once(rec, spec, s, budget, others if mode == "warm" else (), noise)
-                           for s in range(seeds)]
+                replays = [replay_once(rec, spec, s, budget, others if mode == "warm" else (), noise,
+                                       in_flight) for s in range(seeds)]
                 curves = [r.curve for r in replays]
                 row: dict[str, Any] = {
                     "problem": rec.name, "file": rec.data["name"], "mode": mode, "sampler": spec,

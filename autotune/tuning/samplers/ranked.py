@@ -14,9 +14,9 @@ The model predicts the log of the run time, relative to the problem's typical ti
   other shapes (``history``), failures counted as twice as slow as that problem's slowest
   config. Fitted once per sampler (and cached for identical histories).
 * **A kernel's cost model** (``estimate``), where it declares one: the prior, cold or warm, after
-  a climb on it alone has brought its best configs into the pool; measurements correct it near
-  where they were made (their residuals spread by similarity), and it is dropped if they
-  contradict it.
+  a climb on it alone has brought its best configs into the pool; measurements correct it (by
+  effects of families and of the values it misjudges, and near where they were made by
+  similarity), and it is dropped if they contradict it.
 * **Online**: the study's own measured trials (and ``history`` rows of this very problem). With
   a prior, a second model learns the residual of the prior on them; without, it learns the
   times themselves. Refits happen in batches (every trial at first, then every ``n // 8``), so
@@ -106,9 +106,9 @@ ESTIMATE_CLIMB_FROM = 8
 ESTIMATE_CLIMB_ROUNDS = 3
 ESTIMATE_POOL = 64
 # Of configs whose estimates are this close (log), the climb's pool keeps the best one only:
-# tunables the cost model ignores (grid order, epilogue tiles) make families of equal
-# estimates, and on the H200's decode shape 64x4096x4096 one family's variants filled the 64
-# and took 10-16 of a live job's first 24 trials, 20% slower than the best
+# tunables the cost model ignores or barely weighs (grid order, epilogue tiles) make families of
+# near-equal estimates, and on the H200's decode shape 64x4096x4096 one family's variants filled
+# the 64 and took 10-16 of a live job's first 24 trials, 20% slower than the best
 # (benchmarks/RESULTS.md §6). The measured family's neighbours still join the pool as it climbs.
 ESTIMATE_TWIN = math.log(1.005)
 # A proposal passes over a config whose estimate a config already taken (measured or in flight)
@@ -122,11 +122,27 @@ ESTIMATE_TWIN_MARGIN = math.log(1.1)
 ESTIMATE_CLEAR = 0.1
 ESTIMATE_TRUST = 0.5
 ESTIMATE_TRUST_PAIRS = 6
-# With a cost model, the online correction: each measured config's residual (its log time less
-# the estimate's) spreads to the pool by similarity, exp(-LOCAL_DECAY x the tunables that
-# differ), shrunk towards none by LOCAL_SHRINK where nothing measured is near.
+# With a cost model, the online correction of the estimate by this problem's measurements, in
+# two parts (RankedSampler._refit):
+# - additive: the residuals (log time less the estimate's) as a sum of effects, one per family
+#   (below) and one per value of each tunable outside the family columns, fitted by ridge
+#   regression (RESIDUAL_RIDGE, each result counting 1; residuals clipped to
+#   ESTIMATE_SCALE_SLACK): an effect of a value the estimate misjudges (a 2-block cluster at
+#   64x4096x4096 on the H100, 7% faster than estimated) reaches every config with that value;
+# - local: what is left of each measured config's residual spreads to the pool by similarity,
+#   exp(-(LOCAL_DECAY x the other tunables that differ + FAMILY_DECAY x the family tunables that
+#   differ)), shrunk towards none by LOCAL_SHRINK where nothing measured is near: one family's
+#   error says little of the next family's (at 4096^3 on the H100, 64x256x64 measured 24%
+#   slower than estimated with 2 stages and 2% faster with 4).
 LOCAL_DECAY = 1.0
+FAMILY_DECAY = 2.0
 LOCAL_SHRINK = 0.5
+RESIDUAL_RIDGE = 1.0
+# The estimate's scale on a problem is the median over the measured families of each one's
+# smallest residual, among the configs within SCALE_NEAR (log) of the best measured: a family
+# counts once however many of its variants were measured, and configs far from the best (an
+# exploratory draw 30x slower) say nothing of the scale near it.
+SCALE_NEAR = math.log(1.1)
 # A cost model in seconds is trusted to be within ESTIMATE_SCALE_SLACK (log) of the measured
 # times on a problem; one further off than ESTIMATE_SCALE_OFF is taken to be in other units.
 ESTIMATE_SCALE_SLACK = math.log(1.2)
@@ -531,33 +547,39 @@ def climb_estimate(
     """The ``keep`` best configs by a kernel's cost model that a climb from ``start`` finds,
     best first, one of each family of twins (estimates within ESTIMATE_TWIN).
 
-    From the ESTIMATE_CLIMB_FROM best distinct estimates among those seen, through their
-    neighbours and their neighbours' neighbours in ``space`` (two tunables at a time: a tile's
-    shape changes in both dims at once), for ESTIMATE_CLIMB_ROUNDS rounds. A uniform draw rarely
-    holds the few configs a good estimate ranks first in a space of 10^5, and a
+    From the ESTIMATE_CLIMB_FROM best configs seen but twins of those climbed from already (one
+    tunable apart, estimates within ESTIMATE_TWIN), through their neighbours and their
+    neighbours' neighbours in ``space`` (two tunables at a time: a tile's shape changes in both
+    dims at once), for ESTIMATE_CLIMB_ROUNDS rounds. A uniform draw rarely holds the few
+    configs a good estimate ranks first in a space of 10^5, and a
     milliseconds-cheap estimate can look at thousands. ``accept`` filters what is kept (the
     ranked sampler keeps configs valid in its own space and not in its pool yet); the start
     configs are estimated but kept only if ``accept`` takes them.
     """
     problem = space.problem
     scores = {space.key(c): float(estimate(problem, c)) for c in start}
-    expanded: set[float] = set()
+    # Configs climbed from, and their twins: one tunable apart and estimated within ESTIMATE_TWIN
+    # (tunables the model barely weighs, grid order say, make near-ties that would spend the
+    # climb on one family's variants): their log estimates.
+    covered: dict[tuple[Any, ...], float] = {}
     for _ in range(ESTIMATE_CLIMB_ROUNDS):
-        # One config per estimate: tunables the model ignores (grid order, say) make ties
-        # that would spend the climb on a single estimate.
-        fresh: dict[float, tuple[Any, ...]] = {}
+        fresh: list[tuple[Any, ...]] = []
         for key in sorted(scores, key=scores.__getitem__):
-            if scores[key] not in expanded:
-                fresh.setdefault(scores[key], key)
+            if key in covered:
+                continue
+            value = math.log(scores[key])
+            twin = any(abs(value - v) < ESTIMATE_TWIN and sum(a != b for a, b in zip(key, k)) <= 1
+                       for k, v in covered.items())
+            covered[key] = value
+            if not twin:
+                fresh.append(key)
                 if len(fresh) == ESTIMATE_CLIMB_FROM:
                     break
-        for value, key in fresh.items():
-            expanded.add(value)
+        for key in fresh:
             for k1 in space.neighbour_keys(dict(zip(space.names, key, strict=True))):
-                if k1 in scores:
-                    continue
                 near = space.config_of(k1)
-                scores[k1] = float(estimate(problem, near))
+                if k1 not in scores:
+                    scores[k1] = float(estimate(problem, near))
                 for k2 in space.neighbour_keys(near):
                     if k2 not in scores:
                         scores[k2] = float(estimate(problem, space.config_of(k2)))
@@ -748,11 +770,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._start_lock = threading.Lock()
         self._start_error: BaseException | None = None
         self._preparing = False  # prepare() has queued the start
-        self._family_columns: list[int] | None = None  # found at the first stall
+        self._family_columns: list[int] | None = None  # found at the start (with a cost model)
         self._families_from: set[tuple[Any, ...]] = set()  # best configs whose families joined
         # Family members being found (family_members), in the order asked; joined when done.
-        self._family_jobs: list[concurrent.futures.Future[tuple[list[int], list[dict[str, Any]]]]] = []
-        self._columns_made: list[int] | None = None  # the columns a family job found
+        self._family_jobs: list[concurrent.futures.Future[list[dict[str, Any]]]] = []
         # On (the scheduler's, through ValidSampler.prefetch): the family members of a stall are
         # found on the preparer thread, and join the pool at the first proposal after they are
         # ready; off (the default): at the stall, on the asking thread, so that proposals depend
@@ -859,10 +880,14 @@ class RankedSampler(optuna.samplers.BaseSampler):
     def _untwinned(self, free: list[int], in_flight: set[tuple[Any, ...]]) -> int:
         """The first of ``free`` (in rank order) that is no twin (an estimate within
         ESTIMATE_TWIN) of a config ``in_flight``, among those that score within
-        ESTIMATE_TWIN_MARGIN of the first; the first when there is none, or no cost model to tell
-        twins by. Once measured, a config's twins are ranked by what it measured (a twin of one
-        that measured as estimated may well be the best: the grid's order, which the estimate
-        ignores, still matters; replay, benchmarks/RESULTS.md §4)."""
+        ESTIMATE_TWIN_MARGIN of the first; of those, one of a family no config in flight belongs
+        to while it scores within FAMILY_MARGIN of the first such (a burst before any result
+        spans the families the estimate puts near: live on the H100 the first 7 trials at
+        2048x14336x4096 had been two families' variants); the first when there is none, or no
+        cost model to tell twins by. Once measured, a config's twins are ranked by what it
+        measured (a twin of one that measured as estimated may well be the best: the grid's
+        order, which the estimate barely weighs, still matters; replay, benchmarks/RESULTS.md
+        §4)."""
         score = self._score
         if (not isinstance(self._prior, _EstimatePrior) or score is None
                 or len(score) != len(self._pool)):
@@ -872,16 +897,21 @@ class RankedSampler(optuna.samplers.BaseSampler):
             return free[0]
         estimate = self._x[:, self._estimate_column()]
         known = np.sort(estimate[twins])
+        families = ({self._family_key(self._pool[i]) for i in twins}
+                    if self._family_columns else set())
         limit = score[free[0]] + ESTIMATE_TWIN_MARGIN
+        first = None  # the first candidate that is no twin, if of a family in flight
         for i in free:
-            if score[i] > limit:
+            if score[i] > limit or (first is not None and score[i] > score[first] + FAMILY_MARGIN):
                 break
             j = int(np.searchsorted(known, estimate[i]))
             near = min(estimate[i] - known[j - 1] if j else math.inf,
                        known[j] - estimate[i] if j < len(known) else math.inf)
             if near >= ESTIMATE_TWIN:
-                return i
-        return free[0]
+                if not families or self._family_key(self._pool[i]) not in families:
+                    return i
+                first = i if first is None else first
+        return free[0] if first is None else first
 
     def _stalled(self, measured: Sequence[tuple[tuple[Any, ...], float | None]]) -> bool:
         """Whether the last FAMILY_PATIENCE measured configs (in order) gained less than
@@ -891,8 +921,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
 
         Finding those members (:func:`family_members`) is the costly part: with
         :attr:`prefetch` on it runs on the preparer thread, and this proposal (and the next,
-        until the members are found) goes on without them; the family rule applies once the
-        families are known (False until then)."""
+        until the members are found) goes on without them: the family rule applies from the
+        stall on (the family columns are found at the start), over the families in the pool."""
         if not isinstance(self._prior, _EstimatePrior) or self._estimate is None:
             return False
         best, since, best_key = math.inf, 0, None
@@ -909,31 +939,21 @@ class RankedSampler(optuna.samplers.BaseSampler):
             self._families_from.add(best_key)
             self._find_families(dict(zip(self._space.names, best_key, strict=True)))
         self._join_families(measured)
-        return stalled and self._family_columns is not None
+        return stalled
 
     def _find_families(self, config: dict[str, Any]) -> None:
-        """Finds the family members of ``config`` (and, the first time, the family columns, from
-        the FAMILY_FROM best candidates of the prior as it is now): at once, or queued on the
-        preparer thread with :attr:`prefetch` on. Reads only what is given here and what no
-        proposal changes (the space, the estimate)."""
-        estimate = self._estimate
-        assert estimate is not None
-        top = None
-        if self._family_columns is None:
-            top = [dict(zip(self._space.names, self._pool[i], strict=True))
-                   for i in np.argsort(self._prior_mean, kind="stable")[:FAMILY_FROM]]
-        job: concurrent.futures.Future[tuple[list[int], list[dict[str, Any]]]] = concurrent.futures.Future()
-        space, estimate_space = self._space, self._estimate_space
+        """Finds the family members of ``config`` (over the family columns found at the start):
+        at once, or queued on the preparer thread with :attr:`prefetch` on. Reads only what is
+        given here and what no proposal changes (the space, the estimate, the columns)."""
+        estimate, columns, space = self._estimate, self._family_columns, self._space
+        assert estimate is not None and columns is not None
+        job: concurrent.futures.Future[list[dict[str, Any]]] = concurrent.futures.Future()
 
         def work() -> None:
             if not job.set_running_or_notify_cancel():
                 return
             try:
-                columns = self._family_columns or self._columns_made
-                if columns is None:
-                    assert top is not None
-                    columns = self._columns_made = _family_columns(estimate_space, estimate, top)
-                job.set_result((columns, family_members(space, estimate, columns, config)))
+                job.set_result(family_members(space, estimate, columns, config))
             except BaseException as error:  # raised again by the proposal that joins it
                 job.set_exception(error)
 
@@ -947,17 +967,14 @@ class RankedSampler(optuna.samplers.BaseSampler):
         """The family members found so far join the pool, in the order they were asked for
         (the pool rescored and the model refitted); those still being found wait."""
         while self._family_jobs and self._family_jobs[0].done():
-            columns, members = self._family_jobs.pop(0).result()
-            if self._family_columns is None:
-                self._family_columns = columns
-            first = self._extend_pool(members)
+            first = self._extend_pool(self._family_jobs.pop(0).result())
             if first < len(self._pool):
                 self._rescore_prior(first)
                 self._refit(measured)
 
     def _family_key(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         columns = self._family_columns
-        assert columns is not None, "the family columns are found at the first stall"
+        assert columns is not None, "the family columns are found at the start (with a cost model)"
         return tuple(key[c] for c in columns)
 
     def _new_family(self, free: list[int], taken: set[tuple[Any, ...]]) -> int | None:
@@ -1053,6 +1070,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._order = np.array(self._rng.sample(range(len(self._pool)), len(self._pool)), dtype=np.int64)
         if self._prior is not None:
             self._rank(self._prior_mean - self._kappa * self._prior_spread)
+        if isinstance(self._prior, _EstimatePrior) and self._estimate is not None:
+            top = [dict(zip(self._space.names, self._pool[i], strict=True))
+                   for i in np.argsort(self._prior_mean, kind="stable")[:FAMILY_FROM]]
+            self._family_columns = _family_columns(self._estimate_space, self._estimate, top)
         self._started = True
 
     def _misjudged_leads(self) -> list[tuple[Any, ...]]:
@@ -1126,17 +1147,60 @@ class RankedSampler(optuna.samplers.BaseSampler):
             raise RuntimeError("the candidate pool is empty: it has no codes")
         return codes
 
-    def _local_residual(self, measured: np.ndarray, residual: np.ndarray) -> np.ndarray:
-        """The estimate's error near what was measured, for every pool candidate: each measured
-        config's residual spread by similarity, exp(-LOCAL_DECAY x the tunables that differ),
-        shrunk towards none (LOCAL_SHRINK) where no measured config is near."""
+    def _agreement(self, measured: np.ndarray) -> np.ndarray:
+        """Which tunables each pool candidate shares with each ``measured`` one (candidates x
+        measured x tunables, booleans): what both parts of the correction weigh."""
         codes = self._codes()
-        differ = (codes[:, None, :] != codes[measured][None, :, :]).sum(axis=2)
-        weights = np.exp(-LOCAL_DECAY * differ)
-        # numpy types `!=` of two unparametrised ndarrays as Any, and so all that follows from
-        # `differ`: the result is named as the array it is.
+        same: np.ndarray = codes[:, None, :] == codes[measured][None, :, :]
+        return same
+
+    def _local_residual(self, same: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        """The estimate's error near what was measured, for every pool candidate: each measured
+        config's residual spread by similarity, exp(-(LOCAL_DECAY x the tunables that differ,
+        FAMILY_DECAY for a family tunable)), shrunk towards none (LOCAL_SHRINK) where no
+        measured config is near. ``same``: :meth:`_agreement` of the measured configs."""
+        cost = np.full(same.shape[2], LOCAL_DECAY)
+        cost[self._family_columns or []] = FAMILY_DECAY
+        weights = np.exp(-((~same) @ cost))
         local: np.ndarray = (weights @ residual) / (weights.sum(axis=1) + LOCAL_SHRINK)
         return local
+
+    def _additive_residual(self, same: np.ndarray, measured: np.ndarray,
+                           residual: np.ndarray) -> np.ndarray:
+        """The estimate's error as a sum of effects, for every pool candidate: one effect per
+        family and one per value of each tunable outside the family columns, fitted to the
+        ``measured`` candidates' ``residual`` (clipped to ESTIMATE_SCALE_SLACK) by ridge
+        regression (RESIDUAL_RIDGE). A value no measured config has has no effect.
+        ``same``: :meth:`_agreement` of the measured configs.
+
+        Solved in the dual form, whose size is the measured configs' count however many values
+        the tunables have: with X the candidates' one-hot effects, X X^T counts the effects two
+        configs share (their family, if every family tunable agrees, and each other tunable
+        that agrees), and the fit is X X_m^T (X_m X_m^T + RESIDUAL_RIDGE I)^-1 y."""
+        columns = self._family_columns or []
+        others = np.ones(same.shape[2], dtype=bool)
+        others[columns] = False
+        shared = (same[:, :, others].sum(axis=2) + same[:, :, columns].all(axis=2)).astype(np.float64)
+        y = np.clip(residual, -ESTIMATE_SCALE_SLACK, ESTIMATE_SCALE_SLACK)
+        weights = np.linalg.solve(shared[measured] + RESIDUAL_RIDGE * np.eye(len(measured)), y)
+        additive: np.ndarray = shared @ weights
+        return additive
+
+    def _estimate_scale(self, measured: Sequence[tuple[tuple[Any, ...], float | None]],
+                        error: np.ndarray) -> float:
+        """The estimate's scale on this problem (log): the median over the families measured
+        within SCALE_NEAR of the best of each one's smallest residual (``error``, in the order of
+        ``measured``); the median residual where nothing was measured ok."""
+        ok = [t for _, t in measured if t is not None and t > 0]
+        if not ok:
+            return float(np.median(error))
+        near = math.log(min(ok)) + SCALE_NEAR
+        smallest: dict[tuple[Any, ...], float] = {}
+        for (key, t), e in zip(measured, error, strict=True):
+            if t is not None and t > 0 and math.log(t) <= near:
+                family = self._family_key(key) if self._family_columns else key
+                smallest[family] = min(smallest.get(family, math.inf), float(e))
+        return float(np.median(list(smallest.values())))
 
     def _estimate_column(self) -> int:
         return self._features.names.index(ESTIMATE_FEATURE)
@@ -1270,17 +1334,20 @@ class RankedSampler(optuna.samplers.BaseSampler):
             # the residuals spread a family's error everywhere alike and so never left it:
             # benchmarks/RESULTS.md §6.)
             # Residuals in absolute terms (log seconds), less their common part (the estimate's
-            # scale on this problem): their median, but at most ESTIMATE_SCALE_SLACK either way,
-            # so that a first family measured far slower than estimated is seen as such rather
-            # than taken for the scale. A model off by more than ESTIMATE_SCALE_OFF (in other units
-            # than seconds, say) has no scale to trust: the median then, whatever it is.
+            # scale on this problem, _estimate_scale), but at most ESTIMATE_SCALE_SLACK either
+            # way, so that a first family measured far slower than estimated is seen as such
+            # rather than taken for the scale. A model off by more than ESTIMATE_SCALE_OFF (in
+            # other units than seconds, say) has no scale to trust: the scale then, whatever it
+            # is. What is left is corrected by effects (additive) and by similarity (local).
             error = measured_s - self._prior_mean[idx]
-            shift = float(np.median(error))
+            shift = self._estimate_scale(measured, error)
             if abs(shift) <= ESTIMATE_SCALE_OFF:
                 shift = max(-ESTIMATE_SCALE_SLACK, min(ESTIMATE_SCALE_SLACK, shift))
             self.fits += 1
-            residual = self._local_residual(idx, error - shift)
-            self._rank(self._prior_mean + residual)
+            same = self._agreement(idx)
+            additive = self._additive_residual(same, idx, error - shift)
+            local = self._local_residual(same, error - shift - additive[idx])
+            self._rank(self._prior_mean + additive + local)
             return
         # Tell the good apart: everything slower than the median is just "slow".
         y = np.minimum(raw, 0.0) if self._clip else raw
