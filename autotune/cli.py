@@ -302,8 +302,8 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("verify", help="re-time stored winners and baselines by a second method")
     w.add_argument("--kernel")
     w.add_argument("--device", default="auto", choices=("auto", "gpu", "interpret"))
-    w.add_argument("--rounds", type=int, default=5, metavar="N",
-                   help="interleaved rounds (default: 5)")
+    w.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="interleaved rounds (default: 15)")
     w.add_argument("--calls", type=int, default=20, metavar="N",
                    help="calls per program, block and round (default: 20)")
     w.add_argument("--method", default="auto", choices=("auto", "cupti-isolated", "cupti-flushed",
@@ -1148,8 +1148,10 @@ def _verify(args: argparse.Namespace) -> int:
     from autotune.evaluation.xla_autotune import autotune_cache_folder, pin_in
     from autotune.storage.store import Store
     from autotune.tuning.provenance import software_versions
-    from autotune.tuning.verify import timing_on_this_machine, verify
+    from autotune.tuning.verify import ROUNDS, timing_on_this_machine, verify
 
+    if args.rounds is None:
+        args.rounds = ROUNDS
     for flag, value, low in (("--rounds", args.rounds, 1), ("--calls", args.calls, 1),
                              ("--others", args.others, 0)):
         if value < low:

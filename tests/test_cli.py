@@ -997,6 +997,7 @@ def test_verify_prints_stored_and_retimed_speedups_and_stores_a_row(tmp_path, ca
     assert main(["verify", "--db", db, "--device", "interpret", "--json", "-q"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert row["speedup"] == pytest.approx(1.6) and row["stored_speedup"] == pytest.approx(1.5)
+    assert row["rounds"] == verify.ROUNDS == 15  # the default (benchmarks/RESULTS.md §12)
     with Store(db) as store:
         assert len(store.verifications(problem)) == 2
     assert main(["verify", "--db", str(tmp_path / "none.db"), "--device", "interpret", "-q"]) == 1
