@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--job", type=Path, default=ROOT / "benchmarks" / "answers.toml")
     p.add_argument("--device", default="gpu", choices=("gpu", "interpret"))
-    p.add_argument("--rounds", type=int, default=15,
-                   help="verify's and the side-by-side re-time's rounds (default: 15, verify's)")
+    p.add_argument("--rounds", type=int, default=15)  # verify's default
     p.add_argument("--verify-method", action="append", metavar="METHOD",
                    help="autotune verify's --method, once per method (default: auto); the "
                         "first gives the table, the others are printed beside it")
