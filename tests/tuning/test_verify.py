@@ -119,8 +119,8 @@ def test_analyse_interval_holds_the_speedup_and_refuses_bad_rounds():
 
 def test_the_wall_clock_timer_measures_the_work_not_the_flush():
     """The real method on the CPU: a program doing 16x the matrix products of another reads
-    several times longer, and a program's times are positive. Each program is judged by its
-    median round: one round's time is a difference of two host-clock spans, which a busy
+    several times longer, and its time is positive. Each program is judged by its median
+    round: one round's time is a difference of two host-clock spans, which a busy
     machine (a parallel test worker) can push either way, while the work is large enough
     beside the flush that the median stays on its side."""
     import jax
