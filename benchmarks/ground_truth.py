@@ -27,7 +27,8 @@ DIR`` writes them; packing them back stores the result).
 ``--retime FRACTION`` then times every config within FRACTION of the file's best again (at most
 ``--retime-max``, the fastest) in ``--rounds`` interleaved rounds (``Engine.confirm``, as the
 confirmation round) and appends the rounds' medians as ``retimed_us``, so that one slow timing
-no longer decides the best (``recorded_us``); a failed re-timing leaves ``retime_error``. ``benchmarks/ranked_live.sh`` runs these steps.
+no longer decides the best (``recorded_us``); a failed re-timing leaves ``retime_error``.
+``benchmarks/ranked_live.sh`` runs these steps.
 """
 
 from __future__ import annotations

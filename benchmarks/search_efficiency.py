@@ -9,10 +9,11 @@
 
 The command line over :mod:`autotune.replay.runner`. Ground truth: the package's recorded
 problems (``autotune/replay/data``; pick them with ``--device``, ``--kernel`` and
-``--problems``), or per-shape files of ``benchmarks/ground_truth.py`` not packed yet (``FILES``). The table gives, per problem, mode
-(cold: nothing else known; warm: leave-one-out, every other recorded problem of the kernel and
-device stored) and sampler, the trials needed to get within 1%, 0.5% and 2% of the best
-recorded time (median and 90th percentile over seeds) and the first proposal's gap to the best.
+``--problems``), or per-shape files of ``benchmarks/ground_truth.py`` not packed yet
+(``FILES``). The table gives, per problem, mode (cold: nothing else known; warm: leave-one-out,
+every other recorded problem of the kernel and device stored) and sampler, the trials needed to
+get within 1%, 0.5% and 2% of the best recorded time (median and 90th percentile over seeds) and
+the first proposal's gap to the best.
 ``--with-default`` adds today's tuner (``auto`` with the known-good default first, cold).
 
 Sampler specs: ``auto``, ``ranked``, with options after ``+``: ``auto+local=0.3``,
