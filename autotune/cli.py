@@ -1194,14 +1194,16 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"nothing verified: no problem stored for {info.name}")
         return EXIT_OK
     header = ["problem", "winner us", "baseline us", "stored", "re-timed [interval]", "diff",
-              "still wins", "verdict"]
+              "re-timed/stored: winner, baseline", "still wins", "verdict"]
     rows = []
     for r in results:
         interval = ("-" if r.speedup is None else
                     f"{r.speedup:.4f} [{r.speedup_low:.4f}, {r.speedup_high:.4f}]")
+        moved = ", ".join("-" if m is None else f"{100 * m:+.2f}%"
+                          for m in (r.winner_moved, r.baseline_moved))
         rows.append([str(r.problem), f"{r.winner_median_us:.2f}",
                      _num(r.baseline_median_us, ".2f"), _num(r.stored_speedup, ".4f"), interval,
-                     "-" if r.difference is None else f"{100 * r.difference:+.2f}%",
+                     "-" if r.difference is None else f"{100 * r.difference:+.2f}%", moved,
                      {None: "-", True: "yes", False: "no"}[r.still_wins], r.words() or "-"])
     _table(header, rows)
     return EXIT_OK

@@ -993,10 +993,13 @@ def test_verify_prints_stored_and_retimed_speedups_and_stores_a_row(tmp_path, ca
     assert main(["verify", "--db", db, "--device", "interpret", "-q"]) == 0
     out = capsys.readouterr().out
     assert "1.5000" in out and "1.6000" in out and "+6.67%" in out
+    assert "+0.00%, +6.67%" in out  # the winner re-timed as stored, the baseline 6.67% slower
     assert "60.0% faster than xla" in out
     assert main(["verify", "--db", db, "--device", "interpret", "--json", "-q"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert row["speedup"] == pytest.approx(1.6) and row["stored_speedup"] == pytest.approx(1.5)
+    assert row["winner_moved"] == pytest.approx(0.0)
+    assert row["baseline_moved"] == pytest.approx(160 / 150 - 1)
     assert row["rounds"] == verify.ROUNDS == 15  # the default (benchmarks/RESULTS.md §12)
     with Store(db) as store:
         assert len(store.verifications(problem)) == 2

@@ -16,8 +16,10 @@ interleaved rounds:
 2. :func:`analyse` gives the re-timed speedup (the baseline's median over the winner's, the two
    times it prints) with the interval of the per-round paired ratios
    (:func:`autotune.tuning.confirmation.paired_interval`), its difference from the stored
-   speedup, and whether the stored winner still wins (no other re-timed config is faster by more
-   than :data:`STILL_WINS_BAND`);
+   speedup, whether the stored winner still wins (no other re-timed config is faster by more
+   than :data:`STILL_WINS_BAND`), and each program's re-timed time over its stored one
+   (:attr:`Verification.winner_moved`, :attr:`Verification.baseline_moved`): the difference
+   is their ratio, so they say which program the two methods read differently;
 3. each result is stored as a row of its own (``at_verifications``); nothing stored before
    changes.
 """
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 # this: the goal's half percent, within which two configs are the same answer.
 STILL_WINS_BAND = 0.005
 # Interleaved rounds by default. On the H100 the stored speedup agreed with verify's within 0.5%
-# on 21 of 36 problems at 5 rounds and on 13 of 15 at 15, where verify's own interval narrowed
+# on 21 of 36 problems at 5 rounds and on 37 of 45 at 15, where verify's own interval narrowed
 # to 0.1-0.2% at the large shapes (benchmarks/RESULTS.md §12).
 ROUNDS = 15
 
@@ -101,6 +103,8 @@ class Verification:
     speedup_high: float | None
     stored_speedup: float | None
     still_wins: bool | None
+    stored_winner_us: float | None = None
+    stored_baseline_us: float | None = None
 
     @property
     def difference(self) -> float | None:
@@ -108,6 +112,20 @@ class Verification:
         if self.speedup is None or not self.stored_speedup:
             return None
         return self.speedup / self.stored_speedup - 1.0
+
+    @property
+    def winner_moved(self) -> float | None:
+        """The winner's re-timed median over its stored time, minus 1 (None without one)."""
+        return _moved(self.winner_median_us, self.stored_winner_us)
+
+    @property
+    def baseline_moved(self) -> float | None:
+        """The baseline's re-timed median over its stored time, minus 1 (None without one).
+        With both, ``(1 + baseline_moved) / (1 + winner_moved) - 1`` is :attr:`difference`
+        where the stored speedup is the stored times' ratio (a confirmation's is: both
+        medians of its rounds): a difference the baseline's figure carries alone is the
+        baseline read differently by the two methods (benchmarks/RESULTS.md §12)."""
+        return _moved(self.baseline_median_us, self.stored_baseline_us)
 
     def words(self) -> str:
         return speedup_words(self.speedup, self.speedup_low, self.speedup_high,
@@ -123,8 +141,17 @@ class Verification:
             "speedup_low": self.speedup_low, "speedup_high": self.speedup_high,
             "stored_speedup": self.stored_speedup, "difference": self.difference,
             "still_wins": self.still_wins, "verdict": self.words(),
+            "stored_winner_us": self.stored_winner_us,
+            "stored_baseline_us": self.stored_baseline_us,
+            "winner_moved": self.winner_moved, "baseline_moved": self.baseline_moved,
             "others": [{"config": dict(o.config), "median_us": o.median_us} for o in self.others],
         }
+
+
+def _moved(retimed_us: float | None, stored_us: float | None) -> float | None:
+    if retimed_us is None or not stored_us:
+        return None
+    return retimed_us / stored_us - 1.0
 
 
 def _checked(rounds_us: Sequence[Sequence[float]], what: str) -> tuple[tuple[float, ...], ...]:
@@ -183,7 +210,8 @@ def analyse(
         winner_rounds_us=winner, baseline_rounds_us=base or (), others=retimed,
         winner_median_us=w_median, baseline_median_us=b_median, speedup=speedup,
         speedup_low=low, speedup_high=high, stored_speedup=target.stored_speedup,
-        still_wins=still_wins,
+        still_wins=still_wins, stored_winner_us=target.stored_winner_us,
+        stored_baseline_us=target.stored_baseline_us if base is not None else None,
     )
 
 

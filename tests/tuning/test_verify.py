@@ -117,6 +117,22 @@ def test_analyse_interval_holds_the_speedup_and_refuses_bad_rounds():
         m.verify(None, DEVICE, SOFTWARE, time_target=None, method="x", rounds=0)
 
 
+def test_each_programs_retimed_over_stored_time_says_which_one_the_methods_read_apart():
+    """Set 10's -3.38% (benchmarks/RESULTS.md §12, 128x8192x8192): the confirmation stored the
+    winner at 55.74 us and XLA at 62.30, `verify` re-timed them at 54.50 and 58.85. The winner
+    moved -2.2%, the baseline -5.5%, and their ratio is the difference: the baseline's figure
+    is the one the two methods read apart. Without a baseline re-timed, no baseline figure."""
+    target = m.VerifyTarget(P1, A, (), 62.30 / 55.74, 55.74, 62.30, "xla", 1)
+    v = m.analyse(target, [(54.50,)] * 3, [(58.85,)] * 3, method="fake", calls=1)
+    assert v.winner_moved == pytest.approx(54.50 / 55.74 - 1)
+    assert v.baseline_moved == pytest.approx(58.85 / 62.30 - 1)
+    assert v.difference == pytest.approx(-0.0338, abs=5e-4)
+    assert (1 + v.baseline_moved) / (1 + v.winner_moved) - 1 == pytest.approx(v.difference)
+    alone = m.analyse(target, [(54.50,)] * 3, None, method="fake", calls=1)
+    assert alone.baseline_moved is None and alone.winner_moved == pytest.approx(v.winner_moved)
+    assert alone.to_dict()["baseline_moved"] is None
+
+
 def test_the_wall_clock_timer_measures_the_work_not_the_flush():
     """The real method on the CPU: a program doing 16x the matrix products of another reads
     several times longer, and its time is positive. Each program is judged by its median
