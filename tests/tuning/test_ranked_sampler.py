@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import threading
@@ -962,6 +963,36 @@ def test_the_estimates_scale_counts_each_family_once_and_only_configs_near_the_b
     assert scale(first[:5] + [second, far], [0.06] * 5 + [0.0, 3.0], [10.6] * 5 + [10.1, 300.0]) \
         == pytest.approx(0.03)
     assert scale([second, far], [0.0, 0.5], [10.1, None]) == pytest.approx(0.0)  # far failed
+
+
+def test_an_estimate_dropped_while_family_members_join_leaves_no_family_to_pick(monkeypatch, caplog):
+    """At a stall the family members found join the pool and the model is refitted; that refit
+    may find the estimate ordering the measured configs no better than chance and drop it. The
+    proposal then has no estimate to pick a new family by, and goes on without the family rule
+    (it had raised ``ValueError: zero-size array`` from ``_new_family``). Found by replaying the
+    H100's decode shape 64x4096x4096 (every config of a recorded family reachable, 2 asked
+    ahead, seed 1) with the cost model's ``dram_latency``, ``l2_latency`` and ``cluster_sync``
+    at 2,037, 1,471 and 81 clocks: the 30 trials run, and the estimate is dropped on the way."""
+    import functools
+
+    from autotune.replay.ground_truth import find_problem
+    from autotune.replay.runner import Recorded, replay_once
+    from search_spaces import hopper_matmul
+
+    constants = {"dram_latency": 2037.247, "l2_latency": 1471.09, "cluster_sync": 81.258}
+
+    @functools.lru_cache(maxsize=8)
+    def model_of(device, extra=()):
+        return hopper_matmul.Hopper.for_device(device, **constants, **dict(extra))
+
+    monkeypatch.setattr(hopper_matmul, "_model_of", model_of)
+    family = ("tile_m", "tile_n", "tile_k", "max_concurrent_steps")
+    rec = Recorded(find_problem("NVIDIA H100 80GB HBM3", "hopper_matmul",
+                                {"m": 64, "n": 4096, "k": 4096}, "bfloat16"), family)
+    with caplog.at_level(logging.INFO, logger="autotune.tuning.samplers.ranked"):
+        curve = replay_once(rec, "ranked", 1, 30, in_flight=2).curve
+    assert len(curve) == 30
+    assert "the kernel's cost model disagrees with" in caplog.text  # the estimate was dropped
 
 
 def test_on_the_h100s_decode_shape_a_value_the_estimate_misjudges_reaches_every_config_with_it(

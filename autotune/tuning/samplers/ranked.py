@@ -939,7 +939,9 @@ class RankedSampler(optuna.samplers.BaseSampler):
             self._families_from.add(best_key)
             self._find_families(dict(zip(self._space.names, best_key, strict=True)))
         self._join_families(measured)
-        return stalled
+        # Joining refits, and a refit drops an estimate that orders the measured configs no
+        # better than chance: then there is no estimate to pick families by.
+        return stalled and isinstance(self._prior, _EstimatePrior)
 
     def _find_families(self, config: dict[str, Any]) -> None:
         """Finds the family members of ``config`` (over the family columns found at the start):
