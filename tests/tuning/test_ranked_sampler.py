@@ -168,6 +168,37 @@ def test_history_of_this_problem_is_taken_and_learnt():
     assert not keys & {bound.key(c) for c in stored}
 
 
+def test_results_stored_under_rules_that_now_refuse_them_are_passed_over():
+    """A database holds results of this very problem that today's rules refuse (stored before a
+    rule was added, or by a kernel whose constraints have since changed), among its history
+    and among the trials of the study a job resumes. They are no measurement of this space:
+    the sampler goes on (it had raised ``KeyError`` refitting on them) and proposes only valid
+    configs."""
+    problem = user_problem(256, 1024)
+    bound = USER_SPACE.bind(problem)
+    refused = [{"block_rows": 256, "block_cols": 1024, "stages": s, "order": "row",
+                "fast_math": False} for s in (4, 8)]  # 2 MiB and 4 MiB: over the 200 KB rule
+    assert not any(bound.is_valid(c) for c in refused)
+    stored = list(bound)[:6]
+    history = [Observation(problem, Config(c), 5.0) for c in refused]
+    history += [Observation(problem, c, user_time(problem, c)) for c in stored]
+    study = optuna.create_study()
+    dists = distributions(bound)
+    for c in refused:
+        study.add_trial(optuna.trial.create_trial(
+            params=c, distributions=dists, value=4.0,
+            system_attrs={OUTCOME_ATTR: "ok"}))
+    sampler = RankedSampler(bound, seed=0, history=history, candidates=512,
+                            estimate=lambda p, c: user_time(p, c) * 1e-6)
+    study.sampler = sampler
+    proposed = []
+    for _ in range(12):
+        trial = study.ask(dists)
+        proposed.append(Config(trial.params))
+        study.tell(trial, user_time(problem, trial.params))
+    assert all(bound.is_valid(c) for c in proposed)
+
+
 def test_features_are_derived_from_the_space_alone():
     """Tunables named after a dim tile it: tiles, waves and padding come out right."""
     features = Features(USER_SPACE.params, ["cols", "rows"], num_sms=100)

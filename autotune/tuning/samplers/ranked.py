@@ -757,6 +757,7 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._draw = draw
         self._pool: list[tuple[Any, ...]] = []
         self._pool_index: dict[tuple[Any, ...], int] = {}
+        self._validity: dict[tuple[Any, ...], bool] = {}  # of measured configs (_measured)
         self._x = np.zeros((0, 0))
         self._prior_mean = np.zeros(0)
         self._prior_spread = np.zeros(0)
@@ -1265,17 +1266,31 @@ class RankedSampler(optuna.samplers.BaseSampler):
             _PRIOR_CACHE[key] = model
         return model
 
+    def _valid(self, key: tuple[Any, ...]) -> bool:
+        """Whether today's rules accept the config ``key`` (remembered per key)."""
+        if key in self._pool_index:
+            return True
+        ok = self._validity.get(key)
+        if ok is None:
+            ok = self._validity[key] = self._space.is_valid(
+                dict(zip(self._space.names, key, strict=True)))
+        return ok
+
     def _measured(
         self, study: optuna.Study
     ) -> tuple[list[tuple[tuple[Any, ...], float | None]], set[tuple[Any, ...]]]:
         """This problem's measured configs with their times (None: failed), and the configs
-        taken (measured, being measured, or stored)."""
+        taken (measured, being measured, or stored). A config today's rules refuse (stored
+        before a rule was added, or by a kernel whose constraints have changed since) is no
+        measurement of this space and is passed over: it is never in the pool."""
         measured: list[tuple[tuple[Any, ...], float | None]] = []
         taken: set[tuple[Any, ...]] = set()
         for o in self._here:
             try:
                 key = self._space.key(o.config)
             except KeyError:
+                continue
+            if not self._valid(key):
                 continue
             measured.append((key, o.time_us))
             taken.add(key)
@@ -1285,6 +1300,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
             try:
                 key = self._space.key(t.params)
             except KeyError:
+                continue
+            if not self._valid(key):
                 continue
             if t.state == TrialState.COMPLETE and t.value is not None:
                 measured.append((key, float(t.value)))
