@@ -1146,3 +1146,72 @@ def test_the_valid_set_wrapper_passes_prefetch_to_the_ranked_sampler():
     assert sampler.prefetch is True and sampler.base.prefetch is True
     sampler.prefetch = False
     assert sampler.base.prefetch is False
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_histories_estimates_and_outcomes_never_stop_the_search(seed):
+    """A randomized check of the whole proposal path (``valid_sampler("ranked", ...)``): a
+    history of this problem and others, on this device and another, with failures and with
+    configs today's rules refuse or of another kernel version; an estimate that is right,
+    reversed, random, flat or absent; 1, 2 or 4 trials asked ahead; crashes and released
+    trials among the results; the preparer thread on or off. Every proposal is valid and new,
+    and nothing raises. (Found this way in the replay: the two crashes of
+    ``test_an_estimate_dropped_while_family_members_join_leaves_no_family_to_pick`` and
+    ``test_results_stored_under_rules_that_now_refuse_them_are_passed_over``.)"""
+    import random
+    import zlib
+
+    rng = random.Random(seed)
+    space = (USER_SPACE, GRID_SPACE)[seed % 2]
+    problem = user_problem(*rng.choice([(256, 1024), (4096, 2048), (64, 4096), (8, 64)]))
+    bound = space.bind(problem)
+    configs = list(bound)
+
+    def base_us(p, c):
+        return user_time(p, c) if space is USER_SPACE else _grid_estimate_us(c)
+
+    history = []
+    for _ in range(rng.randrange(30)):
+        c = dict(rng.choice(configs))
+        if rng.random() < 0.2:
+            c["stages"], c["block_cols"] = 8, 1024  # over the shared-memory rule (or the shape)
+        if rng.random() < 0.1:
+            del c["fast_math"]  # another version of the kernel
+        other = problem if rng.random() < 0.5 else user_problem(rng.choice([128, 2048]), 1024)
+        ok = rng.random() >= 0.2 and "fast_math" in c and other.dims == problem.dims
+        history.append(Observation(other, Config(c), base_us(other, c) if ok else None,
+                                   device=rng.choice(["", "", "another-gpu"])))
+    estimate = rng.choice([
+        None,
+        lambda p, c: base_us(p, c) * 1e-6,
+        lambda p, c: 1e-6 / base_us(p, c),
+        lambda p, c: 1e-5 * (1 + zlib.crc32(repr(sorted(c.items())).encode()) % 997 / 997),
+        lambda p, c: 1e-5,
+    ])
+    sampler = valid_sampler("ranked", bound, seed=seed, estimate=estimate, history=history,
+                            related=[rng.choice(configs)],
+                            ranked={"candidates": rng.choice([64, 256])})
+    sampler.prefetch = rng.random() < 0.5
+    study = optuna.create_study(sampler=sampler)
+    dists = distributions(bound)
+    ahead, pending, seen = rng.choice([1, 2, 4]), [], set()
+    for _ in range(24):
+        try:
+            while len(pending) < ahead:
+                pending.append(study.ask(dists))
+                config = Config(pending[-1].params)
+                assert bound.is_valid(config) and bound.key(config) not in seen, config
+                seen.add(bound.key(config))
+        except ExhaustedError:
+            break
+        trial = pending.pop(0)
+        draw = rng.random()
+        if draw < 0.03:
+            study.tell(trial, state=TrialState.FAIL)  # released unmeasured: may come again
+            seen.discard(bound.key(Config(trial.params)))
+            continue
+        optuna_adapter.set_trial_system_attr(study, trial, OUTCOME_ATTR, "ok" if draw >= 0.1 else "crash")
+        if draw < 0.1:
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, base_us(problem, trial.params) * math.exp(rng.gauss(0, 0.02)))
