@@ -76,6 +76,10 @@ def confirm_best(
     versions = {k: software[k] for k in ("jax", "jaxlib") if software.get(k)}
     ranked = store.best(problem, device_name=device.name, device_kind=device.kind,
                         n=n_top + CONFIRM_JOIN_MAX, versions=versions, cache=policy)
+    # A config today's rules refuse (stored before a rule was added) is neither re-timed nor
+    # crowned: it would never be served (docs/guarantees.md, "Validity of served configs").
+    bound = kernel.bind(problem)
+    ranked = [r for r in ranked if bound.is_valid(Config(r.config))]
     if not ranked:
         return None
     # Below the top ones, configs the search could not tell from the fastest join the round.

@@ -536,6 +536,34 @@ def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_pa
     assert conf.rounds == 3 and conf.iterations == max(counts) and conf.baseline_name == "xla"
 
 
+def test_a_stored_config_that_todays_rules_refuse_is_neither_confirmed_nor_crowned(tmp_path):
+    """The search's fastest stored config (v=3, a lucky 95 us) is one that a rule added since
+    refuses (the same kernel, a later version): the confirmation round leaves it out and
+    re-times the five best valid configs; nothing crowned or tied breaks today's rules."""
+    from autotune.tuning.confirming import confirm_best
+    from autotune.tuning.provenance import software_versions
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    with Store(url) as store:
+        run_job(_pick_job(confirm_top=0), store=store, engine=ConfirmingEngine())
+        assert min(store.trials(PICK_PROBLEM), key=lambda r: r.median_us).config == {"v": 3}
+    stricter = dataclasses.replace(PICK, space=Space(
+        params=PICK.space.params,
+        constraints=(Constraint("not_three", ("v",), lambda c, e: c["v"] != 3, "v is not 3"),)))
+    register(stricter)
+    try:
+        engine = ConfirmingEngine()
+        with Store(url) as store:
+            confirm_best(stricter, PICK_PROBLEM, _pick_job().problems[0], store=store,
+                         engine=engine, device=engine.device_info(), software=software_versions())
+            (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+    finally:
+        register(PICK)
+    assert engine.confirmed == [[0, 1, 2, 4, 5]]
+    assert {p.config["v"] for p in conf.programs} == {0, 1, 2, 4, 5}
+    assert conf.crowned.config["v"] != 3
+
+
 def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path, capsys):
     """After the confirmation, its crowned config and the baseline are timed as a program
     calls them (``confirm(..., program=True)``): PROGRAM_CHECK_ROUNDS rounds, calls per block
