@@ -22,6 +22,7 @@ from autotune.engine.protocol import EngineLike
 from autotune.space.kernel import Kernel
 from autotune.space.outcomes import PROGRAM_METHOD, DeviceInfo, DeviceKind, TrialResult
 from autotune.space.problem import Config, Problem
+from autotune.space.validity import violations
 from autotune.storage.protocol import TrialStore
 from autotune.tuning.confirmation import (
     CONFIRM_JOIN_MAX,
@@ -77,9 +78,9 @@ def confirm_best(
     ranked = store.best(problem, device_name=device.name, device_kind=device.kind,
                         n=n_top + CONFIRM_JOIN_MAX, versions=versions, cache=policy)
     # A config today's rules refuse (stored before a rule was added) is neither re-timed nor
-    # crowned: it would never be served (docs/guarantees.md, "Validity of served configs").
-    bound = kernel.bind(problem)
-    ranked = [r for r in ranked if bound.is_valid(Config(r.config))]
+    # crowned: it would never be served (the one check: docs/guarantees.md, "Validity of
+    # served configs").
+    ranked = [r for r in ranked if not violations(problem, r.config, kernel=kernel)]
     if not ranked:
         return None
     # Below the top ones, configs the search could not tell from the fastest join the round.

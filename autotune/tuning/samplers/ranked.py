@@ -757,7 +757,6 @@ class RankedSampler(optuna.samplers.BaseSampler):
         self._draw = draw
         self._pool: list[tuple[Any, ...]] = []
         self._pool_index: dict[tuple[Any, ...], int] = {}
-        self._validity: dict[tuple[Any, ...], bool] = {}  # of measured configs (_measured)
         self._x = np.zeros((0, 0))
         self._prior_mean = np.zeros(0)
         self._prior_spread = np.zeros(0)
@@ -1267,14 +1266,10 @@ class RankedSampler(optuna.samplers.BaseSampler):
         return model
 
     def _valid(self, key: tuple[Any, ...]) -> bool:
-        """Whether today's rules accept the config ``key`` (remembered per key)."""
-        if key in self._pool_index:
-            return True
-        ok = self._validity.get(key)
-        if ok is None:
-            ok = self._validity[key] = self._space.is_valid(
-                dict(zip(self._space.names, key, strict=True)))
-        return ok
+        """Whether today's rules accept the config ``key``: the pool holds only valid configs,
+        and every measured one joins it at the next refit, so few keys are checked again."""
+        return key in self._pool_index or self._space.is_valid(
+            dict(zip(self._space.names, key, strict=True)))
 
     def _measured(
         self, study: optuna.Study
