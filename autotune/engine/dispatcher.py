@@ -294,19 +294,27 @@ class Engine:
         iterations: int,
         median_us: float | None = None,
         program: bool = False,
+        worker: int | None = None,
     ) -> TrialResult:
         """Times ``config`` (None: the baseline) again, on the worker that timed it last, with
         the executable it kept (compiled again where it did not keep one); not checked again.
 
         ``median_us``: what the search measured, so the worker keeps the executable among its
         fastest. ``program``: timed as a program calls it, ``iterations`` calls a block (the
-        program check: :meth:`autotune.evaluation.contract.Evaluator.retime`).
+        program check: :meth:`autotune.evaluation.contract.Evaluator.retime`). ``worker``: on
+        that worker slot instead (``0 .. workers - 1``; compiled there if it kept none), e.g.
+        to compare the workers (``benchmarks/timing_study.py --engine``).
         """
         if config is not None and not isinstance(config, Config):
             config = Config(config)
         digest = None if config is None else config.digest()
+        n_slots = len(self._pool.slots)
+        if worker is not None and (isinstance(worker, bool) or not isinstance(worker, int)
+                                   or not 0 <= worker < n_slots):
+            raise ValueError(f"worker must be a worker slot, 0 to {n_slots - 1}, but got "
+                             f"{worker!r}.")
         with self._lock:
-            slot = self._tasks.timed_on.get((problem, digest))
+            slot = worker if worker is not None else self._tasks.timed_on.get((problem, digest))
         extra = {"iterations": int(iterations), "median_us": median_us, "program": bool(program)}
         result: TrialResult = self._tasks.submit(
             "retime", kernel_name, problem, config, extra, urgent=True, slot=slot).result()

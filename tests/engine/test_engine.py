@@ -712,6 +712,33 @@ def test_confirm_interleaves_rounds_on_the_kept_executables():
     assert len(order) == 9 and order == sorted(order)
 
 
+def test_retime_on_a_named_worker_times_there_and_compiles_what_it_did_not_keep():
+    """``retime(..., worker=w)`` times on worker slot ``w``, whichever timed the config
+    before: a config it never compiled is compiled there (the baseline too); a slot out of
+    range is refused by name."""
+    config = cfg(cost_us=100)
+    problem = Problem(FAKE, {"n": 4, "baseline_us": 150}, "float32")
+    with fake_engine(workers_per_gpu=2, cache="cold") as eng:
+        eng.warm_up(FAKE, problem, cfg(cost_us=1))  # both workers are up
+        first = eng.submit(FAKE, problem, config).result()
+        (searched,) = [e.worker for e in eng.timeline() if e.stage == "time"
+                       and e.kind == "trial" and e.problem == problem][-1:]
+        other = 1 - searched
+        seen = {}
+        for who, program in (("config", config), ("baseline", None)):
+            before = {e.task_id for e in eng.timeline()}
+            result = eng.retime(FAKE, problem, program, iterations=10, worker=other,
+                                median_us=first.median_us)
+            events = [e for e in eng.timeline() if e.task_id not in before]
+            seen[who] = ({e.worker for e in events if e.stage == "time"},
+                         any(e.stage == "compile" for e in events), result.ok)
+        for bad in (2, -1, True, "0"):
+            with pytest.raises(ValueError, match="worker must be a worker slot, 0 to 1"):
+                eng.retime(FAKE, problem, config, iterations=10, worker=bad)
+    assert seen["config"] == ({other}, True, True)
+    assert seen["baseline"][0] == {other} and seen["baseline"][2]
+
+
 def test_confirm_program_times_the_program_check_on_the_workers():
     """``confirm(..., program=True)``: the same interleaved rounds, each program timed as a
     program calls it on the worker that kept it (PROGRAM_BLOCKS per-call times, what a call
