@@ -4,26 +4,18 @@
         [--live FILES] [--constants NAME=VALUE,...] [--json OUT]
 
 The ranked sampler (docs/ranked_sampler.md) proposes first what the kernel's ``cost_model``
-ranks first, so the model's order near the best decides how many trials a search needs. This
-reads every measurement of the kernel there is:
-
-- ground truth (the package's, ``load_ground_truth(DEVICE, kernel)``, or per-shape files from
-  ``benchmarks/ground_truth.py``): a uniform sample of the valid set plus climbing around the best;
-- live jobs (the package's ``load_live(DEVICE, kernel)``, or the JSON of live runs and the
-  ``--jsonl`` progress files): the configs that searches chose, measured once per run
-  (the median over runs is used). These lean towards what the model ranked well, so they test
-  its order near the top, where it matters.
-
-and prints, per problem: the configs measured, the rank correlation (Spearman) of the estimate
-with the measured times over all of them and over those within 30% of the fastest, the measured
-gap to the fastest of the model's first *family* (of its fastest member and of its median one),
-and how many families the model ranks ahead of the fastest config's. A family: the configs whose
-estimates fall in one bucket ``ESTIMATE_TWIN`` (0.5%) wide in log time (twins: the grid order moves
-the estimate by at most 0.33%, and the sampler passes over twins of configs in flight,
-docs/ranked_sampler.md), so the families ahead of the fastest are about the trials a search led
-by the model alone needs before it measures the fastest. Last, ``family_outliers``: the configs
-within 30% of the fastest that measured 3% or more above their family's median, mostly single
-timings taken in a slow moment (``ground_truth.py --retime`` times them again).
+ranks first. This reads every measurement of the kernel: ground truth (the package's
+``load_ground_truth(DEVICE, kernel)``, or files of ``benchmarks/ground_truth.py``: a uniform
+sample plus climbing around the best) and live jobs (``load_live(DEVICE, kernel)``, or live
+runs' JSON and ``--jsonl`` progress files: the configs searches chose, median over runs; they
+test the order near the top). Per problem it prints the configs measured, the estimate's rank
+correlation (Spearman) with the times over all and within 30% of the fastest, the measured gap
+of the model's first *family* (fastest and median member) and how many families it ranks ahead
+of the fastest config's. A family: configs whose estimates share a bucket ``ESTIMATE_TWIN``
+(0.5%) wide in log time (the grid order moves an estimate by at most 0.33%), so the families
+ahead are about the trials a model-led search needs. ``family_outliers``: configs within 30% of
+the fastest measured 3% or more above their family's median (mostly single slow timings;
+``ground_truth.py --retime`` re-times them).
 
 ``--constants`` checks the model with some of its constants changed, for a kernel whose module
 defines ``cost_model(**constants)`` (``hopper_matmul``: the fields of ``Hopper``, e.g.

@@ -16,13 +16,11 @@ of NVIDIA's matmul heuristics, mapped onto the kernel (``vendor``, benchmarks/ve
 
 ``--out auto`` (the default, on a GPU) stores the problem in the package's ground truth of this
 device and kernel (``autotune/replay/data/<device>/<kernel>.json.gz``, docs/replay.md); ``--out
-DIR`` writes ``DIR/<kernel>__<shape>__<dtype>.json`` (with device, JAX version and date) for
-``pack_ground_truth.py`` to pack. Stops submitting after ``--seconds``, and writes what it
-has. ``--extend`` adds to the problem's record (its configs are not measured again; the
-file is replaced in one step); ``--max 0`` samples nothing (e.g. the first choices of a model
-with ``--constants`` changed, as ``cost_model_check.py`` takes them). ``--files F
-...`` extends these per-shape files, one engine for all (``pack_ground_truth.py --unpack DEVICE
-DIR`` writes them; packing them back stores the result).
+DIR`` writes ``DIR/<kernel>__<shape>__<dtype>.json`` (device, JAX version, date) for
+``pack_ground_truth.py``. Stops submitting after ``--seconds`` and writes what it has.
+``--extend`` adds to the problem's record (replaced in one step; nothing measured twice);
+``--max 0`` samples nothing; ``--files F ...`` extends these per-shape files, one engine for all
+(``pack_ground_truth.py --unpack DEVICE DIR`` writes them; packing them back stores them).
 
 ``--retime FRACTION`` then times every config within FRACTION of the file's best again (at most
 ``--retime-max``, the fastest) in ``--rounds`` interleaved rounds (``Engine.confirm``, as the

@@ -5,13 +5,12 @@ trials of one kernel (issue 36).
     python3 benchmarks/history_scaling.py --sizes 0,10000,100000,1000000 --db-dir /tmp/history
     python3 benchmarks/history_scaling.py --sizes 200 --per-shape 50 --asks 20 --study-trials 50
 
-Fills one SQLite database per size with valid configs of ``hopper_matmul`` over many shapes
-(``--per-shape`` trials per shape, so 1,000 shapes at 1M; times drawn at random, about one in
-ten a compile error), on one GPU device and one software version. ``--fill record`` stores every
-trial through ``Store.record_trial`` (as the tuner does); ``--fill bulk`` creates each shape's
-rows through that path and inserts the rest with one executemany per shape, with the same
-column values (the per-trial path takes hours at 1M on 2 cores); ``--fill auto`` (the default)
-is ``record`` up to 20,000 trials, else ``bulk``. A filled database is reused (``--refill``).
+Fills one SQLite database per size with valid ``hopper_matmul`` configs over many shapes
+(``--per-shape`` trials each: 1,000 shapes at 1M; random times, one in ten a compile error), one
+device, one software version. ``--fill record`` stores each trial through ``Store.record_trial``
+(as the tuner does); ``bulk`` makes each shape's rows that way, the rest by one executemany per
+shape (the same column values; the per-trial path takes hours at 1M on 2 cores); ``auto``
+(default): ``record`` up to 20,000 trials. A filled database is reused (``--refill``).
 
 Then, each in a fresh child process (its own CPU time and peak memory, from ``os.wait4``):
 
@@ -24,11 +23,10 @@ Then, each in a fresh child process (its own CPU time and peak memory, from ``os
 * ``results_frame``: the whole table as a DataFrame (wall s, peak RSS), and with ``limit=1000``;
 * ``--version``: ``python3 -m autotune --version`` (CPU s).
 
-Last, once: the ask latency of ``auto`` against a SQLite study holding ``--study-trials``
-finished trials (the scheduler's ask path, ``tuning.scheduler``), p50/p99 of wall and of the
-asking thread's CPU, in milliseconds, and the SQL statements and commits per ask+tell; without
-``prefetch``, then with it as the scheduler runs (50 ms between a tell and the next ask).
-Engines are not involved: kernel time is zero, so what is measured is autotune's own cost.
+Last, once: the ask latency of ``auto`` against a SQLite study of ``--study-trials`` finished
+trials (the scheduler's path, ``tuning.scheduler``): p50/p99 of wall and of the asking thread's
+CPU (ms), SQL statements and commits per ask+tell; without ``prefetch``, then with it (50 ms
+between a tell and the next ask). No engine: kernel time is zero, autotune's own cost is timed.
 """
 
 from __future__ import annotations

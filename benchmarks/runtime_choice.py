@@ -7,23 +7,21 @@ the faster of the kernel and its baseline, per shape and cache regime, timed in 
     python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
 
 One command, the whole experiment. It tunes the shapes with nothing stored under each timing
-policy (``--regimes``, on a GPU ``cold`` and ``warm``; a small budget: ``--trials``, default the
-quick effort's 16, with the confirmation round, which decides the choice; ``--no-tune`` reads
-``--db`` as it is). Then, per regime and shape, it times what a program sees: ``--batch`` calls
-dispatched back to back, one wait for the last, the batch's time over its calls; batches of each
-function in turn, rotating, ``--reps`` calls of each, the median batch. ``warm`` calls again on
-the same inputs, ``cold`` rotates over fresh input sets (twice the L2 and more) so that no call
-finds its inputs in L2. The functions: the decorated call routed by that regime's timings
-(``autotune.tuned(kernel, baseline=<the kernel's own>, cache=regime)``, eagerly: every call pays
-the decorator), the same under ``jax.jit`` (the lookup runs at trace time), the same routed by
-the other regime's timings, the kernel at the regime's stored best config, and the baseline.
-Reported: the decorated call over the faster of kernel and baseline (goal: within 0.5%), paired
-round by round with its interval; the decorated call over the baseline (where the kernel ran, an
-interval wholly above 1.0 is a miss: SLOWER, counted under the table); what ran
-(``LookupChoice.runs``), with the decorated call over it called directly (how far this benchmark
-can judge). On a GPU, JAX's compilation cache is on in the jobs' folder, so the XLA baseline is
-the program they timed. ``--out`` gets the table (``runtime_choice.md``) and the figures
-(``runtime_choice.json``), with the device's name.
+policy (``--regimes``: on a GPU ``cold`` and ``warm``; ``--trials``, default the quick effort's
+16, with the confirmation round, which decides the choice; ``--no-tune`` reads ``--db`` as it
+is). Then per regime and shape it times what a program sees: ``--batch`` calls back to back, one
+wait, per call; a batch of each function in turn, rotating, ``--reps`` calls of each, the median
+batch. ``warm`` calls on the same inputs, ``cold`` rotates over fresh input sets (twice the L2
+and more). The functions: the decorated call routed by the regime's timings (``autotune.tuned(
+kernel, baseline=<the kernel's own>, cache=regime)``, eagerly: every call pays the decorator),
+the same under ``jax.jit`` (the lookup runs at trace time), the same routed by the other
+regime's timings, the kernel at the regime's best config, and the baseline. Reported: the
+decorated call over the faster of kernel and baseline (goal: within 0.5%) and over the baseline
+(where the kernel ran, an interval wholly above 1.0 is a miss: SLOWER), paired round by round
+with intervals; what ran (``LookupChoice.runs``), and the decorated call over it called directly
+(how far this benchmark can judge). On a GPU, JAX's compilation cache is on in the jobs' folder,
+so the XLA baseline is the program they timed. ``--out`` gets ``runtime_choice.md`` (the table)
+and ``runtime_choice.json``, with the device's name.
 
 Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
 (hopper_matmul at small shapes of 2 tiles or more on a CPU, warm only: a functional run, not a
@@ -75,7 +73,7 @@ FAKE_SHAPES = {"fake_matmul": ("float32", [{"m": 64}, {"m": 128}, {"m": 192}])}
 FAKE_US = {64: (60.0, 50.0), 128: (40.0, 55.0), 192: (45.0, 45.0)}
 
 
-# ------------------------------------------------------------------------------- the fake device
+# --- the fake device
 
 
 def _spin(us: float) -> None:
@@ -144,7 +142,7 @@ def _fake_store(db: str, dtype: str, shapes: Sequence[Mapping[str, int]], reps: 
                                       baseline_name="fake_xla")
 
 
-# ------------------------------------------------------------------------------ the experiment
+# --- the experiment
 
 
 def _implementations(kernel_name: str, problem: Any, device: str, seed: int

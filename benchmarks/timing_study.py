@@ -3,31 +3,27 @@
     python3 benchmarks/timing_study.py --out $OUT/timing_study.json          # a GPU, ~3 min
     python3 benchmarks/timing_study.py --child xla --problem ...              # (internal)
 
-Per problem (default 4096^3 bf16 hopper_matmul) and per program (the XLA baseline, the
-kernel's default config, the best configs recorded for the problem in autotune/replay/data), in
-``--rounds`` interleaved rounds with fresh random inputs each round:
+Per problem (default 4096^3 bf16 hopper_matmul) and program (the XLA baseline, the kernel's
+default config, the best configs recorded in autotune/replay/data), ``--rounds`` interleaved
+rounds, fresh random inputs each, by the ``--methods`` (default all):
 
-* ``cold``: the search's method (:func:`autotune.evaluation.cold_timing.time_cold`): one CUPTI
-  session over N x (L2 flush, program); per-iteration samples, so the first iteration can be
-  held against the later ones;
-* ``warm``: N calls back to back in one CUPTI session, no flush;
-* ``cold_all`` (kernel programs): ``cold`` counting every launch of the program, XLA's glue
-  included, as ``iso_xor`` and the baseline count them;
-* ``batch``: the host's clock around N calls back to back on the same inputs, one wait, per
-  call: what a program's loop sees, gaps between launches included (median of 3 blocks);
+* ``cold``: the search's (:func:`autotune.evaluation.cold_timing.time_cold`), one CUPTI session
+  over N x (L2 flush, program), per-iteration samples (the first held against the rest);
+  ``cold_all``: every launch counted, XLA's glue included (as ``iso_xor`` and the baseline);
+* ``warm``: N calls back to back in one CUPTI session, no flush; ``batch``: the host's clock
+  around N calls back to back, one wait, per call (a program's loop; median of 3 blocks);
 * ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session of
-  the one call) with a read-only flush (a sum over 2x / 4x the L2): clean lines, no write-back
-  left for the timed program;
-* ``iso_xor``: ``autotune verify``'s method (:class:`autotune.evaluation.independent.CuptiIsolatedTimer`);
-* ``--methods`` picks the methods (default: all);
-* ``launches``: the CUPTI launches of one warm call (name, us), printed per program;
-* NVML's SM clock, power and clock-event reasons before each program's block.
+  the call) after a read-only flush (a sum over 2x / 4x the L2): no write-back left;
+* ``iso_xor``: ``autotune verify``'s (:class:`autotune.evaluation.independent.CuptiIsolatedTimer`);
+* ``launches``: the CUPTI launches of one warm call; NVML's SM clock, power and clock-event
+  reasons before each block.
 
-Then ``--processes`` fresh children each compile the baseline (XLA autotunes its GEMM at
-compile time) and time it warm: its kernel names and time per process show whether XLA's pick
-moves between processes (``--autotune-cache``: a shared autotune cache folder, which pins it).
+``--engine gpu``: instead, every program timed by the search's method on every worker of the
+engine (``Engine.retime(worker=...)``), interleaved: whether a worker reads a program apart.
 
-Prints a table; writes every sample to ``--out`` (JSON).
+Then ``--processes`` fresh children compile the baseline (XLA autotunes its GEMM then) and time
+it warm, and two more that share an autotune cache folder: whether XLA's pick moves between
+processes, and whether the folder pins it. Prints a table; writes every sample to ``--out`` (JSON).
 """
 
 from __future__ import annotations
@@ -330,6 +326,39 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
             "programs": [p[0] for p in programs], "configs": dict(configs), "rows": rows}
 
 
+def engine_study(args: argparse.Namespace) -> dict[str, Any]:
+    from autotune.api import open_engine
+    from autotune.replay.ground_truth import fastest_configs as best
+    from autotune.space.problem import Config
+
+    kernel, p = parse_problem(args.problem)
+    with tempfile.TemporaryDirectory() as cache, open_engine(
+            args.engine, compilation_cache=cache) as eng:
+        name = eng.device_info().name
+        configs = [json.loads(c) for c in args.config or ()] + (best(
+            name, p.kernel, p.shape, p.dtype) or best("NVIDIA H200", p.kernel, p.shape,
+                                                        p.dtype))[:args.best]
+        progs, labels = [Config(c) for c in configs] + [None], [*map(str, configs), "xla"]
+        n, nw, rounds = len(progs), eng.workers, range(args.rounds)
+        eng.warm_up(kernel.name, p, progs[0])
+        us = [[[0.0] * nw for _ in progs] for _ in rounds]
+        for r in rounds:
+            for i, w in ((i % n, w % nw) for i in range(r, r + n) for w in range(r, r + nw)):
+                res = eng.retime(kernel.name, p, progs[i], worker=w, median_us=1.0,
+                                 iterations=args.iterations)
+                us[r][i][w] = res.median_us if res.ok else float("nan")
+    print(f"\n{args.problem}, {name}: per worker, each program's median over rounds over all "
+          "workers' (%); speedup xla/first, median of rounds [min, max]")
+    med = statistics.median
+    for w in range(nw):
+        off = [med(us[r][i][w] for r in rounds) / med(med(us[r][i]) for r in rounds) - 1
+               for i in range(n)]
+        ratios = [us[r][-1][w] / us[r][0][w] for r in rounds]
+        print(f"{w:3d} " + " ".join(f"{x * 100:+7.2f}%" for x in off)
+              + f"  {med(ratios):.4f} [{min(ratios):.4f}, {max(ratios):.4f}]")
+    return {"problem": args.problem, "device": name, "programs": labels, "us": us}
+
+
 def summarize(result: dict[str, Any]) -> None:
     methods = [m for m in ("cold", "cold_all", "cold_ro", "iso_ro", "iso_xor",
                            "warm", "wall", "batch") if m in result["rows"][0]]
@@ -375,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="cold,cold_all,cold_ro,iso_ro,iso_xor,"
                    "warm,wall,batch")
     p.add_argument("--config", action="append", metavar="JSON", help="another config to time")
+    p.add_argument("--engine", choices=("gpu", "interpret"), help="the engine's workers, apart")
     p.add_argument("--child", choices=("xla", "ncu"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -387,9 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(out["facts"]), flush=True)
     for text in problems:
         args.problem = text
-        result = study(args)
-        summarize(result)
-        result["children"] = run_children(args) if args.processes else []
+        if args.engine:
+            result = engine_study(args)
+        else:
+            result = study(args)
+            summarize(result)
+            result["children"] = run_children(args) if args.processes else []
         out["problems"].append(result)
         if args.out:
             args.out.write_text(json.dumps(out))

@@ -7,23 +7,19 @@ tunables and back, so that the replay can measure what its choices are worth her
 (``benchmarks/vendor_prior.py``, figures in ``docs/vendor_prior.md``) and
 ``benchmarks/ground_truth.py --vendor N`` can measure them on a GPU:
 
-==================================  ============================================================
-vendor (``nvmmhKernelConfiguration``)  ``hopper_matmul``
-==================================  ============================================================
-``cta = (M, N, K)``                 the block's output tile: two consumer warpgroups stacked
-                                    along ``wg_dimension`` (``M`` when ``M/2`` is a whole
-                                    number of 64-row WGMMA slabs, else ``N``), ``tile_k = K``
-``loadStages``                      ``max_concurrent_steps``
-``cluster = (m, n)``                ``cluster_dimension``: ``(1, 1)`` None, ``(2, 1)`` M,
-                                    ``(1, 2)`` N; other clusters have no counterpart
-``ctaOrder`` (0: N fastest)         ``grid_minor_dim`` ``M`` (0) or ``N`` (1): the snake's
-                                    strips run along the other dim
-``gridSwizzle``                     ``grid_tile_width``
-``splitK``                          only 1 (the kernel does not split K)
-``warp``, ``instr``                 derived (8 consumer warps, ``m64nNk16``), not tunables
-(none)                              the epilogue piece: upstream's default, 64 x 64, spelled
-                                    canonically (``None`` where it is the whole tile)
-==================================  ============================================================
+vendor (``nvmmhKernelConfiguration``) -> ``hopper_matmul``:
+
+- ``cta = (M, N, K)``: the block's output tile, two consumer warpgroups stacked along
+  ``wg_dimension`` (``M`` when ``M/2`` is a whole number of 64-row WGMMA slabs, else ``N``);
+  ``tile_k = K``.
+- ``loadStages``: ``max_concurrent_steps``.
+- ``cluster = (m, n)``: ``cluster_dimension``, ``(1, 1)`` None, ``(2, 1)`` M, ``(1, 2)`` N;
+  other clusters have no counterpart.
+- ``ctaOrder`` (0: N fastest): ``grid_minor_dim`` ``M`` (0) or ``N`` (1), the snake's strips
+  run along the other dim. ``gridSwizzle``: ``grid_tile_width``.
+- ``splitK``: only 1 (the kernel does not split K). ``warp``, ``instr``: derived (8 consumer
+  warps, ``m64nNk16``), not tunables. The epilogue piece (no counterpart): upstream's default,
+  64 x 64, spelled canonically (``None`` where it is the whole tile).
 
 A benchmark helper, not part of the package: over the recorded ground truth the vendor's
 choices were no better a prior than the kernel's own cost model on the H200's shapes

@@ -77,7 +77,6 @@ def fmt_trials(v: tuple[float, float], budget: int) -> str:
     return " / ".join(f">{budget}" if x > budget else f"{x:g}" for x in v)
 
 
-# ---------------------------------------------------------------------------------------------
 # Part "vendor".
 
 
@@ -169,7 +168,6 @@ def print_vendor(rows: Sequence[Mapping[str, Any]], budget: int, top: int) -> No
     print()
 
 
-# ---------------------------------------------------------------------------------------------
 # Part "cross": warm from another device's results only.
 
 
