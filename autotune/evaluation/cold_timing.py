@@ -13,6 +13,11 @@ The flush reads and writes an int32 buffer of :data:`FLUSH_FACTOR` times the L2'
 on an H100 or H200, whose L2 is 50 MiB): every line the previous iteration left in L2 is
 evicted. The L2 size comes from :func:`l2_cache_bytes`.
 
+:func:`time_cold_interleaved` times several programs so, interleaved call by call in one session
+(``iterations`` x (flush, program 1, flush, program 2, ...)): the calls of a pair are a few
+hundred microseconds apart, so a clock that moves within a round (the power cap) moves both
+(``benchmarks/timing_study.py --methods pair``).
+
 jax is imported inside functions only.
 """
 
@@ -29,7 +34,9 @@ __all__ = [
     "l2_cache_bytes",
     "L2Flush",
     "split_flushed",
+    "split_calls",
     "time_cold",
+    "time_cold_interleaved",
 ]
 
 log = logging.getLogger(__name__)
@@ -198,3 +205,91 @@ def time_cold(
     else:
         samples = select(per_iteration)
     return samples, last[0]
+
+
+def split_calls(
+    launches: Sequence[tuple[str, float]], flush_names: Sequence[str]
+) -> list[list[tuple[str, float]]]:
+    """Per call, the program's launches of a flushed loop whose programs may launch different
+    numbers of kernels: a call begins where the flush's launches (``flush_names``, in order)
+    are found, and holds every launch up to the next flush.
+
+    Raises:
+      RuntimeError: the flush launched nothing, or the record does not begin with it.
+    """
+    names = tuple(flush_names)
+    f = len(names)
+    if f == 0:
+        raise RuntimeError("cold timing: the flush launched nothing that CUPTI recorded.")
+    calls: list[list[tuple[str, float]]] = []
+    i = 0
+    while i < len(launches):
+        if tuple(name for name, _ in launches[i:i + f]) == names:
+            calls.append([])
+            i += f
+            continue
+        if not calls:
+            raise RuntimeError(f"cold timing: the record begins with {launches[i][0]!r}, not "
+                               f"with the flush's {list(names)}.")
+        calls[-1].append(launches[i])
+        i += 1
+    return calls
+
+
+def time_cold_interleaved(
+    fns: Sequence[Any],
+    inputs: Sequence[Sequence[Any]],
+    iterations: int,
+    flush: Any,
+    *,
+    aggregate: Sequence[bool],
+    select: Callable[[list[list[tuple[str, float]]]], list[float]],
+    session: Callable[[Callable[[], Any]], list[tuple[str, float]]] | None = None,
+) -> list[list[float]]:
+    """Per program (``fns[i]`` on ``inputs[i]``), its GPU time per call in µs, timed
+    interleaved: one CUPTI session (``session``, default CUPTI's) over ``iterations`` x
+    (flush, ``fns[0]``, flush, ``fns[1]``, ...), the L2 flushed before every call. One
+    warm-up call of each first (excluded). ``aggregate[i]``: every launch of program ``i``
+    counts (a baseline); otherwise ``select`` picks the tuned kernel's own launches, as in
+    :func:`time_cold`.
+
+    Raises:
+      ValueError: no program, fewer than one iteration, or counts that do not match.
+      RuntimeError: the record does not split into ``iterations`` x programs calls that each
+        launched something of their own.
+    """
+    import jax
+
+    if session is None:
+        from autotune._jax_compat import cupti_session
+
+        session = cupti_session
+    k = len(fns)
+    if k == 0 or iterations < 1 or len(inputs) != k or len(aggregate) != k:
+        raise ValueError(f"interleaved cold timing needs programs, inputs and aggregate flags "
+                         f"of one count and at least one iteration, but got {k} program(s), "
+                         f"{len(inputs)} input set(s), {len(aggregate)} flag(s) and "
+                         f"{iterations} iteration(s).")
+    for fn, args in zip(fns, inputs, strict=True):
+        jax.block_until_ready(fn(*args))  # warm-up, excluded
+    flush.calibrate(session)
+    assert flush.names is not None
+
+    def loop() -> Any:
+        last = None
+        for _ in range(iterations):
+            for fn, args in zip(fns, inputs, strict=True):
+                flush.launch()
+                last = fn(*args)
+        return last
+
+    calls = split_calls(session(loop), flush.names)
+    if len(calls) != iterations * k or not all(calls):
+        raise RuntimeError(f"cold timing: {len(calls)} call(s) recorded, not {iterations} x "
+                           f"{k} that each launched something of their own.")
+    out: list[list[float]] = []
+    for j in range(k):
+        its = calls[j::k]
+        out.append([sum(float(ms) for _, ms in it) * 1000.0 for it in its] if aggregate[j]
+                   else select(its))
+    return out

@@ -96,6 +96,70 @@ def test_cold_timing_retries_once_when_a_foreign_launch_breaks_the_split(monkeyp
     assert samples == pytest.approx([200.0, 300.0])
 
 
+def test_calls_split_at_each_flush_whatever_each_program_launches():
+    """A loop of programs that launch different numbers of kernels (XLA's glue, a Mosaic GPU
+    kernel alone) splits at the flush's launches; a record that does not begin with the flush,
+    or a flush that launched nothing, is an error."""
+    flush = ("f1", "f2")
+    record = [("f1", 1), ("f2", 1), ("gemm", 5), ("f1", 1), ("f2", 1), ("cublas", 4), ("glue", 1),
+              ("f1", 1), ("f2", 1)]
+    assert timing.split_calls(record, flush) == [[("gemm", 5)], [("cublas", 4), ("glue", 1)], []]
+    with pytest.raises(RuntimeError, match="begins with 'gemm'"):
+        timing.split_calls(record[2:], flush)
+    with pytest.raises(RuntimeError, match="launched nothing"):
+        timing.split_calls(record, ())
+
+
+class _LoggedFlush:
+    """A flush whose launches land in ``log`` (what the fake session returns)."""
+
+    def __init__(self, log):
+        self.log, self.names = log, None
+
+    def calibrate(self, session):
+        self.names = ("flush",)
+
+    def launch(self):
+        self.log.append(("flush", 0.001))
+
+
+def test_interleaved_cold_timing_gives_each_program_its_own_calls_in_order():
+    """``time_cold_interleaved``: one session over iterations x (flush, program, flush,
+    program, ...); each program gets its own calls (the baseline all its launches, a kernel
+    what ``select`` picks), the warm-up excluded; a record of the wrong count is an error."""
+    log = []
+    calls = {"kernel": 0, "xla": 0}
+    step = {"kernel": (0.100, 0.001), "xla": (0.2, 0.01)}  # ms: the first, then each call's more
+
+    def program(name, launches):
+        def run():
+            first, more = step[name]
+            log.extend([(name, first + more * calls[name])] + [("glue", 0.01)] * (launches - 1))
+            calls[name] += 1
+            return name
+        return run
+
+    def session(fn):
+        log.clear()
+        fn()
+        return list(log)
+
+    flush = _LoggedFlush(log)
+    fns = [program("kernel", 1), program("xla", 2)]
+    out = timing.time_cold_interleaved(
+        fns, [(), ()], 3, flush, aggregate=[False, True], session=session,
+        select=lambda its: [it[0][1] * 1000.0 for it in its])
+    # The warm-up took each program's first time; the loop alternates kernel, xla, kernel, ...
+    assert out[0] == pytest.approx([101.0, 102.0, 103.0])
+    assert out[1] == pytest.approx([220.0, 230.0, 240.0])
+    with pytest.raises(ValueError, match="2 program\\(s\\), 1 input set"):
+        timing.time_cold_interleaved(fns, [()], 1, flush, aggregate=[True, True], select=None)
+    short = lambda fn: (fn(), [("flush", 0.001), ("kernel", 0.1)])[1]  # noqa: E731
+    with pytest.raises(RuntimeError, match="1 call\\(s\\) recorded, not 1 x 2"):
+        timing.time_cold_interleaved(fns, [(), ()], 1, flush, aggregate=[True, True],
+                                     select=None, session=short)
+
+
 def test_a_cupti_session_stays_attached_unless_asked_to_detach(monkeypatch):
     """A worker times session after session: CUPTI is left attached (the extension's
     ``finalize`` False) unless ``detach`` asks, and a run that raises still ends its session."""
