@@ -4,23 +4,17 @@
     python3 benchmarks/lookup_latency.py --trials 100000 --db sqlite:////tmp/lookup.db
 
 Builds a database of ``--trials`` trials (bulk-inserted through SQLAlchemy core: ``--problems``
-hopper_matmul problems, each with configs drawn from its valid space (every one passes today's
-rules), two devices (an H200 and an interpret-mode CPU), two jax/jaxlib
-versions (an old one and the running one), 5% failed trials) and times
-:func:`autotune.lookup_config` for problems that are stored:
+hopper_matmul problems with configs drawn from their valid spaces, two devices (an H200, an
+interpret-mode CPU), two jax/jaxlib versions, 5% failed) and times :func:`autotune.lookup_config`
+for stored problems:
 
-* ``cached``: a repeated lookup, answered from the in-memory cache (goal < 50 us);
-* ``cold``: the cache cleared before each lookup; the database is already open in the process
-  (goal < 5 ms). Each sample asks for another stored problem;
-* ``cold, first in process``: also the database closed before each lookup, so the time includes
-  opening it and checking its schema (what the first lookup of a process pays);
-* ``nearest``: a problem that is not stored, answered from its nearest tuned neighbours;
-* ``decorator``: the cost of a cached call through ``@tuned`` (goal < 2 us), in CPU time,
-  beside the same call through the lookup's cache only (``--decorator-only``: just these);
-  ``--jax-arrays`` passes jax arrays (what a program passes: their ``shape`` and ``dtype`` are
-  Python properties the decorator reads per call; imports jax) instead of plain stand-ins.
-
-The script imports the autotune of its own checkout (not an installed one).
+* ``cached``: a repeated lookup, from the in-memory cache (goal < 50 us);
+* ``cold``: the cache cleared before each, the database open (goal < 5 ms);
+* ``cold, first in process``: the database closed too (opening it and checking its schema);
+* ``nearest``: a problem not stored, answered from its nearest neighbours;
+* ``decorator``: a cached call through ``@tuned`` (goal < 2 us, CPU time) beside the lookup's
+  cache alone (``--decorator-only``: just these); ``--jax-arrays`` passes jax arrays (whose
+  ``shape`` and ``dtype`` properties the decorator reads per call) instead of stand-ins.
 
 Prints median and 90th percentile per kind, and the query plan of the best-trial query.
 """

@@ -9,11 +9,12 @@ rounds, fresh random inputs each, by the ``--methods`` (default all):
 
 * ``cold``: the search's (:func:`autotune.evaluation.cold_timing.time_cold`), one CUPTI session
   over N x (L2 flush, program), per-iteration samples (the first held against the rest);
-  ``cold_all``: every launch counted, XLA's glue included (as ``iso_xor`` and the baseline);
+* ``pair``: ``cold``, the round's programs interleaved call by call in one session
+  (:func:`autotune.evaluation.cold_timing.time_cold_interleaved`);
 * ``warm``: N calls back to back in one CUPTI session, no flush; ``batch``: the host's clock
   around N calls back to back, one wait, per call (a program's loop; median of 3 blocks);
 * ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session of
-  the call) after a read-only flush (a sum over 2x / 4x the L2): no write-back left;
+  the call) after a read-only flush (a sum over 2x / 4x the L2);
 * ``iso_xor``: ``autotune verify``'s (:class:`autotune.evaluation.independent.CuptiIsolatedTimer`);
 * ``launches``: the CUPTI launches of one warm call; NVML's SM clock, power and clock-event
   reasons before each block.
@@ -213,7 +214,8 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     from autotune._jax_compat import cupti_session
-    from autotune.evaluation.cold_timing import L2Flush, l2_cache_bytes, time_cold
+    from autotune.evaluation.cold_timing import (L2Flush, l2_cache_bytes, time_cold,
+                                                 time_cold_interleaved)
     from autotune.evaluation.pipeline import compile_config
     from autotune.evaluation.timing import select_kernel_time
     from autotune.space.kernel import BuildOptions
@@ -223,7 +225,7 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     l2, source = l2_cache_bytes(jax.devices()[0])
     flush2 = L2Flush()
 
-    from autotune.evaluation.independent import CuptiIsolatedTimer, WallClockTimer
+    from autotune.evaluation.independent import CuptiIsolatedTimer
 
     read2, read4 = ReadFlush(2 * l2), ReadFlush(4 * l2)
     xor_timer = CuptiIsolatedTimer()
@@ -258,11 +260,11 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     def iso_xor(fn: Any, inputs: Any, n: int) -> list[float]:
         return [xor_timer.call_us(fn, inputs) for _ in range(n)]
 
-    wall_timer = WallClockTimer(2 * l2)
-
-    def wall(fn: Any, inputs: Any, n: int) -> list[float]:
-        """Host clock, no profiler: n x (flush, program) minus n x flush (verify's method)."""
-        return [wall_timer.block_us(fn, inputs, n) for _ in range(3)]
+    def pair(inputs: Any, order: list[int]) -> dict[str, list[float]]:
+        ps = [programs[i] for i in order]
+        times = time_cold_interleaved([p[1] for p in ps], [inputs] * len(ps), n, flush2,
+                                      aggregate=[p[2] for p in ps], select=select_kernel_time)
+        return {p[0]: t for p, t in zip(ps, times, strict=True)}
 
     def warm(fn: Any, inputs: Any, aggregate: bool, n: int) -> list[float]:
         jax.block_until_ready(fn(*inputs))
@@ -298,22 +300,21 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
         inputs = kernel.make_inputs(problem, jax.random.key(100 + r))
         jax.block_until_ready(inputs)
         order = [(r + i) % len(programs) for i in range(len(programs))]
+        wanted = set(args.methods.split(","))
+        paired = pair(inputs, order) if "pair" in wanted else {}
         for i in order:
             label, fn, aggregate = programs[i]
             row: dict[str, Any] = {"round": r, "program": label, "nvml_before": nvml_reading(nv)}
-            wanted = set(args.methods.split(","))
             def cold(flush: Any) -> list[float]:
                 return time_cold(fn, inputs, n, flush, aggregate=aggregate,
                                  select=select_kernel_time)[0]
             for method, measure in (
                 ("cold", lambda: cold(flush2)),
-                ("cold_all", lambda: time_cold(fn, inputs, n, flush2, aggregate=True,
-                                               select=select_kernel_time)[0]),
                 ("cold_ro", lambda: cold(read2)),
                 ("iso_ro", lambda: iso_ro(fn, inputs, aggregate, args.isolated)),
                 ("iso_xor", lambda: iso_xor(fn, inputs, args.isolated)),
                 ("warm", lambda: warm(fn, inputs, aggregate, n)),
-                ("wall", lambda: wall(fn, inputs, n)),
+                ("pair", lambda: paired[label]),
                 ("batch", lambda: batch(fn, inputs, n)),
             ):
                 if method in wanted:
@@ -360,8 +361,8 @@ def engine_study(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(result: dict[str, Any]) -> None:
-    methods = [m for m in ("cold", "cold_all", "cold_ro", "iso_ro", "iso_xor",
-                           "warm", "wall", "batch") if m in result["rows"][0]]
+    methods = [m for m in ("cold", "cold_ro", "iso_ro", "iso_xor",
+                           "warm", "pair", "batch") if m in result["rows"][0]]
     for prog, launched in result.get("launches", {}).items():
         print(f"{prog}: " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in launched))
     print(f"\n{result['problem']}: per program and method, the median of round medians (us), "
@@ -401,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolated", type=int, default=12)
     p.add_argument("--best", type=int, default=2)
     p.add_argument("--processes", type=int, default=4)
-    p.add_argument("--methods", default="cold,cold_all,cold_ro,iso_ro,iso_xor,"
-                   "warm,wall,batch")
+    p.add_argument("--methods", default="cold,cold_ro,iso_ro,iso_xor,"
+                   "warm,pair,batch")
     p.add_argument("--config", action="append", metavar="JSON", help="another config to time")
     p.add_argument("--engine", choices=("gpu", "interpret"), help="the engine's workers, apart")
     p.add_argument("--child", choices=("xla", "ncu"))
