@@ -160,6 +160,29 @@ def test_interleaved_cold_timing_gives_each_program_its_own_calls_in_order():
                                      select=None, session=short)
 
 
+def test_interleaved_cold_timing_times_again_once_when_a_stray_launch_breaks_the_split():
+    """A launch of another thread in the window (before the first flush) is timed again once;
+    the times are the retry's. Twice in a row is an error."""
+    records = iter([
+        [("stray", 0.5), ("flush", 0.001), ("a", 0.1), ("flush", 0.001), ("b", 0.2)],
+        [("flush", 0.001), ("a", 0.3), ("flush", 0.001), ("b", 0.4)],
+        [("stray", 0.5)], [("stray", 0.5)],
+    ])
+
+    def session(fn):
+        fn()
+        return next(records)
+
+    flush = _LoggedFlush([])
+    fns = [lambda: 1, lambda: 2]
+    out = timing.time_cold_interleaved(fns, [(), ()], 1, flush, aggregate=[True, True],
+                                       select=None, session=session)
+    assert out == [pytest.approx([300.0]), pytest.approx([400.0])]
+    with pytest.raises(RuntimeError, match="begins with 'stray'"):
+        timing.time_cold_interleaved(fns, [(), ()], 1, flush, aggregate=[True, True],
+                                     select=None, session=session)
+
+
 def test_a_cupti_session_stays_attached_unless_asked_to_detach(monkeypatch):
     """A worker times session after session: CUPTI is left attached (the extension's
     ``finalize`` False) unless ``detach`` asks, and a run that raises still ends its session."""
