@@ -339,6 +339,9 @@ def engine_study(args: argparse.Namespace) -> dict[str, Any]:
         configs = [json.loads(c) for c in args.config or ()] + (best(
             name, p.kernel, p.shape, p.dtype) or best("NVIDIA H200", p.kernel, p.shape,
                                                         p.dtype))[:args.best]
+        if not configs:
+            raise SystemExit(f"timing_study: no config recorded for {args.problem} on {name} "
+                             "or the H200: pass --config JSON")
         progs, labels = [Config(c) for c in configs] + [None], [*map(str, configs), "xla"]
         n, nw, rounds = len(progs), eng.workers, range(args.rounds)
         eng.warm_up(kernel.name, p, progs[0])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from tests.benchmark_scripts import load
 
 CONFIG = {"tile_m": 64, "tile_n": 128, "tile_k": 64, "max_concurrent_steps": 2,
@@ -26,3 +28,11 @@ def test_engine_mode_times_every_program_on_every_worker_in_rounds(tmp_path, cap
     assert all(math.isfinite(t) and t > 0 for r in us for p in r for t in p)
     # A line per worker: each program's offset from all workers' median, then the speedup.
     assert "speedup xla/first" in capsys.readouterr().out
+
+
+def test_engine_mode_without_a_config_to_time_says_how_to_give_one(tmp_path):
+    """No config recorded for the shape and none given: a clear exit, not a crash."""
+    with pytest.raises(SystemExit, match="no config recorded for .* pass --config JSON"):
+        load("timing_study").main([
+            "--engine", "interpret", "--problem", "hopper_matmul:m=256,n=256,k=128:bfloat16",
+            "--rounds", "1", "--iterations", "1", "--best", "0"])
