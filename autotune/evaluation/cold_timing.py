@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.devices import current_device, read_device
 
@@ -193,18 +193,33 @@ def time_cold(
             last[0] = fn(*inputs)  # earlier outputs are freed as the loop goes
         return last[0]
 
+    names = flush.names
+    per_iteration = _split_once_more(
+        lambda: split_flushed(cupti_session(loop), iterations, names), "Cold timing")
+    return _per_call_us(per_iteration, aggregate, select), last[0]
+
+
+_T = TypeVar("_T")
+
+
+def _split_once_more(split: Callable[[], _T], what: str) -> _T:
+    """``split()`` (a recorded window split into calls), once more if it raises: a launch by
+    another thread of this process (an XLA autotuning compile) can land in the recorded window
+    and break the split, as warm timing also retries."""
     try:
-        per_iteration = split_flushed(cupti_session(loop), iterations, flush.names)
+        return split()
     except RuntimeError:
-        # A launch by another thread of this process (an XLA autotuning compile) can land in
-        # the recorded window and break the split: once more, as warm timing does.
-        log.debug("Cold timing did not split; retrying once.", exc_info=True)
-        per_iteration = split_flushed(cupti_session(loop), iterations, flush.names)
+        log.debug("%s did not split; retrying once.", what, exc_info=True)
+        return split()
+
+
+def _per_call_us(calls: list[list[tuple[str, float]]], aggregate: bool,
+                 select: Callable[[list[list[tuple[str, float]]]], list[float]]) -> list[float]:
+    """µs per call: every launch of a call (``aggregate``: a baseline), else what ``select``
+    picks (the tuned kernel's own launches)."""
     if aggregate:
-        samples = [sum(float(ms) for _, ms in it) * 1000.0 for it in per_iteration]
-    else:
-        samples = select(per_iteration)
-    return samples, last[0]
+        return [sum(float(ms) for _, ms in it) * 1000.0 for it in calls]
+    return select(calls)
 
 
 def split_calls(
@@ -274,6 +289,7 @@ def time_cold_interleaved(
         jax.block_until_ready(fn(*args))  # warm-up, excluded
     flush.calibrate(session)
     assert flush.names is not None
+    names = flush.names
 
     def loop() -> Any:
         last = None
@@ -284,22 +300,11 @@ def time_cold_interleaved(
         return last
 
     def recorded() -> list[list[tuple[str, float]]]:
-        calls = split_calls(session(loop), flush.names or ())
+        calls = split_calls(session(loop), names)
         if len(calls) != iterations * k or not all(calls):
             raise RuntimeError(f"cold timing: {len(calls)} call(s) recorded, not {iterations} "
                                f"x {k} that each launched something of their own.")
         return calls
 
-    try:
-        calls = recorded()
-    except RuntimeError:
-        # A launch by another thread of this process (an XLA autotuning compile) can land in
-        # the recorded window: once more, as time_cold does.
-        log.debug("Interleaved cold timing did not split; retrying once.", exc_info=True)
-        calls = recorded()
-    out: list[list[float]] = []
-    for j in range(k):
-        its = calls[j::k]
-        out.append([sum(float(ms) for _, ms in it) * 1000.0 for it in its] if aggregate[j]
-                   else select(its))
-    return out
+    calls = _split_once_more(recorded, "Interleaved cold timing")
+    return [_per_call_us(calls[j::k], aggregate[j], select) for j in range(k)]
