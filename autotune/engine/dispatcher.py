@@ -65,6 +65,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import math
 import multiprocessing.connection
 import os
 import queue
@@ -332,6 +333,7 @@ class Engine:
         medians_us: Sequence[float | None] | None = None,
         first_round: int = 0,
         program: bool = False,
+        interleaved: bool = False,
     ) -> list[list[TrialResult]]:
         """The confirmation round's timings: per round, one :class:`TrialResult` per program
         (``configs`` in order, then the baseline when ``baseline``). ``iterations``: timed
@@ -345,7 +347,16 @@ class Engine:
         ``iterations`` runs in the engine's cache policy, on the worker that timed it before
         (:meth:`retime`). A program whose timing fails is not timed in later rounds; its
         later entries repeat the failure.
+
+        ``interleaved`` (not with ``program``): a round is one task instead, on the worker that
+        timed the fastest config: that worker times the round's programs together
+        (:meth:`autotune.evaluation.contract.Evaluator.retime_round`; under the cold policy
+        call by call in one CUPTI session), each for the mean of their ``iterations``. A round
+        that fails so is timed again one program at a time, which tells whose failure it was.
         """
+        if interleaved and program:
+            raise ValueError("confirm() times a round interleaved or as a program calls it, "
+                             "not both: pass interleaved=False with program=True.")
         from autotune.space.outcomes import round_order
 
         programs: list[Config | None] = [Config(c) for c in configs]
@@ -372,6 +383,19 @@ class Engine:
         table: list[list[TrialResult | None]] = [[None] * len(programs) for _ in range(rounds)]
         failed: dict[int, TrialResult] = {}
         for r, order in enumerate(round_order(len(programs), first_round + rounds)[first_round:]):
+            together = [i for i in order if i not in failed]
+            if interleaved and together:
+                # On the worker that timed the fastest config (``first``).
+                got = self._interleaved_round(kernel_name, problem,
+                                              [programs[i] for i in together],
+                                              [counts[i] for i in together], first)
+                if got is not None:
+                    for i, result in zip(together, got, strict=True):
+                        table[r][i] = result
+                    for i in order:
+                        if i in failed:
+                            table[r][i] = failed[i]
+                    continue
             for i in order:
                 if i in failed:
                     table[r][i] = failed[i]
@@ -382,6 +406,23 @@ class Engine:
                     failed[i] = result
                 table[r][i] = result
         return [[t for t in row if t is not None] for row in table]
+
+    def _interleaved_round(
+        self, kernel_name: str, problem: Problem, programs: list[Config | None],
+        counts: list[int], slot: int | None,
+    ) -> list[TrialResult] | None:
+        """One round of :meth:`confirm` as one task (``interleaved``), on worker ``slot``;
+        its results in order, or None where one failed (the round is then timed one program
+        at a time)."""
+        extra = {"programs": programs, "iterations": math.ceil(sum(counts) / len(counts))}
+        got = self._tasks.submit("round", kernel_name, problem, None, extra, urgent=True,
+                                 slot=slot).result()
+        if not isinstance(got, list) or not all(r.ok for r in got):
+            bad = got if isinstance(got, TrialResult) else next(r for r in got if not r.ok)
+            log.warning("%s: an interleaved confirmation round ended %s (%s); timing it one "
+                        "program at a time.", problem, bad.outcome.value, bad.error)
+            return None
+        return got
 
     def trace(
         self,

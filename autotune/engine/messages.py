@@ -59,7 +59,9 @@ class TaskMsg:
     """One task for a worker."""
 
     id: int
-    kind: str  # "trial" | "baseline" | "trace" | "retime" (config None: the baseline)
+    # "trial" | "baseline" | "trace" | "retime" (config None: the baseline) | "round" (a
+    # confirmation round's programs, extra["programs"], None for the baseline; config None)
+    kind: str
     kernel_name: str
     problem: Problem
     config: Config | None

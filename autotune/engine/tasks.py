@@ -89,7 +89,7 @@ class StageEvent:
     # inputs and reference), run, check, time, done (sent before the lock is released)
     stage: str
     t: float
-    kind: str = "trial"  # the task's kind: trial, baseline, trace, retime
+    kind: str = "trial"  # the task's kind: trial, baseline, trace, retime, round
     problem: Problem | None = None
 
 
@@ -392,10 +392,17 @@ class TaskQueue:
             self.slowest_run_s, floor_s=floor_run
         )
         if stage in COMPILE_STAGES:
-            return compile_limit
+            # A confirmation round compiles those of its programs its worker did not keep.
+            return compile_limit * (len(task.msg.extra["programs"]) if task.msg.kind == "round"
+                                    else 1)
         if task.msg.kind == "retime":
             # Times the program again with more iterations (and compiles a baseline anew).
             return compile_limit + run_limit * max(1.0, float(task.msg.extra["iterations"]) / 20)
+        if task.msg.kind == "round":
+            # Several programs, each timed as a retime is (a baseline compiled anew).
+            n = len(task.msg.extra["programs"])
+            return compile_limit + run_limit * n * max(
+                1.0, float(task.msg.extra["iterations"]) / 20)
         if task.msg.kind != "trial":
             return compile_limit + run_limit  # a baseline or trace compiles in its run
         return run_limit

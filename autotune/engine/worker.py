@@ -152,6 +152,11 @@ class _Worker:
         self._kept: collections.OrderedDict[Problem, dict[str, tuple[float, Any]]] = (
             collections.OrderedDict()
         )
+        # Executables compiled for a confirmation round that _kept does not hold, per problem
+        # (the newest KEPT_PROBLEMS), for the problem's later rounds.
+        self._round_kept: collections.OrderedDict[Problem, dict[str, Any]] = (
+            collections.OrderedDict()
+        )
         self._kept_lock = threading.Lock()
 
     def send(self, msg: FromWorker) -> None:
@@ -245,6 +250,8 @@ class _Worker:
             task = msg.task
             if task.kind == "trial" or (task.kind == "retime" and task.config is not None):
                 self.pool.submit(self._compile, task)
+            elif task.kind == "round":
+                self.pool.submit(self._prepare_round, task)
             else:  # a baseline, its re-time, a trace: their host work first, then the GPU
                 self.pool.submit(self._prepare, task)
 
@@ -312,6 +319,61 @@ class _Worker:
         self.send(StageReached(task.id, "prepared", time.time()))
         self._ready.put((task, None))
 
+    def _prepare_round(self, task: TaskMsg) -> None:
+        """A confirmation round's host work (:meth:`autotune.engine.dispatcher.Engine.confirm`
+        with ``interleaved``): each config's executable, kept or compiled here (a compile that
+        fails is that config's result), and the baseline's host work; the round is timed under
+        the GPU's lock."""
+        from autotune.evaluation.contract import Compiled
+
+        self.send(StageReached(task.id, "prepare", time.time()))
+        programs: list[Any] = []
+        try:
+            kernel = self._kernel(task.kernel_name)
+            for config in task.extra["programs"]:
+                if config is None:
+                    self.evaluator.prepare(kernel, task.problem)
+                    programs.append(None)
+                    continue
+                found = self._kept_executable(task.problem, config)
+                if found is None:
+                    found = self.evaluator.compile(kernel, task.problem, config,
+                                                   on_stage=self._hook(task))
+                    if isinstance(found, Compiled):
+                        self._keep_for_rounds(task.problem, found)
+                programs.append(found)
+        except Exception as e:  # noqa: BLE001 - not a config's failure: the caller's
+            self._error(task, e)
+            return
+        self.send(StageReached(task.id, "prepared", time.time()))
+        self._ready.put((task, programs))
+
+    def _keep_for_rounds(self, problem: Problem, compiled: Any) -> None:
+        """Keeps an executable compiled for a confirmation round for the problem's later
+        rounds (beside the fastest configs :meth:`_keep` keeps)."""
+        with self._kept_lock:
+            kept = self._round_kept.setdefault(problem, {})
+            self._round_kept.move_to_end(problem)
+            while len(self._round_kept) > KEPT_PROBLEMS:
+                self._round_kept.popitem(last=False)
+            kept[compiled.config.digest()] = compiled
+
+    def _time_round(self, task: TaskMsg, programs: list[Any]) -> list[Any]:
+        """The round's results, in order: the programs that compiled timed together
+        (:meth:`autotune.evaluation.contract.Evaluator.retime_round`), the failed compiles'
+        own results."""
+        from autotune.space.outcomes import TrialResult
+
+        timed = [i for i, p in enumerate(programs) if not isinstance(p, TrialResult)]
+        results: list[Any] = list(programs)
+        if timed:
+            got = self.evaluator.retime_round(
+                self._kernel(task.kernel_name), task.problem, [programs[i] for i in timed],
+                iterations=int(task.extra["iterations"]))
+            for i, result in zip(timed, got, strict=True):
+                results[i] = result
+        return results
+
     @contextlib.contextmanager
     def _device(self) -> Any:
         """Holds the GPU's lock: no other worker of this GPU uses it meanwhile.
@@ -352,7 +414,9 @@ class _Worker:
     def _kept_executable(self, problem: Problem, config: Config) -> Any:
         with self._kept_lock:
             found = self._kept.get(problem, {}).get(config.digest())
-            return None if found is None else found[1]
+            if found is not None:
+                return found[1]
+            return self._round_kept.get(problem, {}).get(config.digest())
 
     def _measure_locked(self, task: TaskMsg, compiled: Any) -> None:
         try:
@@ -360,6 +424,9 @@ class _Worker:
                 result: Any = self.evaluator.run(compiled, on_stage=self._hook(task))
                 if result.ok and result.median_us is not None:
                     self._keep(task.problem, compiled, result.median_us)
+            elif task.kind == "round":
+                self._hook(task)("time")
+                result = self._time_round(task, compiled)
             elif task.kind == "retime":
                 self._hook(task)("time")
                 iterations = int(task.extra["iterations"])

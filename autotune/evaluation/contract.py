@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
@@ -256,6 +256,20 @@ class Evaluator(abc.ABC):
         (:func:`autotune.evaluation.timing.time_program`; timing
         :data:`~autotune.space.outcomes.PROGRAM_METHOD`), on input sets rotated under the cold
         policy."""
+
+    def retime_round(
+        self, kernel: Kernel, problem: Problem, programs: Sequence[Compiled | None], *,
+        iterations: int,
+    ) -> list[TrialResult]:
+        """One confirmation round: each of ``programs`` (None: the problem's baseline) timed
+        again for ``iterations`` runs, as :meth:`retime` and :meth:`baseline` time them; one
+        result per program, in order. Default: one after another. An evaluator whose policy
+        allows it times them interleaved call by call instead, so that a clock that moves
+        within the round moves them all (:class:`~autotune.evaluation.pipeline.GpuEvaluator`
+        under the cold policy: :func:`~autotune.evaluation.cold_timing.time_cold_interleaved`).
+        """
+        return [self.baseline(kernel, problem, iterations=iterations) if p is None
+                else self.retime(p, iterations=iterations) for p in programs]
 
     @abc.abstractmethod
     def trace(

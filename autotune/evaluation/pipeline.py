@@ -789,23 +789,73 @@ class _JaxEvaluator(Evaluator):
     def _baseline_program(self, kernel: Kernel, problem: Problem, calls: int) -> TrialResult:
         """The baseline timed as a program calls it: its executable kept from its timing (or
         compiled here, and kept), then :meth:`_time_program`."""
+        with self._device_context():
+            sets = self._program_sets(kernel, problem)
+            try:
+                executable, compile_s = self._baseline_executable(kernel, problem, sets[0])
+            except Exception as e:  # noqa: BLE001 - a failure is a value
+                return failure_result(e, Stage.COMPILE, compile_s=None, device_ok=True)
+            return self._time_program(executable, sets, calls, compile_s=compile_s)
+
+    def _baseline_executable(self, kernel: Kernel, problem: Problem,
+                             inputs: Sequence[Any]) -> tuple[Any, float | None]:
+        """The baseline's executable kept from its timing, else compiled here (from its
+        lowering made ahead, if any) and kept; with its compile seconds (None: kept)."""
         import jax
 
         assert kernel.baseline is not None
         key = (kernel.name, problem)
+        executable = self._baseline_executables.get(key)
+        if executable is not None:
+            return executable, None
+        start = time.perf_counter()
+        lowered = self._baseline_lowered.get(key)
+        if lowered is None:
+            lowered = jax.jit(kernel.baseline(problem)).trace(*inputs).lower()
+        executable = lowered.compile()
+        self._keep_baseline(key, executable)
+        return executable, time.perf_counter() - start
+
+    def retime_round(
+        self, kernel: Kernel, problem: Problem, programs: Sequence[Compiled | None], *,
+        iterations: int,
+    ) -> list[TrialResult]:
+        """Under the cold policy with CUPTI, the round's programs interleaved call by call in
+        one CUPTI session (:func:`~autotune.evaluation.cold_timing.time_cold_interleaved`: the
+        L2 flushed before every call, each call a few hundred microseconds from the others');
+        otherwise one after another (:meth:`Evaluator.retime_round`). A failure of the session
+        fails every program of the round: the engine then times the round one program at a
+        time, which tells whose failure it was."""
+        if self.cache != "cold" or self.timing != "cupti" or self.interpret:
+            return super().retime_round(kernel, problem, programs, iterations=iterations)
+        from autotune.evaluation.cold_timing import time_cold_interleaved
+        from autotune.evaluation.timing import select_kernel_time
+
+        stage = Stage.COMPILE
+        compile_s: list[float | None] = []
         with self._device_context():
-            sets = self._program_sets(kernel, problem)
-            executable = self._baseline_executables.get(key)
-            compile_s = None
-            if executable is None:
-                start = time.perf_counter()
-                try:
-                    executable = jax.jit(kernel.baseline(problem)).trace(*sets[0]).lower().compile()
-                except Exception as e:  # noqa: BLE001 - a failure is a value
-                    return failure_result(e, Stage.COMPILE, compile_s=None, device_ok=True)
-                compile_s = time.perf_counter() - start
-                self._keep_baseline(key, executable)
-            return self._time_program(executable, sets, calls, compile_s=compile_s)
+            try:
+                inputs = [self._fresh_inputs(kernel, problem) for _ in programs]
+                fns = []
+                for p, args in zip(programs, inputs, strict=True):
+                    if p is None:
+                        exe, seconds = self._baseline_executable(kernel, problem, args)
+                    else:
+                        exe, seconds = p.executable, p.compile_s
+                    fns.append(exe)
+                    compile_s.append(seconds)
+                stage = Stage.TIME
+                samples = time_cold_interleaved(
+                    fns, inputs, iterations, self._flush(),
+                    aggregate=[p is None for p in programs], select=select_kernel_time)
+            except Exception as e:  # noqa: BLE001 - a failure is a value, as in run()
+                device_ok = device_still_works() if stage is Stage.TIME else True
+                failed = failure_result(e, stage, compile_s=None, device_ok=device_ok)
+                if failed.outcome is Outcome.CRASHED:
+                    self.healthy = False
+                return [failed] * len(programs)
+        return [TrialResult.timed(s, compile_s=c, rel_error=None, timing=self.timing,
+                                  cache=self.cache) for s, c in zip(samples, compile_s, strict=True)]
 
     @staticmethod
     def _trace_key(kernel: Kernel, problem: Problem, config: Config,

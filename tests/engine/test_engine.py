@@ -712,6 +712,61 @@ def test_confirm_interleaves_rounds_on_the_kept_executables():
     assert len(order) == 9 and order == sorted(order)
 
 
+def test_confirm_interleaved_times_each_round_as_one_task_on_the_fastest_configs_worker():
+    """``confirm(..., interleaved=True)``: each round is one task, on the worker that timed
+    the fastest config; it compiles once what that worker did not keep and keeps it for the
+    later rounds; every program gets the mean of the counts of runs; the true times come back
+    in the programs' order whatever the rotation."""
+    configs = [cfg(cost_us=c) for c in (100, 103, 106)]
+    problem = Problem(FAKE, {"n": 5, "baseline_us": 150}, "float32")
+    with fake_engine(workers_per_gpu=2, cache="cold") as eng:
+        eng.warm_up(FAKE, problem, cfg(cost_us=1))  # both workers are up
+        futures = [eng.submit(FAKE, problem, c) for c in configs]
+        first = [f.result() for f in futures]
+        on = {e.task_id: e.worker for e in eng.timeline() if e.stage == "time"}
+        worker = [on[f.task_id] for f in futures]
+        # The fastest config timed last on the worker that timed fewer of the others.
+        home = min((0, 1), key=lambda w: worker[1:].count(w))
+        eng.retime(FAKE, problem, configs[0], iterations=5, worker=home,
+                   median_us=first[0].median_us)
+        before = {e.task_id for e in eng.timeline()}
+        table = eng.confirm(FAKE, problem, configs, rounds=3, iterations=[40, 20, 30, 30],
+                            medians_us=[r.median_us for r in first], interleaved=True)
+        events = [e for e in eng.timeline() if e.task_id not in before]
+        with pytest.raises(ValueError, match="interleaved or as a program calls it"):
+            eng.confirm(FAKE, problem, configs, rounds=1, iterations=5, interleaved=True,
+                        program=True)
+    rounds = sorted({e.task_id for e in events})
+    assert len(rounds) == 3 and {e.kind for e in events} == {"round"}
+    assert {e.worker for e in events} == {home}
+    # The configs it did not keep (one or two) compiled in the first round only.
+    compiled = [e for e in events if e.stage == "compile"]
+    missing = sum(w != home for w in worker[1:])
+    assert missing >= 1 and [e.task_id for e in compiled] == [rounds[0]] * missing
+    assert [[len(r.samples_us) for r in row] for row in table] == [[30] * 4] * 3
+    assert all(r.median_us == pytest.approx(t, rel=0.02)
+               for row in table for r, t in zip(row, (100, 103, 106, 150), strict=True))
+
+
+def test_an_interleaved_round_that_fails_is_timed_one_program_at_a_time():
+    """A round whose task crashes its worker is timed again one program at a time, which
+    names the program that crashed; the later rounds leave it out and are one task again."""
+    configs = [cfg(cost_us=100), cfg("segfault", "time")]
+    problem = Problem(FAKE, {"n": 6, "baseline_us": 150}, "float32")
+    with fake_engine(workers_per_gpu=1) as eng:
+        assert eng.submit(FAKE, problem, configs[0]).result().ok
+        before = {e.task_id for e in eng.timeline()}
+        table = eng.confirm(FAKE, problem, configs, rounds=2, iterations=5, interleaved=True)
+        kinds = collections.Counter(
+            (e.kind, e.stage) for e in eng.timeline() if e.task_id not in before)
+    assert [[r.outcome for r in row] for row in table] == [
+        [Outcome.OK, Outcome.CRASHED, Outcome.OK]] * 2
+    assert [round(r.median_us) for r in table[1] if r.ok] == [100, 150]
+    # Round 1 one task (crashed), then three retimes; round 2 one task again.
+    assert kinds[("round", "time")] == 2 and kinds[("round", "done")] == 1
+    assert kinds[("retime", "time")] == 3
+
+
 def test_retime_on_a_named_worker_times_there_and_compiles_what_it_did_not_keep():
     """``retime(..., worker=w)`` times on worker slot ``w``, whichever timed the config
     before: a config it never compiled is compiled there (the baseline too); a slot out of

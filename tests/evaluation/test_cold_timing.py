@@ -206,3 +206,59 @@ def test_a_cupti_session_stays_attached_unless_asked_to_detach(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         compat.cupti_session(lambda: 1 / 0)
     assert calls == ["init", ("end", False), "init", ("end", True), "init", ("end", False)]
+
+
+def test_the_gpu_evaluator_times_a_cold_round_call_by_call_in_one_session(monkeypatch):
+    """``GpuEvaluator.retime_round`` under the cold policy: the round's programs (a config and
+    the baseline, here jitted CPU programs whose launches a stand-in session records) in one
+    session, call by call after a flush each: the config's own launch counts, every launch of
+    the baseline; the baseline's executable is the one kept from its timing. A session that
+    fails fails every program of the round, as a value."""
+    import jax
+
+    import autotune._jax_compat as compat
+    from autotune.evaluation import pipeline
+    from autotune.evaluation.contract import Compiled
+    from autotune.space.kernel import get_kernel
+    from autotune.space.outcomes import Outcome
+    from autotune.space.problem import Config, Problem
+
+    log: list[tuple[str, float]] = []
+    calls = {"config": 0, "base": 0}
+
+    def logged(name: str, launches: list[tuple[str, float]]):
+        jitted = jax.jit(lambda x, y: 2 * x + y)
+
+        def run(*args):
+            calls[name] += 1
+            log.extend((n, ms * calls[name]) for n, ms in launches)
+            return jitted(*args)
+        return run
+
+    def session(fn):
+        log.clear()
+        jax.block_until_ready(fn())
+        return list(log)
+
+    monkeypatch.setattr(compat, "cupti_session", session)
+    kernel = get_kernel("tests.kernels_for_tests:SCALE_ADD", allow_import=True)
+    problem = Problem(kernel.name, {"n": 384}, "float32")
+    evaluator = pipeline.GpuEvaluator(iterations=1, cache="cold")
+    evaluator._l2_flush = _LoggedFlush(log)
+    evaluator._keep_baseline((kernel.name, problem),
+                             logged("base", [("gemm_fusion", 0.2), ("copy_fusion", 0.01)]))
+    config = Compiled(kernel, problem, Config(block=128),
+                      logged("config", [("scale_add_mosaic_gpu_kernel", 0.1),
+                                        ("copy_fusion", 0.05)]), compile_s=1.5)
+    ok = evaluator.retime_round(kernel, problem, [config, None], iterations=3)
+    assert [r.outcome for r in ok] == [Outcome.OK] * 2
+    assert [(r.timing, r.cache) for r in ok] == [("cupti", "cold")] * 2
+    # Call 1 of each was the warm-up; the kernel's launch alone, both of the baseline's.
+    assert ok[0].samples_us == pytest.approx([200.0, 300.0, 400.0])
+    assert ok[1].samples_us == pytest.approx([420.0, 630.0, 840.0])
+    assert (ok[0].compile_s, ok[1].compile_s) == (1.5, None)
+    monkeypatch.setattr(compat, "cupti_session", lambda fn: (fn(), [("stray", 0.5)])[1])
+    failed = evaluator.retime_round(kernel, problem, [config, None], iterations=3)
+    assert len(failed) == 2 and failed[0] == failed[1] and not failed[0].ok
+    assert failed[0].outcome is not Outcome.CRASHED and "begins with 'stray'" in failed[0].error
+    assert evaluator.healthy
