@@ -71,7 +71,7 @@ JOB_FILES = [
     Bad("unknown setting (typo)", job(defaults="trails = 3"), "[defaults]", "'trails'",
         "allowed: trials"),
     Bad("unknown problem key", job(SOFTMAX + "\nshaep = 1"), "unknown key", "'shaep'",
-        "allowed: confirm_iterations, confirm_rounds, confirm_top, dtype"),
+        "allowed: confirm_interleave, confirm_iterations, confirm_rounds, confirm_top, dtype"),
     Bad("defaults not a table", 'defaults = 3\n[[problem]]\n' + SOFTMAX, "[defaults]", "int 3",
         "allowed settings: trials"),
     Bad("problem not an array of tables", "problem = 1\n", "'problem'", "got 1",

@@ -96,6 +96,13 @@ CONFIRM_TIE_FLOOR = 0.0025
 # CONFIRM_JOIN_MAX of them.
 CONFIRM_JOIN_BAND = 0.005
 CONFIRM_JOIN_MAX = 3
+# How a confirmation round interleaves its programs (a job's confirm_interleave): "blocks",
+# each program timed for its runs, one after another, on the worker that kept it; "calls", the
+# round one task on one worker, its programs call by call in one timed session under the cold
+# policy (Engine.confirm's interleaved): a clock that moves within the round moves them all
+# (benchmarks/RESULTS.md §12).
+CONFIRM_INTERLEAVES = ("blocks", "calls")
+DEFAULT_CONFIRM_INTERLEAVE = "blocks"
 DEFAULT_CONFIRM_ITERATIONS = 50  # a program whose time is not known yet (sized_iterations)
 # Without a job's confirm_iterations, each program is timed for about CONFIRM_TARGET_US of GPU
 # time per round, within [CONFIRM_MIN_ITERATIONS, CONFIRM_MAX_ITERATIONS] runs: a 50 us

@@ -26,6 +26,7 @@ from autotune.space.validity import violations
 from autotune.storage.protocol import TrialStore
 from autotune.tuning.confirmation import (
     CONFIRM_JOIN_MAX,
+    DEFAULT_CONFIRM_INTERLEAVE,
     DEFAULT_CONFIRM_TOP,
     PROGRAM_CHECK_ROUNDS,
     PROGRAM_MAX_ROUNDS,
@@ -114,9 +115,14 @@ def confirm_best(
                               trial_ids=[r.id for r in top], baseline=baseline,
                               default_config=default)
 
+    # Only an engine told to interleave call by call is asked to (a test's engine need not
+    # know the argument).
+    how = ({"interleaved": True}
+           if (spec.confirm_interleave or DEFAULT_CONFIRM_INTERLEAVE) == "calls" else {})
     table = timed_rounds(
         lambda n, first: confirm(problem.kernel, problem, configs, rounds=n, first_round=first,
-                                 iterations=iterations, baseline=baseline, medians_us=medians_us),
+                                 iterations=iterations, baseline=baseline, medians_us=medians_us,
+                                 **how),
         lambda rows: analyse(rows).confirmation,
         spec.confirm_rounds,
     )

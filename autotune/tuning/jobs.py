@@ -33,6 +33,7 @@ from autotune.errors import JobError, KernelNotFoundError, NoValidConfigError
 from autotune.space.kernel import bundled_kernels, get_kernel
 from autotune.space.outcomes import CACHE_POLICIES
 from autotune.space.problem import Problem
+from autotune.tuning.confirmation import CONFIRM_INTERLEAVES
 from autotune.tuning.names import SAMPLERS
 
 __all__ = ["Budget", "ProblemSpec", "Job", "load_job", "parse_job"]
@@ -58,6 +59,9 @@ _SETTINGS = {
                    "up to 32)",
     "confirm_rounds": "a whole number of interleaved confirmation rounds, 1 to 100",
     "confirm_iterations": "a whole number of timed runs per program and round, 1 to 10000",
+    "confirm_interleave": "\"blocks\" (a confirmation round times each program for its runs, "
+                          "one after another) or \"calls\" (the round's programs call by "
+                          "call in one timed session)",
     "known_good": "true (try the kernel's known-good default config first) or false (search "
                   "without it)",
 }
@@ -94,6 +98,9 @@ class ProblemSpec:
     confirm_rounds: int | None = None
     # None: sized by each program's time (autotune.tuning.confirmation.sized_iterations).
     confirm_iterations: int | None = None
+    # How a round interleaves its programs: "blocks" or "calls" (Engine.confirm's
+    # interleaved); None: DEFAULT_CONFIRM_INTERLEAVE (autotune.tuning.confirmation).
+    confirm_interleave: str | None = None
     known_good: bool = True  # propose the kernel's known-good default config first
 
 
@@ -260,6 +267,7 @@ def _expand(
                     confirm_top=settings.get("confirm_top"),
                     confirm_rounds=settings.get("confirm_rounds"),
                     confirm_iterations=settings.get("confirm_iterations"),
+                    confirm_interleave=settings.get("confirm_interleave"),
                     known_good=settings.get("known_good", True),
                 )
             )
@@ -326,5 +334,7 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
         _is_int(s["confirm_iterations"]) and 1 <= s["confirm_iterations"] <= 10_000
     ):
         fail("confirm_iterations")
+    if "confirm_interleave" in s and s["confirm_interleave"] not in CONFIRM_INTERLEAVES:
+        fail("confirm_interleave")
     if "known_good" in s and not isinstance(s["known_good"], bool):
         fail("known_good")

@@ -118,6 +118,7 @@ BAD_JOBS = [
     ("negative confirm_top", _job(BASE + "\nconfirm_top = -1"), "confirm_top = -1 is not allowed.*0: none"),
     ("zero confirm_rounds", _job(BASE + "\nconfirm_rounds = 0"), "confirm_rounds = 0 is not allowed"),
     ("float confirm_iterations", _job(BASE + "\nconfirm_iterations = 2.5"), "confirm_iterations = 2.5 is not allowed"),
+    ("unknown confirm_interleave", _job(BASE + '\nconfirm_interleave = "rounds"'), "confirm_interleave = 'rounds' is not allowed.*\"blocks\".*or \"calls\""),
 ]
 
 
@@ -208,6 +209,10 @@ def test_cache_and_confirmation_settings_are_read():
     spec = auto.problems[0]
     assert auto.cache is None
     assert (spec.confirm_top, spec.confirm_rounds, spec.confirm_iterations) == (None, None, None)
+    assert spec.confirm_interleave is None
+    calls = parse_job({"defaults": {"confirm_interleave": "calls"},
+                       "problem": [tomllib.loads(BASE)]})
+    assert calls.problems[0].confirm_interleave == "calls"
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "examples").rglob("*.toml")),

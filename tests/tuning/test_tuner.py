@@ -444,6 +444,7 @@ class ConfirmingEngine(FakeEngine):
         self.iterations: list[list[int]] = []  # per confirmation, the runs per program and round
         self.rounds = 0  # rounds timed in all
         self.program_checks = []  # (configs, calls per block, rounds) of each program check
+        self.how = []  # per confirm() call: (program, the keyword arguments beyond those)
 
     def _samples(self, center, n, seed):
         rng = __import__("random").Random(seed)
@@ -462,7 +463,8 @@ class ConfirmingEngine(FakeEngine):
                                  timing="fake", cache=self.cache_policy)
 
     def confirm(self, kernel_name, problem, configs, *, rounds, iterations, baseline=True,
-                medians_us=None, first_round=0, program=False):
+                medians_us=None, first_round=0, program=False, **how):
+        self.how.append((program, how))
         counts = ([iterations] * (len(configs) + baseline) if isinstance(iterations, int)
                   else list(iterations))
         if program:  # the program check after a confirmation: its own record
@@ -501,6 +503,53 @@ class ConfirmingEngine(FakeEngine):
 def _pick_job(**spec) -> Job:
     return Job("pick", (ProblemSpec(PICK_PROBLEM, Budget(trials=6), sampler="brute", seed=0,
                                     **spec),))
+
+
+@pytest.mark.parametrize("interleave, how", [(None, {}), ("blocks", {}),
+                                             ("calls", {"interleaved": True})])
+def test_a_jobs_confirm_interleave_reaches_the_engine(tmp_path, interleave, how):
+    """``confirm_interleave = "calls"`` asks the engine for rounds timed call by call
+    (``Engine.confirm(interleaved=True)``); "blocks" and the default ask for nothing more,
+    so an engine that does not know the argument still confirms. The program check is never
+    interleaved."""
+    engine = ConfirmingEngine()
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        (report,) = run_job(_pick_job(confirm_interleave=interleave), store=store,
+                            engine=engine)
+    assert report.confirmation is not None
+    rounds = [h for program, h in engine.how if not program]
+    checks = [h for program, h in engine.how if program]
+    assert rounds and checks
+    assert all(h == how for h in rounds) and all(h == {} for h in checks)
+
+
+def test_a_job_that_interleaves_by_calls_confirms_one_task_a_round_on_the_engine(tmp_path):
+    """End to end on the engine (fake evaluator in a worker process): a problem whose job says
+    ``confirm_interleave = "calls"`` is confirmed in rounds that are one task each, and the
+    confirmation is stored."""
+    from autotune.engine.dispatcher import Engine
+    from autotune.tuning.confirming import confirm_best
+
+    kernel = get_kernel("tests.kernels_for_tests:FAKE", allow_import=True)
+    problem = kernel.problem({"n": 7}, "float32")
+    configs = [Config(mode="ok", stage=s) for s in ("run", "check", "time")]
+    software = {"jax": "1", "jaxlib": "1"}
+    spec = ProblemSpec(problem, Budget(trials=3), confirm_rounds=3, confirm_interleave="calls")
+    with Engine("fake", allow_import=True, cache="cold") as engine, \
+            Store(f"sqlite:///{tmp_path}/t.db") as store:
+        device = engine.device_info()
+        for c in configs:
+            store.record_trial(problem, c, engine.submit(kernel.name, problem, c).result(),
+                               device=device, software=software, cache="cold")
+        before = {e.task_id for e in engine.timeline()}
+        seconds = confirm_best(kernel, problem, spec, store=store, engine=engine,
+                               device=device, software=software)
+        kinds = [e.kind for e in engine.timeline() if e.task_id not in before
+                 and e.stage == "done"]
+        (confirmation,) = store.confirmations(problem, device_kind=None, cache="cold")
+    assert seconds is not None and kinds == ["round"] * 3
+    assert sorted(dict(p.config)["stage"] for p in confirmation.programs) == ["check", "run",
+                                                                              "time"]
 
 
 def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_path):
