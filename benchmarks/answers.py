@@ -2,20 +2,20 @@
 second method (benchmarks/RESULTS.md §12).
 
     python3 benchmarks/answers.py --runs 5 --out $OUT          # a GPU; ~1.5 min a run
+    python3 benchmarks/answers.py --runs 4 --confirm-interleave blocks --confirm-interleave calls --out $OUT
     python3 benchmarks/answers.py --runs 1 --device interpret --job J --out /tmp/a   # CPU smoke
 
 1. ``--runs`` fresh default jobs of ``--job`` (default ``benchmarks/answers.toml``: 4096^3,
-   2048x14336x4096 and 128x8192x8192 bf16 matmuls), each in a results folder and database of
-   its own, then ``autotune verify`` on that database (the second timing method), so each run
-   gives per problem: its crowned config, the stored (confirmed) speedup with its interval, the
-   re-timed speedup, their difference, and the confirmation round's share of the job's time;
+   2048x14336x4096 and 128x8192x8192 bf16 matmuls), each with its own results folder and
+   database, then ``autotune verify`` on it (the second timing method): per problem the crowned
+   config, the stored speedup with its interval, the re-timed one, their difference, and the
+   confirmation round's share of the job's time;
 2. a final re-time, in one process by the second method, of every run's winner per problem
-   beside the best configs recorded for the problem on this device (``autotune/replay/data``, when a
-   file of this device holds the shape): how far each run's winner is from the best known, and
-   the spread of the runs' winners, measured side by side.
+   beside the best configs recorded for it on this device (``autotune/replay/data``): how far
+   each winner is from the best known, and the spread of the runs' winners.
 
-Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` (every figure)
-and ``answers.tgz`` (the databases and logs) to ``--out``; prints the tables last.
+Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and
+``answers.tgz`` (databases, logs) to ``--out``; prints the tables last.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,9 @@ def one_run(i: int, args: argparse.Namespace, left: float) -> dict[str, Any]:
     folder = args.out / f"run{i}"
     folder.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{folder / 'answers.db'}"
+    job, interleave = job_of_run(i, args.job, args.confirm_interleave, folder)
     start = time.monotonic()
-    tune = autotune(db, "tune", str(args.job), "--results-dir", str(folder), "--jsonl",
+    tune = autotune(db, "tune", str(job), "--results-dir", str(folder), "--jsonl",
                     "--device", args.device, timeout=left)
     wall = time.monotonic() - start
     (folder / "tune.jsonl").write_text(tune.stdout)
@@ -65,9 +67,21 @@ def one_run(i: int, args: argparse.Namespace, left: float) -> dict[str, Any]:
             also[method] = found
     results = autotune(db, "results", "--json", timeout=120)
     stored = json.loads(results.stdout or "[]") if results.returncode == 0 else []
-    return {"run": i, "tune_rc": tune.returncode, "wall_s": wall, "verify_rc": verify.returncode,
+    return {"run": i, "interleave": interleave, "tune_rc": tune.returncode, "wall_s": wall, "verify_rc": verify.returncode,
             "verified": verified, "also_verified": also, "stored": stored,
             "confirm_s": confirm_seconds(tune.stdout)}
+
+
+def job_of_run(i: int, job: Path, interleaves: list[str] | None,
+               folder: Path) -> tuple[Path, str | None]:
+    """Run ``i``'s job file and its ``confirm_interleave``: ``job`` itself without
+    ``interleaves``; else a copy in ``folder`` whose [defaults] set the run's turn of them."""
+    if not interleaves:
+        return job, None
+    interleave = interleaves[i % len(interleaves)]
+    copy = folder / "job.toml"
+    copy.write_text(job.read_text() + f'\n[defaults]\nconfirm_interleave = "{interleave}"\n')
+    return copy, interleave
 
 
 def confirm_seconds(jsonl: str) -> dict[str, float]:
@@ -152,7 +166,7 @@ def report(result: dict[str, Any]) -> None:
             diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
             confirm = run["confirm_s"].get(f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}")
             problem = f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}"
-            print(f"{run['run']:>3} {problem:48s} {stored if stored is None else round(stored, 4)!s:>22s} "
+            print(f"{run['run']:>3}{(run.get('interleave') or '')[:1]} {problem:47s} {stored if stored is None else round(stored, 4)!s:>22s} "
                   f"{cell:>22s} {diff:>7s} {v['still_wins']!s:>5s} "
                   f"{'-' if confirm is None else f'{confirm:.1f}':>7s} {run['wall_s']:7.1f}")
     for run in result["runs"]:
@@ -161,6 +175,15 @@ def report(result: dict[str, Any]) -> None:
                 diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
                 print(f"{run['run']:>3} {v['kernel']}{json.dumps(v['shape'], sort_keys=True)} "
                       f"by {method}: {v['speedup']} ({diff})")
+    for way in sorted({run.get("interleave") for run in result["runs"]} - {None}):
+        runs = {run["run"] for run in result["runs"] if run.get("interleave") == way}
+        d = [abs(v["difference"]) for run in result["runs"] if run["run"] in runs
+             for v in run["verified"] if v["difference"] is not None]
+        g = [g for p in result["side_by_side"] for r, g in p.get("winner_vs_best", {}).items()
+             if int(r) in runs]
+        print(f"{way}: |stored - verified| max {100 * max(d or [0]):.2f}%, "
+              f"{sum(x <= 0.005 for x in d)}/{len(d)} within 0.5%; winner vs best max "
+              f"{100 * max(g or [0]):+.2f}%, {sum(x <= 0.01 for x in g)}/{len(g)} within 1%")
     print("\nside by side (second method, one process): each run's winner against the best known")
     for p in result["side_by_side"]:
         if "error" in p:
@@ -182,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify-method", action="append", metavar="METHOD",
                    help="autotune verify's --method, once per method (default: auto); the "
                         "first gives the table, the others are printed beside it")
+    p.add_argument("--confirm-interleave", action="append", choices=("blocks", "calls"),
+                   help="the job's confirm_interleave, once per way: runs take them in turn")
     p.add_argument("--seconds", type=float, default=540.0,
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
@@ -189,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     args.verify_method = args.verify_method or ["auto"]
     args.out = args.out.resolve()
     args.job = args.job.resolve()
+    if args.confirm_interleave and "defaults" in tomllib.loads(args.job.read_text()):
+        p.error(f"--confirm-interleave adds [defaults] to the job; {args.job} has them.")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     runs: list[dict[str, Any]] = []

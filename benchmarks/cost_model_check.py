@@ -3,23 +3,18 @@
     python3 benchmarks/cost_model_check.py [--kernel hopper_matmul] [--ground-truth FILES]
         [--live FILES] [--constants NAME=VALUE,...] [--json OUT]
 
-The ranked sampler (docs/ranked_sampler.md) proposes first what the kernel's ``cost_model``
-ranks first. This reads every measurement of the kernel: ground truth (the package's
-``load_ground_truth(DEVICE, kernel)``, or files of ``benchmarks/ground_truth.py``: a uniform
-sample plus climbing around the best) and live jobs (``load_live(DEVICE, kernel)``, or live
-runs' JSON and ``--jsonl`` progress files: the configs searches chose, median over runs; they
-test the order near the top). Per problem it prints the configs measured, the estimate's rank
-correlation (Spearman) with the times over all and within 30% of the fastest, the measured gap
-of the model's first *family* (fastest and median member) and how many families it ranks ahead
-of the fastest config's. A family: configs whose estimates share a bucket ``ESTIMATE_TWIN``
-(0.5%) wide in log time (the grid order moves an estimate by at most 0.33%), so the families
-ahead are about the trials a model-led search needs. ``family_outliers``: configs within 30% of
-the fastest measured 3% or more above their family's median (mostly single slow timings;
-``ground_truth.py --retime`` re-times them).
+Reads every measurement of the kernel: ground truth (``load_ground_truth(DEVICE, kernel)``,
+or ``benchmarks/ground_truth.py`` files) and live jobs (``load_live(DEVICE, kernel)``, or live
+runs' JSON and ``--jsonl`` files: the configs searches chose). Per problem: the configs
+measured, the estimate's rank correlation (Spearman) with the times over all and within 30% of
+the fastest, the measured gap of the model's first *family* (configs whose estimates share an
+``ESTIMATE_TWIN``-wide bucket in log time) and how many families it ranks ahead of the fastest
+config's; ``family_outliers``: configs within 30% of the fastest measured 3% or more above
+their family's median (docs/ranked_sampler.md).
 
-``--constants`` checks the model with some of its constants changed, for a kernel whose module
+``--constants`` checks the model with some constants changed, for a kernel whose module
 defines ``cost_model(**constants)`` (``hopper_matmul``: the fields of ``Hopper``, e.g.
-``--constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128``).
+``--constants stage_transfer=loaded,l2_latency=2000``).
 """
 
 from __future__ import annotations

@@ -14,18 +14,15 @@ stored there measured of the problem on this device (``live``: timed here, not o
 own job's process); ``--vendor N`` (needs ``pip install nvidia-matmul-heuristics``) the first N
 of NVIDIA's matmul heuristics, mapped onto the kernel (``vendor``, benchmarks/vendor_prior.py).
 
-``--out auto`` (the default, on a GPU) stores the problem in the package's ground truth of this
+``--out auto`` (default, on a GPU) stores the problem in the package's ground truth of this
 device and kernel (``autotune/replay/data/<device>/<kernel>.json.gz``, docs/replay.md); ``--out
-DIR`` writes ``DIR/<kernel>__<shape>__<dtype>.json`` (device, JAX version, date) for
-``pack_ground_truth.py``. Stops submitting after ``--seconds`` and writes what it has.
-``--extend`` adds to the problem's record (replaced in one step; nothing measured twice);
-``--max 0`` samples nothing; ``--files F ...`` extends these per-shape files, one engine for all
-(``pack_ground_truth.py --unpack DEVICE DIR`` writes them; packing them back stores them).
+DIR`` writes ``DIR/<kernel>__<shape>__<dtype>.json`` for ``pack_ground_truth.py``. Stops
+submitting after ``--seconds``. ``--extend`` adds to the problem's record (nothing measured
+twice); ``--files F ...`` extends these per-shape files, one engine for all.
 
 ``--retime FRACTION`` then times every config within FRACTION of the file's best again (at most
-``--retime-max``, the fastest) in ``--rounds`` interleaved rounds (``Engine.confirm``, as the
-confirmation round) and appends the rounds' medians as ``retimed_us``, so that one slow timing
-no longer decides the best (``recorded_us``); a failed re-timing leaves ``retime_error``.
+``--retime-max``) in ``--rounds`` interleaved rounds (``Engine.confirm``) and appends the
+rounds' medians as ``retimed_us``; a failed re-timing leaves ``retime_error``.
 ``benchmarks/ranked_live.sh`` runs these steps.
 """
 

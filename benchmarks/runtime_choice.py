@@ -7,27 +7,23 @@ the faster of the kernel and its baseline, per shape and cache regime, timed in 
     python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
 
 One command, the whole experiment. It tunes the shapes with nothing stored under each timing
-policy (``--regimes``: on a GPU ``cold`` and ``warm``; ``--trials``, default the quick effort's
-16, with the confirmation round, which decides the choice; ``--no-tune`` reads ``--db`` as it
-is). Then per regime and shape it times what a program sees: ``--batch`` calls back to back, one
-wait, per call; a batch of each function in turn, rotating, ``--reps`` calls of each, the median
-batch. ``warm`` calls on the same inputs, ``cold`` rotates over fresh input sets (twice the L2
-and more). The functions: the decorated call routed by the regime's timings (``autotune.tuned(
-kernel, baseline=<the kernel's own>, cache=regime)``, eagerly: every call pays the decorator),
-the same under ``jax.jit`` (the lookup runs at trace time), the same routed by the other
-regime's timings, the kernel at the regime's best config, and the baseline. Reported: the
-decorated call over the faster of kernel and baseline (goal: within 0.5%) and over the baseline
-(where the kernel ran, an interval wholly above 1.0 is a miss: SLOWER), paired round by round
-with intervals; what ran (``LookupChoice.runs``), and the decorated call over it called directly
-(how far this benchmark can judge). On a GPU, JAX's compilation cache is on in the jobs' folder,
-so the XLA baseline is the program they timed. ``--out`` gets ``runtime_choice.md`` (the table)
-and ``runtime_choice.json``, with the device's name.
+policy (``--regimes``: on a GPU ``cold`` and ``warm``; ``--trials``, default 16, with the
+confirmation round, which decides the choice; ``--no-tune`` reads ``--db`` as it is). Then per
+regime and shape it times what a program sees: batches of ``--batch`` calls back to back, one
+wait, per call; each function in turn, rotating, ``--reps`` calls of each, the median batch
+(``warm``: the same inputs; ``cold``: fresh input sets over twice the L2). The functions: the
+decorated call routed by the regime's timings (``autotune.tuned(kernel, baseline=...,
+cache=regime)``, eagerly), the same under ``jax.jit``, the same routed by the other regime's
+timings, the kernel at the regime's best config, and the baseline. Reported, paired round by
+round with intervals: the decorated call over the faster of kernel and baseline (goal: within
+0.5%) and over the baseline (where the kernel ran, an interval wholly above 1.0 is a miss:
+SLOWER); what ran, and the decorated call over it called directly. On a GPU, JAX's compilation
+cache is on in the jobs' folder, so the XLA baseline is the program they timed. ``--out`` gets
+``runtime_choice.md`` and ``runtime_choice.json``, with the device's name.
 
 Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
-(hopper_matmul at small shapes of 2 tiles or more on a CPU, warm only: a functional run, not a
-GPU's timings; attention cannot run interpreted); ``fake`` (no jax: two busy-waiting stand-ins
-play kernel and baseline, their confirmation stored as the tuner stores it: the routing and
-this script's plumbing in seconds; warm only).
+(hopper_matmul at small shapes on a CPU, warm only: a functional run); ``fake`` (no jax: two
+busy-waiting stand-ins, their confirmation stored as the tuner stores it; warm only).
 """
 
 from __future__ import annotations

@@ -4,27 +4,27 @@
     python3 benchmarks/timing_study.py --child xla --problem ...              # (internal)
 
 Per problem (default 4096^3 bf16 hopper_matmul) and program (the XLA baseline, the kernel's
-default config, the best configs recorded in autotune/replay/data), ``--rounds`` interleaved
-rounds, fresh random inputs each, by the ``--methods`` (default all):
+default config, the best recorded configs), ``--rounds`` interleaved rounds, fresh random
+inputs each, by the ``--methods`` (default all):
 
-* ``cold``: the search's (:func:`autotune.evaluation.cold_timing.time_cold`), one CUPTI session
-  over N x (L2 flush, program), per-iteration samples (the first held against the rest);
-* ``pair``: ``cold``, the round's programs interleaved call by call in one session
-  (:func:`autotune.evaluation.cold_timing.time_cold_interleaved`);
-* ``warm``: N calls back to back in one CUPTI session, no flush; ``batch``: the host's clock
-  around N calls back to back, one wait, per call (a program's loop; median of 3 blocks);
+* ``cold``: the search's (``cold_timing.time_cold``), N x (L2 flush, program) in one CUPTI
+  session (the first sample held against the rest);
+* ``pair``: ``cold``, the round's programs call by call in one session
+  (``cold_timing.time_cold_interleaved``);
+* ``warm``: N calls back to back, no flush; ``batch``: the host's clock around N calls back to
+  back, one wait, per call (median of 3 blocks);
 * ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session of
   the call) after a read-only flush (a sum over 2x / 4x the L2);
-* ``iso_xor``: ``autotune verify``'s (:class:`autotune.evaluation.independent.CuptiIsolatedTimer`);
-* ``launches``: the CUPTI launches of one warm call; NVML's SM clock, power and clock-event
-  reasons before each block.
+* ``iso_xor``: ``autotune verify``'s (``independent.CuptiIsolatedTimer``);
+* ``launches``: the launches of one warm call; NVML's SM clock, power and clock-event reasons
+  before each block.
 
-``--engine gpu``: instead, every program timed by the search's method on every worker of the
-engine (``Engine.retime(worker=...)``), interleaved: whether a worker reads a program apart.
+``--engine gpu``: every program timed by the search's method on every worker of the engine
+(``Engine.retime(worker=...)``), interleaved: whether a worker reads a program apart.
 
-Then ``--processes`` fresh children compile the baseline (XLA autotunes its GEMM then) and time
-it warm, and two more that share an autotune cache folder: whether XLA's pick moves between
-processes, and whether the folder pins it. Prints a table; writes every sample to ``--out`` (JSON).
+Then ``--processes`` fresh children compile the baseline and time it warm, and two more that
+share an autotune cache folder: whether XLA's pick moves between processes, and whether the
+folder pins it. Prints a table; writes every sample to ``--out`` (JSON).
 """
 
 from __future__ import annotations

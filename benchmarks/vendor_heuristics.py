@@ -21,11 +21,9 @@ vendor (``nvmmhKernelConfiguration``) -> ``hopper_matmul``:
   warps, ``m64nNk16``), not tunables. The epilogue piece (no counterpart): upstream's default,
   64 x 64, spelled canonically (``None`` where it is the whole tile).
 
-A benchmark helper, not part of the package: over the recorded ground truth the vendor's
-choices were no better a prior than the kernel's own cost model on the H200's shapes
-(``docs/vendor_prior.md``), so the tuner does not use them. The package is imported only
-when used (``pip install nvidia-matmul-heuristics``); its licence is NVIDIA's SDK licence, not
-an open-source one.
+A benchmark helper: its choices were no better a prior than the kernel's cost model on the
+H200's shapes (``docs/vendor_prior.md``), so the tuner does not use them. Imported only when
+used; its licence is NVIDIA's SDK licence.
 """
 
 from __future__ import annotations
@@ -72,7 +70,7 @@ PRECISIONS = {"bfloat16": "TST", "float16": "HSH"}
 # The package's heuristic targets that fit a warp-specialized TMA/WGMMA kernel with clusters.
 TARGETS = ("CUTLASS3", "GENERIC")
 DEFAULT_TARGET = "CUTLASS3"
-# What the package answers for: (a persistent kernel of) one GEMM, row-major A (m, k) and B (k, n).
+# The package answers for one GEMM, row-major A (m, k) and B (k, n).
 _LAYOUT = "NN_ROW_MAJOR"
 _WGMMA_ROWS = 64
 _CONSUMER_WARPS = 8
