@@ -61,6 +61,7 @@ resolve, a broken reference) resolve its future with an exception instead.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -349,7 +350,7 @@ class Engine:
         later entries repeat the failure.
 
         ``interleaved`` (not with ``program``): a round is one task instead, on the worker that
-        timed the fastest config: that worker times the round's programs together
+        timed most of its programs (:meth:`_round_worker`), which times them together
         (:meth:`autotune.evaluation.contract.Evaluator.retime_round`; under the cold policy
         call by call in one CUPTI session), each for the mean of their ``iterations``. A round
         that fails so is timed again one program at a time, which tells whose failure it was.
@@ -365,6 +366,7 @@ class Engine:
         # All on one GPU (the fastest config's): a program timed on another is compiled again
         # on a worker of that GPU, which keeps it for the later rounds.
         with self._lock:
+            home = self._round_worker(problem, programs)
             first = self._tasks.timed_on.get((problem, programs[0].digest() if programs[0] else None))
             if first is not None and len(set(self._pool.slots)) > 1:
                 gpu = self._pool.slots[first]
@@ -385,10 +387,9 @@ class Engine:
         for r, order in enumerate(round_order(len(programs), first_round + rounds)[first_round:]):
             together = [i for i in order if i not in failed]
             if interleaved and together:
-                # On the worker that timed the fastest config (``first``).
                 got = self._interleaved_round(kernel_name, problem,
                                               [programs[i] for i in together],
-                                              [counts[i] for i in together], first)
+                                              [counts[i] for i in together], home)
                 if got is not None:
                     for i, result in zip(together, got, strict=True):
                         table[r][i] = result
@@ -406,6 +407,19 @@ class Engine:
                     failed[i] = result
                 table[r][i] = result
         return [[t for t in row if t is not None] for row in table]
+
+    def _round_worker(self, problem: Problem, programs: list[Config | None]) -> int | None:
+        """The worker slot an interleaved round runs on: of the workers that timed the round's
+        programs last (on the fastest config's GPU), the one that timed most of them, so that
+        it compiles the fewest again; ties go to the fastest config's (None: any worker)."""
+        slots = [self._tasks.timed_on.get((problem, None if p is None else p.digest()))
+                 for p in programs]
+        gpu = None if slots[0] is None else self._pool.slots[slots[0]]
+        counted = collections.Counter(s for s in slots if s is not None
+                                      and (gpu is None or self._pool.slots[s] == gpu))
+        if not counted:
+            return None
+        return max(counted, key=lambda s: (counted[s], s == slots[0]))
 
     def _interleaved_round(
         self, kernel_name: str, problem: Problem, programs: list[Config | None],

@@ -334,6 +334,12 @@ class TaskQueue:
                 digest = None if done.msg.config is None else done.msg.config.digest()
                 with self.lock:
                     self.timed_on[(done.msg.problem, digest)] = w.slot
+            elif done.msg.kind == "round" and isinstance(result, list):
+                with self.lock:  # the round's worker keeps what it compiled for it
+                    for config, timed in zip(done.msg.extra["programs"], result, strict=True):
+                        if isinstance(timed, TrialResult) and timed.ok:
+                            digest = None if config is None else config.digest()
+                            self.timed_on[(done.msg.problem, digest)] = w.slot
             self.resolve(done, result=result)
         else:
             exc = msg.error

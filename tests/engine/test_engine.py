@@ -712,40 +712,36 @@ def test_confirm_interleaves_rounds_on_the_kept_executables():
     assert len(order) == 9 and order == sorted(order)
 
 
-def test_confirm_interleaved_times_each_round_as_one_task_on_the_fastest_configs_worker():
+def test_confirm_interleaved_times_each_round_as_one_task_on_the_worker_that_timed_most():
     """``confirm(..., interleaved=True)``: each round is one task, on the worker that timed
-    the fastest config; it compiles once what that worker did not keep and keeps it for the
-    later rounds; every program gets the mean of the counts of runs; the true times come back
-    in the programs' order whatever the rotation."""
+    most of the round's programs last; it compiles in the first round what it did not keep
+    (here everything: the workers keep no search executable) and keeps it for the later rounds
+    and later calls; every program gets the mean of the counts of runs; the true times come
+    back in the programs' order whatever the rotation."""
     configs = [cfg(cost_us=c) for c in (100, 103, 106)]
     problem = Problem(FAKE, {"n": 5, "baseline_us": 150}, "float32")
-    with fake_engine(workers_per_gpu=2, cache="cold") as eng:
+    with fake_engine(workers_per_gpu=2, cache="cold", keep_compiled=0) as eng:
         eng.warm_up(FAKE, problem, cfg(cost_us=1))  # both workers are up
-        futures = [eng.submit(FAKE, problem, c) for c in configs]
-        first = [f.result() for f in futures]
-        on = {e.task_id: e.worker for e in eng.timeline() if e.stage == "time"}
-        worker = [on[f.task_id] for f in futures]
-        # The fastest config timed last on the worker that timed fewer of the others.
-        home = min((0, 1), key=lambda w: worker[1:].count(w))
-        eng.retime(FAKE, problem, configs[0], iterations=5, worker=home,
-                   median_us=first[0].median_us)
+        for config, worker in zip(configs, (0, 1, 1), strict=True):
+            eng.retime(FAKE, problem, config, iterations=5, worker=worker)
         before = {e.task_id for e in eng.timeline()}
         table = eng.confirm(FAKE, problem, configs, rounds=3, iterations=[40, 20, 30, 30],
-                            medians_us=[r.median_us for r in first], interleaved=True)
+                            interleaved=True)
+        (more,) = eng.confirm(FAKE, problem, configs, rounds=1, first_round=3, iterations=10,
+                              interleaved=True)
         events = [e for e in eng.timeline() if e.task_id not in before]
         with pytest.raises(ValueError, match="interleaved or as a program calls it"):
             eng.confirm(FAKE, problem, configs, rounds=1, iterations=5, interleaved=True,
                         program=True)
     rounds = sorted({e.task_id for e in events})
-    assert len(rounds) == 3 and {e.kind for e in events} == {"round"}
-    assert {e.worker for e in events} == {home}
-    # The configs it did not keep (one or two) compiled in the first round only.
-    compiled = [e for e in events if e.stage == "compile"]
-    missing = sum(w != home for w in worker[1:])
-    assert missing >= 1 and [e.task_id for e in compiled] == [rounds[0]] * missing
+    assert len(rounds) == 4 and {e.kind for e in events} == {"round"}
+    assert {e.worker for e in events} == {1}
+    compiled = [e.task_id for e in events if e.stage == "compile"]
+    assert compiled == [rounds[0]] * 3
     assert [[len(r.samples_us) for r in row] for row in table] == [[30] * 4] * 3
+    assert [len(r.samples_us) for r in more] == [10] * 4
     assert all(r.median_us == pytest.approx(t, rel=0.02)
-               for row in table for r, t in zip(row, (100, 103, 106, 150), strict=True))
+               for row in [*table, more] for r, t in zip(row, (100, 103, 106, 150), strict=True))
 
 
 def test_an_interleaved_round_that_fails_is_timed_one_program_at_a_time():
@@ -823,9 +819,11 @@ def test_an_engine_in_interpret_mode_refuses_the_cold_policy():
         Engine("interpret", cache="cold")
 
 
-def test_confirm_times_every_program_on_one_gpu():
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_confirm_times_every_program_on_one_gpu(interleaved):
     """With several GPUs, the confirmation round times every program on the fastest config's
-    GPU, compiling there what another GPU timed, so no two GPUs are compared."""
+    GPU, compiling there what another GPU timed, so no two GPUs are compared (one task a round
+    or not)."""
     configs = [cfg(cost_us=c, compile_ms=300) for c in (100, 101, 102, 103)]
     problem = Problem(FAKE, {"n": 2}, "float32")
     with fake_engine(gpus=[0, 1], workers_per_gpu=1, compile_threads=1) as eng:
@@ -834,7 +832,8 @@ def test_confirm_times_every_program_on_one_gpu():
         assert all(f.result().ok for f in futures)
         search_gpus = {e.gpu for e in eng.timeline() if e.stage == "time"}
         before = {e.task_id for e in eng.timeline()}
-        table = eng.confirm(FAKE, problem, configs, rounds=2, iterations=5)
+        table = eng.confirm(FAKE, problem, configs, rounds=2, iterations=5,
+                            interleaved=interleaved)
         gpus = {e.gpu for e in eng.timeline() if e.task_id not in before and e.stage == "time"}
     assert search_gpus == {0, 1}  # the search used both
     assert len(gpus) == 1 and all(r.ok for row in table for r in row)
