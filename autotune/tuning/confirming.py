@@ -139,7 +139,11 @@ def confirm_best(
         return time.monotonic() - start
     confirmation_id = store.record_confirmation(
         problem, confirmation, trial_ids=[top[i].id for i in kept], device=device,
-        software=software, cache=policy, iterations=max(iterations),
+        software=software, cache=policy,
+        # The most runs a program was timed for in a round, as timed (a round interleaved call
+        # by call times each program for the mean of the sized counts).
+        iterations=max((len(r.samples_us) for row in table for r in row if r.ok),
+                       default=max(iterations)),
         baseline_name=kernel.baseline_name if base_rounds is not None else None, run_id=run_id,
     )
     if base_rounds is not None:

@@ -467,6 +467,9 @@ class ConfirmingEngine(FakeEngine):
         self.how.append((program, how))
         counts = ([iterations] * (len(configs) + baseline) if isinstance(iterations, int)
                   else list(iterations))
+        asked = counts
+        if how.get("interleaved"):  # as Engine.confirm: every program the mean of the counts
+            counts = [math.ceil(sum(counts) / len(counts))] * len(counts)
         if program:  # the program check after a confirmation: its own record
             self.program_checks.append(([c["v"] for c in configs], counts, rounds))
             if self.program_fails:
@@ -484,7 +487,7 @@ class ConfirmingEngine(FakeEngine):
                     for i, r in enumerate(range(first_round, first_round + rounds))]
         if first_round == 0:
             self.confirmed.append([c["v"] for c in configs])
-            self.iterations.append(counts)
+            self.iterations.append(asked)
         self.rounds += rounds
         table = []
         for r in range(first_round, first_round + rounds):
@@ -516,11 +519,17 @@ def test_a_jobs_confirm_interleave_reaches_the_engine(tmp_path, interleave, how)
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
         (report,) = run_job(_pick_job(confirm_interleave=interleave), store=store,
                             engine=engine)
+        (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
     assert report.confirmation is not None
     rounds = [h for program, h in engine.how if not program]
     checks = [h for program, h in engine.how if program]
     assert rounds and checks
     assert all(h == how for h in rounds) and all(h == {} for h in checks)
+    # The row's count of runs is what a program was timed for: the largest sized count, or,
+    # interleaved call by call, their mean.
+    (sized,) = engine.iterations
+    assert conf.iterations == (math.ceil(sum(sized) / len(sized)) if how else max(sized))
+    assert len(set(sized)) > 1
 
 
 def test_a_job_that_interleaves_by_calls_confirms_one_task_a_round_on_the_engine(tmp_path):
