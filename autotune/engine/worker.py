@@ -54,6 +54,9 @@ _RETIRE_EXIT_CODE = 3
 KEPT_PROBLEMS = 32
 # Queued for a worker's main thread by _Worker._warm_host (on a compile thread).
 _WARM_DEVICE: Any = ("warm the device up",)
+# How long a program check waits for the compile threads' Python work to pause
+# (_HostGate.quiet) before it times anyway.
+QUIET_WAIT_S = 30.0
 # Python's GIL switch interval in a worker (Python's default: 5 ms). The thread that holds the
 # GPU's lock lets go of the GIL at every wait on the device (a block_until_ready, a CUPTI
 # flush) and must win it back from a compile thread tracing in Python, which keeps it for up
@@ -137,6 +140,47 @@ def _die_with_the_engine() -> None:
         log.debug("prctl(PR_SET_PDEATHSIG) is not available.", exc_info=True)
 
 
+class _HostGate:
+    """Pauses a worker's compile threads' Python work while a host-bound loop is timed.
+
+    A program check (:meth:`autotune.evaluation.contract.Evaluator.retime` with ``program``)
+    times calls on the host's clock. A compile thread that traces or lowers a config in Python
+    meanwhile takes the GIL for up to the switch interval at every call the loop makes. A compile
+    thread :meth:`enter` s before its Python stages (build, lower; a baseline's host work) and
+    :meth:`leave` s when its compile reaches XLA (which runs without the GIL); :meth:`quiet`
+    lets no thread enter, and waits until none is inside, up to ``timeout_s``.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._inside = 0
+        self._quiet = False
+
+    def enter(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._quiet)
+            self._inside += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._inside -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def quiet(self, timeout_s: float) -> Any:
+        with self._cond:
+            self._quiet = True
+            if not self._cond.wait_for(lambda: self._inside == 0, timeout=timeout_s):
+                log.warning("A compile thread's Python work went on past %.0f s; timing the "
+                            "program check beside it.", timeout_s)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._quiet = False
+                self._cond.notify_all()
+
+
 class _Worker:
     def __init__(self, conn: multiprocessing.connection.Connection, spec: WorkerSpec) -> None:
         self.conn = conn
@@ -158,6 +202,7 @@ class _Worker:
             collections.OrderedDict()
         )
         self._kept_lock = threading.Lock()
+        self._gate = _HostGate()
 
     def send(self, msg: FromWorker) -> None:
         with self._send_lock:
@@ -261,6 +306,28 @@ class _Worker:
 
         return on_stage
 
+    @contextlib.contextmanager
+    def _python_stages(self, task: TaskMsg) -> Any:
+        """A compile's stage hook that holds the host gate (:class:`_HostGate`) from its
+        build stage until its compile stage (XLA, without the GIL) or its end."""
+        send = self._hook(task)
+        inside = [False]
+
+        def on_stage(stage: Any) -> None:
+            send(stage)  # first: the timeline shows a stage before the gate moves
+            if str(stage) == "build" and not inside[0]:
+                self._gate.enter()
+                inside[0] = True
+            elif str(stage) == "compile" and inside[0]:
+                self._gate.leave()
+                inside[0] = False
+
+        try:
+            yield on_stage
+        finally:
+            if inside[0]:
+                self._gate.leave()
+
     def _kernel(self, name: str) -> Any:
         from autotune.space.kernel import get_kernel
 
@@ -289,9 +356,9 @@ class _Worker:
                 return
         try:
             kernel = self._kernel(task.kernel_name)
-            compiled = self.evaluator.compile(
-                kernel, task.problem, task.config, on_stage=self._hook(task)
-            )
+            with self._python_stages(task) as on_stage:
+                compiled = self.evaluator.compile(kernel, task.problem, task.config,
+                                                  on_stage=on_stage)
         except Exception as e:  # noqa: BLE001 - not the config's failure: the caller's
             self._error(task, e)
             return
@@ -306,6 +373,7 @@ class _Worker:
         compile) on a compile thread, outside the GPU's lock; the baseline's compile and timing
         (or the trace's run) follow under the lock."""
         self.send(StageReached(task.id, "prepare", time.time()))
+        self._gate.enter()
         try:
             kernel = self._kernel(task.kernel_name)
             self.evaluator.prepare(kernel, task.problem, on_stage=self._hook(task))
@@ -316,6 +384,8 @@ class _Worker:
                                              profile_space=task.extra["profile_space"])
         except Exception:  # noqa: BLE001 - the run under the lock meets it again and reports it
             log.debug("Preparing task %d failed.", task.id, exc_info=True)
+        finally:
+            self._gate.leave()
         self.send(StageReached(task.id, "prepared", time.time()))
         self._ready.put((task, None))
 
@@ -332,13 +402,18 @@ class _Worker:
             kernel = self._kernel(task.kernel_name)
             for config in task.extra["programs"]:
                 if config is None:
-                    self.evaluator.prepare(kernel, task.problem)
+                    self._gate.enter()
+                    try:
+                        self.evaluator.prepare(kernel, task.problem)
+                    finally:
+                        self._gate.leave()
                     programs.append(None)
                     continue
                 found = self._kept_executable(task.problem, config)
                 if found is None:
-                    found = self.evaluator.compile(kernel, task.problem, config,
-                                                   on_stage=self._hook(task))
+                    with self._python_stages(task) as on_stage:
+                        found = self.evaluator.compile(kernel, task.problem, config,
+                                                       on_stage=on_stage)
                     if isinstance(found, Compiled):
                         self._keep_for_rounds(task.problem, found)
                 programs.append(found)
@@ -428,18 +503,22 @@ class _Worker:
                 self._hook(task)("time")
                 result = self._time_round(task, compiled)
             elif task.kind == "retime":
-                self._hook(task)("time")
                 iterations = int(task.extra["iterations"])
                 program = bool(task.extra.get("program", False))
-                if task.config is None:
-                    kernel = self._kernel(task.kernel_name)
-                    result = self.evaluator.baseline(kernel, task.problem, iterations=iterations,
-                                                     program=program)
-                else:
-                    result = self.evaluator.retime(compiled, iterations=iterations,
-                                                   program=program)
-                    if result.ok and not program and task.extra.get("median_us") is not None:
-                        self._keep(task.problem, compiled, float(task.extra["median_us"]))
+                # A program check times the host's clock: no compile thread runs Python
+                # beside it (_HostGate).
+                with (self._gate.quiet(QUIET_WAIT_S) if program else contextlib.nullcontext()):
+                    self._hook(task)("time")
+                    if task.config is None:
+                        kernel = self._kernel(task.kernel_name)
+                        result = self.evaluator.baseline(kernel, task.problem,
+                                                         iterations=iterations, program=program)
+                    else:
+                        result = self.evaluator.retime(compiled, iterations=iterations,
+                                                       program=program)
+                if (task.config is not None and result.ok and not program
+                        and task.extra.get("median_us") is not None):
+                    self._keep(task.problem, compiled, float(task.extra["median_us"]))
             else:
                 kernel = self._kernel(task.kernel_name)
                 self._hook(task)("run")

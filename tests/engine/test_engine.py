@@ -763,6 +763,60 @@ def test_an_interleaved_round_that_fails_is_timed_one_program_at_a_time():
     assert kinds[("retime", "time")] == 3
 
 
+def test_a_program_check_waits_until_no_compile_thread_runs_python():
+    """A program check (``retime(..., program=True)``) times the host's clock, which a compile
+    thread tracing Python beside it would slow (it takes the GIL at every call): the check
+    starts once the config lowering in the other thread reaches XLA's compile. A plain retime
+    (CUPTI's clock) does not wait."""
+    config = cfg(cost_us=100)
+    problem = Problem(FAKE, {"n": 8}, "float32")
+    started = {}
+    with fake_engine(workers_per_gpu=1, compile_threads=2, compile_timeout_s=10,
+                     trial_timeout_s=10) as eng:
+        median = eng.submit(FAKE, problem, config).result().median_us
+        for program in (True, False):
+            slow = eng.submit(FAKE, problem, cfg("sleep", "lower", sleep_ms=1500,
+                                                 cost_us=int(program)))
+            while not any(e.task_id == slow.task_id and e.stage == "lower"
+                          for e in eng.timeline()):
+                time.sleep(0.01)
+            before = {e.task_id for e in eng.timeline()}
+            assert eng.retime(FAKE, problem, config, iterations=3, program=program,
+                              median_us=median).ok
+            assert slow.result().ok
+            events = eng.timeline()
+            (timed,) = [e.t for e in events if e.task_id not in before and e.kind == "retime"
+                        and e.stage == "time"]
+            (compiling,) = [e.t for e in events if e.task_id == slow.task_id
+                            and e.stage == "compile"]
+            started[program] = timed - compiling
+    assert started[True] >= 0 and started[False] < -1.0, started
+
+
+def test_the_host_gate_waits_for_python_work_at_most_its_timeout():
+    """A compile thread stuck in its Python stages delays a program check by the gate's
+    timeout at most; while the check times, no other compile thread starts its Python work,
+    and it starts as soon as the check ends."""
+    import threading
+
+    from autotune.engine.worker import _HostGate
+
+    gate = _HostGate()
+    gate.enter()  # a compile thread that does not leave its Python stages
+    entered = threading.Event()
+    start = time.monotonic()
+    with gate.quiet(0.3):
+        waited = time.monotonic() - start
+        other = threading.Thread(target=lambda: (gate.enter(), entered.set()))
+        other.start()
+        assert not entered.wait(0.2)
+    assert entered.wait(5)
+    other.join()
+    gate.leave()
+    gate.leave()
+    assert 0.3 <= waited < 5
+
+
 def test_retime_on_a_named_worker_times_there_and_compiles_what_it_did_not_keep():
     """``retime(..., worker=w)`` times on worker slot ``w``, whichever timed the config
     before: a config it never compiled is compiled there (the baseline too); a slot out of
