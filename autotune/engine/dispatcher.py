@@ -96,6 +96,7 @@ from autotune.engine.tasks import (
     gpu_load,
     next_in_line,
     open_workers,
+    timed_key,
 )
 from autotune.engine.workers import STARTUP_TIMEOUT_S, WorkerHandle, WorkerPool, describe_exit
 from autotune.space.outcomes import DEVICE_KINDS, DeviceInfo, DeviceKind, TrialResult
@@ -309,14 +310,14 @@ class Engine:
         """
         if config is not None and not isinstance(config, Config):
             config = Config(config)
-        digest = None if config is None else config.digest()
         n_slots = len(self._pool.slots)
         if worker is not None and (isinstance(worker, bool) or not isinstance(worker, int)
                                    or not 0 <= worker < n_slots):
             raise ValueError(f"worker must be a worker slot, 0 to {n_slots - 1}, but got "
                              f"{worker!r}.")
         with self._lock:
-            slot = worker if worker is not None else self._tasks.timed_on.get((problem, digest))
+            slot = worker if worker is not None else self._tasks.timed_on.get(
+                timed_key(problem, config))
         extra = {"iterations": int(iterations), "median_us": median_us, "program": bool(program)}
         result: TrialResult = self._tasks.submit(
             "retime", kernel_name, problem, config, extra, urgent=True, slot=slot).result()
@@ -366,13 +367,13 @@ class Engine:
         # All on one GPU (the fastest config's): a program timed on another is compiled again
         # on a worker of that GPU, which keeps it for the later rounds.
         with self._lock:
-            home = self._round_worker(problem, programs)
-            first = self._tasks.timed_on.get((problem, programs[0].digest() if programs[0] else None))
+            home = self._round_worker(problem, programs) if interleaved else None
+            first = self._tasks.timed_on.get(timed_key(problem, programs[0]))
             if first is not None and len(set(self._pool.slots)) > 1:
                 gpu = self._pool.slots[first]
                 here = [s for s, g in enumerate(self._pool.slots) if g == gpu]
                 for n, timed in enumerate(programs):
-                    key = (problem, None if timed is None else timed.digest())
+                    key = timed_key(problem, timed)
                     slot = self._tasks.timed_on.get(key)
                     if slot is None or self._pool.slots[slot] != gpu:
                         self._tasks.timed_on[key] = here[n % len(here)]
@@ -412,8 +413,7 @@ class Engine:
         """The worker slot an interleaved round runs on: of the workers that timed the round's
         programs last (on the fastest config's GPU), the one that timed most of them, so that
         it compiles the fewest again; ties go to the fastest config's (None: any worker)."""
-        slots = [self._tasks.timed_on.get((problem, None if p is None else p.digest()))
-                 for p in programs]
+        slots = [self._tasks.timed_on.get(timed_key(problem, p)) for p in programs]
         gpu = None if slots[0] is None else self._pool.slots[slots[0]]
         counted = collections.Counter(s for s in slots if s is not None
                                       and (gpu is None or self._pool.slots[s] == gpu))

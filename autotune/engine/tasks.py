@@ -59,6 +59,12 @@ def default_timeout_s(slowest_seen_s: float | None, *, floor_s: float) -> float:
     return max(floor_s, TIMEOUT_FACTOR * (slowest_seen_s or 0.0))
 
 
+def timed_key(problem: Problem, config: Config | None) -> tuple[Problem, str | None]:
+    """The key of :attr:`TaskQueue.timed_on`: the problem and the config's digest (None: the
+    baseline)."""
+    return problem, None if config is None else config.digest()
+
+
 def gpu_load(workers: list[WorkerHandle]) -> collections.Counter[int | None]:
     """Tasks in flight per GPU, over ``workers``."""
     load: collections.Counter[int | None] = collections.Counter()
@@ -331,15 +337,13 @@ class TaskQueue:
                 and isinstance(result, TrialResult)
                 and result.ok
             ):
-                digest = None if done.msg.config is None else done.msg.config.digest()
                 with self.lock:
-                    self.timed_on[(done.msg.problem, digest)] = w.slot
+                    self.timed_on[timed_key(done.msg.problem, done.msg.config)] = w.slot
             elif done.msg.kind == "round" and isinstance(result, list):
                 with self.lock:  # the round's worker keeps what it compiled for it
                     for config, timed in zip(done.msg.extra["programs"], result, strict=True):
                         if isinstance(timed, TrialResult) and timed.ok:
-                            digest = None if config is None else config.digest()
-                            self.timed_on[(done.msg.problem, digest)] = w.slot
+                            self.timed_on[timed_key(done.msg.problem, config)] = w.slot
             self.resolve(done, result=result)
         else:
             exc = msg.error

@@ -167,6 +167,15 @@ class _HostGate:
             self._cond.notify_all()
 
     @contextlib.contextmanager
+    def held(self) -> Any:
+        """:meth:`enter` … :meth:`leave` around host work in Python."""
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
+    @contextlib.contextmanager
     def quiet(self, timeout_s: float) -> Any:
         with self._cond:
             self._quiet = True
@@ -373,19 +382,17 @@ class _Worker:
         compile) on a compile thread, outside the GPU's lock; the baseline's compile and timing
         (or the trace's run) follow under the lock."""
         self.send(StageReached(task.id, "prepare", time.time()))
-        self._gate.enter()
         try:
             kernel = self._kernel(task.kernel_name)
-            self.evaluator.prepare(kernel, task.problem, on_stage=self._hook(task))
-            if task.kind == "trace":
-                assert task.config is not None
-                self.evaluator.prepare_trace(kernel, task.problem, task.config,
-                                             task.extra["out_dir"],
-                                             profile_space=task.extra["profile_space"])
+            with self._gate.held():
+                self.evaluator.prepare(kernel, task.problem, on_stage=self._hook(task))
+                if task.kind == "trace":
+                    assert task.config is not None
+                    self.evaluator.prepare_trace(kernel, task.problem, task.config,
+                                                 task.extra["out_dir"],
+                                                 profile_space=task.extra["profile_space"])
         except Exception:  # noqa: BLE001 - the run under the lock meets it again and reports it
             log.debug("Preparing task %d failed.", task.id, exc_info=True)
-        finally:
-            self._gate.leave()
         self.send(StageReached(task.id, "prepared", time.time()))
         self._ready.put((task, None))
 
@@ -402,11 +409,8 @@ class _Worker:
             kernel = self._kernel(task.kernel_name)
             for config in task.extra["programs"]:
                 if config is None:
-                    self._gate.enter()
-                    try:
+                    with self._gate.held():
                         self.evaluator.prepare(kernel, task.problem)
-                    finally:
-                        self._gate.leave()
                     programs.append(None)
                     continue
                 found = self._kept_executable(task.problem, config)
@@ -516,9 +520,8 @@ class _Worker:
                     else:
                         result = self.evaluator.retime(compiled, iterations=iterations,
                                                        program=program)
-                if (task.config is not None and result.ok and not program
-                        and task.extra.get("median_us") is not None):
-                    self._keep(task.problem, compiled, float(task.extra["median_us"]))
+                        if result.ok and not program and task.extra.get("median_us") is not None:
+                            self._keep(task.problem, compiled, float(task.extra["median_us"]))
             else:
                 kernel = self._kernel(task.kernel_name)
                 self._hook(task)("run")
