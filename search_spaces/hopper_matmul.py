@@ -609,6 +609,34 @@ def _fitted_clock_hz() -> float:
     return (ak.PROFILES[FITTED_ON].sm_clock_mhz or 0.0) * 1e6
 
 
+# The loads' latencies under load (clocks), fitted on each device's own ground truth
+# (docs/ranked_sampler.md, "Latencies per device"): those of :data:`FITTED_ON` are
+# :class:`Hopper`'s defaults; on the H100 SXM, with 70% of its bandwidth for the same SMs,
+# the loads wait about twice as long (fitted on its 5 recorded shapes, each held out in turn).
+FITTED_LATENCIES: dict[str, dict[str, float]] = {
+    FITTED_ON: {"l2_latency": 1200.0, "dram_latency": 3000.0},
+    "h100-sxm": {"l2_latency": 2500.0, "dram_latency": 7000.0},
+}
+
+
+def _bytes_per_sm_clock(device: ak.DeviceFacts) -> float | None:
+    if not (device.mem_bandwidth_gbs and device.sm_clock_mhz):
+        return None
+    return device.mem_bandwidth_gbs * 1e9 / (device.num_sms * device.sm_clock_mhz * 1e6)
+
+
+def fitted_latencies(device: ak.DeviceFacts) -> dict[str, float]:
+    """The latencies fitted on the device of :data:`FITTED_LATENCIES` whose memory bandwidth
+    per SM and clock is nearest ``device``'s (by ratio): a device's own where it has a fit, a
+    guess elsewhere (the fitted device's when ``device``'s bandwidth or clock is unknown)."""
+    own = _bytes_per_sm_clock(device)
+    if own is None:
+        return FITTED_LATENCIES[FITTED_ON]
+    fits = {key: _bytes_per_sm_clock(ak.PROFILES[key]) for key in FITTED_LATENCIES}
+    nearest = min(fits, key=lambda key: abs(math.log(own / fits[key])))  # type: ignore[operator, arg-type]
+    return FITTED_LATENCIES[nearest]
+
+
 @dataclasses.dataclass(frozen=True)
 class Hopper:
     """What :func:`estimate_seconds` knows of a Hopper device and its SMs. The device's own
@@ -659,8 +687,8 @@ class Hopper:
     smem_bytes: float = 128.0
     l2_bytes: float = 64.0
     hbm_bytes_s: float = FITTED_HBM_BYTES_S
-    l2_latency: float = 1200.0
-    dram_latency: float = 3000.0
+    l2_latency: float = FITTED_LATENCIES[FITTED_ON]["l2_latency"]
+    dram_latency: float = FITTED_LATENCIES[FITTED_ON]["dram_latency"]
     wg_step: float = 350.0
     cluster_sync: float = 100.0
     epilogue_piece: float = 60.0
@@ -687,7 +715,7 @@ class Hopper:
         base, fitted = cls(), ak.PROFILES[FITTED_ON]
         clock_hz = device.sm_clock_mhz * 1e6 if device.sm_clock_mhz else base.clock_hz
         facts: dict[str, Any] = {"num_sms": device.num_sms, "clock_hz": clock_hz,
-                                 "l2_cache": float(device.l2_bytes)}
+                                 "l2_cache": float(device.l2_bytes), **fitted_latencies(device)}
         if device.peak_bf16_tflops and fitted.peak_bf16_tflops:
             per_sm_clock = (device.peak_bf16_tflops / (device.num_sms * clock_hz)) / (
                 fitted.peak_bf16_tflops / (fitted.num_sms * base.clock_hz))

@@ -222,6 +222,24 @@ def on_profile(monkeypatch: pytest.MonkeyPatch) -> Any:
     return use
 
 
+@pytest.fixture
+def h200_latencies(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``h200_latencies()``: from here on, hopper_matmul's cost model takes the H200's fitted
+    latencies on every device: the model that misjudged the H100 (tile_k 64 at 8 stages 24%
+    slow at 64x4096x4096, a cluster 0.5% slow where it measured 7% fast), for tests of what the
+    search does with a wrong estimate, and controls (docs/ranked_sampler.md, "Latencies per
+    device")."""
+    from search_spaces import hopper_matmul
+
+    def use() -> None:
+        only = {hopper_matmul.FITTED_ON: hopper_matmul.FITTED_LATENCIES[hopper_matmul.FITTED_ON]}
+        monkeypatch.setattr(hopper_matmul, "FITTED_LATENCIES", only)
+        hopper_matmul._model_of.cache_clear()
+
+    yield use
+    hopper_matmul._model_of.cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def _no_background_import_in_flight() -> Iterator[None]:
     """A test starts once the ranked sampler's background import of scikit-learn (the daemon
