@@ -534,6 +534,24 @@ def test_the_estimate_orders_grid_variants_by_traffic_then_width(on_profile):
     assert same[5] < same[1] < same[5] * 1.005 and same[5] < same[12] < same[5] * 1.005
 
 
+def test_the_cost_model_takes_the_latencies_fitted_on_the_nearest_device():
+    """The loads' latencies are the device's own where it has a fit (the H200's are the
+    defaults, the H100 SXM's its own), else those of the fitted device nearest in memory
+    bandwidth per SM and clock: the H100 PCIe (10 bytes a clock per SM), H800 (12.8) and GH200
+    (15.3) the H100's (12.8), the H20 (25.9) the H200's (18.4); the fitted device's where a
+    fact is unknown (the B200 profile has no clock). A constant given by name wins."""
+    from search_spaces.hopper_matmul import FITTED_LATENCIES, FITTED_ON
+
+    h100, h200 = FITTED_LATENCIES["h100-sxm"], FITTED_LATENCIES[FITTED_ON]
+    assert h100["dram_latency"] > 2 * h200["dram_latency"]
+    latencies = {name: {k: getattr(Hopper.for_device(profile(name)), k) for k in h200}
+                 for name in ("h200", "h100-sxm", "h100-pcie", "h800", "gh200", "h20", "b200")}
+    assert latencies == {"h200": h200, "h100-sxm": h100, "h100-pcie": h100, "h800": h100,
+                         "gh200": h100, "h20": h200, "b200": h200}
+    assert Hopper.for_device(profile("h200")) == Hopper()
+    assert Hopper.for_device(profile("h100-sxm"), dram_latency=123.0).dram_latency == 123.0
+
+
 def test_the_cost_model_takes_its_l2_from_the_device():
     """The traffic estimate's L2 is the device's (the H20's 60 MB, the H100's 50 MB)."""
     assert Hopper.for_device(profile("h20")).l2_cache == profile("h20").l2_bytes
