@@ -14,7 +14,7 @@ problems (``autotune/replay/data``; pick them with ``--device``, ``--kernel`` an
 every other recorded problem of the kernel and device stored) and sampler, the trials needed to
 get within 1%, 0.5% and 2% of the best recorded time (median and 90th percentile over seeds) and
 the first proposal's gap to the best.
-``--with-default`` adds today's tuner (``auto`` with the known-good default first, cold).
+``--with-default`` adds today's tuner (``auto`` as it resolves, the known-good default first, cold).
 
 Sampler specs: ``auto``, ``ranked``, with options after ``+``: ``auto+local=0.3``,
 ``ranked+model=numpy``, ``ranked+explore=0.2+local=0.5+kappa=1+candidates=512``; ``oracle``

@@ -8,7 +8,8 @@ GPU. :func:`run` gives, per problem, mode and sampler, the trials needed to get 
 and 2% of the best recorded time (median and 90th percentile over seeds), the first proposal's
 gap to the best and, under noise, the trial whose measurement was the fastest.
 
-Modes, both with the kernel's known-good default off (spec ``auto+default`` puts it first):
+Modes, both with the kernel's known-good default off (spec ``auto+default`` is today's tuner: the
+default first, and ``auto`` resolved as the tuner resolves it, :func:`replay_once`):
 ``cold``, an empty database; ``warm``, leave-one-out: every other recorded problem of the same
 kernel and device is known (``auto`` proposes their winners first, nearest shape first, as the
 tuner does; the ranked sampler learns from all their results and puts the winners in its pool).
@@ -42,7 +43,7 @@ from autotune.space.problem import Config, Problem, shape_distance
 from autotune.space.search_space import Constraint, Space
 from autotune.tuning import optuna_adapter, samplers
 from autotune.tuning.samplers.ranked import Observation
-from autotune.tuning.sampling import ExhaustedError, distributions, valid_sampler
+from autotune.tuning.sampling import ExhaustedError, distributions, resolve_sampler, valid_sampler
 from autotune.tuning.trial_index import OUTCOME_ATTR
 
 __all__ = [
@@ -226,6 +227,9 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
     related = [o.winner() for o in sorted(others, key=lambda o: shape_distance(rec.problem.dims, o.problem.dims))[:3]]
     history = [obs for o in others for obs in o.observations()]
     estimate = rec.kernel.cost_model if options.pop("estimate", True) else None
+    if default:  # today's tuner: the sampler it makes of the name (``auto``: ranked with a cost model)
+        name = resolve_sampler(name, history=history, problem=rec.problem,
+                               valid_count=lambda: rec.bound.count(), cost_model=estimate is not None)
     return replay_study(rec, name, seed, budget, seeds=seeds, local=local, related=related,
                         history=history, options=options, estimate=estimate, evaluator=evaluator,
                         in_flight=in_flight)

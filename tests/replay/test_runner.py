@@ -120,6 +120,32 @@ def pin_rows(pin, devices=PIN_DEVICES, *, modes=None, samplers=None):
     return got
 
 
+def test_auto_with_the_default_first_replays_todays_tuner(monkeypatch):
+    """``auto+default`` is the tuner's path: the known-good default first, then the sampler
+    ``auto`` resolves to (the ranked sampler for a kernel with a cost model, as
+    ``sampling.resolve_sampler`` decides in a live job), not TPE: at the H200's 128x8192x8192
+    the second trial is the ranked sampler's first proposal, within 1% of the best."""
+    from autotune.replay import evaluator as replay_evaluator
+
+    (data,) = [d for d in load_ground_truth("NVIDIA H200", "hopper_matmul")
+               if d["shape"] == {"k": 8192, "m": 128, "n": 8192}]
+    rec = replay.Recorded(data)
+    told: list[dict] = []
+    evaluate = replay_evaluator.ReplayEvaluator.evaluate
+
+    def watched(self, kernel, problem, config):
+        told.append(dict(config))
+        return evaluate(self, kernel, problem, config)
+
+    monkeypatch.setattr(replay_evaluator.ReplayEvaluator, "evaluate", watched)
+    curve = replay.replay_once(rec, "auto+default", 0, 2).curve
+    tuner = list(told)
+    told.clear()
+    replay.replay_once(rec, "ranked", 0, 1)
+    assert tuner[0] == dict(rec.kernel.default_config(rec.problem))
+    assert tuner[1] == told[0] and curve[1] <= rec.best * 1.01
+
+
 def test_sampler_specs_parse_and_bad_ones_are_refused():
     """``ranked+explore=0.2`` parses into options; an unknown option exits naming it."""
     assert replay.parse_sampler("ranked+explore=0.2+local=0.5+default") == ("ranked", 0.5, {"explore": 0.2}, True)
