@@ -120,24 +120,31 @@ def pin_rows(pin, devices=PIN_DEVICES, *, modes=None, samplers=None):
     return got
 
 
+def told_to_the_replay(monkeypatch, key):
+    """A list that fills with ``key(config)`` of each config the replay's evaluator times, in
+    order."""
+    from autotune.replay import evaluator as replay_evaluator
+
+    told: list = []
+    evaluate = replay_evaluator.ReplayEvaluator.evaluate
+
+    def watched(self, kernel, problem, config):
+        told.append(key(config))
+        return evaluate(self, kernel, problem, config)
+
+    monkeypatch.setattr(replay_evaluator.ReplayEvaluator, "evaluate", watched)
+    return told
+
+
 def test_auto_with_the_default_first_replays_todays_tuner(monkeypatch):
     """``auto+default`` is the tuner's path: the known-good default first, then the sampler
     ``auto`` resolves to (the ranked sampler for a kernel with a cost model, as
     ``sampling.resolve_sampler`` decides in a live job), not TPE: at the H200's 128x8192x8192
     the second trial is the ranked sampler's first proposal, within 1% of the best."""
-    from autotune.replay import evaluator as replay_evaluator
-
     (data,) = [d for d in load_ground_truth("NVIDIA H200", "hopper_matmul")
                if d["shape"] == {"k": 8192, "m": 128, "n": 8192}]
     rec = replay.Recorded(data)
-    told: list[dict] = []
-    evaluate = replay_evaluator.ReplayEvaluator.evaluate
-
-    def watched(self, kernel, problem, config):
-        told.append(dict(config))
-        return evaluate(self, kernel, problem, config)
-
-    monkeypatch.setattr(replay_evaluator.ReplayEvaluator, "evaluate", watched)
+    told = told_to_the_replay(monkeypatch, dict)
     curve = replay.replay_once(rec, "auto+default", 0, 2).curve
     tuner = list(told)
     told.clear()
@@ -184,21 +191,12 @@ def test_trials_in_flight_are_asked_ahead_and_told_first_in_first_out(monkeypatc
     of the estimate (it passes over a variant of a family in flight), where asked one at a time
     they are all variants of its first family. Every trial is told, and the
     budget holds; 0 in flight is refused by name."""
-    from autotune.replay import evaluator as replay_evaluator
-
     h200_latencies()
     family = ("tile_m", "tile_n", "tile_k", "max_concurrent_steps")
     (data,) = [d for d in load_ground_truth("NVIDIA H100 80GB HBM3", "hopper_matmul")
                if d["shape"] == {"k": 4096, "m": 2048, "n": 14336}]
     rec = replay.Recorded(data)
-    told: list[tuple] = []
-    evaluate = replay_evaluator.ReplayEvaluator.evaluate
-
-    def watched(self, kernel, problem, config):
-        told.append(tuple(config[n] for n in family))
-        return evaluate(self, kernel, problem, config)
-
-    monkeypatch.setattr(replay_evaluator.ReplayEvaluator, "evaluate", watched)
+    told = told_to_the_replay(monkeypatch, lambda config: tuple(config[n] for n in family))
     one = replay.replay_once(rec, "ranked", 0, 8)
     first_one, told[:] = told[:4], []
     ahead = replay.replay_once(rec, "ranked", 0, 8, in_flight=4)
