@@ -7,20 +7,13 @@
 
 Runs the job (through :func:`autotune.tuning.tuner.run_job`, as ``autotune tune`` does) on a fresh
 database (a new SQLite file under a temporary folder; ``--db`` for another, which must be
-empty), with a new engine, and prints:
+empty), with a new engine, and prints: wall time (the engine's start to the last result stored), configs/min, the share of
+it the GPU was busy (the union of the engine's device spans), the time to the first compile and
+to the first trial stored, and per problem trials stored, best, baseline and speedup.
 
-* wall time, from just before the engine starts its workers to the last result stored;
-* configs/min over the whole job (trials stored / wall minutes);
-* the share of the wall time the GPU was busy (the union of the engine's device spans: a worker
-  holding the GPU's lock for a config, a baseline or a trace);
-* time from the start to the first compile (the engine's first ``build`` stage) and to the
-  first trial stored;
-* per problem: trials stored, best, baseline and speedup.
-
-``--sequential`` runs one problem after another (``run_job(sequential=True)``: the same
-scheduler with one problem open at a time, in job order); ``--compare`` runs both, each on its
-own fresh database and engine (the scheduler first), and prints both and their ratios, with
-each problem's best of the two (the quality goal: within 0.5%). The persistent compilation cache is off unless
+``--sequential`` runs one problem after another (``run_job(sequential=True)``, in job order);
+``--compare`` runs both, each on a fresh database and engine (the scheduler first), and prints
+both, their ratios and each problem's best of the two (the quality goal: within 0.5%). The persistent compilation cache is off unless
 ``--compilation-cache DIR`` names its folder: run twice on one folder, the second run shows what
 the cache saves (with ``--compare``, the sequential run would profit from the scheduled one's
 compiles). ``--keep-db DIR`` keeps each run's database. JSON of everything goes to ``--out``,

@@ -32,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from autotune.devices import profile_for_name, using_profile  # noqa: E402
 from autotune.replay.ground_truth import load_ground_truth, load_live, recorded_us  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
@@ -260,13 +261,19 @@ def measured(kernel_name: str, truth: Sequence[str] | None = None, runs: Sequenc
 
 
 def run(kernel_name: str, truth: Sequence[str] | None = None, runs: Sequence[str] | None = None,
-        constants: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        constants: Mapping[str, Any] | None = None, device: str = DEVICE) -> list[dict[str, Any]]:
     kernel = get_kernel(kernel_name)
     if kernel.cost_model is None:
         raise SystemExit(f"kernel {kernel_name!r} declares no cost_model: nothing to check")
     estimate = model_with(kernel, constants or {})
-    return [{"source": source, **check(problem, configs, times, estimate)}
-            for source, problem, configs, times in measured(kernel_name, truth, runs)]
+    with on_device(device):
+        return [{"source": source, **check(problem, configs, times, estimate)}
+                for source, problem, configs, times in measured(kernel_name, truth, runs, device=device)]
+
+
+def on_device(device: str) -> contextlib.AbstractContextManager[Any]:
+    """The cost model sees ``device``'s facts (its profile), as on that GPU."""
+    return using_profile(profile_for_name(device))
 
 
 def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
@@ -284,14 +291,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel", default="hopper_matmul")
     ap.add_argument("--ground-truth", nargs="*", default=None,
-                    help="per-shape ground-truth files (default: the package's, of the H200)")
+                    help="per-shape ground-truth files (default: the package's, of --device)")
     ap.add_argument("--live", nargs="*", default=None,
-                    help="live runs, JSON or .jsonl (default: the package's, of the H200)")
+                    help="live runs, JSON or .jsonl (default: the package's, of --device)")
     ap.add_argument("--constants", default="",
                     help="check the model with these constants changed: NAME=VALUE,...")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--device", default=DEVICE, help=f"whose measurements (default {DEVICE})")
     args = ap.parse_args(argv)
-    rows = run(args.kernel, args.ground_truth, args.live, parse_constants(args.constants))
+    rows = run(args.kernel, args.ground_truth, args.live, parse_constants(args.constants), args.device)
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

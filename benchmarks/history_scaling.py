@@ -12,16 +12,11 @@ device, one software version. ``--fill record`` stores each trial through ``Stor
 shape (the same column values; the per-trial path takes hours at 1M on 2 cores); ``auto``
 (default): ``record`` up to 20,000 trials. A filled database is reused (``--refill``).
 
-Then, each in a fresh child process (its own CPU time and peak memory, from ``os.wait4``):
-
-* ``a job's first proposals``: the same for ``--job-problems`` new shapes (default 7) one after
-  the other in one process, against the empty database's (size 0);
-* ``first proposal``: the tuner's path for a new shape with ``auto``
-  (``tuning.seeding.problem_sampler``, then the study's first ``ask``): wall and CPU seconds,
-  peak RSS, and tracemalloc's peak of the step (in a second child);
-* ``best``: ``python3 -m autotune best`` of one stored shape (CPU s, peak RSS);
-* ``results_frame``: the whole table as a DataFrame (wall s, peak RSS), and with ``limit=1000``;
-* ``--version``: ``python3 -m autotune --version`` (CPU s).
+Then, each in a fresh child process (CPU time and peak memory from ``os.wait4``): ``first
+proposal`` (the tuner's path for a new shape with ``auto``: ``tuning.seeding.problem_sampler``,
+then the first ``ask``; wall, CPU, peak RSS, tracemalloc's peak in a second child), the same for
+``--job-problems`` (7) new shapes in one process, ``best`` of one stored shape, ``results_frame``
+(whole, and ``limit=1000``) and ``--version``.
 
 Last, once: the ask latency of ``auto`` against a SQLite study of ``--study-trials`` finished
 trials (the scheduler's path, ``tuning.scheduler``): p50/p99 of wall and of the asking thread's

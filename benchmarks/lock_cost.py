@@ -10,10 +10,9 @@ One process, as a worker has: an evaluator, ``--configs`` configs of the problem
 (switch interval x compile thread idle or busy) every compiled config is run as a trial
 (inputs, reference, run, check, timing), ``--trials`` runs in all. The busy thread compiles
 other configs of the problem in a loop meanwhile, as a worker's compile thread does. Per
-condition, the median and mean seconds of each step (the evaluator's stages: ``run`` = inputs
-and reference made, ``check``, ``time``, ``done``), of the CUPTI sessions inside the timing, and
-of an empty CUPTI session (its fixed cost; staying attached, as the evaluator's sessions do, and
-detaching CUPTI from the process at its end, as ``profiler.measure`` does). Prints a table; writes JSON to --out.
+condition, the median and mean seconds of each step (the evaluator's stages), of the CUPTI
+sessions inside the timing, and of an empty session (attached, and detaching as
+``profiler.measure`` does). Prints a table; writes JSON to --out.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the faster of the kernel and its baseline, per shape and cache regime, timed in 
     python3 benchmarks/runtime_choice.py --out OUT --device interpret               # CPU, tiny shapes
     python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
 
-One command, the whole experiment. It tunes the shapes with nothing stored under each timing
+It tunes the shapes with nothing stored under each timing
 policy (``--regimes``: on a GPU ``cold`` and ``warm``; ``--trials``, default 16, with the
 confirmation round, which decides the choice; ``--no-tune`` reads ``--db`` as it is). Then per
 regime and shape it times what a program sees: batches of ``--batch`` calls back to back, one

@@ -19,10 +19,8 @@ say how many connections were open at most. ``server ms/trial``: the CPU time th
 backends of the run used (read from /proc, so for a server on this machine), per trial: one
 server core sustains about 1000 / that trials per second, whatever the clients' speed.
 
-Hosts that wait (their problems' budgets are all handed out) poll the database, backing off
-to every 30 s; with configs of a few ms, as here, that polling is a large share of the
-statements. Real configs take about a second, so the per-trial figure of one runner is the
-one to scale by.
+Waiting hosts poll (backing off to every 30 s): with configs of a few ms that polling is a large
+share of the statements; real configs take about a second.
 
 The PostgreSQL schema is new for each run and dropped afterwards.
 """

@@ -1,11 +1,7 @@
 """Replay samplers over recorded ground truth: trials needed to get near the best (CPU only).
 
-    python3 benchmarks/search_efficiency.py [--device NAME] [--kernel K] [--problems N,...]
-        [FILES] [--seeds 10] [--budget 64] [--samplers auto,ranked,oracle] [--modes cold,warm]
-        [--noise SD] [--patience P,...] [--json OUT] [--save-reference PATH]
-        [--live-truth DB,...] [--family T1,T2,...] [--in-flight K]
+    python3 benchmarks/search_efficiency.py [--device NAME] [--kernel K] [FILES] [--seeds 10] ...
     python3 benchmarks/search_efficiency.py --live DB[,DB...] [--job examples/unseen_shapes.toml]
-    python3 benchmarks/search_efficiency.py --store-ground-truth DB [--device NAME] [--kernel K]
 
 The command line over :mod:`autotune.replay.runner`. Ground truth: the package's recorded
 problems (``autotune/replay/data``; pick them with ``--device``, ``--kernel`` and

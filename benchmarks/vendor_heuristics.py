@@ -1,11 +1,9 @@
 """NVIDIA's matmul heuristics (``nvidia-matmul-heuristics``) mapped onto ``hopper_matmul``.
 
 The package ranks GEMM configurations analytically per shape and GPU (CUTLASS and TensorRT-LLM
-profile only its top-ranked ones); it runs on a CPU-only machine (a named GPU, no CUDA needed)
-and answers in about a millisecond. This module maps its configurations onto the kernel's
-tunables and back, so that the replay can measure what its choices are worth here
-(``benchmarks/vendor_prior.py``, figures in ``docs/vendor_prior.md``) and
-``benchmarks/ground_truth.py --vendor N`` can measure them on a GPU:
+profile only its top-ranked ones), on a CPU in about a millisecond. This module maps them onto
+the kernel's tunables and back, for the replay (``benchmarks/vendor_prior.py``,
+``docs/vendor_prior.md``) and ``benchmarks/ground_truth.py --vendor N`` on a GPU:
 
 vendor (``nvmmhKernelConfiguration``) -> ``hopper_matmul``:
 

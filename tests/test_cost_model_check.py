@@ -115,6 +115,23 @@ def test_every_recorded_h200_measurement_is_checked():
     assert all(r["rho"] >= 0.9 for r in truth)
 
 
+def test_each_devices_measurements_are_checked_with_that_devices_facts(monkeypatch):
+    """The model sees the measured device's facts whatever the machine's default profile (the
+    H100's here): the H200's live 64x4096x4096 reads as the H200's model ranks it (its first
+    family 27.5% from the fastest; with the H100's facts, before, 10.8%), and ``--device``
+    checks the H100's five recorded shapes with the H100's."""
+    from autotune import devices
+
+    monkeypatch.delenv(devices.PROFILE_ENV_VAR, raising=False)
+    monkeypatch.setattr(devices, "read_device", lambda ordinal=0: None)
+    assert devices.current_device().name == "NVIDIA H100 80GB HBM3"
+    rows = check_script.run("hopper_matmul")
+    (decode,) = [r for r in rows if r["source"] == "live" and "m=64," in r["problem"]]
+    assert decode["first_family_gap"] > 0.2
+    h100 = check_script.run("hopper_matmul", device="NVIDIA H100 80GB HBM3")
+    assert len(h100) == 5 and all(r["first_family_gap"] < 0.01 for r in h100)
+
+
 def test_a_file_that_is_not_a_measurement_stops_the_check_naming_it(tmp_path):
     missing = str(tmp_path / "gone.json")
     with pytest.raises(SystemExit, match="gone.json: not a ground-truth file"):

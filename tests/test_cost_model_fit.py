@@ -26,6 +26,17 @@ def test_the_loss_is_the_first_familys_gap_plus_a_share_per_family_ahead():
     assert math.isclose(wrong[0], 0.2 + 2 * 0.01)
 
 
+def test_the_top5_loss_is_the_best_of_five_first_plus_a_share_per_config_ahead():
+    configs = [{"tile": t} for t in range(7)]
+    problem = _shape()[1]
+    shape = ("toy", problem, configs, [12.0, 11.0, 10.5, 13.0, 14.0, 10.0, 10.05])
+    # Ranked 0, 1, ..., 6: the five first's fastest is 10.5 (5% from 10.0); the first within
+    # 1% of the fastest is ranked sixth, so five configs are ahead of it.
+    assert math.isclose(fit.losses(lambda p, c: float(c["tile"]), [shape], 0.01, "top5")[0],
+                        0.05 + 5 * 0.002)
+    assert fit.losses(lambda p, c: -float(c["tile"]), [shape], 0.01, "top5") == [0.0]
+
+
 def test_leave_one_out_picks_for_each_shape_what_is_best_on_the_others():
     # "fits" is perfect on shapes 0 and 1 and bad on 2; "steady" is fair everywhere.
     table = {("fits",): [0.0, 0.0, 0.5], ("steady",): [0.1, 0.1, 0.1]}
