@@ -612,7 +612,7 @@ def _fitted_clock_hz() -> float:
 # The loads' latencies under load (clocks), fitted on each device's own ground truth
 # (docs/ranked_sampler.md, "Latencies per device"): those of :data:`FITTED_ON` are
 # :class:`Hopper`'s defaults; on the H100 SXM, with 70% of its bandwidth for the same SMs,
-# the loads wait about twice as long (fitted on its 5 recorded shapes, each held out in turn).
+# the loads wait about twice as long (fitted on its 5 recorded shapes: benchmarks/RESULTS.md §7).
 FITTED_LATENCIES: dict[str, dict[str, float]] = {
     FITTED_ON: {"l2_latency": 1200.0, "dram_latency": 3000.0},
     "h100-sxm": {"l2_latency": 2500.0, "dram_latency": 7000.0},
@@ -630,11 +630,10 @@ def fitted_latencies(device: ak.DeviceFacts) -> dict[str, float]:
     per SM and clock is nearest ``device``'s (by ratio): a device's own where it has a fit, a
     guess elsewhere (the fitted device's when ``device``'s bandwidth or clock is unknown)."""
     own = _bytes_per_sm_clock(device)
-    if own is None:
-        return FITTED_LATENCIES[FITTED_ON]
-    fits = {key: _bytes_per_sm_clock(ak.PROFILES[key]) for key in FITTED_LATENCIES}
-    nearest = min(fits, key=lambda key: abs(math.log(own / fits[key])))  # type: ignore[operator, arg-type]
-    return FITTED_LATENCIES[nearest]
+    fits = {key: rate for key in FITTED_LATENCIES
+            if (rate := _bytes_per_sm_clock(ak.PROFILES[key])) is not None}
+    nearest = FITTED_ON if own is None else min(fits, key=lambda key: abs(math.log(own / fits[key])))
+    return dict(FITTED_LATENCIES[nearest])
 
 
 @dataclasses.dataclass(frozen=True)
