@@ -1033,7 +1033,8 @@ def test_on_the_h100s_decode_shape_a_value_the_estimate_misjudges_reaches_every_
         monkeypatch, h200_latencies):
     """Replay over the H100's ground truth at 64x4096x4096 (every config of a recorded family
     reachable): a 2-block cluster measures about 7% faster than no cluster there, where the
-    estimate with the H200's latencies puts it 0.5% slower. Once one config with it is measured, the additive part of the
+    estimate with the H200's latencies puts it 0.5% slower. Once one config with it is
+    measured, the additive part of the
     correction (an effect per value of each tunable outside the family columns) carries that to
     every config with a cluster: from the third trial to the tenth, every proposal has one
     (seeds 0 and 1), and the search is within 1.5% of the best from the fourth. Without the
