@@ -54,6 +54,10 @@ def test_a_fake_job_reports_rates_breakdown_and_keeps_its_database(batch_job, tm
     assert figures["breakdown"]["trial first"]["build->lower"]["n"] >= 1
     path = [stage for stage, _ in figures["first_trial_path"]]
     assert path[0] == "build" and path[-1] == "done" and "device" in path, path
-    assert figures["first_trial_path"][-1][1] == pytest.approx(figures["first_trial_s"], abs=1.0)
+    # The path is of the first trial done, which is stored after it ends: its end comes before
+    # the first trial stored (rounding aside), and shortly (a loaded 2-core machine once took
+    # just over 1 s between the two).
+    done, stored = figures["first_trial_path"][-1][1], figures["first_trial_s"]
+    assert done <= stored + 0.01 and stored - done < 3.0, (done, stored)
     with sqlite3.connect(tmp_path / "db" / "scheduled.db") as db:
         assert db.execute("select count(*) from at_trials").fetchone()[0] >= 14
