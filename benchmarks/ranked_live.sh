@@ -2,8 +2,8 @@
 # The GPU steps that judge the ranked sampler live, one device call per step
 # (benchmarks/RESULTS.md §7):
 #
-#   OUT=... bash benchmarks/ranked_live.sh models  # both cost models' 16 first choices added to the
-#                                                  # 7 matmul files, those within 8% re-timed
+#   OUT=... bash benchmarks/ranked_live.sh models  # the cost model's 16 first choices added to the
+#                                                  # device's matmul files, those within 8% re-timed
 #   OUT=... bash benchmarks/ranked_live.sh shapes  # ground truth at 64x4096x4096, 512x14336x4096
 #   OUT=... bash benchmarks/ranked_live.sh live    # a job (JOB) cold at SEEDS, then warm at the first
 #   # (the ground truth stored first; WARM_FROM="NVIDIA H200": that device's results only, §20)
@@ -98,8 +98,6 @@ case "$STEP" in
     FILES=("$W"/hopper_matmul__*.json)
     run models_estimated "${GT[@]}" --files "${FILES[@]}" --max 0 --estimated "${ESTIMATED:-16}" \
       --seconds "${GT_SECONDS:-60}"
-    run models_estimated_fitted "${GT[@]}" --files "${FILES[@]}" --max 0 --estimated "${ESTIMATED:-16}" \
-      --seconds "${GT_SECONDS:-60}" --constants stage_transfer=loaded,l2_latency=2000,l2_bytes=128
     run models_retime "${GT[@]}" --files "${FILES[@]}" --max 0 --retime "${RETIME:-0.08}" \
       --retime-max "${RETIME_MAX:-128}" --rounds "${ROUNDS:-5}"
     ;;
