@@ -99,9 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--loss", choices=("family", "top5"), default="family")
     args = ap.parse_args(argv)
     grid = parse_grid(args.grid)
-    data = shapes(None, None, args.device)  # the package's ground truth and live measurements
-    with check.on_device(args.device):
-        fit(grid, data, args.per_family, args.loss)
+    with check.on_device(args.device):  # the configs' validity and the estimates: its facts
+        fit(grid, shapes(None, None, args.device), args.per_family, args.loss)
 
 
 def fit(grid: Mapping[str, list[Any]], data: Sequence[Shape], per_family: float, loss: str) -> None:

@@ -229,7 +229,7 @@ def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
     estimate = rec.kernel.cost_model if options.pop("estimate", True) else None
     if default:  # today's tuner: the sampler it makes of the name (``auto``: ranked with a cost model)
         name = resolve_sampler(name, history=history, problem=rec.problem,
-                               valid_count=lambda: rec.bound.count(), cost_model=estimate is not None)
+                               valid_count=rec.bound.count, cost_model=estimate is not None)
     return replay_study(rec, name, seed, budget, seeds=seeds, local=local, related=related,
                         history=history, options=options, estimate=estimate, evaluator=evaluator,
                         in_flight=in_flight)
