@@ -450,6 +450,7 @@ class BoundSpace:
     # sample(n) enumerates the valid set only when it holds at most this many times n configs.
     ENUMERATE_TO_SAMPLE = 8
     _DRAW_MEMO_MAX = 1_000_000  # prefixes whose draw weights are kept
+    _NEIGHBOUR_MEMO_MAX = 16_384  # configs whose neighbour keys are kept
 
     def __init__(self, space: Space, env: Env) -> None:
         self.space = space
@@ -482,6 +483,9 @@ class BoundSpace:
         self._live_cache: list[tuple[int, ...]] | None = None
         self._draw_weights: dict[tuple[Value, ...], list[int]] = {}
         self._exists_memo: dict[tuple[Value, ...], bool] = {}
+        # neighbour_keys' answers: a climb looks at the neighbours of the same configs again and
+        # again (a neighbour's neighbours, from several starts and rounds).
+        self._neighbour_memo: dict[tuple[Any, ...], tuple[tuple[Value, ...], ...]] = {}
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -1021,6 +1025,10 @@ class BoundSpace:
         base = self._tuple_or_none(config)
         if base is None:
             base = self.snap(config)
+        memo_key = (base, radius, per_tunable)
+        hit = self._neighbour_memo.get(memo_key)
+        if hit is not None:
+            return list(hit)
         found: list[tuple[float, int, tuple[Value, ...]]] = []
         for i, domain in enumerate(self.domains):
             here = self._value_index[i].get(repr(base[i]))
@@ -1038,6 +1046,9 @@ class BoundSpace:
                 if self._all_ok(values):
                     found.append((self._distance(i, base[i], value), len(found), values))
         found.sort()
+        if len(self._neighbour_memo) >= self._NEIGHBOUR_MEMO_MAX:
+            self._neighbour_memo.clear()
+        self._neighbour_memo[memo_key] = tuple(values for _, _, values in found)
         return [values for _, _, values in found]
 
     def closest_valid(self, proposal: Mapping[str, Value]) -> Config:
