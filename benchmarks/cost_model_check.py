@@ -1,11 +1,10 @@
 """How well a kernel's cost model ranks what was measured on the GPU (CPU only, seconds).
 
-    python3 benchmarks/cost_model_check.py [--kernel hopper_matmul] [--ground-truth FILES]
+    python3 benchmarks/cost_model_check.py [--kernel K] [--device NAME] [--ground-truth FILES]
         [--live FILES] [--constants NAME=VALUE,...] [--json OUT]
 
-Reads every measurement of the kernel: ground truth (``load_ground_truth(DEVICE, kernel)``,
-or ``benchmarks/ground_truth.py`` files) and live jobs (``load_live(DEVICE, kernel)``, or live
-runs' JSON and ``--jsonl`` files: the configs searches chose). Per problem: the configs
+Reads every measurement of the kernel on ``--device`` (the package's, or ground-truth files and
+live runs' JSON or ``--jsonl`` files), under its facts. Per problem: the configs
 measured, the estimate's rank correlation (Spearman) with the times over all and within 30% of
 the fastest, the measured gap of the model's first *family* (configs whose estimates share an
 ``ESTIMATE_TWIN``-wide bucket in log time) and how many families it ranks ahead of the fastest
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autotune.devices import profile_for_name, using_profile  # noqa: E402
-from autotune.replay.ground_truth import load_ground_truth, load_live, recorded_us  # noqa: E402
+from autotune.replay.ground_truth import devices, load_ground_truth, load_live, recorded_us  # noqa: E402
 from autotune.space.kernel import get_kernel  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
 from autotune.tuning.samplers.ranked import ESTIMATE_TWIN  # noqa: E402
@@ -257,6 +256,12 @@ def measured(kernel_name: str, truth: Sequence[str] | None = None, runs: Sequenc
         pairs = [(c, t) for c, t in pairs if bound.is_valid(Config(c))]
         if pairs:
             out.append((rec["source"], problem, [c for c, _ in pairs], [t for _, t in pairs]))
+    if not out:
+        where = (f"none of {device!r} in the package (it holds {', '.join(devices())}: give one as "
+                 "--device)" if truth is None and runs is None else "none in the files given")
+        print(f"[measurements] nothing to check: no valid {kernel_name} config measured; {where}",
+              file=sys.stderr)
+        raise SystemExit(2)
     return out
 
 

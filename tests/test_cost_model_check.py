@@ -141,3 +141,17 @@ def test_a_file_that_is_not_a_measurement_stops_the_check_naming_it(tmp_path):
     notes.write_text(json.dumps({"run": {"no trials": []}}))
     with pytest.raises(SystemExit, match="notes_live.json: not a live run's trials"):
         check_script.live([str(notes)])
+
+
+def test_a_device_without_measurements_stops_the_check_naming_those_with(capsys):
+    """``--device`` of a GPU the package holds no measurement of ends in one line naming the
+    devices it holds and exit 2, not an empty table (cost_model_fit reads the same)."""
+    with pytest.raises(SystemExit) as stop:
+        check_script.main(["--device", "NVIDIA A100-SXM4-80GB"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "[measurements] nothing to check" in err and "none of 'NVIDIA A100-SXM4-80GB'" in err
+    assert "NVIDIA H100 80GB HBM3, NVIDIA H200" in err
+    with pytest.raises(SystemExit) as stop:
+        load("cost_model_fit").main(["--device", "NVIDIA A100-SXM4-80GB"])
+    assert stop.value.code == 2
