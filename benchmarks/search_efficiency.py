@@ -3,32 +3,26 @@
     python3 benchmarks/search_efficiency.py [--device NAME] [--kernel K] [FILES] [--seeds 10] ...
     python3 benchmarks/search_efficiency.py --live DB[,DB...] [--job examples/unseen_shapes.toml]
 
-The command line over :mod:`autotune.replay.runner`. Ground truth: the package's recorded
-problems (``autotune/replay/data``; pick them with ``--device``, ``--kernel`` and
-``--problems``), or per-shape files of ``benchmarks/ground_truth.py`` not packed yet
-(``FILES``). The table gives, per problem, mode (cold: nothing else known; warm: leave-one-out,
-every other recorded problem of the kernel and device stored) and sampler, the trials needed to
-get within 1%, 0.5% and 2% of the best recorded time (median and 90th percentile over seeds) and
-the first proposal's gap to the best.
-``--with-default`` adds today's tuner (``auto`` as it resolves, the known-good default first, cold).
+The command line over :mod:`autotune.replay.runner`, on the package's recorded problems
+(``autotune/replay/data``; ``--device``, ``--kernel``, ``--problems``) or per-shape files of
+``benchmarks/ground_truth.py`` (``FILES``). Per problem, mode (cold: nothing else known; warm:
+every other recorded problem of the kernel and device stored) and sampler: the trials to within
+1%, 0.5% and 2% of the best recorded time (median, 90th percentile over seeds) and the first
+proposal's gap. ``--with-default`` adds today's tuner (``auto`` as it resolves, the default first).
 
-Sampler specs: ``auto``, ``ranked``, with options after ``+``: ``auto+local=0.3``,
-``ranked+model=numpy``, ``ranked+explore=0.2+local=0.5+kappa=1+candidates=512``; ``oracle``
-measures the recorded configs fastest first (no search does better).
+Sampler specs: ``auto``, ``ranked``, options after ``+`` (``ranked+explore=0.2+local=0.5``);
+``oracle`` measures the recorded configs fastest first.
 
-``--noise SD`` replays with measurement noise (a seeded log-normal factor of relative standard
-deviation SD on each recorded time; the thresholds still count true times) and adds the trial
-whose *measurement* was the fastest, as ``--live`` reports for a live job. ``--live-truth
-DB,...`` adds the configs live jobs measured to each problem as extra truth (reachable, never
-drawn into the pool), ``--family T1,T2,...`` every valid config of a recorded family, timed as
-its nearest recorded ones: docs/ranked_sampler.md ("The replay") says why. ``--in-flight K``
-asks K trials before the first result, and one more after each, as a live job compiles ahead.
+``--noise SD``: each recorded time times a seeded log-normal factor (thresholds count true
+times), and the trial whose *measurement* was the fastest. ``--live-truth DB,...``: live jobs'
+configs as extra truth (reachable, never drawn); ``--family T1,...``: every valid config of a
+recorded family, timed as its nearest recorded ones (docs/ranked_sampler.md); ``--in-flight K``:
+K trials asked before the first result, as a live job compiles ahead.
 
-``--live DB,...`` reads live jobs' results instead: per problem (of ``--job``), the trial that
-first reached its final best, first measured its served best, first came within 0.5% and 1% of
-it, trials in flight at an ask, and by the device's ground truth the first trial's gap and
-first trial within 1%.
-``--store-ground-truth DB`` stores the ground truth (a live job there starts warm).
+``--live DB,...`` reads live jobs instead: per problem (of ``--job``) the trials that first
+reached the final best, the served best, 0.5% and 1% of it, and by the device's ground truth
+the first trial's gap and first trial within 1%. ``--store-ground-truth DB`` stores the ground
+truth (a live job there starts warm).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ inputs each, by the ``--methods`` (default all):
 
 Then ``--processes`` fresh children compile the baseline and time it warm, and two more that
 share an autotune cache folder: whether XLA's pick moves between processes, and whether the
-folder pins it. Prints a table; writes every sample to ``--out`` (JSON).
+folder pins it. ``--pad``: each round's inputs after a new pad of random size: does a
+time move with where its buffers lie? Prints a table; writes every sample to ``--out`` (JSON).
 """
 
 from __future__ import annotations
@@ -211,7 +212,10 @@ class ReadFlush:
 
 
 def study(args: argparse.Namespace) -> dict[str, Any]:
+    import random
+
     import jax
+    import jax.numpy as jnp
 
     from autotune._jax_compat import cupti_session
     from autotune.evaluation.cold_timing import (L2Flush, l2_cache_bytes, time_cold,
@@ -296,7 +300,11 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     nv = nvml_gpu0()
     rows: list[dict[str, Any]] = []
     n = args.iterations
+    pads: list[Any] = []
+    rng = random.Random(os.getpid())
     for r in range(args.rounds):
+        if args.pad:
+            pads.append(jax.block_until_ready(jnp.zeros((rng.randrange(1, 1 << 24),), jnp.int32)))
         inputs = kernel.make_inputs(problem, jax.random.key(100 + r))
         jax.block_until_ready(inputs)
         order = [(r + i) % len(programs) for i in range(len(programs))]
@@ -304,7 +312,8 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
         paired = pair(inputs, order) if "pair" in wanted else {}
         for i in order:
             label, fn, aggregate = programs[i]
-            row: dict[str, Any] = {"round": r, "program": label, "nvml_before": nvml_reading(nv)}
+            row: dict[str, Any] = {"round": r, "program": label, "nvml_before": nvml_reading(nv),
+                                   "addrs": [int(a.unsafe_buffer_pointer()) for a in inputs]}
             def cold(flush: Any) -> list[float]:
                 return time_cold(fn, inputs, n, flush, aggregate=aggregate,
                                  select=select_kernel_time)[0]
@@ -405,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolated", type=int, default=12)
     p.add_argument("--best", type=int, default=2)
     p.add_argument("--processes", type=int, default=4)
+    p.add_argument("--pad", action="store_true")
     p.add_argument("--methods", default="cold,cold_ro,iso_ro,iso_xor,"
                    "warm,pair,batch")
     p.add_argument("--config", action="append", metavar="JSON", help="another config to time")
