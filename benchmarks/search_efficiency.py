@@ -10,7 +10,7 @@ every other recorded problem of the kernel and device stored) and sampler: the t
 1%, 0.5% and 2% of the best recorded time (median, 90th percentile over seeds) and the first
 proposal's gap. ``--with-default`` adds today's tuner (``auto`` as it resolves, the default first).
 
-Sampler specs: ``auto``, ``ranked``, options after ``+`` (``ranked+explore=0.2+local=0.5``);
+Sampler specs: ``auto``, ``ranked``, options after ``+`` (``ranked+explore=0.2``);
 ``oracle`` measures the recorded configs fastest first.
 
 ``--noise SD``: each recorded time times a seeded log-normal factor (thresholds count true
@@ -20,9 +20,9 @@ recorded family, timed as its nearest recorded ones (docs/ranked_sampler.md); ``
 K trials asked before the first result, as a live job compiles ahead.
 
 ``--live DB,...`` reads live jobs instead: per problem (of ``--job``) the trials that first
-reached the final best, the served best, 0.5% and 1% of it, and by the device's ground truth
-the first trial's gap and first trial within 1%. ``--store-ground-truth DB`` stores the ground
-truth (a live job there starts warm).
+reached the final best, the served best, 0.5% and 1% of it, trials in flight at an ask, and by
+the device's ground truth the first trial's gap and first trial within 1%.
+``--store-ground-truth DB`` stores the ground truth (a job there is warm).
 """
 
 from __future__ import annotations
