@@ -24,8 +24,8 @@ inputs each, by the ``--methods`` (default all):
 
 Then ``--processes`` fresh children compile the baseline and time it warm, and two more that
 share an autotune cache folder: whether XLA's pick moves between processes, and whether the
-folder pins it. ``--pad``: each round's inputs after a new pad of random size: does a
-time move with where its buffers lie? Prints a table; writes every sample to ``--out`` (JSON).
+folder pins it. ``--pad``: each round's inputs after a new random-size pad: does a
+time follow its buffers' place? Prints a table; writes every sample to ``--out``.
 """
 
 from __future__ import annotations
@@ -307,13 +307,14 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
             pads.append(jax.block_until_ready(jnp.zeros((rng.randrange(1, 1 << 24),), jnp.int32)))
         inputs = kernel.make_inputs(problem, jax.random.key(100 + r))
         jax.block_until_ready(inputs)
+        addrs = [int(a.unsafe_buffer_pointer()) for a in inputs]
         order = [(r + i) % len(programs) for i in range(len(programs))]
         wanted = set(args.methods.split(","))
         paired = pair(inputs, order) if "pair" in wanted else {}
         for i in order:
             label, fn, aggregate = programs[i]
             row: dict[str, Any] = {"round": r, "program": label, "nvml_before": nvml_reading(nv),
-                                   "addrs": [int(a.unsafe_buffer_pointer()) for a in inputs]}
+                                   "addrs": addrs}
             def cold(flush: Any) -> list[float]:
                 return time_cold(fn, inputs, n, flush, aggregate=aggregate,
                                  select=select_kernel_time)[0]
