@@ -1026,8 +1026,9 @@ def test_an_estimate_dropped_while_family_members_join_leaves_no_family_to_pick(
     proposal then has no estimate to pick a new family by, and goes on without the family rule
     (it had raised ``ValueError: zero-size array`` from ``_new_family``). Found by replaying the
     H100's decode shape 64x4096x4096 (every config of a recorded family reachable, 2 asked
-    ahead; seed 8 since the cost model's 16 first choices joined its ground truth) with the cost model's ``dram_latency``, ``l2_latency`` and ``cluster_sync``
-    at 2,037, 1,471 and 81 clocks: the 30 trials run, and the estimate is dropped on the way."""
+    ahead; seed 8 since the cost model's 16 first choices joined its ground truth) with the
+    cost model's ``dram_latency``, ``l2_latency`` and ``cluster_sync`` at 2,037, 1,471 and 81
+    clocks: the 30 trials run, and the estimate is dropped on the way."""
     import functools
 
     from autotune.replay.ground_truth import find_problem
@@ -1055,12 +1056,12 @@ def test_on_the_h100s_decode_shape_a_value_the_estimate_misjudges_reaches_every_
     """Replay over the H100's ground truth at 64x4096x4096 (every config of a recorded family
     reachable): a 2-block cluster measures about 7% faster than no cluster there, where the
     estimate with the H200's latencies puts it 0.5% slower. Once one config with it is
-    measured, the additive part of the
-    correction (an effect per value of each tunable outside the family columns) carries that to
-    every config with a cluster: from the third trial to the tenth, every proposal has one
-    (seeds 0 and 1), and the search is within 1.5% of the best from the fourth. Without the
-    additive part (the control) the similarity alone reaches only the configs near the one
-    measured: it proposes configs of the estimate's first family without a cluster again."""
+    measured, the additive part of the correction (an effect per value of each tunable outside
+    the family columns) carries that to every config with a cluster: from the third trial to
+    the tenth, every proposal has one (seeds 0 and 1), and the search is within 1.5% of the best
+    from the fourth. Without the additive part (the control) the similarity alone reaches only
+    the configs near the one measured: it proposes configs of the estimate's first family
+    without a cluster again."""
     from autotune.devices import using_profile
     from autotune.replay import evaluator as replay_evaluator
     from autotune.replay.ground_truth import find_problem
