@@ -608,7 +608,8 @@ def test_a_sampler_that_is_not_ready_is_never_asked_while_configs_are_in_flight(
 
     def recording_submit(kernel_name, problem, config):
         asked.append((is_ready(), sum(engine.in_flight.values())))
-        first_ask[:] = first_ask or [time.monotonic()]
+        if not first_ask:
+            first_ask.append(time.monotonic())
         return submit(kernel_name, problem, config)
 
     engine.submit = recording_submit
