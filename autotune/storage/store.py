@@ -189,7 +189,7 @@ class Store:
         if verdict != "ok":
             raise StorageError(
                 f"Cannot open the database {self._where}: database disk image is malformed "
-                f"(quick_check: {verdict[:200]}). {damaged_hint('malformed')}"
+                f"(quick_check: {' '.join(verdict.split())[:200]}). {damaged_hint('malformed')}"
             )
         _SOUND_FILES.add(key)
 

@@ -546,6 +546,36 @@ def test_read_only_store_upgrades_an_older_schema_only_when_sound(tmp_path):
     assert path.read_bytes() == bytes(data)
 
 
+def test_a_damaged_file_is_named_in_one_line_whatever_quick_check_lists(tmp_path):
+    """SQLite's quick_check lists one line per damaged cell ("*** in database main ***", then
+    "On tree page N cell M: ..."): the error keeps them on one line, so the CLI's single
+    "autotune: error:" line holds the whole message."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/a.db"
+    path = tmp_path / "a.db"
+    with Store(url) as store:
+        record(store, Config(tile=1), timed(5.0))
+    conn = sqlite3.connect(path)  # a table of its own to damage, beside the store's
+    with conn:
+        conn.execute("CREATE TABLE filler (a INTEGER PRIMARY KEY, b TEXT)")
+        conn.execute("CREATE INDEX filler_b ON filler (b)")
+        conn.executemany("INSERT INTO filler (b) VALUES (?)", [(str(i) * 20,) for i in range(3000)])
+    conn.close()  # the last connection: its pages written back from the WAL into the file
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    last = len(data) // page - 3  # an index page: its cells' offsets zeroed
+    data[last * page + 8:last * page + 64] = bytes(56)
+    path.write_bytes(bytes(data))
+    conn = sqlite3.connect(path)
+    assert "\n" in conn.execute("PRAGMA quick_check").fetchone()[0]
+    conn.close()
+    with pytest.raises(StorageError, match="quick_check: [*]{3} in database main") as info:
+        Store(url)
+    assert "\n" not in str(info.value) and "move it aside" in str(info.value)
+    assert path.read_bytes() == bytes(data)
+
+
 def test_read_timeout_comes_from_the_argument_or_the_environment(monkeypatch):
     """read_timeout_s: the argument, else $AUTOTUNE_READ_TIMEOUT_S, else 5 s; nonsense is a
     StorageError naming the value."""
