@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.engine.dispatcher import Engine  # noqa: E402
 from autotune.space.problem import Config, Problem  # noqa: E402
 from autotune.tuning.confirmation import (  # noqa: E402
+    CONFIRM_MIN_ROUNDS,
     DEFAULT_CONFIRM_ITERATIONS,
-    DEFAULT_CONFIRM_ROUNDS,
     DEFAULT_CONFIRM_TOP,
 )
 
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             search_s.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             engine.confirm(FAKE, problem, configs[:DEFAULT_CONFIRM_TOP],
-                           rounds=DEFAULT_CONFIRM_ROUNDS, iterations=DEFAULT_CONFIRM_ITERATIONS)
+                           rounds=CONFIRM_MIN_ROUNDS, iterations=DEFAULT_CONFIRM_ITERATIONS)
             confirm_s.append(time.perf_counter() - t0)
-    tasks = DEFAULT_CONFIRM_ROUNDS * (DEFAULT_CONFIRM_TOP + 1)
+    tasks = CONFIRM_MIN_ROUNDS * (DEFAULT_CONFIRM_TOP + 1)
     doc = {
         "trials": args.trials, "repeat": args.repeat,
         "search_s": search_s, "confirm_s": confirm_s,

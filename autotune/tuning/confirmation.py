@@ -23,7 +23,7 @@ configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in i
 * the **speedup** is the baseline's pooled median over the crowned config's pooled median: the
   two times shown beside it, so the three figures always agree. Its interval is the
   distribution-free confidence interval of the median of the per-round paired ratios
-  ``median_i(baseline) / median_i(crowned)`` (:func:`median_interval`: their range up to 5
+  ``median_i(baseline) / median_i(crowned)`` (:func:`median_interval`: their range up to 8
   rounds, order statistics at about 95% beyond), widened to hold the speedup itself; its
   spread is half the interval's width, relative to it. :func:`speedup_words` says in words
   whether the crowned config is faster than the baseline, no faster (the interval holds 1.0),
@@ -77,11 +77,14 @@ __all__ = [
 # The best configs of a problem that the confirmation round re-times, its rounds, and the timed
 # iterations of each program in each round (the search times 20 per config).
 DEFAULT_CONFIRM_TOP = 5
-DEFAULT_CONFIRM_ROUNDS = 5  # the rounds of a job that fixes none while its answer is clear
 # Without a job's confirm_rounds: CONFIRM_MIN_ROUNDS rounds, then one more at a time while the
 # result is not clear (needs_another_round): up to DEFAULT_CONFIRM_ROUNDS while only the
-# speedup's interval is wide, up to MAX_CONFIRM_ROUNDS while a config is unsettled.
-CONFIRM_MIN_ROUNDS = 3
+# speedup's interval is wide, up to MAX_CONFIRM_ROUNDS while a config is unsettled. Five rounds
+# are the fewest whose range holds the median 94% of the time (three: 75%; a 3-round range
+# narrow by chance stored a speedup 0.67% off `verify`'s, benchmarks/RESULTS.md §12); up to 8
+# the interval is the range, which only widens, and from 9 order statistics trim it.
+CONFIRM_MIN_ROUNDS = 5
+DEFAULT_CONFIRM_ROUNDS = 9
 MAX_CONFIRM_ROUNDS = 15
 CONFIRM_CLEAR_SPREAD = 0.0025  # a confirmed speedup's spread (half its interval) that is clear
 # Two configs whose paired ratio is known to within this (either way) are settled: whichever is
@@ -185,8 +188,8 @@ class Confirmation:
 def median_interval(values: Sequence[float]) -> tuple[float, float]:
     """A distribution-free confidence interval of the median of ``values`` (at least 95% where
     the count allows it): the order statistics ``(k, n + 1 - k)`` with the largest ``k`` whose
-    binomial tail ``P(Bin(n, 1/2) < k)`` is at most 2.5%; the range (min, max) for up to 5
-    values, where no narrower interval reaches that confidence.
+    binomial tail ``P(Bin(n, 1/2) < k)`` is at most 2.5%; the range (min, max) for up to 8
+    values, where no narrower interval reaches that confidence (up to 5, not even the range).
 
     Raises:
       ValueError: no value.
@@ -361,10 +364,13 @@ def paired_interval(over_rounds_us: Sequence[Sequence[float]],
 
 
 def needs_another_round(confirmation: Confirmation, rounds: int = CONFIRM_MIN_ROUNDS) -> bool:
-    """Whether an adaptive confirmation of ``rounds`` rounds so far times one more: while a
+    """Whether an adaptive confirmation of ``rounds`` rounds so far times one more: below
+    :data:`CONFIRM_MIN_ROUNDS` always (fewer rounds' range is no interval to trust); while a
     config is unsettled (up to :data:`MAX_CONFIRM_ROUNDS`), or while the confirmed speedup's
     spread (half its interval; without a baseline, half the crowned config's own spread) is
     above :data:`CONFIRM_CLEAR_SPREAD` (up to :data:`DEFAULT_CONFIRM_ROUNDS`)."""
+    if rounds < CONFIRM_MIN_ROUNDS:
+        return True
     if not confirmation.settled and rounds < MAX_CONFIRM_ROUNDS:
         return True
     if rounds >= DEFAULT_CONFIRM_ROUNDS:

@@ -94,7 +94,7 @@ class ProblemSpec:
     # where every run of an interpreted kernel takes seconds and its wall-clock time says
     # nothing about a GPU.
     confirm_top: int | None = None
-    # None: adaptive (3 rounds, up to DEFAULT_CONFIRM_ROUNDS while the result is not clear).
+    # None: adaptive (5 rounds, up to DEFAULT_CONFIRM_ROUNDS while the result is not clear).
     confirm_rounds: int | None = None
     # None: sized by each program's time (autotune.tuning.confirmation.sized_iterations).
     confirm_iterations: int | None = None

@@ -217,11 +217,14 @@ def test_speedup_words_say_faster_no_faster_or_slower():
     assert m.speedup_words(None, None, None, "xla") == ""
 
 
-def test_median_interval_is_the_range_up_to_five_rounds_then_order_statistics():
-    """Up to 5 values no interval narrower than the range reaches 95%; at 15 the 4th and 12th
-    order statistics do (binomial tail 1.8%), so one wild round no longer sets the width."""
+def test_median_interval_is_the_range_up_to_eight_rounds_then_order_statistics():
+    """Up to 8 values no interval narrower than the range reaches 95%; at 9 the 2nd and 8th
+    order statistics do (binomial tail 2.0%), at 15 the 4th and 12th (1.8%), so one wild round
+    no longer sets the width."""
     assert m.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)
     assert m.median_interval([5, 1, 4, 2, 3]) == (1.0, 5.0)
+    assert m.median_interval([float(v) for v in range(1, 9)]) == (1.0, 8.0)
+    assert m.median_interval([float(v) for v in range(1, 10)]) == (2.0, 8.0)
     values = [float(v) for v in range(1, 16)]
     assert m.median_interval(values) == (4.0, 12.0)
     assert m.median_interval(values[:-1] + [1000.0]) == (4.0, 12.0)
@@ -229,10 +232,11 @@ def test_median_interval_is_the_range_up_to_five_rounds_then_order_statistics():
         m.median_interval([])
 
 
-def test_unsettled_configs_get_more_rounds_up_to_the_cap_and_clear_ones_stop_at_three():
+def test_unsettled_configs_get_more_rounds_up_to_the_cap_and_clear_ones_stop_at_five():
     """Two configs 0.6% apart whose round medians swing by 3% cross each other: unsettled, the
     adaptive confirmation adds rounds up to MAX_CONFIRM_ROUNDS. Configs 5% apart (separated) or
-    0.1% apart with steady rounds (equal within the band) stop after CONFIRM_MIN_ROUNDS."""
+    0.1% apart with steady rounds (equal within the band) stop after CONFIRM_MIN_ROUNDS, five:
+    the fewest whose range holds the median 94% of the time."""
     def run(center_b: float, noise: float) -> int:
         rng = random.Random(1)
 
@@ -247,8 +251,28 @@ def test_unsettled_configs_get_more_rounds_up_to_the_cap_and_clear_ones_stop_at_
         return len(m.timed_rounds(time_rounds, analyse, None))
 
     assert run(100.6, 0.03) == m.MAX_CONFIRM_ROUNDS
-    assert run(105.0, 0.001) == m.CONFIRM_MIN_ROUNDS
+    assert run(105.0, 0.001) == m.CONFIRM_MIN_ROUNDS == 5
     assert run(100.1, 0.0005) == m.CONFIRM_MIN_ROUNDS
+
+
+def test_a_speedup_is_not_clear_before_five_rounds_and_a_wide_one_gets_nine():
+    """Three rounds whose ratios agree by chance (a 75% interval) ask for more; at five rounds a
+    spread within 0.25% is clear. A speedup still wide at five goes on to DEFAULT_CONFIRM_ROUNDS,
+    nine (the first count whose interval is narrower than the range), and no further when every
+    config is settled."""
+    def confirmation(ratios: list[float]) -> m.Confirmation:
+        base = tuple((100.0 * r,) * 20 for r in ratios)
+        return analyse_confirmation([Candidate({"t": 0}, tuple((100.0,) * 20 for _ in ratios))],
+                                    base)
+
+    steady = confirmation([1.060, 1.061, 1.0605])
+    assert steady.speedup_spread <= m.CONFIRM_CLEAR_SPREAD
+    assert m.needs_another_round(steady, 3)
+    assert not m.needs_another_round(confirmation([1.060, 1.061, 1.0605, 1.0602, 1.0608]), 5)
+    wide = [1.055, 1.066, 1.060, 1.052, 1.068, 1.061, 1.057, 1.064, 1.059]
+    assert all(m.needs_another_round(confirmation(wide[:n]), n) for n in range(5, 9))
+    assert not m.needs_another_round(confirmation(wide), 9)
+    assert m.DEFAULT_CONFIRM_ROUNDS == 9 < m.MAX_CONFIRM_ROUNDS
 
 
 def test_a_separated_or_tied_config_is_settled_and_a_straddling_one_is_not():

@@ -589,9 +589,9 @@ def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_pa
     assert counts == [sized_iterations(by_v[v]) for v in (3, 0, 1, 2, 4)] + [
         sized_iterations(store_baseline_us)]
     assert counts[0] == math.ceil(8000 / by_v[3]) and 20 <= min(counts)
-    # A clear result (the speedup's spread under 0.25%): the adaptive round stops at 3.
-    assert report.speedup_spread < 0.0025 and engine.rounds == 3
-    assert conf.rounds == 3 and conf.iterations == max(counts) and conf.baseline_name == "xla"
+    # A clear result (the speedup's spread under 0.25%): the adaptive round stops at 5.
+    assert report.speedup_spread < 0.0025 and engine.rounds == 5
+    assert conf.rounds == 5 and conf.iterations == max(counts) and conf.baseline_name == "xla"
 
 
 def test_a_stored_config_that_todays_rules_refuse_is_neither_confirmed_nor_crowned(tmp_path):
@@ -685,9 +685,9 @@ def test_a_failed_program_check_stores_nothing_and_the_confirmation_stands(tmp_p
 
 def test_an_unclear_confirmation_times_more_rounds_up_to_the_default_and_a_fixed_count_wins(
         tmp_path):
-    """Adaptive rounds (no confirm_rounds in the job): 3, then one more at a time while the
+    """Adaptive rounds (no confirm_rounds in the job): 5, then one more at a time while the
     confirmed speedup's spread is over 0.25%, up to DEFAULT_CONFIRM_ROUNDS; a baseline whose
-    rounds differ by 2% gets all 5, each going on with the rotation. A job's confirm_rounds is
+    rounds differ by 2% gets all 9, each going on with the rotation. A job's confirm_rounds is
     what it gets."""
     from autotune.tuning.confirmation import DEFAULT_CONFIRM_ROUNDS
 
@@ -695,7 +695,7 @@ def test_an_unclear_confirmation_times_more_rounds_up_to_the_default_and_a_fixed
         engine = ConfirmingEngine(drift=0.01)
         run_job(_pick_job(), store=store, engine=engine)
         (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
-    assert engine.rounds == conf.rounds == DEFAULT_CONFIRM_ROUNDS == 5
+    assert engine.rounds == conf.rounds == DEFAULT_CONFIRM_ROUNDS == 9
     with Store(f"sqlite:///{tmp_path}/fixed.db") as store:
         engine = ConfirmingEngine(drift=0.01)
         run_job(_pick_job(confirm_rounds=4), store=store, engine=engine)
