@@ -141,7 +141,8 @@ def faster_of(speedup: float | None, low: float | None, high: float | None) -> s
     return "kernel" if low > 1.0 else "tie"
 
 
-def runs_of(speedup: float | None, low: float | None, high: float | None) -> str:
+def runs_of(speedup: float | None, low: float | None, high: float | None,
+            other: float | None = None) -> str:
     """Which implementation runs (:data:`RUNS`) for a verdict's speedup (baseline time over
     kernel time) and its interval, the one route rule (``tuned(baseline=...)``, the lookup,
     exports' ``runs`` and ``choose()``, ``best``, the report): the one the speedup puts ahead,
@@ -149,12 +150,19 @@ def runs_of(speedup: float | None, low: float | None, high: float | None) -> str
     included: the estimate is the best guess there is, and neither always-the-kernel nor
     always-the-baseline for ties does as well (benchmarks/RESULTS.md §19: on the H200 a tie
     routed to the kernel ran 1.5% slower than XLA; on the H100 two ties routed to XLA would
-    have given up 1.5% and 1.9%). ``"kernel"`` without a verdict (a figure missing or not finite:
-    nothing confirmed against a baseline)."""
+    have given up 1.5% and 1.9%). A tie runs the kernel only where ``other`` (the confirmation's
+    speedup, where the program check decides: ``Verdict.other``) does not put the baseline
+    ahead: where the two timings disagree, nothing shows the kernel faster, and the baseline is
+    what the program runs without the tool (§19: an H100 attention tie, program check 1.007,
+    CUPTI 0.915, ran the kernel 3.3% slower than cuDNN). ``"kernel"`` without a verdict (a
+    figure missing or not finite: nothing confirmed against a baseline)."""
     if speedup is None or low is None or high is None:
         return "kernel"
     if not (math.isfinite(speedup) and math.isfinite(low) and math.isfinite(high)):
         return "kernel"
+    if speedup > 1.0 and low <= 1.0 and other is not None and math.isfinite(other) \
+            and other <= 1.0:
+        return "baseline"
     return "kernel" if speedup > 1.0 else "baseline"
 
 
@@ -194,7 +202,7 @@ def margin_words(speedup: float, low: float | None, high: float | None,
 
 
 def choice_words(config: Mapping[str, Any] | None, speedup: float | None, low: float | None,
-                 high: float | None, baseline: str | None) -> str:
+                 high: float | None, baseline: str | None, other: float | None = None) -> str:
     """Which implementation runs (:func:`runs_of`), in words, with the margin and its interval:
     "XLA is 2.1% faster (interval 1.8-2.4%): it runs; the kernel's best config is {...}" where
     the baseline wins, "no faster than XLA (within the measured noise: ...): XLA runs; the
@@ -202,12 +210,12 @@ def choice_words(config: Mapping[str, Any] | None, speedup: float | None, low: f
     runs with config {...}" for one that puts the kernel ahead), "the kernel is 3.0% faster
     than XLA (...): config {...}" where the kernel wins; "the kernel's best config is {...} (no
     confirmed comparison with a baseline)" without. Give it the figures :func:`verdict_figures`
-    picks."""
+    picks (``other``: :func:`runs_of`'s)."""
     text = "-" if config is None else json.dumps(dict(config), sort_keys=True)
     if speedup is None or low is None or high is None:
         return f"the kernel's best config is {text} (no confirmed comparison with a baseline)"
     margin = margin_words(speedup, low, high, baseline)
-    if runs_of(speedup, low, high) == "kernel":
+    if runs_of(speedup, low, high, other) == "kernel":
         if faster_of(speedup, low, high) == "tie":
             return f"{margin}: the kernel runs with config {text}"
         return f"{margin}: config {text}"
@@ -297,7 +305,7 @@ class BestResult:
         """Which implementation a program given the baseline runs (:func:`runs_of` of the
         verdict figures): the one their speedup puts ahead, ``"kernel"`` without them."""
         v = self.verdict_figures
-        return runs_of(v.speedup, v.low, v.high)
+        return runs_of(v.speedup, v.low, v.high, v.other)
 
     @property
     def verdict(self) -> str:
@@ -369,9 +377,9 @@ class BestResult:
             "verdict_source": verdict.source,
             "verdict": self.verdict,
             "faster": faster_of(verdict.speedup, verdict.low, verdict.high),
-            "runs": runs_of(verdict.speedup, verdict.low, verdict.high),
+            "runs": runs_of(verdict.speedup, verdict.low, verdict.high, verdict.other),
             "choice": choice_words(self.config, verdict.speedup, verdict.low, verdict.high,
-                                   self.baseline_name),
+                                   self.baseline_name, verdict.other),
             "ties": [dict(t) for t in self.ties],
         }
 

@@ -662,7 +662,7 @@ def _index_html(pages: Sequence[ProblemPage], db: str | None) -> str:
                 # program check's verdict where there is one, else the confirmation's
                 verdict = verdict_figures(s)
                 runs = choice_words(c.crowned.config, verdict.speedup, verdict.low, verdict.high,
-                                    c.baseline_name)
+                                    c.baseline_name, verdict.other)
                 if verdict.source == PROGRAM_CHECK:
                     runs += " (as a program calls them)"
         rows.append(

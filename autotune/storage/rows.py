@@ -390,12 +390,14 @@ Figures = tuple[float | None, float | None, float | None]  # speedup, its interv
 class Verdict(NamedTuple):
     """The speedup (baseline time over kernel time) and its interval that decide which
     implementation runs, and where they come from (:data:`VERDICT_SOURCES`; all None where
-    nothing compared the two)."""
+    nothing compared the two); ``other``, where the program check decides, the confirmation's
+    speedup (CUPTI kernel times), which a tie's route also asks (``best.runs_of``)."""
 
     speedup: float | None
     low: float | None
     high: float | None
     source: str | None
+    other: float | None = None
 
 
 def _positive(value: float | None) -> bool:
@@ -413,7 +415,8 @@ def pick_verdict(confirmed: Figures | None, program: Figures | None) -> Verdict:
     a positive finite speedup (its interval as stored); else nothing does.
     """
     if program is not None and all(_positive(v) for v in program):
-        return Verdict(*program, PROGRAM_CHECK)
+        other = confirmed[0] if confirmed is not None and _positive(confirmed[0]) else None
+        return Verdict(*program, PROGRAM_CHECK, other)
     if confirmed is not None and _positive(confirmed[0]):
         return Verdict(*confirmed, CONFIRMATION)
     return Verdict(None, None, None, None)

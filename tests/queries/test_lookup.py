@@ -816,6 +816,56 @@ def test_a_program_check_tie_routes_to_the_baseline_where_cupti_puts_the_kernel_
     queries.close_stores()
 
 
+def test_a_program_check_tie_runs_the_kernel_only_where_cupti_agrees(tmp_path, configs):
+    """The H100's miss (benchmarks/RESULTS.md §19): the program check ties with its estimate
+    above 1.0 while the confirmation (CUPTI kernel times) puts the baseline ahead. Where the two
+    disagree the baseline runs, through best_result and its dict, lookup_choice, tuned, the
+    export's record and its CHOICE with the database gone; where CUPTI also puts the kernel
+    ahead, the same tie runs the kernel."""
+    from autotune.queries import exchange
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    everywhere, _ = configs
+    _confirmed(url, BIG, everywhere, (100.0, 100.2, 100.1), (92.0, 92.1, 92.2))  # XLA, CUPTI
+    _program_check(url, BIG, everywhere, (99.0, 100.5, 99.5), (100.0, 99.0, 101.5))  # a tie
+    _confirmed(url, MID, everywhere, (90.0, 90.2, 90.1), (100.0, 100.3, 99.9))  # kernel, CUPTI
+    _program_check(url, MID, everywhere, (99.0, 100.5, 99.5), (100.0, 99.0, 101.5))  # a tie
+    best = queries.best_result("hopper_matmul", BIG, "bfloat16", db=url)
+    verdict = best.verdict_figures
+    assert verdict.source == "program-check" and verdict.speedup > 1.0
+    assert verdict.low <= 1.0 <= verdict.high and verdict.other == best.confirmed_speedup < 1.0
+    assert (best.faster, best.runs) == ("tie", "baseline")
+    payload = best.to_dict()
+    assert (payload["faster"], payload["runs"]) == ("tie", "baseline")
+    assert ": xla runs; the kernel's best config is" in payload["choice"]
+    agreed = queries.best_result("hopper_matmul", MID, "bfloat16", db=url)
+    assert (agreed.faster, agreed.runs, agreed.verdict_figures.other > 1.0) == (
+        "tie", "kernel", True)
+    assert ": the kernel runs with config" in agreed.to_dict()["choice"]
+    choice = lookup.lookup_choice("hopper_matmul", BIG, "bfloat16", db=url)
+    assert (choice.source, choice.faster, choice.runs) == ("exact", "tie", "baseline")
+
+    def xla(a, b):
+        return "xla"
+
+    def kernel_fn(a, b, *, config=None):
+        return "kernel"
+
+    routed = autotune.tuned("hopper_matmul", db=url, baseline=xla)(kernel_fn)
+    assert (routed(*_arrays(256)), routed(*_arrays(128))) == ("xla", "kernel")
+    records = {r["shape"]["m"]: r for r in exchange.export_records(url)}
+    assert (records[256]["runs"], records[128]["runs"]) == ("baseline", "kernel")
+    module = types.ModuleType("tuned_table")
+    exec(compile(exchange.render(list(records.values()), "python"), "tuned_table.py", "exec"),
+         module.__dict__)
+    assert module.choose("hopper_matmul", BIG, "bf16") == ("baseline", "xla")
+    lookup.clear_cache()
+    gone = f"sqlite:///{tmp_path}/gone.db"
+    from_table = autotune.tuned("hopper_matmul", db=gone, table=module, baseline=xla)(kernel_fn)
+    assert (from_table(*_arrays(256)), from_table(*_arrays(128))) == ("xla", "kernel")
+    queries.close_stores()
+
+
 def test_without_a_verdict_for_exactly_the_problem_the_kernel_runs(tmp_path, configs,
                                                                    monkeypatch):
     """No verdict, no route to the baseline: a nearest answer (its neighbour's verdict the

@@ -512,6 +512,18 @@ def test_runs_of_routes_to_the_implementation_the_estimate_puts_ahead():
     ]
     for figures, faster, runs in table:
         assert (queries.faster_of(*figures), queries.runs_of(*figures)) == (faster, runs), figures
+    # A tie the estimate puts the kernel ahead runs it only where the other timing (the
+    # confirmation's, where the program check decides) does not put the baseline ahead.
+    for figures, other, runs in [((1.01, 0.99, 1.03), 0.915, "baseline"),
+                                 ((1.01, 0.99, 1.03), 1.0, "baseline"),
+                                 ((1.01, 0.99, 1.03), 1.02, "kernel"),
+                                 ((1.01, 0.99, 1.03), None, "kernel"),
+                                 ((1.01, 0.99, 1.03), nan, "kernel"),
+                                 ((1.03, 1.01, 1.05), 0.9, "kernel"),
+                                 ((0.99, 0.97, 1.01), 1.05, "baseline")]:
+        assert queries.runs_of(*figures, other) == runs, (figures, other)
+    assert queries.choice_words({"t": 1}, 1.01, 0.99, 1.03, "xla", 0.915).endswith(
+        ': xla runs; the kernel\'s best config is {"t": 1}')
     assert queries.RUNS == ("kernel", "baseline")
     assert queries.written_runs("kernel", "tie", 1.0, 0.99, 1.01) == "kernel"
     assert queries.written_runs(None, "tie", 1.0, 0.99, 1.01) == "baseline"
