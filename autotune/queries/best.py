@@ -154,8 +154,8 @@ def runs_of(speedup: float | None, low: float | None, high: float | None,
     speedup, where the program check decides: ``Verdict.other``) does not put the baseline
     ahead: where the two timings disagree, nothing shows the kernel faster, and the baseline is
     what the program runs without the tool (§19: an H100 attention tie, program check 1.007,
-    CUPTI 0.915, ran the kernel 3.3% slower than cuDNN). ``"kernel"`` without a verdict (a
-    figure missing or not finite: nothing confirmed against a baseline)."""
+    CUPTI 0.915, ran the decorated call 3.5% slower than cuDNN). ``"kernel"`` without a verdict
+    (a figure missing or not finite: nothing confirmed against a baseline)."""
     if speedup is None or low is None or high is None:
         return "kernel"
     if not (math.isfinite(speedup) and math.isfinite(low) and math.isfinite(high)):
