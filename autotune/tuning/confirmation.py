@@ -117,9 +117,9 @@ CONFIRM_MAX_ITERATIONS = 400
 # The program check after a confirmation (autotune.tuning.confirming): the crowned config and
 # the baseline timed as a program calls them, in this many interleaved rounds, each program in
 # blocks of about PROGRAM_TARGET_US of calls back to back (program_calls); then one more round
-# at a time, up to PROGRAM_MAX_ROUNDS, while the verdict is unclear (program_unclear). Up to 5
+# at a time, up to PROGRAM_MAX_ROUNDS, while the verdict is unclear (program_unclear). Up to 8
 # rounds the interval is their whole range, so one disturbed round (a host-bound call's
-# batches on a busy host) can hold 1.0 in it; more rounds trim the extremes.
+# batches on a busy host) can hold 1.0 in it; from 9, rounds trim the extremes.
 PROGRAM_CHECK_ROUNDS = 5
 PROGRAM_MAX_ROUNDS = 11
 PROGRAM_TARGET_US = 4000.0
