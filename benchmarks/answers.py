@@ -2,17 +2,16 @@
 second method (benchmarks/RESULTS.md §12).
 
     python3 benchmarks/answers.py --runs 5 --out $OUT          # a GPU; ~1.5 min a run
-    python3 benchmarks/answers.py --runs 4 --confirm-interleave blocks --confirm-interleave calls --out $OUT
     python3 benchmarks/answers.py --runs 1 --device interpret --job J --out /tmp/a   # CPU smoke
 
 1. ``--runs`` fresh default jobs of ``--job`` (default ``benchmarks/answers.toml``: 4096^3,
    2048x14336x4096 and 128x8192x8192 bf16 matmuls), each with its own results folder and
-   database, then ``autotune verify`` on it (the second timing method): per problem the crowned
-   config, the stored speedup with its interval, the re-timed one, their difference, and the
-   confirmation round's share of the job's time;
-2. a final re-time, in one process by the second method, of every run's winner per problem
-   beside the best configs recorded for it on this device (``autotune/replay/data``): how far
-   each winner is from the best known, and the spread of the runs' winners.
+   database, then ``autotune verify`` on it (the second method): per problem the crowned config,
+   the stored speedup with its interval, the re-timed one, their difference, the confirmation's
+   time;
+2. one re-time, in one process by the second method, of every run's winner per problem, the
+   configs `verify` timed beside it (the round's next), and the best recorded on this device
+   (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
 
 Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and
 ``answers.tgz`` (databases, logs) to ``--out``; prints the tables last.
@@ -109,8 +108,9 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
     for run in runs:
         for v in run["verified"]:
             key = (v["kernel"], json.dumps(v["shape"], sort_keys=True), v["dtype"])
-            entry = by_problem.setdefault(key, {"winners": {}})
+            entry = by_problem.setdefault(key, {"winners": {}, "next": []})
             entry["winners"][run["run"]] = Config(v["config"])
+            entry["next"] += [Config(o["config"]) for o in v.get("others", ())]
     device = device_name()
     timer = make_timer(METHOD if args.device == "interpret" else CUPTI_METHOD)
     out = []
@@ -122,7 +122,7 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
             if c not in distinct:
                 distinct.append(c)
         known = [Config(c) for c in fastest_configs(device, kernel_name, shape, dtype)[:3]]
-        configs = distinct + [c for c in known if c not in distinct]
+        configs = distinct + [c for c in dict.fromkeys(known + entry["next"]) if c not in distinct]
         try:
             per_config, base = time_configs(problem, configs, baseline=True, rounds=args.rounds,
                                             calls=20, interpret=args.device == "interpret",
@@ -136,7 +136,7 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
         winners = {run: medians[distinct.index(c)] for run, c in entry["winners"].items()}
         out.append({
             "problem": str(problem), "configs": [dict(c) for c in configs],
-            "medians_us": medians, "recorded": len(configs) - len(distinct),
+            "medians_us": medians, "recorded": len({*known} - {*distinct}),
             "best_us": best, "baseline_us": base_us, "winner_us": winners,
             "winner_vs_best": {run: us / best - 1 for run, us in winners.items()},
             "winners_spread": (max(winners.values()) / min(winners.values()) - 1)

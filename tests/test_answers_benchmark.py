@@ -35,3 +35,45 @@ def test_runs_take_the_confirm_interleave_ways_in_turn(tmp_path):
         path, way = answers.job_of_run(i, job, ["blocks", "calls"], folder)
         ways.append((way, {s.confirm_interleave for s in load_job(path).problems}))
     assert ways == [("blocks", {"blocks"}), ("calls", {"calls"}), ("blocks", {"blocks"})]
+
+
+# A hopper_matmul config but for tile_n.
+BASE = {"cluster_dimension": None, "epi_tile_m": None, "epi_tile_n": 64, "grid_minor_dim": "N",
+        "grid_tile_width": 4, "max_concurrent_steps": 2, "tile_k": 128, "tile_m": 64,
+        "wg_dimension": "M"}
+
+
+def test_the_side_by_side_times_each_winner_the_configs_verify_timed_beside_it_and_the_best_known(
+        monkeypatch):
+    """Step 2 re-times every run's winner, the configs `verify` timed next to it (so a crown
+    can be judged against the round's fastest) and the best recorded, each once, winners first;
+    "recorded" counts the recorded ones it added."""
+    import argparse
+
+    import autotune.evaluation.independent as independent
+    import autotune.replay.ground_truth as ground_truth
+
+    answers = load("answers")
+    timed = []
+
+    def time_configs(problem, configs, **kw):
+        timed.extend(dict(c) for c in configs)
+        return [[[100.0 + c["tile_n"] / 64]] for c in configs], [[99.0]]
+
+    monkeypatch.setattr(independent, "time_configs", time_configs)
+    monkeypatch.setattr(ground_truth, "fastest_configs",
+                        lambda *a: [{**BASE, "tile_n": 64}, {**BASE, "tile_n": 192}])
+    monkeypatch.setattr(answers, "device_name", lambda: "NVIDIA H100 80GB HBM3")
+    shape = {"m": 4096, "n": 4096, "k": 4096}
+
+    def verified(tile_n, *others):
+        return {"kernel": "hopper_matmul", "shape": shape, "dtype": "bfloat16",
+                "config": {**BASE, "tile_n": tile_n},
+                "others": [{"config": {**BASE, "tile_n": t}, "median_us": 1.0} for t in others]}
+
+    runs = [{"run": 0, "verified": [verified(256, 128, 32)]},
+            {"run": 1, "verified": [verified(128, 256, 64)]}]
+    (row,) = answers.side_by_side(runs, argparse.Namespace(device="gpu", rounds=3))
+    assert [c["tile_n"] for c in timed] == [256, 128, 64, 192, 32]
+    assert row["recorded"] == 2 and row["best_us"] == 100.5
+    assert row["winner_us"] == {0: 104.0, 1: 102.0}
