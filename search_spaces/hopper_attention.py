@@ -279,9 +279,29 @@ def make_inputs(problem: ak.Problem, key: Any) -> tuple[Any, Any, Any]:
     return q, k, v
 
 
+# The reference's float32 logits cost batch x seq_q x heads_q x seq_kv x 4 bytes at once: 4 GiB
+# at B1 S8192 H16, an allocation that failed for lack of memory in a job on an H100
+# (benchmarks/RESULTS.md §19). Above this, query rows are taken a chunk at a time.
+REFERENCE_LOGITS_BYTES = 512 * 2**20
+
+
+def reference_chunk(problem: ak.Problem) -> int:
+    """The query rows the reference takes at a time: all of them where their float32 logits fit
+    :data:`REFERENCE_LOGITS_BYTES`, else the largest divisor of ``seq_q`` that does (at least 1)."""
+    b, sq, skv, hq, _, _ = sc.dims(problem, SHAPE_KEYS)
+    per_row, budget = b * skv * hq * 4, REFERENCE_LOGITS_BYTES
+    return max((c for c in range(1, sq + 1) if sq % c == 0 and c * per_row <= budget), default=1)
+
+
 def reference(problem: ak.Problem) -> Callable[..., Any]:
-    """Upstream's ``attention_reference``: the same attention in float32."""
+    """Upstream's ``attention_reference``: the same attention in float32; where its logits
+    would pass :data:`REFERENCE_LOGITS_BYTES`, the same math over :func:`reference_chunk` query
+    rows at a time, one chunk after another (a row of the output depends on its query row
+    alone; causal rows keep their place in the mask)."""
     causal = bool(problem["causal"])
+    chunk = reference_chunk(problem)
+    if chunk < sc.dims(problem, ("seq_q",))[0]:
+        return lambda q, k, v: chunked_reference(q, k, v, causal=causal, chunk=chunk)
 
     def attention_f32(q: Any, k: Any, v: Any) -> Any:
         from jax.experimental.pallas.ops.gpu import attention_mgpu as am
@@ -289,6 +309,35 @@ def reference(problem: ak.Problem) -> Callable[..., Any]:
         return am.attention_reference(q, k, v, causal=causal)
 
     return attention_f32
+
+
+def chunked_reference(q: Any, k: Any, v: Any, *, causal: bool, chunk: int) -> Any:
+    """Upstream's ``attention_reference`` math (float32, grouped heads, no scale), ``chunk``
+    query rows at a time under ``jax.lax.map``: at most one chunk's logits live at once."""
+    import jax
+    import jax.numpy as jnp
+
+    b, sq, hq, d = q.shape
+    skv, hkv = k.shape[1], k.shape[2]
+    k, v = k.astype(jnp.float32), v.astype(jnp.float32)
+
+    def rows(args: tuple[Any, Any]) -> Any:
+        first, qc = args
+        qc = qc.astype(jnp.float32).reshape(b, chunk, hkv, hq // hkv, d)
+        logits = jnp.einsum("bqHhc,bkHc->bqHhk", qc, k)
+        if causal:
+            mask = (first + jnp.arange(chunk))[:, None] >= jnp.arange(skv)[None, :]
+            logits = jnp.where(jnp.broadcast_to(mask[:, None, None, :], logits.shape), logits,
+                               -jnp.inf)
+        m = logits.max(axis=-1, keepdims=True)
+        unnormalized = jnp.exp(logits - m)
+        weights = unnormalized / unnormalized.sum(axis=-1, keepdims=True)
+        return jnp.einsum("bqHhk,bkHc->bqHhc", weights, v).reshape(b, chunk, hq, d)
+
+    n = sq // chunk
+    starts = jnp.arange(n, dtype=jnp.int32) * chunk
+    out = jax.lax.map(rows, (starts, q.reshape(b, n, chunk, hq, d).swapaxes(0, 1)))
+    return out.swapaxes(0, 1).reshape(b, sq, hq, d)
 
 
 def baseline(problem: ak.Problem) -> Callable[..., Any]:

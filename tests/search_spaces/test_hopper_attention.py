@@ -303,3 +303,41 @@ def test_the_attention_patch_holds_only_while_the_kernel_is_traced():
             assert am.plgpu is not own[1]
         assert am.plgpu is not own[1]  # the outer scope is still open
     assert (am.cuda_versions, am.plgpu) == own
+
+
+def test_the_reference_takes_query_rows_in_chunks_only_where_its_logits_pass_the_budget():
+    """Float32 logits of 4 GiB at B1 S8192 H16 (a job on an H100 failed to allocate them):
+    1,024 rows at a time (512 MiB); B4 S2048 H16 (1 GiB) in two chunks; a problem whose logits
+    fit is upstream's reference whole."""
+    from search_spaces.hopper_attention import reference_chunk
+
+    assert reference_chunk(KERNEL.problem(_shape(batch=1, seq_q=8192, seq_kv=8192),
+                                          "float16")) == 1024
+    assert reference_chunk(KERNEL.problem(_shape(), "float16")) == 1024
+    assert reference_chunk(KERNEL.problem(_shape(batch=1, seq_q=1024, seq_kv=1024),
+                                          "float16")) == 1024
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_chunked_reference_is_upstreams_reference(causal, monkeypatch):
+    """On the CPU, with grouped heads: the reference taken 16 query rows at a time (the budget
+    shrunk to make it chunk) equals upstream's attention_reference, causal rows included."""
+    import jax
+    import numpy as np
+    from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+
+    import search_spaces.hopper_attention as ha
+
+    problem = KERNEL.problem(_shape(batch=2, seq_q=64, seq_kv=64, heads_q=4, heads_kv=2,
+                                    head_dim=32, causal=causal), "float16")
+    monkeypatch.setattr(ha, "REFERENCE_LOGITS_BYTES", 2 * 64 * 4 * 4 * 16)
+    assert ha.reference_chunk(problem) == 16
+    q, k, v = ha.make_inputs(problem, jax.random.key(0))
+    chunked = jax.jit(ha.reference(problem))(q, k, v)
+    whole = am.attention_reference(q, k, v, causal=causal)
+    assert chunked.dtype == whole.dtype
+    np.testing.assert_allclose(np.asarray(chunked), np.asarray(whole), rtol=1e-6, atol=1e-6)
+    if causal:  # the mask kept each chunk's rows in place: row 0 sees key 0 alone, each
+        # pair of query heads its key-value head
+        first = np.asarray(v, np.float32)[:, 0].repeat(2, axis=1)
+        np.testing.assert_allclose(np.asarray(chunked)[:, 0], first, rtol=1e-6)
