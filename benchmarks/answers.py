@@ -10,7 +10,7 @@ second method (benchmarks/RESULTS.md §12).
    the stored speedup with its interval, the re-timed one, their difference, the confirmation's
    time;
 2. one re-time, in one process by the second method, of every run's winner per problem, the
-   configs `verify` timed beside it (the round's next), and the best recorded on this device
+   configs ``verify`` timed beside it (the round's next), and the best recorded on this device
    (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
 
 Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and

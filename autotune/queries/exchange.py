@@ -186,9 +186,8 @@ def _choice(summary: ProblemSummary, config: Mapping[str, Any]) -> dict[str, Any
         "program_speedup_high": None if check is None else _finite(check.speedup_high),
         "verdict_source": verdict.source,
         "faster": best_queries.faster_of(speedup, v_low, v_high),
-        "runs": best_queries.runs_of(speedup, v_low, v_high, _finite(verdict.other)),
-        "choice": best_queries.choice_words(config, speedup, v_low, v_high, name,
-                                            _finite(verdict.other)),
+        "runs": best_queries.runs_of(speedup, v_low, v_high, verdict.other),
+        "choice": best_queries.choice_words(config, speedup, v_low, v_high, name, verdict.other),
     }
 
 

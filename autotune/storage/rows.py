@@ -391,7 +391,8 @@ class Verdict(NamedTuple):
     """The speedup (baseline time over kernel time) and its interval that decide which
     implementation runs, and where they come from (:data:`VERDICT_SOURCES`; all None where
     nothing compared the two); ``other``, where the program check decides, the confirmation's
-    speedup (CUPTI kernel times), which a tie's route also asks (``best.runs_of``)."""
+    speedup (CUPTI kernel times; positive and finite, else None), which a tie's route also
+    asks (``best.runs_of``)."""
 
     speedup: float | None
     low: float | None
