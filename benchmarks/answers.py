@@ -14,7 +14,8 @@ second method (benchmarks/RESULTS.md §12).
    (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
 
 Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and
-``answers.tgz`` (databases, logs) to ``--out``; prints the tables last.
+``answers.tgz`` (databases, logs) to ``--out``; prints the tables last. ``--recrown`` reads
+them back and crowns each stored round by today's rule and with the crown band open.
 """
 
 from __future__ import annotations
@@ -145,6 +146,36 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
     return out
 
 
+def recrown(folder: Path) -> None:
+    """``--recrown``: each run's stored rounds crowned with the crown band open and by today's
+    rule, each crown's gap in the side by side."""
+    from autotune.space.kernel import get_kernel
+    from autotune.storage.store import Store
+    from autotune.tuning.confirmation import CONFIRM_CROWN_BAND, Candidate, analyse_confirmation
+
+    result = json.loads((folder / "answers.json").read_text())
+    with tarfile.open(folder / "answers.tgz") as tar:
+        tar.extractall(folder / "recrown", filter="data")
+    gaps = {(p["problem"], json.dumps(c, sort_keys=True)): us / p["best_us"] - 1
+            for p in result["side_by_side"] if "error" not in p
+            for c, us in zip(p["configs"], p["medians_us"], strict=True)}
+    for run in result["runs"]:
+        with Store(f"sqlite:///{folder / 'recrown' / ('run%d' % run['run']) / 'answers.db'}") as store:
+            for v in run["verified"]:
+                kernel = get_kernel(v["kernel"])
+                problem = kernel.problem(v["shape"], v["dtype"])
+                row = store.confirmations(problem, device_kind=None, limit=1)[0]
+                cands = [Candidate(p.config, p.rounds_us, trial_id=p.trial_id)
+                         for p in sorted(row.programs, key=lambda p: p.position)]
+                cells = []
+                for band in (float("inf"), CONFIRM_CROWN_BAND):
+                    w = analyse_confirmation(cands, row.baseline_rounds_us or None, crown_band=band,
+                                             default_config=kernel.default_config(problem)).winner
+                    gap = gaps.get((str(problem), json.dumps(dict(w.config), sort_keys=True)))
+                    cells.append(f"t{w.trial_id} " + ("-" if gap is None else f"{100 * gap:+.2f}%"))
+                print(f"run{run['run']} {problem}: order {cells[0]}; today {cells[1]}")
+
+
 def device_name() -> str:
     from autotune.evaluation.pipeline import gpu_device_info, interpret_device_info
 
@@ -210,7 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=540.0,
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--recrown", action="store_true",
+                   help="crown the rounds stored in --out again, both ways; time nothing")
     args = p.parse_args(argv)
+    if args.recrown:
+        recrown(args.out)
+        return 0
     args.verify_method = args.verify_method or ["auto"]
     args.out = args.out.resolve()
     args.job = args.job.resolve()

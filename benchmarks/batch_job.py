@@ -5,19 +5,15 @@
     python3 benchmarks/batch_job.py benchmarks/batch_fake.toml --device fake --compare \\
         --workers-per-gpu 4 --compile-threads 1                             # CPU, simulated
 
-Runs the job (through :func:`autotune.tuning.tuner.run_job`, as ``autotune tune`` does) on a fresh
-database (a new SQLite file under a temporary folder; ``--db`` for another, which must be
-empty), with a new engine, and prints: wall time (the engine's start to the last result stored), configs/min, the share of
-it the GPU was busy (the union of the engine's device spans), the time to the first compile and
-to the first trial stored, and per problem trials stored, best, baseline and speedup.
-
-``--sequential`` runs one problem after another (``run_job(sequential=True)``, in job order);
-``--compare`` runs both, each on a fresh database and engine (the scheduler first), and prints
-both, their ratios and each problem's best of the two (the quality goal: within 0.5%). The persistent compilation cache is off unless
-``--compilation-cache DIR`` names its folder: run twice on one folder, the second run shows what
-the cache saves (with ``--compare``, the sequential run would profit from the scheduled one's
-compiles). ``--keep-db DIR`` keeps each run's database. JSON of everything goes to ``--out``,
-with where the time went (:func:`stage_breakdown`).
+Runs the job (``run_job``, as ``autotune tune`` does) on a fresh database (a new SQLite file;
+``--db`` for another, which must be empty) with a new engine, and prints: wall time (the
+engine's start to the last result stored), configs/min, the share of it the GPU was busy, the
+time to the first compile and the first trial stored, and per problem trials stored, best,
+baseline and speedup. ``--sequential`` runs one problem after another; ``--compare`` runs both,
+each on a fresh database and engine, and prints their ratios and each problem's best of the two
+(the quality goal: within 0.5%). The persistent compilation cache is off unless
+``--compilation-cache DIR`` names its folder. ``--keep-db DIR`` keeps each run's database.
+JSON of everything goes to ``--out``, with where the time went (:func:`stage_breakdown`).
 """
 
 from __future__ import annotations

@@ -3,27 +3,23 @@
     python3 benchmarks/ground_truth.py --kernel hopper_matmul --shape m=4096,n=4096,k=4096 \
         --dtype bf16 --max 600 --seconds 240
 
-Measures the problem's valid configs (a uniform sample of ``--max`` when there are more,
-noted) with the project's own measurement (the engine: parallel compiles, CUPTI timing one
-kernel at a time, outputs checked), and the baseline. Then, each marked by its ``"stage"``:
-``--climb`` every one-tunable neighbour of the default and of the best so far, in rounds
-(``neighbourhood``); ``--estimated N`` the cost model's N best configs (``climb_estimate``:
-``estimated``), for the replay to follow a search led by it; ``--grid N`` (``hopper_matmul``)
-every grid-order variant of its N first choices (``grid``); ``--live DB ...`` every config jobs
-stored there measured of the problem on this device (``live``: timed here, not once in their
-own job's process); ``--vendor N`` (needs ``pip install nvidia-matmul-heuristics``) the first N
-of NVIDIA's matmul heuristics, mapped onto the kernel (``vendor``, benchmarks/vendor_prior.py).
+Measures the problem's valid configs (a uniform sample of ``--max`` when there are more) by the
+project's own measurement (the engine), and the baseline. Then, each marked by its ``"stage"``:
+``--climb`` every one-tunable neighbour of the default and of the best so far
+(``neighbourhood``); ``--estimated N`` the cost model's N best (``estimated``); ``--grid N``
+(``hopper_matmul``) every grid-order variant of its N first choices (``grid``); ``--live DB ...``
+every config jobs stored there for the problem on this device (``live``, timed here);
+``--vendor N`` the first N of NVIDIA's matmul heuristics (``vendor``, benchmarks/vendor_prior.py).
 
-``--out auto`` (default, on a GPU) stores the problem in the package's ground truth of this
-device and kernel (``autotune/replay/data/<device>/<kernel>.json.gz``, docs/replay.md); ``--out
-DIR`` writes ``DIR/<kernel>__<shape>__<dtype>.json`` for ``pack_ground_truth.py``. Stops
-submitting after ``--seconds``. ``--extend`` adds to the problem's record (nothing measured
-twice); ``--files F ...`` extends these per-shape files, one engine for all.
+``--out auto`` (default, on a GPU) stores the problem in this device's ground truth
+(``autotune/replay/data/<device>/<kernel>.json.gz``, docs/replay.md); ``--out DIR`` writes
+``DIR/<kernel>__<shape>__<dtype>.json`` for ``pack_ground_truth.py``. Stops submitting after
+``--seconds``. ``--extend`` adds to the problem's record (nothing measured twice); ``--files F
+...`` extends these per-shape files, one engine for all.
 
-``--retime FRACTION`` then times every config within FRACTION of the file's best again (at most
-``--retime-max``) in ``--rounds`` interleaved rounds (``Engine.confirm``) and appends the
-rounds' medians as ``retimed_us``; a failed re-timing leaves ``retime_error``.
-``benchmarks/ranked_live.sh`` runs these steps.
+``--retime FRACTION`` times every config within FRACTION of the best again (at most
+``--retime-max``) in ``--rounds`` interleaved rounds and appends their medians as
+``retimed_us`` (a failure: ``retime_error``). ``benchmarks/ranked_live.sh`` runs these steps.
 """
 
 from __future__ import annotations

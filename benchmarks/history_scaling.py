@@ -6,17 +6,15 @@ trials of one kernel (issue 36).
     python3 benchmarks/history_scaling.py --sizes 200 --per-shape 50 --asks 20 --study-trials 50
 
 Fills one SQLite database per size with valid ``hopper_matmul`` configs over many shapes
-(``--per-shape`` trials each: 1,000 shapes at 1M; random times, one in ten a compile error), one
-device, one software version. ``--fill record`` stores each trial through ``Store.record_trial``
-(as the tuner does); ``bulk`` makes each shape's rows that way, the rest by one executemany per
-shape (the same column values; the per-trial path takes hours at 1M on 2 cores); ``auto``
-(default): ``record`` up to 20,000 trials. A filled database is reused (``--refill``).
+(``--per-shape`` each: 1,000 shapes at 1M; random times, one in ten a compile error).
+``--fill record`` stores each trial through ``Store.record_trial``; ``bulk`` one shape's rows
+that way, the rest by one executemany per shape (the per-trial path takes hours at 1M on 2
+cores); ``auto`` (default): ``record`` up to 20,000. A filled database is reused (``--refill``).
 
 Then, each in a fresh child process (CPU time and peak memory from ``os.wait4``): ``first
-proposal`` (the tuner's path for a new shape with ``auto``: ``tuning.seeding.problem_sampler``,
-then the first ``ask``; wall, CPU, peak RSS, tracemalloc's peak in a second child), the same for
-``--job-problems`` (7) new shapes in one process, ``best`` of one stored shape, ``results_frame``
-(whole, and ``limit=1000``) and ``--version``.
+proposal`` (a new shape with ``auto``: ``tuning.seeding.problem_sampler``, then the first
+``ask``; tracemalloc's peak in a second child), the same for ``--job-problems`` (7) new shapes
+in one process, ``best``, ``results_frame`` (whole, and ``limit=1000``) and ``--version``.
 
 Last, once: the ask latency of ``auto`` against a SQLite study of ``--study-trials`` finished
 trials (the scheduler's path, ``tuning.scheduler``): p50/p99 of wall and of the asking thread's

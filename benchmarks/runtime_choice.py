@@ -2,24 +2,20 @@
 the faster of the kernel and its baseline, per shape and cache regime, timed in one run.
 
     python3 benchmarks/runtime_choice.py --out results/runtime_choice               # a GPU: all of it
-    python3 benchmarks/runtime_choice.py --out OUT --db sqlite:///results/autotune.db --no-tune
     python3 benchmarks/runtime_choice.py --out OUT --device interpret               # CPU, tiny shapes
     python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
 
-It tunes the shapes with nothing stored under each timing
-policy (``--regimes``: on a GPU ``cold`` and ``warm``; ``--trials``, default 16, with the
-confirmation round, which decides the choice; ``--no-tune`` reads ``--db`` as it is). Then per
-regime and shape it times what a program sees: batches of ``--batch`` calls back to back, one
-wait, per call; each function in turn, rotating, ``--reps`` calls of each, the median batch
-(``warm``: the same inputs; ``cold``: fresh input sets over twice the L2). The functions: the
-decorated call routed by the regime's timings (``autotune.tuned(kernel, baseline=...,
-cache=regime)``, eagerly), the same under ``jax.jit``, the same routed by the other regime's
-timings, the kernel at the regime's best config, and the baseline. Reported, paired round by
-round with intervals: the decorated call over the faster of kernel and baseline (goal: within
-0.5%) and over the baseline (where the kernel ran, an interval wholly above 1.0 is a miss:
-SLOWER); what ran, and the decorated call over it called directly. On a GPU, JAX's compilation
-cache is on in the jobs' folder, so the XLA baseline is the program they timed. ``--out`` gets
-``runtime_choice.md`` and ``runtime_choice.json``, with the device's name.
+It tunes the shapes with nothing stored under each timing policy (``--regimes``: on a GPU
+``cold`` and ``warm``; ``--trials``, with the confirmation round, which decides the choice;
+``--no-tune`` reads ``--db`` as it is). Then per regime and shape it times what a program sees:
+batches of ``--batch`` calls back to back, one wait, per call; each function in turn, ``--reps``
+calls of each, the median batch (``cold``: fresh input sets over twice the L2). The functions:
+the decorated call routed by the regime's timings (eagerly, under ``jax.jit``, and routed by the
+other regime's), the kernel at the regime's best config, and the baseline. Reported, paired
+round by round with intervals: the decorated call over the faster (goal: within 0.5%) and over
+the baseline (where the kernel ran, an interval wholly above 1.0 is a miss: SLOWER); what ran,
+and the decorated call over it called directly. On a GPU the XLA baseline is the program the
+jobs timed (their compilation cache). Writes ``runtime_choice.md`` and ``.json`` to ``--out``.
 
 Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
 (hopper_matmul at small shapes on a CPU, warm only: a functional run); ``fake`` (no jax: two

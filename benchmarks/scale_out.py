@@ -4,23 +4,18 @@
     python3 benchmarks/scale_out.py --db postgresql+psycopg://user@dbhost/autotune --runners 64
 
 Each runner stands in for one host running ``autotune tune JOB --db postgresql://...``: the real
-job runner (:func:`autotune.tuning.tuner.run_job`: the scheduler, the store, Optuna's RDB storage, the
-shared budget), in a thread of this process rather than a process on a host of its own (this
-machine has 2 cores), over an in-process engine whose configs take ``--run-ms`` of "GPU" and no
-compile, so the database is what is measured. Every runner gets the same job (``--problems``
-problems of ``--trials`` trials); the job must end with exactly ``problems x trials`` results
-stored (the shared budget), none twice.
+job runner (:func:`autotune.tuning.tuner.run_job`), in a thread of this process, over an
+in-process engine whose configs take ``--run-ms`` of "GPU" and no compile, so the database is
+what is measured. Every runner gets the same job (``--problems`` x ``--trials``), which must end
+with exactly that many results stored, none twice.
 
-Printed per runner count: wall time, trials stored, trials/s, and the database round trips per
-trial, counted with SQLAlchemy's events over every connection: statements executed, and
-transactions begun and committed (each a round trip with psycopg). The runners share one
-connection pool (at most 45 connections: 30 for Optuna, 15 for the store) where real hosts would hold about 2 each; the rows
-say how many connections were open at most. ``server ms/trial``: the CPU time the server's
-backends of the run used (read from /proc, so for a server on this machine), per trial: one
-server core sustains about 1000 / that trials per second, whatever the clients' speed.
-
-Waiting hosts poll (backing off to every 30 s): with configs of a few ms that polling is a large
-share of the statements; real configs take about a second.
+Printed per runner count: wall time, trials stored, trials/s, and per trial the statements,
+transactions begun and committed (SQLAlchemy's events; each a round trip with psycopg). The
+runners share one pool (at most 45 connections: 30 for Optuna, 15 for the store) where hosts
+would hold about 2 each. ``server ms/trial``: the server backends' CPU time (from /proc, so for
+a server on this machine) per trial: one server core sustains about 1000 / that trials per
+second. Waiting hosts poll (backing off to every 30 s): with configs of a few ms that polling is
+a large share of the statements; real configs take about a second.
 
 The PostgreSQL schema is new for each run and dropped afterwards.
 """

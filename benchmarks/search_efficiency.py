@@ -4,11 +4,10 @@
     python3 benchmarks/search_efficiency.py --live DB[,DB...] [--job examples/unseen_shapes.toml]
 
 The command line over :mod:`autotune.replay.runner`, on the package's recorded problems
-(``autotune/replay/data``; ``--device``, ``--kernel``, ``--problems``) or per-shape files of
-``benchmarks/ground_truth.py`` (``FILES``). Per problem, mode (cold: nothing else known; warm:
-every other recorded problem of the kernel and device stored) and sampler: the trials to within
-1%, 0.5% and 2% of the best recorded time (median, 90th percentile over seeds) and the first
-proposal's gap. ``--with-default`` adds today's tuner (``auto`` as it resolves, the default first).
+(``autotune/replay/data``; ``--device``, ``--kernel``, ``--problems``) or ground_truth.py's
+files (``FILES``). Per problem, mode (cold; warm: every other recorded problem of the kernel and
+device stored) and sampler: the trials to within 1%, 0.5% and 2% of the best recorded time
+(median, p90 over seeds) and the first proposal's gap. ``--with-default``: today's tuner.
 
 Sampler specs: ``auto``, ``ranked``, options after ``+`` (``ranked+explore=0.2``);
 ``oracle`` measures the recorded configs fastest first.

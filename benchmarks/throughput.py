@@ -8,18 +8,14 @@ One run measures every mode over the SAME configs (``valid_space(problem).sample
 
 * sequential: one process (a child of this script), one config at a time: compile, then check
   and time;
-* threads: :class:`autotune.engine.dispatcher.Engine` with one worker (``workers_per_gpu=1``): its compile
-  threads (``--compile-threads``, default the engine's) compile later configs while earlier
-  ones are timed;
-* processes: the engine as it comes by default: ``workers_per_gpu`` worker processes
-  (``--workers-per-gpu``; a list such as ``4,8`` adds one row each) compile in parallel and take
-  turns on the GPU through its lock, one config timed at a time.
+* threads: the engine with one worker: its compile threads (``--compile-threads``) compile
+  later configs while earlier ones are timed;
+* processes: the engine by default: ``--workers-per-gpu`` worker processes (``4,8``: a row
+  each) compile in parallel and take turns on the GPU through its lock.
 
-Every mode is warmed up first on a config outside the measured set, on every engine worker
-(first-compile costs of jax and Mosaic GPU, the reference's compile and CUPTI's start are not
-counted, and Mosaic GPU's in-process kernel cache cannot serve a measured config); the
-persistent compilation cache is off; the clock starts after the warm-up. Prints a table (mode,
-configs, seconds, configs/min, speedup, mean compile time per config, how busy the GPU was) and
+Every mode is warmed up first on a config outside the measured set, on every engine worker;
+the persistent compilation cache is off; the clock starts after the warm-up. Prints a table
+(mode, configs, seconds, configs/min, speedup, mean compile time, how busy the GPU was) and
 writes JSON to --out.
 """
 

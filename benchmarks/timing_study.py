@@ -22,10 +22,9 @@ inputs each, by the ``--methods`` (default all):
 ``--engine gpu``: every program timed by the search's method on every worker of the engine
 (``Engine.retime(worker=...)``), interleaved: whether a worker reads a program apart.
 
-Then ``--processes`` fresh children compile the baseline and time it warm, and two more that
-share an autotune cache folder: whether XLA's pick moves between processes, and whether the
-folder pins it. ``--pad``: each round's inputs after a new random-size pad: does a
-time follow its buffers' place? Prints a table; writes every sample to ``--out``.
+Then ``--processes`` fresh children compile the baseline and time it warm, two more sharing an
+autotune folder: does XLA's pick move between processes, does the folder pin it? ``--pad``: each
+round's inputs after a random-size pad: does a time follow its buffers' place? Prints a table; writes every sample to ``--out``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """NVIDIA's matmul heuristics (``nvidia-matmul-heuristics``) mapped onto ``hopper_matmul``.
 
-The package ranks GEMM configurations analytically per shape and GPU (CUTLASS and TensorRT-LLM
-profile only its top-ranked ones), on a CPU in about a millisecond. This module maps them onto
-the kernel's tunables and back, for the replay (``benchmarks/vendor_prior.py``,
-``docs/vendor_prior.md``) and ``benchmarks/ground_truth.py --vendor N`` on a GPU:
+The package ranks GEMM configurations analytically per shape and GPU, on a CPU in about a
+millisecond. This module maps them onto the kernel's tunables and back, for the replay
+(``benchmarks/vendor_prior.py``) and ``benchmarks/ground_truth.py --vendor N``:
 
 vendor (``nvmmhKernelConfiguration``) -> ``hopper_matmul``:
 
@@ -19,9 +18,8 @@ vendor (``nvmmhKernelConfiguration``) -> ``hopper_matmul``:
   warps, ``m64nNk16``), not tunables. The epilogue piece (no counterpart): upstream's default,
   64 x 64, spelled canonically (``None`` where it is the whole tile).
 
-A benchmark helper: its choices were no better a prior than the kernel's cost model on the
-H200's shapes (``docs/vendor_prior.md``), so the tuner does not use them. Imported only when
-used; its licence is NVIDIA's SDK licence.
+A benchmark helper: no better a prior than the kernel's cost model on the H200's shapes
+(``docs/vendor_prior.md``), so the tuner does not use it. Licence: NVIDIA's SDK licence.
 """
 
 from __future__ import annotations

@@ -77,3 +77,48 @@ def test_the_side_by_side_times_each_winner_the_configs_verify_timed_beside_it_a
     assert [c["tile_n"] for c in timed] == [256, 128, 64, 192, 32]
     assert row["recorded"] == 2 and row["best_us"] == 100.5
     assert row["winner_us"] == {0: 104.0, 1: 102.0}
+
+
+def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
+    """``--recrown``: a stored round whose default config tied 0.9% behind the fastest (the
+    H100's 2048x14336x4096) is crowned again with the band open (the default, as stored) and by
+    today's rule (the fastest), each with its gap in the side by side."""
+    import tarfile
+
+    from autotune.space.kernel import get_kernel
+    from autotune.space.outcomes import TrialResult
+    from autotune.storage.rows import DeviceInfo
+    from autotune.storage.store import Store
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    answers = load("answers")
+    kernel = get_kernel("hopper_matmul")
+    shape = {"m": 2048, "n": 14336, "k": 4096}
+    problem = kernel.problem(shape, "bfloat16")
+    default = dict(kernel.default_config(problem))
+    fast = {**default, "grid_tile_width": default["grid_tile_width"] % 8 + 1}
+    drift = (0.0, -0.01, 0.012, 0.0, -0.006, 0.01, 0.0, 0.004, -0.008)
+    rounds = lambda us, d=(0.0,) * 9: tuple((us * (1 + x), us * (1 + x) * 1.001) for x in d)  # noqa: E731
+    cands = [Candidate(fast, rounds(303.0)), Candidate(default, rounds(305.7, drift))]
+    stored = analyse_confirmation(cands, rounds(300.0), default_config=default,
+                                  crown_band=float("inf"))
+    assert stored.winner.config == default
+    (tmp_path / "run0").mkdir()
+    gpu = DeviceInfo("NVIDIA H100 80GB HBM3", "gpu", "9.0", "570.86")
+    software = {"jax": "0.11.2", "jaxlib": "0.11.2", "autotune": "0.1.0"}
+    with Store(f"sqlite:///{tmp_path / 'run0' / 'answers.db'}") as store:
+        ids = [store.record_trial(problem, c.config, TrialResult.timed(
+            [300.0], compile_s=0.1, rel_error=0.0, timing="fake"), device=gpu,
+            software=software).id for c in cands]
+        store.record_confirmation(problem, stored, trial_ids=ids, device=gpu, software=software,
+                                  cache="cold", iterations=2, baseline_name="xla")
+    with tarfile.open(tmp_path / "answers.tgz", "w:gz") as tar:
+        tar.add(tmp_path / "run0" / "answers.db", arcname="run0/answers.db")
+    (tmp_path / "answers.json").write_text(json.dumps({
+        "runs": [{"run": 0, "verified": [{"kernel": "hopper_matmul", "shape": shape,
+                                          "dtype": "bfloat16"}]}],
+        "side_by_side": [{"problem": str(problem), "configs": [fast, default],
+                          "medians_us": [303.56, 305.78], "best_us": 303.56}]}))
+    assert answers.main(["--recrown", "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line == (f"run0 {problem}: order t{ids[1]} +0.73%; today t{ids[0]} +0.00%")
