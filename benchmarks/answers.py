@@ -147,8 +147,7 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
 
 
 def recrown(folder: Path) -> None:
-    """``--recrown``: each run's stored rounds crowned with the crown band open and by today's
-    rule, each crown's gap in the side by side."""
+    """``--recrown``: each stored round crowned with the crown band open and by today's rule."""
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
     from autotune.tuning.confirmation import CONFIRM_CROWN_BAND, Candidate, analyse_confirmation
@@ -160,17 +159,19 @@ def recrown(folder: Path) -> None:
             for p in result["side_by_side"] if "error" not in p
             for c, us in zip(p["configs"], p["medians_us"], strict=True)}
     for run in result["runs"]:
-        with Store(f"sqlite:///{folder / 'recrown' / ('run%d' % run['run']) / 'answers.db'}") as store:
+        db = folder / "recrown" / f"run{run['run']}" / "answers.db"
+        with Store(f"sqlite:///{db}") as store:
             for v in run["verified"]:
                 kernel = get_kernel(v["kernel"])
                 problem = kernel.problem(v["shape"], v["dtype"])
                 row = store.confirmations(problem, device_kind=None, limit=1)[0]
                 cands = [Candidate(p.config, p.rounds_us, trial_id=p.trial_id)
                          for p in sorted(row.programs, key=lambda p: p.position)]
+                default = kernel.default_config and kernel.default_config(problem)
                 cells = []
                 for band in (float("inf"), CONFIRM_CROWN_BAND):
-                    w = analyse_confirmation(cands, row.baseline_rounds_us or None, crown_band=band,
-                                             default_config=kernel.default_config(problem)).winner
+                    w = analyse_confirmation(cands, row.baseline_rounds_us or None,
+                                             crown_band=band, default_config=default).winner
                     gap = gaps.get((str(problem), json.dumps(dict(w.config), sort_keys=True)))
                     cells.append(f"t{w.trial_id} " + ("-" if gap is None else f"{100 * gap:+.2f}%"))
                 print(f"run{run['run']} {problem}: order {cells[0]}; today {cells[1]}")
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--recrown", action="store_true",
-                   help="crown the rounds stored in --out again, both ways; time nothing")
+                   help="crown the stored rounds again; time nothing")
     args = p.parse_args(argv)
     if args.recrown:
         recrown(args.out)

@@ -98,7 +98,10 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
     default = dict(kernel.default_config(problem))
     fast = {**default, "grid_tile_width": default["grid_tile_width"] % 8 + 1}
     drift = (0.0, -0.01, 0.012, 0.0, -0.006, 0.01, 0.0, 0.004, -0.008)
-    rounds = lambda us, d=(0.0,) * 9: tuple((us * (1 + x), us * (1 + x) * 1.001) for x in d)  # noqa: E731
+
+    def rounds(us, d=(0.0,) * 9):
+        return tuple((us * (1 + x), us * (1 + x) * 1.001) for x in d)
+
     cands = [Candidate(fast, rounds(303.0)), Candidate(default, rounds(305.7, drift))]
     stored = analyse_confirmation(cands, rounds(300.0), default_config=default,
                                   crown_band=float("inf"))
