@@ -6,15 +6,14 @@ second method (benchmarks/RESULTS.md §12).
 
 1. ``--runs`` fresh default jobs of ``--job`` (default ``benchmarks/answers.toml``: 4096^3,
    2048x14336x4096 and 128x8192x8192 bf16 matmuls), each with its own results folder and
-   database, then ``autotune verify`` on it (the second method): per problem the crowned config,
-   the stored speedup with its interval, the re-timed one, their difference, the confirmation's
-   time;
+   database, then ``autotune verify`` (the second method): per problem the crowned config, the
+   stored speedup with its interval, the re-timed one, the difference, the confirmation's time;
 2. one re-time, in one process by the second method, of every run's winner per problem, the
    configs ``verify`` timed beside it (the round's next), and the best recorded on this device
    (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
 
 Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and
-``answers.tgz`` (databases, logs) to ``--out``; prints the tables last. ``--recrown`` reads
+``answers.tgz`` (databases, logs, XLA's picks) to ``--out``; prints the tables last. ``--recrown`` reads
 them back and crowns each stored round by today's rule and with the crown band open.
 """
 
@@ -177,6 +176,16 @@ def recrown(folder: Path) -> None:
                 print(f"run{run['run']} {problem}: order {cells[0]}; today {cells[1]}")
 
 
+def pack(out: Path) -> None:
+    """``answers.tgz``: each run's files and XLA's autotune picks (its pinned GEMMs)."""
+    with tarfile.open(out / "answers.tgz", "w:gz") as tar:
+        for run in sorted(out.glob("run*")):
+            picks = run / "jax_cache" / "xla_gpu_per_fusion_autotune_cache_dir"
+            for f in sorted([*run.iterdir(), *picks.glob("*")]):
+                if f.is_file():
+                    tar.add(f, arcname=str(f.relative_to(out)))
+
+
 def device_name() -> str:
     from autotune.evaluation.pipeline import gpu_device_info, interpret_device_info
 
@@ -272,11 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     result["device"] = device_name()
     result["side_by_side"] = side_by_side(runs, args)
     (args.out / "answers.json").write_text(json.dumps(result, default=str))
-    with tarfile.open(args.out / "answers.tgz", "w:gz") as tar:
-        for run in sorted(args.out.glob("run*")):
-            for f in sorted(run.iterdir()):
-                if f.is_file():
-                    tar.add(f, arcname=f"{run.name}/{f.name}")
+    pack(args.out)
     report(result)
     return 0
 

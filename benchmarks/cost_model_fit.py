@@ -7,9 +7,8 @@ Reads what ``benchmarks/cost_model_check.py`` reads (ground truth and live runs)
 ``hopper_matmul.cost_model(**constants)`` for every point of a grid over some of the ``Hopper``
 constants, and scores each point on each shape by a loss: the measured gap to the fastest of the
 median config of the model's first family, plus ``--per-family`` (1%) for each family it ranks
-ahead of the fastest (cost_model_check's definitions); ``--loss top5``: the gap of the fastest of
-its 5 first configs plus 0.2% for each config it ranks ahead of the first within 1% (at most 50),
-closer to what the replay counts. It prints:
+ahead of the fastest; ``--loss top5``: the gap of the fastest of its 5 first configs plus 0.2%
+for each config it ranks ahead of the first within 1% (at most 50). It prints:
 
 - leave one shape out: for each shape, the point that scores best on the *other* shapes, and its
   loss on this one, beside the committed model's; summed, whether fitting the grid generalises

@@ -5,14 +5,11 @@ busy beside it, at two GIL switch intervals (issue 16: the lock is the batch job
     python3 benchmarks/lock_cost.py --device interpret --shape m=128,n=128,k=128 --configs 2 \\
         --trials 2 --out /tmp/lock_cost.json                                    # CPU smoke test
 
-One process, as a worker has: an evaluator, ``--configs`` configs of the problem compiled first
-(and each run once, so no first-use cost is counted), then for every condition
-(switch interval x compile thread idle or busy) every compiled config is run as a trial
-(inputs, reference, run, check, timing), ``--trials`` runs in all. The busy thread compiles
-other configs of the problem in a loop meanwhile, as a worker's compile thread does. Per
-condition, the median and mean seconds of each step (the evaluator's stages), of the CUPTI
-sessions inside the timing, and of an empty session (attached, and detaching as
-``profiler.measure`` does). Prints a table; writes JSON to --out.
+One process, as a worker has: an evaluator, ``--configs`` configs compiled (and run once) first,
+then per condition (switch interval x compile thread idle or busy: compiling other configs in a
+loop) every config run as a trial, ``--trials`` runs in all. Per condition, the median and mean
+seconds of each of the evaluator's stages, of the CUPTI sessions inside the timing, and of an
+empty session (attached, and detaching as ``profiler.measure`` does). Prints a table; writes JSON to --out.
 """
 
 from __future__ import annotations

@@ -125,3 +125,24 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
     assert answers.main(["--recrown", "--out", str(tmp_path)]) == 0
     line = capsys.readouterr().out.strip()
     assert line == (f"run0 {problem}: order t{ids[1]} +0.73%; today t{ids[0]} +0.00%")
+
+
+def test_the_tarball_keeps_each_runs_files_and_xlas_autotune_picks(tmp_path):
+    """answers.tgz holds each run's own files and the XLA autotune folder its jobs and `verify`
+    pinned (the GEMM each run timed as the baseline), not the rest of the compilation cache."""
+    import tarfile
+
+    answers = load("answers")
+    picks = tmp_path / "run0" / "jax_cache" / "xla_gpu_per_fusion_autotune_cache_dir"
+    picks.mkdir(parents=True)
+    (picks / "fusion.textproto").write_text("nvjet")
+    (tmp_path / "run0" / "jax_cache" / "jit_matmul-cache").write_text("executable")
+    (tmp_path / "run0" / "answers.db").write_text("db")
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / "tune.err").write_text("")
+    answers.pack(tmp_path)
+    with tarfile.open(tmp_path / "answers.tgz") as tar:
+        assert sorted(tar.getnames()) == [
+            "run0/answers.db",
+            "run0/jax_cache/xla_gpu_per_fusion_autotune_cache_dir/fusion.textproto",
+            "run1/tune.err"]
