@@ -13,8 +13,8 @@ second method (benchmarks/RESULTS.md §12).
    (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
 
 Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and
-``answers.tgz`` (databases, logs, XLA's picks) to ``--out``; prints the tables last. ``--recrown`` reads
-them back and crowns each stored round by today's rule and with the crown band open.
+``answers.tgz`` (databases, logs, XLA's picks) to ``--out``; prints the tables last.
+``--recrown`` reads them back and crowns each stored round by today's rule and with the band open.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
 
 
 def recrown(folder: Path) -> None:
-    """``--recrown``: each stored round crowned with the crown band open and by today's rule."""
+    """``--recrown``: each stored round crowned with the band open and by today's rule."""
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
     from autotune.tuning.confirmation import CONFIRM_CROWN_BAND, Candidate, analyse_confirmation
@@ -178,9 +178,11 @@ def recrown(folder: Path) -> None:
 
 def pack(out: Path) -> None:
     """``answers.tgz``: each run's files and XLA's autotune picks (its pinned GEMMs)."""
+    from autotune.evaluation.xla_autotune import JAX_AUTOTUNE_SUBFOLDER
+
     with tarfile.open(out / "answers.tgz", "w:gz") as tar:
         for run in sorted(out.glob("run*")):
-            picks = run / "jax_cache" / "xla_gpu_per_fusion_autotune_cache_dir"
+            picks = run / "jax_cache" / JAX_AUTOTUNE_SUBFOLDER
             for f in sorted([*run.iterdir(), *picks.glob("*")]):
                 if f.is_file():
                     tar.add(f, arcname=str(f.relative_to(out)))
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--recrown", action="store_true",
-                   help="crown the stored rounds again; time nothing")
+                   help="crown the stored rounds again")
     args = p.parse_args(argv)
     if args.recrown:
         recrown(args.out)
