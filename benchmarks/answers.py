@@ -163,7 +163,11 @@ def recrown(folder: Path) -> None:
             for v in run["verified"]:
                 kernel = get_kernel(v["kernel"])
                 problem = kernel.problem(v["shape"], v["dtype"])
-                row = store.confirmations(problem, device_kind=None, limit=1)[0]
+                rows = store.confirmations(problem, device_kind=None, limit=1)
+                if not rows:
+                    print(f"run{run['run']} {problem}: no confirmation round stored")
+                    continue
+                row = rows[0]
                 cands = [Candidate(p.config, p.rounds_us, trial_id=p.trial_id)
                          for p in sorted(row.programs, key=lambda p: p.position)]
                 default = kernel.default_config and kernel.default_config(problem)
@@ -257,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="crown the stored rounds again")
     args = p.parse_args(argv)
     if args.recrown:
+        if not all((args.out / f).is_file() for f in ("answers.json", "answers.tgz")):
+            p.error(f"--recrown reads answers.json and answers.tgz, but {args.out} lacks them.")
         recrown(args.out)
         return 0
     args.verify_method = args.verify_method or ["auto"]

@@ -3,15 +3,13 @@ at most 10 ms at the 99th percentile with 10,000 trials).
 
     python3 benchmarks/ask_latency.py --stored 10000 --asks 200 --samplers auto,tpe,random
 
-Times the scheduler's whole ask path for one problem (``autotune.tuning.scheduler``: the sampler's
-proposal and repair, the twin check, the shared-budget count), with ``--stored`` finished
-trials already in the problem's study, for each sampler. The study is in memory: with the
-RDB storage the scheduler's reads are incremental (Optuna's cache fetches only trials that are
-new or still running), so what grows with the trial count is this work; the database round
-trips per trial, a constant, are measured by benchmarks/scale_out.py. Prints p50, p99 and the
-maximum in milliseconds of wall time, and p50 and p99 of the asking thread's CPU time (the
-figure to trust on a shared, loaded machine), for each sampler twice: without ``prefetch``
-(asks back to back) and with it, as the scheduler runs (``ValidSampler.prefetch``: the next
+Times the scheduler's whole ask path for one problem (``autotune.tuning.scheduler``: the
+sampler's proposal and repair, the twin check, the shared-budget count), with ``--stored``
+finished trials in the problem's study (in memory: with the RDB storage Optuna's cache fetches
+only new or running trials, so this is the work that grows; round trips per trial:
+benchmarks/scale_out.py), for each sampler. Prints p50, p99 and max wall ms, and p50 and p99 of
+the asking thread's CPU time (the figure to trust on a loaded machine), without ``prefetch``
+and with it, as the scheduler runs (``ValidSampler.prefetch``: the next
 proposal is made on a background thread; ``--gap-ms`` between a result and the next ask).
 """
 

@@ -3,10 +3,9 @@
     python3 benchmarks/lookup_latency.py                       # 10^6 trials, a temporary SQLite file
     python3 benchmarks/lookup_latency.py --trials 100000 --db sqlite:////tmp/lookup.db
 
-Builds a database of ``--trials`` trials (bulk-inserted through SQLAlchemy core: ``--problems``
-hopper_matmul problems with configs drawn from their valid spaces, two devices (an H200, an
-interpret-mode CPU), two jax/jaxlib versions, 5% failed) and times :func:`autotune.lookup_config`
-for stored problems:
+Builds a database of ``--trials`` trials (bulk-inserted: ``--problems`` hopper_matmul problems,
+valid configs, two devices, two jax versions, 5% failed) and times
+:func:`autotune.lookup_config` for stored problems:
 
 * ``cached``: a repeated lookup, from the in-memory cache (goal < 50 us);
 * ``cold``: the cache cleared before each, the database open (goal < 5 ms);

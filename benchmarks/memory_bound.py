@@ -2,10 +2,9 @@
 
     python3 benchmarks/memory_bound.py --db sqlite:///results/autotune.db [--rows 8192 --cols 32768]
 
-Times, with CUPTI medians over many iterations on fresh random bf16 inputs, in one process:
-a streaming XLA kernel over the same bytes (``-x``: one read and one write of every element, the
-copy-bandwidth ceiling as XLA reaches it), XLA's ``jax.nn.softmax``, and the bundled softmax
-with the best config stored for the problem (or the kernel's default when none is stored).
+Times, by CUPTI medians on fresh random bf16 inputs, in one process: a streaming XLA kernel over
+the same bytes (``-x``: one read and one write of every element, the copy-bandwidth ceiling),
+XLA's ``jax.nn.softmax``, and the bundled softmax with its best stored config (else default).
 Prints each time, GB/s (bytes read + written), the speedup over XLA and the fraction of the
 streaming bandwidth.
 """

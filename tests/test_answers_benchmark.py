@@ -146,3 +146,32 @@ def test_the_tarball_keeps_each_runs_files_and_xlas_autotune_picks(tmp_path):
             "run0/answers.db",
             "run0/jax_cache/xla_gpu_per_fusion_autotune_cache_dir/fusion.textproto",
             "run1/tune.err"]
+
+
+def test_recrown_names_what_it_lacks_and_skips_a_problem_with_no_round(tmp_path, capsys):
+    """``--recrown`` on a folder without answers.json and answers.tgz: a usage error naming
+    both, exit 2. A run with no confirmation stored (GPU interpret mode confirms nothing) says
+    so for its problem instead of failing."""
+    import tarfile
+
+    import pytest
+
+    from autotune.space.kernel import get_kernel
+    from autotune.storage.store import Store
+
+    answers = load("answers")
+    with pytest.raises(SystemExit) as exit_info:
+        answers.main(["--recrown", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "reads answers.json and answers.tgz" in capsys.readouterr().err
+    (tmp_path / "run0").mkdir()
+    Store(f"sqlite:///{tmp_path / 'run0' / 'answers.db'}").close()
+    with tarfile.open(tmp_path / "answers.tgz", "w:gz") as tar:
+        tar.add(tmp_path / "run0" / "answers.db", arcname="run0/answers.db")
+    shape = {"m": 256, "n": 256, "k": 256}
+    (tmp_path / "answers.json").write_text(json.dumps({
+        "runs": [{"run": 0, "verified": [{"kernel": "hopper_matmul", "shape": shape,
+                                          "dtype": "bfloat16"}]}], "side_by_side": []}))
+    assert answers.main(["--recrown", "--out", str(tmp_path)]) == 0
+    problem = get_kernel("hopper_matmul").problem(shape, "bfloat16")
+    assert capsys.readouterr().out.strip() == f"run0 {problem}: no confirmation round stored"
