@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import pathlib
+import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -216,8 +217,42 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        """Closes every pooled connection. The store must not be used afterwards."""
+        """Closes every pooled connection. The store must not be used afterwards.
+
+        A writer of an SQLite file first moves what the write-ahead log holds into the file
+        (:meth:`checkpoint`): the log is folded in only when the last connection to the file
+        closes, and Optuna's engine or a query's reader in the same process may outlive this
+        one, so a program that tuned and then looked up could leave every result in
+        ``<file>-wal``, and a copy of the file alone would hold none of them."""
+        if not self.read_only and sqlite_path(self._url) is not None:
+            self.checkpoint()
         self.engine.dispose()
+
+    def checkpoint(self) -> bool:
+        """Copies every transaction of an SQLite file's write-ahead log into the file itself
+        (``PRAGMA wal_checkpoint(PASSIVE)``: it never waits on other connections), so that the
+        file alone holds every result. True when the whole log is in the file; False where a
+        reader mid-read holds some of it back (it stays in the log: nothing is lost), or the
+        database is not an SQLite file opened for writing."""
+        if self.read_only or sqlite_path(self._url) is None:
+            return False
+        try:
+            raw = self.engine.raw_connection()
+            try:
+                # The raw connection is in autocommit (connection._on_connect): no BEGIN, which
+                # a checkpoint cannot run inside.
+                busy, frames, copied = raw.driver_connection.execute(
+                    "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            finally:
+                raw.close()
+        except (sa_exc.SQLAlchemyError, sqlite3.Error, OSError) as e:
+            log.debug("No checkpoint of %s: %s", self._where, e)
+            return False
+        if busy or copied < frames:
+            log.debug("The checkpoint of %s copied %d of %d frames (a reader holds the rest).",
+                      self._where, copied, frames)
+            return False
+        return True
 
     # -- writes: StoreWriter (.writing) ----------------------------------------------------
 

@@ -94,7 +94,7 @@ def test_the_store_owns_a_reader_and_a_writer_and_forwards_to_them_unchanged(sto
                 getattr(part, name)), f"Store.{name} differs from {part.__name__}.{name}"
     extra = {n for n, f in vars(Store).items() if callable(f) and not n.startswith("_")}
     extra -= {n for part in (StoreReader, StoreWriter) for n in vars(part)}
-    assert extra == {"close"}, extra  # (url is a property)
+    assert extra == {"close", "checkpoint"}, extra  # (url is a property)
 
 
 def test_trial_round_trips_every_field(store: Store):
@@ -353,6 +353,58 @@ def test_sqlite_is_wal_with_busy_timeout_and_begin_immediate(tmp_path):
         store.trials()
     begins = [s for s in statements if s.startswith("BEGIN")]
     assert begins == ["BEGIN IMMEDIATE", "BEGIN"]  # the write, then the read
+
+
+def test_a_closed_writer_leaves_every_result_in_the_file_itself(tmp_path):
+    """SQLite folds its write-ahead log into the file only when the last connection closes. A
+    program that tunes and then looks up keeps Optuna's engine and a query's reader open past
+    the writer (measured: a tune and a lookup left the whole database in ``<file>-wal``, the
+    file 4 KiB), so closing the writer moves the log into the file itself: a copy of the file
+    alone holds every result."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "a.db"
+    with Store(f"sqlite:///{path}") as store:
+        other = sqlite3.connect(path)  # outlives the writer, as Optuna's engine does
+        other.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        record(store, Config(tile=1), timed(1.0))
+        record(store, Config(tile=2), timed(2.0))
+    try:
+        shutil.copyfile(path, tmp_path / "copy.db")  # the file alone, not its -wal
+        copy = sqlite3.connect(tmp_path / "copy.db")
+        assert copy.execute("SELECT count(*) FROM at_trials").fetchone() == (2,)
+        copy.close()
+    finally:
+        other.close()
+    # A reader checkpoints nothing; nor does a store of another kind.
+    with Store(f"sqlite:///{path}", read_only=True) as reader:
+        assert reader.checkpoint() is False
+    with Store("sqlite://") as memory:
+        assert memory.checkpoint() is False
+
+
+def test_a_checkpoint_behind_a_readers_open_read_keeps_the_log(tmp_path):
+    """A reader in the middle of a read holds back the log's newer frames: the checkpoint does
+    not wait for it, says the file lacks some (False) and loses nothing; once the read ends,
+    the next copies the rest."""
+    import sqlite3
+
+    path = tmp_path / "a.db"
+    store = Store(f"sqlite:///{path}")
+    record(store, Config(tile=1), timed(1.0))
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM at_trials").fetchone() == (1,)
+    record(store, Config(tile=2), timed(2.0))
+    assert store.checkpoint() is False
+    reader.execute("COMMIT")
+    reader.close()
+    assert store.checkpoint() is True
+    store.close()
+    copy = sqlite3.connect(path)
+    assert copy.execute("SELECT count(*) FROM at_trials").fetchone() == (2,)
+    copy.close()
 
 
 def test_corrupted_sqlite_file_is_a_storage_error_and_left_untouched(tmp_path):
