@@ -241,8 +241,10 @@ class Store:
             try:
                 # The raw connection is in autocommit (connection._on_connect): no BEGIN, which
                 # a checkpoint cannot run inside.
-                busy, frames, copied = raw.driver_connection.execute(
-                    "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                cursor = raw.cursor()
+                cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                busy, frames, copied = cursor.fetchone()
+                cursor.close()
             finally:
                 raw.close()
         except (sa_exc.SQLAlchemyError, sqlite3.Error, OSError) as e:
