@@ -243,13 +243,16 @@ class Store:
                 # a checkpoint cannot run inside.
                 cursor = raw.cursor()
                 cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                busy, frames, copied = cursor.fetchone()
+                row = cursor.fetchone()
                 cursor.close()
             finally:
                 raw.close()
         except (sa_exc.SQLAlchemyError, sqlite3.Error, OSError) as e:
             log.debug("No checkpoint of %s: %s", self._where, e)
             return False
+        if row is None:  # not in WAL mode: nothing to copy
+            return True
+        busy, frames, copied = row
         if busy or copied < frames:
             log.debug("The checkpoint of %s copied %d of %d frames (a reader holds the rest).",
                       self._where, copied, frames)
