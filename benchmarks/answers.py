@@ -187,7 +187,7 @@ def pack(out: Path) -> None:
     with tarfile.open(out / "answers.tgz", "w:gz") as tar:
         for run in sorted(out.glob("run*")):
             picks = run / "jax_cache" / JAX_AUTOTUNE_SUBFOLDER
-            for f in sorted([*run.iterdir(), *picks.glob("*")]):
+            for f in sorted([*run.iterdir(), *picks.rglob("*")]):
                 if f.is_file():
                     tar.add(f, arcname=str(f.relative_to(out)))
 

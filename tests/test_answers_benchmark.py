@@ -129,13 +129,16 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
 
 def test_the_tarball_keeps_each_runs_files_and_xlas_autotune_picks(tmp_path):
     """answers.tgz holds each run's own files and the XLA autotune folder its jobs and `verify`
-    pinned (the GEMM each run timed as the baseline), not the rest of the compilation cache."""
+    pinned (the GEMM each run timed as the baseline), its subfolders too, not the rest of the
+    compilation cache. (Reading only its top level, the H200's answers.tgz held no pick.)"""
     import tarfile
 
     answers = load("answers")
     picks = tmp_path / "run0" / "jax_cache" / "xla_gpu_per_fusion_autotune_cache_dir"
     picks.mkdir(parents=True)
     (picks / "fusion.textproto").write_text("nvjet")
+    (picks / "v2").mkdir()
+    (picks / "v2" / "dot.textproto").write_text("cublas")
     (tmp_path / "run0" / "jax_cache" / "jit_matmul-cache").write_text("executable")
     (tmp_path / "run0" / "answers.db").write_text("db")
     (tmp_path / "run1").mkdir()
@@ -145,6 +148,7 @@ def test_the_tarball_keeps_each_runs_files_and_xlas_autotune_picks(tmp_path):
         assert sorted(tar.getnames()) == [
             "run0/answers.db",
             "run0/jax_cache/xla_gpu_per_fusion_autotune_cache_dir/fusion.textproto",
+            "run0/jax_cache/xla_gpu_per_fusion_autotune_cache_dir/v2/dot.textproto",
             "run1/tune.err"]
 
 
