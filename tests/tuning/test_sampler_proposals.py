@@ -47,7 +47,7 @@ PINNED: dict[str, str] = {
     'brute': '8cfd53a66d56aa29',
     'qmc': '5d5938cd73327be4',
     'random': '9490a0cfce429c31',
-    'ranked-estimate': '926e711424c17b18',
+    'ranked-estimate': '733ee51f143f0ada',
     'ranked-numpy': '54aa64b9a1db2619',
     'ranked-sklearn': 'c82ea16fa03ce023',
     'tpe': '9306f2ffd85e9a8d',
