@@ -17,9 +17,8 @@ every config jobs stored there for the problem on this device (``live``, timed h
 ``--seconds``. ``--extend`` adds to the problem's record (nothing measured twice); ``--files F
 ...`` extends these per-shape files, one engine for all.
 
-``--retime FRACTION`` times every config within FRACTION of the best again (at most
-``--retime-max``) in ``--rounds`` interleaved rounds and appends their medians as
-``retimed_us`` (a failure: ``retime_error``). ``benchmarks/ranked_live.sh`` runs these steps.
+``--retime FRACTION`` times the configs within FRACTION of the best again (at most
+``--retime-max``) in ``--rounds`` interleaved rounds: ``retimed_us`` (or ``retime_error``).
 """
 
 from __future__ import annotations

@@ -6,20 +6,16 @@ trials of one kernel (issue 36).
     python3 benchmarks/history_scaling.py --sizes 200 --per-shape 50 --asks 20 --study-trials 50
 
 Fills one SQLite database per size with valid ``hopper_matmul`` configs over many shapes
-(``--per-shape`` each: 1,000 shapes at 1M; random times, one in ten a compile error).
-``--fill record`` stores each trial through ``Store.record_trial``; ``bulk`` one shape's rows
-that way, the rest by one executemany per shape (the per-trial path takes hours at 1M on 2
-cores); ``auto`` (default): ``record`` up to 20,000. A filled database is reused (``--refill``).
+(``--per-shape`` each; random times, one in ten a compile error). ``--fill record`` stores
+each trial through ``Store.record_trial``; ``bulk`` one shape's rows so, the rest by one
+executemany per shape; ``auto`` (default): ``record`` up to 20,000. ``--refill`` fills again.
 
-Then, each in a fresh child process (CPU time and peak memory from ``os.wait4``): ``first
-proposal`` (a new shape with ``auto``: ``tuning.seeding.problem_sampler``, then the first
-``ask``; tracemalloc's peak in a second child), the same for ``--job-problems`` (7) new shapes
-in one process, ``best``, ``results_frame`` (whole, and ``limit=1000``) and ``--version``.
-
-Last, once: the ask latency of ``auto`` against a SQLite study of ``--study-trials`` finished
-trials (the scheduler's path, ``tuning.scheduler``): p50/p99 of wall and of the asking thread's
-CPU (ms), SQL statements and commits per ask+tell; without ``prefetch``, then with it (50 ms
-between a tell and the next ask). No engine: kernel time is zero, autotune's own cost is timed.
+Then, each in a fresh child (CPU time, peak memory): ``first proposal`` (a new shape with
+``auto``, then the first ``ask``; tracemalloc's peak in a second child), the same for
+``--job-problems`` (7) shapes in one process, ``best``, ``results_frame`` and ``--version``.
+Last: the ask latency of ``auto`` against a SQLite study of ``--study-trials`` trials (the
+scheduler's path): p50/p99 of wall and the asking thread's CPU, SQL statements and commits per
+ask+tell, without and with ``prefetch``. No engine: autotune's own cost is timed.
 """
 
 from __future__ import annotations

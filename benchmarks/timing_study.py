@@ -12,19 +12,18 @@ inputs each, by the ``--methods`` (default all):
 * ``pair``: ``cold``, the round's programs call by call in one session
   (``cold_timing.time_cold_interleaved``);
 * ``warm``: N calls back to back, no flush; ``batch``: the host's clock around N calls back to
-  back, one wait, per call (median of 3 blocks);
+  back, one wait, per call (median of 3 blocks); ``idle`` / ``hot``: ``batch`` after 0.2 s idle
+  / 1 s of calls (a program check's short blocks / a loop at the power limit);
 * ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session of
   the call) after a read-only flush (a sum over 2x / 4x the L2);
 * ``iso_xor``: ``autotune verify``'s (``independent.CuptiIsolatedTimer``);
-* ``launches``: the launches of one warm call; NVML's SM clock, power and clock-event reasons
-  before each block.
+* ``launches``: one warm call's launches; NVML's SM clock, power and clock reasons per block.
 
-``--engine gpu``: every program timed by the search's method on every worker of the engine
-(``Engine.retime(worker=...)``), interleaved: whether a worker reads a program apart.
+``--engine gpu``: every program by the search's method on each of the engine's workers
+(``Engine.retime(worker=...)``), interleaved: does a worker read a program apart?
 
-Then ``--processes`` fresh children compile the baseline and time it warm, two more sharing an
-autotune folder: does XLA's pick move between processes, does the folder pin it? ``--pad``: each
-round's inputs after a random-size pad: does a time follow its buffers' place? Prints a table; writes every sample to ``--out``.
+Then ``--processes`` fresh children time the baseline warm, two more sharing an autotune folder
+(does XLA's pick move?). ``--pad``: each round's inputs after a random pad. Writes ``--out``.
 """
 
 from __future__ import annotations
@@ -289,6 +288,13 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
             out.append((time.perf_counter() - t0) / n * 1e6)
         return out
 
+    def settled(fn: Any, inputs: Any, n: int, idle_s: float, hot_s: float) -> list[float]:
+        time.sleep(idle_s)
+        end = time.perf_counter() + hot_s
+        while time.perf_counter() < end:
+            jax.block_until_ready([fn(*inputs) for _ in range(20)][-1])
+        return batch(fn, inputs, n)
+
     launches = {}
     warm_inputs = kernel.make_inputs(problem, jax.random.key(99))
     for label, fn, _ in programs:
@@ -325,6 +331,8 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
                 ("warm", lambda: warm(fn, inputs, aggregate, n)),
                 ("pair", lambda: paired[label]),
                 ("batch", lambda: batch(fn, inputs, n)),
+                ("idle", lambda: settled(fn, inputs, n, 0.2, 0.0)),
+                ("hot", lambda: settled(fn, inputs, n, 0.0, 1.0)),
             ):
                 if method in wanted:
                     row[method] = measure()
@@ -374,7 +382,7 @@ def engine_study(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarize(result: dict[str, Any]) -> None:
     methods = [m for m in ("cold", "cold_ro", "iso_ro", "iso_xor",
-                           "warm", "pair", "batch") if m in result["rows"][0]]
+                           "warm", "pair", "batch", "idle", "hot") if m in result["rows"][0]]
     for prog, launched in result.get("launches", {}).items():
         print(f"{prog}: " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in launched))
     print(f"\n{result['problem']}: per program and method, the median of round medians (us), "
