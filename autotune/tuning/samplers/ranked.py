@@ -125,10 +125,10 @@ ESTIMATE_TWIN_MARGIN = math.log(1.1)
 # With a cost model, a local move (``climb``) is made only where the best untaken neighbour of
 # the best measured configs scores within CLIMB_MARGIN (log) of the best untaken candidate;
 # else that proposal is the ranked one, and the move waits until the climb is competitive. Live
-# on the H200 at 128x8192x8192, with 8 configs asked before the first result, every other one of
-# the first 13 climbed from the default, the only config measured (the tile_n 128 variant, then
-# its grid variants, which the estimate puts 2.5x its best: 91-92 us against 40.3), and 4 of 8
-# runs crowned a family 4.5-4.9% behind the best (benchmarks/RESULTS.md §11).
+# on the H200 at 128x8192x8192, with 8 configs asked before the second result, every other one of
+# the first 13 climbed from the default, the only config measured (to its tile_n 128 variant,
+# then its grid variants, which the estimate puts 1.7-2.5x its best: 68-92 us against 40.3), and
+# 4 of 8 runs crowned a family 4.5-4.9% behind the best (benchmarks/RESULTS.md §11).
 CLIMB_MARGIN = math.log(1.1)
 # The cost model must order the measured configs better than chance (ESTIMATE_TRUST of the pairs
 # that differ by more than ESTIMATE_CLEAR in log time, both measured and estimated, once there
