@@ -670,7 +670,7 @@ def test_a_problem_whose_sampler_is_making_ready_waits_while_others_are_asked(tm
     assert first_slow >= 4  # the engine's 4 slots went to the ready problem first
 
 
-class _EstimatedEngine:
+class _EstimatedEngine(FakeEngine):
     """hopper_matmul on an H200's facts: each config's time is its estimate (1.25x, the cost
     model's calibration missed), the first at once and the others ``delay_s`` after they are
     submitted, ``parallelism`` in flight: a live job's compile-ahead, where the default (asked
@@ -682,18 +682,15 @@ class _EstimatedEngine:
     def __init__(self, kernel: Any, problem: Any, delay_s: float) -> None:
         from autotune.space.outcomes import DeviceInfo
 
+        super().__init__()
+        self._device = DeviceInfo(name="NVIDIA H200", kind="gpu", compute_capability="9.0")
         self.kernel, self.problem, self.delay_s = kernel, problem, delay_s
-        self.device = DeviceInfo(name="NVIDIA H200", kind="gpu", compute_capability="9.0")
         self.order: list[Config] = []
-
-    def device_info(self):
-        return self.device
 
     def submit(self, kernel_name, problem, config):
         self.order.append(Config(config))
         us = 1.25e6 * self.kernel.cost_model(problem, config)
         future: Future = Future()
-
         delay = self.delay_s if len(self.order) > 1 else 0.0
 
         def finish() -> None:
@@ -706,12 +703,6 @@ class _EstimatedEngine:
 
     def baseline(self, kernel_name, problem):
         return TrialResult.timed([44.0, 44.1], compile_s=0.0, rel_error=None, timing="cupti")
-
-    def trace(self, *args, **kwargs):
-        return {}
-
-    def close(self):
-        pass
 
 
 def test_configs_asked_before_the_results_come_do_not_climb_from_a_slow_default(tmp_path, monkeypatch):
