@@ -224,8 +224,7 @@ class Store:
         closes, and Optuna's engine or a query's reader in the same process may outlive this
         one, so a program that tuned and then looked up could leave every result in
         ``<file>-wal``, and a copy of the file alone would hold none of them."""
-        if not self.read_only and sqlite_path(self._url) is not None:
-            self.checkpoint()
+        self.checkpoint()  # does nothing for a reader or another backend
         self.engine.dispose()
 
     def checkpoint(self) -> bool:

@@ -918,11 +918,17 @@ class RankedSampler(optuna.samplers.BaseSampler):
         """Whether a local move to pool config ``pick`` scores within CLIMB_MARGIN of ``best``
         (the best untaken candidate); always, without the kernel's cost model as the prior (a
         model learnt from a few results is no judge of a climb)."""
+        score = self._estimate_scores()
+        return score is None or bool(score[pick] - score[best] <= CLIMB_MARGIN)
+
+    def _estimate_scores(self) -> np.ndarray | None:
+        """The pool's scores where the kernel's cost model is the prior and every pool config
+        is scored; None elsewhere (the rules that lean on the estimate then stand aside)."""
         score = self._score
         if (not isinstance(self._prior, _EstimatePrior) or score is None
                 or len(score) != len(self._pool)):
-            return True
-        return bool(score[pick] - score[best] <= CLIMB_MARGIN)
+            return None
+        return score
 
     def _rank(self, score: np.ndarray) -> None:
         self._score = score
@@ -939,9 +945,8 @@ class RankedSampler(optuna.samplers.BaseSampler):
         measured (a twin of one that measured as estimated may well be the best: the grid's
         order, which the estimate barely weighs, still matters; replay, benchmarks/RESULTS.md
         §4)."""
-        score = self._score
-        if (not isinstance(self._prior, _EstimatePrior) or score is None
-                or len(score) != len(self._pool)):
+        score = self._estimate_scores()
+        if score is None:
             return free[0]
         twins = [self._pool_index[k] for k in in_flight if k in self._pool_index]
         if not twins:
