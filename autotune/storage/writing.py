@@ -354,7 +354,7 @@ class StoreWriter:
             row = Confirmations(
                 run_id=run_id, problem_id=problem_id, device_id=device_id,
                 software_id=software_id, cache_policy=policy,
-                rounds=len(programs[0].rounds_us), iterations=int(iterations),
+                rounds=max(len(p.rounds_us) for p in programs), iterations=int(iterations),
                 crowned_trial_id=int(trial_ids[confirmation.crowned]),
                 fastest_trial_id=int(trial_ids[confirmation.fastest]),
                 baseline_name=baseline_name if base is not None else None,

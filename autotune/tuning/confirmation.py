@@ -35,6 +35,9 @@ configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in i
   (equal within half a percent: a tie cannot move the answer by more). Adaptive rounds
   (:func:`timed_rounds`) go on while a config is unsettled or the speedup's interval is wide,
   up to :data:`MAX_CONFIRM_ROUNDS`; what is still unsettled then is decided by the tie rule.
+  They race: from :data:`CONFIRM_MIN_ROUNDS` on, a config settled and not tied
+  (:func:`raced_out`) is timed no more, and is judged on the rounds it has; the fastest, the
+  baseline and every config that can still tie go on.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ __all__ = [
     "PROGRAM_CHECK_ROUNDS",
     "PROGRAM_MAX_ROUNDS",
     "needs_another_round",
+    "raced_out",
     "timed_rounds",
     "analyse_rounds",
     "AnalysedRounds",
@@ -119,9 +123,11 @@ DEFAULT_CONFIRM_INTERLEAVE = "blocks"
 DEFAULT_CONFIRM_ITERATIONS = 50  # a program whose time is not known yet (sized_iterations)
 # Without a job's confirm_iterations, each program is timed for about CONFIRM_TARGET_US of GPU
 # time per round, within [CONFIRM_MIN_ITERATIONS, CONFIRM_MAX_ITERATIONS] runs: a 50 us
-# kernel, the noisiest, gets 160 runs, and a 600 us one 20 (50 runs each held the H200 7.5-8 s
-# of a 41-45 s batch job; today's cost: benchmarks/RESULTS.md §11).
-CONFIRM_TARGET_US = 8000.0
+# kernel, the noisiest, gets 80 runs, and a 600 us one 20. A round's median moves less with
+# more runs than the rounds move apart: the 38 H100 rounds of benchmarks/RESULTS.md §12, each
+# cut to its first half (half of an 8 ms target), stored the same speedup within 0.5% of
+# `verify`'s 38 times and spent 36% less GPU time.
+CONFIRM_TARGET_US = 4000.0
 CONFIRM_MIN_ITERATIONS = 20  # the search's own count: a confirmation never times fewer
 CONFIRM_MAX_ITERATIONS = 400
 # The program check after a confirmation (autotune.tuning.confirming): the crowned config and
@@ -163,7 +169,7 @@ class ProgramSummary:
     diff: float = 0.0  # median paired ratio to the fastest config, minus 1 (configs only)
     noise: float = 0.0  # the tie threshold used for this config
     tie: bool = False  # within the noise of the fastest (the fastest itself: False)
-    settled: bool = True  # separated from the fastest or equal to it within the tie band
+    settled: bool = True  # separated from the fastest, equal within the tie band, or raced out
     crowned: bool = False
     search_us: float | None = None
 
@@ -393,25 +399,41 @@ def needs_another_round(confirmation: Confirmation, rounds: int = CONFIRM_MIN_RO
     return confirmation.winner.spread / 2 > CONFIRM_CLEAR_SPREAD
 
 
+def raced_out(confirmation: Confirmation) -> list[int]:
+    """The configs (indices into ``confirmation.configs``) that need no more rounds: settled
+    against the fastest and not tied with it, so neither more rounds nor the tie rule can crown
+    them. Adaptive rounds (:func:`timed_rounds`) stop timing them from
+    :data:`CONFIRM_MIN_ROUNDS` on: replayed over the 38 H100 rounds of
+    benchmarks/RESULTS.md §12 this dropped 14% of their GPU time and never a crowned config."""
+    return [i for i, c in enumerate(confirmation.configs)
+            if i != confirmation.fastest and c.settled and not c.tie]
+
+
 def timed_rounds(
-    time_rounds: Callable[[int, int], list[list[Any]]],
-    analyse: Callable[[list[list[Any]]], Confirmation | None],
+    time_rounds: Callable[[int, int, frozenset[int]], list[list[Any]]],
+    analyse: Callable[[list[list[Any]]], AnalysedRounds],
     rounds: int | None,
 ) -> list[list[Any]]:
-    """The rounds of a confirmation: ``rounds`` when a job fixes them; else (None)
-    :data:`CONFIRM_MIN_ROUNDS`, then one more at a time while :func:`needs_another_round`, up to
-    :data:`MAX_CONFIRM_ROUNDS`.
+    """The rounds of a confirmation: ``rounds`` when a job fixes them, every program in every
+    round; else (None) :data:`CONFIRM_MIN_ROUNDS`, then one more at a time while
+    :func:`needs_another_round`, up to :data:`MAX_CONFIRM_ROUNDS`, without the configs
+    :func:`raced_out` or failed so far (a race: only what can still move the answer is timed).
 
-    ``time_rounds(n, first)`` times ``n`` rounds starting at round ``first`` (``Engine.confirm``,
-    one row per round); ``analyse`` turns the rows so far into a confirmation (None: nothing
+    ``time_rounds(n, first, skip)`` times ``n`` rounds starting at round ``first``
+    (``Engine.confirm``), one row per round with one cell per config and then the baseline's,
+    leaving out the configs (columns) in ``skip``: their cells are None. ``analyse`` turns the
+    rows so far into :class:`AnalysedRounds` (:func:`analyse_rounds`; no confirmation: nothing
     to confirm, which stops the rounds).
     """
-    table = time_rounds(rounds or CONFIRM_MIN_ROUNDS, 0)
+    table = time_rounds(rounds or CONFIRM_MIN_ROUNDS, 0, frozenset())
+    skip: frozenset[int] = frozenset()
     while rounds is None and len(table) < MAX_CONFIRM_ROUNDS:
-        confirmation = analyse(table)
+        analysed = analyse(table)
+        confirmation = analysed.confirmation
         if confirmation is None or not needs_another_round(confirmation, len(table)):
             break
-        table += time_rounds(1, len(table))
+        skip |= {*analysed.failed, *(analysed.kept[i] for i in raced_out(confirmation))}
+        table += time_rounds(1, len(table), skip)
     return table
 
 
@@ -435,18 +457,23 @@ def analyse_rounds(
     default_config: Mapping[str, Any] | None = None,
 ) -> AnalysedRounds:
     """The confirmation of ``table`` (per round, one result per config of ``configs``, then the
-    baseline's when ``baseline``; results as ``Engine.confirm`` returns them): configs that
-    failed in any round are left out, and so is a failed baseline."""
+    baseline's when ``baseline``; results as ``Engine.confirm`` returns them, None for a config
+    no longer timed, :func:`timed_rounds`): configs that failed in any round are left out, and
+    so is a failed baseline; a config with None cells has the rounds before them."""
     n = len(configs)
-    failed = [i for i in range(n) if not all(row[i].ok for row in table)]
+
+    def timed(i: int) -> list[Any]:
+        return [row[i] for row in table if row[i] is not None]
+
+    failed = [i for i in range(n) if not all(r.ok for r in timed(i))]
     kept = [i for i in range(n) if i not in failed]
     base_rounds = None
-    if baseline and all(row[n].ok for row in table):
+    if baseline and all(row[n] is not None and row[n].ok for row in table):
         base_rounds = [row[n].samples_us for row in table]
     if not kept:
         return AnalysedRounds(None, kept, failed, base_rounds)
     candidates = [
-        Candidate(config=configs[i], rounds_us=tuple(row[i].samples_us for row in table),
+        Candidate(config=configs[i], rounds_us=tuple(r.samples_us for r in timed(i)),
                   trial_id=None if trial_ids is None else trial_ids[i], search_us=search_us[i])
         for i in kept
     ]
@@ -464,9 +491,13 @@ def analyse_confirmation(
 ) -> Confirmation:
     """The winner, speedup and ties of a confirmation round (rules in the module docstring).
 
+    A candidate with fewer rounds than the longest was raced out (:func:`raced_out`): it is
+    compared with the fastest on its rounds, and is neither the fastest nor crowned.
+
     Raises:
-      ValueError: no candidate, rounds of different counts, an empty round, a time that is not
-        a positive finite number, or a negative ``tie_floor`` or ``crown_band``.
+      ValueError: no candidate, a baseline whose rounds are not the longest candidate's, an
+        empty round, a time that is not a positive finite number, or a negative ``tie_floor``
+        or ``crown_band``.
     """
     if not candidates:
         raise ValueError("a confirmation needs at least one candidate config.")
@@ -475,37 +506,41 @@ def analyse_confirmation(
     if not (isinstance(crown_band, int | float) and crown_band >= 0):
         raise ValueError(
             f"crown_band must be a fraction >= 0, such as 0.001, but got {crown_band!r}.")
-    lengths = {len(c.rounds_us) for c in candidates}
-    if baseline_rounds_us is not None:
-        lengths.add(len(baseline_rounds_us))
-    if len(lengths) != 1:
+    full = max(len(c.rounds_us) for c in candidates)
+    if baseline_rounds_us is not None and len(baseline_rounds_us) != full:
         raise ValueError(
-            f"every program of a confirmation must have the same number of rounds, but got "
-            f"{sorted(lengths)}."
+            f"every program of a confirmation must have the same number of rounds (a config "
+            f"raced out may have fewer), but the baseline has {len(baseline_rounds_us)} and a "
+            f"config {full}."
         )
     summaries = [
         _summary(c.config, c.rounds_us, trial_id=c.trial_id, search_us=c.search_us,
                  what=f"candidate {i}")
         for i, c in enumerate(candidates)
     ]
-    fastest = min(range(len(summaries)), key=lambda i: (summaries[i].median_us, i))
+    # A config raced out (fewer rounds: raced_out) is compared on the rounds it has; only a
+    # config timed in every round can be the fastest or crowned.
+    fastest = min((i for i, c in enumerate(candidates) if len(c.rounds_us) == full),
+                  key=lambda i: (summaries[i].median_us, i))
     f = summaries[fastest]
     marked = []
     for i, s in enumerate(summaries):
         if i == fastest:
             marked.append(s)
             continue
-        ratios = [c / w for c, w in zip(s.round_medians_us, f.round_medians_us, strict=True)]
+        ratios = [c / w for c, w in zip(s.round_medians_us, f.round_medians_us)]
         diff = statistics.median(ratios) - 1.0
         ratio_low, ratio_high = median_interval(ratios)
         noise = max(2 * math.hypot(median_error(f), median_error(s)),
                     (ratio_high - ratio_low) / 2, tie_floor)
-        settled = ratio_low > 1.0 or ratio_high - ratio_low <= 2 * CONFIRM_TIE_BAND
+        # A config raced out gets no more rounds: what it has decides it.
+        settled = (ratio_low > 1.0 or ratio_high - ratio_low <= 2 * CONFIRM_TIE_BAND
+                   or len(s.rounds_us) < full)
         marked.append(dataclasses.replace(s, diff=diff, noise=noise, tie=diff <= noise,
                                           settled=settled))
     # The order decides only where the rounds cannot: among ties within crown_band.
     pool = [i for i, s in enumerate(marked)
-            if i == fastest or (s.tie and s.diff <= crown_band)]
+            if i == fastest or (s.tie and s.diff <= crown_band and len(s.rounds_us) == full)]
     crowned = min(
         pool,
         key=lambda i: (*preference_key(marked[i].config or {}, default_config),

@@ -110,7 +110,7 @@ def confirm_best(
     # A job's confirm_rounds is what it gets; else adaptive rounds (timed_rounds).
     medians_us = [r.median_us for r in top]
 
-    def analyse(rows: list[list[TrialResult]]) -> AnalysedRounds:
+    def analyse(rows: list[list[TrialResult | None]]) -> AnalysedRounds:
         return analyse_rounds(rows, [r.config for r in top], search_us=medians_us,
                               trial_ids=[r.id for r in top], baseline=baseline,
                               default_config=default)
@@ -119,16 +119,26 @@ def confirm_best(
     # know the argument).
     how = ({"interleaved": True}
            if (spec.confirm_interleave or DEFAULT_CONFIRM_INTERLEAVE) == "calls" else {})
-    table = timed_rounds(
-        lambda n, first: confirm(problem.kernel, problem, configs, rounds=n, first_round=first,
-                                 iterations=iterations, baseline=baseline, medians_us=medians_us,
-                                 **how),
-        lambda rows: analyse(rows).confirmation,
-        spec.confirm_rounds,
-    )
+
+    def time_rounds(n: int, first: int, skip: frozenset[int]) -> list[list[TrialResult | None]]:
+        """``n`` rounds of the configs not in ``skip`` and the baseline; None for the rest."""
+        active = [i for i in range(len(configs)) if i not in skip]
+        rows = confirm(problem.kernel, problem, [configs[i] for i in active], rounds=n,
+                       first_round=first, baseline=baseline,
+                       iterations=[iterations[i] for i in active] + iterations[len(configs):],
+                       medians_us=[medians_us[i] for i in active], **how)
+        out: list[list[TrialResult | None]] = []
+        for row in rows:
+            cells: list[TrialResult | None] = [None] * len(configs) + list(row[len(active):])
+            for i, result in zip(active, row, strict=False):
+                cells[i] = result
+            out.append(cells)
+        return out
+
+    table = timed_rounds(time_rounds, analyse, spec.confirm_rounds)
     analysed = analyse(table)
     for i in analysed.failed:
-        bad = next(row[i] for row in table if not row[i].ok)
+        bad = next(r for r in (row[i] for row in table) if r is not None and not r.ok)
         logger.warning("%s: confirming %s failed (%s): %s; left out of the confirmation.",
                        problem, Config(top[i].config).to_json(), bad.outcome.value, bad.error)
     if baseline and analysed.confirmation is not None and analysed.base_rounds is None:
@@ -142,7 +152,8 @@ def confirm_best(
         software=software, cache=policy,
         # The most runs a program was timed for in a round, as timed (a round interleaved call
         # by call times each program for the mean of the sized counts).
-        iterations=max((len(r.samples_us) for row in table for r in row if r.ok),
+        iterations=max((len(r.samples_us) for row in table for r in row
+                        if r is not None and r.ok),
                        default=max(iterations)),
         baseline_name=kernel.baseline_name if base_rounds is not None else None, run_id=run_id,
     )

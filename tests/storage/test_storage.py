@@ -858,6 +858,24 @@ def test_a_confirmation_round_is_stored_as_rows_of_its_own(store: Store):
                                   software=SOFTWARE, cache="cold", iterations=2, baseline_name=None)
 
 
+def test_a_config_raced_out_of_a_round_keeps_its_fewer_rounds(store: Store):
+    """A round whose first config was raced out after 2 of its 3 rounds stores that config's
+    2 rounds and the others' 3; the round's count is the longest, 3."""
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    ids = [record(store, Config(tile=t), timed(10.0 + t)).id for t in (1, 2)]
+    three = ((10.0, 10.01), (10.02, 10.0), (10.01, 10.0))
+    confirmation = analyse_confirmation(
+        [Candidate({"tile": 1}, ((12.0, 12.1), (12.1, 12.0))), Candidate({"tile": 2}, three)],
+        tuple((20.0, 20.0) for _ in range(3)))
+    store.record_confirmation(PROBLEM, confirmation, trial_ids=ids, device=GPU,
+                              software=SOFTWARE, cache="cold", iterations=2, baseline_name="xla")
+    [row] = store.confirmations(PROBLEM)
+    assert row.rounds == 3 and len(row.baseline_rounds_us) == 3
+    assert [len(p.rounds_us) for p in row.programs] == [2, 3]
+    assert row.crowned.config == {"tile": 2}
+
+
 def test_a_summary_carries_the_newest_program_check_of_its_own_confirmation(store: Store):
     """On both backends: each summary's program_check is the newest verification row of method
     PROGRAM_METHOD tied to that summary's confirmation round (a check of an older round, or a

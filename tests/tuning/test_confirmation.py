@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from autotune.tuning import confirmation as m
 from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+
+def _Timed(us: float) -> Any:  # noqa: N802 - a stand-in for Engine.confirm's result
+    from autotune.space.outcomes import TrialResult
+
+    return TrialResult.timed([us] * 20, compile_s=0.0, rel_error=None, timing="fake")
 
 
 def rounds(center: float, *, noise: float = 0.0, n_rounds: int = 5, n: int = 50, seed: int = 0,
@@ -26,8 +33,8 @@ def test_public_api():
     assert sorted(m.__all__) == sorted([
         "DEFAULT_CONFIRM_TOP", "DEFAULT_CONFIRM_ROUNDS", "DEFAULT_CONFIRM_ITERATIONS",
         "Candidate", "ProgramSummary", "Confirmation", "preference_key", "analyse_confirmation",
-        "sized_iterations", "needs_another_round", "timed_rounds", "analyse_rounds",
-        "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
+        "sized_iterations", "needs_another_round", "raced_out", "timed_rounds",
+        "analyse_rounds", "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
         "median_error", "CONFIRM_TIE_FLOOR", "CONFIRM_CROWN_BAND",
         "speedup_words", "joining_configs", "program_calls", "PROGRAM_CHECK_ROUNDS",
         "program_unclear", "PROGRAM_MAX_ROUNDS", "paired_interval",
@@ -82,10 +89,11 @@ def test_confirmation_runs_are_sized_by_each_programs_time():
     """About CONFIRM_TARGET_US of GPU time per program and round: a short kernel (the noisiest)
     gets more runs, a long one fewer, never under the search's 20 nor over the cap; a job's
     fixed count wins; a program of unknown time gets the old default."""
-    assert m.sized_iterations(50.0) == 160
-    assert m.sized_iterations(172.0) == 47
+    assert m.sized_iterations(50.0) == 80
+    assert m.sized_iterations(172.0) == 24
     assert m.sized_iterations(630.0) == m.CONFIRM_MIN_ITERATIONS == 20
     assert m.sized_iterations(5.0) == m.CONFIRM_MAX_ITERATIONS == 400
+    assert m.CONFIRM_TARGET_US == 4000.0
     assert m.sized_iterations(50.0, fixed=7) == 7
     assert m.sized_iterations(None) == m.sized_iterations(float("nan")) == 50
 
@@ -265,13 +273,13 @@ def test_unsettled_configs_get_more_rounds_up_to_the_cap_and_clear_ones_stop_at_
     def run(center_b: float, noise: float) -> int:
         rng = random.Random(1)
 
-        def time_rounds(n: int, first: int) -> list[list[tuple[float, ...]]]:
-            return [[(c * (1 + noise * rng.gauss(0, 1)),) * 20 for c in (100.0, center_b, 120.0)]
-                    for _ in range(n)]
+        def time_rounds(n: int, first: int, skip: frozenset[int]) -> list[list[Any]]:
+            return [[None if i in skip else _Timed(c * (1 + noise * rng.gauss(0, 1)))
+                     for i, c in enumerate((100.0, center_b, 120.0))] for _ in range(n)]
 
-        def analyse(rows: list[list[tuple[float, ...]]]) -> m.Confirmation:
-            cands = [Candidate({"t": i}, tuple(r[i] for r in rows)) for i in range(2)]
-            return analyse_confirmation(cands, tuple(r[2] for r in rows))
+        def analyse(rows: list[list[Any]]) -> m.AnalysedRounds:
+            return m.analyse_rounds(rows, [{"t": 0}, {"t": 1}], search_us=[None, None],
+                                    baseline=True)
 
         return len(m.timed_rounds(time_rounds, analyse, None))
 
@@ -330,3 +338,67 @@ def test_a_config_the_search_could_not_tell_from_the_last_one_in_joins_the_round
     top = [(173.25, 0.02), (175.33, 0.01), (175.48, 0.01), (175.86, 0.01), (176.47, 0.01)]
     assert m.joining_configs(top, [(176.47, 0.01), (176.8, 0.01), (177.4, 0.01)]) == [0, 1]
     assert m.joining_configs(top[:1], [(176.47, 0.01)]) == []
+
+
+def test_a_config_raced_out_is_judged_on_its_rounds_and_is_never_the_fastest():
+    """Raced out after 5 rounds (3% slower in each), a config keeps them: it is compared with
+    the fastest on those 5, marked separated and settled, and it is neither the fastest nor
+    crowned, even where the later rounds' drift (every program 5% slower from round 6 of 11)
+    puts its pooled median under the others'. The baseline must have every round."""
+    drift = (0.0,) * 5 + (0.05,) * 6
+    fast = Candidate({"t": 0}, rounds(100.0, noise=0.001, n_rounds=11, n=20, seed=1, drift=drift))
+    equal = Candidate({"t": 1}, rounds(100.05, noise=0.001, n_rounds=11, n=20, seed=2,
+                                       drift=drift))
+    raced = Candidate({"t": 2}, rounds(103.0, noise=0.001, n_rounds=5, n=20, seed=3))
+    base = rounds(110.0, noise=0.001, n_rounds=11, n=20, seed=4, drift=drift)
+    c = analyse_confirmation([raced, fast, equal], base)
+    assert c.configs[0].median_us < min(c.configs[1].median_us, c.configs[2].median_us)
+    assert c.fastest in (1, 2) and c.crowned in (1, 2)
+    assert c.configs[0].diff == pytest.approx(0.03, abs=0.002)
+    assert c.configs[0].settled and not c.configs[0].tie
+    assert m.raced_out(c) == [0]
+    assert len(c.baseline.rounds_us) == 11
+    with pytest.raises(ValueError, match="the baseline has 5 and a config 11"):
+        analyse_confirmation([raced, fast], base[:5])
+
+
+def test_raced_out_names_the_settled_configs_that_cannot_tie():
+    """Separated (slower in every round) or settled as unequal within the band: raced out.
+    A tie, a config whose rounds straddle the fastest's, and the fastest itself: not."""
+    fast = Candidate({"t": 0}, tuple((100.0,) for _ in range(5)))
+    slow = Candidate({"t": 1}, tuple((t,) for t in (103.0, 102.0, 104.0, 103.5, 102.5)))
+    tie = Candidate({"t": 2}, tuple((t,) for t in (100.1, 99.9, 100.2, 100.0, 100.1)))
+    cross = Candidate({"t": 3}, tuple((t,) for t in (99.5, 101.5, 102.0, 99.0, 101.0)))
+    c = analyse_confirmation([tie, slow, fast, cross])
+    assert c.fastest == 2 and m.raced_out(c) == [1]
+
+
+def test_adaptive_rounds_stop_timing_what_failed_or_raced_out():
+    """timed_rounds asks each later round without the configs raced out and those that
+    failed: here config 1 crashes in round 2 and config 2 is 10% slower; rounds 6 on (the
+    baseline's swing keeps the speedup's interval wide) time config 0 and the baseline."""
+    from autotune.space.outcomes import Outcome, TrialResult
+
+    asked: list[frozenset[int]] = []
+    bad = TrialResult(outcome=Outcome.CRASHED, error="died")
+
+    def time_rounds(n: int, first: int, skip: frozenset[int]) -> list[list[Any]]:
+        asked.extend([skip] * n)
+        out = []
+        for r in range(first, first + n):
+            swing = 1 + 0.02 * (1 if r % 2 else -1)
+            cells = [_Timed(100.0), bad if r >= 1 else _Timed(101.0), _Timed(110.0)]
+            out.append([None if i in skip else c for i, c in enumerate(cells)]
+                       + [_Timed(150.0 * swing)])
+        return out
+
+    def analyse(rows: list[list[Any]]) -> m.AnalysedRounds:
+        return m.analyse_rounds(rows, [{"t": 0}, {"t": 1}, {"t": 2}], search_us=[None] * 3,
+                                baseline=True)
+
+    table = m.timed_rounds(time_rounds, analyse, None)
+    assert len(table) == m.DEFAULT_CONFIRM_ROUNDS
+    assert asked == [frozenset()] * 5 + [frozenset({1, 2})] * 4
+    analysed = analyse(table)
+    assert analysed.failed == [1] and analysed.kept == [0, 2]
+    assert [len(p.rounds_us) for p in analysed.confirmation.configs] == [9, 5]

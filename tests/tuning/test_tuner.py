@@ -447,6 +447,7 @@ class ConfirmingEngine(FakeEngine):
         self.rounds = 0  # rounds timed in all
         self.program_checks = []  # (configs, calls per block, rounds) of each program check
         self.how = []  # per confirm() call: (program, the keyword arguments beyond those)
+        self.asked: list[tuple[int, list[int]]] = []  # per confirmation call: (first round, v's)
 
     def _samples(self, center, n, seed):
         rng = __import__("random").Random(seed)
@@ -487,6 +488,7 @@ class ConfirmingEngine(FakeEngine):
                                          compile_s=0.0, rel_error=None, timing=PROGRAM_METHOD,
                                          cache=self.cache_policy)] * baseline
                     for i, r in enumerate(range(first_round, first_round + rounds))]
+        self.asked.append((first_round, [c["v"] for c in configs]))
         if first_round == 0:
             self.confirmed.append([c["v"] for c in configs])
             self.iterations.append(asked)
@@ -584,13 +586,13 @@ def test_the_confirmation_round_crowns_past_a_lucky_search_and_marks_ties(tmp_pa
     marks = {p.config["v"]: (p.tie, p.crowned) for p in conf.programs}
     assert marks == {3: (False, False), 0: (False, False), 1: (True, True), 2: (False, False),
                      4: (False, False)}
-    # Runs per round sized by each program's search median (the baseline's last): about 8 ms
+    # Runs per round sized by each program's search median (the baseline's last): about 4 ms
     # of GPU time each; the stored count is the largest.
     (counts,) = engine.iterations
     by_v = {r.config["v"]: r.median_us for r in rows}
     assert counts == [sized_iterations(by_v[v]) for v in (3, 0, 1, 2, 4)] + [
         sized_iterations(store_baseline_us)]
-    assert counts[0] == math.ceil(8000 / by_v[3]) and 20 <= min(counts)
+    assert counts[0] == math.ceil(4000 / by_v[3]) and 20 <= min(counts)
     # A clear result (the speedup's spread under 0.25%): the adaptive round stops at 5.
     assert report.speedup_spread < 0.0025 and engine.rounds == 5
     assert conf.rounds == 5 and conf.iterations == max(counts) and conf.baseline_name == "xla"
@@ -703,6 +705,28 @@ def test_an_unclear_confirmation_times_more_rounds_up_to_the_default_and_a_fixed
         run_job(_pick_job(confirm_rounds=4), store=store, engine=engine)
         (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
     assert engine.rounds == conf.rounds == 4
+    assert engine.asked == [(0, [3, 0, 1, 2, 4])]
+    assert {len(p.rounds_us) for p in conf.programs} == {4}
+
+
+def test_adaptive_rounds_race_configs_that_can_no_longer_win_out_of_later_rounds(tmp_path):
+    """From the fifth round on, a config separated from the fastest and not tied with it is
+    timed no more (raced_out): the baseline's 2% swing asks for 9 rounds, and rounds 6-9 time
+    only the two configs 0.04% apart (v=0, the default v=1) and the baseline, not v=2, 3, 4
+    (3-20% slower in every round). The stored round keeps each config's rounds: 5 for those
+    raced out, 9 for the rest; the crown and the speedup are those of the full race."""
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        engine = ConfirmingEngine(drift=0.01)
+        (report,) = run_job(_pick_job(), store=store, engine=engine)
+        (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+    assert engine.asked == [(0, [3, 0, 1, 2, 4])] + [(r, [0, 1]) for r in range(5, 9)]
+    rounds = {p.config["v"]: len(p.rounds_us) for p in conf.programs}
+    assert rounds == {3: 5, 0: 9, 1: 9, 2: 5, 4: 5}
+    assert len(conf.baseline_rounds_us) == conf.rounds == 9
+    assert conf.crowned.config == {"v": 1} and report.best_config == {"v": 1}
+    marks = {p.config["v"]: (p.tie, p.crowned) for p in conf.programs}
+    assert marks == {3: (False, False), 0: (False, False), 1: (True, True), 2: (False, False),
+                     4: (False, False)}
 
 
 def test_a_second_run_does_not_confirm_again_unless_the_best_changed(tmp_path):
