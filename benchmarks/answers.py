@@ -14,7 +14,7 @@ second method (benchmarks/RESULTS.md §12).
 
 Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and
 ``answers.tgz`` (databases, logs, XLA's picks) to ``--out``; prints the tables last.
-``--recrown`` reads them back and crowns each stored round by today's rule and with the band open.
+``--recrown`` crowns each stored round again and replays it by today's rounds.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import sys
 import tarfile
 import time
 import tomllib
+import types
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +147,12 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
 
 
 def recrown(folder: Path) -> None:
-    """``--recrown``: each stored round crowned with the band open and by today's rule."""
+    """``--recrown``: each stored round crowned again, and replayed by today's rounds (the race;
+    each cell cut to CONFIRM_TARGET_US's runs): crown, gap, speedup against ``verify``'s; the
+    kernel time today's rounds spend."""
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
-    from autotune.tuning.confirmation import CONFIRM_CROWN_BAND, Candidate, analyse_confirmation
+    from autotune.tuning import confirmation as cf
 
     result = json.loads((folder / "answers.json").read_text())
     with tarfile.open(folder / "answers.tgz") as tar:
@@ -157,27 +160,49 @@ def recrown(folder: Path) -> None:
     gaps = {(p["problem"], json.dumps(c, sort_keys=True)): us / p["best_us"] - 1
             for p in result["side_by_side"] if "error" not in p
             for c, us in zip(p["configs"], p["medians_us"], strict=True)}
+    spent = [0.0, 0.0]
     for run in result["runs"]:
-        db = folder / "recrown" / f"run{run['run']}" / "answers.db"
-        with Store(f"sqlite:///{db}") as store:
+        with Store(f"sqlite:///{folder / 'recrown' / ('run%d' % run['run']) / 'answers.db'}") as st:
             for v in run["verified"]:
                 kernel = get_kernel(v["kernel"])
                 problem = kernel.problem(v["shape"], v["dtype"])
-                rows = store.confirmations(problem, device_kind=None, limit=1)
-                if not rows:
+                row = (st.confirmations(problem, device_kind=None, limit=1) or [None])[0]
+                if row is None:
                     print(f"run{run['run']} {problem}: no confirmation round stored")
                     continue
-                row = rows[0]
-                cands = [Candidate(p.config, p.rounds_us, trial_id=p.trial_id)
-                         for p in sorted(row.programs, key=lambda p: p.position)]
+                progs = sorted(row.programs, key=lambda p: p.position)
                 default = kernel.default_config and kernel.default_config(problem)
+                base = row.baseline_rounds_us or None
+                stored = [p.rounds_us for p in progs] + ([base] if base else [])
+                table = [list(t) for t in zip(*([types.SimpleNamespace(ok=True, samples_us=r[
+                    :cf.sized_iterations(statistics.median(rs[0]))]) for r in rs]
+                    for rs in stored), strict=True)]
+
+                def analyse(t: list[list[Any]], stop: bool = False) -> Any:
+                    if stop and len(t) == len(table):  # the stored rounds end here
+                        return types.SimpleNamespace(confirmation=None)
+                    return cf.analyse_rounds(t, [p.config for p in progs], search_us=[None] * len(
+                        progs), trial_ids=[p.trial_id for p in progs], baseline=bool(base),
+                        default_config=default)
+
+                today = analyse(cf.timed_rounds(lambda n, first, skip: [
+                    [None if i in skip else c for i, c in enumerate(r)]
+                    for r in table[first:first + n]], lambda t: analyse(t, True), None)).confirmation
+                spent[0] += sum(t for rs in stored for r in rs for t in r)
+                spent[1] += sum(t for p in (*today.configs, today.baseline) if p
+                                for r in p.rounds_us for t in r)
                 cells = []
-                for band in (float("inf"), CONFIRM_CROWN_BAND):
-                    w = analyse_confirmation(cands, row.baseline_rounds_us or None,
-                                             crown_band=band, default_config=default).winner
-                    gap = gaps.get((str(problem), json.dumps(dict(w.config), sort_keys=True)))
-                    cells.append(f"t{w.trial_id} " + ("-" if gap is None else f"{100 * gap:+.2f}%"))
-                print(f"run{run['run']} {problem}: order {cells[0]}; today {cells[1]}")
+                for w in (cf.analyse_confirmation([cf.Candidate(p.config, p.rounds_us, trial_id=p
+                          .trial_id) for p in progs], base, default_config=default), today):
+                    gap = gaps.get((str(problem), json.dumps(dict(w.winner.config),
+                                                             sort_keys=True)))
+                    cells.append(f"t{w.winner.trial_id} " + (
+                        "-" if gap is None else f"{100 * gap:+.2f}%") + (
+                        f" vs verify {100 * (w.speedup / v['speedup'] - 1):+.2f}%"
+                        if w.speedup and v.get("speedup") else ""))
+                print(f"run{run['run']} {problem}: crowned {cells[0]}; today {cells[1]}")
+    if spent[0]:
+        print(f"today's rounds: {100 * spent[1] / spent[0]:.1f}% of the stored kernel time")
 
 
 def pack(out: Path) -> None:

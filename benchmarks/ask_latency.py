@@ -3,14 +3,11 @@ at most 10 ms at the 99th percentile with 10,000 trials).
 
     python3 benchmarks/ask_latency.py --stored 10000 --asks 200 --samplers auto,tpe,random
 
-Times the scheduler's whole ask path for one problem (``autotune.tuning.scheduler``: the
-sampler's proposal and repair, the twin check, the shared-budget count), with ``--stored``
-finished trials in the problem's study (in memory: with the RDB storage Optuna's cache fetches
-only new or running trials, so this is the work that grows; round trips per trial:
-benchmarks/scale_out.py), for each sampler. Prints p50, p99 and max wall ms, and p50 and p99 of
-the asking thread's CPU time (the figure to trust on a loaded machine), without ``prefetch``
-and with it, as the scheduler runs (``ValidSampler.prefetch``: the next
-proposal is made on a background thread; ``--gap-ms`` between a result and the next ask).
+Times the scheduler's whole ask path (proposal and repair, the twin check, the shared-budget
+count) with ``--stored`` finished trials in the problem's in-memory study (what grows; round
+trips: benchmarks/scale_out.py), per sampler: p50, p99 and max wall ms, p50 and p99 of the
+asking thread's CPU (to trust on a loaded machine), without and with ``prefetch`` (the next
+proposal on a background thread; ``--gap-ms`` between a result and the next ask).
 """
 
 from __future__ import annotations

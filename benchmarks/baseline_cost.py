@@ -14,8 +14,8 @@ between iterations, every launch counted):
 - ``no_autotune``: ``xla_gpu_autotune_level=0`` (XLA's heuristics, no kernel runs);
 - ``cublas_only``: autotuning on, Triton GEMM fusions off (cuBLAS algorithm selection only).
 
-NVML's utilization counter, sampled during the ``autotuned`` compile (with ``nvidia-ml-py``), says
-how much of it must hold the lock. Prints a table; writes every figure to ``--out``.
+NVML's utilization during the ``autotuned`` compile says how much must hold the lock. Writes
+``--out``.
 """
 
 from __future__ import annotations

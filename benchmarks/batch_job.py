@@ -11,9 +11,9 @@ engine's start to the last result stored), configs/min, the share of it the GPU 
 time to the first compile and the first trial stored, and per problem trials stored, best,
 baseline and speedup. ``--sequential`` runs one problem after another; ``--compare`` runs both,
 each on a fresh database and engine, and prints their ratios and each problem's best of the two
-(the quality goal: within 0.5%). The persistent compilation cache is off unless
-``--compilation-cache DIR`` names its folder. ``--keep-db DIR`` keeps each run's database.
-JSON of everything goes to ``--out``, with where the time went (:func:`stage_breakdown`).
+(the quality goal: within 0.5%). ``--compilation-cache DIR``: JAX's persistent
+cache (default off). ``--keep-db DIR``: each run's database. ``--out``: JSON, with where the time
+went (:func:`stage_breakdown`).
 """
 
 from __future__ import annotations

@@ -15,9 +15,7 @@ for each config it ranks ahead of the first within 1% (at most 50). It prints:
   to a shape it did not see;
 - the point that scores best on all shapes.
 
-The default grid is the one of benchmarks/RESULTS.md §7: ``stage_transfer``
-none/loaded/full, ``l2_latency`` 800-2000 and ``l2_bytes`` 48-128; ``--grid`` replaces or adds
-dimensions (``--grid wg_step=250/350/450``).
+The default grid is benchmarks/RESULTS.md §7's; ``--grid`` replaces or adds dimensions.
 """
 
 from __future__ import annotations

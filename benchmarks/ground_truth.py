@@ -17,8 +17,8 @@ every config jobs stored there for the problem on this device (``live``, timed h
 ``--seconds``. ``--extend`` adds to the problem's record (nothing measured twice); ``--files F
 ...`` extends these per-shape files, one engine for all.
 
-``--retime FRACTION`` times the configs within FRACTION of the best again (at most
-``--retime-max``) in ``--rounds`` interleaved rounds: ``retimed_us`` (or ``retime_error``).
+``--retime FRACTION``: the configs within FRACTION of the best again (at most
+``--retime-max``), ``--rounds`` interleaved rounds (``retimed_us``).
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ executemany per shape; ``auto`` (default): ``record`` up to 20,000. ``--refill``
 Then, each in a fresh child (CPU time, peak memory): ``first proposal`` (a new shape with
 ``auto``, then the first ``ask``; tracemalloc's peak in a second child), the same for
 ``--job-problems`` (7) shapes in one process, ``best``, ``results_frame`` and ``--version``.
-Last: the ask latency of ``auto`` against a SQLite study of ``--study-trials`` trials (the
-scheduler's path): p50/p99 of wall and the asking thread's CPU, SQL statements and commits per
-ask+tell, without and with ``prefetch``. No engine: autotune's own cost is timed.
+Last: ``auto``'s ask latency on a SQLite study of ``--study-trials`` trials (p50/p99 wall and
+CPU, statements and commits per ask+tell, without and with ``prefetch``). No engine.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ valid configs, two devices, two jax versions, 5% failed) and times
   cache alone (``--decorator-only``: just these); ``--jax-arrays`` passes jax arrays (whose
   ``shape`` and ``dtype`` properties the decorator reads per call) instead of stand-ins.
 
-Prints median and 90th percentile per kind, and the query plan of the best-trial query.
+Prints median and p90 per kind, and the best-trial query's plan.
 """
 
 from __future__ import annotations

@@ -1,25 +1,23 @@
-"""Run-time choice (issue 35): a program calling ``@autotune.tuned(..., baseline=...)`` against
-the faster of the kernel and its baseline, per shape and cache regime, timed in one run.
+"""Run-time choice: a program calling ``@autotune.tuned(..., baseline=...)`` against the faster
+of the kernel and its baseline, per shape and cache regime, in one run (benchmarks/RESULTS.md §19).
 
     python3 benchmarks/runtime_choice.py --out results/runtime_choice               # a GPU: all of it
     python3 benchmarks/runtime_choice.py --out OUT --device interpret               # CPU, tiny shapes
     python3 benchmarks/runtime_choice.py --out OUT --device fake                    # seconds, no jax
 
-It tunes the shapes with nothing stored under each timing policy (``--regimes``: on a GPU
-``cold`` and ``warm``; ``--trials``, with the confirmation round, which decides the choice;
-``--no-tune`` reads ``--db`` as it is). Then per regime and shape it times what a program sees:
-batches of ``--batch`` calls back to back, one wait, per call; each function in turn, ``--reps``
-calls of each, the median batch (``cold``: fresh input sets over twice the L2). The functions:
-the decorated call routed by the regime's timings (eagerly, under ``jax.jit``, and routed by the
-other regime's), the kernel at the regime's best config, and the baseline. Reported, paired
-round by round with intervals: the decorated call over the faster (goal: within 0.5%) and over
-the baseline (where the kernel ran, an interval wholly above 1.0 is a miss: SLOWER); what ran,
-and the decorated call over it called directly. On a GPU the XLA baseline is the program the
-jobs timed (their compilation cache). Writes ``runtime_choice.md`` and ``.json`` to ``--out``.
+Tunes the shapes with nothing stored under each ``--regimes`` policy (GPU: ``cold``, ``warm``;
+``--trials`` and the confirmation, which decides the choice; ``--no-tune`` reads ``--db``). Then
+per regime and shape times what a program sees: batches of ``--batch`` calls back to back, one
+wait, per call; each function in turn, ``--reps`` calls each, the median batch (``cold``: input
+sets over twice the L2). Functions: the decorated call (eager, under ``jax.jit``, and routed by
+the other regime's timings), the kernel at the regime's best config, the baseline (on a GPU the
+XLA program the jobs timed). Reported, paired by round with intervals: decorated over the faster
+(goal: within 0.5%) and over the baseline (where the kernel ran, an interval wholly above 1.0 is
+a miss: SLOWER); what ran; decorated over it called directly. Writes ``runtime_choice.md``/``.json``.
 
-Devices: ``gpu`` (hopper_matmul and hopper_attention at the issue's shapes); ``interpret``
-(hopper_matmul at small shapes on a CPU, warm only: a functional run); ``fake`` (no jax: two
-busy-waiting stand-ins, their confirmation stored as the tuner stores it; warm only).
+Devices: ``gpu`` (hopper_matmul, hopper_attention at the issue's shapes); ``interpret`` (small
+matmuls on a CPU, warm only: functional); ``fake`` (no jax: two busy-waiting stand-ins, their
+confirmation stored as the tuner stores it; warm only).
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ transactions begun and committed (SQLAlchemy's events; each a round trip with ps
 runners share one pool (at most 45 connections: 30 for Optuna, 15 for the store) where hosts
 would hold about 2 each. ``server ms/trial``: the server backends' CPU time (from /proc, so for
 a server on this machine) per trial: one server core sustains about 1000 / that trials per
-second. Waiting hosts poll (backing off to every 30 s): with configs of a few ms that polling is
-a large share of the statements; real configs take about a second.
+second. Waiting hosts poll (backing off to 30 s): a large share of statements at configs of ms.
 
 The PostgreSQL schema is new for each run and dropped afterwards.
 """

@@ -18,10 +18,9 @@ configs as extra truth (reachable, never drawn); ``--family T1,...``: every vali
 recorded family, timed as its nearest recorded ones (docs/ranked_sampler.md); ``--in-flight K``:
 K trials asked before the first result, as a live job compiles ahead.
 
-``--live DB,...`` reads live jobs instead: per problem (of ``--job``) the trials that first
-reached the final best, the served best, 0.5% and 1% of it, trials in flight at an ask, and by
-the device's ground truth the first trial's gap and first trial within 1%.
-``--store-ground-truth DB`` stores the ground truth (a job there is warm).
+``--live DB,...``: live jobs instead (per problem of ``--job``: trials to the final and served
+best, to 0.5% and 1% of it, in flight at an ask; by the ground truth, the first trial's gap and
+first within 1%). ``--store-ground-truth DB`` stores the ground truth (a job there is warm).
 """
 
 from __future__ import annotations

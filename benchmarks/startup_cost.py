@@ -3,13 +3,11 @@
     python3 benchmarks/startup_cost.py --out $OUT/startup_cost.json     # H200
     python3 benchmarks/startup_cost.py --device interpret                # CPU smoke
 
-Starts ``--runs`` fresh Python processes one after another; each reports, from its own start,
-the moment each step of a worker's first config finished: importing jax, starting the backend
-(``jax.devices()``), importing Pallas' Mosaic GPU modules, importing the kernel's module, making
-inputs, compiling the reference, compiling the kernel's default config, its first run and the
-reference's; on a GPU then what the first cold-timed trial adds: two empty CUPTI sessions (the
-first pays CUPTI's start), making the L2 flush and learning its launches, two cold timings.
-Prints the median of every step over the runs (the first run also pays a cold page cache).
+Starts ``--runs`` fresh processes one after another; each reports, from its start, when each
+step of a worker's first config finished: importing jax, the backend, Pallas' Mosaic GPU and
+the kernel's module, inputs, compiling the reference and the default config, their first runs;
+on a GPU then two empty CUPTI sessions, the L2 flush and two cold timings. Prints each step's
+median over the runs (the first also pays a cold page cache).
 """
 
 from __future__ import annotations

@@ -19,11 +19,9 @@ inputs each, by the ``--methods`` (default all):
 * ``iso_xor``: ``autotune verify``'s (``independent.CuptiIsolatedTimer``);
 * ``launches``: one warm call's launches; NVML's SM clock, power and clock reasons per block.
 
-``--engine gpu``: every program by the search's method on each of the engine's workers
-(``Engine.retime(worker=...)``), interleaved: does a worker read a program apart?
-
-Then ``--processes`` fresh children time the baseline warm, two more sharing an autotune folder
-(does XLA's pick move?). ``--pad``: each round's inputs after a random pad. Writes ``--out``.
+``--engine gpu``: each program on each engine worker (``Engine.retime(worker=...)``).
+``--processes``: fresh children time the baseline warm, two sharing an autotune folder (does
+XLA's pick move?). ``--pad``: inputs after a random pad. Writes ``--out``.
 """
 
 from __future__ import annotations

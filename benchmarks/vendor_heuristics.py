@@ -6,17 +6,11 @@ millisecond. This module maps them onto the kernel's tunables and back, for the 
 
 vendor (``nvmmhKernelConfiguration``) -> ``hopper_matmul``:
 
-- ``cta = (M, N, K)``: the block's output tile, two consumer warpgroups stacked along
-  ``wg_dimension`` (``M`` when ``M/2`` is a whole number of 64-row WGMMA slabs, else ``N``);
-  ``tile_k = K``.
-- ``loadStages``: ``max_concurrent_steps``.
-- ``cluster = (m, n)``: ``cluster_dimension``, ``(1, 1)`` None, ``(2, 1)`` M, ``(1, 2)`` N;
-  other clusters have no counterpart.
-- ``ctaOrder`` (0: N fastest): ``grid_minor_dim`` ``M`` (0) or ``N`` (1), the snake's strips
-  run along the other dim. ``gridSwizzle``: ``grid_tile_width``.
-- ``splitK``: only 1 (the kernel does not split K). ``warp``, ``instr``: derived (8 consumer
-  warps, ``m64nNk16``), not tunables. The epilogue piece (no counterpart): upstream's default,
-  64 x 64, spelled canonically (``None`` where it is the whole tile).
+- ``cta = (M, N, K)``: the output tile, two consumer warpgroups along ``wg_dimension`` (``M``
+  when ``M/2`` is whole 64-row WGMMA slabs, else ``N``); ``tile_k = K``. ``loadStages``:
+  ``max_concurrent_steps``. ``cluster`` (1,1)/(2,1)/(1,2): ``cluster_dimension`` None/M/N.
+- ``ctaOrder`` 0/1: ``grid_minor_dim`` M/N; ``gridSwizzle``: ``grid_tile_width``. ``splitK``
+  only 1; ``warp``, ``instr`` derived. The epilogue: upstream's 64 x 64, canonical.
 
 A benchmark helper: no better a prior than the kernel's cost model on the H200's shapes
 (``docs/vendor_prior.md``), so the tuner does not use it. Licence: NVIDIA's SDK licence.

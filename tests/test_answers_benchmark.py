@@ -81,8 +81,9 @@ def test_the_side_by_side_times_each_winner_the_configs_verify_timed_beside_it_a
 
 def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
     """``--recrown``: a stored round whose default config tied 0.9% behind the fastest (the
-    H100's 2048x14336x4096) is crowned again with the band open (the default, as stored) and by
-    today's rule (the fastest), each with its gap in the side by side."""
+    H100's 2048x14336x4096), crowned by the band open, is crowned again by today's rule (the
+    fastest) and by today's rounds replayed (the race), each with its gap in the side by side,
+    and the kernel time today's rounds spend."""
     import tarfile
 
     from autotune.space.kernel import get_kernel
@@ -102,7 +103,9 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
     def rounds(us, d=(0.0,) * 9):
         return tuple((us * (1 + x), us * (1 + x) * 1.001) for x in d)
 
-    cands = [Candidate(fast, rounds(303.0)), Candidate(default, rounds(305.7, drift))]
+    slow = {**fast, "grid_tile_width": fast["grid_tile_width"] % 8 + 1}
+    cands = [Candidate(fast, rounds(303.0)), Candidate(default, rounds(305.7, drift)),
+             Candidate(slow, rounds(320.0))]
     stored = analyse_confirmation(cands, rounds(300.0), default_config=default,
                                   crown_band=float("inf"))
     assert stored.winner.config == default
@@ -123,8 +126,16 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
         "side_by_side": [{"problem": str(problem), "configs": [fast, default],
                           "medians_us": [303.56, 305.78], "best_us": 303.56}]}))
     assert answers.main(["--recrown", "--out", str(tmp_path)]) == 0
-    line = capsys.readouterr().out.strip()
-    assert line == (f"run0 {problem}: order t{ids[1]} +0.73%; today t{ids[0]} +0.00%")
+    line, spent = capsys.readouterr().out.strip().splitlines()
+    assert line == f"run0 {problem}: crowned t{ids[0]} +0.00%; today t{ids[0]} +0.00%"
+    # Replayed by today's rounds, the slow config (5.6% behind in every round) is raced out
+    # after five of the nine stored rounds; the default, whose rounds cross the fastest's, is
+    # not.
+    stored_us = sum(t for r in (*cands, Candidate({}, rounds(300.0))) for rr in r.rounds_us
+                    for t in rr)
+    today_us = stored_us - sum(t for rr in cands[2].rounds_us[5:] for t in rr)
+    assert spent == f"today's rounds: {100 * today_us / stored_us:.1f}% of the stored kernel time"
+    assert spent != "today's rounds: 100.0% of the stored kernel time"
 
 
 def test_the_tarball_keeps_each_runs_files_and_xlas_autotune_picks(tmp_path):
