@@ -477,6 +477,10 @@ def analyse_rounds(
                   trial_id=None if trial_ids is None else trial_ids[i], search_us=search_us[i])
         for i in kept
     ]
+    # The fastest failing after the others were raced out leaves rounds that time no kept
+    # config: the baseline's are cut to the rounds the kept configs have.
+    if base_rounds is not None:
+        base_rounds = base_rounds[:max(len(c.rounds_us) for c in candidates)]
     confirmation = analyse_confirmation(candidates, base_rounds, default_config=default_config)
     return AnalysedRounds(confirmation, kept, failed, base_rounds)
 

@@ -402,3 +402,19 @@ def test_adaptive_rounds_stop_timing_what_failed_or_raced_out():
     analysed = analyse(table)
     assert analysed.failed == [1] and analysed.kept == [0, 2]
     assert [len(p.rounds_us) for p in analysed.confirmation.configs] == [9, 5]
+
+
+def test_the_fastest_failing_after_the_race_leaves_a_confirmation_of_the_rounds_kept():
+    """Config 1 raced out after round 5, then the fastest (config 0) crashes in round 7: the
+    confirmation is config 1's, on its 5 rounds and the baseline's first 5, not an error."""
+    from autotune.space.outcomes import Outcome, TrialResult
+
+    bad = TrialResult(outcome=Outcome.CRASHED, error="died")
+    table = [[_Timed(100.0), _Timed(110.0), _Timed(150.0)] for _ in range(5)]
+    table += [[_Timed(100.0), None, _Timed(150.0)], [bad, None, _Timed(150.0)]]
+    analysed = m.analyse_rounds(table, [{"t": 0}, {"t": 1}], search_us=[None, None],
+                                baseline=True)
+    assert analysed.failed == [0] and analysed.kept == [1]
+    assert analysed.base_rounds is not None and len(analysed.base_rounds) == 5
+    assert analysed.confirmation.winner.config == {"t": 1}
+    assert analysed.confirmation.speedup == pytest.approx(150.0 / 110.0)
