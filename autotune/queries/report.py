@@ -258,9 +258,11 @@ def _problem_page(
     c = summary.confirmation
     if c is not None:
         ties = list(c.tied_with_winner())
+        raced = sum(1 for p in c.programs if len(p.rounds_us) < c.rounds)
         notes.append(
             f"Confirmation round ({c.rounds} interleaved rounds of {c.iterations} runs, "
-            f"{len(c.programs)} configs and the baseline, {c.cache_policy} cache): crowned "
+            f"{len(c.programs)} configs" + (f" ({raced} raced out)" if raced else "")
+            + f" and the baseline, {c.cache_policy} cache): crowned "
             f"{json.dumps(dict(c.crowned.config), sort_keys=True)} at {_fmt_us(c.crowned.median_us)}"
             + ("" if c.speedup is None else
                f", speedup {c.speedup:.3f}x ±{100 * (c.speedup_spread or 0):.1f}%")

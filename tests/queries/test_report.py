@@ -331,3 +331,30 @@ def test_the_index_runs_column_follows_the_program_check(tmp_path):
     assert "the kernel is 10.9% faster than xla (interval" in text
     assert "(as a program calls them)" in text
     assert "xla is 5." not in text
+
+
+def test_a_problems_notes_say_how_many_configs_were_raced_out_of_its_round(tmp_path):
+    """The problem page's note on its confirmation round counts the configs raced out (timed
+    in fewer rounds than the round's own) beside those timed in every round."""
+    from autotune.tuning.confirmation import Candidate, analyse_confirmation
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    gpu = DeviceInfo("NVIDIA H200", "gpu", "9.0", "570.86")
+    configs = [{"bm": 128, "bn": 256, "stages": 2, "order": "M"},
+               {"bm": 64, "bn": 256, "stages": 2, "order": "M"}]
+    with Store(url) as store:
+        ids = [store.record_trial(PROBLEM, c, TrialResult.timed([us], compile_s=0.1,
+                                                                rel_error=0.0, timing="fake"),
+                                  device=gpu, software={"jax": "0.11.2"}, cache="cold").id
+               for c, us in zip(configs, (190.0, 200.0), strict=True)]
+        confirmation = analyse_confirmation(
+            [Candidate(configs[0], tuple((190.0, 190.5) for _ in range(7)), trial_id=ids[0]),
+             Candidate(configs[1], tuple((200.0, 200.5) for _ in range(5)), trial_id=ids[1])],
+            tuple((180.0, 180.5) for _ in range(7)))
+        store.record_confirmation(PROBLEM, confirmation, trial_ids=ids, device=gpu,
+                                  software={"jax": "0.11.2"}, cache="cold", iterations=2,
+                                  baseline_name="xla")
+    [page] = report.write_report(url, out_dir=tmp_path / "report").pages
+    [note] = [n for n in page.notes if n.startswith("Confirmation round")]
+    assert note.startswith("Confirmation round (7 interleaved rounds of 2 runs, 2 configs "
+                           "(1 raced out) and the baseline, cold cache): crowned ")
