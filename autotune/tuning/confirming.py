@@ -130,7 +130,7 @@ def confirm_best(
         out: list[list[TrialResult | None]] = []
         for row in rows:
             cells: list[TrialResult | None] = [None] * len(configs) + list(row[len(active):])
-            for i, result in zip(active, row, strict=False):
+            for i, result in zip(active, row[:len(active)], strict=True):
                 cells[i] = result
             out.append(cells)
         return out

@@ -11,7 +11,8 @@ from autotune.tuning import confirmation as m
 from autotune.tuning.confirmation import Candidate, analyse_confirmation
 
 
-def _Timed(us: float) -> Any:  # noqa: N802 - a stand-in for Engine.confirm's result
+def _timed(us: float) -> Any:
+    """A stand-in for one of ``Engine.confirm``'s results: 20 runs of ``us``."""
     from autotune.space.outcomes import TrialResult
 
     return TrialResult.timed([us] * 20, compile_s=0.0, rel_error=None, timing="fake")
@@ -274,7 +275,7 @@ def test_unsettled_configs_get_more_rounds_up_to_the_cap_and_clear_ones_stop_at_
         rng = random.Random(1)
 
         def time_rounds(n: int, first: int, skip: frozenset[int]) -> list[list[Any]]:
-            return [[None if i in skip else _Timed(c * (1 + noise * rng.gauss(0, 1)))
+            return [[None if i in skip else _timed(c * (1 + noise * rng.gauss(0, 1)))
                      for i, c in enumerate((100.0, center_b, 120.0))] for _ in range(n)]
 
         def analyse(rows: list[list[Any]]) -> m.AnalysedRounds:
@@ -387,9 +388,9 @@ def test_adaptive_rounds_stop_timing_what_failed_or_raced_out():
         out = []
         for r in range(first, first + n):
             swing = 1 + 0.02 * (1 if r % 2 else -1)
-            cells = [_Timed(100.0), bad if r >= 1 else _Timed(101.0), _Timed(110.0)]
+            cells = [_timed(100.0), bad if r >= 1 else _timed(101.0), _timed(110.0)]
             out.append([None if i in skip else c for i, c in enumerate(cells)]
-                       + [_Timed(150.0 * swing)])
+                       + [_timed(150.0 * swing)])
         return out
 
     def analyse(rows: list[list[Any]]) -> m.AnalysedRounds:
@@ -410,8 +411,8 @@ def test_the_fastest_failing_after_the_race_leaves_a_confirmation_of_the_rounds_
     from autotune.space.outcomes import Outcome, TrialResult
 
     bad = TrialResult(outcome=Outcome.CRASHED, error="died")
-    table = [[_Timed(100.0), _Timed(110.0), _Timed(150.0)] for _ in range(5)]
-    table += [[_Timed(100.0), None, _Timed(150.0)], [bad, None, _Timed(150.0)]]
+    table = [[_timed(100.0), _timed(110.0), _timed(150.0)] for _ in range(5)]
+    table += [[_timed(100.0), None, _timed(150.0)], [bad, None, _timed(150.0)]]
     analysed = m.analyse_rounds(table, [{"t": 0}, {"t": 1}], search_us=[None, None],
                                 baseline=True)
     assert analysed.failed == [0] and analysed.kept == [1]
