@@ -12,9 +12,8 @@ second method (benchmarks/RESULTS.md §12).
    configs ``verify`` timed beside it (the round's next), and the best recorded on this device
    (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
 
-Stops starting runs when ``--seconds`` are nearly used. Writes ``answers.json`` and
-``answers.tgz`` (databases, logs, XLA's picks) to ``--out``; prints the tables last.
-``--recrown`` crowns each stored round again and replays it by today's rounds.
+``--seconds``: no run starts near it, and none runs past it. ``--out``: a new folder; gets
+``answers.json``, ``answers.tgz`` (databases, logs, XLA's picks). ``--recrown``: below.
 """
 
 from __future__ import annotations
@@ -39,7 +38,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 def autotune(db: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "autotune", "--db", db, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode()
+        return subprocess.CompletedProcess(cmd, 124, out, f"stopped after {timeout:.0f} s\n")
 
 
 def one_run(i: int, args: argparse.Namespace, left: float) -> dict[str, Any]:
@@ -118,10 +121,7 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
     for (kernel_name, shape_text, dtype), entry in by_problem.items():
         shape = json.loads(shape_text)
         problem = get_kernel(kernel_name).problem(shape, dtype)
-        distinct: list[Config] = []
-        for c in entry["winners"].values():
-            if c not in distinct:
-                distinct.append(c)
+        distinct = list(dict.fromkeys(entry["winners"].values()))
         known = [Config(c) for c in fastest_configs(device, kernel_name, shape, dtype)[:3]]
         configs = distinct + [c for c in dict.fromkeys(known + entry["next"]) if c not in distinct]
         try:
@@ -147,9 +147,8 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
 
 
 def recrown(folder: Path) -> None:
-    """``--recrown``: each stored round crowned again, and replayed by today's rounds (the race;
-    each cell cut to CONFIRM_TARGET_US's runs): crown, gap, speedup against ``verify``'s; the
-    kernel time today's rounds spend."""
+    """``--recrown``: each stored round crowned again, and replayed by today's rounds (the race,
+    CONFIRM_TARGET_US's runs): crown, gap, speedup vs ``verify``'s; today's kernel time."""
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
     from autotune.tuning import confirmation as cf
@@ -236,8 +235,8 @@ def report(result: dict[str, Any]) -> None:
             cell = ("-" if v["speedup"] is None else
                     f"{v['speedup']:.4f} [{v['speedup_low']:.3f},{v['speedup_high']:.3f}]")
             diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
-            confirm = run["confirm_s"].get(f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}")
             problem = f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}"
+            confirm = run["confirm_s"].get(problem)
             print(f"{run['run']:>3}{(run.get('interleave') or '')[:1]} {problem:47s} {stored if stored is None else round(stored, 4)!s:>22s} "
                   f"{cell:>22s} {diff:>7s} {v['still_wins']!s:>5s} "
                   f"{'-' if confirm is None else f'{confirm:.1f}':>7s} {run['wall_s']:7.1f}")
@@ -273,12 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--job", type=Path, default=ROOT / "benchmarks" / "answers.toml")
     p.add_argument("--device", default="gpu", choices=("gpu", "interpret"))
-    p.add_argument("--rounds", type=int, default=15)  # verify's default
+    p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--verify-method", action="append", metavar="METHOD",
-                   help="autotune verify's --method, once per method (default: auto); the "
-                        "first gives the table, the others are printed beside it")
+                   help="verify's --method, repeatable (default auto); the first gives the table")
     p.add_argument("--confirm-interleave", action="append", choices=("blocks", "calls"),
-                   help="the job's confirm_interleave, once per way: runs take them in turn")
+                   help="the job's confirm_interleave, repeatable: runs take them in turn")
     p.add_argument("--seconds", type=float, default=540.0,
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
@@ -295,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     args.job = args.job.resolve()
     if args.confirm_interleave and "defaults" in tomllib.loads(args.job.read_text()):
         p.error(f"--confirm-interleave adds [defaults] to the job; {args.job} has them.")
+    if (held := sorted(args.out.glob("run[0-9]*"))):
+        p.error(f"--out {args.out} holds {held[0].name} of an earlier call: name an empty folder.")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     runs: list[dict[str, Any]] = []

@@ -37,6 +37,33 @@ def test_runs_take_the_confirm_interleave_ways_in_turn(tmp_path):
     assert ways == [("blocks", {"blocks"}), ("calls", {"calls"}), ("blocks", {"blocks"})]
 
 
+def test_a_folder_of_an_earlier_call_is_refused_and_a_timed_out_command_is_a_row(
+        tmp_path, capsys, monkeypatch):
+    """Runs need fresh databases: an ``--out`` holding ``run0`` of an earlier call (a job on
+    it would resume, and its confirmation would not be a fresh run's) is a usage error, exit 2,
+    with nothing run. A command past its time is rc 124 with what it printed, not a
+    traceback."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    answers = load("answers")
+    (tmp_path / "run0").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        answers.main(["--runs", "1", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "holds run0 of an earlier call: name an empty folder" in capsys.readouterr().err
+
+    def slow(cmd, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"], output=b'{"event": "start"}\n')
+
+    monkeypatch.setattr(answers.subprocess, "run", slow)
+    got = answers.autotune("sqlite://", "tune", "job.toml", timeout=30)
+    assert (got.returncode, got.stdout) == (124, '{"event": "start"}\n')
+    assert got.stderr == "stopped after 30 s\n" and got.args[0] == sys.executable
+
+
 # A hopper_matmul config but for tile_n.
 BASE = {"cluster_dimension": None, "epi_tile_m": None, "epi_tile_n": 64, "grid_minor_dim": "N",
         "grid_tile_width": 4, "max_concurrent_steps": 2, "tile_k": 128, "tile_m": 64,
