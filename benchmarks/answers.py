@@ -3,11 +3,13 @@ second method (benchmarks/RESULTS.md §12).
 
     python3 benchmarks/answers.py --runs 5 --out $OUT          # a GPU; ~1.5 min a run
     python3 benchmarks/answers.py --runs 1 --device interpret --job J --out /tmp/a   # CPU smoke
+    python3 benchmarks/answers.py --job benchmarks/answers_unconfirmed.toml --out $U  # the cost
 
 1. ``--runs`` fresh default jobs of ``--job`` (default ``benchmarks/answers.toml``: 4096^3,
    2048x14336x4096 and 128x8192x8192 bf16 matmuls), each with its own results folder and
    database, then ``autotune verify`` (the second method): per problem the crowned config, the
-   stored speedup with its interval, the re-timed one, the difference, the confirmation's time;
+   stored speedup with its interval, the re-timed one, the difference, the confirmation's time,
+   the job's wall and tail (its last trial to its last problem done: where the rounds end it);
 2. one re-time, in one process by the second method, of every run's winner per problem, the
    configs ``verify`` timed beside it (the round's next), and the best recorded on this device
    (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
@@ -19,14 +21,15 @@ second method (benchmarks/RESULTS.md §12).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tarfile
 import time
-import tomllib
 import types
 from pathlib import Path
 from typing import Any
@@ -49,9 +52,8 @@ def one_run(i: int, args: argparse.Namespace, left: float) -> dict[str, Any]:
     folder = args.out / f"run{i}"
     folder.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{folder / 'answers.db'}"
-    job, interleave = job_of_run(i, args.job, args.confirm_interleave, folder)
     start = time.monotonic()
-    tune = autotune(db, "tune", str(job), "--results-dir", str(folder), "--jsonl",
+    tune = autotune(db, "tune", str(args.job), "--results-dir", str(folder), "--jsonl",
                     "--device", args.device, timeout=left)
     wall = time.monotonic() - start
     (folder / "tune.jsonl").write_text(tune.stdout)
@@ -70,35 +72,34 @@ def one_run(i: int, args: argparse.Namespace, left: float) -> dict[str, Any]:
             also[method] = found
     results = autotune(db, "results", "--json", timeout=120)
     stored = json.loads(results.stdout or "[]") if results.returncode == 0 else []
-    return {"run": i, "interleave": interleave, "tune_rc": tune.returncode, "wall_s": wall, "verify_rc": verify.returncode,
+    return {"run": i, "tune_rc": tune.returncode, "wall_s": wall, "verify_rc": verify.returncode,
             "verified": verified, "also_verified": also, "stored": stored,
-            "confirm_s": confirm_seconds(tune.stdout)}
+            "confirm_s": confirm_seconds(tune.stdout), "tail_s": tail_seconds(tune.stdout)}
 
 
-def job_of_run(i: int, job: Path, interleaves: list[str] | None,
-               folder: Path) -> tuple[Path, str | None]:
-    """Run ``i``'s job file and its ``confirm_interleave``: ``job`` itself without
-    ``interleaves``; else a copy in ``folder`` whose [defaults] set the run's turn of them."""
-    if not interleaves:
-        return job, None
-    interleave = interleaves[i % len(interleaves)]
-    copy = folder / "job.toml"
-    copy.write_text(job.read_text() + f'\n[defaults]\nconfirm_interleave = "{interleave}"\n')
-    return copy, interleave
+def events(jsonl: str) -> list[dict[str, Any]]:
+    found = []
+    for line in jsonl.splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return [e for e in found if isinstance(e, dict)]
 
 
 def confirm_seconds(jsonl: str) -> dict[str, float]:
     """Per problem, the confirmation round's seconds from the job's JSON lines, where given."""
-    out: dict[str, float] = {}
-    for line in jsonl.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("confirm_s") is not None:
-            key = f"{event.get('kernel')}{json.dumps(event.get('shape'), sort_keys=True)}"
-            out[key] = float(event["confirm_s"])
-    return out
+    return {f"{e.get('kernel')}{json.dumps(e.get('shape'), sort_keys=True)}": float(e["confirm_s"])
+            for e in events(jsonl) if e.get("confirm_s") is not None}
+
+
+def tail_seconds(jsonl: str) -> float | None:
+    """From the job's last trial to its last problem done: what its last rounds add to it."""
+    def last(kind: str) -> float:
+        return max((dt.datetime.fromisoformat(e["time"]).timestamp() for e in events(jsonl)
+                    if e.get("event") == kind), default=math.nan)
+    tail = last("done") - last("trial")
+    return None if math.isnan(tail) else tail
 
 
 def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -228,7 +229,7 @@ def device_name() -> str:
 def report(result: dict[str, Any]) -> None:
     print(f"\ndevice {result['device']}; {len(result['runs'])} runs of {result['job']}")
     print(f"{'run':>3} {'problem':48s} {'stored':>22s} {'verified':>22s} {'diff':>7s} "
-          f"{'wins':>5s} {'conf s':>7s} {'wall s':>7s}")
+          f"{'wins':>5s} {'conf s':>7s} {'wall s':>7s} {'tail s':>6s}")
     for run in result["runs"]:
         for v in run["verified"]:
             stored = v.get("stored_speedup")
@@ -236,25 +237,17 @@ def report(result: dict[str, Any]) -> None:
                     f"{v['speedup']:.4f} [{v['speedup_low']:.3f},{v['speedup_high']:.3f}]")
             diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
             problem = f"{v['kernel']}{json.dumps(v['shape'], sort_keys=True)}"
-            confirm = run["confirm_s"].get(problem)
-            print(f"{run['run']:>3}{(run.get('interleave') or '')[:1]} {problem:47s} {stored if stored is None else round(stored, 4)!s:>22s} "
+            confirm, tail = run["confirm_s"].get(problem), run.get("tail_s")
+            print(f"{run['run']:>3} {problem:47s} {stored if stored is None else round(stored, 4)!s:>22s} "
                   f"{cell:>22s} {diff:>7s} {v['still_wins']!s:>5s} "
-                  f"{'-' if confirm is None else f'{confirm:.1f}':>7s} {run['wall_s']:7.1f}")
+                  f"{'-' if confirm is None else f'{confirm:.1f}':>7s} {run['wall_s']:7.1f} "
+                  f"{'-' if tail is None else f'{tail:.1f}':>6s}")
     for run in result["runs"]:
         for method, found in run.get("also_verified", {}).items():
             for v in found:
                 diff = "-" if v["difference"] is None else f"{100 * v['difference']:+.2f}%"
                 print(f"{run['run']:>3} {v['kernel']}{json.dumps(v['shape'], sort_keys=True)} "
                       f"by {method}: {v['speedup']} ({diff})")
-    for way in sorted({run.get("interleave") for run in result["runs"]} - {None}):
-        runs = {run["run"] for run in result["runs"] if run.get("interleave") == way}
-        d = [abs(v["difference"]) for run in result["runs"] if run["run"] in runs
-             for v in run["verified"] if v["difference"] is not None]
-        g = [g for p in result["side_by_side"] for r, g in p.get("winner_vs_best", {}).items()
-             if int(r) in runs]
-        print(f"{way}: |stored - verified| max {100 * max(d or [0]):.2f}%, "
-              f"{sum(x <= 0.005 for x in d)}/{len(d)} within 0.5%; winner vs best max "
-              f"{100 * max(g or [0]):+.2f}%, {sum(x <= 0.01 for x in g)}/{len(g)} within 1%")
     print("\nside by side (second method, one process): each run's winner against the best known")
     for p in result["side_by_side"]:
         if "error" in p:
@@ -275,8 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--verify-method", action="append", metavar="METHOD",
                    help="verify's --method, repeatable (default auto); the first gives the table")
-    p.add_argument("--confirm-interleave", action="append", choices=("blocks", "calls"),
-                   help="the job's confirm_interleave, repeatable: runs take them in turn")
     p.add_argument("--seconds", type=float, default=540.0,
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
@@ -291,8 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     args.verify_method = args.verify_method or ["auto"]
     args.out = args.out.resolve()
     args.job = args.job.resolve()
-    if args.confirm_interleave and "defaults" in tomllib.loads(args.job.read_text()):
-        p.error(f"--confirm-interleave adds [defaults] to the job; {args.job} has them.")
     if (held := sorted(args.out.glob("run[0-9]*"))):
         p.error(f"--out {args.out} holds {held[0].name} of an earlier call: name an empty folder.")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,48 +20,17 @@ def test_confirm_seconds_are_read_from_the_summary_events():
 
 
 
-def test_runs_take_the_confirm_interleave_ways_in_turn(tmp_path):
-    """``--confirm-interleave`` gives each run a job whose [defaults] set its way, in turn;
-    without it the job is run as it is."""
-    from autotune.tuning.jobs import load_job
-
+def test_the_tail_runs_from_the_last_trial_to_the_last_problem_done():
+    """The job's tail: its last rounds (and traces), after its last trial; none without both."""
     answers = load("answers")
-    job = answers.ROOT / "benchmarks" / "answers.toml"
-    assert answers.job_of_run(0, job, None, tmp_path) == (job, None)
-    ways = []
-    for i in range(3):
-        folder = tmp_path / f"run{i}"
-        folder.mkdir()
-        path, way = answers.job_of_run(i, job, ["blocks", "calls"], folder)
-        ways.append((way, {s.confirm_interleave for s in load_job(path).problems}))
-    assert ways == [("blocks", {"blocks"}), ("calls", {"calls"}), ("blocks", {"blocks"})]
 
+    def event(kind: str, second: float) -> str:
+        return json.dumps({"event": kind, "time": f"2026-01-01T00:00:{second:06.3f}+00:00"})
 
-def test_a_folder_of_an_earlier_call_is_refused_and_a_timed_out_command_is_a_row(
-        tmp_path, capsys, monkeypatch):
-    """Runs need fresh databases: an ``--out`` holding ``run0`` of an earlier call (a job on
-    it would resume, and its confirmation would not be a fresh run's) is a usage error, exit 2,
-    with nothing run. A command past its time is rc 124 with what it printed, not a
-    traceback."""
-    import subprocess
-    import sys
-
-    import pytest
-
-    answers = load("answers")
-    (tmp_path / "run0").mkdir()
-    with pytest.raises(SystemExit) as exit_info:
-        answers.main(["--runs", "1", "--out", str(tmp_path)])
-    assert exit_info.value.code == 2
-    assert "holds run0 of an earlier call: name an empty folder" in capsys.readouterr().err
-
-    def slow(cmd, **kwargs):
-        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"], output=b'{"event": "start"}\n')
-
-    monkeypatch.setattr(answers.subprocess, "run", slow)
-    got = answers.autotune("sqlite://", "tune", "job.toml", timeout=30)
-    assert (got.returncode, got.stdout) == (124, '{"event": "start"}\n')
-    assert got.stderr == "stopped after 30 s\n" and got.args[0] == sys.executable
+    lines = "\n".join([event("trial", 1), event("done", 2.5), event("trial", 3.25),
+                       event("done", 4), event("done", 7.75), event("summary", 8), "not json"])
+    assert answers.tail_seconds(lines) == 4.5
+    assert answers.tail_seconds(event("trial", 1)) is None
 
 
 # A hopper_matmul config but for tile_n.
