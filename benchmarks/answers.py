@@ -174,9 +174,10 @@ def recrown(folder: Path) -> None:
                 default = kernel.default_config and kernel.default_config(problem)
                 base = row.baseline_rounds_us or None
                 stored = [p.rounds_us for p in progs] + ([base] if base else [])
-                table = [list(t) for t in zip(*([types.SimpleNamespace(ok=True, samples_us=r[
-                    :cf.sized_iterations(statistics.median(rs[0]))]) for r in rs]
-                    for rs in stored), strict=True)]
+                # A config raced out of the stored rounds has no cells past them (None).
+                table = [[types.SimpleNamespace(ok=True, samples_us=rs[k][:cf.sized_iterations(
+                    statistics.median(rs[0]))]) if k < len(rs) else None for rs in stored]
+                    for k in range(max(map(len, stored)))]
 
                 def analyse(t: list[list[Any]], stop: bool = False) -> Any:
                     if stop and len(t) == len(table):  # the stored rounds end here

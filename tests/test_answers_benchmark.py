@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmark_scripts import load
 
 
@@ -19,7 +21,6 @@ def test_confirm_seconds_are_read_from_the_summary_events():
     assert answers.confirm_seconds(lines) == {'k{"n": 1}': 1.5, 'k{"n": 2}': 2.5}
 
 
-
 def test_the_tail_runs_from_the_last_trial_to_the_last_problem_done():
     """The job's tail: its last rounds (and traces), after its last trial; none without both."""
     answers = load("answers")
@@ -31,6 +32,31 @@ def test_the_tail_runs_from_the_last_trial_to_the_last_problem_done():
                        event("done", 4), event("done", 7.75), event("summary", 8), "not json"])
     assert answers.tail_seconds(lines) == 4.5
     assert answers.tail_seconds(event("trial", 1)) is None
+
+
+def test_a_folder_of_an_earlier_call_is_refused_and_a_timed_out_command_is_a_row(
+        tmp_path, capsys, monkeypatch):
+    """Runs need fresh databases: an ``--out`` holding ``run0`` of an earlier call (a job on
+    it would resume, and its confirmation would not be a fresh run's) is a usage error, exit 2,
+    with nothing run. A command past its time is rc 124 with what it printed, not a
+    traceback."""
+    import subprocess
+    import sys
+
+    answers = load("answers")
+    (tmp_path / "run0").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        answers.main(["--runs", "1", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "holds run0 of an earlier call: name an empty folder" in capsys.readouterr().err
+
+    def slow(cmd, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"], output=b'{"event": "start"}\n')
+
+    monkeypatch.setattr(answers.subprocess, "run", slow)
+    got = answers.autotune("sqlite://", "tune", "job.toml", timeout=30)
+    assert (got.returncode, got.stdout) == (124, '{"event": "start"}\n')
+    assert got.stderr == "stopped after 30 s\n" and got.args[0] == sys.executable
 
 
 # A hopper_matmul config but for tile_n.
@@ -75,7 +101,8 @@ def test_the_side_by_side_times_each_winner_the_configs_verify_timed_beside_it_a
     assert row["winner_us"] == {0: 104.0, 1: 102.0}
 
 
-def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
+@pytest.mark.parametrize("raced", [False, True], ids=["every round", "raced out when stored"])
+def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys, raced):
     """``--recrown``: a stored round whose default config tied 0.9% behind the fastest (the
     H100's 2048x14336x4096), crowned by the band open, is crowned again by today's rule (the
     fastest) and by today's rounds replayed (the race), each with its gap in the side by side,
@@ -100,8 +127,9 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
         return tuple((us * (1 + x), us * (1 + x) * 1.001) for x in d)
 
     slow = {**fast, "grid_tile_width": fast["grid_tile_width"] % 8 + 1}
+    # Stored by the race, the slow config has its first five rounds only.
     cands = [Candidate(fast, rounds(303.0)), Candidate(default, rounds(305.7, drift)),
-             Candidate(slow, rounds(320.0))]
+             Candidate(slow, rounds(320.0)[:5] if raced else rounds(320.0))]
     stored = analyse_confirmation(cands, rounds(300.0), default_config=default,
                                   crown_band=float("inf"))
     assert stored.winner.config == default
@@ -131,7 +159,7 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys):
                     for t in rr)
     today_us = stored_us - sum(t for rr in cands[2].rounds_us[5:] for t in rr)
     assert spent == f"today's rounds: {100 * today_us / stored_us:.1f}% of the stored kernel time"
-    assert spent != "today's rounds: 100.0% of the stored kernel time"
+    assert (spent == "today's rounds: 100.0% of the stored kernel time") == raced
 
 
 def test_the_tarball_keeps_each_runs_files_and_xlas_autotune_picks(tmp_path):
@@ -164,8 +192,6 @@ def test_recrown_names_what_it_lacks_and_skips_a_problem_with_no_round(tmp_path,
     both, exit 2. A run with no confirmation stored (GPU interpret mode confirms nothing) says
     so for its problem instead of failing."""
     import tarfile
-
-    import pytest
 
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
