@@ -147,9 +147,10 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
     return out
 
 
-def recrown(folder: Path) -> None:
+def recrown(folder: Path, max_rounds: int | None = None) -> None:
     """``--recrown``: each stored round crowned again, and replayed by today's rounds (the race,
-    CONFIRM_TARGET_US's runs): crown, gap, speedup vs ``verify``'s; today's kernel time."""
+    CONFIRM_TARGET_US's runs; at most ``max_rounds``): crown, gap, speedup vs ``verify``'s;
+    today's kernel time."""
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
     from autotune.tuning import confirmation as cf
@@ -177,7 +178,8 @@ def recrown(folder: Path) -> None:
                 # A config raced out of the stored rounds has no cells past them (None).
                 table = [[types.SimpleNamespace(ok=True, samples_us=rs[k][:cf.sized_iterations(
                     statistics.median(rs[0]))]) if k < len(rs) else None for rs in stored]
-                    for k in range(max(map(len, stored)))]
+                    for k in range(min(max_rounds or cf.MAX_CONFIRM_ROUNDS,
+                                       max(map(len, stored))))]
 
                 def analyse(t: list[list[Any]], stop: bool = False) -> Any:
                     if stop and len(t) == len(table):  # the stored rounds end here
@@ -272,13 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=540.0,
                    help="stop starting runs past this (default: 540)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--max-rounds", type=int, help="--recrown's replay: at most (default 15)")
     p.add_argument("--recrown", action="store_true",
                    help="crown the stored rounds again")
     args = p.parse_args(argv)
     if args.recrown:
         if not all((args.out / f).is_file() for f in ("answers.json", "answers.tgz")):
             p.error(f"--recrown reads answers.json and answers.tgz, but {args.out} lacks them.")
-        recrown(args.out)
+        from autotune.tuning.confirmation import CONFIRM_MIN_ROUNDS as least
+        if args.max_rounds is not None and args.max_rounds < least:
+            p.error(f"--max-rounds must be at least {least}, got {args.max_rounds}.")
+        recrown(args.out, args.max_rounds)
         return 0
     args.verify_method = args.verify_method or ["auto"]
     args.out = args.out.resolve()

@@ -160,6 +160,17 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys, race
     today_us = stored_us - sum(t for rr in cands[2].rounds_us[5:] for t in rr)
     assert spent == f"today's rounds: {100 * today_us / stored_us:.1f}% of the stored kernel time"
     assert (spent == "today's rounds: 100.0% of the stored kernel time") == raced
+    # Capped at 7 rounds, the replay stops there; under five is no confirmation: exit 2.
+    assert answers.main(["--recrown", "--max-rounds", "7", "--out", str(tmp_path)]) == 0
+    capped = stored_us - sum(t for c in (*cands[:2], Candidate({}, rounds(300.0)))
+                             for rr in c.rounds_us[7:] for t in rr)
+    capped -= sum(t for rr in cands[2].rounds_us[5:] for t in rr)
+    assert capsys.readouterr().out.strip().splitlines() == [
+        line, f"today's rounds: {100 * capped / stored_us:.1f}% of the stored kernel time"]
+    with pytest.raises(SystemExit) as exit_info:
+        answers.main(["--recrown", "--max-rounds", "4", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--max-rounds must be at least 5, got 4" in capsys.readouterr().err
 
 
 def test_the_tarball_keeps_each_runs_files_and_xlas_autotune_picks(tmp_path):
