@@ -545,18 +545,19 @@ class _Scheduler:
         if not r.traced:
             r.traced = True
             self._submit_traces(r)
-        if r.side:
-            return
         assert self.device is not None
-        if not r.confirming:
+        if not r.confirming and all(kind != "baseline" for kind, _ in r.side.values()):
             # The confirmation round re-times the best configs on the workers that kept them
-            # (docs/measurement.md), on the confirm thread; the problem ends when it is stored.
+            # (docs/measurement.md), on the confirm thread, once the baseline is stored (its
+            # XLA pick is the one the round times); the traces go on beside it, so a job's last
+            # problem does not wait for its traces' compiles and then for its round.
             r.confirming = True
             future = self._confirms.submit(
                 confirming.confirm_best, r.kernel, r.problem, r.spec, store=self.store,
                 engine=self.engine, device=self.device, software=self.software,
                 run_id=self.run_id)
             r.side[future] = ("confirm", None)
+        if r.side:
             return
         r.finished = True
         # admits: the whole budget, not less the results stored outside the study (``outside``
