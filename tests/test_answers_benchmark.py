@@ -32,6 +32,7 @@ def test_the_tail_runs_from_the_last_trial_to_the_last_problem_done():
                        event("done", 4), event("done", 7.75), event("summary", 8), "not json"])
     assert answers.tail_seconds(lines) == 4.5
     assert answers.tail_seconds(event("trial", 1)) is None
+    assert answers.tail_seconds("\n".join([event("done", 1), event("trial", 2)])) is None
 
 
 def test_a_folder_of_an_earlier_call_is_refused_and_a_timed_out_command_is_a_row(
