@@ -204,9 +204,11 @@ class Evaluator(abc.ABC):
     @abc.abstractmethod
     def baseline(
         self, kernel: Kernel, problem: Problem, *, iterations: int | None = None,
-        program: bool = False,
+        program: bool = False, check: bool = True,
     ) -> TrialResult:
-        """Times the problem's baseline (``program``: as :meth:`retime` does)."""
+        """Times the problem's baseline (``program``: as :meth:`retime` does). ``check``: its
+        output's relative error against the kernel's reference is computed (``rel_error``); a
+        re-time (a confirmation round) passes False and spends no reference."""
 
     def prepare(
         self, kernel: Kernel, problem: Problem, *, on_stage: StageHook | None = None
@@ -268,7 +270,7 @@ class Evaluator(abc.ABC):
         within the round moves them all (:class:`~autotune.evaluation.pipeline.GpuEvaluator`
         under the cold policy: :func:`~autotune.evaluation.cold_timing.time_cold_interleaved`).
         """
-        return [self.baseline(kernel, problem, iterations=iterations) if p is None
+        return [self.baseline(kernel, problem, iterations=iterations, check=False) if p is None
                 else self.retime(p, iterations=iterations) for p in programs]
 
     @abc.abstractmethod

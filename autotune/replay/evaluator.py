@@ -94,8 +94,8 @@ class ReplayEvaluator(Evaluator):
                                  compile_s=compiled.compile_s, rel_error=None, timing=TIMING,
                                  cache=self.cache)
 
-    def baseline(self, kernel: Kernel, problem: Problem, *,
-                 iterations: int | None = None, program: bool = False) -> TrialResult:
+    def baseline(self, kernel: Kernel, problem: Problem, *, iterations: int | None = None,
+                 program: bool = False, check: bool = True) -> TrialResult:
         if program:
             return TrialResult.failed(Outcome.COMPILE_ERROR, NO_PROGRAM_VIEW)
         if "median_us" not in self._baseline:

@@ -529,9 +529,13 @@ def test_errors_that_are_not_the_configs_fail_the_future():
 
 
 def test_baseline_and_trace_run_on_a_worker(tmp_path):
-    """The baseline is timed and the trace parsed by the worker, through the engine."""
+    """The baseline is timed and the trace parsed by the worker, through the engine. Its
+    error against the reference is computed when it is timed, not when a round re-times it."""
     with fake_engine() as eng:
-        assert eng.baseline(FAKE, PROBLEM).median_us == 100.0
+        first = eng.baseline(FAKE, PROBLEM)
+        assert first.median_us == 100.0 and first.rel_error == 0.0
+        again = eng.retime(FAKE, PROBLEM, None, iterations=3)
+        assert again.ok and again.rel_error is None and len(again.samples_us) == 3
         assert eng.trace(FAKE, PROBLEM, cfg(cost_us=3), tmp_path, 8) == {
             "body": (3.0, 2),
             "kernel": (5.0, 2),

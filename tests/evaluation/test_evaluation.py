@@ -545,6 +545,33 @@ def test_a_baselines_host_work_is_prepared_ahead_and_only_its_compile_is_left(mo
     assert options[compiles:] == [None]
 
 
+def test_a_baselines_retime_computes_no_reference(monkeypatch):
+    """A baseline's first timing computes its error against the kernel's reference; a
+    confirmation round's re-time (``check=False``, as the workers and ``retime_round`` ask)
+    computes no reference under the GPU's lock, and says so (``rel_error`` None)."""
+    import dataclasses
+
+    evaluator = ev.InterpretEvaluator(iterations=1)
+    kernel = dataclasses.replace(get_kernel(SCALE_ADD, allow_import=True),
+                                 baseline=lambda problem: (lambda x, y: x * 2.0 + y))
+    problem = Problem(kernel.name, {"n": 256}, "float32")
+    evaluator.prepare(kernel, problem)
+    expected, calls = evaluator._expected, []
+
+    def counted(*args):
+        calls.append(args[1])
+        return expected(*args)
+
+    monkeypatch.setattr(evaluator, "_expected", counted)
+    first = evaluator.baseline(kernel, problem)
+    assert first.ok and first.rel_error == 0.0 and calls == [problem]
+    again = evaluator.baseline(kernel, problem, iterations=3, check=False)
+    assert again.ok and again.rel_error is None and len(again.samples_us) == 3
+    [in_round] = evaluator.retime_round(kernel, problem, [None], iterations=2)
+    assert in_round.ok and in_round.rel_error is None
+    assert calls == [problem], "a re-time computed the reference again"
+
+
 def test_a_baseline_that_fails_ahead_is_reported_by_baseline(monkeypatch):
     """``prepare`` never raises for the baseline's own failure: ``baseline`` reports it."""
     import dataclasses
