@@ -515,8 +515,8 @@ class _Worker:
                     self._hook(task)("time")
                     if task.config is None:
                         kernel = self._kernel(task.kernel_name)
-                        # A round's re-time: the baseline's error against the reference is
-                        # computed when it is first timed, not again under the lock.
+                        # A round's re-time: the baseline's output was checked when it was
+                        # first timed (a round times only one stored after that check).
                         result = self.evaluator.baseline(kernel, task.problem,
                                                          iterations=iterations, program=program,
                                                          check=False)

@@ -207,8 +207,9 @@ class Evaluator(abc.ABC):
         program: bool = False, check: bool = True,
     ) -> TrialResult:
         """Times the problem's baseline (``program``: as :meth:`retime` does). ``check``: its
-        output's relative error against the kernel's reference is computed (``rel_error``); a
-        re-time (a confirmation round) passes False and spends no reference."""
+        output is checked against the kernel's reference within the kernel's tolerance (a
+        WRONG_RESULT beyond it, as a config's); a re-time (a confirmation round, which times
+        only a baseline stored after its check) passes False and spends no reference."""
 
     def prepare(
         self, kernel: Kernel, problem: Problem, *, on_stage: StageHook | None = None

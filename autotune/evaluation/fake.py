@@ -225,8 +225,11 @@ class FakeEvaluator(Evaluator):
         """``baseline_us`` of the problem's shape (``baseline_cold_us`` when cold), with the
         shape's ``baseline_noise`` (relative standard deviation in per mille: shape values are
         whole numbers), default 100 µs, no noise; ``program``: three blocks of that plus the
-        shape's ``baseline_call_us`` (default 0)."""
+        shape's ``baseline_call_us`` (default 0). ``baseline_wrong`` (1): its output is off the
+        reference, a WRONG_RESULT where ``check``ed."""
         dims = problem.dims
+        if check and dims.get("baseline_wrong"):
+            return wrong_result(0.5, 0.02, 0.0, when=" of the baseline")
         cost = float(dims.get("baseline_us", 100))
         if self.cache == "cold" and "baseline_cold_us" in dims:
             cost = float(dims["baseline_cold_us"])

@@ -314,6 +314,7 @@ def measure_baseline(
     iterations: int,
     timing: str,
     expected: Any = None,
+    tolerance: float | None = None,
     cache: str = "warm",
     flush: Any = None,
     compiled: Any = None,
@@ -323,7 +324,9 @@ def measure_baseline(
     """Compiles and times a baseline (XLA, cuDNN) the way configs are timed.
 
     With CUPTI every launch counts (``aggregate=True``): the baseline *is* XLA's kernels.
-    ``rel_error`` against ``expected`` is recorded when given, for information. ``compiled``:
+    ``rel_error`` against ``expected`` is recorded when given; beyond ``tolerance`` (the
+    kernel's, as its configs are held to) the baseline is a WRONG_RESULT, not timed: a
+    baseline that computes something else is never compared or served. ``compiled``:
     an executable of ``fn`` compiled before (not compiled again); ``lowered``: ``fn`` lowered
     before (compiled here, with XLA's autotuning); ``on_compiled`` receives the executable
     compiled here, for re-use.
@@ -347,6 +350,8 @@ def measure_baseline(
         stage = Stage.RUN
         out = jax.block_until_ready(executable(*inputs))
         rel = relative_error(out, expected) if expected is not None else None
+        if rel is not None and tolerance is not None and not rel <= tolerance:
+            return wrong_result(rel, tolerance, compile_s, when=" of the baseline")
         stage = Stage.TIME
         samples, _ = time_runs(
             executable, inputs, iterations, timing, aggregate=True, cache=cache, flush=flush
@@ -777,7 +782,8 @@ class _JaxEvaluator(Evaluator):
                 raise EvaluationError(f"{kernel.name}.baseline fails for {problem}: {e}") from e
             result = measure_baseline(
                 fn, inputs, iterations=iterations or self.iterations, timing=self.timing,
-                expected=expected, cache=self.cache, flush=self._flush(),
+                expected=expected, tolerance=tolerance_for(kernel, problem.dtype) if check
+                else None, cache=self.cache, flush=self._flush(),
                 compiled=self._baseline_executables.get(key),
                 lowered=self._baseline_lowered.get(key),
                 on_compiled=lambda exe: self._keep_baseline(key, exe),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from autotune.engine.protocol import EngineLike
 from autotune.space.kernel import Kernel
@@ -97,14 +98,21 @@ def confirm_best(
         if done and {p.trial_id for p in done[0].programs} == {r.id for r in top}:
             return None
     start = time.monotonic()
-    baseline = kernel.baseline is not None
+    # The rounds time the baseline only once it is stored, which it is only after its output
+    # passed the kernel's check (measure_baseline): a baseline that computes something else is
+    # never confirmed, so never served. None stored yet (a resumed job's first run stopped
+    # before it): it is timed and checked here first.
+    stored = None
+    if kernel.baseline is not None:
+        stored = store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                                cache=policy) or _baseline_now(kernel, problem, store=store,
+                                                               engine=engine, device=device,
+                                                               software=software, cache=policy)
+    baseline = stored is not None
     # Runs per round sized by each program's time (sized_iterations), unless the job fixes them.
     iterations = [sized_iterations(r.median_us, spec.confirm_iterations) for r in top]
-    if baseline:
-        stored = store.baseline(problem, device_name=device.name, device_kind=device.kind,
-                                cache=policy)
-        iterations.append(sized_iterations(getattr(stored, "median_us", None),
-                                           spec.confirm_iterations))
+    if stored is not None:
+        iterations.append(sized_iterations(stored.median_us, spec.confirm_iterations))
     configs = [Config(r.config) for r in top]
     default = kernel.default_config(problem) if kernel.default_config is not None else None
     # A job's confirm_rounds is what it gets; else adaptive rounds (timed_rounds).
@@ -167,6 +175,29 @@ def confirm_best(
                     "%s", problem, Config(winner.config).to_json(), winner.median_us,
                     Config(top[kept[0]].config).to_json())
     return time.monotonic() - start
+
+
+def _baseline_now(kernel: Kernel, problem: Problem, *, store: TrialStore, engine: EngineLike,
+                  device: DeviceInfo, software: Mapping[str, str], cache: str) -> Any:
+    """The problem's baseline timed and checked on ``engine`` and stored; None (with a
+    warning) where it fails, its check included, or the engine times no baseline."""
+    measure = getattr(engine, "baseline", None)
+    if measure is None:
+        return None
+    try:
+        result = measure(problem.kernel, problem)
+    except Exception as e:  # noqa: BLE001 - a failed baseline must not lose the confirmation
+        logger.warning("%s: the baseline %s failed: %s; the confirmation has no baseline.",
+                       problem, kernel.baseline_name, e)
+        return None
+    if not result.ok:
+        logger.warning("%s: the baseline %s failed (%s): %s; the confirmation has no baseline.",
+                       problem, kernel.baseline_name, result.outcome.value, result.error)
+        return None
+    store.record_baseline(problem, kernel.baseline_name, result.samples_us, device=device,
+                          software=software, cache=cache)
+    return store.baseline(problem, device_name=device.name, device_kind=device.kind,
+                          cache=cache)
 
 
 def program_check(

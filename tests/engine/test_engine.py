@@ -536,6 +536,8 @@ def test_baseline_and_trace_run_on_a_worker(tmp_path):
         assert first.median_us == 100.0 and first.rel_error == 0.0
         again = eng.retime(FAKE, PROBLEM, None, iterations=3)
         assert again.ok and again.rel_error is None and len(again.samples_us) == 3
+        wrong = Problem(FAKE, {**PROBLEM.dims, "baseline_wrong": 1}, PROBLEM.dtype)
+        assert eng.baseline(FAKE, wrong).outcome is Outcome.WRONG_RESULT
         assert eng.trace(FAKE, PROBLEM, cfg(cost_us=3), tmp_path, 8) == {
             "body": (3.0, 2),
             "kernel": (5.0, 2),

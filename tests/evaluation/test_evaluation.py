@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -570,6 +571,25 @@ def test_a_baselines_retime_computes_no_reference(monkeypatch):
     [in_round] = evaluator.retime_round(kernel, problem, [None], iterations=2)
     assert in_round.ok and in_round.rel_error is None
     assert calls == [problem], "a re-time computed the reference again"
+
+
+def test_a_baseline_off_the_reference_is_a_wrong_result_naming_the_tolerance():
+    """A baseline whose output is off the kernel's reference beyond the kernel's tolerance (a
+    user's ``baseline=`` that computes something else) is a WRONG_RESULT, as a config's would
+    be, with its error and the tolerance; it is not timed. A round's re-time does not check."""
+    import dataclasses
+
+    evaluator = ev.InterpretEvaluator(iterations=1)
+    kernel = dataclasses.replace(get_kernel(SCALE_ADD, allow_import=True),
+                                 baseline=lambda problem: (lambda x, y: x * 3.0 + y))
+    problem = Problem(kernel.name, {"n": 256}, "float32")
+    evaluator.prepare(kernel, problem)
+    result = evaluator.baseline(kernel, problem)
+    assert result.outcome is Outcome.WRONG_RESULT and not result.samples_us
+    assert result.rel_error is not None and result.rel_error > 2e-3
+    assert re.fullmatch(r"\[check\] relative error \S+ of the baseline exceeds the tolerance "
+                        r"0\.002 \(\|\|out-ref\|\|/\|\|ref\|\|\)\.", result.error), result.error
+    assert evaluator.baseline(kernel, problem, iterations=2, check=False).ok
 
 
 def test_a_baseline_that_fails_ahead_is_reported_by_baseline(monkeypatch):

@@ -742,6 +742,40 @@ def test_a_second_run_does_not_confirm_again_unless_the_best_changed(tmp_path):
     assert report.skipped and report.best_config == {"v": 1}
 
 
+def test_only_a_baseline_that_passed_its_check_is_confirmed_against(tmp_path, caplog):
+    """The rounds time the baseline only once it is stored, after its output passed the
+    kernel's check. One whose output is off the reference (always here) is stored nowhere, and
+    the round confirms the configs without it: no speedup, the kernel's config served. One that
+    failed only in the search's measurement is timed and checked again by the confirmation,
+    stored, and confirmed against."""
+    from autotune.evaluation.contract import wrong_result
+
+    class Baseline(ConfirmingEngine):
+        def __init__(self, fails: int, **kw):
+            super().__init__(**kw)
+            self.fails, self.asked_baselines = fails, 0
+
+        def baseline(self, kernel_name, problem):
+            self.asked_baselines += 1
+            if self.asked_baselines <= self.fails:
+                return wrong_result(0.5, 0.02, 0.0, when=" of the baseline")
+            return super().baseline(kernel_name, problem)
+
+    for fails, confirmed in ((99, False), (1, True)):
+        engine = Baseline(fails)
+        with Store(f"sqlite:///{tmp_path}/t{fails}.db") as store:
+            (report,) = run_job(_pick_job(), store=store, engine=engine)
+            (conf,) = store.confirmations(PICK_PROBLEM, device_kind=None)
+            stored = store.baseline(PICK_PROBLEM, device_kind=None)
+        assert engine.asked_baselines == 2  # the search's, then the confirmation's
+        assert (stored is not None) == confirmed
+        assert (conf.baseline_name == "xla") == confirmed
+        assert (report.speedup is not None) == confirmed
+        assert report.best_config == {"v": 1} and engine.confirmed == [[3, 0, 1, 2, 4]]
+    assert "the baseline xla failed (wrong_result): [check] relative error 0.5 of the " \
+           "baseline exceeds the tolerance 0.02" in caplog.text
+
+
 def test_cache_policies_are_stored_and_kept_apart(tmp_path):
     """A cold job after a warm one measures every config again (cold), in rows of its own;
     each policy's best, baseline, study and confirmation use only its own rows, and the
