@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.engine.protocol import EngineLike
 from autotune.space.kernel import Kernel
@@ -102,17 +101,18 @@ def confirm_best(
     # passed the kernel's check (measure_baseline): a baseline that computes something else is
     # never confirmed, so never served. None stored yet (a resumed job's first run stopped
     # before it): it is timed and checked here first.
-    stored = None
+    baseline_us = None
     if kernel.baseline is not None:
         stored = store.baseline(problem, device_name=device.name, device_kind=device.kind,
-                                cache=policy) or _baseline_now(kernel, problem, store=store,
-                                                               engine=engine, device=device,
-                                                               software=software, cache=policy)
-    baseline = stored is not None
+                                cache=policy)
+        baseline_us = stored.median_us if stored is not None else _baseline_now(
+            kernel, problem, store=store, engine=engine, device=device, software=software,
+            cache=policy)
+    baseline = baseline_us is not None
     # Runs per round sized by each program's time (sized_iterations), unless the job fixes them.
     iterations = [sized_iterations(r.median_us, spec.confirm_iterations) for r in top]
-    if stored is not None:
-        iterations.append(sized_iterations(stored.median_us, spec.confirm_iterations))
+    if baseline:
+        iterations.append(sized_iterations(baseline_us, spec.confirm_iterations))
     configs = [Config(r.config) for r in top]
     default = kernel.default_config(problem) if kernel.default_config is not None else None
     # A job's confirm_rounds is what it gets; else adaptive rounds (timed_rounds).
@@ -178,14 +178,11 @@ def confirm_best(
 
 
 def _baseline_now(kernel: Kernel, problem: Problem, *, store: TrialStore, engine: EngineLike,
-                  device: DeviceInfo, software: Mapping[str, str], cache: str) -> Any:
-    """The problem's baseline timed and checked on ``engine`` and stored; None (with a
-    warning) where it fails, its check included, or the engine times no baseline."""
-    measure = getattr(engine, "baseline", None)
-    if measure is None:
-        return None
+                  device: DeviceInfo, software: Mapping[str, str], cache: str) -> float | None:
+    """The problem's baseline timed and checked on ``engine`` and stored: its median; None
+    (with a warning) where it fails, its check included."""
     try:
-        result = measure(problem.kernel, problem)
+        result = engine.baseline(problem.kernel, problem)
     except Exception as e:  # noqa: BLE001 - a failed baseline must not lose the confirmation
         logger.warning("%s: the baseline %s failed: %s; the confirmation has no baseline.",
                        problem, kernel.baseline_name, e)
@@ -196,8 +193,7 @@ def _baseline_now(kernel: Kernel, problem: Problem, *, store: TrialStore, engine
         return None
     store.record_baseline(problem, kernel.baseline_name, result.samples_us, device=device,
                           software=software, cache=cache)
-    return store.baseline(problem, device_name=device.name, device_kind=device.kind,
-                          cache=cache)
+    return result.median_us
 
 
 def program_check(
