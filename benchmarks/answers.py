@@ -96,8 +96,10 @@ def confirm_seconds(jsonl: str) -> dict[str, float]:
 def tail_seconds(jsonl: str) -> float | None:
     """From the job's last trial to its last problem done: what its last rounds add to it
     (None in a job cut short: no problem done after its last trial)."""
+    found = events(jsonl)
+
     def last(kind: str) -> float:
-        return max((dt.datetime.fromisoformat(e["time"]).timestamp() for e in events(jsonl)
+        return max((dt.datetime.fromisoformat(e["time"]).timestamp() for e in found
                     if e.get("event") == kind), default=math.nan)
     tail = last("done") - last("trial")
     return None if math.isnan(tail) or tail < 0 else tail
