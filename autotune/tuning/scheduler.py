@@ -69,6 +69,12 @@ AFFINITY_SLACK = 1
 SAMPLER_POLL_S = 0.02
 # Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
 TRACE_PROFILE_SPACE = 64
+# Confirmation rounds of different problems that run at once. A round is a chain of re-time
+# tasks, each waiting for the last; on the H100 a task held the GPU's lock for about 9 of its
+# 12 ms at 4096^3, a 128x8192x8192 round took at least 23 ms a task: one round leaves the GPU
+# idle between its tasks, and rounds run one at a time queued 1.2-3.3 s behind each other in
+# a job's tail (benchmarks/RESULTS.md §12). Beyond a few they would only queue on the lock.
+CONCURRENT_ROUNDS = 3
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,7 +104,7 @@ class _Run:
     finished: bool = False
     side: dict[Future[Any], tuple[str, Any]] = dataclasses.field(default_factory=dict)
     baseline_due: bool = False  # its baseline is to be measured (after its first result)
-    confirming: bool = False  # its confirmation round was started (on the confirm thread)
+    confirming: bool = False  # its confirmation round was started (on a confirm thread)
     confirm_s: float | None = None
 
     @property
@@ -241,9 +247,11 @@ class _Scheduler:
         self.software = software_versions()
         self.runs: list[_Run] = []
         self.reports: dict[int, ProblemReport] = {}
-        # Confirmation rounds run here, one at a time, so that the loop goes on asking and
-        # storing for the other problems meanwhile (a round takes about a second on the H200).
-        self._confirms = ThreadPoolExecutor(1, thread_name_prefix="autotune-confirm")
+        # Confirmation rounds run here, so that the loop goes on asking and storing for the
+        # other problems meanwhile (a round takes about a second on the H200); up to
+        # CONCURRENT_ROUNDS problems' rounds at once, so that one does not queue behind another.
+        self._confirms = ThreadPoolExecutor(CONCURRENT_ROUNDS,
+                                            thread_name_prefix="autotune-confirm")
         self._sampler_wait = False  # _fill left slots free for a sampler making ready
 
     # -- the loop --------------------------------------------------------------------------
@@ -548,7 +556,7 @@ class _Scheduler:
         assert self.device is not None
         if not r.confirming and all(kind != "baseline" for kind, _ in r.side.values()):
             # The confirmation round re-times the best configs on the workers that kept them
-            # (docs/measurement.md), on the confirm thread, once the baseline is stored (its
+            # (docs/measurement.md), on a confirm thread, once the baseline is stored (its
             # XLA pick is the one the round times); the traces go on beside it, so a job's last
             # problem does not wait for its traces' compiles and then for its round.
             r.confirming = True

@@ -718,6 +718,37 @@ def test_confirm_interleaves_rounds_on_the_kept_executables():
     assert len(order) == 9 and order == sorted(order)
 
 
+def test_confirm_rounds_of_two_problems_run_at_once_on_one_engine():
+    """Two threads confirm two problems on one engine at once (the job runs up to
+    ``CONCURRENT_ROUNDS`` rounds so): each gets its own table, every program timed on the
+    executable its worker kept, nothing compiled again, and their re-time tasks interleave."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    problems = [Problem(FAKE, {"n": n, "baseline_us": 150}, "float32") for n in (1, 2)]
+    # Each timing takes 15 ms, so that the two rounds' tasks overlap.
+    configs = [cfg(mode="sleep", stage="time", sleep_ms=15, cost_us=c, noise=1)
+               for c in (100, 120)]
+    with fake_engine(workers_per_gpu=2, cache="cold") as eng:
+        medians = {}
+        for problem in problems:
+            medians[problem] = [f.result().median_us
+                                for f in [eng.submit(FAKE, problem, c) for c in configs]]
+            eng.baseline(FAKE, problem)
+        before = {e.task_id for e in eng.timeline()}
+        with ThreadPoolExecutor(2) as pool:
+            tables = list(pool.map(
+                lambda p: eng.confirm(FAKE, p, configs, rounds=4, iterations=30,
+                                      medians_us=medians[p]), problems))
+        events = [e for e in eng.timeline() if e.task_id not in before]
+    for table in tables:
+        assert [[round(r.median_us) for r in row] for row in table] == [[100, 120, 150]] * 4
+    assert not [e for e in events if e.stage in ("build", "lower", "compile")]
+    timed = [e.problem for e in sorted(events, key=lambda e: e.t) if e.stage == "time"]
+    assert len(timed) == 24
+    switches = sum(1 for a, b in zip(timed, timed[1:]) if a != b)
+    assert switches > 1, timed
+
+
 def test_confirm_interleaved_times_each_round_as_one_task_on_the_worker_that_timed_most():
     """``confirm(..., interleaved=True)``: each round is one task, on the worker that timed
     most of the round's programs last; it compiles in the first round what it did not keep

@@ -466,6 +466,31 @@ def test_a_problems_round_starts_once_its_baseline_is_stored_beside_its_traces(t
     assert report.confirm_s == 0.25
 
 
+def test_rounds_of_problems_that_end_together_run_at_once(tmp_path, monkeypatch):
+    """Problems whose searches end together run their confirmation rounds at the same time
+    (up to ``CONCURRENT_ROUNDS``), not one after another: a round is a chain of re-time tasks
+    that leaves the GPU idle between them, and rounds run one at a time queued 1.2-3.3 s
+    behind each other in an H100 job's tail (benchmarks/RESULTS.md §12)."""
+    from autotune.tuning import confirming
+
+    windows: dict[str, tuple[float, float]] = {}
+
+    def confirm(kernel, problem, spec, **kw):
+        start = time.monotonic()
+        time.sleep(0.6)
+        windows[problem.digest()] = (start, time.monotonic())
+        return 0.6
+
+    monkeypatch.setattr(confirming, "confirm_best", confirm)
+    job = _problems(scheduler.CONCURRENT_ROUNDS + 1, trials=2)
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        reports = run_job(job, store=store, engine=SlowEngine(delay_s=0.05))
+    assert [r.confirm_s for r in reports] == [0.6] * len(job.problems)
+    spans = sorted(windows.values())
+    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert most == scheduler.CONCURRENT_ROUNDS, spans
+
+
 def test_problems_are_counted_while_the_engine_starts(tmp_path, monkeypatch):
     """Opening a problem counts its valid configs (about 0.3 s for a hopper_matmul space); on
     the H200 a first result waited 0.9 s to be stored behind the opening of later problems.
