@@ -471,10 +471,15 @@ class _Worker:
 
     def _measure(self, task: TaskMsg, compiled: Any) -> None:
         # The result (and its "done" time) is sent before the lock is released, so the device
-        # spans of a GPU's configs in the timeline never overlap.
-        with self._device():
-            self.send(StageReached(task.id, "device", time.time()))
-            self._measure_locked(task, compiled)
+        # spans of a GPU's configs in the timeline never overlap. A program check times the
+        # host's clock: it waits for this worker's compile threads' Python work to pause
+        # (_HostGate) before it takes the GPU's lock, so the GPU's other workers time meanwhile
+        # (holding the lock, it kept them waiting for a whole trace's or config's lowering).
+        program = task.kind == "retime" and bool(task.extra.get("program", False))
+        with self._gate.quiet(QUIET_WAIT_S) if program else contextlib.nullcontext():
+            with self._device():
+                self.send(StageReached(task.id, "device", time.time()))
+                self._measure_locked(task, compiled)
 
     def _keep(self, problem: Problem, compiled: Any, median_us: float) -> None:
         """Keeps ``compiled`` if it is among the fastest ``keep_compiled`` of its problem."""
@@ -508,23 +513,20 @@ class _Worker:
                 result = self._time_round(task, compiled)
             elif task.kind == "retime":
                 iterations = int(task.extra["iterations"])
+                # A program check: no compile thread runs Python beside it (_measure).
                 program = bool(task.extra.get("program", False))
-                # A program check times the host's clock: no compile thread runs Python
-                # beside it (_HostGate).
-                with (self._gate.quiet(QUIET_WAIT_S) if program else contextlib.nullcontext()):
-                    self._hook(task)("time")
-                    if task.config is None:
-                        kernel = self._kernel(task.kernel_name)
-                        # A round's re-time: the baseline's output was checked when it was
-                        # first timed (a round times only one stored after that check).
-                        result = self.evaluator.baseline(kernel, task.problem,
-                                                         iterations=iterations, program=program,
-                                                         check=False)
-                    else:
-                        result = self.evaluator.retime(compiled, iterations=iterations,
-                                                       program=program)
-                        if result.ok and not program and task.extra.get("median_us") is not None:
-                            self._keep(task.problem, compiled, float(task.extra["median_us"]))
+                self._hook(task)("time")
+                if task.config is None:
+                    kernel = self._kernel(task.kernel_name)
+                    # A round's re-time: the baseline's output was checked when it was first
+                    # timed (a round times only one stored after that check).
+                    result = self.evaluator.baseline(kernel, task.problem, iterations=iterations,
+                                                     program=program, check=False)
+                else:
+                    result = self.evaluator.retime(compiled, iterations=iterations,
+                                                   program=program)
+                    if result.ok and not program and task.extra.get("median_us") is not None:
+                        self._keep(task.problem, compiled, float(task.extra["median_us"]))
             else:
                 kernel = self._kernel(task.kernel_name)
                 self._hook(task)("run")

@@ -830,6 +830,44 @@ def test_a_program_check_waits_until_no_compile_thread_runs_python():
     assert started[True] >= 0 and started[False] < -1.0, started
 
 
+def test_a_program_check_waits_for_python_work_without_holding_the_gpu():
+    """A program check that waits for its worker's compile threads' Python work (above) does
+    not hold the GPU's lock meanwhile: the GPU's other worker times while it waits."""
+    import concurrent.futures
+
+    config = cfg(cost_us=100)
+    slow_config = cfg("sleep", "lower", sleep_ms=1500, cost_us=101)
+    problem = Problem(FAKE, {"n": 8}, "float32")
+    with fake_engine(workers_per_gpu=2, compile_threads=2, compile_timeout_s=10,
+                     trial_timeout_s=10) as eng, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        median = eng.submit(FAKE, problem, config).result().median_us
+        for worker in (0, 1):  # each worker keeps the config
+            assert eng.retime(FAKE, problem, config, iterations=3, worker=worker,
+                              median_us=median).ok
+        before = {e.task_id for e in eng.timeline()}
+        # Worker 0 lowers a config for 1.5 s, and has a program check to time meanwhile.
+        slow = pool.submit(eng.retime, FAKE, problem, slow_config, iterations=3, worker=0)
+        while not any(e.task_id not in before and e.stage == "lower" for e in eng.timeline()):
+            time.sleep(0.01)
+        check = pool.submit(eng.retime, FAKE, problem, config, iterations=3, program=True,
+                            median_us=median, worker=0)
+        while len({e.task_id for e in eng.timeline()} - before) < 2:  # the check, waiting
+            time.sleep(0.01)
+        time.sleep(0.1)
+        seen = {e.task_id for e in eng.timeline()}
+        assert eng.retime(FAKE, problem, config, iterations=3, worker=1).ok
+        assert slow.result().ok and check.result().ok
+        events = eng.timeline()
+    (lowering,) = {e.task_id for e in events if e.task_id not in before and e.stage == "lower"}
+    (compiling,) = [e.t for e in events if e.task_id == lowering and e.stage == "compile"]
+    (checked,) = [e.t for e in events if e.task_id in seen - before - {lowering}
+                  and e.stage == "device"]
+    (other,) = [e.t for e in events if e.task_id not in seen and e.worker == 1
+                and e.stage == "device"]
+    assert checked >= compiling, (checked, compiling)
+    assert other < compiling - 0.5, (other, compiling)
+
+
 def test_the_host_gate_waits_for_python_work_at_most_its_timeout():
     """A compile thread stuck in its Python stages delays a program check by the gate's
     timeout at most; while the check times, no other compile thread starts its Python work,
