@@ -477,15 +477,15 @@ def test_rounds_of_problems_that_end_together_run_at_once(tmp_path, monkeypatch)
 
     def confirm(kernel, problem, spec, **kw):
         start = time.monotonic()
-        time.sleep(0.6)
+        time.sleep(1.0)
         windows[problem.digest()] = (start, time.monotonic())
-        return 0.6
+        return 1.0
 
     monkeypatch.setattr(confirming, "confirm_best", confirm)
     job = _problems(scheduler.CONCURRENT_ROUNDS + 1, trials=2)
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
         reports = run_job(job, store=store, engine=SlowEngine(delay_s=0.05))
-    assert [r.confirm_s for r in reports] == [0.6] * len(job.problems)
+    assert [r.confirm_s for r in reports] == [1.0] * len(job.problems)
     spans = sorted(windows.values())
     most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
     assert most == scheduler.CONCURRENT_ROUNDS, spans
