@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from autotune.engine.protocol import EngineLike
 from autotune.space.kernel import Kernel
@@ -43,7 +43,7 @@ from autotune.tuning.jobs import ProblemSpec
 from autotune.tuning.provenance import cache_policy_of
 from autotune.tuning.verify import Verification, VerifyTarget, analyse
 
-__all__ = ["confirm_best", "program_check"]
+__all__ = ["confirm_best", "program_check", "store_baseline"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +105,10 @@ def confirm_best(
     if kernel.baseline is not None:
         stored = store.baseline(problem, device_name=device.name, device_kind=device.kind,
                                 cache=policy)
-        baseline_us = stored.median_us if stored is not None else _baseline_now(
-            kernel, problem, store=store, engine=engine, device=device, software=software,
-            cache=policy)
+        baseline_us = stored.median_us if stored is not None else store_baseline(
+            kernel, problem, lambda: engine.baseline(problem.kernel, problem), store=store,
+            device=device, software=software, cache=policy,
+            unless="; the confirmation has no baseline.")
     baseline = baseline_us is not None
     # Runs per round sized by each program's time (sized_iterations), unless the job fixes them.
     iterations = [sized_iterations(r.median_us, spec.confirm_iterations) for r in top]
@@ -177,19 +178,21 @@ def confirm_best(
     return time.monotonic() - start
 
 
-def _baseline_now(kernel: Kernel, problem: Problem, *, store: TrialStore, engine: EngineLike,
-                  device: DeviceInfo, software: Mapping[str, str], cache: str) -> float | None:
-    """The problem's baseline timed and checked on ``engine`` and stored: its median; None
-    (with a warning) where it fails, its check included."""
+def store_baseline(kernel: Kernel, problem: Problem, timed: Callable[[], TrialResult], *,
+                   store: TrialStore, device: DeviceInfo, software: Mapping[str, str],
+                   cache: str, unless: str = ".") -> float | None:
+    """The baseline ``timed()`` gives (the search's future, or the engine asked now) stored
+    where it ran and passed its check: its median; None, with a warning ending in ``unless``,
+    where it failed, its check included, or raised."""
     try:
-        result = engine.baseline(problem.kernel, problem)
-    except Exception as e:  # noqa: BLE001 - a failed baseline must not lose the confirmation
-        logger.warning("%s: the baseline %s failed: %s; the confirmation has no baseline.",
-                       problem, kernel.baseline_name, e)
+        result = timed()
+    except Exception as e:  # noqa: BLE001 - a failed baseline must not lose the tuning
+        logger.warning("%s: the baseline %s failed: %s%s", problem, kernel.baseline_name, e,
+                       unless)
         return None
     if not result.ok:
-        logger.warning("%s: the baseline %s failed (%s): %s; the confirmation has no baseline.",
-                       problem, kernel.baseline_name, result.outcome.value, result.error)
+        logger.warning("%s: the baseline %s failed (%s): %s%s", problem, kernel.baseline_name,
+                       result.outcome.value, result.error, unless)
         return None
     store.record_baseline(problem, kernel.baseline_name, result.samples_us, device=device,
                           software=software, cache=cache)

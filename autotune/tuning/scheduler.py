@@ -514,18 +514,8 @@ class _Scheduler:
 
     def _store_baseline(self, r: _Run, future: Future[Any]) -> None:
         assert self.device is not None
-        try:
-            result = future.result()
-        except Exception as e:  # noqa: BLE001 - a failed baseline must not lose the tuning
-            logger.warning("baseline of %s failed: %s", r.problem, e)
-            return
-        if result.ok:
-            self.store.record_baseline(r.problem, r.kernel.baseline_name, result.samples_us,
-                                       device=self.device, software=self.software,
-                                       cache=self.policy)
-        else:
-            logger.warning("baseline %s failed for %s: %s", r.kernel.baseline_name, r.problem,
-                           result.error)
+        confirming.store_baseline(r.kernel, r.problem, future.result, store=self.store,
+                                  device=self.device, software=self.software, cache=self.policy)
 
     def _store_trace(self, r: _Run, future: Future[Any], what: tuple[int, str]) -> None:
         row_id, out_dir = what

@@ -774,6 +774,7 @@ def test_only_a_baseline_that_passed_its_check_is_confirmed_against(tmp_path, ca
         assert report.best_config == {"v": 1} and engine.confirmed == [[3, 0, 1, 2, 4]]
     assert "the baseline xla failed (wrong_result): [check] relative error 0.5 of the " \
            "baseline exceeds the tolerance 0.02" in caplog.text
+    assert "; the confirmation has no baseline." in caplog.text
 
 
 def test_cache_policies_are_stored_and_kept_apart(tmp_path):
