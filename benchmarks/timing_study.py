@@ -1,22 +1,20 @@
 """Why a cold timing moves: the flush's effect per program, XLA's algorithm per process, clocks.
 
     python3 benchmarks/timing_study.py --out $OUT/timing_study.json          # a GPU, ~3 min
-    python3 benchmarks/timing_study.py --child xla --problem ...              # (internal)
 
 Per problem (default 4096^3 bf16 hopper_matmul) and program (the XLA baseline, the kernel's
 default config, the best recorded configs), ``--rounds`` interleaved rounds, fresh random
 inputs each, by the ``--methods`` (default all):
 
-* ``cold``: the search's (``cold_timing.time_cold``), N x (L2 flush, program) in one CUPTI
-  session (the first sample held against the rest);
-* ``pair``: ``cold``, the round's programs call by call in one session
-  (``cold_timing.time_cold_interleaved``);
+* ``cold``: the search's (``time_cold``), N x (L2 flush, program) in one CUPTI session;
+* ``pair``: ``cold``, the round's programs call by call in one session;
 * ``warm``: N calls back to back, no flush; ``batch``: the host's clock around N calls back to
   back, one wait, per call (median of 3 blocks); ``idle`` / ``hot``: ``batch`` after 0.2 s idle
   / 1 s of calls (a program check's short blocks / a loop at the power limit);
 * ``cold_ro`` / ``iso_ro``: ``cold`` and an isolated call (flush, host sync, a CUPTI session of
   the call) after a read-only flush (a sum over 2x / 4x the L2);
-* ``iso_xor``: ``autotune verify``'s (``independent.CuptiIsolatedTimer``);
+* ``iso_xor``: ``autotune verify``'s (``independent.CuptiIsolatedTimer``); ``fl_xor``: its
+  ``cupti-flushed``; ``cold4`` / ``iso_xor2``: ``cold`` / ``iso_xor`` with a 4x / 2x L2 flush;
 * ``launches``: one warm call's launches; NVML's SM clock, power and clock reasons per block.
 
 ``--engine gpu``: each program on each engine worker (``Engine.retime(worker=...)``).
@@ -69,8 +67,7 @@ def nvml_reading(nv: Any) -> dict[str, Any]:
 
 
 def device_facts() -> dict[str, Any]:
-    """What the CUDA driver (``autotune.devices.read_device``) and NVML say about GPU 0 (no
-    jax)."""
+    """GPU 0 as the CUDA driver (``devices.read_device``) and NVML see it (no jax)."""
     from autotune.devices import read_device
 
     facts: dict[str, Any] = {}
@@ -182,7 +179,7 @@ def run_children(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 class ReadFlush:
-    """An L2 flush that only reads: a sum over ``nbytes`` (the L2Flush interface time_cold uses)."""
+    """An L2 flush that only reads: a sum over ``nbytes`` (L2Flush's interface)."""
 
     def __init__(self, nbytes: int) -> None:
         import jax
@@ -225,10 +222,11 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     l2, source = l2_cache_bytes(jax.devices()[0])
     flush2 = L2Flush()
 
-    from autotune.evaluation.independent import CuptiIsolatedTimer
+    from autotune.evaluation.independent import CuptiFlushedTimer, CuptiIsolatedTimer
 
     read2, read4 = ReadFlush(2 * l2), ReadFlush(4 * l2)
-    xor_timer = CuptiIsolatedTimer()
+    xor_timer, xor2, flush4 = CuptiIsolatedTimer(), CuptiIsolatedTimer(2 * l2), L2Flush(4 * l2)
+    fl_timer = CuptiFlushedTimer()
     programs: list[tuple[str, Any, bool]] = []
     specs = kernel.make_inputs(problem, jax.random.key(0))
     programs.append(("xla", jax.jit(kernel.baseline(problem)).trace(*specs).lower().compile(),
@@ -257,8 +255,8 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
                            else select_kernel_time([launches])[0])
         return samples
 
-    def iso_xor(fn: Any, inputs: Any, n: int) -> list[float]:
-        return [xor_timer.call_us(fn, inputs) for _ in range(n)]
+    def iso_xor(fn: Any, inputs: Any, n: int, timer: Any = xor_timer) -> list[float]:
+        return [timer.call_us(fn, inputs) for _ in range(n)]
 
     def pair(inputs: Any, order: list[int]) -> dict[str, list[float]]:
         ps = [programs[i] for i in order]
@@ -326,6 +324,9 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
                 ("cold_ro", lambda: cold(read2)),
                 ("iso_ro", lambda: iso_ro(fn, inputs, aggregate, args.isolated)),
                 ("iso_xor", lambda: iso_xor(fn, inputs, args.isolated)),
+                ("iso_xor2", lambda: iso_xor(fn, inputs, args.isolated, xor2)),
+                ("fl_xor", lambda: fl_timer.calls_us(fn, inputs, n)),
+                ("cold4", lambda: cold(flush4)),
                 ("warm", lambda: warm(fn, inputs, aggregate, n)),
                 ("pair", lambda: paired[label]),
                 ("batch", lambda: batch(fn, inputs, n)),
@@ -379,7 +380,7 @@ def engine_study(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(result: dict[str, Any]) -> None:
-    methods = [m for m in ("cold", "cold_ro", "iso_ro", "iso_xor",
+    methods = [m for m in ("cold", "cold4", "cold_ro", "iso_ro", "iso_xor", "iso_xor2", "fl_xor",
                            "warm", "pair", "batch", "idle", "hot") if m in result["rows"][0]]
     for prog, launched in result.get("launches", {}).items():
         print(f"{prog}: " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in launched))
