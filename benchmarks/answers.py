@@ -1,18 +1,16 @@
-"""Answers that hold up: the same winner and the same speedup, run after run, checked by a
+"""Answers that hold up: the same winner and speedup, run after run, checked by a
 second method (benchmarks/RESULTS.md §12).
 
     python3 benchmarks/answers.py --runs 5 --out $OUT          # a GPU; ~1.5 min a run
     python3 benchmarks/answers.py --runs 1 --device interpret --job J --out /tmp/a   # CPU smoke
-    python3 benchmarks/answers.py --job benchmarks/answers_unconfirmed.toml --out $U  # the cost
 
-1. ``--runs`` fresh default jobs of ``--job`` (default ``benchmarks/answers.toml``: 4096^3,
-   2048x14336x4096 and 128x8192x8192 bf16 matmuls), each with its own results folder and
-   database, then ``autotune verify`` (the second method): per problem the crowned config, the
-   stored speedup with its interval, the re-timed one, the difference, the confirmation's time,
-   the job's wall and tail (its last trial to its last problem done: where the rounds end it);
-2. one re-time, in one process by the second method, of every run's winner per problem, the
-   configs ``verify`` timed beside it (the round's next), and the best recorded on this device
-   (``autotune/replay/data``): each winner's gap to the best known; the winners' spread.
+1. ``--runs`` fresh default jobs of ``--job`` (default ``benchmarks/answers.toml``), each in
+   its own folder and database, then ``autotune verify``: per problem the crowned config, the
+   stored and the re-timed speedup, their difference, the round's time, the job's wall and tail
+   (its last trial to its last problem done: where the rounds end it);
+2. one re-time by the second method of every run's winner, the configs ``verify`` timed
+   beside it and the best recorded here (``autotune/replay/data``): each winner's gap to the
+   best known; the winners' spread.
 
 ``--seconds``: no run starts near it, and none runs past it. ``--out``: a new folder; gets
 ``answers.json``, ``answers.tgz`` (databases, logs, XLA's picks). ``--recrown``: below.
@@ -94,8 +92,7 @@ def confirm_seconds(jsonl: str) -> dict[str, float]:
 
 
 def tail_seconds(jsonl: str) -> float | None:
-    """From the job's last trial to its last problem done: what its last rounds add to it
-    (None in a job cut short: no problem done after its last trial)."""
+    """From the job's last trial to its last problem done (None in a job cut short)."""
     found = events(jsonl)
 
     def last(kind: str) -> float:
@@ -152,8 +149,8 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
 
 def recrown(folder: Path, max_rounds: int | None = None) -> None:
     """``--recrown``: each stored round crowned again, and replayed by today's rounds (the race,
-    CONFIRM_TARGET_US's runs; at most ``max_rounds``): crown, gap, speedup vs ``verify``'s;
-    today's kernel time."""
+    CONFIRM_TARGET_US's runs; at most ``max_rounds``): crown, gap, speedup vs ``verify``'s (pooled;
+    paired: the median of round ratios); today's kernel time."""
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
     from autotune.tuning import confirmation as cf
@@ -202,10 +199,13 @@ def recrown(folder: Path, max_rounds: int | None = None) -> None:
                           .trial_id) for p in progs], base, default_config=default), today):
                     gap = gaps.get((str(problem), json.dumps(dict(w.winner.config),
                                                              sort_keys=True)))
+                    paired = w.baseline and statistics.median(b / c for b, c in zip(
+                        w.baseline.round_medians_us, w.winner.round_medians_us, strict=True))
                     cells.append(f"t{w.winner.trial_id} " + (
                         "-" if gap is None else f"{100 * gap:+.2f}%") + (
-                        f" vs verify {100 * (w.speedup / v['speedup'] - 1):+.2f}%"
-                        if w.speedup and v.get("speedup") else ""))
+                        f" vs verify {100 * (w.speedup / v['speedup'] - 1):+.2f}% (paired "
+                        f"{100 * (paired / v['speedup'] - 1):+.2f}%)" if paired and v.get(
+                            "speedup") else ""))
                 print(f"run{run['run']} {problem}: crowned {cells[0]}; today {cells[1]}")
     if spent[0]:
         print(f"today's rounds: {100 * spent[1] / spent[0]:.1f}% of the stored kernel time")

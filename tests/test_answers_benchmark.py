@@ -106,8 +106,9 @@ def test_the_side_by_side_times_each_winner_the_configs_verify_timed_beside_it_a
 def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys, raced):
     """``--recrown``: a stored round whose default config tied 0.9% behind the fastest (the
     H100's 2048x14336x4096), crowned by the band open, is crowned again by today's rule (the
-    fastest) and by today's rounds replayed (the race), each with its gap in the side by side,
-    and the kernel time today's rounds spend."""
+    fastest) and by today's rounds replayed (the race), each with its gap in the side by side
+    and its speedup against ``verify``'s, pooled and paired (a baseline that ran 2% slow in
+    three rounds moves the two apart), and the kernel time today's rounds spend."""
     import tarfile
 
     from autotune.space.kernel import get_kernel
@@ -131,7 +132,8 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys, race
     # Stored by the race, the slow config has its first five rounds only.
     cands = [Candidate(fast, rounds(303.0)), Candidate(default, rounds(305.7, drift)),
              Candidate(slow, rounds(320.0)[:5] if raced else rounds(320.0))]
-    stored = analyse_confirmation(cands, rounds(300.0), default_config=default,
+    base = rounds(300.0, (0.0, 0.02, 0.0) * 3)
+    stored = analyse_confirmation(cands, base, default_config=default,
                                   crown_band=float("inf"))
     assert stored.winner.config == default
     (tmp_path / "run0").mkdir()
@@ -147,23 +149,27 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys, race
         tar.add(tmp_path / "run0" / "answers.db", arcname="run0/answers.db")
     (tmp_path / "answers.json").write_text(json.dumps({
         "runs": [{"run": 0, "verified": [{"kernel": "hopper_matmul", "shape": shape,
-                                          "dtype": "bfloat16"}]}],
+                                          "dtype": "bfloat16", "speedup": 0.995}]}],
         "side_by_side": [{"problem": str(problem), "configs": [fast, default],
                           "medians_us": [303.56, 305.78], "best_us": 303.56}]}))
     assert answers.main(["--recrown", "--out", str(tmp_path)]) == 0
     line, spent = capsys.readouterr().out.strip().splitlines()
-    assert line == f"run0 {problem}: crowned t{ids[0]} +0.00%; today t{ids[0]} +0.00%"
+    # Pooled: 300.3 / 303.1515 us; paired: the median round, 300.15 / 303.1515.
+    pooled, paired = 300.3 / 303.1515 / 0.995 - 1, 300.15 / 303.1515 / 0.995 - 1
+    assert f"{100 * pooled:+.2f}" != f"{100 * paired:+.2f}"
+    cell = (f"t{ids[0]} +0.00% vs verify {100 * pooled:+.2f}% (paired {100 * paired:+.2f}%)")
+    assert line == f"run0 {problem}: crowned {cell}; today {cell}"
     # Replayed by today's rounds, the slow config (5.6% behind in every round) is raced out
     # after five of the nine stored rounds; the default, whose rounds cross the fastest's, is
     # not.
-    stored_us = sum(t for r in (*cands, Candidate({}, rounds(300.0))) for rr in r.rounds_us
+    stored_us = sum(t for r in (*cands, Candidate({}, base)) for rr in r.rounds_us
                     for t in rr)
     today_us = stored_us - sum(t for rr in cands[2].rounds_us[5:] for t in rr)
     assert spent == f"today's rounds: {100 * today_us / stored_us:.1f}% of the stored kernel time"
     assert (spent == "today's rounds: 100.0% of the stored kernel time") == raced
     # Capped at 7 rounds, the replay stops there; under five is no confirmation: exit 2.
     assert answers.main(["--recrown", "--max-rounds", "7", "--out", str(tmp_path)]) == 0
-    capped = stored_us - sum(t for c in (*cands[:2], Candidate({}, rounds(300.0)))
+    capped = stored_us - sum(t for c in (*cands[:2], Candidate({}, base))
                              for rr in c.rounds_us[7:] for t in rr)
     capped -= sum(t for rr in cands[2].rounds_us[5:] for t in rr)
     assert capsys.readouterr().out.strip().splitlines() == [
@@ -220,7 +226,7 @@ def test_recrown_names_what_it_lacks_and_skips_a_problem_with_no_round(tmp_path,
     shape = {"m": 256, "n": 256, "k": 256}
     (tmp_path / "answers.json").write_text(json.dumps({
         "runs": [{"run": 0, "verified": [{"kernel": "hopper_matmul", "shape": shape,
-                                          "dtype": "bfloat16"}]}], "side_by_side": []}))
+                                          "dtype": "bfloat16", "speedup": 0.995}]}], "side_by_side": []}))
     assert answers.main(["--recrown", "--out", str(tmp_path)]) == 0
     problem = get_kernel("hopper_matmul").problem(shape, "bfloat16")
     assert capsys.readouterr().out.strip() == f"run0 {problem}: no confirmation round stored"

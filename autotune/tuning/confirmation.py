@@ -182,8 +182,10 @@ class Confirmation:
     baseline: ProgramSummary | None
     fastest: int  # index into configs
     crowned: int  # index into configs
-    speedup: float | None  # baseline / crowned, median of paired round ratios
-    speedup_spread: float | None  # half the range of those ratios, relative to the speedup
+    speedup: float | None  # baseline / crowned: their pooled medians, the two times shown
+    # Half the width of the interval (of the median of the paired round ratios, widened to hold
+    # the speedup), relative to the speedup.
+    speedup_spread: float | None
     speedup_low: float | None
     speedup_high: float | None
 
