@@ -157,7 +157,7 @@ def test_recrown_crowns_the_stored_rounds_again_both_ways(tmp_path, capsys, race
     # Pooled: 300.3 / 303.1515 us; paired: the median round, 300.15 / 303.1515.
     pooled, paired = 300.3 / 303.1515 / 0.995 - 1, 300.15 / 303.1515 / 0.995 - 1
     assert f"{100 * pooled:+.2f}" != f"{100 * paired:+.2f}"
-    cell = (f"t{ids[0]} +0.00% vs verify {100 * pooled:+.2f}% (paired {100 * paired:+.2f}%)")
+    cell = f"t{ids[0]} +0.00% vs verify {100 * pooled:+.2f}% (paired {100 * paired:+.2f}%)"
     assert line == f"run0 {problem}: crowned {cell}; today {cell}"
     # Replayed by today's rounds, the slow config (5.6% behind in every round) is raced out
     # after five of the nine stored rounds; the default, whose rounds cross the fastest's, is
@@ -226,7 +226,7 @@ def test_recrown_names_what_it_lacks_and_skips_a_problem_with_no_round(tmp_path,
     shape = {"m": 256, "n": 256, "k": 256}
     (tmp_path / "answers.json").write_text(json.dumps({
         "runs": [{"run": 0, "verified": [{"kernel": "hopper_matmul", "shape": shape,
-                                          "dtype": "bfloat16", "speedup": 0.995}]}], "side_by_side": []}))
+                                          "dtype": "bfloat16"}]}], "side_by_side": []}))
     assert answers.main(["--recrown", "--out", str(tmp_path)]) == 0
     problem = get_kernel("hopper_matmul").problem(shape, "bfloat16")
     assert capsys.readouterr().out.strip() == f"run0 {problem}: no confirmation round stored"
