@@ -70,10 +70,11 @@ SAMPLER_POLL_S = 0.02
 # Trace events per warpgroup in the tracing pass (plgpu.CompilerParams(profile_space=...)).
 TRACE_PROFILE_SPACE = 64
 # Confirmation rounds of different problems that run at once. A round is a chain of re-time
-# tasks, each waiting for the last; on the H100 a task held the GPU's lock for about 9 of its
-# 12 ms at 4096^3, a 128x8192x8192 round took at least 23 ms a task: one round leaves the GPU
-# idle between its tasks, and rounds run one at a time queued 1.2-3.3 s behind each other in
-# a job's tail (benchmarks/RESULTS.md §12). Beyond a few they would only queue on the lock.
+# tasks, each waiting for the last; on the H100 a task at 4096^3 took 12.3 ms through the
+# engine, 8.6 of them timing (docs/measurement.md, "What it costs"): one round leaves the GPU
+# idle between its tasks. Rounds one at a time ended an H100 job 3.7 s later than no rounds
+# did, three at once 2.0 s (benchmarks/RESULTS.md §12). Beyond a few they would only queue on
+# the lock.
 CONCURRENT_ROUNDS = 3
 
 
