@@ -666,7 +666,9 @@ class Hopper:
         above the measured time of the configs within 5% of each recorded shape's best (median
         15%), and the ranked sampler trusts its scale a little.
       l2_cache: the device's L2 size (bytes); ``l2_share``: the share of it that keeps an
-        operand's panels between the waves that use them (:func:`operand_traffic`).
+        operand's panels between the waves that use them (:func:`operand_traffic`): half, the
+        30 MiB of the H200's 60 MiB that the model was fitted with (docs/ranked_sampler.md,
+        "The grid order").
       grid_width, grid_edge: the grid order beyond its traffic. Of the variants that differ
         only in it and move the same bytes, those whose strips are about ``grid_width`` tiles
         wide measured fastest (docs/ranked_sampler.md, "The grid order"), so each
@@ -695,7 +697,7 @@ class Hopper:
     soft: float = 4.0
     calibration: float = 0.85
     l2_cache: float = float(ak.PROFILES[FITTED_ON].l2_bytes)
-    l2_share: float = 0.6
+    l2_share: float = 0.5
     grid_width: int = 5
     grid_edge: float = 0.0003
     stage_transfer: str = "none"

@@ -558,6 +558,15 @@ def test_the_cost_model_takes_its_l2_from_the_device():
     assert Hopper.for_device(profile("h100-sxm")).l2_cache == profile("h100-sxm").l2_bytes
 
 
+def test_the_fitted_device_keeps_the_l2_its_model_was_fitted_with():
+    """On the H200 (the fitted device: its driver reports a 60 MiB L2) operand panels are kept
+    in 30 MiB of it, as when the model was fitted (docs/ranked_sampler.md, "The grid order");
+    the H100 keeps the same share of its 50 MiB."""
+    h200, h100 = Hopper.for_device(profile("h200")), Hopper.for_device(profile("h100-sxm"))
+    assert h200.l2_cache * h200.l2_share == 30 * 2**20
+    assert h100.l2_cache * h100.l2_share == 25 * 2**20
+
+
 def test_on_the_h100_the_estimate_picks_each_familys_fast_grid_order():
     """Over the H100's recorded families with every grid variant measured (at least 8), the
     variant the estimate ranks first is on average within 2.5% of the family's fastest (1.8%
