@@ -140,6 +140,11 @@ def _die_with_the_engine() -> None:
         log.debug("prctl(PR_SET_PDEATHSIG) is not available.", exc_info=True)
 
 
+def _program_check(task: TaskMsg) -> bool:
+    """Whether ``task`` is a program check: a re-time on the host's clock (``program``)."""
+    return task.kind == "retime" and bool(task.extra.get("program", False))
+
+
 class _HostGate:
     """Pauses a worker's compile threads' Python work while a host-bound loop is timed.
 
@@ -475,7 +480,7 @@ class _Worker:
         # host's clock: it waits for this worker's compile threads' Python work to pause
         # (_HostGate) before it takes the GPU's lock, so the GPU's other workers time meanwhile
         # (holding the lock, it kept them waiting for a whole trace's or config's lowering).
-        program = task.kind == "retime" and bool(task.extra.get("program", False))
+        program = _program_check(task)
         with self._gate.quiet(QUIET_WAIT_S) if program else contextlib.nullcontext():
             with self._device():
                 self.send(StageReached(task.id, "device", time.time()))
@@ -514,7 +519,7 @@ class _Worker:
             elif task.kind == "retime":
                 iterations = int(task.extra["iterations"])
                 # A program check: no compile thread runs Python beside it (_measure).
-                program = bool(task.extra.get("program", False))
+                program = _program_check(task)
                 self._hook(task)("time")
                 if task.config is None:
                     kernel = self._kernel(task.kernel_name)

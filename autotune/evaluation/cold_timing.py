@@ -10,8 +10,8 @@ separate jitted program, never fused with the timed one, on the same stream, so 
 before the timed kernel starts.
 
 The flush reads and writes an int32 buffer of :data:`FLUSH_FACTOR` times the L2's size (100 MiB
-on an H100, whose L2 is 50 MiB; 120 MiB on an H200, whose driver reports 60 MiB): every line the previous iteration left in L2 is
-evicted. The L2 size comes from :func:`l2_cache_bytes`.
+on an H100, whose L2 is 50 MiB; 120 MiB on an H200, whose driver reports 60 MiB): every line the
+previous iteration left in L2 is evicted. The L2 size comes from :func:`l2_cache_bytes`.
 
 :func:`time_cold_interleaved` times several programs so, interleaved call by call in one session
 (``iterations`` x (flush, program 1, flush, program 2, ...)): the calls of a pair are a few

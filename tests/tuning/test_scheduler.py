@@ -42,6 +42,12 @@ PROBLEMS = 6
 TRIALS = 4  # per problem: 24 configs of PACED_RUN_MS each
 
 
+def most_at_once(spans: list[tuple[Any, Any, Any]]) -> int:
+    """The most distinct ``who`` of ``(start, end, who)`` spans in progress at one moment
+    (the most is reached at some span's start)."""
+    return max(len({who for s, e, who in spans if s <= t < e}) for t, _, _ in spans)
+
+
 class JobFile:
     """A job of ``PROBLEMS`` PACED problems (shapes n = first .. first+5) and its runners."""
 
@@ -93,15 +99,8 @@ class JobFile:
         """The most runner processes (stored ``worker``) with a config in flight at one moment,
         from the stored start and finish of each trial."""
         with Store(self.url) as store:
-            rows = [r for r in store.trials() if r.problem.digest() in self.digests]
-        edges = sorted([(r.started_at, 1, r.worker) for r in rows]
-                       + [(r.finished_at, -1, r.worker) for r in rows])  # finishes first on ties
-        busy: collections.Counter[str] = collections.Counter()
-        most = 0
-        for _, step, worker in edges:
-            busy[worker] += step
-            most = max(most, sum(1 for n in busy.values() if n > 0))
-        return most
+            return most_at_once([(r.started_at, r.finished_at, r.worker)
+                                 for r in store.trials() if r.problem.digest() in self.digests])
 
     def rows(self) -> list[tuple[Any, ...]]:
         return [r for r in stored(self.url) if r[1] in self.digests]
@@ -502,9 +501,8 @@ def test_rounds_of_problems_that_end_together_run_at_once(tmp_path, monkeypatch)
     with Store(f"sqlite:///{tmp_path}/t.db") as store:
         reports = run_job(job, store=store, engine=SlowEngine(delay_s=0.05))
     assert [r.confirm_s for r in reports] == [1.0] * len(job.problems)
-    spans = sorted(windows.values())
-    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
-    assert most == scheduler.CONCURRENT_ROUNDS, spans
+    spans = [(s, e, digest) for digest, (s, e) in windows.items()]
+    assert most_at_once(spans) == scheduler.CONCURRENT_ROUNDS, spans
 
 
 def test_problems_are_counted_while_the_engine_starts(tmp_path, monkeypatch):
