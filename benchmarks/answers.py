@@ -149,8 +149,8 @@ def side_by_side(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[d
 
 def recrown(folder: Path, max_rounds: int | None = None) -> None:
     """``--recrown``: each stored round crowned again, and replayed by today's rounds (the race,
-    CONFIRM_TARGET_US's runs; at most ``max_rounds``): crown, gap, speedup vs ``verify``'s (pooled;
-    paired: the median of round ratios); today's kernel time."""
+    CONFIRM_TARGET_US's runs; at most ``max_rounds``): crown, gap, speedup vs ``verify``'s (the
+    median round's; pooled: the ratio of pooled medians); today's kernel time."""
     from autotune.space.kernel import get_kernel
     from autotune.storage.store import Store
     from autotune.tuning import confirmation as cf
@@ -199,12 +199,12 @@ def recrown(folder: Path, max_rounds: int | None = None) -> None:
                           .trial_id) for p in progs], base, default_config=default), today):
                     gap = gaps.get((str(problem), json.dumps(dict(w.winner.config),
                                                              sort_keys=True)))
-                    paired = w.baseline and statistics.median(b / c for b, c in zip(
-                        w.baseline.round_medians_us, w.winner.round_medians_us, strict=True))
+                    pool = w.baseline and statistics.median(sum(w.baseline.rounds_us, ())) / \
+                        statistics.median(sum(w.winner.rounds_us, ()))
                     cells.append(f"t{w.winner.trial_id} " + (
                         "-" if gap is None else f"{100 * gap:+.2f}%") + (
-                        f" vs verify {100 * (w.speedup / v['speedup'] - 1):+.2f}% (paired "
-                        f"{100 * (paired / v['speedup'] - 1):+.2f}%)" if paired and v.get(
+                        f" vs verify {100 * (w.speedup / v['speedup'] - 1):+.2f}% (pooled "
+                        f"{100 * (pool / v['speedup'] - 1):+.2f}%)" if pool and v.get(
                             "speedup") else ""))
                 print(f"run{run['run']} {problem}: crowned {cells[0]}; today {cells[1]}")
     if spent[0]:

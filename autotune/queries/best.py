@@ -259,7 +259,7 @@ class BestResult:
     spread: float | None = None  # (p90 - p10) / median of the samples behind median_us
     # From the confirmation round (None / () when the answer was not confirmed):
     confirmation_id: int | None = None
-    confirmed_speedup: float | None = None  # the baseline's median over the crowned config's
+    confirmed_speedup: float | None = None  # baseline over crowned config, the median round's
     speedup_spread: float | None = None  # half its interval's width, relative to it
     speedup_low: float | None = None  # the interval of the per-round paired speedups
     speedup_high: float | None = None

@@ -22,12 +22,15 @@ configs (default :data:`DEFAULT_CONFIRM_TOP`) and the baseline are re-timed in i
   of a percent) of it, the **crowned** config is the one nearest to the kernel's default
   config, then the simplest (:func:`preference_key`), then the fastest; a tie further behind
   is marked, not crowned;
-* the **speedup** is the baseline's pooled median over the crowned config's pooled median: the
-  two times shown beside it, so the three figures always agree. Its interval is the
-  distribution-free confidence interval of the median of the per-round paired ratios
-  ``median_i(baseline) / median_i(crowned)`` (:func:`median_interval`: their range up to 8
-  rounds, order statistics at about 95% beyond), widened to hold the speedup itself; its
-  spread is half the interval's width, relative to it. :func:`speedup_words` says in words
+* the **speedup** is the median of the per-round paired ratios
+  ``median_i(baseline) / median_i(crowned)``, taken as one round's (:func:`median_round`: the
+  upper middle one for an even count), and the crowned config's and the baseline's times are
+  that round's medians: the two times shown beside it, so the three figures always agree, and
+  rounds whose clock moved between the two programs (a power cap's throttled rounds) do not
+  pull them as they pull pooled medians (benchmarks/RESULTS.md §12). Its interval is the
+  distribution-free confidence interval of the median of those ratios
+  (:func:`median_interval`: their range up to 8 rounds, order statistics at about 95% beyond);
+  its spread is half the interval's width, relative to it. :func:`speedup_words` says in words
   whether the crowned config is faster than the baseline, no faster (the interval holds 1.0),
   or slower (the interval lies below 1.0);
 * a config is **settled** against the fastest when the interval of its paired ratios lies above
@@ -61,6 +64,7 @@ __all__ = [
     "CONFIRM_CROWN_BAND",
     "median_interval",
     "median_error",
+    "median_round",
     "speedup_words",
     "joining_configs",
     "sized_iterations",
@@ -163,7 +167,7 @@ class ProgramSummary:
     config: Mapping[str, Any] | None = dataclasses.field(hash=False)
     trial_id: int | None
     rounds_us: tuple[tuple[float, ...], ...]
-    median_us: float
+    median_us: float  # pooled; the crowned config's and the baseline's: the median round's
     spread: float  # relative_spread of the pooled samples
     round_medians_us: tuple[float, ...]
     diff: float = 0.0  # median paired ratio to the fastest config, minus 1 (configs only)
@@ -182,9 +186,9 @@ class Confirmation:
     baseline: ProgramSummary | None
     fastest: int  # index into configs
     crowned: int  # index into configs
-    speedup: float | None  # baseline / crowned: their pooled medians, the two times shown
+    speedup: float | None  # baseline / crowned in the median round: the two times shown
     # Half the width of the interval (of the median of the paired round ratios, widened to hold
-    # the speedup), relative to the speedup.
+    # the speedup: a no-op, the median round's ratio lies in it), relative to the speedup.
     speedup_spread: float | None
     speedup_low: float | None
     speedup_high: float | None
@@ -223,6 +227,19 @@ def median_interval(values: Sequence[float]) -> tuple[float, float]:
             break
         k += 1
     return ordered[k - 1], ordered[n - k]
+
+
+def median_round(ratios: Sequence[float]) -> int:
+    """The round whose paired ratio is the median of ``ratios`` (the upper of the two middle
+    ones for an even count; equal ratios in the order of their rounds): the round the confirmed
+    speedup and the two times shown beside it come from.
+
+    Raises:
+      ValueError: no ratio.
+    """
+    if not ratios:
+        raise ValueError("median_round needs at least one round's ratio.")
+    return sorted(range(len(ratios)), key=lambda r: (ratios[r], r))[len(ratios) // 2]
 
 
 def speedup_words(speedup: float | None, low: float | None, high: float | None,
@@ -567,8 +584,12 @@ def analyse_confirmation(
             for b, w in zip(baseline.round_medians_us, marked[crowned].round_medians_us,
                             strict=True)
         ]
-        # The two times shown beside it; the paired rounds give its interval.
-        speedup = baseline.median_us / marked[crowned].median_us
+        # The median round's two medians are the times shown beside the speedup, their ratio.
+        k = median_round(ratios)
+        baseline = dataclasses.replace(baseline, median_us=baseline.round_medians_us[k])
+        marked[crowned] = dataclasses.replace(
+            marked[crowned], median_us=marked[crowned].round_medians_us[k])
+        speedup = ratios[k]
         low, high = median_interval(ratios)
         low, high = min(low, speedup), max(high, speedup)
         spread = (high - low) / 2 / speedup

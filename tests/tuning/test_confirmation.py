@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 from typing import Any
 
 import pytest
@@ -38,7 +39,7 @@ def test_public_api():
         "analyse_rounds", "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
         "median_error", "CONFIRM_TIE_FLOOR", "CONFIRM_CROWN_BAND",
         "speedup_words", "joining_configs", "program_calls", "PROGRAM_CHECK_ROUNDS",
-        "program_unclear", "PROGRAM_MAX_ROUNDS", "paired_interval",
+        "program_unclear", "PROGRAM_MAX_ROUNDS", "paired_interval", "median_round",
     ])
 
 
@@ -229,17 +230,47 @@ def test_bad_confirmation_input_is_refused_with_the_rule():
 
 
 def test_the_speedup_is_the_ratio_of_the_two_times_shown_beside_it():
-    """Winner time, baseline time and speedup come from one measurement: the speedup is the
-    baseline's pooled median over the crowned config's, even where a swinging baseline makes the
-    median per-round ratio differ (172, 178.7, 175.4, 178.6, 178.9 us: the swing seen on an H100
-    beside a config that held 176.0-176.5 us), and its interval holds it."""
+    """Winner time, baseline time and speedup come from one measurement: the median round's two
+    medians and their ratio, even where a swinging baseline (172, 178.7, 175.4, 178.6, 178.9 us:
+    the swing seen on an H100 beside a config that held 176.0-176.5 us) puts the pooled medians'
+    ratio elsewhere; its interval holds it."""
     base = tuple((t,) * 20 for t in (172.0, 178.7, 175.4, 178.6, 178.9))
     cand = Candidate({"tile": 64}, tuple((t,) * 20 for t in (176.0, 176.5, 176.2, 176.1, 176.3)))
     c = analyse_confirmation([cand], base)
     assert c.speedup == pytest.approx(c.baseline.median_us / c.winner.median_us)
+    assert (c.winner.median_us, c.baseline.median_us) == (176.5, 178.7)  # round 2 of 5
     assert c.speedup_low <= c.speedup <= c.speedup_high
     assert c.speedup_low < 1.0 < c.speedup_high
     assert "no faster than xla" in m.speedup_words(c.speedup, c.speedup_low, c.speedup_high, "xla")
+
+
+def test_rounds_throttled_between_the_two_programs_do_not_pull_the_speedup():
+    """An H100 4096^3 confirmation (benchmarks/RESULTS.md §12): in its first 8 of 15 rounds the
+    power cap moved the clock within a round, so the kernel and XLA ran at different clocks
+    (XLA 191.0 beside the kernel's 177.4 us); the 7 steady rounds read 0.991-0.994. Pooled, the
+    medians gave 1.0065 (the second method: 0.9945); the median round gives 0.9938, and the
+    times shown are that round's."""
+    w = (175.87, 179.20, 177.06, 177.44, 190.11, 187.07, 183.65, 193.73,
+         177.02, 173.63, 173.89, 173.92, 173.82, 173.98, 174.05)
+    b = (180.56, 178.18, 181.31, 191.02, 191.39, 188.99, 190.37, 192.50,
+         174.05, 172.42, 172.50, 172.72, 172.61, 172.91, 172.43)
+    c = analyse_confirmation([Candidate({"tile": 64}, tuple((t,) * 24 for t in w))],
+                             tuple((t,) * 24 for t in b))
+    pooled = statistics.median(b) / statistics.median(w)
+    assert pooled == pytest.approx(1.0065, abs=1e-4)
+    assert c.speedup == pytest.approx(172.91 / 173.98)  # round 14: the median ratio 0.9938
+    assert (c.winner.median_us, c.baseline.median_us) == (173.98, 172.91)
+    assert c.speedup_low < 1.0 < c.speedup_high  # 8 of 15 rounds disagree: no verdict
+
+
+def test_median_round_is_the_middle_ratio_and_the_upper_of_two():
+    """Equal ratios are ordered by round, so the choice is one round every time."""
+    assert m.median_round([1.02, 0.99, 1.00]) == 2
+    assert m.median_round([1.0, 3.0, 2.0, 4.0]) == 1  # the upper middle: 3.0
+    assert m.median_round([2.0, 2.0, 1.0]) == 0  # the earlier of two equal middles
+    assert m.median_round([0.5]) == 0
+    with pytest.raises(ValueError, match="at least one round"):
+        m.median_round([])
 
 
 def test_speedup_words_say_faster_no_faster_or_slower():
