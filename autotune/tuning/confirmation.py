@@ -187,8 +187,8 @@ class Confirmation:
     fastest: int  # index into configs
     crowned: int  # index into configs
     speedup: float | None  # baseline / crowned in the median round: the two times shown
-    # Half the width of the interval (of the median of the paired round ratios, widened to hold
-    # the speedup: a no-op, the median round's ratio lies in it), relative to the speedup.
+    # Half the width of the interval (of the median of the paired round ratios), relative to the
+    # speedup.
     speedup_spread: float | None
     speedup_low: float | None
     speedup_high: float | None
@@ -590,8 +590,7 @@ def analyse_confirmation(
         marked[crowned] = dataclasses.replace(
             marked[crowned], median_us=marked[crowned].round_medians_us[k])
         speedup = ratios[k]
-        low, high = median_interval(ratios)
-        low, high = min(low, speedup), max(high, speedup)
+        low, high = median_interval(ratios)  # which holds the median round's ratio
         spread = (high - low) / 2 / speedup
     return Confirmation(
         configs=tuple(marked),

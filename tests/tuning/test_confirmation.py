@@ -268,6 +268,11 @@ def test_median_round_is_the_middle_ratio_and_the_upper_of_two():
     assert m.median_round([1.02, 0.99, 1.00]) == 2
     assert m.median_round([1.0, 3.0, 2.0, 4.0]) == 1  # the upper middle: 3.0
     assert m.median_round([2.0, 2.0, 1.0]) == 0  # the earlier of two equal middles
+    rng = random.Random(7)
+    for n in range(1, 31):  # the speedup's interval holds it, at every round count
+        ratios = [rng.uniform(0.9, 1.1) for _ in range(n)]
+        low, high = m.median_interval(ratios)
+        assert low <= ratios[m.median_round(ratios)] <= high
     assert m.median_round([0.5]) == 0
     with pytest.raises(ValueError, match="at least one round"):
         m.median_round([])
