@@ -247,9 +247,9 @@ def test_the_speedup_is_the_ratio_of_the_two_times_shown_beside_it():
 def test_rounds_throttled_between_the_two_programs_do_not_pull_the_speedup():
     """An H100 4096^3 confirmation (benchmarks/RESULTS.md §12): in its first 8 of 15 rounds the
     power cap moved the clock within a round, so the kernel and XLA ran at different clocks
-    (XLA 191.0 beside the kernel's 177.4 us); the 7 steady rounds read 0.991-0.994. Pooled, the
-    medians gave 1.0065 (the second method: 0.9945); the median round gives 0.9938, and the
-    times shown are that round's."""
+    (XLA 191.0 beside the kernel's 177.4 us); the 7 steady rounds read 0.991-0.994. Pooled,
+    its round medians give 1.0065 (its samples gave 1.0026; the second method 0.9945); the
+    median round gives 0.9938, and the times shown are that round's."""
     w = (175.87, 179.20, 177.06, 177.44, 190.11, 187.07, 183.65, 193.73,
          177.02, 173.63, 173.89, 173.92, 173.82, 173.98, 174.05)
     b = (180.56, 178.18, 181.31, 191.02, 191.39, 188.99, 190.37, 192.50,
@@ -258,7 +258,7 @@ def test_rounds_throttled_between_the_two_programs_do_not_pull_the_speedup():
                              tuple((t,) * 24 for t in b))
     pooled = statistics.median(b) / statistics.median(w)
     assert pooled == pytest.approx(1.0065, abs=1e-4)
-    assert c.speedup == pytest.approx(172.91 / 173.98)  # round 14: the median ratio 0.9938
+    assert c.speedup == pytest.approx(172.91 / 173.98)  # the 14th round's ratio, 0.9938
     assert (c.winner.median_us, c.baseline.median_us) == (173.98, 172.91)
     assert c.speedup_low < 1.0 < c.speedup_high  # 8 of 15 rounds disagree: no verdict
 
