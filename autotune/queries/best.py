@@ -40,8 +40,9 @@ the chosen device, else from its ``warm`` ones (``cache=`` picks one); ``BestRes
 says which.
 
 Confirmation: when the newest confirmation round of that policy, device and software is newer
-than the fastest trial, the answer is its crowned config, with its confirmed median, the paired
-speedup and its spread, and the configs it found tied (``BestResult.confirmed``).
+than the fastest trial, the answer is its crowned config, with its confirmed median and speedup
+(the median round's) and the speedup's spread, and the configs it found tied
+(``BestResult.confirmed``).
 
 Program check: where that round has a program check (a verification row of method
 ``PROGRAM_METHOD``: the crowned config and the baseline timed as a program calls them), its
