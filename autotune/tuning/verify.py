@@ -13,9 +13,11 @@ interleaved rounds:
    process (the baseline's XLA autotuning pinned as the job's workers pin it:
    :mod:`autotune.evaluation.xla_autotune`), on fresh random inputs, checked against the
    reference, then timed in ``rounds`` rounds;
-2. :func:`analyse` gives the re-timed speedup (the baseline's median over the winner's, the two
-   times it prints) with the interval of the per-round paired ratios
-   (:func:`autotune.tuning.confirmation.paired_interval`), its difference from the stored
+2. :func:`analyse` gives the re-timed speedup as a confirmation gives its own: the per-round
+   paired ratios (each round's baseline median over the winner's), the speedup the median
+   round's (:func:`autotune.tuning.confirmation.median_round`) and the two times it prints that
+   round's medians, with the interval of the ratios
+   (:func:`autotune.tuning.confirmation.median_interval`), its difference from the stored
    speedup, whether the stored winner still wins (no other re-timed config is faster by more
    than :data:`STILL_WINS_BAND`), and each program's re-timed time over its stored one
    (:attr:`Verification.winner_moved`, :attr:`Verification.baseline_moved`): the difference
@@ -35,7 +37,7 @@ from typing import Any
 
 from autotune.space.outcomes import DeviceInfo
 from autotune.space.problem import Config, Problem
-from autotune.tuning.confirmation import paired_interval, speedup_words
+from autotune.tuning.confirmation import median_interval, median_round, speedup_words
 
 __all__ = [
     "ROUNDS",
@@ -189,20 +191,23 @@ def analyse(
     counts = {len(winner), *(len(o) for o in others)} | ({len(base)} if base else set())
     if len(counts) != 1:
         raise ValueError(f"every program needs the same number of rounds, but got {sorted(counts)}.")
-    w_median = statistics.median(t for r in winner for t in r)
+    w_pooled = w_median = statistics.median(t for r in winner for t in r)
     speedup = low = high = b_median = None
     if base is not None:
-        b_median = statistics.median(t for r in base for t in r)
-        speedup = b_median / w_median
-        low, high = paired_interval(base, winner)
-        low, high = min(low, speedup), max(high, speedup)
+        # The median round's ratio and its two medians, as a confirmation's speedup and times.
+        ratios = [statistics.median(b) / statistics.median(w)
+                  for b, w in zip(base, winner, strict=True)]
+        k = median_round(ratios)
+        speedup = ratios[k]
+        w_median, b_median = statistics.median(winner[k]), statistics.median(base[k])
+        low, high = median_interval(ratios)
     retimed = tuple(
         Retimed(config=dict(c), rounds_us=o, median_us=statistics.median(t for r in o for t in r))
         for c, o in zip(target.others, others, strict=True)
     )
     still_wins = None
     if retimed:
-        still_wins = all(o.median_us >= w_median * (1 - STILL_WINS_BAND) for o in retimed)
+        still_wins = all(o.median_us >= w_pooled * (1 - STILL_WINS_BAND) for o in retimed)
     return Verification(
         problem=target.problem, config=dict(target.winner),
         confirmation_id=target.confirmation_id, method=method, calls=int(calls),

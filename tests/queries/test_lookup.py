@@ -1078,9 +1078,9 @@ def test_the_program_check_decides_the_route_over_the_confirmation(db_url, confi
 
     small = queries.best_result("hopper_matmul", SMALL, "bfloat16", db=url)
     assert small.confirmed_speedup < 1.0 and small.speedup_high < 1.0  # CUPTI: XLA faster
-    assert small.program_speedup == pytest.approx(100.0 / 90.2) and small.program_speedup_low > 1
+    assert small.program_speedup == pytest.approx(100.2 / 90.2) and small.program_speedup_low > 1
     assert small.verdict_figures.source == "program-check" and small.faster == "kernel"
-    assert small.verdict == "10.9% faster than xla"
+    assert small.verdict == "11.1% faster than xla"
     assert small.confirmation_verdict.startswith("slower than xla")
     mid = queries.best_result("hopper_matmul", MID, "bfloat16", db=url)
     assert mid.program_check_id is None and mid.verdict_figures.source == "confirmation"
@@ -1111,9 +1111,9 @@ def test_the_export_carries_the_program_checks_verdict_through_json_python_and_i
     assert [by_m[m]["verdict_source"] for m in (64, 128, 256)] == \
         ["program-check", "confirmation", "program-check"]
     assert by_m[64]["confirmed_speedup"] < 1.0 and by_m[64]["speedup_high"] < 1.0
-    assert by_m[64]["program_speedup"] == pytest.approx(100.0 / 90.2)
+    assert by_m[64]["program_speedup"] == pytest.approx(100.2 / 90.2)
     assert by_m[64]["program_speedup_low"] > 1.0
-    assert by_m[64]["choice"].startswith("the kernel is 10.9% faster than xla")
+    assert by_m[64]["choice"].startswith("the kernel is 11.1% faster than xla")
     assert by_m[128]["program_speedup"] is None
     text = exchange.render(records, "json")
     assert [r["faster"] for r in json.loads(text)["records"]] == [r["faster"] for r in records]
@@ -1129,7 +1129,7 @@ def test_the_export_carries_the_program_checks_verdict_through_json_python_and_i
     key = ("hopper_matmul", tuple(sorted(SMALL.items())), "bfloat16")
     entry = module.CHOICE["default"][key]
     assert (entry["faster"], entry["source"]) == ("kernel", "program-check")
-    assert entry["speedup"] == pytest.approx(100.0 / 90.2) and entry["speedup_low"] > 1.0
+    assert entry["speedup"] == pytest.approx(100.2 / 90.2) and entry["speedup_low"] > 1.0
     assert module.choose("hopper_matmul", SMALL, "bf16") == ("kernel", dict(everywhere))
     assert module.choose("hopper_matmul", BIG, "bf16") == ("baseline", "xla")
 

@@ -320,7 +320,7 @@ def test_the_index_says_which_implementation_runs_per_problem(tmp_path):
 def test_the_index_runs_column_follows_the_program_check(tmp_path):
     """Where the confirmation has a program check, the 'runs' column says what the decorator
     runs by it (verdict_figures), marked "as a program calls them": here the confirmation finds
-    XLA 5% faster, the program check the kernel 10.9% faster."""
+    XLA 5% faster, the program check the kernel 11.1% faster."""
     from tests.queries.test_lookup import KERNEL, SMALL, _confirmed, _problem, _program_check
 
     url = f"sqlite:///{tmp_path}/r.db"
@@ -328,7 +328,7 @@ def test_the_index_runs_column_follows_the_program_check(tmp_path):
     _confirmed(url, SMALL, config, (100.0, 101.0, 100.5), (95.0, 95.5, 95.2))
     _program_check(url, SMALL, config, (90.0, 90.5, 90.2), (100.0, 99.5, 100.2))
     text = report.write_report(url, out_dir=tmp_path / "report").index.read_text()
-    assert "the kernel is 10.9% faster than xla (interval" in text
+    assert "the kernel is 11.1% faster than xla (interval" in text
     assert "(as a program calls them)" in text
     assert "xla is 5." not in text
 

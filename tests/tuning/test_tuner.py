@@ -646,7 +646,9 @@ def test_a_confirmation_is_followed_by_a_program_check_tied_to_it(tmp_path, caps
     assert check.method == PROGRAM_METHOD and check.confirmation_id == conf.id
     assert check.config == crowned.config and check.rounds == PROGRAM_CHECK_ROUNDS
     assert check.stored_speedup == pytest.approx(conf.speedup) and conf.speedup > 1.4
-    assert check.speedup == pytest.approx(150 / (TRUE_US[1] + 60.0), rel=0.005)
+    truth = 150 / (TRUE_US[1] + 60.0)  # the median round's ratio, within its samples' noise
+    assert check.speedup == pytest.approx(truth, rel=0.01)
+    assert check.speedup_low <= truth <= check.speedup_high
     assert check.speedup_high < 1.0 and check.baseline_name == "xla"
     assert report.confirmation is not None  # the report's figures are the confirmation's
     # The job's table shows both: the confirmation's speedup and the program check's.

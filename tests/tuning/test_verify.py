@@ -110,11 +110,33 @@ def test_analyse_interval_holds_the_speedup_and_refuses_bad_rounds():
     v = m.analyse(target, [(100.0,), (101.0,), (99.0,)], [(100.0,), (103.0,), (101.0,)],
                   method="fake", calls=1)
     assert v.speedup_low <= v.speedup <= v.speedup_high
-    assert v.speedup == pytest.approx(101.0 / 100.0)
+    # Ratios 1.0, 1.0198, 1.0202: the median round is the second.
+    assert v.speedup == pytest.approx(103.0 / 101.0)
     with pytest.raises(ValueError, match="same number of rounds"):
         m.analyse(target, [(1.0,)], [(1.0,), (1.0,)], method="fake", calls=1)
     with pytest.raises(ValueError, match="rounds >= 1"):
         m.verify(None, DEVICE, SOFTWARE, time_target=None, method="x", rounds=0)
+
+
+def test_the_speedup_and_the_times_beside_it_are_the_median_rounds():
+    """As a confirmation's (docs/measurement.md): the program check and `verify` give the
+    median round's ratio and that round's two medians, so the three figures agree and rounds
+    whose clock moved between the two programs do not pull them. Here the clock drops in round
+    3 between the two programs (the kernel 10% slower from then, the baseline from round 4):
+    pooled medians read 99 / 110 = 0.90, every round but the third reads 0.99."""
+    target = m.VerifyTarget(P1, A, (), 0.99, 100.0, 99.0, "xla", None)
+    kernel = [(100.0,) * 3, (100.0,) * 3, (110.0,) * 3, (110.0,) * 3, (110.0,) * 3]
+    base = [(99.0,) * 3, (99.0,) * 3, (99.0,) * 3, (108.9,) * 3, (108.9,) * 3]
+    v = m.analyse(target, kernel, base, method="fake", calls=1)
+    pooled = statistics.median(t for r in base for t in r) / statistics.median(
+        t for r in kernel for t in r)
+    assert pooled == pytest.approx(0.90)
+    assert v.speedup == pytest.approx(0.99)
+    assert (v.winner_median_us, v.baseline_median_us) == (100.0, 99.0)
+    assert v.speedup == pytest.approx(v.baseline_median_us / v.winner_median_us)
+    assert v.speedup_low <= v.speedup <= v.speedup_high < 1.0
+    assert v.words().startswith("slower than xla")
+    assert v.difference == pytest.approx(0.0)
 
 
 def test_each_programs_retimed_over_stored_time_says_which_one_the_methods_read_apart():
