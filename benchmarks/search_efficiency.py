@@ -13,7 +13,8 @@ Sampler specs: ``auto``, ``ranked``, options after ``+`` (``ranked+explore=0.2``
 ``oracle`` measures the recorded configs fastest first.
 
 ``--noise SD``: each recorded time times a seeded log-normal factor (thresholds count true
-times), and the trial whose *measurement* was the fastest. ``--live-truth DB,...``: live jobs'
+times), and the trial whose *measurement* was the fastest; ``--confirm TOP,BAND,MOST``: each
+study's confirmation round too. ``--live-truth DB,...``: live jobs'
 configs as extra truth (reachable, never drawn); ``--family T1,...``: every valid config of a
 recorded family, timed as its nearest recorded ones (docs/ranked_sampler.md); ``--in-flight K``:
 K trials asked before the first result, as a live job compiles ahead.
@@ -45,6 +46,7 @@ from autotune.replay.runner import (  # noqa: E402
     MODES,
     SAMPLERS,
     THRESHOLDS,
+    ConfirmRule,
     ReplayError,
     add_live_truth,
     live_rows,
@@ -185,17 +187,14 @@ def main(argv: list[str] | None = None) -> None:
                     "P trials without a new best (trials run, gap to the best)")
     ap.add_argument("--noise", type=float, default=0.0,
                     help="relative standard deviation of each replayed measurement (live: ~0.01)")
+    ap.add_argument("--confirm", action="append", default=[], help="5,0.005,3: today's rule")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--save-reference", metavar="PATH",
                     help="write the CI regression test's reference (settings, median trials)")
-    ap.add_argument("--live-truth", metavar="DB,...", default="",
-                    help="add what these live databases measured as truth, never drawn")
-    ap.add_argument("--family", metavar="TUNABLE,...", default="",
-                    help="every valid config of a recorded family (sharing these tunables' "
-                         "values) is reachable, timed as its nearest recorded ones")
-    ap.add_argument("--in-flight", type=int, default=1, metavar="K",
-                    help="trials asked before the first is told, as a live job compiles ahead")
-    ap.add_argument("--live", metavar="DB,...", help="read live jobs' databases instead of replaying")
+    ap.add_argument("--live-truth", metavar="DB,...", default="")
+    ap.add_argument("--family", metavar="TUNABLE,...", default="")  # these four: the docstring
+    ap.add_argument("--in-flight", type=int, default=1, metavar="K")
+    ap.add_argument("--live", metavar="DB,...")
     ap.add_argument("--job", help="with --live: only this job file's problems")
     ap.add_argument("--store-ground-truth", metavar="DB",
                     help="store the ground truth in DB (a live job there starts warm); then exit")
@@ -223,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         for spec in samplers:
             if spec != "oracle":
                 parse_sampler(spec)
+        rules = [ConfirmRule.parse(r) for r in args.confirm]
     except ReplayError as e:
         raise SystemExit(str(e)) from None
     if args.in_flight < 1:
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     rows = run(problems, seeds=args.seeds, budget=args.budget, samplers=samplers,
                modes=args.modes.split(","), patience=patience, noise=args.noise, family=family,
-               in_flight=args.in_flight)
+               in_flight=args.in_flight, confirm=rules)
     if args.with_default:
         rows += run(problems, seeds=args.seeds, budget=args.budget, samplers=["auto+default"],
                     modes=["cold"], patience=patience)
@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{time.monotonic() - started:.0f} s")
     print()
     print_table(rows, args.budget)
+    for row in rows:
+        for rule, c in row.get("confirmed", {}).items():
+            print(f"confirmed {rule}, {row['problem']}, {row['sampler']}: {c}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.save_reference:

@@ -24,6 +24,7 @@ only; every other problem is held out (``held_out`` in a row). The command line 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import random
 import statistics
@@ -41,6 +42,7 @@ from autotune.replay.ground_truth import recorded_us
 from autotune.space.kernel import get_kernel
 from autotune.space.problem import Config, Problem, shape_distance
 from autotune.space.search_space import Constraint, Space
+from autotune.tuning import confirmation as cf
 from autotune.tuning import optuna_adapter, samplers
 from autotune.tuning.samplers.ranked import Observation
 from autotune.tuning.sampling import ExhaustedError, distributions, resolve_sampler, valid_sampler
@@ -51,8 +53,11 @@ __all__ = [
     "SAMPLERS",
     "THRESHOLDS",
     "TUNED_ON",
+    "ConfirmRule",
     "Recorded",
     "Replayed",
+    "ReplayedConfirmation",
+    "confirm_replayed",
     "live_rows",
     "parse_sampler",
     "pct",
@@ -199,6 +204,9 @@ class Replayed:
     curve: list[float]
     final_at: int | None
     final_gap: float | None
+    # (config, time as measured, recorded time) of each successful trial, in order (studies
+    # only; the oracle measures no config of its own choosing).
+    trials: tuple[tuple[Config, float, float], ...] = ()
 
 
 def replay_once(rec: Recorded, spec: str, seed: int, budget: int,
@@ -273,6 +281,7 @@ def _replay_study(rec: Recorded, name: str, seed: int, budget: int, *,
     vs = valid_sampler(name, rec.bound, seed=seed, seeds=seeds, local=local, related=related,
                        history=history, ranked=options, estimate=estimate)
     measured: list[tuple[float, float]] = []  # (as seen, true) per successful trial, in order
+    configs: list[Config] = []  # their configs
     measured_at: list[int] = []
     curve: list[float] = []  # the best true time so far, after each trial
     best = math.inf
@@ -299,11 +308,14 @@ def _replay_study(rec: Recorded, name: str, seed: int, budget: int, *,
             true = evaluator.true_us(config)
             assert true is not None  # an ok replayed trial has a recorded time
             measured.append((result.median_us, true))
+            configs.append(config)
             study.tell(trial, measured[-1][0])
             best = min(best, true)
             measured_at.append(len(curve) + 1)
         curve.append(best)
-    return _replayed(curve, measured, measured_at, rec.best)
+    done = _replayed(curve, measured, measured_at, rec.best)
+    return dataclasses.replace(done, trials=tuple(
+        (c, seen, true) for c, (seen, true) in zip(configs, measured, strict=True)))
 
 
 def _replayed(curve: list[float], measured: Sequence[tuple[float, float]], at: Sequence[int],
@@ -312,6 +324,98 @@ def _replayed(curve: list[float], measured: Sequence[tuple[float, float]], at: S
         return Replayed(curve, None, None)
     i = min(range(len(measured)), key=lambda j: measured[j][0])
     return Replayed(curve, at[i], measured[i][1] / best - 1)
+
+
+@dataclass(frozen=True)
+class ConfirmRule:
+    """How a replayed confirmation picks its programs (``autotune.tuning.confirming``): the
+    ``top`` configs the search measured fastest and up to ``most`` below them within ``band``
+    (:func:`autotune.tuning.confirmation.joining_configs`)."""
+
+    top: int = cf.DEFAULT_CONFIRM_TOP
+    band: float = cf.CONFIRM_JOIN_BAND
+    most: int = cf.CONFIRM_JOIN_MAX
+
+    @classmethod
+    def parse(cls, text: str) -> ConfirmRule:
+        """``"TOP,BAND,MOST"`` (``"5,0.005,3"``, today's rule)."""
+        try:
+            top, band, most = text.split(",")
+            rule = cls(int(top), float(band), int(most))
+        except ValueError:
+            rule = None
+        if rule is None or rule.top < 1 or rule.most < 0 or not 0 <= rule.band < 1:
+            raise ReplayError(f"A confirmation rule is TOP,BAND,MOST (today's: 5,0.005,3): top >= "
+                              f"1 configs, a band in [0, 1), most >= 0 joining, but got {text!r}.")
+        return rule
+
+
+@dataclass(frozen=True)
+class ReplayedConfirmation:
+    """A replayed study's confirmation round: the crowned config's recorded gap to the recorded
+    best, the best recorded gap among the programs timed (what the rule let in), its rounds
+    and programs (the baseline not counted)."""
+
+    gap: float
+    best_in_round: float
+    rounds: int
+    programs: int
+
+
+def confirm_replayed(rec: Recorded, replayed: Replayed, rule: ConfirmRule, *, noise: float,
+                     seed: int) -> ReplayedConfirmation | None:
+    """The confirmation round after ``replayed`` (None: no trial measured), as the tuner runs
+    it: the programs ``rule`` picks from the study's measurements, the adaptive rounds and race
+    of :func:`autotune.tuning.confirmation.timed_rounds`, the crown of
+    :func:`~autotune.tuning.confirmation.analyse_confirmation`. Each round moves every program
+    by one shared drift (paired ratios cancel it) and each program's round median by its own
+    log-normal factor of ``noise`` (a block's noise, as a trial's); the baseline's recorded
+    time is timed beside them."""
+    ranked: list[tuple[Config, float, float]] = []
+    for trial in sorted(replayed.trials, key=lambda t: t[1]):
+        if all(trial[0] != c for c, _, _ in ranked):
+            ranked.append(trial)
+    if not ranked:
+        return None
+    top, below = ranked[:rule.top], ranked[rule.top:]
+    top += [below[i] for i in cf.joining_configs([(t[1], None) for t in top],
+                                                 [(t[1], None) for t in below],
+                                                 band=rule.band, most=rule.most)]
+    base_us = rec.data.get("baseline", {}).get("median_us")
+    truth = [t[2] for t in top] + ([float(base_us)] if base_us else [])
+    runs = [cf.sized_iterations(t[1]) for t in top] + [cf.sized_iterations(t) for t in truth[len(top):]]
+    rng = random.Random(f"confirm:{seed}:{rec.name}")
+
+    def time_rounds(n: int, first: int, skip: frozenset[int]) -> list[list[Any]]:
+        rows = []
+        for _ in range(n):
+            drift = rng.gauss(0.0, 0.01)
+            row: list[Any] = []
+            for i, t in enumerate(truth):
+                block = t * math.exp(drift + noise * rng.gauss(0.0, 1.0))
+                row.append(None if i < len(top) and i in skip else _Timed(tuple(
+                    block * (1 + 0.002 * rng.gauss(0.0, 1.0)) for _ in range(runs[i]))))
+            rows.append(row)
+        return rows
+
+    default = rec.kernel.default_config(rec.problem) if rec.kernel.default_config else None
+
+    def analyse(rows: list[list[Any]]) -> cf.AnalysedRounds:
+        return cf.analyse_rounds(rows, [dict(t[0]) for t in top], search_us=[t[1] for t in top],
+                                 baseline=base_us is not None, default_config=default)
+
+    table = cf.timed_rounds(time_rounds, analyse, None)
+    confirmation = analyse(table).confirmation
+    assert confirmation is not None  # no replayed round fails
+    return ReplayedConfirmation(
+        gap=top[confirmation.crowned][2] / rec.best - 1,
+        best_in_round=min(t[2] for t in top) / rec.best - 1, rounds=len(table), programs=len(top))
+
+
+@dataclass(frozen=True)
+class _Timed:
+    samples_us: tuple[float, ...]
+    ok: bool = True
 
 
 def live_measured(dbs: Sequence[str], problem: Problem,
@@ -483,12 +587,16 @@ def related_to(rec: Recorded, recs: Sequence[Recorded]) -> list[Recorded]:
 
 def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, samplers: Sequence[str],
         modes: Sequence[str] = MODES, patience: Sequence[int] = (), noise: float = 0.0,
-        family: Sequence[str] = (), in_flight: int = 1) -> list[dict[str, Any]]:
+        family: Sequence[str] = (), in_flight: int = 1,
+        confirm: Sequence[ConfirmRule] = ()) -> list[dict[str, Any]]:
     """The replay's rows: one per problem (ground-truth dicts, as
     :func:`~autotune.replay.ground_truth.load_ground_truth` gives them), mode and sampler spec,
     over ``seeds`` seeds of ``budget`` trials each (``patience``: also the early-stop figures
     for these patiences; ``family``: every valid config of a recorded family is reachable, see
-    :class:`Recorded`; ``in_flight``: trials asked ahead, see :func:`replay_study`)."""
+    :class:`Recorded`; ``in_flight``: trials asked ahead, see :func:`replay_study`;
+    ``confirm``: per rule, each study's confirmation round, :func:`confirm_replayed`, at
+    ``noise``: runs whose crowned config is beyond 0.5% and 1% of the recorded best, whose
+    round left out every config within 0.5%, the rounds and programs)."""
     for spec in samplers:
         if spec != "oracle":
             parse_sampler(spec)
@@ -519,6 +627,16 @@ def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, sampl
                     row[f"{th:g}"] = (statistics.median(needed), pct(needed, 0.9))
                 gaps = [c[0] / rec.best - 1 for c in curves if c]
                 row["first_gap"] = statistics.median(gaps)
+                row["confirmed"] = {}
+                for rule in confirm:
+                    done = [c for s, r in enumerate(replays)
+                            if (c := confirm_replayed(rec, r, rule, noise=noise, seed=s))]
+                    row["confirmed"][f"{rule.top},{rule.band:g},{rule.most}"] = {
+                        "runs": len(done), "over_0.5": sum(c.gap > 0.005 for c in done),
+                        "over_1": sum(c.gap > 0.01 for c in done),
+                        "left_out": sum(c.best_in_round > 0.005 for c in done),
+                        "rounds": statistics.mean(c.rounds for c in done) if done else None,
+                        "programs": statistics.mean(c.programs for c in done) if done else None}
                 row["first_within_2pct"] = sum(g <= 0.02 for g in gaps) / len(gaps)
                 row["patience"] = {}
                 for p in patience:

@@ -261,21 +261,24 @@ def speedup_words(speedup: float | None, low: float | None, high: float | None,
 def joining_configs(
     top: Sequence[tuple[float, float | None]],
     below: Sequence[tuple[float, float | None]],
+    *,
+    band: float = CONFIRM_JOIN_BAND,
+    most: int = CONFIRM_JOIN_MAX,
 ) -> list[int]:
     """Which configs ranked below the top ones join the confirmation round: the indices into
     ``below`` (``(search median, spread)`` each, fastest first) whose median is within
-    :data:`CONFIRM_JOIN_BAND` of the fastest top config's (or half its spread, if larger), or
-    within :data:`CONFIRM_TIE_FLOOR` of the slowest top config's, at most
-    :data:`CONFIRM_JOIN_MAX`. A config the search could not tell from the fastest, or from
+    ``band`` (:data:`CONFIRM_JOIN_BAND`) of the fastest top config's (or half its spread, if
+    larger), or within :data:`CONFIRM_TIE_FLOOR` of the slowest top config's, at most ``most``
+    (:data:`CONFIRM_JOIN_MAX`). A config the search could not tell from the fastest, or from
     the last one in, gets its chance in the interleaved rounds instead of being left out by
     rank alone."""
     if not top:
         return []
     fastest, spread = top[0]
-    band = max(CONFIRM_JOIN_BAND, (spread or 0.0) / 2)
+    band = max(band, (spread or 0.0) / 2)
     limit = max(fastest * (1 + band), max(m for m, _ in top) * (1 + CONFIRM_TIE_FLOOR))
     joined = [i for i, (median, _) in enumerate(below) if median <= limit]
-    return joined[:CONFIRM_JOIN_MAX]
+    return joined[:most]
 
 
 def _complexity(config: Mapping[str, Any]) -> float:

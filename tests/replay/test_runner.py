@@ -411,6 +411,41 @@ def test_a_noisy_replay_measures_with_noise_and_reports_when_the_fastest_measure
     assert study.curve[study.final_at - 1] == study.curve[-1]
 
 
+def test_a_replayed_confirmation_crowns_among_what_its_rule_lets_in():
+    """The confirmation after a replayed study (search_efficiency.py --confirm): the best
+    recorded config measured 3% high in the search, behind six near-ties measured true, is
+    left out by today's rule (five, and a half-percent band) and so never crowned; a 3% band
+    or a top eight lets it in, and the rounds crown it (or a tie within the crown band). A
+    study without noise: the round holds its best config, and crowns within the tie floor."""
+    from autotune.space.problem import Config
+    from autotune.tuning.confirmation import CONFIRM_CROWN_BAND, CONFIRM_TIE_FLOOR
+
+    rec = replay.Recorded(_problem("hopper_matmul__k4096_m4096_n4096__bfloat16"))
+    timed = {Config(r["config"]) for r in rec.data["results"] if r["status"] == "ok"}
+    best8 = sorted(timed, key=lambda c: rec.times[c.digest()])[:8]
+    trials = tuple((c, rec.times[c.digest()] * (1.03 if i == 0 else 1.0), rec.times[c.digest()])
+                   for i, c in enumerate(best8))
+    assert trials[0][2] == rec.best
+    study = replay.Replayed([rec.best] * len(trials), 2, 0.0, trials)
+    today = replay.confirm_replayed(rec, study, replay.ConfirmRule(), noise=0.0, seed=0)
+    assert 5 <= today.programs < 8 and today.best_in_round > 0.0 and today.gap > 0.0
+    for rule in (replay.ConfirmRule(band=0.03), replay.ConfirmRule(top=8)):
+        wider = replay.confirm_replayed(rec, study, rule, noise=0.0, seed=0)
+        assert wider.best_in_round == 0.0 and wider.gap <= CONFIRM_CROWN_BAND
+        assert wider.programs > today.programs and 5 <= wider.rounds <= 15
+    searched = replay.replay_once(rec, "ranked+model=numpy", 0, 12)
+    assert len(searched.trials) == len(searched.curve)  # every trial ok, with its config
+    done = replay.confirm_replayed(rec, searched, replay.ConfirmRule(), noise=0.0, seed=0)
+    assert done.best_in_round == pytest.approx(searched.curve[-1] / rec.best - 1)
+    assert done.gap <= done.best_in_round + CONFIRM_TIE_FLOOR + 1e-9
+    assert replay.confirm_replayed(rec, replay.Replayed([], None, None), replay.ConfirmRule(),
+                                   noise=0.0, seed=0) is None
+    assert replay.ConfirmRule.parse("7,0.01,2") == replay.ConfirmRule(7, 0.01, 2)
+    for bad in ("5,0.005", "0,0.005,3", "5,1.5,3", "five,0.005,3"):
+        with pytest.raises(replay.ReplayError, match="TOP,BAND,MOST"):
+            replay.ConfirmRule.parse(bad)
+
+
 def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp_path):
     """A record with ``retimed_us`` (ground_truth.py --retime): its time is the rounds' median,
     for the replay's times, winner and observations and for --store-ground-truth."""
@@ -441,6 +476,7 @@ def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp
     (["--kernel", "softmax", "--live-truth", "/nonexistent/live.db"],
      "--live-truth: no database file at /nonexistent/live.db"),
     (["--kernel", "softmax", "--in-flight", "0"], "--in-flight is the trials asked ahead: at least 1, got 0"),
+    (["--kernel", "softmax", "--confirm", "5,0.005"], "A confirmation rule is TOP,BAND,MOST"),
 ])
 def test_the_replay_command_refuses_bad_input_by_name(args, message):
     """benchmarks/search_efficiency.py: an unknown problem, a device with no ground truth, a

@@ -367,6 +367,19 @@ def test_configs_the_search_could_not_tell_from_the_fastest_join_the_round():
     assert m.joining_configs([], below) == []
 
 
+def test_the_join_band_and_count_are_parameters_with_todays_defaults():
+    """``band`` and ``most`` (the replay's rules, benchmarks/search_efficiency.py --confirm)
+    default to CONFIRM_JOIN_BAND and CONFIRM_JOIN_MAX: a config 2% behind the fastest joins
+    with a 3% band, not with today's half percent; ``most`` caps the count."""
+    top = [(100.0, None)]
+    below = [(100.3, None), (102.0, None), (102.9, None), (103.5, None)]
+    assert m.joining_configs(top, below) == m.joining_configs(
+        top, below, band=m.CONFIRM_JOIN_BAND, most=m.CONFIRM_JOIN_MAX) == [0]
+    assert m.joining_configs(top, below, band=0.03) == [0, 1, 2]
+    assert m.joining_configs(top, below, band=0.03, most=1) == [0]
+    assert m.joining_configs(top, below, most=0) == []
+
+
 def test_a_config_the_search_could_not_tell_from_the_last_one_in_joins_the_round():
     """The H100's 4096^3 (benchmarks/RESULTS.md §12): the best config known read 176.47 us in
     the search, the same as the fifth in, 1.9% behind a lucky fastest, and was left out by rank
