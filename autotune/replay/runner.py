@@ -383,17 +383,19 @@ def confirm_replayed(rec: Recorded, replayed: Replayed, rule: ConfirmRule, *, no
                                                  band=rule.band, most=rule.most)]
     base_us = rec.data.get("baseline", {}).get("median_us")
     truth = [t[2] for t in top] + ([float(base_us)] if base_us else [])
-    runs = [cf.sized_iterations(t[1]) for t in top] + [cf.sized_iterations(t) for t in truth[len(top):]]
+    search_us = [t[1] for t in top]
+    # Runs a round as the tuner sizes them: by the search's time, the baseline's by its own.
+    runs = [cf.sized_iterations(us) for us in search_us + truth[len(top):]]
     rng = random.Random(f"confirm:{seed}:{rec.name}")
 
     def time_rounds(n: int, first: int, skip: frozenset[int]) -> list[list[Any]]:
         rows = []
         for _ in range(n):
-            drift = rng.gauss(0.0, 0.01)
+            drift = rng.gauss(0.0, 0.01)  # the round's clock (1%), shared: paired ratios cancel it
             row: list[Any] = []
             for i, t in enumerate(truth):
                 block = t * math.exp(drift + noise * rng.gauss(0.0, 1.0))
-                row.append(None if i < len(top) and i in skip else _Timed(tuple(
+                row.append(None if i < len(top) and i in skip else _Timed(tuple(  # runs: 0.2%
                     block * (1 + 0.002 * rng.gauss(0.0, 1.0)) for _ in range(runs[i]))))
             rows.append(row)
         return rows
@@ -401,7 +403,7 @@ def confirm_replayed(rec: Recorded, replayed: Replayed, rule: ConfirmRule, *, no
     default = rec.kernel.default_config(rec.problem) if rec.kernel.default_config else None
 
     def analyse(rows: list[list[Any]]) -> cf.AnalysedRounds:
-        return cf.analyse_rounds(rows, [dict(t[0]) for t in top], search_us=[t[1] for t in top],
+        return cf.analyse_rounds(rows, [dict(t[0]) for t in top], search_us=search_us,
                                  baseline=base_us is not None, default_config=default)
 
     table = cf.timed_rounds(time_rounds, analyse, None)
