@@ -19,7 +19,7 @@ interleaved rounds:
    round's medians, with the interval of the ratios
    (:func:`autotune.tuning.confirmation.median_interval`), its difference from the stored
    speedup, whether the stored winner still wins (no other re-timed config is faster by more
-   than :data:`STILL_WINS_BAND`), and each program's re-timed time over its stored one
+   than :data:`STILL_WINS_BAND`: the median of its per-round ratios to the winner's), and each program's re-timed time over its stored one
    (:attr:`Verification.winner_moved`, :attr:`Verification.baseline_moved`): the difference
    is their ratio, so they say which program the two methods read differently;
 3. each result is stored as a row of its own (``at_verifications``); nothing stored before
@@ -191,7 +191,7 @@ def analyse(
     counts = {len(winner), *(len(o) for o in others)} | ({len(base)} if base else set())
     if len(counts) != 1:
         raise ValueError(f"every program needs the same number of rounds, but got {sorted(counts)}.")
-    w_pooled = w_median = statistics.median(t for r in winner for t in r)
+    w_median = statistics.median(t for r in winner for t in r)
     speedup = low = high = b_median = None
     if base is not None:
         # The median round's ratio and its two medians, as a confirmation's speedup and times.
@@ -206,8 +206,11 @@ def analyse(
         for c, o in zip(target.others, others, strict=True)
     )
     still_wins = None
-    if retimed:
-        still_wins = all(o.median_us >= w_pooled * (1 - STILL_WINS_BAND) for o in retimed)
+    if retimed:  # each other config over the winner, round by round (drift cancels)
+        still_wins = all(
+            statistics.median(statistics.median(o) / statistics.median(w)
+                              for o, w in zip(other.rounds_us, winner, strict=True))
+            >= 1 - STILL_WINS_BAND for other in retimed)
     return Verification(
         problem=target.problem, config=dict(target.winner),
         confirmation_id=target.confirmation_id, method=method, calls=int(calls),

@@ -139,6 +139,21 @@ def test_the_speedup_and_the_times_beside_it_are_the_median_rounds():
     assert v.difference == pytest.approx(0.0)
 
 
+def test_whether_the_winner_still_wins_is_judged_round_by_round():
+    """Another config 1% faster than the winner in four rounds of five still beats it, though
+    the clock's drop (the winner's last two rounds 20% slower, the other's from the third on)
+    leaves the other's pooled median above the winner's: the per-round ratios decide."""
+    target = m.VerifyTarget(P1, A, (B,), None, None, None, None, None)
+    winner = [(100.0,), (100.0,), (100.0,), (120.0,), (120.0,)]
+    other = [(99.0,), (99.0,), (118.8,), (118.8,), (118.8,)]
+    v = m.analyse(target, winner, None, [other], method="fake", calls=1)
+    assert v.others[0].median_us > v.winner_median_us  # pooled: the winner looks ahead
+    assert v.still_wins is False
+    level = m.analyse(target, winner, None, [[(t * 0.997,) for (t,) in winner]], method="fake",
+                      calls=1)
+    assert level.still_wins is True  # 0.3% faster: within STILL_WINS_BAND, the same answer
+
+
 def test_each_programs_retimed_over_stored_time_says_which_one_the_methods_read_apart():
     """Set 10's -3.38% (benchmarks/RESULTS.md §12, 128x8192x8192): the confirmation stored the
     winner at 55.74 us and XLA at 62.30, `verify` re-timed them at 54.50 and 58.85. The winner
