@@ -629,6 +629,7 @@ def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, sampl
                     row[f"{th:g}"] = (statistics.median(needed), pct(needed, 0.9))
                 gaps = [c[0] / rec.best - 1 for c in curves if c]
                 row["first_gap"] = statistics.median(gaps)
+                row["first_within_2pct"] = sum(g <= 0.02 for g in gaps) / len(gaps)
                 row["confirmed"] = {}
                 for rule in confirm:
                     done = [c for s, r in enumerate(replays)
@@ -639,7 +640,6 @@ def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, sampl
                         "left_out": sum(c.best_in_round > 0.005 for c in done),
                         "rounds": statistics.mean(c.rounds for c in done) if done else None,
                         "programs": statistics.mean(c.programs for c in done) if done else None}
-                row["first_within_2pct"] = sum(g <= 0.02 for g in gaps) / len(gaps)
                 row["patience"] = {}
                 for p in patience:
                     stops = [stop_at(c, p) for c in curves if c]

@@ -19,9 +19,10 @@ interleaved rounds:
    round's medians, with the interval of the ratios
    (:func:`autotune.tuning.confirmation.median_interval`), its difference from the stored
    speedup, whether the stored winner still wins (no other re-timed config is faster by more
-   than :data:`STILL_WINS_BAND`: the median of its per-round ratios to the winner's), and each program's re-timed time over its stored one
-   (:attr:`Verification.winner_moved`, :attr:`Verification.baseline_moved`): the difference
-   is their ratio, so they say which program the two methods read differently;
+   than :data:`STILL_WINS_BAND`: the median of its per-round ratios to the winner's), and each
+   program's re-timed time over its stored one (:attr:`Verification.winner_moved`,
+   :attr:`Verification.baseline_moved`): the difference is their ratio, so they say which
+   program the two methods read differently;
 3. each result is stored as a row of its own (``at_verifications``); nothing stored before
    changes.
 """
