@@ -353,13 +353,15 @@ class ConfirmRule:
 @dataclass(frozen=True)
 class ReplayedConfirmation:
     """A replayed study's confirmation round: the crowned config's recorded gap to the recorded
-    best, the best recorded gap among the programs timed (what the rule let in), its rounds
-    and programs (the baseline not counted)."""
+    best, the best recorded gap among the programs timed (what the rule let in), its rounds,
+    programs and blocks (a program's runs in one round: what the round's time is spent on; the
+    baseline's not counted)."""
 
     gap: float
     best_in_round: float
     rounds: int
     programs: int
+    blocks: int
 
 
 def confirm_replayed(rec: Recorded, replayed: Replayed, rule: ConfirmRule, *, noise: float,
@@ -411,7 +413,8 @@ def confirm_replayed(rec: Recorded, replayed: Replayed, rule: ConfirmRule, *, no
     assert confirmation is not None  # no replayed round fails
     return ReplayedConfirmation(
         gap=top[confirmation.crowned][2] / rec.best - 1,
-        best_in_round=min(t[2] for t in top) / rec.best - 1, rounds=len(table), programs=len(top))
+        best_in_round=min(t[2] for t in top) / rec.best - 1, rounds=len(table), programs=len(top),
+        blocks=sum(cell is not None for row in table for cell in row[:len(top)]))
 
 
 @dataclass(frozen=True)
@@ -598,7 +601,7 @@ def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, sampl
     :class:`Recorded`; ``in_flight``: trials asked ahead, see :func:`replay_study`;
     ``confirm``: per rule, each study's confirmation round, :func:`confirm_replayed`, at
     ``noise``: runs whose crowned config is beyond 0.5% and 1% of the recorded best, whose
-    round left out every config within 0.5%, the rounds and programs)."""
+    round left out every config within 0.5%, the rounds, programs and blocks)."""
     for spec in samplers:
         if spec != "oracle":
             parse_sampler(spec)
@@ -639,7 +642,8 @@ def run(problems: Sequence[Mapping[str, Any]], *, seeds: int, budget: int, sampl
                         "over_1": sum(c.gap > 0.01 for c in done),
                         "left_out": sum(c.best_in_round > 0.005 for c in done),
                         "rounds": statistics.mean(c.rounds for c in done) if done else None,
-                        "programs": statistics.mean(c.programs for c in done) if done else None}
+                        "programs": statistics.mean(c.programs for c in done) if done else None,
+                        "blocks": statistics.mean(c.blocks for c in done) if done else None}
                 row["patience"] = {}
                 for p in patience:
                     stops = [stop_at(c, p) for c in curves if c]

@@ -433,6 +433,7 @@ def test_a_replayed_confirmation_crowns_among_what_its_rule_lets_in():
         wider = replay.confirm_replayed(rec, study, rule, noise=0.0, seed=0)
         assert wider.best_in_round == 0.0 and wider.gap <= CONFIRM_CROWN_BAND
         assert wider.programs > today.programs and 5 <= wider.rounds <= 15
+        assert wider.blocks > today.blocks and wider.blocks <= wider.rounds * wider.programs
     searched = replay.replay_once(rec, "ranked+model=numpy", 0, 12)
     assert len(searched.trials) == len(searched.curve)  # every trial ok, with its config
     done = replay.confirm_replayed(rec, searched, replay.ConfirmRule(), noise=0.0, seed=0)
