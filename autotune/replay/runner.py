@@ -373,9 +373,11 @@ def confirm_replayed(rec: Recorded, replayed: Replayed, rule: ConfirmRule, *, no
     by one shared drift (paired ratios cancel it) and each program's round median by its own
     log-normal factor of ``noise`` (a block's noise, as a trial's); the baseline's recorded
     time is timed beside them."""
-    ranked: list[tuple[Config, float, float]] = []
+    ranked: list[tuple[Config, float, float]] = []  # each config once, at its fastest
+    seen: set[Config] = set()
     for trial in sorted(replayed.trials, key=lambda t: t[1]):
-        if all(trial[0] != c for c, _, _ in ranked):
+        if trial[0] not in seen:
+            seen.add(trial[0])
             ranked.append(trial)
     if not ranked:
         return None

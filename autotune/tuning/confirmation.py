@@ -70,6 +70,7 @@ __all__ = [
     "sized_iterations",
     "program_calls",
     "program_unclear",
+    "paired_ratios",
     "paired_interval",
     "PROGRAM_CHECK_ROUNDS",
     "PROGRAM_MAX_ROUNDS",
@@ -391,17 +392,26 @@ def program_unclear(kernel_rounds_us: Sequence[Sequence[float]],
     return low <= 1.0 <= high and high - low > 2 * CONFIRM_TIE_BAND
 
 
+def paired_ratios(over_rounds_us: Sequence[Sequence[float]],
+                  under_rounds_us: Sequence[Sequence[float]]) -> list[float]:
+    """The per-round ratios of two programs timed in the same rounds: each round's median of
+    ``over_rounds_us`` over that of ``under_rounds_us`` (drift between rounds cancels).
+
+    Raises:
+      ValueError: rounds of different counts.
+    """
+    return [statistics.median(o) / statistics.median(u)
+            for o, u in zip(over_rounds_us, under_rounds_us, strict=True)]
+
+
 def paired_interval(over_rounds_us: Sequence[Sequence[float]],
                     under_rounds_us: Sequence[Sequence[float]]) -> tuple[float, float]:
-    """The :func:`median_interval` of the per-round ratios of two programs timed in the same
-    rounds: each round's median of ``over_rounds_us`` over that of ``under_rounds_us`` (drift
-    between rounds cancels).
+    """The :func:`median_interval` of the :func:`paired_ratios` of two programs.
 
     Raises:
       ValueError: no round, or rounds of different counts.
     """
-    return median_interval([statistics.median(o) / statistics.median(u)
-                            for o, u in zip(over_rounds_us, under_rounds_us, strict=True)])
+    return median_interval(paired_ratios(over_rounds_us, under_rounds_us))
 
 
 def needs_another_round(confirmation: Confirmation, rounds: int = CONFIRM_MIN_ROUNDS) -> bool:

@@ -38,7 +38,12 @@ from typing import Any
 
 from autotune.space.outcomes import DeviceInfo
 from autotune.space.problem import Config, Problem
-from autotune.tuning.confirmation import median_interval, median_round, speedup_words
+from autotune.tuning.confirmation import (
+    median_interval,
+    median_round,
+    paired_ratios,
+    speedup_words,
+)
 
 __all__ = [
     "ROUNDS",
@@ -196,8 +201,7 @@ def analyse(
     speedup = low = high = b_median = None
     if base is not None:
         # The median round's ratio and its two medians, as a confirmation's speedup and times.
-        ratios = [statistics.median(b) / statistics.median(w)
-                  for b, w in zip(base, winner, strict=True)]
+        ratios = paired_ratios(base, winner)
         k = median_round(ratios)
         speedup = ratios[k]
         w_median, b_median = statistics.median(winner[k]), statistics.median(base[k])
@@ -208,10 +212,8 @@ def analyse(
     )
     still_wins = None
     if retimed:  # each other config over the winner, round by round (drift cancels)
-        still_wins = all(
-            statistics.median(statistics.median(o) / statistics.median(w)
-                              for o, w in zip(other.rounds_us, winner, strict=True))
-            >= 1 - STILL_WINS_BAND for other in retimed)
+        still_wins = all(statistics.median(paired_ratios(other.rounds_us, winner))
+                         >= 1 - STILL_WINS_BAND for other in retimed)
     return Verification(
         problem=target.problem, config=dict(target.winner),
         confirmation_id=target.confirmation_id, method=method, calls=int(calls),

@@ -39,7 +39,7 @@ def test_public_api():
         "analyse_rounds", "AnalysedRounds", "MAX_CONFIRM_ROUNDS", "CONFIRM_TIE_BAND", "CONFIRM_JOIN_MAX", "median_interval",
         "median_error", "CONFIRM_TIE_FLOOR", "CONFIRM_CROWN_BAND",
         "speedup_words", "joining_configs", "program_calls", "PROGRAM_CHECK_ROUNDS",
-        "program_unclear", "PROGRAM_MAX_ROUNDS", "paired_interval", "median_round",
+        "program_unclear", "PROGRAM_MAX_ROUNDS", "paired_ratios", "paired_interval", "median_round",
     ])
 
 
