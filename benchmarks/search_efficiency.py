@@ -59,23 +59,23 @@ from autotune.tuning.samplers.ranked import model_backend  # noqa: E402
 def problems_from(files: Sequence[str], device: str | None = None, kernel: str | None = None,
                   names: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The per-shape files given, else the packaged ground truth of ``device`` and ``kernel``
-    (None: all), only ``names`` when given (each must exist)."""
+    (None: all), only ``names`` when given (each must exist: else ReplayError)."""
     if files:
         try:
             return [{**read_problem_file(p), "name": Path(p).name.removesuffix(".json")}
                     for p in files]
         except ValueError as e:
-            raise SystemExit(str(e)) from None
+            raise ReplayError(str(e)) from None
     problems = load_ground_truth(device, kernel)
     if names:
         unknown = sorted(set(names) - {p["name"] for p in problems})
         if unknown:
-            raise SystemExit(f"--problems: no recorded problem named {', '.join(unknown)}; the "
-                             f"names are {', '.join(sorted({p['name'] for p in problems}))}")
+            raise ReplayError(f"--problems: no recorded problem named {', '.join(unknown)}; the "
+                              f"names are {', '.join(sorted({p['name'] for p in problems}))}")
         problems = [p for p in problems if p["name"] in names]
     if not problems:
-        raise SystemExit(f"no ground truth recorded for device {device!r}, kernel {kernel!r} "
-                         "(autotune/replay/data); run benchmarks/ground_truth.py on a GPU first")
+        raise ReplayError(f"no ground truth recorded for device {device!r}, kernel {kernel!r} "
+                          "(autotune/replay/data); run benchmarks/ground_truth.py on a GPU first")
     return problems
 
 
@@ -202,8 +202,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.live:
         print_live([r for db in args.live.split(",") for r in live_rows(db, args.job)])
         return
-    problems = problems_from(args.files, args.device, args.kernel,
-                             [n for n in args.problems.split(",") if n])
+    try:
+        problems = problems_from(args.files, args.device, args.kernel,
+                                 [n for n in args.problems.split(",") if n])
+    except ReplayError as e:
+        ap.error(str(e))
     if args.store_ground_truth:
         from autotune.replay.store import store_ground_truth
 
@@ -224,23 +227,23 @@ def main(argv: list[str] | None = None) -> None:
                 parse_sampler(spec)
         rules = [ConfirmRule.parse(r) for r in args.confirm]
     except ReplayError as e:
-        raise SystemExit(str(e)) from None
+        ap.error(str(e))
     if args.in_flight < 1:
-        raise SystemExit(f"--in-flight is the trials asked ahead: at least 1, got {args.in_flight}")
+        ap.error(f"--in-flight is the trials asked ahead: at least 1, got {args.in_flight}")
     if not 0.0 <= args.noise < 1.0:
-        raise SystemExit(f"--noise is a relative standard deviation between 0 and 1, got {args.noise}")
+        ap.error(f"--noise is a relative standard deviation between 0 and 1, got {args.noise}")
     patience = [int(p) for p in args.patience.split(",") if p]
     live_truth = [d for d in args.live_truth.split(",") if d]
     missing = [d for d in live_truth if "://" not in d and not Path(d).is_file()]
     if missing:
-        raise SystemExit(f"--live-truth: no database file at {', '.join(missing)}")
+        ap.error(f"--live-truth: no database file at {', '.join(missing)}")
     if live_truth:
         problems = [dict(p, results=list(p["results"])) for p in problems]
         try:
             for p in problems:
                 print(f"{p['name']}: {add_live_truth(p, live_truth)} configs measured live added")
         except StorageError as e:
-            raise SystemExit(f"--live-truth: {e}") from None
+            ap.error(f"--live-truth: {e}")
     family = [n for n in args.family.split(",") if n]
     started = time.monotonic()
     rows = run(problems, seeds=args.seeds, budget=args.budget, samplers=samplers,

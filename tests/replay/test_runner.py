@@ -481,8 +481,8 @@ def test_a_retimed_record_is_replayed_and_stored_at_the_median_of_its_rounds(tmp
 ])
 def test_the_replay_command_refuses_bad_input_by_name(args, message):
     """benchmarks/search_efficiency.py: an unknown problem, a device with no ground truth, a
-    bad sampler spec or a missing live database exits non-zero with the rule, never a
-    traceback (and creates no database)."""
+    bad sampler spec or confirmation rule, or a missing live database exits 2 (a usage error)
+    with the rule, never a traceback (and creates no database)."""
     import subprocess
     import sys
 
@@ -490,7 +490,7 @@ def test_the_replay_command_refuses_bad_input_by_name(args, message):
 
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_efficiency.py"), *args,
                            "--seeds", "1", "--budget", "2"], capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
 
